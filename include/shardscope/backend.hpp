@@ -1,0 +1,148 @@
+// The Backend: where tensors live and how the math runs (DESIGN §5).
+//
+// Strategies and schedules talk only to this interface (and to a Communicator), never
+// to CUDA or BLAS directly. Every allocation goes through `alloc`, which records it
+// in the rank's Tracker with its category. All matrices are row-major fp32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardscope/category.hpp"
+#include "shardscope/tracker.hpp"
+
+namespace shardscope {
+
+class Backend;
+
+// A tracked allocation of `count` floats; move-only, freed (and untracked) on destruction.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend* owner, float* data, std::size_t count, Category category)
+      : owner_(owner), data_(data), count_(count), category_(category) {}
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+
+  void reset() noexcept;  // frees now
+  float* data() const { return data_; }
+  std::size_t count() const { return count_; }
+  std::int64_t bytes() const { return static_cast<std::int64_t>(count_ * sizeof(float)); }
+  Category category() const { return category_; }
+  explicit operator bool() const { return data_ != nullptr; }
+
+ private:
+  Backend* owner_ = nullptr;
+  float* data_ = nullptr;
+  std::size_t count_ = 0;
+  Category category_ = Category::temp;
+};
+
+enum class Activation : std::uint8_t { none, relu };
+enum class Loss : std::uint8_t { sum, mse };
+enum class Trans : std::uint8_t { no, yes };
+
+struct AdamWHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+};
+
+// One parameter tensor (or shard) for the multi-tensor AdamW: all pointers hold n floats.
+struct AdamWTensor {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  std::size_t n;
+  int step;  // the step number after increment (1 on the first update)
+};
+
+class Backend {
+ public:
+  explicit Backend() = default;
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual std::string name() const = 0;
+
+  // Tracked allocation of `count` floats with its category. Contents uninitialised.
+  // Throws RunError naming the bytes and the category when memory runs out.
+  Buffer alloc(Category category, std::size_t count);
+  Tracker& tracker() { return tracker_; }
+  const Tracker& tracker() const { return tracker_; }
+
+  // --- math (row-major fp32); every call is asynchronous on device backends ---
+  // C(m,n) = alpha * op(A)(m,k) * op(B)(k,n) + beta * C, leading dimensions in elements.
+  virtual void gemm(Trans ta, Trans tb, int m, int n, int k, float alpha, const float* a,
+                    int lda, const float* b, int ldb, float beta, float* c, int ldc) = 0;
+  // y(rows, cols) += bias(cols), then the activation, in place.
+  virtual void bias_activation(float* y, const float* bias, int rows, int cols,
+                               Activation act) = 0;
+  // dz(n) *= (a > 0): ReLU backward from the saved output a.
+  virtual void relu_backward(float* dz, const float* a, std::size_t n) = 0;
+  // db(cols) = beta * db + column sums of dz(rows, cols).
+  virtual void bias_grad(float* db, const float* dz, int rows, int cols, float beta) = 0;
+  // Loss of y(rows, cols) scaled by `scale`, written to loss_out[0] (one float on the
+  // backend), and its gradient dy = d(scale * loss)/dy. `sum`: loss = sum(y), target unused.
+  // `mse`: loss = mean((y - target)^2) over rows*cols elements.
+  virtual void loss(Loss kind, const float* y, const float* target, float* dy, float* loss_out,
+                    int rows, int cols, float scale) = 0;
+  // torch.optim.AdamW update of every tensor in the list (one fused launch on CUDA).
+  virtual void adamw(const AdamWHyper& h, const std::vector<AdamWTensor>& tensors) = 0;
+  virtual void copy(float* dst, const float* src, std::size_t n) = 0;
+  virtual void fill(float* dst, float value, std::size_t n) = 0;
+  virtual void scale(float* x, float s, std::size_t n) = 0;
+  // dst += src
+  virtual void add(float* dst, const float* src, std::size_t n) = 0;
+
+  // Host <-> backend transfers (blocking).
+  virtual void upload(float* dst, const float* host, std::size_t n) = 0;
+  virtual void download(float* host, const float* src, std::size_t n) = 0;
+  // Waits for all queued work.
+  virtual void synchronize() = 0;
+
+  // Named ranges for profilers (NVTX on CUDA; no-op on CPU).
+  virtual void range_push(const char* /*name*/) {}
+  virtual void range_pop() {}
+
+  // Bytes the allocator really reserves for a request (its granularity).
+  virtual std::int64_t rounded_bytes(std::int64_t bytes) const = 0;
+
+ protected:
+  friend class Buffer;
+  virtual void* raw_alloc(std::size_t bytes) = 0;  // nullptr when out of memory
+  virtual void raw_free(void* p, std::size_t bytes) noexcept = 0;
+
+ private:
+  void release(float* data, std::size_t count, Category category) noexcept;
+  Tracker tracker_;
+};
+
+// RAII range: marks a profiler range for the scope.
+class ScopedRange {
+ public:
+  ScopedRange(Backend& b, const char* name) : b_(b) { b_.range_push(name); }
+  ~ScopedRange() { b_.range_pop(); }
+  ScopedRange(const ScopedRange&) = delete;
+  ScopedRange& operator=(const ScopedRange&) = delete;
+
+ private:
+  Backend& b_;
+};
+
+// Backends by name: "cpu", "cuda" (when built with CUDA).
+std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank);
+bool cuda_built();
+int cuda_device_count();  // 0 without a driver or device
+
+}  // namespace shardscope

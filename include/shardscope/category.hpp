@@ -1,0 +1,64 @@
+// Memory categories (DESIGN §1): every tracked allocation carries exactly one.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+namespace shardscope {
+
+enum class Category : std::uint8_t {
+  param,            // persistent parameters or their shard
+  param_unsharded,  // transient gathered copies of parameters
+  grad,             // persistent gradients or their shard
+  grad_unsharded,   // transient full gradients before a reduce-scatter
+  optim,            // optimizer state (exp_avg, exp_avg_sq, step)
+  activation,       // tensors computed by the model and saved for backward
+  comm,             // collective and p2p staging buffers
+  temp,             // every other transient: unsaved outputs, batch, target, workspaces
+};
+
+inline constexpr int kCategoryCount = 8;
+
+inline constexpr std::array<std::string_view, kCategoryCount> kCategoryNames = {
+    "param", "param_unsharded", "grad", "grad_unsharded",
+    "optim", "activation",      "comm", "temp"};
+
+inline constexpr std::string_view category_name(Category c) {
+  return kCategoryNames[static_cast<int>(c)];
+}
+
+// Bytes per category; `total()` is their sum.
+struct CategoryBytes {
+  std::array<std::int64_t, kCategoryCount> bytes{};
+
+  std::int64_t& operator[](Category c) { return bytes[static_cast<int>(c)]; }
+  std::int64_t operator[](Category c) const { return bytes[static_cast<int>(c)]; }
+  std::int64_t total() const {
+    std::int64_t t = 0;
+    for (std::int64_t b : bytes) t += b;
+    return t;
+  }
+  bool operator==(const CategoryBytes& o) const { return bytes == o.bytes; }
+  bool operator!=(const CategoryBytes& o) const { return !(*this == o); }
+};
+
+// What the caller is doing when memory moves; recorded with the peak.
+enum class Phase : std::uint8_t { setup, forward, backward, communication, optimizer, idle };
+
+inline constexpr std::string_view phase_name(Phase p) {
+  constexpr std::array<std::string_view, 6> names = {
+      "setup", "forward", "backward", "communication", "optimizer", "idle"};
+  return names[static_cast<int>(p)];
+}
+
+// Where in the model: a layer, a unit (FSDP-style group of layers) or a micro-batch action.
+enum class PlaceKind : std::uint8_t { none, layer, unit, tensor, microbatch };
+
+struct Place {
+  PlaceKind kind = PlaceKind::none;
+  int index = 0;
+  bool operator==(const Place& o) const { return kind == o.kind && index == o.index; }
+};
+
+}  // namespace shardscope

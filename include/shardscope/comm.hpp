@@ -1,0 +1,105 @@
+// Communicators behind one interface (DESIGN §5): self, mpi, nccl, fake.
+//
+// The public calls are non-virtual: they time the backend-specific `do_*` and record
+// calls, payload bytes and milliseconds in the rank's ledger. Payload bytes follow
+// nccl-tests' "size": the full buffer for all-reduce and broadcast, the whole
+// (world x shard) buffer for reduce-scatter and all-gather, the message for send/recv.
+// busbw = size / time * factor, with nccl-tests' factors (see `busbw_factor`).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace shardscope {
+
+class Backend;
+
+enum class CollKind : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, send, recv };
+inline constexpr int kCollKindCount = 6;
+inline constexpr std::array<std::string_view, kCollKindCount> kCollKindNames = {
+    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv"};
+
+struct CollStats {
+  std::int64_t calls = 0;
+  std::int64_t bytes = 0;
+  double ms = 0.0;
+};
+
+struct CommLedger {
+  std::array<CollStats, kCollKindCount> by_kind{};
+  CollStats& operator[](CollKind k) { return by_kind[static_cast<int>(k)]; }
+  const CollStats& operator[](CollKind k) const { return by_kind[static_cast<int>(k)]; }
+  std::int64_t total_bytes() const {
+    std::int64_t t = 0;
+    for (const auto& s : by_kind) t += s.bytes;
+    return t;
+  }
+};
+
+// nccl-tests' bus-bandwidth factors: all-reduce 2(n-1)/n, reduce-scatter and
+// all-gather (n-1)/n, broadcast and send/recv 1.
+double busbw_factor(CollKind kind, int world);
+// GB/s (1e9 bytes per second) from a ledger entry; 0 when no time was measured.
+double busbw_gbps(const CollStats& s, CollKind kind, int world);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual std::string name() const = 0;
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  // True when collectives move no data (the fake communicator, `--emulate`).
+  virtual bool emulated() const { return false; }
+
+  // In place: buf(count) = sum over ranks.
+  void all_reduce_sum(float* buf, std::size_t count);
+  // send(world * recv_count) -> recv(recv_count) = sum over ranks of this rank's slice.
+  void reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count);
+  // send(send_count) from every rank -> recv(world * send_count), rank order.
+  void all_gather(const float* send, float* recv, std::size_t send_count);
+  void broadcast(float* buf, std::size_t count, int root);
+  void send(const float* buf, std::size_t count, int peer);
+  void recv(float* buf, std::size_t count, int peer);
+  void barrier() { do_barrier(); }
+
+  const CommLedger& ledger() const { return ledger_; }
+  void reset_ledger() { ledger_ = {}; }
+
+ protected:
+  Communicator(int rank, int world, Backend* backend) : rank_(rank), world_(world), backend_(backend) {}
+  virtual void do_all_reduce_sum(float* buf, std::size_t count) = 0;
+  virtual void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) = 0;
+  virtual void do_all_gather(const float* send, float* recv, std::size_t send_count) = 0;
+  virtual void do_broadcast(float* buf, std::size_t count, int root) = 0;
+  virtual void do_send(const float* buf, std::size_t count, int peer) = 0;
+  virtual void do_recv(float* buf, std::size_t count, int peer) = 0;
+  virtual void do_barrier() = 0;
+
+  Backend* backend() const { return backend_; }
+
+ private:
+  template <class F>
+  void timed(CollKind kind, std::size_t bytes, const char* name, F&& f);
+  int rank_;
+  int world_;
+  Backend* backend_;  // synchronized before and after each timed call; may be null
+  CommLedger ledger_;
+};
+
+struct CommOptions {
+  std::string kind;     // "self", "mpi", "nccl", "fake"
+  int emulate_world = 0;  // fake: W
+  int emulate_rank = 0;   // fake: r
+};
+
+// Builds the communicator; `mpi`/`nccl` need MPI to be initialised (see mpi_env.hpp).
+std::unique_ptr<Communicator> make_communicator(const CommOptions& opt, Backend* backend);
+
+}  // namespace shardscope

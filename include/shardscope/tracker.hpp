@@ -1,0 +1,81 @@
+// The memory tracker: every allocation of a rank goes through it (DESIGN §1, §5).
+//
+// It keeps current and peak bytes per category and in total, the breakdown by
+// category at the instant of the peak, and the phase and place the caller marked at
+// that instant. Two figures are kept: requested bytes (what tables show, identical on
+// every backend) and bytes rounded to the allocator's granularity (equal to the CUDA
+// pool's UsedMem* after a sync).
+#pragma once
+
+#include <cstdint>
+
+#include "shardscope/category.hpp"
+
+namespace shardscope {
+
+struct PeakRecord {
+  std::int64_t total = 0;
+  CategoryBytes by_category;
+  Phase phase = Phase::setup;
+  Place place;
+};
+
+class Tracker {
+ public:
+  // Hot path: a few adds and a compare (bench/tracker_bench measures it).
+  void on_alloc(Category c, std::int64_t bytes, std::int64_t rounded_bytes) {
+    current_[c] += bytes;
+    current_total_ += bytes;
+    rounded_current_ += rounded_bytes;
+    ++live_allocations_;
+    if (rounded_current_ > rounded_peak_) rounded_peak_ = rounded_current_;
+    if (current_total_ > peak_.total) {
+      peak_.total = current_total_;
+      peak_.by_category = current_;
+      peak_.phase = phase_;
+      peak_.place = place_;
+    }
+  }
+  void on_free(Category c, std::int64_t bytes, std::int64_t rounded_bytes) {
+    current_[c] -= bytes;
+    current_total_ -= bytes;
+    rounded_current_ -= rounded_bytes;
+    --live_allocations_;
+  }
+
+  // Marks what the caller is doing; recorded with a new peak.
+  void mark(Phase phase, Place place = {}) {
+    phase_ = phase;
+    place_ = place;
+  }
+  Phase phase() const { return phase_; }
+  Place place() const { return place_; }
+
+  // Starts a new measurement window (a step): the peak becomes the current state.
+  void reset_peak() {
+    peak_.total = current_total_;
+    peak_.by_category = current_;
+    peak_.phase = phase_;
+    peak_.place = place_;
+    rounded_peak_ = rounded_current_;
+  }
+
+  const CategoryBytes& current() const { return current_; }
+  std::int64_t current_total() const { return current_total_; }
+  const PeakRecord& peak() const { return peak_; }
+  std::int64_t rounded_current() const { return rounded_current_; }
+  std::int64_t rounded_peak() const { return rounded_peak_; }
+  std::int64_t live_allocations() const { return live_allocations_; }
+
+ private:
+  CategoryBytes current_;
+  std::int64_t current_total_ = 0;
+  std::int64_t rounded_current_ = 0;
+  std::int64_t rounded_peak_ = 0;
+  std::int64_t live_allocations_ = 0;
+  PeakRecord peak_;
+  Phase phase_ = Phase::setup;
+  Place place_;
+};
+
+}  // namespace shardscope
