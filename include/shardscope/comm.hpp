@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace shardscope {
 
@@ -22,6 +23,14 @@ enum class CollKind : std::uint8_t { all_reduce, reduce_scatter, all_gather, bro
 inline constexpr int kCollKindCount = 6;
 inline constexpr std::array<std::string_view, kCollKindCount> kCollKindNames = {
     "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv"};
+
+// One half of a point-to-point exchange; see Communicator::p2p.
+struct P2pOp {
+  bool is_send;
+  float* buf;          // send: read; recv: written
+  std::size_t count;   // floats
+  int peer;
+};
 
 struct CollStats {
   std::int64_t calls = 0;
@@ -65,8 +74,12 @@ class Communicator {
   // send(send_count) from every rank -> recv(world * send_count), rank order.
   void all_gather(const float* send, float* recv, std::size_t send_count);
   void broadcast(float* buf, std::size_t count, int root);
-  void send(const float* buf, std::size_t count, int peer);
-  void recv(float* buf, std::size_t count, int peer);
+  // Posts every op together and returns when all have completed (MPI Isend/Irecv +
+  // Waitall; NCCL group). Ops to the same peer match in order. Pipelines use this
+  // so that a send and the next receive cannot deadlock against the peer's pair.
+  void p2p(const std::vector<P2pOp>& ops);
+  void send(const float* buf, std::size_t count, int peer);  // p2p({send})
+  void recv(float* buf, std::size_t count, int peer);        // p2p({recv})
   void barrier() { do_barrier(); }
 
   const CommLedger& ledger() const { return ledger_; }
@@ -78,8 +91,7 @@ class Communicator {
   virtual void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) = 0;
   virtual void do_all_gather(const float* send, float* recv, std::size_t send_count) = 0;
   virtual void do_broadcast(float* buf, std::size_t count, int root) = 0;
-  virtual void do_send(const float* buf, std::size_t count, int peer) = 0;
-  virtual void do_recv(float* buf, std::size_t count, int peer) = 0;
+  virtual void do_p2p(const std::vector<P2pOp>& ops) = 0;
   virtual void do_barrier() = 0;
 
   Backend* backend() const { return backend_; }
