@@ -66,6 +66,14 @@ struct AdamWTensor {
   int step;  // the step number after increment (1 on the first update)
 };
 
+// The CUDA pool's own counters (cudaMemPoolGetAttribute), in bytes.
+struct PoolStats {
+  std::int64_t used_current = 0;
+  std::int64_t used_high = 0;
+  std::int64_t reserved_current = 0;
+  std::int64_t reserved_high = 0;
+};
+
 class Backend {
  public:
   explicit Backend() = default;
@@ -117,6 +125,16 @@ class Backend {
 
   // Bytes the allocator really reserves for a request (its granularity).
   virtual std::int64_t rounded_bytes(std::int64_t bytes) const = 0;
+
+  // Pool counters after a sync; false on backends without a pool (cpu).
+  virtual bool pool_stats(PoolStats* /*out*/) { return false; }
+  // Starts a new high-water window for the pool (UsedMemHigh/ReservedMemHigh := current).
+  virtual void reset_pool_high() {}
+  // Device bytes this process holds outside the pool (context, NCCL, cuBLAS):
+  // NVML's per-process figure minus the pool's reserved bytes; -1 when unknown or cpu.
+  virtual std::int64_t outside_pool_bytes() { return -1; }
+  // A line naming the device, for provenance ("NVIDIA H200, CUDA 13.0, driver ..."); empty on cpu.
+  virtual std::string device_description() const { return {}; }
 
  protected:
   friend class Buffer;
