@@ -1,10 +1,240 @@
+// `shardscope run` and `shardscope sweep`: flags to a RunConfig, errors to exit codes
+// (DESIGN §6): 0 done, 2 bad usage or configuration, 3 a run failed.
 #include "harness/cli/cli.hpp"
 
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
 #include <cstdio>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "harness/cli/sweep.hpp"
+#include "harness/comm/mpi_env.hpp"
+#include "harness/report/provenance.hpp"
+#include "harness/run/run.hpp"
+#include "shardscope/check.hpp"
 
 namespace shardscope {
+namespace {
+
+void error_line(const std::string& what) {
+  std::fprintf(stderr, "shardscope: error: %s\n", what.c_str());
+  std::fflush(stderr);
+}
+
+int parse_positive(const std::string& flag, const std::string& v) {
+  std::size_t used = 0;
+  long x = 0;
+  try {
+    x = std::stol(v, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != v.size() || x <= 0 || x > 1'000'000'000)
+    throw UsageError(flag + ": '" + v + "' is not a positive integer");
+  return static_cast<int>(x);
+}
+
+std::string self_exe(const char* argv0) {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) return std::string(buf, static_cast<std::size_t>(n));
+  return argv0;
+}
+
+// Flags of `run` (DESIGN §6). Numeric flags are taken as strings and checked here so
+// that every message names the flag and what is allowed.
+struct RunFlags {
+  std::string layers = "8", width = "256", batch = "32", steps = "3", seed = "0";
+  std::string activation = "none", loss = "sum";
+  std::string strategy = "ddp", schedule, units = "all", prefetch = "1";
+  std::string microbatches, chunks = "1", split;
+  std::string backend, comm, emulate, json;
+  std::string ddp_bucket = "view", bucket_mb = "0";
+  bool tf32 = false;
+};
+
+void add_run_flags(CLI::App& app, RunFlags& f) {
+  app.add_option("--layers", f.layers, "number of Linear layers (default 8)");
+  app.add_option("--width", f.width, "width of every layer (default 256)");
+  app.add_option("--batch", f.batch, "rows per rank (data parallel) or per pipeline (default 32)");
+  app.add_option("--activation", f.activation, "none | relu (default none)");
+  app.add_option("--loss", f.loss, "sum | mse (default sum)");
+  app.add_option("--steps", f.steps, "optimizer steps; the first is warm-up (default 3)");
+  app.add_option("--seed", f.seed, "seed of data and initial parameters (default 0)");
+  app.add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | zero3 (default ddp)");
+  app.add_option("--schedule", f.schedule, "gpipe | 1f1b | interleaved-1f1b | zb-h1 (a pipeline run)");
+  app.add_option("--units", f.units, "layers per unit for zero2/zero3: K or all (default all)");
+  app.add_option("--prefetch", f.prefetch, "0 | 1: gather the next unit during backward (default 1)");
+  app.add_option("--microbatches", f.microbatches, "pipeline micro-batches M (default: stages)");
+  app.add_option("--chunks", f.chunks, "model chunks per stage for interleaved-1f1b (default 1)");
+  app.add_option("--split", f.split, "layers per stage, e.g. 4,4 (default even)");
+  app.add_option("--backend", f.backend, "cpu | cuda (default cuda when a GPU is visible)");
+  app.add_option("--comm", f.comm, "self | mpi | nccl | fake (default from backend and launch)");
+  app.add_option("--emulate", f.emulate, "W:r: play rank r of a world of W in this one process");
+  app.add_option("--json", f.json, "write the shardscope/1 JSON document here");
+  app.add_option("--ddp-bucket", f.ddp_bucket, "view | copy: copy keeps torch's separate flat bucket");
+  app.add_option("--bucket-mb", f.bucket_mb, "DDP bucket cap in MiB (0 = one flat bucket)");
+  app.add_flag("--tf32", f.tf32, "allow TF32 GEMMs on cuda");
+}
+
+std::vector<int> parse_list(const std::string& flag, const std::string& v) {
+  std::vector<int> out;
+  std::stringstream ss(v);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(parse_positive(flag, item));
+  if (out.empty()) throw UsageError(flag + ": empty list");
+  return out;
+}
+
+RunConfig to_config(const RunFlags& f, CLI::App& app) {
+  RunConfig c;
+  c.model.layers = parse_positive("--layers", f.layers);
+  c.model.width = parse_positive("--width", f.width);
+  c.model.batch = parse_positive("--batch", f.batch);
+  if (f.activation == "none") c.model.activation = Activation::none;
+  else if (f.activation == "relu") c.model.activation = Activation::relu;
+  else throw UsageError("--activation: unknown '" + f.activation + "'; allowed: none, relu");
+  if (f.loss == "sum") c.model.loss = Loss::sum;
+  else if (f.loss == "mse") c.model.loss = Loss::mse;
+  else throw UsageError("--loss: unknown '" + f.loss + "'; allowed: sum, mse");
+  c.steps = parse_positive("--steps", f.steps);
+  {
+    std::size_t used = 0;
+    unsigned long long s = 0;
+    try { s = std::stoull(f.seed, &used); } catch (...) { used = 0; }
+    if (used != f.seed.size() || f.seed.empty() || f.seed[0] == '-')
+      throw UsageError("--seed: '" + f.seed + "' is not a non-negative integer");
+    c.seed = s;
+  }
+  const bool has_schedule = app.count("--schedule") > 0;
+  if (has_schedule && app.count("--strategy") > 0)
+    throw UsageError("--strategy and --schedule: a run is either data parallel or a pipeline, not both");
+  c.strategy = f.strategy;
+  if (c.strategy != "ddp" && c.strategy != "zero1" && c.strategy != "zero2" && c.strategy != "zero3")
+    throw UsageError("--strategy: unknown '" + f.strategy + "'; allowed: ddp, zero1, zero2, zero3");
+  c.layers_per_unit = f.units == "all" ? 0 : parse_positive("--units (K or all)", f.units);
+  if (f.prefetch != "0" && f.prefetch != "1") throw UsageError("--prefetch: '" + f.prefetch + "'; allowed: 0, 1");
+  c.prefetch = f.prefetch == "1";
+  if (f.ddp_bucket != "view" && f.ddp_bucket != "copy")
+    throw UsageError("--ddp-bucket: unknown '" + f.ddp_bucket + "'; allowed: view, copy");
+  c.ddp_bucket = f.ddp_bucket;
+  {
+    std::size_t used = 0;
+    double mb = -1;
+    try { mb = std::stod(f.bucket_mb, &used); } catch (...) { used = 0; }
+    if (used != f.bucket_mb.size() || !(mb >= 0)) throw UsageError("--bucket-mb: '" + f.bucket_mb + "' is not a number >= 0");
+    c.bucket_mb = mb;
+  }
+  c.schedule = f.schedule;
+  if (has_schedule && c.schedule.empty()) throw UsageError("--schedule: empty; allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1");
+  if (!has_schedule) {
+    for (const char* flag : {"--microbatches", "--chunks", "--split"})
+      if (app.count(flag) > 0) throw UsageError(std::string(flag) + " is only valid with --schedule");
+  } else {
+    for (const char* flag : {"--units", "--prefetch", "--ddp-bucket", "--bucket-mb"})
+      if (app.count(flag) > 0) throw UsageError(std::string(flag) + " is only valid with --strategy (data parallel)");
+  }
+  if (!f.microbatches.empty()) c.microbatches = parse_positive("--microbatches", f.microbatches);
+  c.chunks = parse_positive("--chunks", f.chunks);
+  if (!f.split.empty()) c.split = parse_list("--split", f.split);
+  if (!f.backend.empty() && f.backend != "cpu" && f.backend != "cuda")
+    throw UsageError("--backend: unknown '" + f.backend + "'; allowed: cpu, cuda");
+  c.backend = f.backend;
+  if (!f.comm.empty() && f.comm != "self" && f.comm != "mpi" && f.comm != "nccl" && f.comm != "fake")
+    throw UsageError("--comm: unknown '" + f.comm + "'; allowed: self, mpi, nccl, fake");
+  c.comm = f.comm;
+  if (!f.emulate.empty()) {
+    const std::size_t colon = f.emulate.find(':');
+    if (colon == std::string::npos) throw UsageError("--emulate: '" + f.emulate + "'; expected W:r, e.g. 4:2");
+    c.emulate_world = parse_positive("--emulate W:r (W)", f.emulate.substr(0, colon));
+    const std::string r = f.emulate.substr(colon + 1);
+    if (r.empty() || r.find_first_not_of("0123456789") != std::string::npos)
+      throw UsageError("--emulate: rank '" + r + "' is not a non-negative integer");
+    c.emulate_rank = std::stoi(r);
+    if (c.emulate_rank >= c.emulate_world)
+      throw UsageError("--emulate " + f.emulate + ": rank must be below the world size");
+  }
+  c.json_path = f.json;
+  c.allow_tf32 = f.tf32;
+  return c;
+}
+
+int run_command(int argc, char** argv) {
+  std::unique_ptr<MpiSession> session;
+  try {
+    session = std::make_unique<MpiSession>(&argc, &argv);
+  } catch (const std::exception& e) {  // a launcher's variables that make no sense
+    error_line(e.what());
+    return 2;
+  }
+  MpiSession& mpi = *session;
+  const bool multi = mpi.world() > 1;
+  try {
+    CLI::App app{"shardscope run: one job; this process is one rank", "shardscope run"};
+    RunFlags flags;
+    add_run_flags(app, flags);
+    try {
+      app.parse(argc, argv);  // argv[0] is "run"
+    } catch (const CLI::CallForHelp& e) {
+      if (mpi.rank() == 0) std::cout << app.help();
+      return 0;
+    } catch (const CLI::ParseError& e) {
+      throw UsageError(e.what());
+    }
+    RunConfig cfg = to_config(flags, app);
+    cfg.command_line = join_command_line(argc, argv);
+    run_job(cfg, mpi);
+    return 0;
+  } catch (const UsageError& e) {
+    // Every rank validates the same flags the same way, so all exit here together.
+    if (mpi.rank() == 0) error_line(e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (what.rfind("rank ", 0) != 0) what = "rank " + std::to_string(mpi.rank()) + ": " + what;
+    error_line(what);
+    if (multi) mpi.abort(3);  // the other ranks may be waiting in a collective
+    return 3;
+  }
+}
+
+void usage() {
+  std::cout << "usage: shardscope run [flags]     one job (start under mpirun -np W for W ranks)\n"
+               "       shardscope sweep [flags]   the seed's experiment, or any list of runs\n"
+               "       shardscope <command> --help\n";
+}
+
+}  // namespace
+
 int cli_main(int argc, char** argv) {
-  std::fprintf(stderr, "shardscope: error: not built yet\n");
+  if (argc < 2) {
+    usage();
+    error_line("missing command; allowed: run, sweep");
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    usage();
+    return 0;
+  }
+  if (cmd == "run") return run_command(argc - 1, argv + 1);
+  if (cmd == "sweep") {
+    try {
+      return sweep_main(std::vector<std::string>(argv + 2, argv + argc), self_exe(argv[0]));
+    } catch (const UsageError& e) {
+      error_line(e.what());
+      return 2;
+    } catch (const std::exception& e) {
+      error_line(e.what());
+      return 3;
+    }
+  }
+  usage();
+  error_line("unknown command '" + cmd + "'; allowed: run, sweep");
   return 2;
 }
+
 }  // namespace shardscope

@@ -103,6 +103,8 @@ class Backend {
   // Loss of y(rows, cols) scaled by `scale`, written to loss_out[0] (one float on the
   // backend), and its gradient dy = d(scale * loss)/dy. `sum`: loss = sum(y), target unused.
   // `mse`: loss = mean((y - target)^2) over rows*cols elements.
+  // Either output may be null: the value alone in forward (then `dy` is null), the
+  // gradient alone in backward (then `loss_out` is null, and `y` may be null for sum).
   virtual void loss(Loss kind, const float* y, const float* target, float* dy, float* loss_out,
                     int rows, int cols, float scale) = 0;
   // torch.optim.AdamW update of every tensor in the list (one fused launch on CUDA).
@@ -133,6 +135,10 @@ class Backend {
   // Device bytes this process holds outside the pool (context, NCCL, cuBLAS):
   // NVML's per-process figure minus the pool's reserved bytes; -1 when unknown or cpu.
   virtual std::int64_t outside_pool_bytes() { return -1; }
+  // TF32 tensor-core GEMMs (CUDA only; off by default so cpu and cuda agree).
+  virtual void set_allow_tf32(bool /*allow*/) {}
+  // Free device memory in bytes (cudaMemGetInfo); -1 on host backends.
+  virtual std::int64_t device_free_bytes() { return -1; }
   // A line naming the device, for provenance ("NVIDIA H200, CUDA 13.0, driver ..."); empty on cpu.
   virtual std::string device_description() const { return {}; }
 

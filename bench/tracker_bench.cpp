@@ -1,0 +1,95 @@
+// The tracker's cost: every allocation of every rank goes through Tracker::on_alloc and
+// on_free, so they must be negligible beside the allocation itself. Prints ns per
+// on_alloc/on_free pair, then ns per Backend alloc/free pair through CpuBackend (which
+// adds aligned_alloc/free and the Buffer), and the machine.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "harness/backends/cpu_backend.hpp"
+#include "shardscope/tracker.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Tells the compiler that `p` is read and memory clobbered: the loop's work must happen.
+template <class T>
+inline void escape(T* p) {
+  asm volatile("" : : "g"(p) : "memory");
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  }
+  return "unknown";
+}
+
+constexpr std::array<shardscope::Category, 4> kCats = {
+    shardscope::Category::activation, shardscope::Category::temp, shardscope::Category::comm,
+    shardscope::Category::param_unsharded};
+
+// Best of `reps` timings of `iters` alloc/free pairs, in ns per pair.
+template <class F>
+double best_ns_per_pair(int reps, std::int64_t iters, F&& body) {
+  double best = 1e300;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    body(iters);
+    const auto t1 = Clock::now();
+    best = std::min(best, std::chrono::duration<double, std::nano>(t1 - t0).count() /
+                              static_cast<double>(iters));
+  }
+  return best;
+}
+
+}  // namespace
+
+int main() {
+  using namespace shardscope;
+  std::printf("tracker_bench: CPU %s\n", cpu_model().c_str());
+
+  // A live baseline (so on_alloc compares against a real peak), then pairs cycling
+  // through categories and sizes, as a layer loop does.
+  Tracker tracker;
+  tracker.on_alloc(Category::param, 1 << 20, 1 << 20);
+  const double tracker_ns = best_ns_per_pair(5, 20'000'000, [&](std::int64_t iters) {
+    for (std::int64_t i = 0; i < iters; ++i) {
+      const Category c = kCats[static_cast<std::size_t>(i) & 3];
+      const std::int64_t bytes = 4096 + ((i & 7) << 6);
+      tracker.on_alloc(c, bytes, bytes);
+      escape(&tracker);
+      tracker.on_free(c, bytes, bytes);
+      escape(&tracker);
+    }
+  });
+  std::printf("tracker on_alloc+on_free pair: %.2f ns (best of 5 x 20M, 4 categories)\n", tracker_ns);
+  if (tracker.live_allocations() != 1) return 1;  // also keeps the tracker observable
+
+  // Through the backend: Backend::alloc (tracker + aligned_alloc) and ~Buffer (tracker + free).
+  CpuBackend be;
+  Buffer keep = be.alloc(Category::param, 1 << 18);
+  const std::array<std::size_t, 4> counts = {64, 1024, 4096, 65536};  // 256 B .. 256 KiB
+  for (std::size_t count : counts) {
+    const double backend_ns = best_ns_per_pair(5, 1'000'000, [&](std::int64_t iters) {
+      for (std::int64_t i = 0; i < iters; ++i) {
+        Buffer b = be.alloc(kCats[static_cast<std::size_t>(i) & 3], count);
+        escape(b.data());
+      }
+    });
+    std::printf("CpuBackend alloc+free pair, %zu floats (%zu B): %.2f ns\n", count,
+                count * sizeof(float), backend_ns);
+  }
+  if (be.tracker().live_allocations() != 1) return 1;
+  return 0;
+}

@@ -1,0 +1,95 @@
+// Buffer ownership, the tracked allocation path shared by every backend, and the
+// backend registry.
+#include "shardscope/backend.hpp"
+
+#include <limits>
+#include <utility>
+
+#include "harness/backends/cpu_backend.hpp"
+#include "harness/report/format.hpp"
+#include "shardscope/check.hpp"
+
+#ifdef SHARDSCOPE_WITH_CUDA
+#include "harness/backends/cuda_backend.hpp"
+#endif
+
+namespace shardscope {
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    owner_ = std::exchange(o.owner_, nullptr);
+    data_ = std::exchange(o.data_, nullptr);
+    count_ = std::exchange(o.count_, 0);
+    category_ = o.category_;
+  }
+  return *this;
+}
+
+void Buffer::reset() noexcept {
+  if (owner_ != nullptr && data_ != nullptr) owner_->release(data_, count_, category_);
+  owner_ = nullptr;
+  data_ = nullptr;
+  count_ = 0;
+}
+
+// count == 0 is allowed and returns an empty Buffer (data() == nullptr, false as a
+// bool) that is neither allocated nor tracked: a zero-sized tensor or shard (a zero1
+// rank that owns no tensor, say) holds no bytes, so there is nothing to count, and
+// refusing it would turn a legal configuration into a failed run.
+Buffer Backend::alloc(Category category, std::size_t count) {
+  if (count == 0) return Buffer();
+  if (count > static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) / sizeof(float)) {
+    throw RunError("out of memory: " + std::to_string(count) + " floats for category " +
+                   std::string(category_name(category)) + " overflow a byte count");
+  }
+  const std::size_t bytes = count * sizeof(float);
+  void* p = raw_alloc(bytes);
+  if (p == nullptr) {
+    throw RunError("out of memory: the " + name() + " backend could not allocate " +
+                   format_bytes(static_cast<std::int64_t>(bytes)) + " for category " +
+                   std::string(category_name(category)) + " (this rank already holds " +
+                   format_bytes(tracker_.current_total()) + " tracked)");
+  }
+  const auto b = static_cast<std::int64_t>(bytes);
+  tracker_.on_alloc(category, b, rounded_bytes(b));
+  return Buffer(this, static_cast<float*>(p), count, category);
+}
+
+void Backend::release(float* data, std::size_t count, Category category) noexcept {
+  const auto b = static_cast<std::int64_t>(count * sizeof(float));
+  tracker_.on_free(category, b, rounded_bytes(b));
+  raw_free(data, count * sizeof(float));
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank) {
+  if (name == "cpu") return std::make_unique<CpuBackend>();
+  if (name == "cuda") {
+#ifdef SHARDSCOPE_WITH_CUDA
+    return make_cuda_backend(local_rank);
+#else
+    (void)local_rank;
+    throw UsageError("--backend cuda: this build has no CUDA support; allowed: cpu");
+#endif
+  }
+  throw UsageError("--backend: unknown backend '" + name + "'; allowed: " +
+                   (cuda_built() ? "cpu, cuda" : "cpu"));
+}
+
+bool cuda_built() {
+#ifdef SHARDSCOPE_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count() {
+#ifdef SHARDSCOPE_WITH_CUDA
+  return cuda_visible_devices();
+#else
+  return 0;
+#endif
+}
+
+}  // namespace shardscope

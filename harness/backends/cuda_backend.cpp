@@ -1,0 +1,286 @@
+#include "harness/backends/cuda_backend.hpp"
+
+#include <nvtx3/nvToolsExt.h>
+#include <nvtx3/nvToolsExtCudaRt.h>
+
+#include <cstdio>
+#include <exception>
+#include <limits>
+#include <string>
+
+#include "harness/backends/nvml_query.hpp"
+#include "kernels/cuda_ops.hpp"
+#include "shardscope/cuda_check.hpp"
+
+namespace shardscope {
+namespace {
+
+// The NVTX domain of every shardscope range (Nsight Systems shows it as a row).
+nvtxDomainHandle_t nvtx_domain() {
+  static const nvtxDomainHandle_t domain = nvtxDomainCreateA("shardscope");
+  return domain;
+}
+
+std::string cuda_version_text(int v) {  // 13000 -> "13.0"
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+cublasOperation_t to_cublas(Trans t) { return t == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+}  // namespace
+
+// ---- the pool's rounding ------------------------------------------------------------------
+// Measured on an H200 (driver 580.159.04, CUDA 13.0; test PoolRoundingMatchesUsedMemCurrent):
+// cudaMemPoolAttrUsedMemCurrent/High count each allocation at exactly the requested size,
+// from 4 B to 100 MB, even though the allocator places allocations 512 B apart (the next
+// pointer lands at the request rounded up to 512 B) and reserves physical memory in
+// chunks of 32 MiB and more. So the figure that equals UsedMemCurrent is the request
+// itself. This is the one place that encodes that rule; the test re-measures it.
+std::int64_t cuda_pool_rounded_bytes(std::int64_t bytes) { return bytes > 0 ? bytes : 0; }
+
+int cuda_visible_devices() {
+  int count = 0;  // left untouched when the call fails (no driver: error 35)
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it, so later checks do not report it
+    return 0;
+  }
+  return count;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int local_rank) {
+  return std::make_unique<CudaBackend>(local_rank);
+}
+
+CudaBackend::CudaBackend(int local_rank, bool allow_tf32) {
+  const int count = cuda_visible_devices();
+  if (count == 0) {
+    throw RunError("--backend cuda: no CUDA device is visible (cudaGetDeviceCount found none "
+                   "or failed); use --backend cpu");
+  }
+  SHARDSCOPE_REQUIRE(local_rank >= 0, "CudaBackend: negative local rank");
+  device_ = local_rank % count;
+  try {
+    CUDA_CHECK(cudaSetDevice(device_));
+    int pools_supported = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&pools_supported, cudaDevAttrMemoryPoolsSupported, device_));
+    if (pools_supported == 0) {
+      throw RunError("--backend cuda: device " + std::to_string(device_) +
+                     " does not support stream-ordered memory pools (cudaMallocAsync)");
+    }
+    char bus_id[32] = {};
+    CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, static_cast<int>(sizeof(bus_id)), device_));
+    pci_bus_id_ = bus_id;
+
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    const std::string stream_name = "shardscope rank stream (device " + std::to_string(device_) + ")";
+    nvtxNameCudaStreamA(stream_, stream_name.c_str());
+
+    // Our own pool (not the device's default one, which cuBLAS, NCCL or a framework may
+    // also use), so that its counters hold exactly the tracked Buffers.
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device_;
+    CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+    // Freed memory stays reserved by the pool (no release at each sync): reserved bytes
+    // then show the step's footprint, and allocation stays fast.
+    std::uint64_t threshold = std::numeric_limits<std::uint64_t>::max();
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+
+    CUBLAS_CHECK(cublasCreate(&cublas_));
+    // cublasSetStream resets the workspace to cuBLAS's default: set the stream first.
+    CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    CUDA_CHECK(cudaMalloc(&workspace_, static_cast<std::size_t>(kWorkspaceBytes)));
+    CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, static_cast<std::size_t>(kWorkspaceBytes)));
+    CUBLAS_CHECK(cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
+    set_allow_tf32(allow_tf32);
+  } catch (...) {
+    // The destructor does not run for a half-built object: release what exists.
+    if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+    if (workspace_ != nullptr) (void)cudaFree(workspace_);
+    if (pool_ != nullptr) (void)cudaMemPoolDestroy(pool_);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+    throw;
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  // Every Buffer must be gone by now (they point at this backend). Wait for queued work
+  // and frees; if the context is already broken (a kernel faulted), the error that broke
+  // it is on its way to the user, and releasing now would only fail again: skip.
+  const cudaError_t e = cudaStreamSynchronize(stream_);
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "shardscope: warning: CUDA backend teardown skipped: %s\n",
+                 cudaGetErrorString(e));
+    return;
+  }
+  CUBLAS_CHECK_NOEXCEPT(cublasDestroy(cublas_));
+  CUDA_CHECK_NOEXCEPT(cudaFree(workspace_));
+  CUDA_CHECK_NOEXCEPT(cudaMemPoolDestroy(pool_));
+  CUDA_CHECK_NOEXCEPT(cudaStreamDestroy(stream_));
+}
+
+void CudaBackend::set_allow_tf32(bool allow) {
+  CUBLAS_CHECK(cublasSetMathMode(cublas_, allow ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  allow_tf32_ = allow;
+}
+
+// ---- memory -----------------------------------------------------------------------------
+
+void* CudaBackend::raw_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not sticky: clear it; Backend::alloc reports the OOM
+    return nullptr;
+  }
+  CUDA_CHECK(e);
+  return p;
+}
+
+void CudaBackend::raw_free(void* p, std::size_t /*bytes*/) noexcept {
+  const cudaError_t e = cudaFreeAsync(p, stream_);
+  if (e == cudaSuccess) return;
+  // Buffers freed while an earlier CUDA error unwinds the stack: the context may be broken
+  // and every call fails; the first error is the one to report, so do not abort here.
+  if (std::uncaught_exceptions() > 0) return;
+  detail::abort_call_failed("cudaFreeAsync(p, stream_)", detail::cuda_error_text(e), __FILE__,
+                            __LINE__);
+}
+
+bool CudaBackend::pool_stats(PoolStats* out) {
+  synchronize();  // frees queued on the stream are counted once they have run
+  std::uint64_t used = 0, used_high = 0, reserved = 0, reserved_high = 0;
+  CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &used));
+  CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &used_high));
+  CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &reserved_high));
+  out->used_current = static_cast<std::int64_t>(used);
+  out->used_high = static_cast<std::int64_t>(used_high);
+  out->reserved_current = static_cast<std::int64_t>(reserved);
+  out->reserved_high = static_cast<std::int64_t>(reserved_high);
+  return true;
+}
+
+void CudaBackend::reset_pool_high() {
+  synchronize();  // the new window starts from what is really live now
+  // Setting a high-water attribute to 0 resets it to the current value (the only value
+  // the driver accepts for it).
+  std::uint64_t zero = 0;
+  CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &zero));
+  zero = 0;
+  CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero));
+}
+
+std::int64_t CudaBackend::outside_pool_bytes() {
+  const std::int64_t process = nvml_process_used_bytes(pci_bus_id_);
+  if (process < 0) return -1;
+  PoolStats s;
+  pool_stats(&s);
+  return process - s.reserved_current;
+}
+
+std::int64_t CudaBackend::device_free_bytes() {
+  CUDA_CHECK(cudaSetDevice(device_));  // cudaMemGetInfo reports the current device
+  std::size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<std::int64_t>(free_bytes);
+}
+
+std::string CudaBackend::device_description() const {
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  int runtime = 0, driver = 0;
+  CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  CUDA_CHECK(cudaDriverGetVersion(&driver));
+  char mem[32];
+  std::snprintf(mem, sizeof(mem), "%.1f GiB",
+                static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+  std::string s = std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
+                  std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) +
+                  " SMs, " + mem + ", device " + std::to_string(device_) + " " + pci_bus_id_ +
+                  "), CUDA runtime " + cuda_version_text(runtime) + ", driver CUDA " +
+                  cuda_version_text(driver);
+  const std::string driver_version = nvml_driver_version();
+  if (!driver_version.empty()) s += " (" + driver_version + ")";
+  return s;
+}
+
+// ---- math ---------------------------------------------------------------------------------
+
+// Row-major C(m,n) = alpha op(A) op(B) + beta C is column-major C^T(n,m) =
+// alpha op(B)^T op(A)^T + beta C^T. A row-major matrix read column-major is its
+// transpose, so cuBLAS gets B first, A second, the same transpose flags, and (n, m, k).
+void CudaBackend::gemm(Trans ta, Trans tb, int m, int n, int k, float alpha, const float* a,
+                       int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  if (m == 0 || n == 0) return;
+  CUBLAS_CHECK(cublasSgemm(cublas_, to_cublas(tb), to_cublas(ta), n, m, k, &alpha, b, ldb, a, lda,
+                           &beta, c, ldc));
+}
+
+void CudaBackend::bias_activation(float* y, const float* bias, int rows, int cols, Activation act) {
+  cuda_ops::bias_activation(y, bias, rows, cols, act, stream_);
+}
+
+void CudaBackend::relu_backward(float* dz, const float* a, std::size_t n) {
+  cuda_ops::relu_backward(dz, a, n, stream_);
+}
+
+void CudaBackend::bias_grad(float* db, const float* dz, int rows, int cols, float beta) {
+  cuda_ops::bias_grad(db, dz, rows, cols, beta, stream_);
+}
+
+void CudaBackend::loss(Loss kind, const float* y, const float* target, float* dy, float* loss_out,
+                       int rows, int cols, float scale) {
+  cuda_ops::loss(kind, y, target, dy, loss_out, rows, cols, scale, stream_);
+}
+
+void CudaBackend::adamw(const AdamWHyper& h, const std::vector<AdamWTensor>& tensors) {
+  cuda_ops::adamw(h, tensors, stream_);
+}
+
+void CudaBackend::copy(float* dst, const float* src, std::size_t n) {
+  if (n == 0 || dst == src) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::fill(float* dst, float value, std::size_t n) {
+  cuda_ops::fill(dst, value, n, stream_);
+}
+
+void CudaBackend::scale(float* x, float s, std::size_t n) { cuda_ops::scale(x, s, n, stream_); }
+
+void CudaBackend::add(float* dst, const float* src, std::size_t n) {
+  cuda_ops::add(dst, src, n, stream_);
+}
+
+void CudaBackend::upload(float* dst, const float* host, std::size_t n) {
+  if (n == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  synchronize();
+}
+
+void CudaBackend::download(float* host, const float* src, std::size_t n) {
+  if (n == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+}
+
+void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+// ---- profiler ranges ----------------------------------------------------------------------
+
+void CudaBackend::range_push(const char* name) {
+  nvtxEventAttributes_t attr{};
+  attr.version = NVTX_VERSION;
+  attr.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+  attr.messageType = NVTX_MESSAGE_TYPE_ASCII;
+  attr.message.ascii = name != nullptr ? name : "";
+  nvtxDomainRangePushEx(nvtx_domain(), &attr);
+}
+
+void CudaBackend::range_pop() { nvtxDomainRangePop(nvtx_domain()); }
+
+}  // namespace shardscope

@@ -1,0 +1,102 @@
+// The CUDA backend (DESIGN §5): one device, one non-blocking stream and one memory pool
+// per rank; every tracked allocation comes from that pool in stream order.
+//
+// Memory accounting: after a stream sync, the pool's UsedMemCurrent equals the tracker's
+// rounded figure, and UsedMemHigh (reset together with the tracker's peak) equals its
+// rounded peak. Only tracked Buffers live in the pool: the cuBLAS workspace, NCCL's and
+// cuBLAS's own buffers and the CUDA context are "outside the pool" (outside_pool_bytes()).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "shardscope/backend.hpp"
+
+namespace shardscope {
+
+// Devices the CUDA runtime can see; 0 when cudaGetDeviceCount fails (no driver, no GPU).
+int cuda_visible_devices();
+
+// Throws RunError when no device is visible.
+std::unique_ptr<Backend> make_cuda_backend(int local_rank);
+
+// Bytes a request of `bytes` counts for in a cudaMallocAsync pool's
+// cudaMemPoolAttrUsedMemCurrent/High: the single place that knows the pool's rounding.
+// Measured (H200, CUDA 13.0): the request itself; placement is 512-B aligned, but the
+// counters do not include that padding.
+std::int64_t cuda_pool_rounded_bytes(std::int64_t bytes);
+
+class CudaBackend final : public Backend {
+ public:
+  // Device local_rank % visible devices. TF32 off unless allow_tf32 (see set_allow_tf32).
+  explicit CudaBackend(int local_rank, bool allow_tf32 = false);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+
+  void gemm(Trans ta, Trans tb, int m, int n, int k, float alpha, const float* a, int lda,
+            const float* b, int ldb, float beta, float* c, int ldc) override;
+  void bias_activation(float* y, const float* bias, int rows, int cols, Activation act) override;
+  void relu_backward(float* dz, const float* a, std::size_t n) override;
+  void bias_grad(float* db, const float* dz, int rows, int cols, float beta) override;
+  void loss(Loss kind, const float* y, const float* target, float* dy, float* loss_out, int rows,
+            int cols, float scale) override;
+  void adamw(const AdamWHyper& h, const std::vector<AdamWTensor>& tensors) override;
+  void copy(float* dst, const float* src, std::size_t n) override;
+  void fill(float* dst, float value, std::size_t n) override;
+  void scale(float* x, float s, std::size_t n) override;
+  void add(float* dst, const float* src, std::size_t n) override;
+
+  void upload(float* dst, const float* host, std::size_t n) override;
+  void download(float* host, const float* src, std::size_t n) override;
+  void synchronize() override;
+
+  void range_push(const char* name) override;
+  void range_pop() override;
+
+  std::int64_t rounded_bytes(std::int64_t bytes) const override {
+    return cuda_pool_rounded_bytes(bytes);
+  }
+  bool pool_stats(PoolStats* out) override;
+  void reset_pool_high() override;
+  std::int64_t outside_pool_bytes() override;
+  // cudaMemGetInfo's free bytes on this backend's device (memory the pool has reserved
+  // but not handed out is not counted as free).
+  std::int64_t device_free_bytes() override;
+  std::string device_description() const override;
+
+  // cuBLAS math mode: CUBLAS_DEFAULT_MATH (true fp32) by default; with `allow` true,
+  // CUBLAS_TF32_TENSOR_OP_MATH (like torch.backends.cuda.matmul.allow_tf32 = True).
+  void set_allow_tf32(bool allow) override;
+  bool allow_tf32() const { return allow_tf32_; }
+
+  // The cuBLAS workspace, allocated once for the backend's life with cudaMalloc: outside
+  // the pool (so the pool holds tracked Buffers only) and untracked (so resting bytes
+  // equal the CPU backend's). 4 MiB: cuBLAS's default size before Hopper; on Hopper
+  // cuBLAS's own default is 32 MiB, which only widens the kernel choice for large GEMMs.
+  static constexpr std::int64_t kWorkspaceBytes = 4 << 20;
+  std::int64_t workspace_bytes() const { return kWorkspaceBytes; }
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  cudaMemPool_t pool() const { return pool_; }
+
+ protected:
+  void* raw_alloc(std::size_t bytes) override;
+  void raw_free(void* p, std::size_t bytes) noexcept override;
+
+ private:
+  int device_ = 0;
+  bool allow_tf32_ = false;
+  cudaStream_t stream_ = nullptr;
+  cudaMemPool_t pool_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* workspace_ = nullptr;
+  std::string pci_bus_id_;
+};
+
+}  // namespace shardscope

@@ -1,0 +1,187 @@
+#include "harness/cli/child_process.hpp"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "shardscope/check.hpp"
+
+extern char** environ;
+
+namespace shardscope {
+namespace {
+
+volatile std::sig_atomic_t g_interrupt = 0;
+void on_interrupt(int) { g_interrupt = 1; }
+
+// Installs the interrupt handler for its lifetime: our children sit in their own
+// process groups, so a terminal's Ctrl-C reaches only us, and we pass it on.
+class InterruptGuard {
+ public:
+  InterruptGuard() {
+    g_interrupt = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~InterruptGuard() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+std::vector<std::string> child_environment(const std::vector<std::string>& extra) {
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) env.emplace_back(*e);
+  for (const std::string& kv : extra) {
+    const std::string name = kv.substr(0, kv.find('=') + 1);
+    bool present = false;
+    for (const std::string& have : env) present = present || have.compare(0, name.size(), name) == 0;
+    if (!present) env.push_back(kv);
+  }
+  return env;
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& v) {
+  std::vector<char*> out;
+  for (std::string& s : v) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// SIGTERM to the group, then SIGKILL after a grace period; reaps `pid`.
+int terminate_group(pid_t pid) {
+  ::kill(-pid, SIGTERM);
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) {
+      ::kill(-pid, SIGKILL);  // ranks mpirun left behind
+      return status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(-pid, SIGKILL);
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
+
+}  // namespace
+
+ChildResult run_child(const ChildSpec& spec) {
+  if (spec.argv.empty()) throw RunError("run_child: empty command");
+  InterruptGuard guard;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, spec.stdout_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, spec.stderr_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setpgroup(&attr, 0);  // a new group led by the child
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGINT);
+  sigaddset(&defaults, SIGTERM);
+  sigaddset(&defaults, SIGPIPE);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF);
+
+  std::vector<std::string> argv = spec.argv;
+  std::vector<std::string> env = child_environment(spec.extra_env);
+  std::vector<char*> c_argv = c_strings(argv);
+  std::vector<char*> c_env = c_strings(env);
+  const auto start = std::chrono::steady_clock::now();
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, c_argv[0], &actions, &attr, c_argv.data(), c_env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) throw RunError("cannot start '" + spec.argv[0] + "': " + std::strerror(rc));
+
+  ChildResult result;
+  const auto deadline = start + std::chrono::seconds(spec.timeout_s);
+  int status = 0;
+  while (true) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) {
+      ::kill(-pid, SIGKILL);  // whatever the child left running in its group
+      break;
+    }
+    if (done < 0 && errno != EINTR) throw RunError(std::string("waitpid: ") + std::strerror(errno));
+    if (g_interrupt || std::chrono::steady_clock::now() >= deadline) {
+      result.end = g_interrupt ? ChildResult::End::interrupted : ChildResult::End::timed_out;
+      terminate_group(pid);
+      result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return result;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (WIFEXITED(status)) {
+    result.end = ChildResult::End::exited;
+    result.code = WEXITSTATUS(status);
+  } else {
+    result.end = ChildResult::End::signaled;
+    result.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  }
+  return result;
+}
+
+std::string describe(const ChildResult& r, int timeout_s) {
+  switch (r.end) {
+    case ChildResult::End::exited:
+      return "exited with code " + std::to_string(r.code);
+    case ChildResult::End::signaled: {
+      const char* name = strsignal(r.signal);
+      return "killed by signal " + std::to_string(r.signal) + (name ? std::string(" (") + name + ")" : "");
+    }
+    case ChildResult::End::timed_out:
+      return "timed out after " + std::to_string(timeout_s) + " s";
+    case ChildResult::End::interrupted:
+      return "interrupted";
+  }
+  return "ended";
+}
+
+std::string find_executable(const std::string& name) {
+  auto executable = [](const std::string& p) {
+    struct stat st {};
+    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (name.find('/') != std::string::npos) return executable(name) ? name : std::string();
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  std::size_t start = 0;
+  while (start <= dirs.size()) {
+    std::size_t colon = dirs.find(':', start);
+    if (colon == std::string::npos) colon = dirs.size();
+    std::string dir = dirs.substr(start, colon - start);
+    if (dir.empty()) dir = ".";
+    if (executable(dir + "/" + name)) return dir + "/" + name;
+    start = colon + 1;
+  }
+  return {};
+}
+
+}  // namespace shardscope

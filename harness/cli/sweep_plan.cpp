@@ -1,0 +1,284 @@
+#include "harness/cli/sweep_plan.hpp"
+
+#include <algorithm>
+#include <optional>
+
+#include "harness/report/table.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+namespace {
+
+using nlohmann::json;
+using Flags = std::vector<std::pair<std::string, std::string>>;  // preset flags: name, value
+
+const std::vector<std::string> kStrategies = {"ddp", "zero1", "zero2", "zero3"};
+const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"};
+const std::vector<std::string> kPresets = {"seed-dp", "seed-pp"};
+
+// The seed's experiment (shared/reference/seed-3.13.json).
+const Flags kSeedDpFlags = {{"--layers", "8"},       {"--width", "256"}, {"--batch", "32"},
+                            {"--activation", "none"}, {"--loss", "sum"},  {"--steps", "3"}};
+const Flags kSeedPpFlags = {{"--layers", "2"},       {"--width", "32"}, {"--batch", "8"},
+                            {"--activation", "relu"}, {"--loss", "mse"}, {"--steps", "2"}};
+
+// `run` flags the sweep sets itself, and what to use instead.
+const std::vector<std::pair<std::string, std::string>> kOwnedRunFlags = {
+    {"--strategy", "use --strategies in a sweep"},
+    {"--schedule", "use --schedules in a sweep"},
+    {"--json", "the sweep writes DIR/shardscope.json; use --out DIR"}};
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + v[i];
+  return out;
+}
+
+std::vector<std::string> split_list(const std::string& flag, const std::string& value) {
+  std::vector<std::string> items;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = value.find(',', start);
+    items.push_back(value.substr(start, comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  for (const std::string& item : items)
+    if (item.empty()) throw UsageError(flag + ": '" + value + "' has an empty item; give a comma-separated list");
+  return items;
+}
+
+int positive_int(const std::string& flag, const std::string& v) {
+  const bool digits = !v.empty() && v.size() <= 9 && std::all_of(v.begin(), v.end(), [](char c) {
+    return c >= '0' && c <= '9';
+  });
+  if (!digits || std::stoi(v) <= 0) throw UsageError(flag + ": '" + v + "' is not a positive integer");
+  return std::stoi(v);
+}
+
+void check_allowed(const std::string& flag, const std::string& what, const std::string& v,
+                   const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), v) == allowed.end())
+    throw UsageError(flag + ": '" + v + "' is not " + what + "; allowed: " + join(allowed));
+}
+
+bool is_long_flag(const std::string& s) { return s.size() > 2 && s.compare(0, 2, "--") == 0; }
+
+// The value of the last pass-through flag called `name`; nullopt when absent or bare.
+std::optional<std::string> pass_value(const SweepOptions& o, const std::string& name) {
+  std::optional<std::string> v;
+  for (const PassFlag& f : o.pass) {
+    if (f.name != name) continue;
+    if (f.tokens.size() == 2) v = f.tokens[1];
+    else if (const auto eq = f.tokens[0].find('='); eq != std::string::npos) v = f.tokens[0].substr(eq + 1);
+  }
+  return v;
+}
+
+bool has_pass(const SweepOptions& o, const std::string& name) {
+  return std::any_of(o.pass.begin(), o.pass.end(), [&](const PassFlag& f) { return f.name == name; });
+}
+
+bool has(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// The preset's flags that no pass-through flag replaces, then every pass-through flag.
+std::vector<std::string> merged_flags(const SweepOptions& o, const Flags& preset) {
+  std::vector<std::string> out;
+  for (const auto& [name, value] : preset) {
+    if (has_pass(o, name)) continue;
+    out.push_back(name);
+    out.push_back(value);
+  }
+  for (const PassFlag& f : o.pass) out.insert(out.end(), f.tokens.begin(), f.tokens.end());
+  return out;
+}
+
+// "1" -> 1, "all" -> "all": layers_per_unit as the JSON schema writes it.
+json units_value(const std::string& v) {
+  const bool digits = !v.empty() && v.size() <= 9 &&
+                      std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+  return digits ? json(std::stoi(v)) : json(v);
+}
+
+SweepJob make_job(json config, std::vector<std::string> run_args) {
+  SweepJob job;
+  job.kind = config["kind"].get<std::string>();
+  job.world = config["world"].get<int>();
+  config["args"] = run_args;
+  job.label = run_label(config);
+  job.run_args = std::move(run_args);
+  job.config = std::move(config);
+  return job;
+}
+
+}  // namespace
+
+bool sweep_wants_help(const std::vector<std::string>& args) {
+  return std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "--help" || a == "-h"; });
+}
+
+SweepOptions parse_sweep_args(const std::vector<std::string>& args) {
+  SweepOptions o;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (!is_long_flag(arg))
+      throw UsageError("sweep: unexpected argument '" + arg + "'; flags are written --name value");
+    const std::size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    const bool inline_value = eq != std::string::npos;
+    // The value of a sweep flag that takes one: "--name=value" or the next argument.
+    auto value = [&]() -> std::string {
+      if (inline_value) return arg.substr(eq + 1);
+      if (i + 1 >= args.size() || is_long_flag(args[i + 1])) throw UsageError(name + ": needs a value");
+      return args[++i];
+    };
+    auto no_value = [&] {
+      if (inline_value) throw UsageError(name + ": takes no value");
+    };
+    if (name == "--worlds") {
+      for (const std::string& w : split_list(name, value())) o.worlds.push_back(positive_int(name, w));
+    } else if (name == "--strategies") {
+      for (const std::string& s : split_list(name, value())) {
+        check_allowed(name, "a strategy", s, kStrategies);
+        o.strategies.push_back(s);
+      }
+    } else if (name == "--schedules") {
+      for (const std::string& s : split_list(name, value())) {
+        check_allowed(name, "a schedule", s, kSchedules);
+        o.schedules.push_back(s);
+      }
+    } else if (name == "--microbatches") {
+      for (const std::string& m : split_list(name, value())) o.microbatches.push_back(positive_int(name, m));
+    } else if (name == "--preset") {
+      const std::string p = value();
+      check_allowed(name, "a preset", p, kPresets);
+      if (!has(o.presets, p)) o.presets.push_back(p);
+    } else if (name == "--out") {
+      o.out = value();
+      if (o.out.empty()) throw UsageError("--out: needs a directory");
+    } else if (name == "--emulate") {
+      if (inline_value || (i + 1 < args.size() && !is_long_flag(args[i + 1])))
+        throw UsageError("--emulate: takes no value in a sweep (it runs every rank of each world as "
+                         "its own emulated process)");
+      o.emulate = true;
+    } else if (name == "--mpirun") {
+      o.mpirun = value();
+      if (o.mpirun.empty()) throw UsageError("--mpirun: needs a path");
+    } else if (name == "--oversubscribe") {
+      no_value();
+      o.oversubscribe = true;
+    } else if (name == "--timeout") {
+      o.timeout_s = positive_int(name, value());
+    } else {
+      for (const auto& [owned, instead] : kOwnedRunFlags)
+        if (name == owned) throw UsageError(name + ": " + instead);
+      PassFlag f{name, {arg}};
+      if (!inline_value && i + 1 < args.size() && !is_long_flag(args[i + 1])) f.tokens.push_back(args[++i]);
+      o.pass.push_back(std::move(f));
+    }
+  }
+  return o;
+}
+
+std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
+  const bool nothing_chosen = o.presets.empty() && o.strategies.empty() && o.schedules.empty();
+  const bool dp_preset = nothing_chosen || has(o.presets, "seed-dp");
+  const bool pp_preset = nothing_chosen || has(o.presets, "seed-pp");
+  const bool data_parallel = dp_preset || !o.strategies.empty();
+  const bool pipeline = pp_preset || !o.schedules.empty();
+  if (!o.microbatches.empty() && !pipeline)
+    throw UsageError("--microbatches: applies to pipeline runs; add --schedules or --preset seed-pp");
+
+  std::vector<SweepJob> jobs;
+  if (data_parallel) {
+    const std::vector<int> worlds = o.worlds.empty() ? std::vector<int>{2, 4} : o.worlds;
+    const std::vector<std::string> strategies = o.strategies.empty() ? kStrategies : o.strategies;
+    const std::vector<std::string> flags = merged_flags(o, dp_preset ? kSeedDpFlags : Flags{});
+    const std::optional<std::string> units = pass_value(o, "--units");
+    for (int w : worlds) {
+      for (const std::string& s : strategies) {
+        // seed-dp compares the root unit with one unit per layer, where zero2 and zero3 differ.
+        std::vector<std::string> unit_settings = {""};
+        if (dp_preset && !has_pass(o, "--units") && (s == "zero2" || s == "zero3")) unit_settings = {"all", "1"};
+        for (const std::string& u : unit_settings) {
+          json config = {{"kind", "data_parallel"}, {"strategy", s}, {"world", w}};
+          std::vector<std::string> args = {"--strategy", s};
+          args.insert(args.end(), flags.begin(), flags.end());
+          if (!u.empty()) {
+            args.insert(args.end(), {"--units", u});
+            config["layers_per_unit"] = units_value(u);
+          } else if (units && (s == "zero2" || s == "zero3")) {  // no effect on ddp and zero1
+            config["layers_per_unit"] = units_value(*units);
+          }
+          if (auto p = pass_value(o, "--prefetch")) config["prefetch"] = units_value(*p);
+          if (auto b = pass_value(o, "--ddp-bucket")) config["ddp_bucket"] = *b;
+          jobs.push_back(make_job(std::move(config), std::move(args)));
+        }
+      }
+    }
+  }
+  if (pipeline) {
+    const std::vector<int> worlds = !o.worlds.empty() ? o.worlds : pp_preset ? std::vector<int>{2} : std::vector<int>{2, 4};
+    const std::vector<std::string> schedules = o.schedules.empty() ? std::vector<std::string>{"gpipe", "1f1b"} : o.schedules;
+    std::vector<int> microbatches = o.microbatches;
+    if (microbatches.empty() && pp_preset) microbatches = {2, 4, 8};
+    if (microbatches.empty()) microbatches = {0};  // 0: run's default, no flag
+    const std::vector<std::string> flags = merged_flags(o, pp_preset ? kSeedPpFlags : Flags{});
+    for (int s : worlds) {
+      for (const std::string& schedule : schedules) {
+        for (int m : microbatches) {
+          json config = {{"kind", "pipeline"}, {"schedule", schedule}, {"world", s}};
+          std::vector<std::string> args = {"--schedule", schedule};
+          if (m > 0) {
+            args.insert(args.end(), {"--microbatches", std::to_string(m)});
+            config["microbatches"] = m;
+          }
+          args.insert(args.end(), flags.begin(), flags.end());
+          if (auto c = pass_value(o, "--chunks")) config["chunks"] = units_value(*c);
+          jobs.push_back(make_job(std::move(config), std::move(args)));
+        }
+      }
+    }
+  }
+  return jobs;
+}
+
+std::vector<SweepJob> plan_sweep(const std::vector<std::string>& args) {
+  return plan_sweep(parse_sweep_args(args));
+}
+
+std::string sweep_usage() {
+  return "usage: shardscope sweep [sweep flags] [run flags]\n"
+         "\n"
+         "Runs one `shardscope run` job per configuration (mpirun -np W <this shardscope> run ...),\n"
+         "merges the results into DIR/shardscope.json and prints the tables. With no flags it runs\n"
+         "the seed's experiment: --preset seed-dp --preset seed-pp.\n"
+         "\n"
+         "sweep flags:\n"
+         "  --worlds LIST        world sizes, for pipeline runs the stage counts (default 2,4)\n"
+         "  --strategies LIST    data-parallel runs: ddp, zero1, zero2, zero3\n"
+         "  --schedules LIST     pipeline runs: gpipe, 1f1b, interleaved-1f1b, zb-h1\n"
+         "  --microbatches LIST  micro-batch counts of pipeline runs\n"
+         "  --preset NAME        seed-dp: 8 x 256, activation none, loss sum, batch 32, 3 steps,\n"
+         "                       every strategy at W = 2 and 4, zero2/zero3 with --units all and 1;\n"
+         "                       seed-pp: 2 x 32, relu, mse, batch 8, 2 steps, gpipe and 1f1b at\n"
+         "                       S = 2, M = 2, 4, 8. Repeatable.\n"
+         "  --out DIR            where shardscope.json goes (default results/)\n"
+         "  --emulate            run each rank of each world as its own emulated process\n"
+         "                       (run --emulate W:r; no MPI needed; times are compute only)\n"
+         "  --mpirun PATH        the launcher (default: mpirun on PATH)\n"
+         "  --oversubscribe      pass --oversubscribe to mpirun (on anyway when W > cores)\n"
+         "  --timeout SECONDS    per job (default 600); a job over it is killed and fails\n"
+         "\n"
+         "Every other flag is a `run` flag (--layers 8 --width 256 --units 1 --backend cpu ...)\n"
+         "and reaches every job; it replaces a preset's flag of the same name.\n"
+         "--strategies alone runs data-parallel jobs only, --schedules alone pipeline jobs only.\n"
+         "\n"
+         "A configuration that cannot run (its run exits 2) is recorded as skipped with its reason;\n"
+         "a failed run (exit 3, a dead rank, a timeout) ends the sweep with exit 3 after writing what\n"
+         "completed.\n";
+}
+
+}  // namespace shardscope

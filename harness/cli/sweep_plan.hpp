@@ -1,0 +1,61 @@
+// What `shardscope sweep` will launch (DESIGN §6): its own flags, the `run` flags it
+// passes through, the presets, and the list of jobs. Pure: nothing here runs anything.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace shardscope {
+
+// A `run` flag given to the sweep, as it was written: {"--layers", "8"}, {"--layers=8"}
+// or a bare {"--tf32"}.
+struct PassFlag {
+  std::string name;                 // "--layers"
+  std::vector<std::string> tokens;  // passed to every job verbatim
+};
+
+struct SweepOptions {
+  std::vector<int> worlds;               // --worlds; empty: the default (2,4; presets: theirs)
+  std::vector<std::string> strategies;   // --strategies; empty: not given
+  std::vector<std::string> schedules;    // --schedules
+  std::vector<int> microbatches;         // --microbatches
+  std::vector<std::string> presets;      // --preset, repeatable: seed-dp, seed-pp
+  std::string out = "results";           // --out DIR
+  bool emulate = false;                  // --emulate: each rank its own `run --emulate W:r`
+  std::string mpirun;                    // --mpirun PATH; empty: `mpirun` on PATH
+  bool oversubscribe = false;            // --oversubscribe (also on when W > cores)
+  int timeout_s = 600;                   // --timeout SECONDS, per job
+  std::vector<PassFlag> pass;            // every other flag: a `run` flag, in order
+};
+
+// One `shardscope run` job: W ranks of one configuration.
+struct SweepJob {
+  std::string kind;                   // "data_parallel" or "pipeline"
+  int world = 1;                      // ranks (pipeline: stages)
+  std::vector<std::string> run_args;  // after "run"; the sweep adds --json (and --emulate W:r)
+  nlohmann::json config;              // kind, strategy|schedule, world, layers_per_unit,
+                                      // microbatches, ... and "args": run_args
+  std::string label;                  // "zero3 W=4 1 layer/unit", "1f1b S=2 M=8"
+};
+
+// Parses everything after `sweep`. Throws UsageError naming the flag and what is
+// allowed: "--worlds: 'x' is not a positive integer", "--strategies: 'fsdp' is not a
+// strategy; allowed: ddp, zero1, zero2, zero3", ...
+SweepOptions parse_sweep_args(const std::vector<std::string>& args);
+
+// The jobs, data-parallel first (world, strategy, unit setting), then pipeline (stages,
+// schedule, micro-batches). No --preset, --strategies or --schedules: both presets.
+// --strategies alone: data-parallel only; --schedules alone: pipeline only. A preset's
+// model flags apply to its own jobs; a pass-through flag replaces a preset's flag of
+// the same name and reaches every job. seed-dp runs zero2 and zero3 once with
+// --units all and once with --units 1 unless --units is given.
+std::vector<SweepJob> plan_sweep(const SweepOptions& opts);
+std::vector<SweepJob> plan_sweep(const std::vector<std::string>& args);
+
+// True when `args` asks for help (-h, --help): answered before anything is checked.
+bool sweep_wants_help(const std::vector<std::string>& args);
+std::string sweep_usage();
+
+}  // namespace shardscope

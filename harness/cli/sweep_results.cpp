@@ -1,0 +1,107 @@
+#include "harness/cli/sweep_results.hpp"
+
+#include <algorithm>
+
+#include "harness/report/provenance.hpp"
+#include "shardscope/check.hpp"
+
+#ifndef SHARDSCOPE_VERSION
+#define SHARDSCOPE_VERSION "unknown"
+#endif
+
+namespace shardscope {
+namespace {
+
+using nlohmann::json;
+
+bool is_skipped(const json& run) { return run.value("skipped", false) == true; }
+
+// The runs' common value of `key`, "mixed" when they differ, `none` when no run has it.
+json common_value(const std::vector<json>& runs, const char* key, const json& none) {
+  json value;
+  bool seen = false;
+  for (const json& run : runs) {
+    if (is_skipped(run) || !run.contains(key)) continue;
+    if (!seen) {
+      value = run[key];
+      seen = true;
+    } else if (run[key] != value) {
+      return "mixed";
+    }
+  }
+  return seen ? value : none;
+}
+
+}  // namespace
+
+std::vector<json> runs_of_document(const json& doc, const std::string& source) {
+  if (!doc.is_object() || doc.value("schema", json()) != "shardscope/1")
+    throw RunError("'" + source + "' is not a shardscope/1 document");
+  const auto it = doc.find("runs");
+  if (it == doc.end() || !it->is_array()) throw RunError("'" + source + "' has no \"runs\" list");
+  std::vector<json> runs;
+  for (const json& run : *it) {
+    if (!run.is_object()) throw RunError("'" + source + "' has a run that is not an object");
+    json stamped = run;
+    for (const char* key : {"backend", "comm", "emulated"})
+      if (!stamped.contains(key) && doc.contains(key)) stamped[key] = doc[key];
+    runs.push_back(std::move(stamped));
+  }
+  return runs;
+}
+
+std::vector<json> merge_emulated_ranks(const std::vector<json>& docs) {
+  if (docs.empty()) return {};
+  std::vector<std::vector<json>> per_rank;
+  for (std::size_t r = 0; r < docs.size(); ++r)
+    per_rank.push_back(runs_of_document(docs[r], "rank " + std::to_string(r) + "'s result"));
+  std::vector<json> merged = per_rank[0];
+  for (std::size_t i = 0; i < merged.size(); ++i) {
+    json& run = merged[i];
+    const char* list = run.contains("stages") ? "stages" : "ranks";
+    const char* key = run.contains("stages") ? "stage" : "rank";
+    json all = json::array();
+    for (std::size_t r = 0; r < per_rank.size(); ++r) {
+      if (per_rank[r].size() != merged.size())
+        throw RunError("emulated ranks disagree: rank 0 wrote " + std::to_string(merged.size()) +
+                       " runs, rank " + std::to_string(r) + " wrote " + std::to_string(per_rank[r].size()));
+      const json& part = per_rank[r][i];
+      if (!part.contains(list) || !part[list].is_array())
+        throw RunError("emulated rank " + std::to_string(r) + "'s run " + std::to_string(i) + " has no \"" +
+                       list + "\" list");
+      for (const json& entry : part[list]) all.push_back(entry);
+    }
+    std::stable_sort(all.begin(), all.end(), [key](const json& a, const json& b) {
+      return a.value(key, json()) < b.value(key, json());
+    });
+    run[list] = std::move(all);
+    run["emulated"] = true;
+  }
+  return merged;
+}
+
+json skipped_record(const SweepJob& job, const std::string& reason) {
+  json record = job.config;
+  record["skipped"] = true;
+  record["reason"] = reason;
+  return record;
+}
+
+json sweep_document(const std::vector<json>& runs, const json& first_provenance, const std::string& command,
+                    bool emulate, std::size_t jobs, const std::string& error) {
+  json prov = first_provenance.is_object() ? first_provenance : provenance(command, "", "", "");
+  prov["command"] = command;
+  const auto skipped = static_cast<std::size_t>(std::count_if(runs.begin(), runs.end(), is_skipped));
+  json sweep = {{"jobs", jobs}, {"skipped", skipped}, {"complete", error.empty()}};
+  if (!error.empty()) sweep["error"] = error;
+  return {{"schema", "shardscope/1"},
+          {"version", SHARDSCOPE_VERSION},
+          {"backend", common_value(runs, "backend", nullptr)},
+          {"comm", common_value(runs, "comm", nullptr)},
+          {"emulated", common_value(runs, "emulated", emulate)},
+          {"provenance", prov},
+          {"runs", runs},
+          {"sweep", sweep}};
+}
+
+}  // namespace shardscope

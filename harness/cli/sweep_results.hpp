@@ -1,0 +1,36 @@
+// Putting a sweep's results together: the runs of each job's document, emulated ranks
+// merged into one run, skipped records, and the merged shardscope/1 document.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/cli/sweep_plan.hpp"
+
+namespace shardscope {
+
+// The runs of one job's document, each stamped with the document's backend, comm and
+// emulated flag where the run lacks them (a sweep can mix them). Throws RunError when
+// the document is not shardscope/1 or has no runs list.
+std::vector<nlohmann::json> runs_of_document(const nlohmann::json& doc, const std::string& source);
+
+// One job's runs from its emulated ranks' documents (rank r's document at index r):
+// run i of rank 0, with the "ranks" (pipeline: "stages") of run i of every rank,
+// sorted by rank (stage). Throws RunError when the documents disagree in shape.
+std::vector<nlohmann::json> merge_emulated_ranks(const std::vector<nlohmann::json>& docs);
+
+// {"kind", "skipped": true, "reason", the job's configuration...}.
+nlohmann::json skipped_record(const SweepJob& job, const std::string& reason);
+
+// {"schema": "shardscope/1", "version", "backend", "comm", "emulated", "provenance",
+// "runs", "sweep"}: backend, comm and emulated are the runs' common value or "mixed"
+// (no completed runs: null, null and `emulate`); provenance is the first job
+// document's with "command" set to the sweep's (built here when no job completed).
+// "sweep": {"jobs", "skipped", "complete", "error" (only when a job failed)}.
+nlohmann::json sweep_document(const std::vector<nlohmann::json>& runs, const nlohmann::json& first_provenance,
+                              const std::string& command, bool emulate, std::size_t jobs,
+                              const std::string& error);
+
+}  // namespace shardscope

@@ -1,0 +1,198 @@
+// The Communicator's public calls (timing, profiler ranges, the ledger), nccl-tests'
+// bus-bandwidth factors, and the registry of communicators (make_communicator).
+#include "shardscope/comm.hpp"
+
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "shardscope/backend.hpp"
+#include "shardscope/check.hpp"
+
+// The registry: one factory per communicator, each defined in its own file.
+#include "harness/comm/fake_comm.hpp"
+#include "harness/comm/self_comm.hpp"
+#ifdef SHARDSCOPE_WITH_MPI
+#include "harness/comm/mpi_comm.hpp"
+#endif
+#ifdef SHARDSCOPE_WITH_NCCL
+#include "harness/comm/nccl_comm.hpp"
+#endif
+
+namespace shardscope {
+
+namespace {
+
+std::int64_t payload_bytes(std::size_t floats) {
+  return static_cast<std::int64_t>(floats) * static_cast<std::int64_t>(sizeof(float));
+}
+
+// Runs `f` between two backend synchronisations, inside a profiler range named `label`
+// (built only when there is a backend to receive it); returns the wall time in ms.
+template <class F, class Label>
+double run_timed(Backend* backend, Label&& label, F&& f) {
+  using Clock = std::chrono::steady_clock;
+  if (backend == nullptr) {
+    auto t0 = Clock::now();
+    f();
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  }
+  backend->synchronize();  // queued compute must not be charged to the collective
+  std::string name = label();
+  ScopedRange range(*backend, name.c_str());
+  auto t0 = Clock::now();
+  f();
+  backend->synchronize();  // device collectives return before they finish
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// The communicators this build can make, for error messages.
+std::string allowed_comms() {
+  std::string s = "self, fake";
+#ifdef SHARDSCOPE_WITH_MPI
+  s += ", mpi";
+#endif
+#ifdef SHARDSCOPE_WITH_NCCL
+  s += ", nccl";
+#endif
+  return s;
+}
+
+}  // namespace
+
+// ---- bus bandwidth (nccl-tests, doc/PERFORMANCE.md) ---------------------------------------
+
+double busbw_factor(CollKind kind, int world) {
+  if (world < 1) return 0.0;
+  const double n = world;
+  switch (kind) {
+    case CollKind::all_reduce: return 2.0 * (n - 1.0) / n;
+    case CollKind::reduce_scatter:
+    case CollKind::all_gather: return (n - 1.0) / n;
+    case CollKind::broadcast:
+    case CollKind::send:
+    case CollKind::recv: return 1.0;
+  }
+  return 0.0;
+}
+
+double busbw_gbps(const CollStats& s, CollKind kind, int world) {
+  if (s.ms <= 0.0) return 0.0;
+  const double algbw = static_cast<double>(s.bytes) / (s.ms * 1e-3) / 1e9;  // GB/s
+  return algbw * busbw_factor(kind, world);
+}
+
+// ---- timed public calls ----------------------------------------------------------------
+
+template <class F>
+void Communicator::timed(CollKind kind, std::size_t bytes, const char* name, F&& f) {
+  double ms = run_timed(
+      backend_, [&] { return std::string(name) + " " + std::to_string(bytes) + " B"; },
+      std::forward<F>(f));
+  CollStats& s = ledger_[kind];
+  s.calls += 1;
+  s.bytes += static_cast<std::int64_t>(bytes);
+  s.ms += ms;
+}
+
+void Communicator::all_reduce_sum(float* buf, std::size_t count) {
+  timed(CollKind::all_reduce, payload_bytes(count), "all_reduce",
+        [&] { do_all_reduce_sum(buf, count); });
+}
+
+void Communicator::reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) {
+  // nccl-tests' size for reduce-scatter is the whole input: world x shard.
+  timed(CollKind::reduce_scatter, payload_bytes(recv_count) * world_, "reduce_scatter",
+        [&] { do_reduce_scatter_sum(send, recv, recv_count); });
+}
+
+void Communicator::all_gather(const float* send, float* recv, std::size_t send_count) {
+  // nccl-tests' size for all-gather is the whole output: world x shard.
+  timed(CollKind::all_gather, payload_bytes(send_count) * world_, "all_gather",
+        [&] { do_all_gather(send, recv, send_count); });
+}
+
+void Communicator::broadcast(float* buf, std::size_t count, int root) {
+  SHARDSCOPE_REQUIRE(root >= 0 && root < world_,
+                     "broadcast: root " + std::to_string(root) + " is not a rank of world " +
+                         std::to_string(world_));
+  timed(CollKind::broadcast, payload_bytes(count), "broadcast",
+        [&] { do_broadcast(buf, count, root); });
+}
+
+// One do_p2p for the whole group, so the ops progress together. The ledger counts one
+// call per op. The group's wall time is charged in full to each direction that has ops
+// (an exchange of b bytes each way in t ms is b/t in each direction, as nccl-tests'
+// sendrecv counts it) and split within a direction in proportion to bytes.
+void Communicator::p2p(const std::vector<P2pOp>& ops) {
+  if (ops.empty()) return;
+  std::int64_t dir_bytes[2] = {0, 0};  // [send, recv]
+  int dir_ops[2] = {0, 0};
+  for (const P2pOp& op : ops) {
+    SHARDSCOPE_REQUIRE(op.peer >= 0 && op.peer < world_,
+                       std::string(op.is_send ? "send" : "recv") + ": peer " +
+                           std::to_string(op.peer) + " is not a rank of world " +
+                           std::to_string(world_));
+    dir_bytes[op.is_send ? 0 : 1] += payload_bytes(op.count);
+    dir_ops[op.is_send ? 0 : 1] += 1;
+  }
+  auto label = [&] {
+    if (ops.size() == 1)
+      return std::string(ops[0].is_send ? "send " : "recv ") +
+             std::to_string(dir_bytes[0] + dir_bytes[1]) + " B";
+    return "p2p " + std::to_string(ops.size()) + " ops send " + std::to_string(dir_bytes[0]) +
+           " B recv " + std::to_string(dir_bytes[1]) + " B";
+  };
+  double ms = run_timed(backend_, label, [&] { do_p2p(ops); });
+  for (const P2pOp& op : ops) {
+    const int d = op.is_send ? 0 : 1;
+    const std::int64_t b = payload_bytes(op.count);
+    CollStats& s = ledger_[op.is_send ? CollKind::send : CollKind::recv];
+    s.calls += 1;
+    s.bytes += b;
+    s.ms += dir_bytes[d] > 0 ? ms * static_cast<double>(b) / static_cast<double>(dir_bytes[d])
+                             : ms / dir_ops[d];
+  }
+}
+
+void Communicator::send(const float* buf, std::size_t count, int peer) {
+  // P2pOp carries one pointer for both directions; a send only reads it.
+  p2p({P2pOp{true, const_cast<float*>(buf), count, peer}});
+}
+
+void Communicator::recv(float* buf, std::size_t count, int peer) {
+  p2p({P2pOp{false, buf, count, peer}});
+}
+
+// ---- registry ------------------------------------------------------------------------------
+
+std::unique_ptr<Communicator> make_communicator(const CommOptions& opt, Backend* backend) {
+  if (opt.kind == "self") return make_self_communicator(backend);
+  if (opt.kind == "fake") {
+    const std::string flag = "--emulate " + std::to_string(opt.emulate_world) + ":" +
+                             std::to_string(opt.emulate_rank);
+    if (opt.emulate_world < 1)
+      throw UsageError(flag + ": the world W must be at least 1 (--emulate W:r, 0 <= r < W)");
+    if (opt.emulate_rank < 0 || opt.emulate_rank >= opt.emulate_world)
+      throw UsageError(flag + ": the rank r must be in 0.." +
+                       std::to_string(opt.emulate_world - 1) + " (--emulate W:r, 0 <= r < W)");
+    return make_fake_communicator(opt.emulate_world, opt.emulate_rank, backend);
+  }
+  if (opt.kind == "mpi") {
+#ifdef SHARDSCOPE_WITH_MPI
+    return make_mpi_communicator(backend);
+#else
+    throw UsageError("--comm mpi: this build has no MPI; allowed: " + allowed_comms());
+#endif
+  }
+  if (opt.kind == "nccl") {
+#ifdef SHARDSCOPE_WITH_NCCL
+    return make_nccl_communicator(backend);
+#else
+    throw UsageError("--comm nccl: this build has no NCCL; allowed: " + allowed_comms());
+#endif
+  }
+  throw UsageError("--comm " + opt.kind + ": unknown communicator; allowed: " + allowed_comms());
+}
+
+}  // namespace shardscope

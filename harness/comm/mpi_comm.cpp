@@ -1,0 +1,228 @@
+// `--comm mpi`: collectives and p2p over a duplicate of MPI_COMM_WORLD.
+//
+// Host buffers go to MPI as they are. A backend whose memory is not host memory (any
+// backend but "cpu", e.g. CUDA) is staged through host vectors with the Backend's own
+// download/upload, so this file needs no CUDA. Counts above max_count_ floats (MPI
+// counts are int) are split into several calls. Every MPI return code is checked: the
+// communicator uses MPI_ERRORS_RETURN, and a failure throws RunError naming the rank.
+#ifdef SHARDSCOPE_WITH_MPI
+
+#include "harness/comm/mpi_comm.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness/comm/mpi_env.hpp"
+#include "shardscope/backend.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+
+namespace {
+
+// True when [a, a+na) and [b, b+nb) share an element.
+bool overlaps(const float* a, std::size_t na, const float* b, std::size_t nb) {
+  if (na == 0 || nb == 0) return false;
+  std::less<const float*> lt;
+  return lt(a, b + nb) && lt(b, a + na);
+}
+
+MPI_Comm dup_world() {
+  MPI_Comm c = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c));
+  // Errors come back as codes (MPI_CHECK turns them into RunError), not as an abort.
+  MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+  return c;
+}
+
+int comm_rank(MPI_Comm c) {
+  int r = 0;
+  MPI_CHECK(MPI_Comm_rank(c, &r));
+  return r;
+}
+
+int comm_size(MPI_Comm c) {
+  int n = 0;
+  MPI_CHECK(MPI_Comm_size(c, &n));
+  return n;
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(Backend* backend, std::size_t max_count)
+      : MpiCommunicator(dup_world(), backend, max_count) {}
+  ~MpiCommunicator() override {
+    if (comm_ != MPI_COMM_NULL && mpi_active()) MPI_Comm_free(&comm_);
+  }
+  std::string name() const override { return "mpi"; }
+
+ protected:
+  void do_all_reduce_sum(float* buf, std::size_t count) override {
+    if (!staged_) return host_all_reduce(buf, count);
+    std::vector<float> h(count);
+    backend()->download(h.data(), buf, count);
+    host_all_reduce(h.data(), count);
+    backend()->upload(buf, h.data(), count);
+  }
+
+  void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) override {
+    const std::size_t total = recv_count * static_cast<std::size_t>(world());
+    if (!staged_) return host_reduce_scatter(send, recv, recv_count);
+    std::vector<float> hs(total), hr(recv_count);
+    backend()->download(hs.data(), send, total);
+    host_reduce_scatter(hs.data(), hr.data(), recv_count);
+    backend()->upload(recv, hr.data(), recv_count);
+  }
+
+  void do_all_gather(const float* send, float* recv, std::size_t send_count) override {
+    const std::size_t total = send_count * static_cast<std::size_t>(world());
+    if (!staged_) return host_all_gather(send, recv, send_count);
+    std::vector<float> hs(send_count), hr(total);
+    backend()->download(hs.data(), send, send_count);
+    host_all_gather(hs.data(), hr.data(), send_count);
+    backend()->upload(recv, hr.data(), total);
+  }
+
+  void do_broadcast(float* buf, std::size_t count, int root) override {
+    if (!staged_) return host_broadcast(buf, count, root);
+    std::vector<float> h(count);
+    if (rank() == root) backend()->download(h.data(), buf, count);
+    host_broadcast(h.data(), count, root);
+    if (rank() != root) backend()->upload(buf, h.data(), count);
+  }
+
+  // Every op posted (Isend/Irecv, in the caller's order, so ops to one peer match in
+  // order), then one Waitall: a two-way exchange cannot deadlock.
+  void do_p2p(const std::vector<P2pOp>& ops) override {
+    std::vector<std::vector<float>> host(staged_ ? ops.size() : 0);
+    std::vector<MPI_Request> reqs;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const P2pOp& op = ops[i];
+      float* buf = op.buf;
+      if (staged_) {
+        host[i].resize(op.count);
+        if (op.is_send) backend()->download(host[i].data(), op.buf, op.count);
+        buf = host[i].data();
+      }
+      for_chunks(op.count, [&](std::size_t off, int n) {
+        MPI_Request r = MPI_REQUEST_NULL;
+        if (op.is_send)
+          MPI_CHECK(MPI_Isend(buf + off, n, MPI_FLOAT, op.peer, kTag, comm_, &r));
+        else
+          MPI_CHECK(MPI_Irecv(buf + off, n, MPI_FLOAT, op.peer, kTag, comm_, &r));
+        reqs.push_back(r);
+      });
+    }
+    if (!reqs.empty())
+      MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+    if (staged_)
+      for (std::size_t i = 0; i < ops.size(); ++i)
+        if (!ops[i].is_send) backend()->upload(ops[i].buf, host[i].data(), ops[i].count);
+  }
+
+  void do_barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
+
+ private:
+  static constexpr int kTag = 0;
+
+  MpiCommunicator(MPI_Comm comm, Backend* backend, std::size_t max_count)
+      : Communicator(comm_rank(comm), comm_size(comm), backend),
+        comm_(comm),
+        max_count_(max_count),
+        staged_(backend != nullptr && backend->name() != "cpu") {}
+
+  // Calls f(offset, n) for consecutive pieces of at most max_count_ floats.
+  template <class F>
+  void for_chunks(std::size_t count, F&& f) const {
+    for (std::size_t off = 0; off < count; off += max_count_)
+      f(off, static_cast<int>(std::min(max_count_, count - off)));
+  }
+
+  // --- host buffers from here on ---
+
+  void host_all_reduce(float* buf, std::size_t count) {
+    for_chunks(count, [&](std::size_t off, int n) {
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + off, n, MPI_FLOAT, MPI_SUM, comm_));
+    });
+  }
+
+  // send(world * rc) -> recv(rc). recv may lie inside send (an in-place shard): MPI
+  // forbids aliased buffers, so such a send is copied first.
+  void host_reduce_scatter(const float* send, float* recv, std::size_t rc) {
+    const std::size_t total = rc * static_cast<std::size_t>(world());
+    std::vector<float> copy;
+    if (overlaps(send, total, recv, rc)) {
+      copy.assign(send, send + total);
+      send = copy.data();
+    }
+    if (rc <= max_count_) {
+      if (rc == 0) return;
+      MPI_CHECK(MPI_Reduce_scatter_block(send, recv, static_cast<int>(rc), MPI_FLOAT, MPI_SUM,
+                                         comm_));
+      return;
+    }
+    // Shards over MPI's int count: reduce each shard's pieces to their owner.
+    for (int d = 0; d < world(); ++d)
+      for_chunks(rc, [&](std::size_t off, int n) {
+        const float* src = send + static_cast<std::size_t>(d) * rc + off;
+        float* dst = d == rank() ? recv + off : nullptr;
+        MPI_CHECK(MPI_Reduce(src, dst, n, MPI_FLOAT, MPI_SUM, d, comm_));
+      });
+  }
+
+  // send(sc) -> recv(world * sc). send may be this rank's slot of recv (in place).
+  void host_all_gather(const float* send, float* recv, std::size_t sc) {
+    const std::size_t total = sc * static_cast<std::size_t>(world());
+    float* mine = recv + static_cast<std::size_t>(rank()) * sc;
+    const bool in_place = send == mine;
+    std::vector<float> copy;
+    if (!in_place && overlaps(send, sc, recv, total)) {
+      copy.assign(send, send + sc);
+      send = copy.data();
+    }
+    if (sc <= max_count_) {
+      if (sc == 0) return;
+      const int n = static_cast<int>(sc);
+      MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MPI_FLOAT, recv, n, MPI_FLOAT,
+                              comm_));
+      return;
+    }
+    // Slots over MPI's int count: each rank broadcasts its slot, piece by piece.
+    if (!in_place) std::memcpy(mine, send, sc * sizeof(float));
+    for (int d = 0; d < world(); ++d)
+      host_broadcast(recv + static_cast<std::size_t>(d) * sc, sc, d);
+  }
+
+  void host_broadcast(float* buf, std::size_t count, int root) {
+    for_chunks(count, [&](std::size_t off, int n) {
+      MPI_CHECK(MPI_Bcast(buf + off, n, MPI_FLOAT, root, comm_));
+    });
+  }
+
+  MPI_Comm comm_;
+  std::size_t max_count_;
+  bool staged_;  // buffers are not host memory: go through download/upload
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(Backend* backend, std::size_t max_count) {
+  if (!mpi_active())
+    throw UsageError(
+        "--comm mpi: MPI is not initialised; start the run under mpirun or srun (allowed "
+        "without a launcher: self, fake)");
+  SHARDSCOPE_REQUIRE(max_count >= 1 && max_count <= static_cast<std::size_t>(INT_MAX),
+                     "make_mpi_communicator: max_count must be in 1..INT_MAX");
+  return std::make_unique<MpiCommunicator>(backend, max_count);
+}
+
+}  // namespace shardscope
+
+#endif  // SHARDSCOPE_WITH_MPI

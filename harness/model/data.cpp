@@ -1,0 +1,64 @@
+#include "harness/model/data.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace shardscope {
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+constexpr std::uint64_t kParamStream = 0x5eed000000000000ULL;
+
+}  // namespace
+
+float hashed_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
+  const std::uint64_t h = splitmix64(splitmix64(seed ^ splitmix64(stream)) + index);
+  // 24 random bits -> [0, 1) exactly representable in fp32, then [-1, 1)
+  const float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
+  return 2.0f * u - 1.0f;
+}
+
+std::vector<float> batch_rows(const RunConfig& cfg, int step, int rank, int row_begin, int rows) {
+  const int w = cfg.model.width;
+  std::vector<float> out(static_cast<std::size_t>(rows) * w);
+  const std::uint64_t stream = (static_cast<std::uint64_t>(step) << 32) | static_cast<std::uint32_t>(rank);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < w; ++c)
+      out[static_cast<std::size_t>(r) * w + c] = hashed_uniform(
+          cfg.seed, stream, static_cast<std::uint64_t>(row_begin + r) * w + c);
+  return out;
+}
+
+void init_tensor_slice(const RunConfig& cfg, int tensor, std::int64_t begin, std::int64_t count,
+                       float* out) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(cfg.model.width));
+  for (std::int64_t i = 0; i < count; ++i)
+    out[i] = bound * hashed_uniform(cfg.seed, kParamStream + tensor,
+                                    static_cast<std::uint64_t>(begin + i));
+}
+
+std::int64_t tensor_offset(const ModelConfig& m, int t) {
+  return static_cast<std::int64_t>(t / 2) * m.layer_elems() + (t % 2) * m.weight_elems();
+}
+
+std::vector<float> init_flat_slice(const RunConfig& cfg, std::int64_t begin, std::int64_t count) {
+  std::vector<float> out(static_cast<std::size_t>(count), 0.0f);
+  const ModelConfig& m = cfg.model;
+  const std::int64_t end = std::min(begin + count, m.params());
+  for (int t = 0; t < m.param_tensors() && begin < end; ++t) {
+    const std::int64_t t0 = tensor_offset(m, t);
+    const std::int64_t t1 = t0 + m.tensor_elems(t);
+    const std::int64_t lo = std::max(begin, t0);
+    const std::int64_t hi = std::min(end, t1);
+    if (lo < hi) init_tensor_slice(cfg, t, lo - t0, hi - lo, out.data() + (lo - begin));
+  }
+  return out;
+}
+
+}  // namespace shardscope

@@ -1,0 +1,32 @@
+// Deterministic data and initial parameters from counter-based hashing, so any rank
+// (and any test) can regenerate any other rank's batch or any slice of any tensor
+// without holding the whole model.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardscope/config.hpp"
+
+namespace shardscope {
+
+// Uniform in [-1, 1) from (seed, stream, index).
+float hashed_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t index);
+
+// Rows [row_begin, row_begin + rows) of the batch that `rank` draws at `step`:
+// (rows, width) values in [-1, 1).
+std::vector<float> batch_rows(const RunConfig& cfg, int step, int rank, int row_begin, int rows);
+
+// Elements [begin, begin + count) of parameter tensor `tensor` (torch order: weight 0,
+// bias 0, weight 1, ...), initialised like torch's Linear: uniform(-1/sqrt(in), 1/sqrt(in)).
+void init_tensor_slice(const RunConfig& cfg, int tensor, std::int64_t begin, std::int64_t count,
+                       float* out);
+
+// Elements [begin, begin + count) of the model's flat parameter vector (tensors
+// concatenated in torch order); positions past the end (FSDP padding) are zero.
+std::vector<float> init_flat_slice(const RunConfig& cfg, std::int64_t begin, std::int64_t count);
+
+// Offset of tensor `t` in the flat parameter vector.
+std::int64_t tensor_offset(const ModelConfig& m, int t);
+
+}  // namespace shardscope

@@ -1,0 +1,39 @@
+// JSON fields as table cells, read defensively: a missing or null field prints "-".
+// Shared by the table printers (table.cpp, table_pipeline.cpp).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace shardscope::cells {
+
+inline constexpr const char* kMissing = "-";
+
+// The value at `path` below `j` (object keys), or nullptr when a step is missing or
+// the value is null.
+const nlohmann::json* at(const nlohmann::json& j, std::initializer_list<const char*> path);
+
+// Integer value of a number field; false when absent or not a number.
+bool as_int(const nlohmann::json* v, std::int64_t* out);
+bool as_double(const nlohmann::json* v, double* out);
+
+// "8,421,440".
+std::string group_digits(std::int64_t n);
+// A byte count with thousands separators, or "-".
+std::string bytes(const nlohmann::json* v);
+// bytes / base with 3 decimals ("4.000"), or "-" when either is missing or base is 0.
+std::string multiple(const nlohmann::json* v, const nlohmann::json* base);
+// A number with `decimals` places, or "-".
+std::string fixed(const nlohmann::json* v, int decimals);
+// A fraction in [0, 1] as a percentage with one decimal ("33.3%"), or "-".
+std::string percent(const nlohmann::json* v);
+// Strings as they are, integers as digits, other numbers with 3 decimals, "-" when missing.
+std::string text(const nlohmann::json* v);
+// The predicted figure beside a measured one: grouped digits, then " !" when both are
+// present and differ.
+std::string predicted_bytes(const nlohmann::json* predicted, const nlohmann::json* measured);
+
+}  // namespace shardscope::cells

@@ -1,0 +1,126 @@
+#include "harness/report/json_io.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+namespace {
+
+// The directory part of `path` ("." when there is none; "/" for "/x").
+std::string directory_of(const std::string& path) {
+  const std::size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string base_name_of(const std::string& path) {
+  const std::size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// Creates "<dir>/.<name>.XXXXXX" and returns its descriptor (-1 and errno on failure).
+int make_temp_beside(const std::string& path, std::string* temp_path) {
+  std::string templ = directory_of(path) + "/." + base_name_of(path) + ".XXXXXX";
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  const int fd = mkstemp(buf.data());
+  if (fd >= 0) *temp_path = buf.data();
+  return fd;
+}
+
+// Writes all of `data`; false with errno set on failure.
+bool write_all(int fd, const char* data, std::size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+void check_writable(const std::string& path, const std::string& flag) {
+  auto fail = [&](const std::string& reason) {
+    throw UsageError(flag + ": cannot write '" + path + "': " + reason);
+  };
+  if (path.empty()) fail("the name is empty");
+  if (path.back() == '/') fail("it names a directory");
+  const std::string dir = directory_of(path);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) fail("directory '" + dir + "' does not exist");
+    fail("directory '" + dir + "': " + std::strerror(errno));
+  }
+  if (!S_ISDIR(st.st_mode)) fail("'" + dir + "' is not a directory");
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) fail("it is a directory");
+  // access() answers for the real uid and ignores read-only mounts: probe instead.
+  std::string probe;
+  const int fd = make_temp_beside(path, &probe);
+  if (fd < 0) fail(std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  std::string temp;
+  const int fd = make_temp_beside(path, &temp);
+  if (fd < 0) throw RunError("cannot write '" + path + "': " + std::strerror(errno));
+  auto fail = [&](const char* step) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(temp.c_str());
+    throw RunError("cannot write '" + path + "': " + step + ": " + std::strerror(err));
+  };
+  // mkstemp makes the file 0600; a result file should read like any other.
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  if (::fchmod(fd, 0666 & ~mask) != 0) fail("chmod");
+  if (!write_all(fd, content.data(), content.size())) fail("write");
+  if (::fsync(fd) != 0) fail("fsync");
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    throw RunError("cannot write '" + path + "': close: " + std::strerror(err));
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp.c_str());
+    throw RunError("cannot write '" + path + "': rename: " + std::strerror(err));
+  }
+  // Make the rename itself durable; failing here loses nothing already visible.
+  const int dir_fd = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw RunError("cannot read '" + path + "': " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw RunError("cannot read '" + path + "': read failed");
+  try {
+    return nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    throw RunError("'" + path + "' is not valid JSON: " + e.what());
+  }
+}
+
+}  // namespace shardscope

@@ -1,0 +1,27 @@
+// Result files on disk (DESIGN §6): written whole or not at all, read with the file's
+// name in every error.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace shardscope {
+
+// Checks, before any work, that `path` can be written: its directory exists, is a
+// directory and lets us create a file there (probed with a temporary that is removed
+// at once), and `path` itself is not a directory. Creates nothing permanent.
+// Throws UsageError("<flag>: cannot write '<path>': <reason>"), flag "--json FILE"
+// unless the caller names another (the sweep says "--out DIR").
+void check_writable(const std::string& path, const std::string& flag = "--json FILE");
+
+// Writes `content` to a temporary file in the same directory, fsyncs it and renames
+// it over `path`, so readers see the old file or the whole new one. The new file gets
+// mode 0666 minus the umask. On failure removes the temporary and throws
+// RunError("cannot write '<path>': <reason>").
+void write_file_atomic(const std::string& path, const std::string& content);
+
+// Parses a JSON file. Throws RunError naming the file when it cannot be read or parsed.
+nlohmann::json read_json_file(const std::string& path);
+
+}  // namespace shardscope

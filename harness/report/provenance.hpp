@@ -1,0 +1,23 @@
+// Where a result came from (DESIGN §7 "provenance"): commit, command, machine, libraries.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace shardscope {
+
+// {"git", "command", "host", "cpu", "gpu", "blas", "mpi", "nccl", "cuda"}.
+// git: the commit CMake saw at configure time. cpu: /proc/cpuinfo's model name and the
+// logical core count. blas: openblas_get_config() when built with OpenBLAS, else
+// "none (loops)". mpi: the first line of MPI_Get_library_version when built with MPI
+// (callable before MPI_Init), else null. gpu, cuda and nccl come from the caller (the
+// backend knows them) and are null when empty.
+nlohmann::json provenance(const std::string& command_line, const std::string& gpu,
+                          const std::string& cuda, const std::string& nccl);
+
+// The command line as one string, each argument quoted for a POSIX shell when it
+// needs to be ("shardscope run --layers 8 --json 'my results.json'").
+std::string join_command_line(int argc, const char* const* argv);
+
+}  // namespace shardscope

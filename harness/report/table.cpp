@@ -1,0 +1,144 @@
+#include "harness/report/table.hpp"
+
+#include <algorithm>
+
+#include "harness/report/cells.hpp"
+
+namespace shardscope {
+namespace {
+
+using nlohmann::json;
+
+bool is_pipeline(const json& run) {
+  if (const json* kind = cells::at(run, {"kind"}); kind && kind->is_string())
+    return kind->get<std::string>() == "pipeline";
+  return run.contains("stages") || run.contains("schedule");
+}
+
+bool is_skipped(const json& run) {
+  const json* s = cells::at(run, {"skipped"});
+  return s && s->is_boolean() && s->get<bool>();
+}
+
+// The run's own field, else the document's.
+const json* setup_field(const json& run, const json& doc, const char* key) {
+  if (const json* v = cells::at(run, {key})) return v;
+  return cells::at(doc, {key});
+}
+
+std::string units_label(const json* layers_per_unit) {
+  if (!layers_per_unit) return {};
+  std::int64_t k = 0;
+  if (cells::as_int(layers_per_unit, &k)) return std::to_string(k) + (k == 1 ? " layer/unit" : " layers/unit");
+  return "units=" + cells::text(layers_per_unit);
+}
+
+}  // namespace
+
+std::string model_line(const json& model, bool batch_per_rank) {
+  std::string line = cells::text(cells::at(model, {"layers"})) + " x " +
+                     cells::text(cells::at(model, {"width"}));
+  line += ", activation " + cells::text(cells::at(model, {"activation"}));
+  line += ", loss " + cells::text(cells::at(model, {"loss"}));
+  line += ", batch " + cells::text(cells::at(model, {"batch"})) + (batch_per_rank ? "/rank" : "");
+  line += ", P = " + cells::bytes(cells::at(model, {"params"})) + " params";
+  line += ", 4P = " + cells::bytes(cells::at(model, {"param_bytes"})) + " B";
+  return line;
+}
+
+std::string setup_line(const json& run, const json& doc) {
+  std::string line = "backend " + cells::text(setup_field(run, doc, "backend")) + ", comm " +
+                     cells::text(setup_field(run, doc, "comm"));
+  const json* emulated = setup_field(run, doc, "emulated");
+  if (emulated && emulated->is_boolean() && emulated->get<bool>())
+    line += ", emulated (times are compute only)";
+  return line;
+}
+
+std::string run_label(const json& run) {
+  std::string label;
+  const bool pipeline = is_pipeline(run);
+  const json* name = cells::at(run, {pipeline ? "schedule" : "strategy"});
+  label += name ? cells::text(name) : (pipeline ? "pipeline" : "data parallel");
+  if (const json* w = cells::at(run, {"world"})) label += (pipeline ? " S=" : " W=") + cells::text(w);
+  if (!pipeline) {
+    if (const json* k = cells::at(run, {"layers_per_unit"})) label += " " + units_label(k);
+  } else {
+    if (const json* m = cells::at(run, {"microbatches"})) label += " M=" + cells::text(m);
+    if (const json* v = cells::at(run, {"chunks"})) label += " chunks=" + cells::text(v);
+  }
+  return label;
+}
+
+std::vector<std::vector<const json*>> group_runs(const std::vector<const json*>& runs, const json& doc) {
+  std::vector<std::string> keys;
+  std::vector<std::vector<const json*>> groups;
+  for (const json* run : runs) {
+    json key = json::array();
+    key.push_back(run->value("world", json()));
+    key.push_back(run->value("model", json()));
+    for (const char* field : {"backend", "comm", "emulated"}) {
+      const json* v = setup_field(*run, doc, field);
+      key.push_back(v ? *v : json());
+    }
+    const std::string text = key.dump();
+    const auto it = std::find(keys.begin(), keys.end(), text);
+    if (it == keys.end()) {
+      keys.push_back(text);
+      groups.push_back({run});
+    } else {
+      groups[static_cast<std::size_t>(it - keys.begin())].push_back(run);
+    }
+  }
+  return groups;
+}
+
+std::string steps_note(const std::vector<const json*>& runs) {
+  if (runs.empty()) return {};
+  const json steps = runs.front()->value("steps", json());
+  const json timed = runs.front()->value("timed_steps", json());
+  for (const json* r : runs)
+    if (r->value("steps", json()) != steps || r->value("timed_steps", json()) != timed) return {};
+  if (steps.is_null()) return {};
+  std::string note = "; steps " + cells::text(&steps);
+  if (!timed.is_null()) note += ", " + cells::text(&timed) + " timed";
+  return note;
+}
+
+void print_skipped(const std::vector<const json*>& skipped, std::ostream& os) {
+  if (skipped.empty()) return;
+  os << "skipped (the configuration cannot run):\n";
+  for (const json* s : skipped) {
+    os << "  " << (is_pipeline(*s) ? "pipeline " : "data parallel ") << run_label(*s) << ": "
+       << cells::text(cells::at(*s, {"reason"})) << '\n';
+  }
+  os << '\n';
+}
+
+void print_tables(const json& doc, std::ostream& os) {
+  const json* runs = cells::at(doc, {"runs"});
+  if (!runs || !runs->is_array() || runs->empty()) {
+    os << "(no runs)\n";
+    return;
+  }
+  std::vector<const json*> data_parallel, pipeline, skipped;
+  for (const json& run : *runs) {
+    if (!run.is_object()) continue;
+    if (is_skipped(run))
+      skipped.push_back(&run);
+    else if (is_pipeline(run))
+      pipeline.push_back(&run);
+    else
+      data_parallel.push_back(&run);
+  }
+  if (!data_parallel.empty()) print_data_parallel_tables(data_parallel, doc, os);
+  if (!pipeline.empty()) print_pipeline_tables(pipeline, doc, os);
+  print_skipped(skipped, os);
+}
+
+std::string units_setting(const json& run) {
+  const std::string s = units_label(cells::at(run, {"layers_per_unit"}));
+  return s.empty() ? cells::kMissing : s;
+}
+
+}  // namespace shardscope

@@ -1,0 +1,47 @@
+// Text tables of a shardscope/1 document (DESIGN §6, §7): what `run` and `sweep` print.
+//
+// Runs are grouped by world, model and setup (backend, comm, emulated). A data-parallel
+// group prints a resting table and a peak/communication/time table, one row per run,
+// or one row per rank when ranks differ in any byte figure. A pipeline group prints
+// one table, one row per stage of each (schedule, micro-batches, chunks) run. Skipped configurations are listed last with their reasons.
+// Bytes are exact with thousands separators; "× 4P" is a multiple of the model's
+// fp32 weight bytes (model.param_bytes); a predicted figure that differs from the
+// measured one is marked " !". Missing fields print "-".
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace shardscope {
+
+void print_tables(const nlohmann::json& doc, std::ostream& os);
+
+// The parts print_tables is made of; `runs` all of one kind, `doc` for the top-level
+// backend, comm and emulated flag (a run's own fields take precedence).
+void print_data_parallel_tables(const std::vector<const nlohmann::json*>& runs,
+                                const nlohmann::json& doc, std::ostream& os);
+void print_pipeline_tables(const std::vector<const nlohmann::json*>& runs,
+                           const nlohmann::json& doc, std::ostream& os);
+void print_skipped(const std::vector<const nlohmann::json*>& skipped, std::ostream& os);
+
+// "8 x 256, activation none, loss sum, batch 32/rank, P = 526,336 params,
+// 4P = 2,105,344 B" (pipeline runs: "batch 8" without "/rank").
+std::string model_line(const nlohmann::json& model, bool batch_per_rank);
+// "backend cpu, comm mpi" plus ", emulated (times are compute only)" when emulated.
+std::string setup_line(const nlohmann::json& run, const nlohmann::json& doc);
+// "units=all", "1 layer/unit", "2 layers/unit" from layers_per_unit; "-" when absent.
+std::string units_setting(const nlohmann::json& run);
+// Runs grouped by world, model, backend, comm and emulated flag, in order of first
+// appearance: the runs one table compares.
+std::vector<std::vector<const nlohmann::json*>> group_runs(const std::vector<const nlohmann::json*>& runs,
+                                                           const nlohmann::json& doc);
+// "; steps 3, 2 timed" when every run agrees on steps and timed steps, else "".
+std::string steps_note(const std::vector<const nlohmann::json*>& runs);
+// A short name for a run or skipped record: "zero3 W=4 1 layer/unit",
+// "1f1b S=2 M=8".
+std::string run_label(const nlohmann::json& run);
+
+}  // namespace shardscope

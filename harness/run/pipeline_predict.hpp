@@ -1,0 +1,34 @@
+// What a pipeline stage should measure (DESIGN §2, §4): saved tensors walked through
+// the stage's action list, and the resting bytes of the layers it owns.
+#pragma once
+
+#include <cstdint>
+
+#include "harness/run/pipeline_stage.hpp"
+#include "shardscope/config.hpp"
+
+namespace shardscope {
+
+struct SavedPrediction {
+  int peak_live_tensors = 0;
+  std::int64_t peak_live_bytes = 0;  // distinct tensors: a tensor saved twice counts once
+  int total_tensors = 0;
+  int before_first_backward = 0;
+};
+
+// Walks the stage's actions with autograd's saves per (micro-batch, chunk), taking each
+// micro-batch's real rows. Per F over layers [f, l) of `rows` rows:
+//   each layer: its Linear's input (the micro-batch slice, the received activation or the
+//   previous layer's output) and, unless it is the model's layer 0 (input is data), a
+//   reference to its weight (0 bytes); with relu, the ReLU's output;
+//   on the last virtual stage with mse: the loss's input (the last output, already saved
+//   when relu) and the target slice.
+// Released at B; with a split backward B releases the ReLU outputs, weight references
+// and the loss's saves, and W the Linear inputs.
+SavedPrediction predict_saved(const ModelConfig& model, const PipelineLayout& layout, int stage);
+
+// Parameters, gradients and AdamW state (exp_avg, exp_avg_sq, a 4-byte step per
+// tensor) of the stage's layers: 16 P_own + 8 layers_own.
+std::int64_t predict_resting_total(const ModelConfig& model, const PipelineLayout& layout, int stage);
+
+}  // namespace shardscope

@@ -1,0 +1,386 @@
+#include "harness/run/pipeline_stage.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include "harness/model/data.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+
+namespace {
+
+std::string str(int i) { return std::to_string(i); }
+
+int key_payload(Payload p) { return p == Payload::activation ? 0 : 1; }
+
+}  // namespace
+
+std::vector<int> tensor_split_sizes(int n, int parts) {
+  std::vector<int> out(static_cast<std::size_t>(std::max(parts, 0)));
+  for (int i = 0; i < parts; ++i) out[i] = n / parts + (i < n % parts ? 1 : 0);
+  return out;
+}
+
+std::vector<int> PipelineLayout::split() const {
+  std::vector<int> out;
+  for (int k = 0; k < vstages(); ++k) out.push_back(bounds[k + 1] - bounds[k]);
+  return out;
+}
+
+int pipeline_microbatches(const RunConfig& cfg, int stages) {
+  return cfg.microbatches > 0 ? cfg.microbatches : stages;
+}
+
+PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages) {
+  const int M = pipeline_microbatches(cfg, stages);
+  PipelineLayout layout;
+  // Names the schedule's own constraints (S, M, chunks) first.
+  layout.schedule = make_schedule(cfg.schedule, stages, M, cfg.chunks);
+  const int B = cfg.model.batch, L = cfg.model.layers, v = cfg.chunks, V = stages * v;
+  if (M > B)
+    throw UsageError("--microbatches " + str(M) + (cfg.microbatches > 0 ? "" : " (default: one per stage)") +
+                     " exceeds --batch " + str(B) + ": every micro-batch needs at least one row");
+  const std::string shape = str(stages) + " stage" + (stages == 1 ? "" : "s") + " x " + str(v) + " chunk" +
+                            (v == 1 ? "" : "s");
+  std::vector<int> split;
+  if (!cfg.split.empty()) {
+    if (static_cast<int>(cfg.split.size()) != V)
+      throw UsageError("--split: expected " + str(V) + " entries, layers per virtual stage (" + shape + "), got " +
+                       str(static_cast<int>(cfg.split.size())));
+    for (std::size_t i = 0; i < cfg.split.size(); ++i)
+      if (cfg.split[i] < 1)
+        throw UsageError("--split: every virtual stage needs at least 1 layer (entry " + str(static_cast<int>(i)) +
+                         " is " + str(cfg.split[i]) + ")");
+    const long long sum = std::accumulate(cfg.split.begin(), cfg.split.end(), 0LL);
+    if (sum != L)
+      throw UsageError("--split: entries sum to " + std::to_string(sum) + ", expected --layers " + str(L));
+    split = cfg.split;
+  } else {
+    if (V > L)
+      throw UsageError("--layers " + str(L) + ": a pipeline of " + shape + " needs at least " + str(V) +
+                       " layers (one per virtual stage)");
+    split = tensor_split_sizes(L, V);
+  }
+  layout.bounds.assign(1, 0);
+  for (int n : split) layout.bounds.push_back(layout.bounds.back() + n);
+  layout.rows = tensor_split_sizes(B, M);
+  layout.row_offset.assign(1, 0);
+  for (int m = 0; m + 1 < M; ++m) layout.row_offset.push_back(layout.row_offset.back() + layout.rows[m]);
+  const ValidationResult check = validate(layout.schedule);
+  if (!check.ok) throw RunError("the schedule failed its validator: " + check.message);
+  return layout;
+}
+
+std::string describe_action(const Action& a, int chunks) {
+  const char* kind = a.kind == ActionKind::F ? "F" : a.kind == ActionKind::B ? "B" : "W";
+  std::string out = std::string(kind) + "(m=" + str(a.microbatch);
+  if (chunks > 1) out += ", chunk " + str(a.chunk);
+  return out + ")";
+}
+
+// ---- PipelineStage ------------------------------------------------------------------
+
+float* PipelineStage::Access::at(int layer, bool grad, std::int64_t within) {
+  for (Chunk& c : chunks_)
+    if (layer >= c.first && layer < c.last)
+      return (grad ? c.grads.data() : c.params.data()) + (layer - c.first) * m_.layer_elems() + within;
+  throw RunError("pipeline stage: layer " + str(layer) + " is not held here");
+}
+
+PipelineStage::PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm)
+    : cfg_(cfg),
+      backend_(backend),
+      comm_(comm),
+      layout_(make_pipeline_layout(cfg, comm.world())),
+      stage_(comm.rank()),
+      mlp_(backend, cfg.model, saved_),
+      access_(cfg.model, chunks_) {
+  program_ = lower(layout_.schedule).at(stage_);
+}
+
+bool PipelineStage::holds_loss() const {
+  return stage_of_vstage(layout_.schedule, layout_.vstages() - 1) == stage_;
+}
+
+void PipelineStage::setup() {
+  const ModelConfig& m = cfg_.model;
+  backend_.tracker().mark(Phase::setup);
+  chunks_.clear();
+  chunks_.resize(layout_.chunks());
+  for (int c = 0; c < layout_.chunks(); ++c) {
+    Chunk& ch = chunks_[c];
+    const int k = vstage(c);
+    ch.first = layout_.first_layer(k);
+    ch.last = layout_.end_layer(k);
+    const std::size_t n = static_cast<std::size_t>((ch.last - ch.first) * m.layer_elems());
+    ch.params = backend_.alloc(Category::param, n);
+    const std::vector<float> host = init_flat_slice(cfg_, ch.first * m.layer_elems(), static_cast<std::int64_t>(n));
+    backend_.upload(ch.params.data(), host.data(), n);
+    ch.grads = backend_.alloc(Category::grad, n);
+    backend_.fill(ch.grads.data(), 0.0f, n);
+    for (int t = 2 * ch.first; t < 2 * ch.last; ++t)
+      ch.state.push_back(make_adam_state(backend_, static_cast<std::size_t>(m.tensor_elems(t))));
+  }
+  backend_.synchronize();
+  backend_.tracker().mark(Phase::idle);
+}
+
+void PipelineStage::prepare_batch(int index) {
+  // One global batch per step, held by the stage that runs the first virtual stage.
+  if (stage_ == stage_of_vstage(layout_.schedule, 0))
+    host_batch_ = batch_rows(cfg_, index, /*rank*/ 0, 0, cfg_.model.batch);
+}
+
+void PipelineStage::note_peak(std::int64_t before, const std::string& what) {
+  const PeakRecord& peak = backend_.tracker().peak();
+  if (peak.total <= before) return;
+  peak_where_ = what;
+  if (peak.place.kind == PlaceKind::layer) peak_where_ += " layer " + str(peak.place.index);
+}
+
+float PipelineStage::step() {
+  Tracker& tracker = backend_.tracker();
+  tracker.mark(Phase::forward, {PlaceKind::microbatch, 0});
+  tracker.reset_peak();
+  backend_.reset_pool_high();
+  comm_.reset_ledger();
+  saved_.reset();
+  peak_where_ = "step start";
+  peak_comm_bytes_ = tracker.current()[Category::comm];
+  action_ms_.clear();
+  ScopedRange range(backend_, "step");
+
+  const ModelConfig& m = cfg_.model;
+  const std::size_t n = static_cast<std::size_t>(m.batch) * m.width;
+  Buffer x;       // (batch, width): the global batch, on the first virtual stage's stage
+  Buffer target;  // (batch, width) of ones: mse, on the last virtual stage's stage
+  {
+    const std::int64_t before = tracker.peak().total;
+    if (stage_ == stage_of_vstage(layout_.schedule, 0)) {
+      SHARDSCOPE_REQUIRE(host_batch_.size() == n, "pipeline stage: prepare_batch was not called");
+      x = backend_.alloc(Category::temp, n);
+      backend_.upload(x.data(), host_batch_.data(), n);
+    }
+    if (holds_loss() && m.loss == Loss::mse) {
+      target = backend_.alloc(Category::temp, n);
+      backend_.fill(target.data(), 1.0f, n);
+    }
+    note_peak(before, "batch");
+  }
+
+  slots_.clear();
+  slots_.resize(static_cast<std::size_t>(layout_.chunks()) * layout_.microbatches());
+  pending_.clear();
+  std::vector<bool> grads_written(layout_.chunks(), false);
+  double loss = 0.0;
+  for (const ProgramStep& ps : program_) {
+    run_group(ps);
+    if (ps.action) loss += run_action(*ps.action, x, target, grads_written);
+  }
+  SHARDSCOPE_REQUIRE(pending_.empty(), "pipeline stage " + str(stage_) + ": outputs never sent");
+  for (int c = 0; c < layout_.chunks(); ++c)
+    SHARDSCOPE_REQUIRE(grads_written[c], "pipeline stage " + str(stage_) + ": chunk " + str(c) + " got no gradient");
+  slots_.clear();
+  x.reset();
+  target.reset();
+
+  tracker.mark(Phase::optimizer);
+  {
+    ScopedRange r(backend_, "optimizer");
+    const std::int64_t before = tracker.peak().total;
+    optimizer_step(++steps_done_);
+    note_peak(before, "optimizer");
+  }
+  backend_.synchronize();
+  tracker.mark(Phase::idle);
+  return static_cast<float>(loss);
+}
+
+void PipelineStage::run_group(const ProgramStep& ps) {
+  if (ps.comm.empty()) return;
+  Tracker& tracker = backend_.tracker();
+  const Schedule& s = layout_.schedule;
+  const int w = cfg_.model.width;
+  const std::int64_t before = tracker.peak().total;
+  tracker.mark(Phase::communication,
+               ps.action ? Place{PlaceKind::microbatch, ps.action->microbatch} : Place{});
+  std::vector<P2pOp> ops;
+  std::vector<Key> sent;
+  for (const P2p& op : ps.comm) {
+    const Key key{key_payload(op.payload), op.microbatch, op.vstage};
+    if (op.is_send) {
+      auto it = pending_.find(key);
+      SHARDSCOPE_REQUIRE(it != pending_.end(), "pipeline stage " + str(stage_) + ": nothing to send for " +
+                                                   (op.payload == Payload::activation ? "activation" : "gradient") +
+                                                   "(m=" + str(op.microbatch) + ", vstage " + str(op.vstage) + ")");
+      ops.push_back({true, const_cast<float*>(it->second.data), it->second.count, op.peer});
+      sent.push_back(key);
+      continue;
+    }
+    const std::size_t count = static_cast<std::size_t>(layout_.rows[op.microbatch]) * w;
+    Slot* sl = nullptr;
+    if (op.payload == Payload::activation) {
+      // (rows, width): saved by the consumer's first Linear
+      sl = &slot(op.microbatch, chunk_of_vstage(s, op.vstage + 1));
+      sl->act_in = backend_.alloc(Category::activation, count);
+      ops.push_back({false, sl->act_in.data(), count, op.peer});
+    } else {
+      // (rows, width): gradient of the consumer's output, a p2p staging buffer
+      sl = &slot(op.microbatch, chunk_of_vstage(s, op.vstage - 1));
+      sl->grad_in = backend_.alloc(Category::comm, count);
+      ops.push_back({false, sl->grad_in.data(), count, op.peer});
+    }
+    // The fake communicator moves nothing: give the math defined inputs.
+    if (comm_.emulated()) backend_.fill(ops.back().buf, 0.0f, count);
+  }
+  peak_comm_bytes_ = std::max(peak_comm_bytes_, tracker.current()[Category::comm]);
+  {
+    ScopedRange r(backend_, "p2p");
+    comm_.p2p(ops);
+  }
+  for (const Key& k : sent) pending_.erase(k);  // frees what nobody here still needs
+  note_peak(before, "p2p before " + (ps.action ? describe_action(*ps.action, layout_.chunks()) : std::string("the end")));
+}
+
+float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& target,
+                                std::vector<bool>& grads_written) {
+  const Schedule& s = layout_.schedule;
+  const ModelConfig& m = cfg_.model;
+  const int V = layout_.vstages();
+  const int k = vstage(a.chunk);
+  const int first = layout_.first_layer(k), last = layout_.end_layer(k);
+  const int rows = layout_.rows[a.microbatch];
+  const std::size_t offset = static_cast<std::size_t>(layout_.row_offset[a.microbatch]) * m.width;
+  const std::size_t count = static_cast<std::size_t>(rows) * m.width;
+  Slot& sl = slot(a.microbatch, a.chunk);
+  Tracker& tracker = backend_.tracker();
+  const std::string what = describe_action(a, layout_.chunks());
+
+  tracker.mark(a.kind == ActionKind::F ? Phase::forward : Phase::backward, {PlaceKind::microbatch, a.microbatch});
+  backend_.synchronize();
+  const std::int64_t before = tracker.peak().total;
+  ScopedRange range(backend_, what.c_str());
+  const auto t0 = std::chrono::steady_clock::now();
+  float loss = 0.0f;
+  switch (a.kind) {
+    case ActionKind::F: {
+      const float* input = nullptr;
+      if (k == 0)
+        input = x.data() + offset;  // a row slice of the batch
+      else if (stage_of_vstage(s, k - 1) == stage_)
+        input = slot(a.microbatch, chunk_of_vstage(s, k - 1)).tape.output();  // one stage: local
+      else
+        input = sl.act_in.data();
+      SHARDSCOPE_REQUIRE(input != nullptr, "pipeline stage " + str(stage_) + ": no input for " + what);
+      sl.tape = mlp_.forward(first, last, input, rows, /*input_requires_grad*/ k > 0, access_);
+      if (k == V - 1) {
+        const float scale = m.loss == Loss::mse ? static_cast<float>(rows) / static_cast<float>(m.batch) : 1.0f;
+        loss = mlp_.loss_forward(sl.tape, target ? target.data() + offset : nullptr, scale);
+      } else if (stage_of_vstage(s, k + 1) != stage_) {
+        Pending p;
+        p.count = count;
+        if (mlp_.output_saved(last - 1, last)) {
+          p.data = sl.tape.output();  // saved here: lives on in the tape until B
+        } else {
+          p.owned = std::move(sl.tape.outputs.back());  // temp: freed once sent
+          p.data = p.owned.data();
+        }
+        pending_.emplace(Key{key_payload(Payload::activation), a.microbatch, k}, std::move(p));
+      }
+      break;
+    }
+    case ActionKind::B: {
+      Buffer dy = std::move(sl.grad_in);
+      SHARDSCOPE_REQUIRE(k == V - 1 || dy, "pipeline stage " + str(stage_) + ": no gradient for " + what);
+      Buffer dx;
+      if (s.split_backward) {
+        dx = mlp_.backward_input(sl.tape, std::move(dy), access_);
+      } else {
+        dx = mlp_.backward(sl.tape, std::move(dy), access_, grads_written[a.chunk] ? 1.0f : 0.0f);
+        grads_written[a.chunk] = true;
+        sl.act_in.reset();
+        sl.tape = Tape{};
+      }
+      if (k > 0) {
+        SHARDSCOPE_REQUIRE(dx, "pipeline stage " + str(stage_) + ": " + what + " produced no input gradient");
+        if (stage_of_vstage(s, k - 1) == stage_) {
+          slot(a.microbatch, chunk_of_vstage(s, k - 1)).grad_in = std::move(dx);
+        } else {
+          Pending p;
+          p.count = count;
+          p.data = dx.data();
+          p.owned = std::move(dx);
+          pending_.emplace(Key{key_payload(Payload::gradient), a.microbatch, k}, std::move(p));
+        }
+      }
+      break;
+    }
+    case ActionKind::W: {
+      mlp_.backward_weight(sl.tape, access_, grads_written[a.chunk] ? 1.0f : 0.0f);
+      grads_written[a.chunk] = true;
+      sl.act_in.reset();
+      sl.tape = Tape{};
+      break;
+    }
+  }
+  backend_.synchronize();
+  const auto t1 = std::chrono::steady_clock::now();
+  action_ms_.push_back({a, std::chrono::duration<double, std::milli>(t1 - t0).count()});
+  note_peak(before, what);
+  return loss;
+}
+
+void PipelineStage::optimizer_step(int step) {
+  const ModelConfig& m = cfg_.model;
+  std::vector<AdamWTensor> list;
+  for (Chunk& ch : chunks_) {
+    for (int t = 2 * ch.first; t < 2 * ch.last; ++t) {
+      AdamState& st = ch.state[t - 2 * ch.first];
+      const std::int64_t off = tensor_offset(m, t) - tensor_offset(m, 2 * ch.first);
+      backend_.fill(st.step.data(), static_cast<float>(step), 1);
+      list.push_back({ch.params.data() + off, ch.grads.data() + off, st.exp_avg.data(), st.exp_avg_sq.data(),
+                      static_cast<std::size_t>(m.tensor_elems(t)), step});
+    }
+  }
+  if (!list.empty()) backend_.adamw(hyper_, list);
+}
+
+std::vector<float> PipelineStage::download(const float* p, std::size_t n) const {
+  std::vector<float> out(n);
+  if (n) backend_.download(out.data(), p, n);
+  return out;
+}
+
+std::vector<float> PipelineStage::download_params(int chunk) const {
+  const Chunk& ch = chunks_.at(chunk);
+  return download(ch.params.data(), ch.params.count());
+}
+
+std::vector<float> PipelineStage::download_grads(int chunk) const {
+  const Chunk& ch = chunks_.at(chunk);
+  return download(ch.grads.data(), ch.grads.count());
+}
+
+std::vector<float> PipelineStage::download_exp_avg(int chunk) const {
+  const Chunk& ch = chunks_.at(chunk);
+  std::vector<float> out;
+  for (const AdamState& st : ch.state) {
+    const std::vector<float> part = download(st.exp_avg.data(), st.exp_avg.count());
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+std::vector<float> PipelineStage::download_exp_avg_sq(int chunk) const {
+  const Chunk& ch = chunks_.at(chunk);
+  std::vector<float> out;
+  for (const AdamState& st : ch.state) {
+    const std::vector<float> part = download(st.exp_avg_sq.data(), st.exp_avg_sq.count());
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+}  // namespace shardscope

@@ -1,0 +1,159 @@
+// One pipeline stage (DESIGN §4): the layers of its virtual stages with their
+// parameters, gradients and AdamW state, and the executor that runs its lowered
+// program (p2p groups + F/B/W actions) for one step.
+//
+// Layout. S stages, v chunks per stage, V = S*v virtual stages; virtual stage k holds
+// layers [bounds[k], bounds[k+1]) and lives on stage k % S as its chunk k / S. The
+// global batch of B rows is cut into M micro-batches like torch.tensor_split (sizes
+// differ by at most one, larger first). Micro-batch losses are scaled so that they
+// sum to the full-batch loss (mse: rows/B; sum: 1), so gradients equal the batch's.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "harness/model/mlp.hpp"
+#include "harness/model/saved_tensors.hpp"
+#include "harness/strategies/replicated.hpp"
+#include "shardscope/backend.hpp"
+#include "shardscope/comm.hpp"
+#include "shardscope/config.hpp"
+#include "shardscope/schedule.hpp"
+
+namespace shardscope {
+
+// n items cut into `parts` contiguous pieces like torch.tensor_split: the first n % parts
+// pieces take one more.
+std::vector<int> tensor_split_sizes(int n, int parts);
+
+struct PipelineLayout {
+  Schedule schedule;
+  std::vector<int> bounds;      // V + 1 layer boundaries
+  std::vector<int> rows;        // per micro-batch
+  std::vector<int> row_offset;  // per micro-batch, first row in the batch
+
+  int stages() const { return schedule.stages; }
+  int microbatches() const { return schedule.microbatches; }
+  int chunks() const { return schedule.chunks; }
+  int vstages() const { return virtual_stages(schedule); }
+  int first_layer(int vstage) const { return bounds[vstage]; }
+  int end_layer(int vstage) const { return bounds[vstage + 1]; }  // exclusive
+  std::vector<int> split() const;  // layers per virtual stage
+};
+
+// M = cfg.microbatches, or S when 0.
+int pipeline_microbatches(const RunConfig& cfg, int stages);
+
+// Builds and checks everything validate_pipeline refuses (UsageError naming the flag);
+// RunError when the schedule fails its own validator (a bug).
+PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages);
+
+// One action's measured compute time.
+struct ActionTiming {
+  Action action;
+  double ms = 0.0;
+};
+
+// "F(m=3)" or, with chunks, "F(m=3, chunk 1)".
+std::string describe_action(const Action& a, int chunks);
+
+class PipelineStage {
+ public:
+  // This process is stage comm.rank() of comm.world() stages.
+  PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm);
+  PipelineStage(const PipelineStage&) = delete;
+  PipelineStage& operator=(const PipelineStage&) = delete;
+
+  // Allocates and initialises parameters, gradients and AdamW state of its layers.
+  void setup();
+  // Draws the global batch of step `index` on the host (outside the timed region).
+  void prepare_batch(int index);
+  // One training step: the stage's program, then AdamW. Returns the sum of the
+  // micro-batch losses on the stage holding the last virtual stage, else 0.
+  float step();
+
+  const PipelineLayout& layout() const { return layout_; }
+  int stage() const { return stage_; }
+  bool holds_loss() const;  // the last virtual stage is here
+  int vstage(int chunk) const { return vstage_of(layout_.schedule, stage_, chunk); }
+
+  // Measurements of the last step.
+  const SavedTensors& saved() const { return saved_; }
+  const std::vector<ActionTiming>& action_ms() const { return action_ms_; }
+  std::int64_t peak_comm_bytes() const { return peak_comm_bytes_; }
+  const std::string& peak_where() const { return peak_where_; }
+
+  // Chunk state on the host, torch's flat order over the chunk's layers.
+  std::vector<float> download_params(int chunk) const;
+  std::vector<float> download_grads(int chunk) const;
+  std::vector<float> download_exp_avg(int chunk) const;
+  std::vector<float> download_exp_avg_sq(int chunk) const;
+
+ private:
+  struct Chunk {
+    int first = 0;  // layers [first, last)
+    int last = 0;
+    Buffer params;  // flat over the chunk's layers, param
+    Buffer grads;   // same layout, grad
+    std::vector<AdamState> state;  // per parameter tensor, torch order
+  };
+  class Access : public LayerAccess {
+   public:
+    Access(const ModelConfig& m, std::vector<Chunk>& chunks) : m_(m), chunks_(chunks) {}
+    const float* weight(int l) override { return at(l, false, 0); }
+    const float* bias(int l) override { return at(l, false, m_.weight_elems()); }
+    float* weight_grad(int l) override { return at(l, true, 0); }
+    float* bias_grad(int l) override { return at(l, true, m_.weight_elems()); }
+
+   private:
+    float* at(int layer, bool grad, std::int64_t within);
+    ModelConfig m_;
+    std::vector<Chunk>& chunks_;
+  };
+  // What one (micro-batch, chunk) holds during a step.
+  struct Slot {
+    Tape tape;
+    Buffer act_in;   // received activation (saved by the first Linear)
+    Buffer grad_in;  // received (or, on one stage, local) gradient of the output
+  };
+  // An output held until the group that sends it has completed.
+  struct Pending {
+    const float* data = nullptr;
+    std::size_t count = 0;
+    Buffer owned;  // empty when the buffer is saved here and lives on in its tape
+  };
+  using Key = std::tuple<int, int, int>;  // (payload, micro-batch, producing vstage)
+
+  Slot& slot(int microbatch, int chunk) { return slots_[static_cast<std::size_t>(chunk) * layout_.microbatches() + microbatch]; }
+  void run_group(const ProgramStep& step);
+  float run_action(const Action& a, const Buffer& x, const Buffer& target, std::vector<bool>& grads_written);
+  void optimizer_step(int step);
+  void note_peak(std::int64_t before, const std::string& what);
+  std::vector<float> download(const float* p, std::size_t n) const;
+
+  const RunConfig& cfg_;
+  Backend& backend_;
+  Communicator& comm_;
+  PipelineLayout layout_;
+  int stage_;
+  StageProgram program_;
+  SavedTensors saved_;
+  Mlp mlp_;
+  std::vector<Chunk> chunks_;
+  Access access_;
+  AdamWHyper hyper_;
+  int steps_done_ = 0;
+  std::vector<float> host_batch_;
+
+  std::vector<Slot> slots_;
+  std::map<Key, Pending> pending_;
+  std::vector<ActionTiming> action_ms_;
+  std::int64_t peak_comm_bytes_ = 0;
+  std::string peak_where_;
+};
+
+}  // namespace shardscope

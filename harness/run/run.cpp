@@ -1,0 +1,214 @@
+#include "harness/run/run.hpp"
+
+#include <chrono>
+#include <iostream>
+
+#include "harness/memory/host_memory.hpp"
+#include "harness/model/data.hpp"
+#include "harness/report/format.hpp"
+#include "harness/report/json_io.hpp"
+#include "harness/report/provenance.hpp"
+#include "harness/report/table.hpp"
+#include "harness/run/records.hpp"
+#include "harness/strategies/partition.hpp"
+#include "harness/run/run_pipeline.hpp"
+#include "shardscope/check.hpp"
+#include "shardscope/predict.hpp"
+#include "shardscope/strategy.hpp"
+
+namespace shardscope {
+namespace {
+
+std::string choose_backend(const RunConfig& cfg) {
+  if (!cfg.backend.empty()) return cfg.backend;
+  return cuda_device_count() > 0 ? "cuda" : "cpu";
+}
+
+CommOptions choose_comm(const RunConfig& cfg, const std::string& backend, const MpiSession& mpi) {
+  CommOptions o;
+  if (cfg.emulate_world > 0) {
+    if (mpi.world() > 1)
+      throw UsageError("--emulate runs one process that plays one rank; do not start it under mpirun (" +
+                       std::to_string(mpi.world()) + " ranks)");
+    if (!cfg.comm.empty() && cfg.comm != "fake")
+      throw UsageError("--comm " + cfg.comm + ": --emulate always uses the fake communicator");
+    o.kind = "fake";
+    o.emulate_world = cfg.emulate_world;
+    o.emulate_rank = cfg.emulate_rank;
+    return o;
+  }
+  if (cfg.comm == "fake") throw UsageError("--comm fake needs --emulate W:r");
+  if (!cfg.comm.empty()) {
+    if (cfg.comm == "self" && mpi.world() > 1)
+      throw UsageError("--comm self: only for one rank; this job has " + std::to_string(mpi.world()));
+    if ((cfg.comm == "mpi" || cfg.comm == "nccl") && !mpi.active() && mpi.world() > 1)
+      throw UsageError("--comm " + cfg.comm + ": MPI is not available in this build");
+    o.kind = (cfg.comm != "self" && mpi.world() == 1 && !mpi.active()) ? "self" : cfg.comm;
+    return o;
+  }
+  if (mpi.world() == 1) {
+    o.kind = "self";
+  } else {
+#ifdef SHARDSCOPE_WITH_NCCL
+    o.kind = backend == "cuda" ? "nccl" : "mpi";
+#else
+    o.kind = "mpi";
+#endif
+  }
+  return o;
+}
+
+// Refuses a run whose predicted peak cannot fit, before anything is allocated.
+void check_memory(std::int64_t predicted_peak, Backend& backend, int rank) {
+  const std::int64_t device = backend.device_free_bytes();
+  if (device >= 0) {
+    if (predicted_peak > device)
+      throw RunError("rank " + std::to_string(rank) + ": predicted peak " + format_bytes(predicted_peak) +
+                     " exceeds the free device memory " + format_bytes(device));
+    return;
+  }
+  const HostMemory host = host_memory_available();
+  if (predicted_peak > host.available)
+    throw RunError("rank " + std::to_string(rank) + ": predicted peak " + format_bytes(predicted_peak) +
+                   " exceeds the memory this process can have, " + format_bytes(host.available) +
+                   " (" + host.how + ")");
+}
+
+void validate_data_parallel(const RunConfig& cfg, int world) {
+  if (cfg.strategy == "zero1" && world > cfg.model.param_tensors())
+    throw UsageError("--strategy zero1 at world " + std::to_string(world) + " needs at least " +
+                     std::to_string(world) + " parameter tensors to partition; the model has " +
+                     std::to_string(cfg.model.param_tensors()) + " (2 per layer)");
+  if (cfg.layers_per_unit > cfg.model.layers)
+    throw UsageError("--units " + std::to_string(cfg.layers_per_unit) + ": more layers per unit than --layers " +
+                     std::to_string(cfg.model.layers) + "; use --units all for one root unit");
+}
+
+nlohmann::json run_data_parallel(const RunConfig& cfg, Backend& backend, Communicator& comm) {
+  const int world = comm.world();
+  const int rank = comm.rank();
+  const Prediction pred = predict_data_parallel(cfg, world, rank);
+  check_memory(pred.peak_total, backend, rank);
+
+  StrategyContext ctx{cfg, backend, comm};
+  std::unique_ptr<Strategy> strategy = make_strategy(ctx);
+  strategy->setup();
+  std::vector<double> step_ms;
+  std::vector<double> losses;
+  for (int s = 0; s < cfg.steps; ++s) {
+    strategy->prepare_batch(s);
+    backend.synchronize();
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    const float loss = strategy->step();
+    backend.synchronize();
+    const auto t1 = std::chrono::steady_clock::now();
+    step_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    losses.push_back(loss);
+  }
+  const Tracker& tr = backend.tracker();
+  nlohmann::json r;
+  r["rank"] = rank;
+  r["resting"] = category_json(tr.current());
+  const PeakRecord& peak = tr.peak();
+  r["peak"] = {{"total", peak.total},
+               {"phase", std::string(phase_name(peak.phase))},
+               {"where", strategy->describe(peak.place)},
+               {"by_category", category_json(peak.by_category)}};
+  r["predicted"] = {{"resting_total", pred.resting.total()},
+                    {"resting", category_json(pred.resting)},
+                    {"peak_total", pred.peak_total},
+                    {"peak_phase", std::string(phase_name(pred.peak_phase))},
+                    {"peak_where", pred.peak_where},
+                    {"comm_bytes", pred.comm_total()}};
+  r["rounded"] = {{"resting_total", tr.rounded_current()}, {"peak_total", tr.rounded_peak()}};
+  PoolStats pool;
+  if (backend.pool_stats(&pool)) {
+    r["pool"] = {{"used_current", pool.used_current},
+                 {"used_high", pool.used_high},
+                 {"reserved_current", pool.reserved_current},
+                 {"reserved_high", pool.reserved_high}};
+  } else {
+    r["pool"] = nullptr;
+  }
+  const std::int64_t outside = backend.outside_pool_bytes();
+  r["outside_pool_bytes"] = outside >= 0 ? nlohmann::json(outside) : nlohmann::json(nullptr);
+  r["comm"] = comm_json(comm.ledger(), world);
+  r["comm_bytes"] = comm.ledger().total_bytes();
+  r["step_ms"] = step_ms_json(step_ms);
+  r["step_ms_all"] = step_ms;
+  r["loss"] = losses;
+  return r;
+}
+
+nlohmann::json run_header(const RunConfig& cfg, int world, int units) {
+  nlohmann::json run;
+  run["kind"] = "data_parallel";
+  run["strategy"] = cfg.strategy;
+  run["world"] = world;
+  run["units"] = units;
+  run["layers_per_unit"] = cfg.layers_per_unit == 0 ? nlohmann::json("all") : nlohmann::json(cfg.layers_per_unit);
+  run["prefetch"] = cfg.prefetch;
+  run["ddp_bucket"] = cfg.ddp_bucket;
+  run["bucket_mb"] = cfg.bucket_mb;
+  run["steps"] = cfg.steps;
+  run["timed_steps"] = cfg.steps > 1 ? cfg.steps - 1 : 0;
+  run["model"] = model_json(cfg.model);
+  return run;
+}
+
+}  // namespace
+
+nlohmann::json make_document(const nlohmann::json& runs, const std::string& backend,
+                             const std::string& comm, bool emulated, const nlohmann::json& provenance) {
+  return {{"schema", "shardscope/1"}, {"version", SHARDSCOPE_VERSION}, {"backend", backend},
+          {"comm", comm},           {"emulated", emulated},           {"provenance", provenance},
+          {"runs", runs}};
+}
+
+void run_job(RunConfig cfg, MpiSession& mpi) {
+  if (!cfg.json_path.empty() && mpi.rank() == 0) check_writable(cfg.json_path);
+  const std::string backend_name = choose_backend(cfg);
+  const CommOptions comm_opt = choose_comm(cfg, backend_name, mpi);
+  const int world = comm_opt.kind == "fake" ? comm_opt.emulate_world : mpi.world();
+  if (cfg.pipeline())
+    validate_pipeline(cfg, world);
+  else
+    validate_data_parallel(cfg, world);
+  if (!all_ranks_equal(cfg.command_line.empty() ? std::string("-") : cfg.command_line))
+    throw UsageError("flags differ across ranks: every rank of a job must be started with the same flags");
+
+  std::unique_ptr<Backend> backend = make_backend(backend_name, mpi.local_rank());
+  if (backend_name == "cuda" && cfg.allow_tf32) backend->set_allow_tf32(true);
+  std::unique_ptr<Communicator> comm = make_communicator(comm_opt, backend.get());
+
+  nlohmann::json rank_record;
+  nlohmann::json run;
+  if (cfg.pipeline()) {
+    run = pipeline_header(cfg, world);
+    rank_record = run_pipeline(cfg, *backend, *comm);
+  } else {
+    const bool fsdp = cfg.strategy == "zero2" || cfg.strategy == "zero3";
+    run = run_header(cfg, world, fsdp ? static_cast<int>(fsdp_units(cfg.model, cfg.layers_per_unit, world).size()) : 1);
+    rank_record = run_data_parallel(cfg, *backend, *comm);
+  }
+  const std::string device = backend->device_description();
+  const std::vector<std::string> all = gather_strings_to_root(rank_record.dump());
+  if (mpi.rank() != 0) return;
+
+  nlohmann::json list = nlohmann::json::array();
+  for (const std::string& s : all) list.push_back(nlohmann::json::parse(s));
+  if (all.empty()) list.push_back(rank_record);
+  run[cfg.pipeline() ? "stages" : "ranks"] = list;
+  run["backend"] = backend_name;
+  run["comm"] = comm->name();
+  run["emulated"] = comm->emulated();
+  if (comm->emulated()) run["rank"] = cfg.emulate_rank;
+  nlohmann::json doc = make_document(nlohmann::json::array({run}), backend_name, comm->name(),
+                                     comm->emulated(),
+                                     provenance(cfg.command_line, device, device.empty() ? "" : device, ""));
+  print_tables(doc, std::cout);
+  if (!cfg.json_path.empty()) write_file_atomic(cfg.json_path, doc.dump(1) + "\n");
+}
+
+}  // namespace shardscope

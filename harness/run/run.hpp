@@ -1,0 +1,20 @@
+// `shardscope run`: one job in which this process is one rank (DESIGN §6).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "harness/comm/mpi_env.hpp"
+#include "shardscope/config.hpp"
+
+namespace shardscope {
+
+// Runs the job; on rank 0 prints the table and writes --json. Throws UsageError
+// (exit 2) or RunError (exit 3).
+void run_job(RunConfig cfg, MpiSession& mpi);
+
+// The whole-job document (schema shardscope/1) around a list of runs.
+nlohmann::json make_document(const nlohmann::json& runs, const std::string& backend,
+                             const std::string& comm, bool emulated,
+                             const nlohmann::json& provenance);
+
+}  // namespace shardscope

@@ -1,0 +1,172 @@
+// Pipeline runs (DESIGN §4, §7): validation, the run header, one stage's record, and
+// the replayed bubbles filled in once every stage's record is gathered.
+#include "harness/run/run_pipeline.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <tuple>
+
+#include "harness/run/pipeline_predict.hpp"
+#include "harness/run/pipeline_stage.hpp"
+#include "harness/run/records.hpp"
+#include "shardscope/check.hpp"
+#include "shardscope/schedule.hpp"
+
+namespace shardscope {
+
+namespace {
+
+const char* kind_name(ActionKind k) { return k == ActionKind::F ? "F" : k == ActionKind::B ? "B" : "W"; }
+
+nlohmann::json layer_range(const PipelineLayout& layout, int vstage) {
+  return nlohmann::json::array({layout.first_layer(vstage), layout.end_layer(vstage) - 1});
+}
+
+}  // namespace
+
+void validate_pipeline(const RunConfig& cfg, int stages) { (void)make_pipeline_layout(cfg, stages); }
+
+nlohmann::json pipeline_header(const RunConfig& cfg, int stages) {
+  const PipelineLayout layout = make_pipeline_layout(cfg, stages);
+  nlohmann::json run;
+  run["kind"] = "pipeline";
+  run["schedule"] = cfg.schedule;
+  run["world"] = stages;
+  run["microbatches"] = layout.microbatches();
+  run["chunks"] = layout.chunks();
+  run["steps"] = cfg.steps;
+  run["timed_steps"] = cfg.steps > 1 ? cfg.steps - 1 : 0;
+  run["model"] = model_json(cfg.model);
+  run["split"] = layout.split();
+  run["microbatch_rows"] = layout.rows;
+  return run;
+}
+
+nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& comm) {
+  PipelineStage stage(cfg, backend, comm);
+  const PipelineLayout& layout = stage.layout();
+  const Schedule& sched = layout.schedule;
+  const int s = stage.stage();
+  stage.setup();
+
+  std::vector<double> step_ms;
+  std::vector<double> losses;
+  for (int i = 0; i < cfg.steps; ++i) {
+    stage.prepare_batch(i);
+    backend.synchronize();
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    const float loss = stage.step();
+    backend.synchronize();
+    const auto t1 = std::chrono::steady_clock::now();
+    step_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    losses.push_back(loss);
+  }
+
+  const Tracker& tr = backend.tracker();
+  const SavedTensors& saved = stage.saved();
+  const SavedPrediction pred = predict_saved(cfg.model, layout, s);
+  nlohmann::json r;
+  r["stage"] = s;
+  r["rank"] = comm.rank();
+  r["world"] = comm.world();
+  r["layers"] = layer_range(layout, stage.vstage(0));
+  if (layout.chunks() > 1) {
+    nlohmann::json all = nlohmann::json::array();
+    for (int c = 0; c < layout.chunks(); ++c) all.push_back(layer_range(layout, stage.vstage(c)));
+    r["chunks_layers"] = all;
+  }
+  r["saved"] = {{"peak_live_tensors", saved.peak_live()},
+                {"peak_live_bytes", saved.peak_live_bytes()},
+                {"total_tensors", saved.total()},
+                {"before_first_backward", saved.before_first_backward()}};
+  r["predicted"] = {{"peak_live_tensors", pred.peak_live_tensors},
+                    {"peak_live_bytes", pred.peak_live_bytes},
+                    {"total_tensors", pred.total_tensors},
+                    {"before_first_backward", pred.before_first_backward},
+                    {"resting_total", predict_resting_total(cfg.model, layout, s)},
+                    {"peak_live_microbatches", peak_live_microbatches(sched, s)},
+                    {"peak_live_microbatches_theory", peak_live_microbatches_theory(sched, s)}};
+  r["resting"] = category_json(tr.current());
+  const PeakRecord& peak = tr.peak();
+  r["peak"] = {{"total", peak.total},
+               {"phase", std::string(phase_name(peak.phase))},
+               {"where", stage.peak_where()},
+               {"by_category", category_json(peak.by_category)}};
+  r["rounded"] = {{"resting_total", tr.rounded_current()}, {"peak_total", tr.rounded_peak()}};
+  PoolStats pool;
+  if (backend.pool_stats(&pool)) {
+    r["pool"] = {{"used_current", pool.used_current},
+                 {"used_high", pool.used_high},
+                 {"reserved_current", pool.reserved_current},
+                 {"reserved_high", pool.reserved_high}};
+  } else {
+    r["pool"] = nullptr;
+  }
+  const std::int64_t outside = backend.outside_pool_bytes();
+  r["outside_pool_bytes"] = outside >= 0 ? nlohmann::json(outside) : nlohmann::json(nullptr);
+  const CommLedger& ledger = comm.ledger();
+  r["p2p"] = {{"sent_bytes", ledger[CollKind::send].bytes},
+              {"recv_bytes", ledger[CollKind::recv].bytes},
+              {"peak_comm_bytes", stage.peak_comm_bytes()}};
+  r["comm"] = comm_json(ledger, comm.world());
+  r["comm_bytes"] = ledger.total_bytes();
+
+  double busy = 0.0;
+  nlohmann::json actions = nlohmann::json::array();
+  for (const ActionTiming& t : stage.action_ms()) {
+    busy += t.ms;
+    actions.push_back({{"action", kind_name(t.action.kind)},
+                       {"microbatch", t.action.microbatch},
+                       {"chunk", t.action.chunk},
+                       {"ms", t.ms}});
+  }
+  r["busy_ms"] = busy;
+  r["step_ms"] = step_ms_json(step_ms);
+  r["step_ms_all"] = step_ms;
+  const double last_step = step_ms.empty() ? 0.0 : step_ms.back();
+  r["bubble_fraction"] = last_step > 0.0 ? nlohmann::json(1.0 - busy / last_step) : nlohmann::json(nullptr);
+  r["bubble_fraction_replayed"] = nullptr;  // fill_replayed_bubbles, once all stages are gathered
+  r["bubble_fraction_theory"] = bubble_theory(sched);
+  r["action_ms"] = actions;
+  r["loss"] = stage.holds_loss() ? nlohmann::json(losses) : nlohmann::json(nullptr);
+  return r;
+}
+
+nlohmann::json fill_replayed_bubbles(const RunConfig& cfg, nlohmann::json& stages) {
+  if (!stages.is_array() || stages.empty()) return nullptr;
+  const int S = static_cast<int>(stages.size());
+  // An emulated run reports one stage of a larger pipeline: nothing to replay.
+  for (const auto& st : stages)
+    if (!st.is_object() || st.value("world", S) != S) return nullptr;
+  std::vector<nlohmann::json*> by_stage(S, nullptr);
+  for (auto& st : stages) {
+    const int idx = st.value("stage", -1);
+    if (idx < 0 || idx >= S || by_stage[idx]) return nullptr;
+    by_stage[idx] = &st;
+  }
+  const Schedule sched = make_schedule(cfg.schedule, S, pipeline_microbatches(cfg, S), cfg.chunks);
+  // (stage, kind, micro-batch, chunk) -> measured ms
+  std::map<std::tuple<int, char, int, int>, double> ms;
+  for (int st = 0; st < S; ++st) {
+    const auto it = by_stage[st]->find("action_ms");
+    if (it == by_stage[st]->end() || !it->is_array()) return nullptr;
+    for (const auto& a : *it)
+      ms[{st, a.at("action").get<std::string>().at(0), a.at("microbatch").get<int>(), a.at("chunk").get<int>()}] =
+          a.at("ms").get<double>();
+  }
+  for (int st = 0; st < S; ++st)
+    for (const Action& a : sched.actions[st])
+      if (!ms.count({st, kind_name(a.kind)[0], a.microbatch, a.chunk})) return nullptr;
+  const ReplayResult r = replay(sched, [&](int st, const Action& a) {
+    return ms.at({st, kind_name(a.kind)[0], a.microbatch, a.chunk});
+  });
+  for (int st = 0; st < S; ++st) {
+    (*by_stage[st])["bubble_fraction_replayed"] = r.bubble_fraction[st];
+    (*by_stage[st])["replayed_makespan_ms"] = r.makespan;
+  }
+  return r.makespan;
+}
+
+}  // namespace shardscope

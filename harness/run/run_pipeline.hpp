@@ -1,0 +1,24 @@
+// Pipeline runs: one stage per rank, a schedule executed over p2p (DESIGN §4).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "shardscope/backend.hpp"
+#include "shardscope/comm.hpp"
+#include "shardscope/config.hpp"
+
+namespace shardscope {
+
+// Refuses what the schedule cannot run at `stages` (UsageError naming the flag).
+void validate_pipeline(const RunConfig& cfg, int stages);
+nlohmann::json pipeline_header(const RunConfig& cfg, int stages);
+// Runs the steps on this stage; returns the stage's record (DESIGN §7 "stages").
+nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& comm);
+// Takes the gathered stage records (one per stage), replays the schedule with each
+// action's measured ms ("action_ms") and writes every stage's "bubble_fraction_replayed"
+// and "replayed_makespan_ms"; returns the makespan in ms. When the records are not the
+// whole pipeline (an emulated run reports one stage), leaves them as they are and
+// returns null.
+nlohmann::json fill_replayed_bubbles(const RunConfig& cfg, nlohmann::json& stages);
+
+}  // namespace shardscope

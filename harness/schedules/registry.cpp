@@ -1,0 +1,84 @@
+// The schedule registry: a new schedule is one generator file plus one line here.
+#include <string>
+#include <vector>
+
+#include "harness/schedules/generators.hpp"
+#include "shardscope/check.hpp"
+#include "shardscope/schedule.hpp"
+
+namespace shardscope {
+
+namespace {
+
+struct Entry {
+  const char* name;
+  schedules::StageActions (*generate)(int stages, int microbatches, int chunks);
+  bool split_backward;  // emits W actions
+  bool interleaved;     // takes --chunks >= 2 and needs M % S == 0
+};
+
+const Entry kSchedules[] = {
+    {"gpipe", schedules::gpipe, false, false},
+    {"1f1b", schedules::one_f_one_b, false, false},
+    {"interleaved-1f1b", schedules::interleaved_1f1b, false, true},
+    {"zb-h1", schedules::zb_h1, true, false},
+};
+
+std::string joined_names() {
+  std::string all;
+  for (const auto& e : kSchedules) all += (all.empty() ? "" : ", ") + std::string(e.name);
+  return all;
+}
+
+}  // namespace
+
+std::vector<std::string> schedule_names() {
+  std::vector<std::string> names;
+  for (const auto& e : kSchedules) names.emplace_back(e.name);
+  return names;
+}
+
+Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks) {
+  const Entry* entry = nullptr;
+  for (const auto& e : kSchedules)
+    if (name == e.name) entry = &e;
+  if (!entry)
+    throw UsageError("--schedule: unknown '" + name + "'; allowed: " + joined_names());
+  // S is the world size of a pipeline run (mpirun -np, or --worlds in a sweep).
+  if (stages < 1)
+    throw UsageError("--schedule " + name + " needs at least 1 stage (world size " +
+                     std::to_string(stages) + ")");
+  if (microbatches < 1)
+    throw UsageError("--microbatches must be >= 1 (got " + std::to_string(microbatches) + ")");
+  if (chunks < 1) throw UsageError("--chunks must be >= 1 (got " + std::to_string(chunks) + ")");
+  if (!entry->interleaved && chunks != 1)
+    throw UsageError("--chunks " + std::to_string(chunks) +
+                     " is only valid with --schedule interleaved-1f1b");
+  if (entry->interleaved) {
+    // One chunk would be plain 1F1B with a longer warm-up: refuse rather than rename.
+    if (chunks < 2)
+      throw UsageError("--schedule " + name + " needs --chunks >= 2 (got " +
+                       std::to_string(chunks) + "); with one chunk per stage use --schedule 1f1b");
+    if (microbatches % stages != 0)
+      throw UsageError("--schedule " + name +
+                       " needs --microbatches to be a multiple of the stage count (S=" +
+                       std::to_string(stages) + ", M=" + std::to_string(microbatches) + ")");
+  }
+
+  Schedule s;
+  s.name = entry->name;
+  s.stages = stages;
+  s.microbatches = microbatches;
+  s.chunks = chunks;
+  s.split_backward = entry->split_backward;
+  s.actions = entry->generate(stages, microbatches, chunks);
+  return s;
+}
+
+std::string to_string(const Action& a) {
+  const char* kind = a.kind == ActionKind::F ? "F" : a.kind == ActionKind::B ? "B" : "W";
+  return std::string(kind) + "(m=" + std::to_string(a.microbatch) + ", chunk " +
+         std::to_string(a.chunk) + ")";
+}
+
+}  // namespace shardscope

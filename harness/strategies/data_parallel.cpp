@@ -1,0 +1,96 @@
+#include "harness/strategies/data_parallel.hpp"
+
+#include "harness/model/data.hpp"
+
+namespace shardscope {
+
+std::string Strategy::describe(const Place& place) const {
+  switch (place.kind) {
+    case PlaceKind::layer: return "layer " + std::to_string(place.index);
+    case PlaceKind::unit: return "unit " + std::to_string(place.index);
+    case PlaceKind::tensor: return "tensor " + std::to_string(place.index);
+    case PlaceKind::microbatch: return "micro-batch " + std::to_string(place.index);
+    case PlaceKind::none: break;
+  }
+  return "-";
+}
+
+DataParallelStrategy::DataParallelStrategy(const StrategyContext& ctx)
+    : cfg_(ctx.cfg), backend_(ctx.backend), comm_(ctx.comm), mlp_(ctx.backend, ctx.cfg.model, saved_) {}
+
+void DataParallelStrategy::prepare_batch(int index) {
+  host_batch_ = batch_rows(cfg_, index, comm_.rank(), 0, cfg_.model.batch);
+}
+
+float DataParallelStrategy::step() {
+  Tracker& tracker = backend_.tracker();
+  tracker.mark(Phase::forward);
+  tracker.reset_peak();
+  backend_.reset_pool_high();
+  comm_.reset_ledger();
+  saved_.reset();
+  ScopedRange range(backend_, "step");
+
+  const int rows = cfg_.model.batch;
+  const std::size_t n = static_cast<std::size_t>(rows) * cfg_.model.width;
+  Buffer x = backend_.alloc(Category::temp, n);  // (batch, width): the rank's batch
+  backend_.upload(x.data(), host_batch_.data(), n);
+  Buffer target;  // (batch, width) of ones, mse only
+  if (cfg_.model.loss == Loss::mse) {
+    target = backend_.alloc(Category::temp, n);
+    backend_.fill(target.data(), 1.0f, n);
+  }
+
+  float loss = 0.0f;
+  Tape tape;
+  {
+    ScopedRange r(backend_, "forward");
+    tape = mlp_.forward(0, cfg_.model.layers, x.data(), rows, false, access());
+    loss = mlp_.loss_forward(tape, target.data(), 1.0f);
+  }
+  {
+    ScopedRange r(backend_, "backward");
+    mlp_.backward(tape, Buffer{}, access(), 0.0f);
+  }
+  x.reset();
+  target.reset();
+
+  tracker.mark(Phase::communication);
+  {
+    ScopedRange r(backend_, "gradient communication");
+    reduce_gradients();
+  }
+  tracker.mark(Phase::optimizer);
+  {
+    ScopedRange r(backend_, "optimizer");
+    optimizer_step(++steps_done_);
+  }
+  tracker.mark(Phase::idle);
+  return loss;
+}
+
+Buffer DataParallelStrategy::init_params(std::int64_t flat_begin, std::int64_t count) {
+  Buffer b = backend_.alloc(Category::param, static_cast<std::size_t>(count));
+  const std::vector<float> host = init_flat_slice(cfg_, flat_begin, count);
+  backend_.upload(b.data(), host.data(), host.size());
+  return b;
+}
+
+Buffer DataParallelStrategy::zeros(Category c, std::size_t count) {
+  if (count == 0) return Buffer{};
+  Buffer b = backend_.alloc(c, count);
+  backend_.fill(b.data(), 0.0f, count);
+  return b;
+}
+
+std::vector<float> DataParallelStrategy::download(const Buffer& b) const {
+  return download(b.data(), b.count());
+}
+
+std::vector<float> DataParallelStrategy::download(const float* p, std::size_t n) const {
+  std::vector<float> out(n);
+  if (n) const_cast<Backend&>(backend_).download(out.data(), p, n);
+  return out;
+}
+
+}  // namespace shardscope

@@ -1,0 +1,137 @@
+#include "harness/strategies/fsdp.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "harness/model/data.hpp"
+
+namespace shardscope {
+
+FsdpStrategy::FsdpStrategy(const StrategyContext& ctx, bool full_shard)
+    : DataParallelStrategy(ctx),
+      full_shard_(full_shard),
+      units_(fsdp_units(ctx.cfg.model, ctx.cfg.layers_per_unit, ctx.comm.world())) {
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u)
+    for (int l = units_[u].first_layer; l < units_[u].last_layer; ++l) unit_of_layer_.push_back(u);
+}
+
+void FsdpStrategy::setup() {
+  backend_.tracker().mark(Phase::setup);
+  state_.resize(units_.size());
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = units_[u];
+    const std::int64_t begin = unit.shard * comm_.rank();
+    const std::size_t n = static_cast<std::size_t>(unit.shard);
+    // The rank's slice of the unit's flat parameter; past the unit's end is padding (0).
+    state_[u].shard = backend_.alloc(Category::param, n);
+    std::vector<float> host(n, 0.0f);
+    const std::int64_t real = std::clamp<std::int64_t>(unit.elems - begin, 0, unit.shard);
+    if (real > 0) {
+      const std::vector<float> init = init_flat_slice(cfg_, unit.flat_offset + begin, real);
+      std::copy(init.begin(), init.end(), host.begin());
+    }
+    backend_.upload(state_[u].shard.data(), host.data(), n);
+    state_[u].grad_shard = zeros(Category::grad, n);
+    state_[u].adam = make_adam_state(backend_, n);
+  }
+}
+
+std::int64_t FsdpStrategy::layer_offset(int layer) const {
+  return (layer - units_[unit_of_layer_[layer]].first_layer) * cfg_.model.layer_elems();
+}
+
+const float* FsdpStrategy::weight(int layer) {
+  return state_[unit_of_layer_[layer]].full.data() + layer_offset(layer);
+}
+const float* FsdpStrategy::bias(int layer) { return weight(layer) + cfg_.model.weight_elems(); }
+float* FsdpStrategy::weight_grad(int layer) {
+  return state_[unit_of_layer_[layer]].full_grad.data() + layer_offset(layer);
+}
+float* FsdpStrategy::bias_grad(int layer) { return weight_grad(layer) + cfg_.model.weight_elems(); }
+
+void FsdpStrategy::gather(int u) {
+  UnitState& s = state_[u];
+  if (s.full) return;
+  backend_.tracker().mark(backend_.tracker().phase(), {PlaceKind::unit, u});
+  s.full = backend_.alloc(Category::param_unsharded, static_cast<std::size_t>(units_[u].padded));
+  comm_.all_gather(s.shard.data(), s.full.data(), static_cast<std::size_t>(units_[u].shard));
+}
+
+void FsdpStrategy::before_forward(int layer) {
+  const int u = unit_of_layer_[layer];
+  if (layer == units_[u].first_layer) gather(u);
+  backend_.tracker().mark(Phase::forward, {PlaceKind::unit, u});
+}
+
+void FsdpStrategy::after_forward(int layer) {
+  const int u = unit_of_layer_[layer];
+  if (layer + 1 == units_[u].last_layer && reshard_after_forward()) state_[u].full.reset();
+}
+
+void FsdpStrategy::before_backward(int layer) {
+  const int u = unit_of_layer_[layer];
+  backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
+  if (layer + 1 != units_[u].last_layer) return;  // only when the unit's backward begins
+  gather(u);
+  // BACKWARD_PRE prefetch: the next unit in backward order is gathered now, while
+  // this one computes, so both are held at once.
+  if (cfg_.prefetch && u > 0) {
+    gather(u - 1);
+    backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
+  }
+  UnitState& s = state_[u];
+  // (padded) full flat gradient; the padding tail is zero, the rest gets overwritten.
+  s.full_grad = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(units_[u].padded));
+  const std::int64_t pad = units_[u].padded - units_[u].elems;
+  if (pad > 0) backend_.fill(s.full_grad.data() + units_[u].elems, 0.0f, static_cast<std::size_t>(pad));
+}
+
+void FsdpStrategy::after_backward(int layer) {
+  const int u = unit_of_layer_[layer];
+  if (layer != units_[u].first_layer) return;  // only when the unit's backward ends
+  UnitState& s = state_[u];
+  const std::size_t n = static_cast<std::size_t>(units_[u].shard);
+  comm_.reduce_scatter_sum(s.full_grad.data(), s.grad_shard.data(), n);
+  backend_.scale(s.grad_shard.data(), 1.0f / static_cast<float>(comm_.world()), n);
+  s.full_grad.reset();
+  s.full.reset();  // every unit is resharded after its backward
+}
+
+void FsdpStrategy::optimizer_step(int step) {
+  std::vector<AdamWTensor> list;
+  for (UnitState& s : state_) {
+    backend_.fill(s.adam.step.data(), static_cast<float>(step), 1);
+    list.push_back({s.shard.data(), s.grad_shard.data(), s.adam.exp_avg.data(),
+                    s.adam.exp_avg_sq.data(), s.shard.count(), step});
+  }
+  backend_.adamw(hyper_, list);
+}
+
+HostState FsdpStrategy::gather_state() {
+  const ModelConfig& m = cfg_.model;
+  HostState h;
+  for (auto* v : {&h.params, &h.grads, &h.exp_avg, &h.exp_avg_sq}) v->resize(static_cast<std::size_t>(m.params()));
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = units_[u];
+    const std::size_t n = static_cast<std::size_t>(unit.shard);
+    const Buffer* sources[4] = {&state_[u].shard, &state_[u].grad_shard, &state_[u].adam.exp_avg,
+                                &state_[u].adam.exp_avg_sq};
+    std::vector<float>* targets[4] = {&h.params, &h.grads, &h.exp_avg, &h.exp_avg_sq};
+    for (int k = 0; k < 4; ++k) {
+      Buffer full = backend_.alloc(Category::temp, static_cast<std::size_t>(unit.padded));
+      comm_.all_gather(sources[k]->data(), full.data(), n);
+      const std::vector<float> host = download(full);
+      std::copy(host.begin(), host.begin() + unit.elems, targets[k]->begin() + unit.flat_offset);
+    }
+  }
+  return h;
+}
+
+std::unique_ptr<Strategy> make_zero2(const StrategyContext& ctx) {
+  return std::make_unique<FsdpStrategy>(ctx, false);
+}
+std::unique_ptr<Strategy> make_zero3(const StrategyContext& ctx) {
+  return std::make_unique<FsdpStrategy>(ctx, true);
+}
+
+}  // namespace shardscope

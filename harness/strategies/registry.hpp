@@ -1,0 +1,15 @@
+// The strategies, one factory each (one line per strategy in registry.cpp).
+#pragma once
+
+#include <memory>
+
+#include "shardscope/strategy.hpp"
+
+namespace shardscope {
+
+std::unique_ptr<Strategy> make_ddp(const StrategyContext& ctx);
+std::unique_ptr<Strategy> make_zero1(const StrategyContext& ctx);
+std::unique_ptr<Strategy> make_zero2(const StrategyContext& ctx);
+std::unique_ptr<Strategy> make_zero3(const StrategyContext& ctx);
+
+}  // namespace shardscope

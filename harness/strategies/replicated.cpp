@@ -1,0 +1,110 @@
+#include "harness/strategies/replicated.hpp"
+
+#include "harness/model/data.hpp"
+
+namespace shardscope {
+
+AdamState make_adam_state(Backend& backend, std::size_t count) {
+  AdamState s;
+  s.exp_avg = backend.alloc(Category::optim, count);
+  s.exp_avg_sq = backend.alloc(Category::optim, count);
+  s.step = backend.alloc(Category::optim, 1);
+  backend.fill(s.exp_avg.data(), 0.0f, count);
+  backend.fill(s.exp_avg_sq.data(), 0.0f, count);
+  backend.fill(s.step.data(), 0.0f, 1);
+  return s;
+}
+
+// Like torch DDP: whole tensors in reverse order, a bucket closes once it reaches
+// the cap; a cap of 0 means one bucket for everything.
+std::vector<std::pair<std::int64_t, std::int64_t>> ddp_buckets(const ModelConfig& m,
+                                                               double bucket_mb) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  if (bucket_mb <= 0.0) {
+    out.emplace_back(0, m.params());
+    return out;
+  }
+  const double cap = bucket_mb * 1024.0 * 1024.0;
+  std::int64_t end = m.params();
+  std::int64_t begin = end;
+  for (int t = m.param_tensors() - 1; t >= 0; --t) {
+    begin = tensor_offset(m, t);
+    if (static_cast<double>(end - begin) * 4.0 >= cap || t == 0) {
+      out.emplace_back(begin, end - begin);
+      end = begin;
+    }
+  }
+  return out;
+}
+
+ReplicatedStrategy::ReplicatedStrategy(const StrategyContext& ctx)
+    : DataParallelStrategy(ctx), access_(ctx.cfg.model, nullptr, nullptr) {}
+
+float* ReplicatedStrategy::param(int t) const {
+  return params_.data() + tensor_offset(cfg_.model, t);
+}
+float* ReplicatedStrategy::grad(int t) const {
+  return grads_.data() + tensor_offset(cfg_.model, t);
+}
+
+void ReplicatedStrategy::setup() {
+  const ModelConfig& m = cfg_.model;
+  backend_.tracker().mark(Phase::setup);
+  params_ = init_params(0, m.params());
+  grads_ = zeros(Category::grad, static_cast<std::size_t>(m.params()));
+  if (cfg_.ddp_bucket == "copy") bucket_ = zeros(Category::grad, static_cast<std::size_t>(m.params()));
+  access_ = FlatAccess(m, params_.data(), grads_.data());
+  state_.resize(m.param_tensors());
+  for (int t = 0; t < m.param_tensors(); ++t)
+    if (owns(t)) state_[t] = make_adam_state(backend_, static_cast<std::size_t>(m.tensor_elems(t)));
+  buckets_ = ddp_buckets(m, cfg_.bucket_mb);
+}
+
+void ReplicatedStrategy::reduce_gradients() {
+  const float inv_world = 1.0f / static_cast<float>(comm_.world());
+  for (const auto& [offset, count] : buckets_) {
+    float* g = grads_.data() + offset;
+    float* b = bucket_ ? bucket_.data() + offset : g;
+    if (bucket_) backend_.copy(b, g, static_cast<std::size_t>(count));
+    comm_.all_reduce_sum(b, static_cast<std::size_t>(count));
+    backend_.scale(b, inv_world, static_cast<std::size_t>(count));
+    if (bucket_) backend_.copy(g, b, static_cast<std::size_t>(count));
+  }
+}
+
+void ReplicatedStrategy::update_owned(int step) {
+  std::vector<AdamWTensor> list;
+  for (int t = 0; t < cfg_.model.param_tensors(); ++t) {
+    if (!owns(t)) continue;
+    AdamState& s = state_[t];
+    backend_.fill(s.step.data(), static_cast<float>(step), 1);
+    list.push_back({param(t), grad(t), s.exp_avg.data(), s.exp_avg_sq.data(),
+                    static_cast<std::size_t>(cfg_.model.tensor_elems(t)), step});
+  }
+  if (!list.empty()) backend_.adamw(hyper_, list);
+}
+
+HostState ReplicatedStrategy::gather_state() {
+  const ModelConfig& m = cfg_.model;
+  HostState h;
+  h.params = download(params_);
+  h.grads = download(grads_);
+  h.exp_avg.resize(static_cast<std::size_t>(m.params()));
+  h.exp_avg_sq.resize(static_cast<std::size_t>(m.params()));
+  for (int t = 0; t < m.param_tensors(); ++t) {
+    const std::size_t n = static_cast<std::size_t>(m.tensor_elems(t));
+    Buffer tmp = backend_.alloc(Category::temp, 2 * n);
+    if (owns(t)) {
+      backend_.copy(tmp.data(), state_[t].exp_avg.data(), n);
+      backend_.copy(tmp.data() + n, state_[t].exp_avg_sq.data(), n);
+    }
+    comm_.broadcast(tmp.data(), 2 * n, owner(t));
+    const std::vector<float> both = download(tmp);
+    const std::int64_t off = tensor_offset(m, t);
+    std::copy(both.begin(), both.begin() + static_cast<std::ptrdiff_t>(n), h.exp_avg.begin() + off);
+    std::copy(both.begin() + static_cast<std::ptrdiff_t>(n), both.end(), h.exp_avg_sq.begin() + off);
+  }
+  return h;
+}
+
+}  // namespace shardscope

@@ -1,0 +1,62 @@
+// Everything a run is told on the command line (DESIGN §6), as one plain record
+// passed down explicitly (no configuration globals).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardscope/backend.hpp"
+
+namespace shardscope {
+
+struct ModelConfig {
+  int layers = 8;
+  int width = 256;
+  int batch = 32;  // rows per rank (data parallel) or per pipeline (pipeline)
+  Activation activation = Activation::none;
+  Loss loss = Loss::sum;
+
+  std::int64_t weight_elems() const { return static_cast<std::int64_t>(width) * width; }
+  std::int64_t layer_elems() const { return weight_elems() + width; }
+  std::int64_t params() const { return layers * layer_elems(); }
+  int param_tensors() const { return 2 * layers; }
+  // Parameter tensors in torch's order: weight 0, bias 0, weight 1, bias 1, ...
+  std::int64_t tensor_elems(int t) const { return t % 2 == 0 ? weight_elems() : width; }
+  std::int64_t activation_bytes(int rows) const {
+    return static_cast<std::int64_t>(rows) * width * 4;
+  }
+};
+
+struct RunConfig {
+  ModelConfig model;
+  int steps = 3;
+  std::uint64_t seed = 0;
+
+  // Data parallel (when `schedule` is empty).
+  std::string strategy = "ddp";
+  int layers_per_unit = 0;  // --units K; 0 = "all" (one root unit)
+  int prefetch = 1;
+  std::string ddp_bucket = "view";  // view | copy
+  double bucket_mb = 0.0;           // 0 = one flat bucket
+
+  // Pipeline.
+  std::string schedule;  // gpipe | 1f1b | interleaved-1f1b | zb-h1; empty = data parallel
+  int microbatches = 0;  // 0 = one per stage
+  int chunks = 1;
+  std::vector<int> split;
+
+  // Where it runs.
+  std::string backend;  // empty = cuda when a GPU is visible, else cpu
+  std::string comm;     // empty = chosen from backend and launch
+  int emulate_world = 0;
+  int emulate_rank = 0;
+  bool allow_tf32 = false;
+
+  std::string json_path;
+  std::string command_line;
+
+  bool pipeline() const { return !schedule.empty(); }
+};
+
+}  // namespace shardscope

@@ -1,0 +1,49 @@
+// Data-parallel strategies behind one small interface (DESIGN §3). A new strategy is
+// one file in harness/strategies/ plus one line in registry.cpp.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardscope/backend.hpp"
+#include "shardscope/comm.hpp"
+#include "shardscope/config.hpp"
+
+namespace shardscope {
+
+// The full model's training state in torch's parameter order, on the host (for tests).
+struct HostState {
+  std::vector<float> params;
+  std::vector<float> grads;
+  std::vector<float> exp_avg;
+  std::vector<float> exp_avg_sq;
+};
+
+struct StrategyContext {
+  const RunConfig& cfg;
+  Backend& backend;
+  Communicator& comm;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  // Allocates persistent state (parameters, gradients, optimizer state) and initialises it.
+  virtual void setup() = 0;
+  // Draws the batch of step `index` on the host (outside the timed region).
+  virtual void prepare_batch(int index) = 0;
+  // One training step: forward, backward, communication, optimizer. Returns the rank's loss.
+  virtual float step() = 0;
+  // Gathers parameters, gradients and AdamW state onto every rank (collective).
+  virtual HostState gather_state() = 0;
+  // U: how many units parameters are gathered in (1 for ddp and zero1).
+  virtual int units() const { return 1; }
+  // Describes a Place recorded by the tracker ("unit 0", "layer 3").
+  virtual std::string describe(const Place& place) const;
+};
+
+std::unique_ptr<Strategy> make_strategy(const StrategyContext& ctx);
+const std::vector<std::string>& strategy_names();
+
+}  // namespace shardscope

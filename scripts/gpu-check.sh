@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Builds shardscope on the lent GPU machine and runs its tests there.
+#
+# That machine has CUDA 13, CMake, ninja and PyTorch, but no apt, no MPI, no GoogleTest
+# and probably no OpenBLAS, nlohmann_json or CLI11: run scripts/prepare-carry.sh here
+# first and carry .carry/ along. NCCL comes from CUDA if present, else from PyTorch's
+# nvidia-nccl wheel.
+#
+# Writes to $OUT (default ./gpu-out), at most 8 files: environment.txt, configure.log,
+# build.log, cuda-tests.log, unit-tests.log, summary.txt. Exit 0 when the build and
+# every test run passed, 1 otherwise (the summary says which step failed).
+#
+#   bash scripts/gpu-check.sh            # from the repository root, or anywhere
+#   BUILD_DIR=build-gpu JOBS=16 OUT=/tmp/o bash scripts/gpu-check.sh
+#   ONLY_CUDA=1 bash scripts/gpu-check.sh   # build and run only shardscope_cuda_tests
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+out="${OUT:-$root/gpu-out}"
+build="${BUILD_DIR:-$root/build-gpu}"
+jobs="${JOBS:-16}"
+only_cuda="${ONLY_CUDA:-0}"
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+failed=0
+
+say() { echo "gpu-check: $*" | tee -a "$summary"; }
+fail() { say "FAILED: $*"; failed=1; }
+
+# ---- 1. what is present ---------------------------------------------------------------
+nvcc_bin=""
+for c in "$(command -v nvcc 2>/dev/null || true)" /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do
+  if [[ -n "$c" && -x "$c" ]]; then nvcc_bin="$c"; break; fi
+done
+
+# NCCL: the toolkit's own, else the nvidia-nccl wheel that PyTorch uses.
+nccl_flags=()
+nccl_where="not found"
+if [[ -f /usr/local/cuda/include/nccl.h ]]; then
+  nccl_where="CUDA toolkit (/usr/local/cuda)"
+else
+  nccl_dir="$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)"
+  nccl_lib="$(ls "$nccl_dir"/lib/libnccl.so* 2>/dev/null | head -n 1 || true)"
+  if [[ -n "$nccl_dir" && -f "$nccl_dir/include/nccl.h" && -n "$nccl_lib" ]]; then
+    nccl_flags=(-DSHARDSCOPE_NCCL_LIBRARY="$nccl_lib" -DSHARDSCOPE_NCCL_INCLUDE="$nccl_dir/include")
+    nccl_where="PyTorch's wheel ($nccl_lib)"
+  fi
+fi
+
+{
+  echo "== date";        date -u
+  echo "== host";        uname -a; nproc
+  echo "== nvidia-smi";  nvidia-smi 2>&1 || echo "(nvidia-smi failed)"
+  echo "== nvcc ($nvcc_bin)"; [[ -n "$nvcc_bin" ]] && "$nvcc_bin" --version 2>&1 || echo "(nvcc not found)"
+  echo "== cmake";       cmake --version 2>&1 || echo "(cmake not found)"
+  echo "== ninja";       ninja --version 2>&1 || echo "(ninja not found)"
+  echo "== c++";         c++ --version 2>&1 | head -n 1 || echo "(c++ not found)"
+  echo "== python/torch"
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available() and torch.cuda.get_device_name(0))' 2>&1 ||
+    echo "(torch not importable)"
+  echo "== nccl: $nccl_where"
+  echo "== carried: $(ls -d .carry/googletest .carry/include/nlohmann .carry/include/CLI 2>/dev/null | tr '\n' ' ')"
+} >"$out/environment.txt" 2>&1
+say "environment written to environment.txt (nvcc: ${nvcc_bin:-none}; nccl: $nccl_where)"
+gpu_line="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1 || true)"
+say "gpu: ${gpu_line:-none reported by nvidia-smi}"
+
+if [[ -z "$nvcc_bin" ]]; then
+  fail "no nvcc: the CUDA backend cannot be built here"
+  exit 1
+fi
+if [[ ! -f .carry/googletest/CMakeLists.txt ]]; then
+  say "warning: .carry/googletest is missing (run scripts/prepare-carry.sh and carry .carry): the configure step needs GoogleTest"
+fi
+
+# ---- 2. configure and build -------------------------------------------------------------
+cmake_args=(-S "$root" -B "$build" -G Ninja
+  -DCMAKE_BUILD_TYPE=Release
+  -DCMAKE_CUDA_COMPILER="$nvcc_bin"
+  -DCMAKE_CUDA_ARCHITECTURES=90
+  -DSHARDSCOPE_GTEST_SOURCE="$root/.carry/googletest"
+  -DSHARDSCOPE_EXTRA_INCLUDE="$root/.carry/include"
+  "${nccl_flags[@]}")
+if cmake "${cmake_args[@]}" >"$out/configure.log" 2>&1; then
+  say "configure: ok ($(grep -m1 'shardscope: cuda=' "$out/configure.log" | sed 's/^-- //'))"
+else
+  fail "configure (see configure.log)"
+  tail -n 20 "$out/configure.log" | sed 's/^/gpu-check:   /' | tee -a "$summary"
+  exit 1
+fi
+
+# -k 0: build every target that can be built, so one broken file does not hide the rest.
+targets=()
+[[ "$only_cuda" == 1 ]] && targets=(shardscope_cuda_tests)
+if ninja -C "$build" -j "$jobs" -k 0 "${targets[@]}" >"$out/build.log" 2>&1; then
+  say "build: ok"
+else
+  fail "build (see build.log); running the test binaries that were built"
+  grep -E "error|FAILED" "$out/build.log" | head -n 15 | sed 's/^/gpu-check:   /' | tee -a "$summary"
+fi
+warnings=$(grep -c "warning:" "$out/build.log" || true)
+say "build warnings: $warnings"
+
+# ---- 3. tests -------------------------------------------------------------------------
+# The environment ctest would give them (tests/CMakeLists.txt: SHARDSCOPE_TEST_ENV).
+export OPENBLAS_NUM_THREADS=1
+export SHARDSCOPE_BIN="$build/shardscope"
+export SHARDSCOPE_REFERENCE_DIR="$root/tests/reference"
+
+run_tests() {  # name binary log
+  local name="$1" bin="$2" log="$3"
+  if [[ ! -x "$bin" ]]; then
+    fail "$name: $bin was not built"
+    return
+  fi
+  if timeout 600 "$bin" --gtest_color=no >"$log" 2>&1; then
+    say "$name: $(grep -E '^\[  PASSED  \]' "$log" | tail -n 1)$(grep -E '^\[  SKIPPED \] [0-9]+ test' "$log" | sed -e 's/^\[  SKIPPED \]/, skipped/' -e 's/, listed below://' | tail -n 1)"
+  else
+    fail "$name (exit $?; see $(basename "$log"))"
+    grep -E '^\[  FAILED  \]' "$log" | sed 's/^/gpu-check:   /' | tee -a "$summary" || true
+  fi
+}
+
+run_tests "cuda tests" "$build/tests/shardscope_cuda_tests" "$out/cuda-tests.log"
+# The figures the CUDA tests print: pool rounding, tracker vs pool, device, NVML.
+grep -E '^\[(pool-rounding|pool|device)\]' "$out/cuda-tests.log" 2>/dev/null | tee -a "$summary" || true
+if [[ "$only_cuda" == 1 ]]; then
+  say "cpu unit tests: not run (ONLY_CUDA=1)"
+else
+  run_tests "cpu unit tests" "$build/tests/shardscope_tests" "$out/unit-tests.log"
+fi
+
+# ---- 4. TODO hooks (filled in once the CLI exists) ----------------------------------------
+# TODO(sweep): run the seed's experiment on the GPU, e.g.
+#   "$build/shardscope" sweep --backend cuda --emulate ... --out "$out/sweep"
+# and copy shardscope.json into $OUT (mind the 8-file limit of what comes back).
+say "sweep: TODO (not run yet)"
+# TODO(torch): run the PyTorch reference for the same model on this GPU (python3 has torch)
+# and compare resting/peak bytes and losses with shardscope's JSON.
+say "torch comparison: TODO (not run yet)"
+
+if [[ $failed -eq 0 ]]; then say "ALL OK"; else say "SOME STEPS FAILED"; fi
+exit "$failed"

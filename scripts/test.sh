@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is missing, builds, runs ctest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build.sh
+if [ "$(id -u)" -eq 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+export OPENBLAS_NUM_THREADS=1
+ctest --preset default -j "$(nproc)" "$@"

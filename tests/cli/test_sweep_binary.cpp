@@ -1,0 +1,87 @@
+// `shardscope sweep` through the real binary (SHARDSCOPE_BIN): exit codes, the usage
+// line, and a small emulated sweep of real `shardscope run` jobs.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness/cli/child_process.hpp"
+#include "harness/report/json_io.hpp"
+
+namespace shardscope {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SweepBinary : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* bin = std::getenv("SHARDSCOPE_BIN");
+    if (!bin || !*bin) GTEST_SKIP() << "SHARDSCOPE_BIN is not set (run through ctest)";
+    bin_ = bin;
+    std::string templ = (fs::temp_directory_path() / "shardscope-sweep-bin-XXXXXX").string();
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  // Runs `shardscope sweep args...`; returns the exit code (-1 when it did not exit).
+  int sweep(const std::vector<std::string>& args) {
+    ChildSpec spec;
+    spec.argv = {bin_, "sweep"};
+    spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+    spec.stdout_path = dir_ + "/stdout";
+    spec.stderr_path = dir_ + "/stderr";
+    spec.timeout_s = 240;
+    const ChildResult r = run_child(spec);
+    out_ = read(spec.stdout_path);
+    err_ = read(spec.stderr_path);
+    return r.end == ChildResult::End::exited ? r.code : -1;
+  }
+  static std::string read(const std::string& path) {
+    std::ifstream in(path);
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  std::string bin_, dir_, out_, err_;
+};
+
+TEST_F(SweepBinary, HelpAndBadFlags) {
+  EXPECT_EQ(sweep({"--help"}), 0);
+  EXPECT_NE(out_.find("usage: shardscope sweep"), std::string::npos) << out_;
+  EXPECT_EQ(sweep({"--worlds", "2,x"}), 2);
+  EXPECT_EQ(err_, "shardscope: error: --worlds: 'x' is not a positive integer\n");
+  EXPECT_EQ(sweep({"--strategies", "fsdp"}), 2);
+  EXPECT_NE(err_.find("allowed: ddp, zero1, zero2, zero3"), std::string::npos) << err_;
+}
+
+TEST_F(SweepBinary, AnEmulatedSweepOfRealRuns) {
+  const std::string out = dir_ + "/results";
+  ASSERT_EQ(sweep({"--emulate", "--strategies", "ddp,zero3", "--worlds", "2", "--layers", "2", "--width", "16",
+                   "--batch", "4", "--steps", "2", "--units", "1", "--backend", "cpu", "--out", out}),
+            0)
+      << err_;
+  const nlohmann::json doc = read_json_file(out + "/shardscope.json");
+  EXPECT_EQ(doc["schema"], "shardscope/1");
+  EXPECT_EQ(doc["emulated"], true);
+  ASSERT_EQ(doc["runs"].size(), 2u) << doc.dump(1);
+  for (const auto& run : doc["runs"]) {
+    ASSERT_EQ(run["ranks"].size(), 2u) << run.dump(1);
+    EXPECT_EQ(run["ranks"][0]["rank"], 0);
+    EXPECT_EQ(run["ranks"][1]["rank"], 1);
+    EXPECT_GT(run["ranks"][1]["resting"]["total"].get<long long>(), 0);
+  }
+  EXPECT_EQ(doc["runs"][1]["layers_per_unit"], 1);
+  EXPECT_NE(out_.find("emulated (times are compute only)"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("results: " + out + "/shardscope.json"), std::string::npos) << out_;
+  EXPECT_FALSE(fs::exists(out + "/.runs"));
+}
+
+}  // namespace
+}  // namespace shardscope

@@ -1,0 +1,65 @@
+// The NCCL communicator at world 1 (one process, no MPI): every collective and a grouped
+// self send/recv on real device buffers. Multi-rank NCCL runs need mpirun and one GPU
+// per rank. Skips without a device or without NCCL in the build.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "cuda_testbed.hpp"
+#include "harness/comm/nccl_comm.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope::testing {
+namespace {
+
+TEST(NcclComm, RefusesTheCpuBackend) {
+#ifndef SHARDSCOPE_WITH_NCCL
+  GTEST_SKIP() << "built without NCCL";
+#else
+  auto cpu = make_backend("cpu", 0);
+  EXPECT_THROW(make_nccl_communicator(cpu.get()), UsageError);
+#endif
+}
+
+TEST_F(CudaTest, NcclWorldOneCollectivesAndSelfP2p) {
+#ifndef SHARDSCOPE_WITH_NCCL
+  GTEST_SKIP() << "built without NCCL";
+#else
+  auto comm = make_nccl_communicator(backend_.get());
+  ASSERT_EQ(comm->world(), 1);
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->name(), "nccl");
+
+  const std::size_t n = 1000;
+  const auto x = random_floats(n, 81);
+  ASSERT_TRUE(nonzero(x, "x"));
+  Buffer buf = to_device(x, Category::grad);
+  Buffer out = backend_->alloc(Category::comm, n);
+
+  comm->all_reduce_sum(buf.data(), n);  // the sum over one rank
+  EXPECT_TRUE(all_close(to_host(buf), x, 0.0, 0.0)) << "all_reduce";
+
+  backend_->fill(out.data(), 0.0f, n);
+  comm->reduce_scatter_sum(buf.data(), out.data(), n);
+  EXPECT_TRUE(all_close(to_host(out), x, 0.0, 0.0)) << "reduce_scatter";
+
+  backend_->fill(out.data(), 0.0f, n);
+  comm->all_gather(buf.data(), out.data(), n);
+  EXPECT_TRUE(all_close(to_host(out), x, 0.0, 0.0)) << "all_gather";
+
+  comm->broadcast(buf.data(), n, 0);
+  EXPECT_TRUE(all_close(to_host(buf), x, 0.0, 0.0)) << "broadcast";
+
+  backend_->fill(out.data(), 0.0f, n);
+  comm->p2p({P2pOp{true, buf.data(), n, 0}, P2pOp{false, out.data(), n, 0}});
+  EXPECT_TRUE(all_close(to_host(out), x, 0.0, 0.0)) << "self send/recv";
+
+  comm->barrier();
+  const CommLedger& l = comm->ledger();
+  EXPECT_EQ(l[CollKind::all_reduce].calls, 1);
+  EXPECT_EQ(l[CollKind::all_reduce].bytes, static_cast<std::int64_t>(n * sizeof(float)));
+#endif
+}
+
+}  // namespace
+}  // namespace shardscope::testing

@@ -1,0 +1,192 @@
+// Pipelines over MPI at the world this binary was started with (W = 2, 3, 4 from ctest;
+// W = the stage count): every schedule trains like one rank on the full batch (each
+// stage's gradients, parameters and AdamW state equal the matching slice of the
+// non-pipelined reference), saved tensors equal the walk's prediction on every stage,
+// a stage played alone with the fake communicator holds the real stage's bytes, and at
+// W = 2 the seed's last-stage numbers come out.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "harness/comm/fake_comm.hpp"
+#include "harness/run/pipeline_predict.hpp"
+#include "harness/run/pipeline_stage.hpp"
+#include "harness/run/run_pipeline.hpp"
+#include "shardscope/comm.hpp"
+#include "support/dp_harness.hpp"
+
+namespace shardscope {
+namespace {
+
+using testing::any_nonzero;
+using testing::worst_violation;
+
+struct World {
+  int size = 1, rank = 0;
+  World() {
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  }
+};
+
+RunConfig pipeline_config(const std::string& schedule, int microbatches, int chunks, const ModelConfig& model) {
+  RunConfig cfg;
+  cfg.model = model;
+  cfg.schedule = schedule;
+  cfg.microbatches = microbatches;
+  cfg.chunks = chunks;
+  cfg.steps = 2;
+  cfg.seed = 7;
+  return cfg;
+}
+
+ModelConfig model_of(int layers, int width, int batch, Activation act, Loss loss) {
+  ModelConfig m;
+  m.layers = layers;
+  m.width = width;
+  m.batch = batch;
+  m.activation = act;
+  m.loss = loss;
+  return m;
+}
+
+std::vector<float> slice(const std::vector<float>& v, std::int64_t begin, std::int64_t count) {
+  return {v.begin() + begin, v.begin() + begin + count};
+}
+
+TEST(PipelineMpi, EveryStageTrainsLikeTheFullBatch) {
+  const World w;
+  const int S = w.size;
+  struct Case {
+    std::string schedule;
+    int chunks;
+    std::vector<int> microbatches;
+  };
+  const std::vector<Case> cases = {{"gpipe", 1, {S, 3, 6}},
+                                   {"1f1b", 1, {1, S, 3, 6}},
+                                   {"zb-h1", 1, {S, 3, 6}},
+                                   {"interleaved-1f1b", 2, {S, 2 * S}}};
+  const std::vector<ModelConfig> models = {model_of(2 * S + 1, 12, 8, Activation::relu, Loss::mse),
+                                           model_of(2 * S + 1, 12, 8, Activation::none, Loss::sum)};
+  for (const ModelConfig& model : models)
+    for (const Case& c : cases)
+      for (int M : c.microbatches) {
+        if (M > model.batch) continue;
+        const RunConfig cfg = pipeline_config(c.schedule, M, c.chunks, model);
+        SCOPED_TRACE(c.schedule + " S=" + std::to_string(S) + " M=" + std::to_string(M) + " stage " +
+                     std::to_string(w.rank) + (model.activation == Activation::relu ? " relu mse" : " none sum"));
+        CpuBackend backend;
+        auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+        PipelineStage stage(cfg, backend, *comm);
+        stage.setup();
+        for (int i = 0; i < cfg.steps; ++i) {
+          stage.prepare_batch(i);
+          stage.step();
+        }
+        const HostState ref = testing::reference_training(cfg, 1);
+        ASSERT_TRUE(any_nonzero(ref.grads));
+        const std::int64_t per_layer = model.layer_elems();
+        for (int ch = 0; ch < c.chunks; ++ch) {
+          const int k = stage.vstage(ch);
+          const std::int64_t begin = stage.layout().first_layer(k) * per_layer;
+          const std::int64_t count = (stage.layout().end_layer(k) - stage.layout().first_layer(k)) * per_layer;
+          const std::vector<float> grads = stage.download_grads(ch);
+          EXPECT_TRUE(any_nonzero(grads)) << "chunk " << ch;
+          std::size_t at = 0;
+          EXPECT_EQ(worst_violation(grads, slice(ref.grads, begin, count), 1e-5, 1e-7, &at), 0.0)
+              << "grads of chunk " << ch << " at " << at;
+          EXPECT_EQ(worst_violation(stage.download_params(ch), slice(ref.params, begin, count), 1e-5, 1e-7, &at), 0.0)
+              << "params of chunk " << ch << " at " << at;
+          EXPECT_EQ(worst_violation(stage.download_exp_avg(ch), slice(ref.exp_avg, begin, count), 1e-5, 1e-7, &at), 0.0)
+              << "exp_avg of chunk " << ch << " at " << at;
+          EXPECT_EQ(
+              worst_violation(stage.download_exp_avg_sq(ch), slice(ref.exp_avg_sq, begin, count), 1e-5, 1e-9, &at),
+              0.0)
+              << "exp_avg_sq of chunk " << ch << " at " << at;
+        }
+        const SavedPrediction p = predict_saved(cfg.model, stage.layout(), w.rank);
+        EXPECT_EQ(stage.saved().peak_live(), p.peak_live_tensors);
+        EXPECT_EQ(stage.saved().peak_live_bytes(), p.peak_live_bytes);
+        EXPECT_EQ(stage.saved().total(), p.total_tensors);
+        EXPECT_EQ(stage.saved().before_first_backward(), p.before_first_backward);
+        EXPECT_EQ(backend.tracker().current_total(), predict_resting_total(cfg.model, stage.layout(), w.rank));
+
+        // The same stage played alone with the fake communicator holds the same bytes.
+        CpuBackend backend2;
+        auto fake = make_fake_communicator(S, w.rank, &backend2);
+        PipelineStage alone(cfg, backend2, *fake);
+        alone.setup();
+        for (int i = 0; i < cfg.steps; ++i) {
+          alone.prepare_batch(i);
+          alone.step();
+        }
+        EXPECT_EQ(backend2.tracker().current(), backend.tracker().current());
+        EXPECT_EQ(backend2.tracker().peak().total, backend.tracker().peak().total);
+        EXPECT_EQ(backend2.tracker().peak().by_category, backend.tracker().peak().by_category);
+        EXPECT_EQ(alone.peak_where(), stage.peak_where());
+        EXPECT_EQ(alone.saved().peak_live_bytes(), stage.saved().peak_live_bytes());
+        EXPECT_EQ(fake->ledger()[CollKind::send].bytes, comm->ledger()[CollKind::send].bytes);
+        EXPECT_EQ(fake->ledger()[CollKind::recv].bytes, comm->ledger()[CollKind::recv].bytes);
+      }
+}
+
+// Stage records gathered on rank 0 (as run_job does) get their replayed bubbles.
+TEST(PipelineMpi, RecordsAndReplayedBubble) {
+  const World w;
+  const RunConfig cfg = pipeline_config("1f1b", 2 * w.size, 1, model_of(w.size, 16, 8, Activation::relu, Loss::mse));
+  CpuBackend backend;
+  auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+  const nlohmann::json record = run_pipeline(cfg, backend, *comm);
+  EXPECT_EQ(record["saved"]["peak_live_tensors"], record["predicted"]["peak_live_tensors"]);
+  EXPECT_EQ(record["saved"]["peak_live_bytes"], record["predicted"]["peak_live_bytes"]);
+  const std::string mine = record.dump();
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(w.size);
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::vector<int> displs(w.size, 0);
+  for (int r = 1; r < w.size; ++r) displs[r] = displs[r - 1] + lens[r - 1];
+  std::string all(w.rank == 0 ? static_cast<std::size_t>(displs.back() + lens.back()) : 0, '\0');
+  MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD);
+  if (w.rank != 0) return;
+  nlohmann::json stages = nlohmann::json::array();
+  for (int r = 0; r < w.size; ++r) stages.push_back(nlohmann::json::parse(all.substr(displs[r], lens[r])));
+  const nlohmann::json makespan = fill_replayed_bubbles(cfg, stages);
+  ASSERT_TRUE(makespan.is_number());
+  for (const auto& st : stages) {
+    ASSERT_TRUE(st["bubble_fraction_replayed"].is_number());
+    EXPECT_GE(st["bubble_fraction_replayed"].get<double>(), 0.0);
+    EXPECT_LT(st["bubble_fraction_replayed"].get<double>(), 1.0);
+    EXPECT_LE(st["busy_ms"].get<double>(), makespan.get<double>() * (1 + 1e-9));
+  }
+  EXPECT_TRUE(stages.back()["loss"].is_array());
+  EXPECT_TRUE(stages.front()["loss"].is_null());
+}
+
+// The seed (S = 2, one layer per stage, width 32, relu, mse, batch 8): the last stage.
+TEST(PipelineMpi, SeedLastStage) {
+  const World w;
+  if (w.size != 2) GTEST_SKIP() << "the seed ran 2 stages";
+  struct Row {
+    std::string schedule;
+    int microbatches, peak_live, before_first_backward, total;
+  };
+  const std::vector<Row> rows = {{"gpipe", 2, 10, 10, 10}, {"gpipe", 4, 20, 20, 20}, {"gpipe", 8, 40, 40, 40},
+                                 {"1f1b", 2, 5, 5, 10},    {"1f1b", 4, 5, 5, 20},    {"1f1b", 8, 5, 5, 40}};
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.schedule + " M=" + std::to_string(row.microbatches) + " stage " + std::to_string(w.rank));
+    const RunConfig cfg = pipeline_config(row.schedule, row.microbatches, 1, model_of(2, 32, 8, Activation::relu, Loss::mse));
+    CpuBackend backend;
+    auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+    const nlohmann::json r = run_pipeline(cfg, backend, *comm);
+    if (w.rank != 1) continue;
+    EXPECT_EQ(r["saved"]["peak_live_tensors"], row.peak_live);
+    EXPECT_EQ(r["saved"]["before_first_backward"], row.before_first_backward);
+    EXPECT_EQ(r["saved"]["total_tensors"], row.total);
+    EXPECT_EQ(r["predicted"]["peak_live_tensors"], row.peak_live);
+  }
+}
+
+}  // namespace
+}  // namespace shardscope

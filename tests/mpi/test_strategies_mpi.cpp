@@ -1,0 +1,79 @@
+// Data parallelism over MPI at the world this binary was started with (W = 2, 3, 4
+// from ctest): every strategy trains like one rank on the concatenated batch, its
+// bytes equal the closed forms, and an emulated rank's bytes equal the real rank's.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "harness/comm/fake_comm.hpp"
+#include "shardscope/comm.hpp"
+#include "support/dp_harness.hpp"
+
+namespace shardscope {
+namespace {
+
+using testing::any_nonzero;
+using testing::worst_violation;
+
+struct Setting {
+  std::string strategy;
+  int layers_per_unit;
+  int prefetch;
+  Activation act;
+  Loss loss;
+};
+
+TEST(StrategiesMpi, TrainLikeOneRankAndMatchTheClosedForms) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::vector<Setting> settings = {
+      {"ddp", 0, 1, Activation::none, Loss::sum},   {"zero1", 0, 1, Activation::none, Loss::sum},
+      {"zero2", 0, 1, Activation::none, Loss::sum}, {"zero3", 0, 1, Activation::none, Loss::sum},
+      {"zero2", 1, 1, Activation::relu, Loss::mse}, {"zero3", 1, 1, Activation::relu, Loss::mse},
+      {"zero3", 2, 0, Activation::relu, Loss::mse}, {"zero1", 0, 1, Activation::relu, Loss::mse},
+      {"ddp", 0, 1, Activation::relu, Loss::mse}};
+  for (const Setting& s : settings) {
+    RunConfig cfg;
+    cfg.model.layers = 4;
+    cfg.model.width = 37;  // P not a multiple of W: padding is exercised
+    cfg.model.batch = 6;
+    cfg.model.activation = s.act;
+    cfg.model.loss = s.loss;
+    cfg.steps = 3;
+    cfg.seed = 11;
+    cfg.strategy = s.strategy;
+    cfg.layers_per_unit = s.layers_per_unit;
+    cfg.prefetch = s.prefetch;
+    SCOPED_TRACE(s.strategy + " units=" + std::to_string(s.layers_per_unit) + " W=" + std::to_string(world) +
+                 " rank " + std::to_string(rank));
+    CpuBackend backend;
+    auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+    const auto r = testing::run_dp(cfg, backend, *comm, true);
+
+    const HostState ref = testing::reference_training(cfg, world);
+    ASSERT_TRUE(any_nonzero(ref.grads));
+    ASSERT_TRUE(any_nonzero(r.state.exp_avg));
+    std::size_t at = 0;
+    EXPECT_EQ(worst_violation(r.state.params, ref.params, 1e-5, 1e-7, &at), 0.0) << "params at " << at;
+    EXPECT_EQ(worst_violation(r.state.grads, ref.grads, 1e-5, 1e-7, &at), 0.0) << "grads at " << at;
+    EXPECT_EQ(worst_violation(r.state.exp_avg, ref.exp_avg, 1e-5, 1e-7, &at), 0.0) << "exp_avg at " << at;
+    EXPECT_EQ(worst_violation(r.state.exp_avg_sq, ref.exp_avg_sq, 1e-5, 1e-9, &at), 0.0) << "exp_avg_sq at " << at;
+
+    const Prediction p = predict_data_parallel(cfg, world, rank);
+    EXPECT_EQ(r.resting, p.resting);
+    EXPECT_EQ(r.peak.total, p.peak_total);
+    for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
+
+    // The same rank played alone with the fake communicator holds the same bytes.
+    CpuBackend backend2;
+    auto fake = make_fake_communicator(world, rank, &backend2);
+    RunConfig quick = cfg;
+    const auto e = testing::run_dp(quick, backend2, *fake, false);
+    EXPECT_EQ(e.resting, r.resting);
+    EXPECT_EQ(e.peak.total, r.peak.total);
+    EXPECT_EQ(e.peak.by_category, r.peak.by_category);
+  }
+}
+
+}  // namespace
+}  // namespace shardscope

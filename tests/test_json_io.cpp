@@ -1,0 +1,127 @@
+// Result files: the writability check creates nothing, writes are whole, read errors
+// name the file.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "harness/report/json_io.hpp"
+#include "harness/report/provenance.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+namespace {
+
+namespace fs = std::filesystem;
+
+class JsonIo : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string templ = (fs::temp_directory_path() / "shardscope-json-io-XXXXXX").string();
+    ASSERT_NE(mkdtemp(templ.data()), nullptr);
+    dir_ = templ;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::size_t entries() const {
+    return static_cast<std::size_t>(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()));
+  }
+  std::string dir_;
+};
+
+std::string usage_error(const std::string& path) {
+  try {
+    check_writable(path);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+TEST_F(JsonIo, CheckWritableCreatesNothing) {
+  check_writable(dir_ + "/out.json");
+  EXPECT_EQ(entries(), 0u);
+  EXPECT_EQ(usage_error(dir_ + "/missing/out.json"),
+            "--json FILE: cannot write '" + dir_ + "/missing/out.json': directory '" + dir_ + "/missing' does not exist");
+  EXPECT_NE(usage_error(dir_).find("it is a directory"), std::string::npos);
+  std::ofstream(dir_ + "/file") << "x";
+  EXPECT_NE(usage_error(dir_ + "/file/out.json").find("is not a directory"), std::string::npos);
+  if (geteuid() != 0) {  // root writes anywhere
+    ASSERT_EQ(chmod(dir_.c_str(), 0500), 0);
+    EXPECT_NE(usage_error(dir_ + "/out.json").find("Permission denied"), std::string::npos);
+    chmod(dir_.c_str(), 0700);
+  }
+  try {
+    check_writable(dir_ + "/missing/x", "--out DIR");
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("--out DIR: cannot write", 0), 0u);
+  }
+}
+
+TEST_F(JsonIo, WriteIsWholeAndLeavesNoTemporary) {
+  const std::string path = dir_ + "/r.json";
+  std::ofstream(path) << "old";
+  write_file_atomic(path, "{\"a\": 1}\n");
+  EXPECT_EQ(read_json_file(path)["a"], 1);
+  EXPECT_EQ(entries(), 1u);
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_NE(st.st_mode & 0044, 0u) << "a result file should be readable like any other";
+  EXPECT_THROW(write_file_atomic(dir_ + "/missing/r.json", "{}"), RunError);
+  EXPECT_EQ(entries(), 1u);
+}
+
+TEST_F(JsonIo, ReadErrorsNameTheFile) {
+  const std::string path = dir_ + "/bad.json";
+  std::ofstream(path) << "{\"a\": ";
+  try {
+    read_json_file(path);
+    FAIL();
+  } catch (const RunError& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + path + "' is not valid JSON"), std::string::npos) << e.what();
+  }
+  try {
+    read_json_file(dir_ + "/none.json");
+    FAIL();
+  } catch (const RunError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot read '" + dir_ + "/none.json'"), std::string::npos);
+  }
+}
+
+TEST(Provenance, HasEveryFieldAndNullsForNoDevice) {
+  const nlohmann::json p = provenance("shardscope run --layers 8", "", "", "");
+  for (const char* key : {"git", "command", "host", "cpu", "gpu", "blas", "mpi", "nccl", "cuda"})
+    EXPECT_TRUE(p.contains(key)) << key;
+  EXPECT_EQ(p["command"], "shardscope run --layers 8");
+  EXPECT_TRUE(p["gpu"].is_null());
+  EXPECT_TRUE(p["cuda"].is_null());
+  EXPECT_TRUE(p["nccl"].is_null());
+  EXPECT_FALSE(p["git"].get<std::string>().empty());
+  EXPECT_NE(p["cpu"].get<std::string>().find("core"), std::string::npos) << p["cpu"];
+#if defined(SHARDSCOPE_WITH_BLAS)
+  EXPECT_NE(p["blas"].get<std::string>().find("OpenBLAS"), std::string::npos) << p["blas"];
+#else
+  EXPECT_EQ(p["blas"], "none (loops)");
+#endif
+#if defined(SHARDSCOPE_WITH_MPI)
+  EXPECT_TRUE(p["mpi"].is_string());
+  EXPECT_EQ(p["mpi"].get<std::string>().find('\n'), std::string::npos);
+  EXPECT_EQ(p["mpi"].get<std::string>().find('\0'), std::string::npos);
+#else
+  EXPECT_TRUE(p["mpi"].is_null());
+#endif
+  EXPECT_EQ(provenance("x", "NVIDIA H200", "13.0", "2.28.9")["gpu"], "NVIDIA H200");
+}
+
+TEST(Provenance, CommandLineQuoting) {
+  const char* argv[] = {"shardscope", "run", "--json", "my results.json", "--split", "4,4", "it's"};
+  EXPECT_EQ(join_command_line(7, argv), "shardscope run --json 'my results.json' --split 4,4 'it'\\''s'");
+}
+
+}  // namespace
+}  // namespace shardscope

@@ -1,0 +1,310 @@
+// Pipeline stages in one process (DESIGN §4): S = 1 with the self communicator (every
+// schedule, numerics against one rank on the full batch), and every stage of S = 2..4
+// played alone with the fake communicator: the saved-tensor counts and bytes measured
+// equal the walk's prediction exactly, and the seed's last-stage numbers come out.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "harness/comm/fake_comm.hpp"
+#include "harness/run/pipeline_predict.hpp"
+#include "harness/run/pipeline_stage.hpp"
+#include "harness/run/run_pipeline.hpp"
+#include "shardscope/check.hpp"
+#include "support/dp_harness.hpp"
+
+namespace shardscope {
+namespace {
+
+using testing::any_nonzero;
+using testing::worst_violation;
+
+RunConfig pipeline_config(const std::string& schedule, int microbatches, int chunks, ModelConfig model) {
+  RunConfig cfg;
+  cfg.model = model;
+  cfg.schedule = schedule;
+  cfg.microbatches = microbatches;
+  cfg.chunks = chunks;
+  cfg.steps = 1;
+  cfg.seed = 5;
+  return cfg;
+}
+
+ModelConfig model_of(int layers, int width, int batch, Activation act, Loss loss) {
+  ModelConfig m;
+  m.layers = layers;
+  m.width = width;
+  m.batch = batch;
+  m.activation = act;
+  m.loss = loss;
+  return m;
+}
+
+struct Measured {
+  int peak_live = 0;
+  std::int64_t peak_bytes = 0;
+  int total = 0;
+  int before_first_backward = 0;
+  std::int64_t resting = 0;
+  CategoryBytes resting_by_category;
+};
+
+Measured run_stage(const RunConfig& cfg, Backend& backend, Communicator& comm) {
+  PipelineStage stage(cfg, backend, comm);
+  stage.setup();
+  for (int i = 0; i < cfg.steps; ++i) {
+    stage.prepare_batch(i);
+    stage.step();
+  }
+  Measured r;
+  r.peak_live = stage.saved().peak_live();
+  r.peak_bytes = stage.saved().peak_live_bytes();
+  r.total = stage.saved().total();
+  r.before_first_backward = stage.saved().before_first_backward();
+  r.resting = backend.tracker().current_total();
+  r.resting_by_category = backend.tracker().current();
+  return r;
+}
+
+bool schedule_fits(const std::string& schedule, int stages, int microbatches, int chunks) {
+  if (schedule == "interleaved-1f1b") return chunks >= 2 && microbatches % stages == 0;
+  return chunks == 1;
+}
+
+// ---- the seed -------------------------------------------------------------------------
+
+struct SeedRow {
+  std::string schedule;
+  int microbatches, peak_live, before_first_backward, total;
+};
+
+std::vector<SeedRow> seed_rows() {
+  std::vector<SeedRow> rows;
+  if (const char* dir = std::getenv("SHARDSCOPE_REFERENCE_DIR")) {
+    std::ifstream in(std::string(dir) + "/seed-3.13.json");
+    if (in) {
+      const nlohmann::json doc = nlohmann::json::parse(in);
+      for (const auto& r : doc.at("pipeline").at("last_stage"))
+        rows.push_back({r.at("schedule").get<std::string>(), r.at("microbatches").get<int>(),
+                        r.at("peak_live").get<int>(), r.at("saved_before_first_backward").get<int>(),
+                        r.at("saved_total").get<int>()});
+    }
+  }
+  if (rows.empty())  // the same numbers, when run outside ctest
+    rows = {{"gpipe", 2, 10, 10, 10}, {"gpipe", 4, 20, 20, 20}, {"gpipe", 8, 40, 40, 40},
+            {"1f1b", 2, 5, 5, 10},    {"1f1b", 4, 5, 5, 20},    {"1f1b", 8, 5, 5, 40}};
+  return rows;
+}
+
+ModelConfig seed_model() { return model_of(2, 32, 8, Activation::relu, Loss::mse); }
+
+TEST(pipeline, SeedLastStageMatchesTheReference) {
+  const std::vector<SeedRow> rows = seed_rows();
+  ASSERT_EQ(rows.size(), 6u);
+  for (const SeedRow& row : rows) {
+    SCOPED_TRACE(row.schedule + " M=" + std::to_string(row.microbatches));
+    RunConfig cfg = pipeline_config(row.schedule, row.microbatches, 1, seed_model());
+    cfg.steps = 2;
+    CpuBackend backend;
+    auto comm = make_fake_communicator(2, 1, &backend);
+    const Measured r = run_stage(cfg, backend, *comm);
+    EXPECT_EQ(r.peak_live, row.peak_live);
+    EXPECT_EQ(r.before_first_backward, row.before_first_backward);
+    EXPECT_EQ(r.total, row.total);
+    // input, ReLU output (= MSE input) and target per micro-batch, rows B/M
+    const int live_mb = row.schedule == "gpipe" ? row.microbatches : 1;
+    EXPECT_EQ(r.peak_bytes, live_mb * 3 * (8 / row.microbatches) * 32 * 4);
+  }
+}
+
+// ---- measured == predicted, every stage ------------------------------------------------
+
+TEST(pipeline, SavedTensorsEqualTheWalkOnEveryStage) {
+  const std::vector<ModelConfig> models = {model_of(9, 8, 8, Activation::relu, Loss::mse),
+                                           model_of(9, 8, 8, Activation::none, Loss::sum),
+                                           model_of(8, 6, 8, Activation::none, Loss::mse),
+                                           model_of(8, 6, 8, Activation::relu, Loss::sum)};
+  int checked = 0;
+  for (const ModelConfig& model : models)
+    for (int S = 1; S <= 4; ++S)
+      for (const std::string& schedule : schedule_names())
+        for (int M : {1, 2, 3, 4, 6, 8})
+          for (int v : {1, 2}) {
+            if (!schedule_fits(schedule, S, M, v)) continue;
+            const RunConfig cfg = pipeline_config(schedule, M, v, model);
+            const PipelineLayout layout = make_pipeline_layout(cfg, S);
+            for (int s = 0; s < S; ++s) {
+              SCOPED_TRACE(schedule + " S=" + std::to_string(S) + " s=" + std::to_string(s) + " M=" +
+                           std::to_string(M) + " v=" + std::to_string(v) + " layers=" +
+                           std::to_string(model.layers) + (model.activation == Activation::relu ? " relu" : " none") +
+                           (model.loss == Loss::mse ? " mse" : " sum"));
+              CpuBackend backend;
+              auto comm = S == 1 ? make_communicator(CommOptions{"self", 0, 0}, &backend)
+                                 : make_fake_communicator(S, s, &backend);
+              const Measured r = run_stage(cfg, backend, *comm);
+              const SavedPrediction p = predict_saved(cfg.model, layout, s);
+              EXPECT_EQ(r.peak_live, p.peak_live_tensors);
+              EXPECT_EQ(r.peak_bytes, p.peak_live_bytes);
+              EXPECT_EQ(r.total, p.total_tensors);
+              EXPECT_EQ(r.before_first_backward, p.before_first_backward);
+              // At rest: params, grads, AdamW state of its layers; every transient freed.
+              EXPECT_EQ(r.resting, predict_resting_total(cfg.model, layout, s));
+              EXPECT_EQ(r.resting_by_category[Category::activation], 0);
+              EXPECT_EQ(r.resting_by_category[Category::comm], 0);
+              EXPECT_EQ(r.resting_by_category[Category::temp], 0);
+              ++checked;
+            }
+          }
+  EXPECT_GT(checked, 500);
+}
+
+// ---- numerics at S = 1 -----------------------------------------------------------------
+
+TEST(pipeline, OneStageTrainsLikeTheFullBatch) {
+  for (const ModelConfig& model : {model_of(4, 7, 8, Activation::relu, Loss::mse),
+                                   model_of(4, 7, 8, Activation::none, Loss::sum)})
+    for (const std::string& schedule : schedule_names())
+      for (int M : {1, 3, 8}) {
+        const int v = schedule == "interleaved-1f1b" ? 2 : 1;
+        RunConfig cfg = pipeline_config(schedule, M, v, model);
+        cfg.steps = 2;
+        SCOPED_TRACE(schedule + " M=" + std::to_string(M) + (model.activation == Activation::relu ? " relu" : " none"));
+        CpuBackend backend;
+        auto comm = make_communicator(CommOptions{"self", 0, 0}, &backend);
+        PipelineStage stage(cfg, backend, *comm);
+        stage.setup();
+        std::vector<float> losses;
+        for (int i = 0; i < cfg.steps; ++i) {
+          stage.prepare_batch(i);
+          losses.push_back(stage.step());
+        }
+        const HostState ref = testing::reference_training(cfg, 1);
+        ASSERT_TRUE(any_nonzero(ref.grads));
+        std::vector<float> params, grads, exp_avg, exp_avg_sq;
+        for (int c = 0; c < v; ++c) {  // chunk c holds virtual stage c: layers in order
+          for (auto [dst, src] : {std::pair{&params, stage.download_params(c)}, std::pair{&grads, stage.download_grads(c)},
+                                  std::pair{&exp_avg, stage.download_exp_avg(c)},
+                                  std::pair{&exp_avg_sq, stage.download_exp_avg_sq(c)}})
+            dst->insert(dst->end(), src.begin(), src.end());
+        }
+        ASSERT_TRUE(any_nonzero(grads));
+        std::size_t at = 0;
+        EXPECT_EQ(worst_violation(grads, ref.grads, 1e-5, 1e-7, &at), 0.0) << "grads at " << at;
+        EXPECT_EQ(worst_violation(params, ref.params, 1e-5, 1e-7, &at), 0.0) << "params at " << at;
+        EXPECT_EQ(worst_violation(exp_avg, ref.exp_avg, 1e-5, 1e-7, &at), 0.0) << "exp_avg at " << at;
+        EXPECT_EQ(worst_violation(exp_avg_sq, ref.exp_avg_sq, 1e-5, 1e-9, &at), 0.0) << "exp_avg_sq at " << at;
+        EXPECT_NE(losses.back(), 0.0f);
+      }
+}
+
+// ---- refusals, header, record ----------------------------------------------------------
+
+TEST(pipeline, RefusesWhatCannotRun) {
+  const ModelConfig model = model_of(4, 8, 4, Activation::relu, Loss::mse);
+  auto refuses = [&](RunConfig cfg, int S, const std::string& needle) {
+    SCOPED_TRACE(needle);
+    try {
+      validate_pipeline(cfg, S);
+      ADD_FAILURE() << "accepted";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refuses(pipeline_config("1f1b", 5, 1, model), 2, "--microbatches 5 exceeds --batch 4");
+  refuses(pipeline_config("1f1b", 0, 1, model_of(8, 8, 2, Activation::none, Loss::sum)), 3, "exceeds --batch 2");
+  RunConfig bad = pipeline_config("gpipe", 2, 1, model);
+  bad.split = {1, 2, 1};
+  refuses(bad, 2, "--split: expected 2 entries");
+  bad.split = {4, 0};
+  refuses(bad, 2, "--split: every virtual stage needs at least 1 layer");
+  bad.split = {2, 3};
+  refuses(bad, 2, "expected --layers 4");
+  refuses(pipeline_config("interleaved-1f1b", 4, 2, model), 4, "--layers 4");
+  refuses(pipeline_config("interleaved-1f1b", 3, 2, model), 2, "multiple of the stage count");
+  refuses(pipeline_config("1f1b", 2, 2, model), 2, "--chunks 2");
+  refuses(pipeline_config("nope", 2, 1, model), 2, "--schedule");
+  EXPECT_NO_THROW(validate_pipeline(pipeline_config("zb-h1", 4, 1, model), 4));
+  RunConfig good = pipeline_config("interleaved-1f1b", 2, 2, model_of(5, 8, 4, Activation::none, Loss::sum));
+  good.split = {2, 1, 1, 1};
+  EXPECT_NO_THROW(validate_pipeline(good, 2));
+}
+
+TEST(pipeline, SplitsLikeTensorSplit) {
+  EXPECT_EQ(tensor_split_sizes(8, 3), (std::vector<int>{3, 3, 2}));
+  EXPECT_EQ(tensor_split_sizes(7, 7), (std::vector<int>{1, 1, 1, 1, 1, 1, 1}));
+  const RunConfig cfg = pipeline_config("interleaved-1f1b", 4, 2, model_of(9, 8, 10, Activation::none, Loss::sum));
+  const nlohmann::json h = pipeline_header(cfg, 2);
+  EXPECT_EQ(h["kind"], "pipeline");
+  EXPECT_EQ(h["world"], 2);
+  EXPECT_EQ(h["microbatches"], 4);
+  EXPECT_EQ(h["chunks"], 2);
+  EXPECT_EQ(h["split"], nlohmann::json({3, 2, 2, 2}));
+  EXPECT_EQ(h["microbatch_rows"], nlohmann::json({3, 3, 2, 2}));
+  EXPECT_EQ(h["model"]["layers"], 9);
+  RunConfig dflt = cfg;
+  dflt.schedule = "1f1b";
+  dflt.chunks = 1;
+  dflt.microbatches = 0;  // one per stage
+  EXPECT_EQ(pipeline_header(dflt, 3)["microbatches"], 3);
+}
+
+TEST(pipeline, RecordCarriesMeasuredAndPredicted) {
+  RunConfig cfg = pipeline_config("1f1b", 8, 1, seed_model());
+  cfg.steps = 3;
+  CpuBackend backend;
+  auto comm = make_fake_communicator(2, 1, &backend);
+  const nlohmann::json r = run_pipeline(cfg, backend, *comm);
+  EXPECT_EQ(r["stage"], 1);
+  EXPECT_EQ(r["layers"], nlohmann::json({1, 1}));
+  EXPECT_EQ(r["saved"]["peak_live_tensors"], 5);
+  EXPECT_EQ(r["saved"]["peak_live_bytes"], 384);
+  EXPECT_EQ(r["saved"]["total_tensors"], 40);
+  EXPECT_EQ(r["saved"]["before_first_backward"], 5);
+  EXPECT_EQ(r["predicted"]["peak_live_tensors"], 5);
+  EXPECT_EQ(r["predicted"]["peak_live_bytes"], 384);
+  EXPECT_EQ(r["predicted"]["peak_live_microbatches"], 1);
+  EXPECT_EQ(r["resting"]["total"], r["predicted"]["resting_total"]);
+  EXPECT_EQ(r["resting"]["total"], 16 * (32 * 32 + 32) + 8);
+  EXPECT_EQ(r["action_ms"].size(), 16u);
+  EXPECT_EQ(r["loss"].size(), 3u);
+  EXPECT_TRUE(r["bubble_fraction_replayed"].is_null());
+  EXPECT_DOUBLE_EQ(r["bubble_fraction_theory"].get<double>(), 1.0 / 9.0);
+  // Stage 1 receives 8 activations and sends 8 gradients of one row each.
+  EXPECT_EQ(r["p2p"]["recv_bytes"], 8 * 32 * 4);
+  EXPECT_EQ(r["p2p"]["sent_bytes"], 8 * 32 * 4);
+  EXPECT_EQ(r["p2p"]["peak_comm_bytes"], 0);  // the last stage receives no gradient
+  EXPECT_NE(r["peak"]["where"].get<std::string>().find("(m="), std::string::npos) << r["peak"]["where"];
+  EXPECT_TRUE(r["step_ms"].is_object());
+
+  nlohmann::json one = nlohmann::json::array({r});  // emulated: one stage of two
+  EXPECT_TRUE(fill_replayed_bubbles(cfg, one).is_null());
+  EXPECT_TRUE(one[0]["bubble_fraction_replayed"].is_null());
+}
+
+TEST(pipeline, ReplayedBubbleFromActionTimes) {
+  for (const std::string& schedule : {std::string("gpipe"), std::string("1f1b"), std::string("zb-h1")}) {
+    const int S = 3, M = 6;
+    RunConfig cfg = pipeline_config(schedule, M, 1, model_of(3, 4, 6, Activation::none, Loss::sum));
+    const Schedule sched = make_schedule(schedule, S, M, 1);
+    nlohmann::json stages = nlohmann::json::array();
+    for (int s = S - 1; s >= 0; --s) {  // any order
+      nlohmann::json actions = nlohmann::json::array();
+      for (const Action& a : sched.actions[s])
+        actions.push_back({{"action", a.kind == ActionKind::F ? "F" : a.kind == ActionKind::B ? "B" : "W"},
+                           {"microbatch", a.microbatch},
+                           {"chunk", a.chunk},
+                           {"ms", 1.0}});
+      stages.push_back({{"stage", s}, {"world", S}, {"action_ms", actions}, {"bubble_fraction_replayed", nullptr}});
+    }
+    const nlohmann::json makespan = fill_replayed_bubbles(cfg, stages);
+    ASSERT_TRUE(makespan.is_number()) << schedule;
+    for (const auto& st : stages)
+      EXPECT_NEAR(st["bubble_fraction_replayed"].get<double>(), bubble_theory(sched), 1e-12) << schedule;
+  }
+}
+
+}  // namespace
+}  // namespace shardscope

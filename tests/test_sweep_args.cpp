@@ -1,0 +1,164 @@
+// The sweep's plan: presets, pass-through flags overriding them, which families run,
+// and flag validation (DESIGN §6). Pure: nothing is launched.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "harness/cli/sweep_plan.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+namespace {
+
+using Args = std::vector<std::string>;
+
+bool contains_pair(const Args& args, const std::string& name, const std::string& value) {
+  for (std::size_t i = 0; i + 1 < args.size(); ++i)
+    if (args[i] == name && args[i + 1] == value) return true;
+  return false;
+}
+
+bool contains(const Args& args, const std::string& token) {
+  return std::find(args.begin(), args.end(), token) != args.end();
+}
+
+std::vector<std::string> labels(const std::vector<SweepJob>& jobs) {
+  std::vector<std::string> out;
+  for (const SweepJob& j : jobs) out.push_back(j.label);
+  return out;
+}
+
+// The UsageError message of planning `args` ("" when it plans fine).
+std::string usage_error(const Args& args) {
+  try {
+    plan_sweep(args);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+TEST(SweepPlan, NoArgumentsRunsTheSeedsExperiment) {
+  const std::vector<SweepJob> jobs = plan_sweep(Args{});
+  ASSERT_EQ(jobs.size(), 18u);  // (ddp, zero1, 2 x zero2, 2 x zero3) x W = 2, 4; 2 schedules x M = 2, 4, 8
+  EXPECT_EQ(jobs[0].run_args, (Args{"--strategy", "ddp", "--layers", "8", "--width", "256", "--batch", "32",
+                                    "--activation", "none", "--loss", "sum", "--steps", "3"}));
+  EXPECT_EQ(jobs[0].world, 2);
+  EXPECT_EQ(jobs[0].kind, "data_parallel");
+  const std::vector<std::string> l = labels(jobs);
+  const std::vector<std::string> first_world = {"ddp W=2", "zero1 W=2", "zero2 W=2 units=all", "zero2 W=2 1 layer/unit",
+                                                "zero3 W=2 units=all", "zero3 W=2 1 layer/unit"};
+  EXPECT_EQ(std::vector<std::string>(l.begin(), l.begin() + 6), first_world);
+  EXPECT_EQ(jobs[6].world, 4);
+  EXPECT_EQ(l[12], "gpipe S=2 M=2");
+  EXPECT_EQ(l[17], "1f1b S=2 M=8");
+  EXPECT_TRUE(contains_pair(jobs[3].run_args, "--units", "1"));
+  EXPECT_EQ(jobs[3].config["layers_per_unit"], 1);
+  EXPECT_EQ(jobs[2].config["layers_per_unit"], "all");
+  EXPECT_EQ(jobs[17].run_args, (Args{"--schedule", "1f1b", "--microbatches", "8", "--layers", "2", "--width", "32",
+                                     "--batch", "8", "--activation", "relu", "--loss", "mse", "--steps", "2"}));
+  EXPECT_EQ(jobs[17].config["microbatches"], 8);
+  EXPECT_EQ(jobs[17].config["args"], jobs[17].run_args);
+}
+
+TEST(SweepPlan, ExplicitFlagsReplaceAPresetsValues) {
+  const std::vector<SweepJob> jobs = plan_sweep(Args{"--layers", "4", "--width=64", "--tf32", "--backend", "cpu"});
+  ASSERT_EQ(jobs.size(), 18u);
+  for (const SweepJob& job : jobs) {
+    EXPECT_TRUE(contains_pair(job.run_args, "--layers", "4")) << job.label;
+    EXPECT_FALSE(contains_pair(job.run_args, "--layers", "8") || contains_pair(job.run_args, "--layers", "2"));
+    EXPECT_TRUE(contains(job.run_args, "--width=64")) << job.label;  // verbatim
+    EXPECT_FALSE(contains(job.run_args, "--width")) << job.label;    // the preset's is gone
+    EXPECT_TRUE(contains(job.run_args, "--tf32"));
+    EXPECT_TRUE(contains_pair(job.run_args, "--backend", "cpu"));
+    EXPECT_EQ(std::count(job.run_args.begin(), job.run_args.end(), "--layers"), 1);
+  }
+  // Unreplaced preset values stay.
+  EXPECT_TRUE(contains_pair(jobs[0].run_args, "--batch", "32"));
+  EXPECT_TRUE(contains_pair(jobs[17].run_args, "--batch", "8"));
+}
+
+TEST(SweepPlan, ExplicitUnitsReplaceTheUnitComparison) {
+  const std::vector<SweepJob> jobs = plan_sweep(Args{"--preset", "seed-dp", "--units", "2", "--worlds", "4"});
+  ASSERT_EQ(jobs.size(), 4u);
+  for (const SweepJob& job : jobs) {
+    EXPECT_EQ(job.world, 4);
+    EXPECT_EQ(std::count(job.run_args.begin(), job.run_args.end(), "--units"), 1) << job.label;
+    if (job.config["strategy"] == "zero2" || job.config["strategy"] == "zero3")
+      EXPECT_EQ(job.config["layers_per_unit"], 2) << job.label;
+    else  // --units has no effect on ddp and zero1: their label does not claim one
+      EXPECT_FALSE(job.config.contains("layers_per_unit")) << job.label;
+  }
+  EXPECT_EQ(jobs[3].label, "zero3 W=4 2 layers/unit");
+}
+
+TEST(SweepPlan, StrategiesAloneRunDataParallelWithoutPresetValues) {
+  const std::vector<SweepJob> jobs = plan_sweep(Args{"--strategies", "ddp,zero3"});
+  EXPECT_EQ(labels(jobs), (std::vector<std::string>{"ddp W=2", "zero3 W=2", "ddp W=4", "zero3 W=4"}));
+  EXPECT_EQ(jobs[1].run_args, (Args{"--strategy", "zero3"}));
+}
+
+TEST(SweepPlan, SchedulesAloneRunPipelineOnly) {
+  std::vector<SweepJob> jobs = plan_sweep(Args{"--schedules", "1f1b"});
+  EXPECT_EQ(labels(jobs), (std::vector<std::string>{"1f1b S=2", "1f1b S=4"}));
+  EXPECT_EQ(jobs[0].run_args, (Args{"--schedule", "1f1b"}));
+  jobs = plan_sweep(Args{"--schedules", "zb-h1,interleaved-1f1b", "--microbatches", "4", "--worlds", "2", "--chunks", "2"});
+  EXPECT_EQ(labels(jobs), (std::vector<std::string>{"zb-h1 S=2 M=4 chunks=2", "interleaved-1f1b S=2 M=4 chunks=2"}));
+  EXPECT_EQ(jobs[1].run_args, (Args{"--schedule", "interleaved-1f1b", "--microbatches", "4", "--chunks", "2"}));
+}
+
+TEST(SweepPlan, PresetsChooseTheirFamilies) {
+  EXPECT_EQ(plan_sweep(Args{"--preset", "seed-pp"}).size(), 6u);
+  EXPECT_EQ(plan_sweep(Args{"--preset", "seed-dp"}).size(), 12u);
+  EXPECT_EQ(plan_sweep(Args{"--preset", "seed-dp", "--preset", "seed-pp"}).size(), 18u);
+  // A preset's list replaced by an explicit one.
+  const std::vector<SweepJob> jobs = plan_sweep(Args{"--preset", "seed-dp", "--strategies", "zero2"});
+  EXPECT_EQ(labels(jobs), (std::vector<std::string>{"zero2 W=2 units=all", "zero2 W=2 1 layer/unit",
+                                                    "zero2 W=4 units=all", "zero2 W=4 1 layer/unit"}));
+  EXPECT_TRUE(contains_pair(jobs[0].run_args, "--layers", "8"));
+}
+
+TEST(SweepPlan, SweepFlagsAreParsed) {
+  const SweepOptions o = parse_sweep_args(Args{"--out", "d", "--emulate", "--mpirun=/opt/mpirun", "--oversubscribe",
+                                              "--timeout", "5", "--worlds", "1,3", "--worlds=8", "--seed", "-1"});
+  EXPECT_EQ(o.out, "d");
+  EXPECT_TRUE(o.emulate);
+  EXPECT_EQ(o.mpirun, "/opt/mpirun");
+  EXPECT_TRUE(o.oversubscribe);
+  EXPECT_EQ(o.timeout_s, 5);
+  EXPECT_EQ(o.worlds, (std::vector<int>{1, 3, 8}));
+  ASSERT_EQ(o.pass.size(), 1u);
+  EXPECT_EQ(o.pass[0].name, "--seed");
+  EXPECT_EQ(o.pass[0].tokens, (Args{"--seed", "-1"}));
+  EXPECT_TRUE(sweep_wants_help(Args{"--worlds", "2", "--help"}));
+  EXPECT_FALSE(sweep_wants_help(Args{"--worlds", "2"}));
+  EXPECT_NE(sweep_usage().find("--preset"), std::string::npos);
+}
+
+TEST(SweepPlan, BadFlagsAreRefusedNamingTheFlag) {
+  EXPECT_EQ(usage_error({"--worlds", "2,x"}), "--worlds: 'x' is not a positive integer");
+  EXPECT_EQ(usage_error({"--worlds", "0"}), "--worlds: '0' is not a positive integer");
+  EXPECT_EQ(usage_error({"--worlds", "2,,4"}), "--worlds: '2,,4' has an empty item; give a comma-separated list");
+  EXPECT_EQ(usage_error({"--worlds"}), "--worlds: needs a value");
+  EXPECT_EQ(usage_error({"--strategies", "ddp,fsdp"}),
+            "--strategies: 'fsdp' is not a strategy; allowed: ddp, zero1, zero2, zero3");
+  EXPECT_EQ(usage_error({"--schedules", "pipedream"}),
+            "--schedules: 'pipedream' is not a schedule; allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1");
+  EXPECT_EQ(usage_error({"--preset", "seed"}), "--preset: 'seed' is not a preset; allowed: seed-dp, seed-pp");
+  EXPECT_EQ(usage_error({"--microbatches", "two"}), "--microbatches: 'two' is not a positive integer");
+  EXPECT_EQ(usage_error({"--timeout", "-5"}), "--timeout: '-5' is not a positive integer");
+  EXPECT_EQ(usage_error({"--strategy", "zero3"}), "--strategy: use --strategies in a sweep");
+  EXPECT_EQ(usage_error({"--schedule", "1f1b"}), "--schedule: use --schedules in a sweep");
+  EXPECT_NE(usage_error({"--json", "x.json"}).find("--out DIR"), std::string::npos);
+  EXPECT_NE(usage_error({"--emulate", "2:0"}).find("--emulate: takes no value"), std::string::npos);
+  EXPECT_NE(usage_error({"--oversubscribe=1"}).find("--oversubscribe: takes no value"), std::string::npos);
+  EXPECT_EQ(usage_error({"zero3"}), "sweep: unexpected argument 'zero3'; flags are written --name value");
+  EXPECT_NE(usage_error({"--preset", "seed-dp", "--microbatches", "4"}).find("--microbatches: applies to pipeline"),
+            std::string::npos);
+  EXPECT_EQ(usage_error({"--strategies", "ddp", "--layers", "4"}), "");
+}
+
+}  // namespace
+}  // namespace shardscope

@@ -1,0 +1,177 @@
+// The text tables: key figures appear, multiples of 4P are right, differing ranks get
+// their own rows, missing fields print "-".
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+
+#include "harness/report/table.hpp"
+#include "harness/report/text_table.hpp"
+
+namespace shardscope {
+namespace {
+
+using nlohmann::json;
+
+json seed_model() {
+  return {{"layers", 8}, {"width", 256}, {"params", 526336}, {"param_tensors", 16},
+          {"param_bytes", 2105344}, {"activation", "none"}, {"loss", "sum"}, {"batch", 32}};
+}
+
+json dp_rank(int rank, std::int64_t param, std::int64_t grad, std::int64_t optim, std::int64_t peak) {
+  const std::int64_t total = param + grad + optim;
+  return {{"rank", rank},
+          {"resting", {{"total", total}, {"param", param}, {"param_unsharded", 0}, {"grad", grad},
+                       {"grad_unsharded", 0}, {"optim", optim}, {"activation", 0}, {"comm", 0}, {"temp", 0}}},
+          {"peak", {{"total", peak}, {"phase", "backward"}, {"where", "layer 7"}, {"by_category", {{"param", param}}}}},
+          {"predicted", {{"resting_total", total}, {"peak_total", peak}, {"comm_bytes", 2105344}}},
+          {"pool", nullptr},
+          {"comm", {{"all_reduce", {{"calls", 1}, {"bytes", 2105344}, {"ms", 1.0}, {"busbw_gbps", 2.1}}},
+                    {"broadcast", {{"calls", 0}, {"bytes", 0}, {"ms", 0.0}, {"busbw_gbps", 0.0}}}}},
+          {"step_ms", {{"median", 12.5}, {"min", 12.0}}}};
+}
+
+json dp_run(const std::string& strategy, json ranks) {
+  return {{"kind", "data_parallel"}, {"strategy", strategy}, {"world", 2}, {"units", 1},
+          {"layers_per_unit", "all"}, {"prefetch", 1}, {"steps", 3}, {"timed_steps", 2},
+          {"model", seed_model()}, {"ranks", std::move(ranks)}};
+}
+
+json document() {
+  json ddp = dp_run("ddp", {dp_rank(0, 2105344, 2105344, 4210752, 10526720),
+                            dp_rank(1, 2105344, 2105344, 4210752, 10526720)});
+  // zero1 at W = 2 with an uneven partition: rank 1 owns less optimizer state.
+  json zero1 = dp_run("zero1", {dp_rank(0, 2105344, 2105344, 2105376, 9000000),
+                                dp_rank(1, 2105344, 2105344, 2105344, 9000000)});
+  zero1["ranks"][1]["predicted"]["resting_total"] = 6316000;  // a wrong prediction: marked "!"
+  json stage = {{"stage", 1}, {"rank", 1}, {"layers", {1, 1}},
+                {"saved", {{"peak_live_tensors", 5}, {"peak_live_bytes", 384}, {"total_tensors", 40},
+                           {"before_first_backward", 5}}},
+                {"predicted", {{"peak_live_tensors", 5}, {"peak_live_bytes", 384}}},
+                {"resting", {{"total", 21140}}}, {"peak", {{"total", 23456}}},
+                {"busy_ms", 0.25}, {"step_ms", {{"median", 1.5}, {"min", 1.25}}},
+                {"bubble_fraction", 0.125}, {"bubble_fraction_replayed", 0.1},
+                {"bubble_fraction_theory", 1.0 / 9.0}};
+  json pipe = {{"kind", "pipeline"}, {"schedule", "1f1b"}, {"world", 2}, {"microbatches", 8}, {"chunks", 1},
+               {"model", {{"layers", 2}, {"width", 32}, {"params", 2112}, {"param_tensors", 4},
+                          {"param_bytes", 8448}, {"activation", "relu"}, {"loss", "mse"}, {"batch", 8}}},
+               {"stages", json::array({stage})}};
+  json skipped = {{"kind", "pipeline"}, {"skipped", true}, {"schedule", "gpipe"}, {"world", 4},
+                  {"microbatches", 2}, {"reason", "--layers 2 cannot fill 4 stages"}};
+  return {{"schema", "shardscope/1"}, {"version", "0.1.0"}, {"backend", "cpu"}, {"comm", "mpi"},
+          {"emulated", false}, {"runs", {ddp, zero1, pipe, skipped}}};
+}
+
+std::string render(const json& doc) {
+  std::ostringstream os;
+  print_tables(doc, os);
+  return os.str();
+}
+
+// The line of `text` containing `needle` ("" when none).
+std::string line_with(const std::string& text, const std::string& needle) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.find(needle) != std::string::npos) return line;
+  return {};
+}
+
+int count_lines_with(const std::string& text, const std::string& needle) {
+  std::istringstream in(text);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += line.find(needle) != std::string::npos;
+  return n;
+}
+
+TEST(Table, HeaderNamesModelBackendAndComm) {
+  const std::string out = render(document());
+  EXPECT_NE(out.find("8 x 256, activation none, loss sum, batch 32/rank, P = 526,336 params, "
+                     "4P = 2,105,344 B"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("backend cpu, comm mpi"), std::string::npos);
+  EXPECT_EQ(out.find("emulated"), std::string::npos);
+  EXPECT_NE(out.find("× 4P"), std::string::npos);
+}
+
+TEST(Table, DdpRestsAtFourTimesTheWeightsOnOneRow) {
+  const std::string out = render(document());
+  const std::string ddp = line_with(out, "ddp ");
+  ASSERT_FALSE(ddp.empty()) << out;
+  EXPECT_NE(ddp.find("8,421,440"), std::string::npos) << ddp;
+  EXPECT_NE(ddp.find("4.000"), std::string::npos) << ddp;
+  EXPECT_NE(ddp.find("all ranks"), std::string::npos) << ddp;
+  EXPECT_NE(ddp.find("4,210,752"), std::string::npos) << ddp;
+  EXPECT_EQ(ddp.find('!'), std::string::npos) << ddp;
+  // Identical ranks: one row in each of the two data-parallel tables.
+  EXPECT_EQ(count_lines_with(out, "ddp "), 2) << out;
+}
+
+TEST(Table, DifferingRanksGetTheirOwnRows) {
+  const std::string out = render(document());
+  EXPECT_EQ(count_lines_with(out, "zero1"), 4) << out;  // 2 ranks x 2 tables
+  const std::string r0 = line_with(out, "rank 0");
+  const std::string r1 = line_with(out, "rank 1");
+  EXPECT_NE(r0.find("6,316,064"), std::string::npos) << r0;
+  EXPECT_NE(r0.find("3.000"), std::string::npos) << r0;  // 6,316,064 / 2,105,344
+  EXPECT_NE(r1.find("6,316,032"), std::string::npos) << r1;
+  EXPECT_NE(r1.find("6,316,000 !"), std::string::npos) << r1;  // mismatched prediction
+  EXPECT_EQ(line_with(out, "zero1").find("all ranks"), std::string::npos);
+}
+
+TEST(Table, PeakCommunicationAndTime) {
+  const std::string out = render(document());
+  const std::string peak = line_with(out, "10,526,720");
+  ASSERT_FALSE(peak.empty()) << out;
+  EXPECT_NE(peak.find("5.000"), std::string::npos) << peak;  // 10,526,720 / 2,105,344
+  EXPECT_NE(peak.find("backward"), std::string::npos);
+  EXPECT_NE(peak.find("layer 7"), std::string::npos);
+  EXPECT_NE(peak.find("all_reduce"), std::string::npos);
+  EXPECT_NE(peak.find("2.10"), std::string::npos);
+  EXPECT_NE(peak.find("12.500"), std::string::npos);
+}
+
+TEST(Table, PipelineStageRowAndSkipped) {
+  const std::string out = render(document());
+  EXPECT_NE(out.find("pipeline, S = 2 stages: 2 x 32, activation relu, loss mse, batch 8,"), std::string::npos)
+      << out;
+  const std::string stage = line_with(out, "5 / 40 / 5");
+  ASSERT_FALSE(stage.empty()) << out;
+  EXPECT_EQ(stage.rfind("  1f1b", 0), 0u) << stage;
+  EXPECT_NE(stage.find(" 1-1 "), std::string::npos) << stage;
+  EXPECT_NE(stage.find("384"), std::string::npos);
+  EXPECT_NE(stage.find("5 / 384"), std::string::npos);
+  EXPECT_NE(stage.find("12.5% / 10.0% / 11.1%"), std::string::npos) << stage;
+  EXPECT_NE(stage.find("21,140"), std::string::npos);
+  EXPECT_NE(out.find("gpipe S=4 M=2: --layers 2 cannot fill 4 stages"), std::string::npos) << out;
+}
+
+TEST(Table, MissingFieldsPrintDashesAndEmulatedIsSaid) {
+  json doc = {{"schema", "shardscope/1"}, {"backend", "cpu"}, {"comm", "fake"}, {"emulated", true},
+              {"runs", {{{"kind", "data_parallel"}, {"strategy", "zero3"}, {"world", 4},
+                         {"ranks", {{{"rank", 2}, {"resting", {{"total", 100}}},
+                                     {"comm", {{"all_gather", {{"bytes", 64}, {"busbw_gbps", 7702.48}}}}}}}}}}}};
+  const std::string out = render(doc);
+  EXPECT_NE(out.find("emulated (times are compute only)"), std::string::npos) << out;
+  const std::string row = line_with(out, "zero3");
+  EXPECT_NE(row.find("rank 2"), std::string::npos) << out;  // one emulated rank of four
+  EXPECT_NE(row.find("100"), std::string::npos);
+  EXPECT_NE(row.find(" - "), std::string::npos);
+  const std::string peak_row = line_with(out, "all_gather");
+  EXPECT_NE(peak_row.find("zero3"), std::string::npos) << out;
+  EXPECT_EQ(out.find("7702"), std::string::npos) << "an emulated collective has no bandwidth";
+  EXPECT_EQ(render(json::object()), "(no runs)\n");
+}
+
+TEST(TextTable, AlignsColumnsByCodePoints) {
+  TextTable t({"name", "× 4P"}, {Align::left, Align::right});
+  t.add_row({"ddp", "4.000"});
+  t.add_row({"zero3", "1.000"});
+  std::ostringstream os;
+  t.print(os, 0);
+  EXPECT_EQ(os.str(), "name    × 4P\n-----  -----\nddp    4.000\nzero3  1.000\n");
+  EXPECT_EQ(display_width("× 4P"), 4u);
+}
+
+}  // namespace
+}  // namespace shardscope
