@@ -132,14 +132,18 @@ else
   run_tests "cpu unit tests" "$build/tests/shardscope_tests" "$out/unit-tests.log"
 fi
 
-# ---- 4. TODO hooks (filled in once the CLI exists) ----------------------------------------
-# TODO(sweep): run the seed's experiment on the GPU, e.g.
-#   "$build/shardscope" sweep --backend cuda --emulate ... --out "$out/sweep"
-# and copy shardscope.json into $OUT (mind the 8-file limit of what comes back).
-say "sweep: TODO (not run yet)"
-# TODO(torch): run the PyTorch reference for the same model on this GPU (python3 has torch)
-# and compare resting/peak bytes and losses with shardscope's JSON.
-say "torch comparison: TODO (not run yet)"
-
-if [[ $failed -eq 0 ]]; then say "ALL OK"; else say "SOME STEPS FAILED"; fi
-exit "$failed"
+# ---- 4. the table: cuda vs cpu bytes for the seed's configurations, pool vs tracker,
+# outside-pool bytes, and the step time of 8 x 4096 beside PyTorch eager ---------------
+if [[ -x "$build/shardscope" ]]; then
+  if timeout 420 python3 "$root/scripts/gpu_table.py" "$build" "$out" >"$out/table.log" 2>&1; then
+    say "table: written to gpu-table.md"
+  else
+    fail "table (see table.log)"
+    tail -n 5 "$out/table.log" | sed 's/^/gpu-check:   /' | tee -a "$summary"
+  fi
+  rm -rf "$out/runs"
+else
+  fail "table: shardscope was not built"
+fi
+say "done: $( [[ $failed == 0 ]] && echo passed || echo FAILED )"
+exit $failed

@@ -200,6 +200,7 @@ void run_job(RunConfig cfg, MpiSession& mpi) {
   for (const std::string& s : all) list.push_back(nlohmann::json::parse(s));
   if (all.empty()) list.push_back(rank_record);
   run[cfg.pipeline() ? "stages" : "ranks"] = list;
+  if (cfg.pipeline()) run["replayed_makespan_ms"] = fill_replayed_bubbles(cfg, run["stages"]);
   run["backend"] = backend_name;
   run["comm"] = comm->name();
   run["emulated"] = comm->emulated();

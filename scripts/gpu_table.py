@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""The GPU check's table (run by scripts/gpu-check.sh on the lent GPU machine).
+
+1. The seed's data-parallel configurations on cuda, real at W = 1 and emulated
+   (--emulate W:r, every rank) at W = 2 and 4, beside the same runs on the cpu backend:
+   resting bytes per category (must be identical), peaks, the pool's UsedMemCurrent /
+   UsedMemHigh beside the tracker's figures, and the bytes outside the pool.
+2. Step time of a larger model (8 x 4096, batch 64, ReLU, MSE) per strategy on cuda at
+   W = 1, beside PyTorch eager on the same card (bench/torch_mlp.py).
+Usage: gpu_table.py BUILD_DIR OUT_DIR
+"""
+import concurrent.futures as cf
+import json
+import os
+import subprocess
+import sys
+
+build, out = sys.argv[1], sys.argv[2]
+exe = os.path.join(build, "shardscope")
+root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+lines = []
+
+
+def say(s=""):
+    print(s, flush=True)
+    lines.append(s)
+
+
+def run(args, tag):
+    path = os.path.join(out, "runs", tag + ".json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    p = subprocess.run([exe, "run", *args, "--json", path], capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]}
+    return json.load(open(path))["runs"][0]
+
+
+SEED = ["--layers", "8", "--width", "256", "--batch", "32", "--activation", "none", "--loss", "sum", "--steps", "3"]
+CONFIGS = [("ddp", []), ("zero1", []), ("zero2", ["--units", "all"]), ("zero2", ["--units", "1"]),
+           ("zero3", ["--units", "all"]), ("zero3", ["--units", "1"])]
+
+jobs = []
+for strat, extra in CONFIGS:
+    for world in (1, 2, 4):
+        if world == 1 and strat not in ("ddp",):
+            continue
+        for rank in range(world):
+            em = [] if world == 1 else ["--emulate", f"{world}:{rank}"]
+            for backend in ("cuda", "cpu"):
+                args = SEED + ["--strategy", strat, *extra, "--backend", backend, *em]
+                tag = f"{strat}{''.join(extra).replace('--units', '-u')}-w{world}-r{rank}-{backend}"
+                jobs.append(((strat, " ".join(extra) or "-", world, rank, backend), args, tag))
+
+results = {}
+with cf.ThreadPoolExecutor(max_workers=6) as pool:
+    futs = {pool.submit(run, a, t): k for k, a, t in jobs}
+    for f in cf.as_completed(futs):
+        results[futs[f]] = f.result()
+
+say("## Seed configurations: cuda beside cpu (bytes per rank)")
+say("")
+say("| strategy | units | W | rank | cuda resting | cpu resting | same per category | cuda peak | cpu peak | pool used_current | tracker rounded resting | pool used_high | tracker rounded peak | outside pool |")
+say("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+all_same = True
+for (strat, units, world, rank, backend), _, _ in jobs:
+    if backend != "cuda":
+        continue
+    c = results[(strat, units, world, rank, "cuda")]
+    p = results[(strat, units, world, rank, "cpu")]
+    if "error" in c or "error" in p:
+        say(f"| {strat} | {units} | {world} | {rank} | {c.get('error', '')} | {p.get('error', '')} | | | | | | | | |")
+        all_same = False
+        continue
+    cr, pr = c["ranks"][0], p["ranks"][0]
+    same = cr["resting"] == pr["resting"]
+    all_same &= same and cr["peak"]["total"] == pr["peak"]["total"]
+    pool = cr.get("pool") or {}
+    say(f"| {strat} | {units} | {world} | {rank} | {cr['resting']['total']:,} | {pr['resting']['total']:,} | "
+        f"{'yes' if same else 'NO'} | {cr['peak']['total']:,} | {pr['peak']['total']:,} | "
+        f"{pool.get('used_current', '-'):,} | {cr['rounded']['resting_total']:,} | {pool.get('used_high', '-'):,} | "
+        f"{cr['rounded']['peak_total']:,} | {cr.get('outside_pool_bytes')} |")
+say("")
+say(f"cuda resting and peak bytes identical to cpu for every rank: {'yes' if all_same else 'NO'}")
+say("")
+
+BIG = ["--layers", "8", "--width", "4096", "--batch", "64", "--activation", "relu", "--loss", "mse", "--steps", "21",
+       "--backend", "cuda"]
+say("## Step time, 8 x 4096, batch 64, ReLU, MSE, fp32 (TF32 off), W = 1, median of 20 steps after warm-up")
+say("")
+say("| run | step ms (median) | step ms (min) | resting B | peak B |")
+say("|---|---|---|---|---|")
+for strat, extra in CONFIGS:
+    r = run(BIG + ["--strategy", strat, *extra], f"big-{strat}{''.join(extra)}")
+    if "error" in r:
+        say(f"| shardscope {strat} {' '.join(extra)} | {r['error']} | | | |")
+        continue
+    k = r["ranks"][0]
+    say(f"| shardscope {strat} {' '.join(extra)} | {k['step_ms']['median']:.3f} | {k['step_ms']['min']:.3f} | "
+        f"{k['resting']['total']:,} | {k['peak']['total']:,} |")
+t = subprocess.run([sys.executable, os.path.join(root, "bench", "torch_mlp.py"), "--device", "cuda", "--layers", "8",
+                    "--width", "4096", "--batch", "64", "--steps", "21"], capture_output=True, text=True, timeout=300)
+say(f"| torch eager (same model, AdamW) | {t.stdout.strip() or t.stderr.strip().splitlines()[-1:]} | | | |")
+open(os.path.join(out, "gpu-table.md"), "w").write("\n".join(lines) + "\n")

@@ -1,0 +1,145 @@
+// The seed's tables, byte for byte, through the real binary: the default sweep (every
+// rank its own `shardscope run` under mpirun) against tests/reference/seed-3.13.json;
+// single-rank runs and the exit codes of bad input.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+int shell(const std::string& cmd) {
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/shardscope-seed-XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  return d ? d : "/tmp";
+}
+
+nlohmann::json load(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+class SeedTable : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    bin_ = env("SHARDSCOPE_BIN");
+    ref_dir_ = env("SHARDSCOPE_REFERENCE_DIR");
+    if (bin_.empty() || ref_dir_.empty()) GTEST_SKIP() << "run through ctest (SHARDSCOPE_BIN unset)";
+    dir_ = temp_dir();
+  }
+  void TearDown() override {
+    if (!dir_.empty()) shell("rm -rf '" + dir_ + "'");
+  }
+  std::string bin_, ref_dir_, dir_;
+};
+
+TEST_F(SeedTable, DefaultSweepReproducesTheSeedsTablesByteForByte) {
+  if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
+  ASSERT_EQ(shell("'" + bin_ + "' sweep --out '" + dir_ + "' > '" + dir_ + "/out.txt' 2>&1"), 0);
+  const nlohmann::json doc = load(dir_ + "/shardscope.json");
+  const nlohmann::json ref = load(ref_dir_ + "/seed-3.13.json");
+  ASSERT_EQ(doc["schema"], "shardscope/1");
+  int matched = 0;
+  for (const auto& row : ref["data_parallel"]["resting_bytes_per_rank"]) {
+    bool found = false;
+    for (const auto& run : doc["runs"]) {
+      if (run.value("kind", "") != "data_parallel" || run["strategy"] != row["strategy"] ||
+          run["world"] != row["world"] || run["layers_per_unit"] != "all")
+        continue;
+      found = true;
+      ASSERT_EQ(run["ranks"].size(), row["world"].get<std::size_t>());
+      for (const auto& rank : run["ranks"]) {
+        SCOPED_TRACE(row.dump() + " rank " + rank["rank"].dump());
+        EXPECT_EQ(rank["resting"]["total"], row["total"]);
+        EXPECT_EQ(rank["resting"]["param"], row["param"]);
+        EXPECT_EQ(rank["resting"]["grad"], row["grad"]);
+        EXPECT_EQ(rank["resting"]["optim"], row["optim"]);
+        EXPECT_EQ(rank["predicted"]["resting_total"], row["total"]);
+        EXPECT_EQ(rank["peak"]["total"], rank["predicted"]["peak_total"]);
+      }
+      ++matched;
+    }
+    EXPECT_TRUE(found) << row.dump();
+  }
+  EXPECT_EQ(matched, 8);
+  // ZeRO-3 below ZeRO-2 at peak only with one layer per unit (W = 4).
+  auto peak = [&](const std::string& s, const nlohmann::json& units) -> std::int64_t {
+    for (const auto& run : doc["runs"])
+      if (run.value("kind", "") == "data_parallel" && run["strategy"] == s && run["world"] == 4 &&
+          run["layers_per_unit"] == units)
+        return run["ranks"][0]["peak"]["total"].get<std::int64_t>();
+    return -1;
+  };
+  EXPECT_EQ(peak("zero2", "all"), peak("zero3", "all"));
+  EXPECT_GT(peak("zero3", 1), 0);
+  EXPECT_LT(peak("zero3", 1), peak("zero2", 1));
+  // The pipeline table: the last stage's saved tensors.
+  int pipes = 0;
+  for (const auto& row : ref["pipeline"]["last_stage"]) {
+    for (const auto& run : doc["runs"]) {
+      if (run.value("kind", "") != "pipeline" || run["schedule"] != row["schedule"] ||
+          run["microbatches"] != row["microbatches"])
+        continue;
+      const auto& last = run["stages"].back();
+      SCOPED_TRACE(row.dump());
+      EXPECT_EQ(last["stage"], 1);
+      EXPECT_EQ(last["saved"]["peak_live_tensors"], row["peak_live"]);
+      EXPECT_EQ(last["saved"]["before_first_backward"], row["saved_before_first_backward"]);
+      EXPECT_EQ(last["saved"]["total_tensors"], row["saved_total"]);
+      ++pipes;
+    }
+  }
+  EXPECT_EQ(pipes, 6);
+}
+
+TEST_F(SeedTable, SingleRankSeedModelRestsAt8421440) {
+  const std::string json = dir_ + "/one.json";
+  ASSERT_EQ(shell("'" + bin_ + "' run --layers 8 --width 256 --batch 32 --activation none --loss sum "
+                  "--steps 3 --json '" + json + "' > /dev/null"), 0);
+  const nlohmann::json doc = load(json);
+  const auto& r = doc["runs"][0]["ranks"][0];
+  EXPECT_EQ(r["resting"]["total"], 8421440);
+  EXPECT_EQ(r["resting"]["param"], 2105344);
+  EXPECT_EQ(r["resting"]["grad"], 2105344);
+  EXPECT_EQ(r["resting"]["optim"], 4210752);
+  EXPECT_EQ(doc["runs"][0]["timed_steps"], 2);
+  for (const char* field : {"git", "command", "host", "cpu", "blas"})
+    EXPECT_TRUE(doc["provenance"].contains(field)) << field;
+}
+
+TEST_F(SeedTable, BadInputExitsTwoWithOneLine) {
+  const char* bad[] = {"--layers 0", "--width -3", "--batch abc", "--activation tanh", "--loss l1",
+                       "--frobnicate 1", "--strategy zero9", "--units 0", "--emulate 4:4",
+                       "--json /nonexistent-dir/x.json"};
+  for (const char* flags : bad) {
+    const std::string err = dir_ + "/err.txt";
+    EXPECT_EQ(shell("'" + bin_ + "' run " + flags + " > /dev/null 2> '" + err + "'"), 2) << flags;
+    std::ifstream in(err);
+    std::string line;
+    std::getline(in, line);
+    EXPECT_EQ(line.rfind("shardscope: error: ", 0), 0u) << flags << ": " << line;
+  }
+  // A model that cannot fit is refused before allocating: exit 3, both figures named.
+  const std::string err = dir_ + "/oom.txt";
+  EXPECT_EQ(shell("'" + bin_ + "' run --layers 4 --width 200000 > /dev/null 2> '" + err + "'"), 3);
+  std::ifstream in(err);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_NE(line.find("predicted peak"), std::string::npos) << line;
+  EXPECT_NE(line.find("MemAvailable"), std::string::npos) << line;
+}
+
+}  // namespace
