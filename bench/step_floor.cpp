@@ -67,16 +67,25 @@ inline void escape(T* p) {
   asm volatile("" : : "g"(p) : "memory");
 }
 
+// "AMD EPYC (family 26, model 2, 2 logical CPUs)": model name, family and model
+// (virtual machines often print a bare model name), and how many CPUs the kernel lists.
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
-  std::string line;
+  std::string line, name = "unknown", family = "?", model = "?";
+  int cpus = 0;
+  const auto value = [](const std::string& l) {
+    const auto colon = l.find(':');
+    return colon == std::string::npos ? l : l.substr(colon + 2);
+  };
   while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(colon + 2);
-    }
+    if (line.rfind("processor", 0) == 0) ++cpus;
+    if (cpus > 1) continue;
+    if (line.rfind("model name", 0) == 0) name = value(line);
+    else if (line.rfind("cpu family", 0) == 0) family = value(line);
+    else if (line.rfind("model", 0) == 0) model = value(line);
   }
-  return "unknown";
+  return name + " (family " + family + ", model " + model + ", " + std::to_string(cpus) +
+         " logical CPUs)";
 }
 
 // Fresh, seeded, non-zero data in [-1, 1).
@@ -289,6 +298,8 @@ void print(const Figures& f) {
 #ifdef SHARDSCOPE_WITH_BLAS
   std::printf("OpenBLAS %s, core %s, 1 thread\n", openblas_get_config(), openblas_get_corename());
 #endif
+  const char* env_threads = std::getenv("OPENBLAS_NUM_THREADS");
+  std::printf("OPENBLAS_NUM_THREADS=%s\n", env_threads ? env_threads : "(unset)");
   std::printf("model %d x %d, batch %d, activation none, loss sum, AdamW; P = %.0f parameters\n",
               m.layers, m.width, m.batch, p);
   std::printf("ddp, world 1 (self), cpu backend; %d timed steps after %d warm-up\n\n", f.steps,
