@@ -1,0 +1,72 @@
+// A rank killed mid-run ends the whole sweep within seconds with exit 3, the line
+// `shardscope: error:` naming the rank, and no process left behind (DESIGN §6).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Pid of the `shardscope run` process carrying `marker` whose MPI rank is `rank`, or -1.
+int find_rank(const std::string& marker, int rank) {
+  FILE* p = popen(("pgrep -f -- '" + marker + "'").c_str(), "r");
+  if (!p) return -1;
+  int pid = -1, found = -1;
+  while (fscanf(p, "%d", &pid) == 1) {
+    std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
+    std::string cmd = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+    if (cmd.find("mpirun") != std::string::npos) continue;
+    const std::string key = std::string("OMPI_COMM_WORLD_RANK=") + std::to_string(rank);
+    if (env.find(key + '\0') != std::string::npos) found = pid;
+  }
+  pclose(p);
+  return found;
+}
+
+TEST(DeadRank, KilledRankEndsTheSweepWithExit3NamingIt) {
+  const char* bin = std::getenv("SHARDSCOPE_BIN");
+  if (!bin || !*bin) GTEST_SKIP() << "run through ctest (SHARDSCOPE_BIN unset)";
+  if (std::system("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
+  char tmpl[] = "/tmp/shardscope-dead-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string marker = "--seed 9137";  // names this test's processes
+  const std::string cmd = "'" + std::string(bin) + "' sweep --strategies ddp --worlds 2 --steps 100000 " +
+                          marker + " --out '" + dir + "/out' > '" + dir + "/stdout' 2> '" + dir + "/stderr'";
+  int rc = -1;
+  std::thread sweep([&] {
+    const int s = std::system(cmd.c_str());
+    rc = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
+  });
+  int victim = -1;
+  for (int i = 0; i < 200 && victim < 0; ++i) {  // wait for rank 1 to start (up to 20 s)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    victim = find_rank(marker, 1);
+  }
+  ASSERT_GT(victim, 0) << "rank 1 never started";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = std::chrono::steady_clock::now();
+  kill(victim, SIGKILL);
+  sweep.join();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(rc, 3);
+  EXPECT_LT(seconds, 10.0);
+  const std::string err = read_file(dir + "/stderr");
+  EXPECT_NE(err.find("shardscope: error: rank 1"), std::string::npos) << err;
+  EXPECT_EQ(find_rank(marker, 0), -1) << "rank 0 was left behind";
+  EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
+}
+
+}  // namespace
