@@ -47,4 +47,20 @@ nlohmann::json step_ms_json(const std::vector<double>& step_ms) {
   return {{"median", median}, {"min", t.front()}};
 }
 
+void add_allocator_figures(Backend& backend, nlohmann::json& r) {
+  const Tracker& tr = backend.tracker();
+  r["rounded"] = {{"resting_total", tr.rounded_current()}, {"peak_total", tr.rounded_peak()}};
+  PoolStats pool;
+  if (backend.pool_stats(&pool)) {
+    r["pool"] = {{"used_current", pool.used_current},
+                 {"used_high", pool.used_high},
+                 {"reserved_current", pool.reserved_current},
+                 {"reserved_high", pool.reserved_high}};
+  } else {
+    r["pool"] = nullptr;
+  }
+  const std::int64_t outside = backend.outside_pool_bytes();
+  r["outside_pool_bytes"] = outside >= 0 ? nlohmann::json(outside) : nlohmann::json(nullptr);
+}
+
 }  // namespace shardscope

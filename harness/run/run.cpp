@@ -121,18 +121,7 @@ nlohmann::json run_data_parallel(const RunConfig& cfg, Backend& backend, Communi
                     {"peak_phase", std::string(phase_name(pred.peak_phase))},
                     {"peak_where", pred.peak_where},
                     {"comm_bytes", pred.comm_total()}};
-  r["rounded"] = {{"resting_total", tr.rounded_current()}, {"peak_total", tr.rounded_peak()}};
-  PoolStats pool;
-  if (backend.pool_stats(&pool)) {
-    r["pool"] = {{"used_current", pool.used_current},
-                 {"used_high", pool.used_high},
-                 {"reserved_current", pool.reserved_current},
-                 {"reserved_high", pool.reserved_high}};
-  } else {
-    r["pool"] = nullptr;
-  }
-  const std::int64_t outside = backend.outside_pool_bytes();
-  r["outside_pool_bytes"] = outside >= 0 ? nlohmann::json(outside) : nlohmann::json(nullptr);
+  add_allocator_figures(backend, r);
   r["comm"] = comm_json(comm.ledger(), world);
   r["comm_bytes"] = comm.ledger().total_bytes();
   r["step_ms"] = step_ms_json(step_ms);

@@ -94,18 +94,7 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
                {"phase", std::string(phase_name(peak.phase))},
                {"where", stage.peak_where()},
                {"by_category", category_json(peak.by_category)}};
-  r["rounded"] = {{"resting_total", tr.rounded_current()}, {"peak_total", tr.rounded_peak()}};
-  PoolStats pool;
-  if (backend.pool_stats(&pool)) {
-    r["pool"] = {{"used_current", pool.used_current},
-                 {"used_high", pool.used_high},
-                 {"reserved_current", pool.reserved_current},
-                 {"reserved_high", pool.reserved_high}};
-  } else {
-    r["pool"] = nullptr;
-  }
-  const std::int64_t outside = backend.outside_pool_bytes();
-  r["outside_pool_bytes"] = outside >= 0 ? nlohmann::json(outside) : nlohmann::json(nullptr);
+  add_allocator_figures(backend, r);
   const CommLedger& ledger = comm.ledger();
   r["p2p"] = {{"sent_bytes", ledger[CollKind::send].bytes},
               {"recv_bytes", ledger[CollKind::recv].bytes},
