@@ -20,7 +20,6 @@
 // Usage: step_floor [--steps N] [--warmup N]   (defaults 50 and 10)
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -34,7 +33,6 @@
 #include "harness/comm/self_comm.hpp"
 #include "harness/model/data.hpp"
 #include "harness/strategies/replicated.hpp"
-#include "kernels/elementwise.hpp"
 #include "kernels/host_ops.hpp"
 #include "shardscope/strategy.hpp"
 
@@ -113,14 +111,6 @@ struct StepParts {
   std::vector<double> step, forward, backward, reduce, optimizer;
 };
 
-struct AdamwVariant {
-  const char* what;
-  bool ran = false;
-  std::string why_not;  // when skipped
-  double ms = 0.0;
-  bool bitwise_equal = false;  // p, m, v after every repetition, against host::adamw
-};
-
 struct Figures {
   ModelConfig model;
   int steps = 0, warmup = 0;
@@ -131,7 +121,6 @@ struct Figures {
   double adamw_kernel_ms = 0.0;     // backend.adamw alone on the model's P elements
   double adamw_kernel_gbps = 0.0;   // 28 P / time
   StepParts parts;                  // instrumented twin
-  std::vector<AdamwVariant> adamw_variants;
 };
 
 // ---- the step through the registry's ddp -----------------------------------------------
@@ -300,101 +289,6 @@ double adamw_kernel_ms(const ModelConfig& m, int reps) {
   return median(ms);
 }
 
-// ---- what the optimizer could cost: the same math, written so that it vectorises ------
-//
-// host::adamw runs math::adamw_update through references into p, m, v, which may alias
-// each other, so GCC keeps the loop scalar (-fopt-info-vec: "latch block not empty"), and
-// under the default -fmath-errno sqrtf keeps a call to the library for negative inputs,
-// which blocks vectorising even a loop without aliasing. Below: the same per-element
-// operations in the same order (bitwise-equal results: IEEE sqrt and division are
-// correctly rounded in every width), on locals through __restrict pointers, without
-// errno. GCC only; elsewhere the figures are reported as skipped.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define STEP_FLOOR_VARIANTS 1
-#define STEP_FLOOR_ADAMW_BODY                                                               \
-  for (std::size_t i = 0; i < n; ++i) {                                                     \
-    float pi = p[i], mi = m[i], vi = v[i];                                                  \
-    math::adamw_update(pi, g[i], mi, vi, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, bc1, \
-                       bc2_sqrt);                                                           \
-    p[i] = pi;                                                                              \
-    m[i] = mi;                                                                              \
-    v[i] = vi;                                                                              \
-  }
-__attribute__((optimize("no-math-errno"), noinline)) void adamw_flat_base(
-    const AdamWHyper& h, float* __restrict p, const float* __restrict g, float* __restrict m,
-    float* __restrict v, std::size_t n, float bc1, float bc2_sqrt) {
-  STEP_FLOOR_ADAMW_BODY
-}
-// The same with AVX2 (no FMA: contraction would change the rounding).
-__attribute__((optimize("no-math-errno"), target("avx2"), noinline)) void adamw_flat_avx2(
-    const AdamWHyper& h, float* __restrict p, const float* __restrict g, float* __restrict m,
-    float* __restrict v, std::size_t n, float bc1, float bc2_sqrt) {
-  STEP_FLOOR_ADAMW_BODY
-}
-#undef STEP_FLOOR_ADAMW_BODY
-#endif
-
-// Times `kernel` on the model's 16 tensors like adamw_kernel_ms, and checks its results
-// against host::adamw run on a copy of the same state.
-template <class Kernel>
-AdamwVariant time_adamw_variant(const char* what, const ModelConfig& mc, int reps, Kernel kernel) {
-  AdamwVariant out;
-  out.what = what;
-  out.ran = true;
-  const std::size_t np = static_cast<std::size_t>(mc.params());
-  std::vector<float> p = random_floats(np, 11), g = random_floats(np, 12), m(np, 0.0f), v(np, 0.0f);
-  std::vector<float> rp = p, rm = m, rv = v;
-  const AdamWHyper h;
-  std::vector<double> ms;
-  for (int r = 0; r < reps; ++r) {
-    const int step = r + 1;
-    const double st = static_cast<double>(step);
-    const auto bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), st));
-    const auto bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), st)));
-    const auto t0 = Clock::now();
-    for (int t = 0; t < mc.param_tensors(); ++t) {
-      const std::int64_t off = tensor_offset(mc, t);
-      kernel(h, p.data() + off, g.data() + off, m.data() + off, v.data() + off,
-             static_cast<std::size_t>(mc.tensor_elems(t)), bc1, bc2_sqrt);
-    }
-    escape(p.data());
-    ms.push_back(ms_between(t0, Clock::now()));
-    std::vector<AdamWTensor> list;
-    for (int t = 0; t < mc.param_tensors(); ++t) {
-      const std::int64_t off = tensor_offset(mc, t);
-      list.push_back({rp.data() + off, g.data() + off, rm.data() + off, rv.data() + off,
-                      static_cast<std::size_t>(mc.tensor_elems(t)), step});
-    }
-    host::adamw(h, list);
-  }
-  out.ms = median(ms);
-  out.bitwise_equal = std::memcmp(p.data(), rp.data(), np * sizeof(float)) == 0 &&
-                      std::memcmp(m.data(), rm.data(), np * sizeof(float)) == 0 &&
-                      std::memcmp(v.data(), rv.data(), np * sizeof(float)) == 0;
-  return out;
-}
-
-std::vector<AdamwVariant> adamw_variants(const ModelConfig& m, int reps) {
-  std::vector<AdamwVariant> out;
-#ifdef STEP_FLOOR_VARIANTS
-  out.push_back(time_adamw_variant("restructured, baseline ISA (SSE2)", m, reps, adamw_flat_base));
-  if (__builtin_cpu_supports("avx2")) {
-    out.push_back(time_adamw_variant("restructured, AVX2", m, reps, adamw_flat_avx2));
-  } else {
-    AdamwVariant skipped;
-    skipped.what = "restructured, AVX2";
-    skipped.why_not = "this CPU has no AVX2";
-    out.push_back(skipped);
-  }
-#else
-  AdamwVariant skipped;
-  skipped.what = "restructured";
-  skipped.why_not = "needs GCC on x86-64";
-  out.push_back(skipped);
-#endif
-  return out;
-}
-
 // ---- printing --------------------------------------------------------------------------
 
 void print(const Figures& f) {
@@ -454,17 +348,6 @@ void print(const Figures& f) {
   std::printf("AdamW kernel alone: %.3f ms = %.1f GB/s of its 28 B x P (%.2f ns per parameter)\n",
               f.adamw_kernel_ms, adam_bytes / (f.adamw_kernel_ms * 1e6),
               f.adamw_kernel_ms * 1e6 / p);
-  for (const AdamwVariant& v : f.adamw_variants) {
-    if (!v.ran) {
-      std::printf("AdamW %s: skipped: %s\n", v.what, v.why_not.c_str());
-      continue;
-    }
-    const double step_with = ts - to + v.ms;
-    std::printf("AdamW %s: %.3f ms = %.1f GB/s, bitwise equal to host::adamw: %s;"
-                " step with it ~%.3f ms = %.2fx floor\n",
-                v.what, v.ms, adam_bytes / (v.ms * 1e6), v.bitwise_equal ? "yes" : "NO", step_with,
-                step_with / floor);
-  }
 }
 
 int parse_flag(int argc, char** argv, const char* name, int fallback) {
@@ -503,7 +386,6 @@ int main(int argc, char** argv) {
     f.copy_gbps = copy_gbps(copy_floats, 200);
     f.adamw_kernel_ms = adamw_kernel_ms(m, 100);
     f.parts = time_step_parts(cfg, f.warmup);
-    f.adamw_variants = adamw_variants(m, 100);
 
     print(f);
   } catch (const std::exception& e) {
