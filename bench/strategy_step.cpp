@@ -6,7 +6,8 @@
 // backend, one OpenBLAS thread per rank:
 //   step ms  the median over timed steps (after warm-up) of the step's slowest rank; every
 //            step starts after a barrier, as `shardscope run` times it
-//   comm ms  the median of the ledger's time inside collectives, slowest rank
+//   comm ms  the median of the ledger's time inside collectives, slowest rank; then per
+//            collective (waiting for the other rank included)
 //   bytes    the ledger's payload bytes per rank per step (nccl-tests' sizes: the full
 //            buffer for all-reduce, world x shard for reduce-scatter and all-gather), of
 //            the last step, per collective and in total, beside the closed form
@@ -15,6 +16,7 @@
 //
 // Usage: mpirun -np 2 strategy_step [--steps N] [--warmup N]   (defaults 20 and 5)
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -80,6 +82,7 @@ struct Row {
   int units = 1;
   double step_ms = 0.0, step_min_ms = 0.0, step_max_ms = 0.0;  // slowest rank per step
   double comm_ms = 0.0;                                         // slowest rank, median
+  std::array<double, kCollKindCount> kind_ms{};                 // the same per collective
   std::int64_t all_reduce = 0, reduce_scatter = 0, all_gather = 0, broadcast = 0;  // rank 0
   std::int64_t total = 0;  // rank 0, every collective
   std::int64_t total_other = 0;  // the other ranks' largest total (equal by symmetry)
@@ -112,6 +115,7 @@ Row measure(const Variant& v, Backend& backend, Communicator& comm, int steps, i
   cfg.steps = warmup + steps;
 
   std::vector<double> step_ms, comm_ms;
+  std::array<std::vector<double>, kCollKindCount> kind_ms;
   int ok = 1;
   try {
     StrategyContext ctx{cfg, backend, comm};
@@ -129,7 +133,10 @@ Row measure(const Variant& v, Backend& backend, Communicator& comm, int steps, i
       if (s < warmup) continue;
       step_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       double in_comm = 0.0;
-      for (const CollStats& c : comm.ledger().by_kind) in_comm += c.ms;
+      for (int k = 0; k < kCollKindCount; ++k) {
+        in_comm += comm.ledger().by_kind[k].ms;
+        kind_ms[k].push_back(comm.ledger().by_kind[k].ms);
+      }
       comm_ms.push_back(in_comm);
     }
     const CommLedger& l = comm.ledger();  // reset at each step's start: the last step's
@@ -154,6 +161,7 @@ Row measure(const Variant& v, Backend& backend, Communicator& comm, int steps, i
   }
   max_over_ranks(step_ms);
   max_over_ranks(comm_ms);
+  for (auto& k : kind_ms) max_over_ranks(k);
   row.total_other = max_over_other_ranks(row.total, comm.rank());
 #else
   if (!ok) {
@@ -165,6 +173,7 @@ Row measure(const Variant& v, Backend& backend, Communicator& comm, int steps, i
   row.step_min_ms = *std::min_element(step_ms.begin(), step_ms.end());
   row.step_max_ms = *std::max_element(step_ms.begin(), step_ms.end());
   row.comm_ms = median(comm_ms);
+  for (int k = 0; k < kCollKindCount; ++k) row.kind_ms[k] = median(kind_ms[k]);
   return row;
 }
 
@@ -196,6 +205,18 @@ void print(const std::vector<Row>& rows, int world, int steps, int warmup) {
     if (world > 1 && r.total_other != r.total)
       std::printf("         other ranks' ledger total differs: %lld\n",
                   static_cast<long long>(r.total_other));
+  }
+  std::printf("\ncomm ms per collective (median over steps of the slowest rank)\n");
+  std::printf("%-8s %5s %10s %10s %10s %10s\n", "strategy", "units", "all_reduce", "red_scat",
+              "all_gather", "broadcast");
+  for (const Row& r : rows) {
+    if (r.skipped) continue;
+    const std::string units = r.v.layers_per_unit == 0 ? "all" : std::to_string(r.v.layers_per_unit);
+    std::printf("%-8s %5s %10.3f %10.3f %10.3f %10.3f\n", r.v.strategy, units.c_str(),
+                r.kind_ms[static_cast<int>(CollKind::all_reduce)],
+                r.kind_ms[static_cast<int>(CollKind::reduce_scatter)],
+                r.kind_ms[static_cast<int>(CollKind::all_gather)],
+                r.kind_ms[static_cast<int>(CollKind::broadcast)]);
   }
 }
 
