@@ -65,8 +65,13 @@ using namespace shardscope;
     store(v + i, vi);                                                                         \
   }                                                                                           \
   for (; i < n; ++i)                                                                          \
-    math::adamw_update(p[i], g[i], m[i], v[i], h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, \
-                       bc1, bc2_sqrt);
+    math::adamw_update(p[i], g[i], m[i], v[i],                                                \
+                       math::AdamWScalars{static_cast<float>(1.0 - h.lr * h.weight_decay),  \
+                                          static_cast<float>(1.0 - h.beta1),                \
+                                          static_cast<float>(h.beta2),                      \
+                                          static_cast<float>(1.0 - h.beta2),                \
+                                          static_cast<float>(h.lr / bc1), bc2_sqrt,         \
+                                          static_cast<float>(h.eps)});
 
 __attribute__((noinline)) void adamw_lanes_sse2(const AdamWHyper& h, float* p, const float* g,
                                                 float* m, float* v, std::size_t n, float bc1,

@@ -15,7 +15,8 @@
 //          counted as bytes read + bytes written).
 // Then the step's parts, timed inside an instrumented twin of ddp (same code path:
 // ReplicatedStrategy, owning every tensor), and the optimizer kernel alone, so that a bad
-// ratio says where the time goes.
+// ratio says where the time goes (bench/adamw_kernel compares the optimizer kernel with
+// the same math vectorised).
 //
 // Usage: step_floor [--steps N] [--warmup N]   (defaults 50 and 10)
 #include <algorithm>
@@ -119,7 +120,6 @@ struct Figures {
   double copy_gbps = 0.0;           // (read + write) bytes / s / 1e9
   std::int64_t copy_bytes = 0;      // size of the copied buffer
   double adamw_kernel_ms = 0.0;     // backend.adamw alone on the model's P elements
-  double adamw_kernel_gbps = 0.0;   // 28 P / time
   StepParts parts;                  // instrumented twin
 };
 

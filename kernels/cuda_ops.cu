@@ -125,7 +125,7 @@ __global__ void add_kernel(float* dst, const float* src, std::size_t n) {
 
 // ---- fused multi-tensor AdamW ----------------------------------------------------------
 // Each tensor is cut into chunks of kAdamWChunk elements, one block per chunk. The batch
-// of descriptors is a kernel parameter (1.7 KB, under the classic 4 KB limit).
+// of descriptors is a kernel parameter (about 2.3 KB, under the classic 4 KB limit).
 constexpr int kAdamWChunk = 4096;
 constexpr int kAdamWThreads = 256;
 
@@ -135,14 +135,12 @@ struct AdamWBatch {
   float* exp_avg[kAdamWTensorsPerLaunch];
   float* exp_avg_sq[kAdamWTensorsPerLaunch];
   long long n[kAdamWTensorsPerLaunch];
-  float bc1[kAdamWTensorsPerLaunch];       // 1 - beta1^step
-  float bc2_sqrt[kAdamWTensorsPerLaunch];  // sqrt(1 - beta2^step)
+  math::AdamWScalars scalars[kAdamWTensorsPerLaunch];  // per tensor: each has its own step
   int block_begin[kAdamWTensorsPerLaunch + 1];  // first block of tensor t; [count] = total
   int count;
 };
 
-__global__ void adamw_kernel(AdamWBatch b, float lr, float beta1, float beta2, float eps,
-                             float weight_decay) {
+__global__ void adamw_kernel(AdamWBatch b) {
   const int block = static_cast<int>(blockIdx.x);
   int t = 0;
   while (t + 1 < b.count && block >= b.block_begin[t + 1]) ++t;
@@ -152,24 +150,22 @@ __global__ void adamw_kernel(AdamWBatch b, float lr, float beta1, float beta2, f
   const float* __restrict__ g = b.grad[t];
   float* __restrict__ m = b.exp_avg[t];
   float* __restrict__ v = b.exp_avg_sq[t];
-  const float bc1 = b.bc1[t];
-  const float bc2_sqrt = b.bc2_sqrt[t];
+  const math::AdamWScalars sc = b.scalars[t];
   for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
     float pi = p[i];
     float mi = m[i];
     float vi = v[i];
-    math::adamw_update(pi, g[i], mi, vi, lr, beta1, beta2, eps, weight_decay, bc1, bc2_sqrt);
+    math::adamw_update(pi, g[i], mi, vi, sc);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
   }
 }
 
-void launch_adamw(const AdamWHyper& h, const AdamWBatch& b, cudaStream_t stream) {
+void launch_adamw(const AdamWBatch& b, cudaStream_t stream) {
   if (b.count == 0) return;
   const int blocks = b.block_begin[b.count];
-  adamw_kernel<<<blocks, kAdamWThreads, 0, stream>>>(b, h.lr, h.beta1, h.beta2, h.eps,
-                                                     h.weight_decay);
+  adamw_kernel<<<blocks, kAdamWThreads, 0, stream>>>(b);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -246,7 +242,7 @@ void adamw(const AdamWHyper& h, const std::vector<AdamWTensor>& tensors, cudaStr
     SHARDSCOPE_REQUIRE(chunks < kMaxBlocksPerLaunch,
                        "adamw: tensor of " + std::to_string(t.n) + " elements is too large");
     if (b.count == kAdamWTensorsPerLaunch || b.block_begin[b.count] + chunks > kMaxBlocksPerLaunch) {
-      launch_adamw(h, b, stream);
+      launch_adamw(b, stream);
       b.count = 0;
       b.block_begin[0] = 0;
     }
@@ -257,13 +253,11 @@ void adamw(const AdamWHyper& h, const std::vector<AdamWTensor>& tensors, cudaStr
     b.exp_avg_sq[i] = t.exp_avg_sq;
     b.n[i] = static_cast<long long>(t.n);
     // As torch computes them: in double (Python floats), then used in fp32 math.
-    b.bc1[i] = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), t.step));
-    b.bc2_sqrt[i] =
-        static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), t.step)));
+    b.scalars[i] = math::adamw_scalars(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, t.step);
     b.block_begin[i + 1] = b.block_begin[i] + static_cast<int>(chunks);
     b.count = i + 1;
   }
-  launch_adamw(h, b, stream);
+  launch_adamw(b, stream);
 }
 
 void fill(float* dst, float value, std::size_t n, cudaStream_t stream) {

@@ -145,10 +145,8 @@ void loss(Loss kind, const float* y, const float* target, float* dy, float* loss
 // fp32 kernels; so do we, once per tensor (each carries its own step).
 void adamw(const AdamWHyper& h, const std::vector<AdamWTensor>& tensors) {
   for (const AdamWTensor& t : tensors) {
-    const double step = static_cast<double>(t.step);
-    const auto bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), step));
-    const auto bc2_sqrt =
-        static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), step)));
+    const math::AdamWScalars sc =
+        math::adamw_scalars(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, t.step);
     // restrict + locals: the four arrays never alias, which lets the loop vectorise.
     float* __restrict p = t.param;
     const float* __restrict g = t.grad;
@@ -156,8 +154,7 @@ void adamw(const AdamWHyper& h, const std::vector<AdamWTensor>& tensors) {
     float* __restrict v = t.exp_avg_sq;
     for (std::size_t i = 0; i < t.n; ++i) {
       float pi = p[i], mi = m[i], vi = v[i];
-      math::adamw_update(pi, g[i], mi, vi, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, bc1,
-                         bc2_sqrt);
+      math::adamw_update(pi, g[i], mi, vi, sc);
       p[i] = pi;
       m[i] = mi;
       v[i] = vi;

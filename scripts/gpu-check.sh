@@ -145,5 +145,18 @@ if [[ -x "$build/shardscope" ]]; then
 else
   fail "table: shardscope was not built"
 fi
+# ---- 5. Nsight Systems, when present: one short zero3 run, NVTX summary ---------------
+if command -v nsys >/dev/null 2>&1 && [[ -x "$build/shardscope" ]]; then
+  if timeout 120 nsys profile -t cuda,nvtx -o "$out/zero3" --force-overwrite true \
+       "$build/shardscope" run --backend cuda --strategy zero3 --units 1 --steps 3 >"$out/nsys.log" 2>&1 &&
+     nsys stats --report nvtx_sum "$out/zero3.nsys-rep" >"$out/nsys-nvtx.txt" 2>&1; then
+    say "nsys: NVTX summary in nsys-nvtx.txt ($(grep -c shardscope "$out/nsys-nvtx.txt" || true) shardscope lines)"
+  else
+    fail "nsys (see nsys.log)"
+  fi
+  rm -f "$out"/zero3.nsys-rep "$out"/zero3.sqlite
+else
+  say "nsys: not on this machine"
+fi
 say "done: $( [[ $failed == 0 ]] && echo passed || echo FAILED )"
 exit $failed

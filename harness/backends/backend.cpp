@@ -2,6 +2,8 @@
 // backend registry.
 #include "shardscope/backend.hpp"
 
+#include <cstdlib>
+
 #include <limits>
 #include <utility>
 
@@ -90,6 +92,36 @@ int cuda_device_count() {
 #else
   return 0;
 #endif
+}
+
+float* Backend::staging(int slot, std::size_t count) {
+  if (slot < 0) throw RunError("staging: negative slot");
+  if (static_cast<std::size_t>(slot) >= staging_.size()) staging_.resize(static_cast<std::size_t>(slot) + 1);
+  Staging& s = staging_[static_cast<std::size_t>(slot)];
+  const std::size_t bytes = count * sizeof(float);
+  if (bytes > s.bytes) {
+    if (s.data != nullptr) host_free(s.data);
+    s.data = nullptr;
+    s.bytes = 0;
+    s.data = host_alloc(bytes);
+    if (s.data == nullptr)
+      throw RunError("out of host memory: " + std::to_string(bytes) + " B of staging for " + name());
+    s.bytes = bytes;
+  }
+  return static_cast<float*>(s.data);
+}
+
+void* Backend::host_alloc(std::size_t bytes) {
+  const std::size_t rounded = (bytes + 63) / 64 * 64;
+  return std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+}
+
+void Backend::host_free(void* p) noexcept { std::free(p); }
+
+void Backend::release_staging() noexcept {
+  for (Staging& s : staging_)
+    if (s.data != nullptr) host_free(s.data);
+  staging_.clear();
 }
 
 }  // namespace shardscope

@@ -1,8 +1,8 @@
 // `--comm mpi`: collectives and p2p over a duplicate of MPI_COMM_WORLD.
 //
 // Host buffers go to MPI as they are. A backend whose memory is not host memory (any
-// backend but "cpu", e.g. CUDA) is staged through host vectors with the Backend's own
-// download/upload, so this file needs no CUDA. Counts above max_count_ floats (MPI
+// backend but "cpu", e.g. CUDA) is staged through the backend's staging memory (pinned
+// on CUDA, kept between calls) with its own download/upload, so this file needs no CUDA. Counts above max_count_ floats (MPI
 // counts are int) are split into several calls. Every MPI return code is checked: the
 // communicator uses MPI_ERRORS_RETURN, and a failure throws RunError naming the rank.
 #ifdef SHARDSCOPE_WITH_MPI
@@ -66,50 +66,52 @@ class MpiCommunicator final : public Communicator {
  protected:
   void do_all_reduce_sum(float* buf, std::size_t count) override {
     if (!staged_) return host_all_reduce(buf, count);
-    std::vector<float> h(count);
-    backend()->download(h.data(), buf, count);
-    host_all_reduce(h.data(), count);
-    backend()->upload(buf, h.data(), count);
+    float* h = backend()->staging(0, count);
+    backend()->download(h, buf, count);
+    host_all_reduce(h, count);
+    backend()->upload(buf, h, count);
   }
 
   void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) override {
     const std::size_t total = recv_count * static_cast<std::size_t>(world());
     if (!staged_) return host_reduce_scatter(send, recv, recv_count);
-    std::vector<float> hs(total), hr(recv_count);
-    backend()->download(hs.data(), send, total);
-    host_reduce_scatter(hs.data(), hr.data(), recv_count);
-    backend()->upload(recv, hr.data(), recv_count);
+    float* hs = backend()->staging(0, total);
+    float* hr = backend()->staging(1, recv_count);
+    backend()->download(hs, send, total);
+    host_reduce_scatter(hs, hr, recv_count);
+    backend()->upload(recv, hr, recv_count);
   }
 
   void do_all_gather(const float* send, float* recv, std::size_t send_count) override {
     const std::size_t total = send_count * static_cast<std::size_t>(world());
     if (!staged_) return host_all_gather(send, recv, send_count);
-    std::vector<float> hs(send_count), hr(total);
-    backend()->download(hs.data(), send, send_count);
-    host_all_gather(hs.data(), hr.data(), send_count);
-    backend()->upload(recv, hr.data(), total);
+    float* hs = backend()->staging(0, send_count);
+    float* hr = backend()->staging(1, total);
+    backend()->download(hs, send, send_count);
+    host_all_gather(hs, hr, send_count);
+    backend()->upload(recv, hr, total);
   }
 
   void do_broadcast(float* buf, std::size_t count, int root) override {
     if (!staged_) return host_broadcast(buf, count, root);
-    std::vector<float> h(count);
-    if (rank() == root) backend()->download(h.data(), buf, count);
-    host_broadcast(h.data(), count, root);
-    if (rank() != root) backend()->upload(buf, h.data(), count);
+    float* h = backend()->staging(0, count);
+    if (rank() == root) backend()->download(h, buf, count);
+    host_broadcast(h, count, root);
+    if (rank() != root) backend()->upload(buf, h, count);
   }
 
   // Every op posted (Isend/Irecv, in the caller's order, so ops to one peer match in
   // order), then one Waitall: a two-way exchange cannot deadlock.
   void do_p2p(const std::vector<P2pOp>& ops) override {
-    std::vector<std::vector<float>> host(staged_ ? ops.size() : 0);
+    std::vector<float*> host(staged_ ? ops.size() : 0);
     std::vector<MPI_Request> reqs;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const P2pOp& op = ops[i];
       float* buf = op.buf;
-      if (staged_) {
-        host[i].resize(op.count);
-        if (op.is_send) backend()->download(host[i].data(), op.buf, op.count);
-        buf = host[i].data();
+      if (staged_) {  // one staging slot per op, so every op has its own host buffer
+        host[i] = backend()->staging(static_cast<int>(i), op.count);
+        if (op.is_send) backend()->download(host[i], op.buf, op.count);
+        buf = host[i];
       }
       for_chunks(op.count, [&](std::size_t off, int n) {
         MPI_Request r = MPI_REQUEST_NULL;
@@ -124,7 +126,7 @@ class MpiCommunicator final : public Communicator {
       MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
     if (staged_)
       for (std::size_t i = 0; i < ops.size(); ++i)
-        if (!ops[i].is_send) backend()->upload(ops[i].buf, host[i].data(), ops[i].count);
+        if (!ops[i].is_send) backend()->upload(ops[i].buf, host[i], ops[i].count);
   }
 
   void do_barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }

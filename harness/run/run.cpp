@@ -9,6 +9,7 @@
 #include "harness/report/json_io.hpp"
 #include "harness/report/provenance.hpp"
 #include "harness/report/table.hpp"
+#include "harness/run/memory_check.hpp"
 #include "harness/run/records.hpp"
 #include "harness/strategies/partition.hpp"
 #include "harness/run/run_pipeline.hpp"
@@ -56,22 +57,6 @@ CommOptions choose_comm(const RunConfig& cfg, const std::string& backend, const 
 #endif
   }
   return o;
-}
-
-// Refuses a run whose predicted peak cannot fit, before anything is allocated.
-void check_memory(std::int64_t predicted_peak, Backend& backend, int rank) {
-  const std::int64_t device = backend.device_free_bytes();
-  if (device >= 0) {
-    if (predicted_peak > device)
-      throw RunError("rank " + std::to_string(rank) + ": predicted peak " + format_bytes(predicted_peak) +
-                     " exceeds the free device memory " + format_bytes(device));
-    return;
-  }
-  const HostMemory host = host_memory_available();
-  if (predicted_peak > host.available)
-    throw RunError("rank " + std::to_string(rank) + ": predicted peak " + format_bytes(predicted_peak) +
-                   " exceeds the memory this process can have, " + format_bytes(host.available) +
-                   " (" + host.how + ")");
 }
 
 void validate_data_parallel(const RunConfig& cfg, int world) {

@@ -2,6 +2,8 @@
 // the replayed bubbles filled in once every stage's record is gathered.
 #include "harness/run/run_pipeline.hpp"
 
+#include "harness/run/memory_check.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -48,6 +50,15 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
   const PipelineLayout& layout = stage.layout();
   const Schedule& sched = layout.schedule;
   const int s = stage.stage();
+  {
+    // Not a prediction (pipelines have no closed-form peak yet): a bound for the refusal
+    // check: rest + the saved activations' peak + eight whole-batch activations for the
+    // batch, target, gradients and p2p buffers in flight.
+    const std::int64_t batch_bytes = cfg.model.activation_bytes(cfg.model.batch);
+    const std::int64_t bound = predict_resting_total(cfg.model, layout, s) +
+                               predict_saved(cfg.model, layout, s).peak_live_bytes + 8 * batch_bytes;
+    check_memory(bound, backend, comm.rank(), "bound on the peak");
+  }
   stage.setup();
 
   std::vector<double> step_ms;

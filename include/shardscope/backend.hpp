@@ -48,12 +48,13 @@ enum class Activation : std::uint8_t { none, relu };
 enum class Loss : std::uint8_t { sum, mse };
 enum class Trans : std::uint8_t { no, yes };
 
+// torch.optim.AdamW's defaults, kept in double as torch keeps them (Python floats).
 struct AdamWHyper {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 1e-2f;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
 };
 
 // One parameter tensor (or shard) for the multi-tensor AdamW: all pointers hold n floats.
@@ -76,8 +77,8 @@ struct PoolStats {
 
 class Backend {
  public:
-  explicit Backend() = default;
-  virtual ~Backend() = default;
+  Backend() = default;
+  virtual ~Backend() { release_staging(); }
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
 
@@ -125,6 +126,12 @@ class Backend {
   virtual void range_push(const char* /*name*/) {}
   virtual void range_pop() {}
 
+  // Host memory for staging this backend's buffers through a host transport (MPI with
+  // CUDA buffers): slot `slot` holds at least `count` floats, grows as needed and is
+  // kept. Pinned (cudaMallocHost) on CUDA so the copies run at full speed; not tracked,
+  // since it is host memory, not the device's.
+  float* staging(int slot, std::size_t count);
+
   // Bytes the allocator really reserves for a request (its granularity).
   virtual std::int64_t rounded_bytes(std::int64_t bytes) const = 0;
 
@@ -146,10 +153,20 @@ class Backend {
   friend class Buffer;
   virtual void* raw_alloc(std::size_t bytes) = 0;  // nullptr when out of memory
   virtual void raw_free(void* p, std::size_t bytes) noexcept = 0;
+  // Staging memory (see staging()); derived classes that override these must call
+  // release_staging() in their destructor, while their override is still callable.
+  virtual void* host_alloc(std::size_t bytes);
+  virtual void host_free(void* p) noexcept;
+  void release_staging() noexcept;
 
  private:
   void release(float* data, std::size_t count, Category category) noexcept;
   Tracker tracker_;
+  struct Staging {
+    void* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  std::vector<Staging> staging_;
 };
 
 // RAII range: marks a profiler range for the scope.

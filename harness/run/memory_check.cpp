@@ -1,0 +1,27 @@
+#include "harness/run/memory_check.hpp"
+
+#include <string>
+
+#include "harness/memory/host_memory.hpp"
+#include "harness/report/format.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+
+// Refuses a run whose predicted peak cannot fit, before anything is allocated.
+void check_memory(std::int64_t predicted_peak, Backend& backend, int rank, const char* what) {
+  const std::int64_t device = backend.device_free_bytes();
+  if (device >= 0) {
+    if (predicted_peak > device)
+      throw RunError("rank " + std::to_string(rank) + ": " + std::string(what) + " " + format_bytes(predicted_peak) +
+                     " exceeds the free device memory " + format_bytes(device));
+    return;
+  }
+  const HostMemory host = host_memory_available();
+  if (predicted_peak > host.available)
+    throw RunError("rank " + std::to_string(rank) + ": " + std::string(what) + " " + format_bytes(predicted_peak) +
+                   " exceeds the memory this process can have, " + format_bytes(host.available) +
+                   " (" + host.how + ")");
+}
+
+}  // namespace shardscope

@@ -1,0 +1,15 @@
+// The check DESIGN §6 asks of every run before it allocates.
+#pragma once
+
+#include <cstdint>
+
+#include "shardscope/backend.hpp"
+
+namespace shardscope {
+
+// Refuses (RunError, exit 3) when `needed` bytes exceed what this rank can have: free
+// device memory on device backends, else MemAvailable and the cgroup limit. The message
+// names both figures and the rank.
+void check_memory(std::int64_t needed, Backend& backend, int rank, const char* what = "predicted peak");
+
+}  // namespace shardscope
