@@ -1,18 +1,18 @@
-// The CPU AdamW kernel beside the same math written so that the compiler vectorises it.
+// The CPU AdamW kernel beside the same math written out lane by lane, and the floor.
 //
-// host::adamw (what CpuBackend::adamw runs) applies math::adamw_update through float&
-// references into p, m and v. The three may alias as far as GCC knows, so the loop stays
-// scalar (-fopt-info-vec-missed: "latch block not empty"): one sqrtss and three divss per
-// parameter. And under the default -fmath-errno, sqrtf keeps a branch to the library for
-// negative inputs, which blocks vectorising even a loop without aliasing.
+// host::adamw (what CpuBackend::adamw runs) applies math::adamw_update to locals loaded
+// through __restrict pointers, and kernels/host_ops.cpp is built with -fno-math-errno (and
+// -march=native unless SHARDSCOPE_NATIVE=OFF): GCC then vectorises it. Without those
+// (p, m, v through float& that may alias; sqrtf with its errno branch) the loop stayed
+// scalar at ~3.4 ns per parameter on the seed model.
 //
-// The variants below run the same per-element operations in the same order, 4 and 8
-// lanes at a time (SSE2, AVX2; no FMA, whose single rounding would differ): what GCC emits
-// for that loop once p, m, v are loaded into locals through __restrict pointers and the
-// file is built with -fno-math-errno. IEEE sqrt, division, multiply and add are correctly
-// rounded at every width, so the results are bitwise equal, which the bench checks. All
-// run on the seed model's 16 tensors (P = 526,336), 28 bytes per parameter (read p, g,
-// m, v; write p, m, v), beside the memcpy bandwidth of a buffer the size of p, g, m, v.
+// The variants below run the same per-element operations in the same order with the same
+// per-step scalars (math::adamw_scalars), 4 and 8 lanes at a time (SSE2, AVX2; no FMA,
+// whose single rounding would differ): what the compiler should reach. IEEE sqrt,
+// division, multiply and add are correctly rounded at every width, so the results are
+// bitwise equal to host::adamw, which the bench checks. All run on the seed model's 16
+// tensors (P = 526,336), 28 bytes per parameter (read p, g, m, v; write p, m, v), beside
+// the memcpy bandwidth of a buffer the size of p, g, m, v.
 //
 // Usage: adamw_kernel [--reps N]   (default 200)
 #include <algorithm>
@@ -43,47 +43,38 @@ using namespace shardscope;
 
 #ifdef ADAMW_KERNEL_VARIANTS
 // math::adamw_update, lane by lane, in its order of operations:
-//   p *= 1 - lr*wd;  m += (g - m)*(1 - beta1);  v = v*beta2 + ((1 - beta2)*g)*g;
-//   denom = sqrt(v)/bc2_sqrt + eps;  p -= (lr/bc1)*(m/denom)
-// What a compiler emits for the scalar loop once p, m, v cannot alias and sqrtf needs no
-// errno branch; the tail goes through math::adamw_update itself.
-#define ADAMW_KERNEL_LANES(V, W, set1, load, store, add, sub, mul, div, sqrt)                 \
-  const V decay = set1(1.0f - h.lr * h.weight_decay), one_b1 = set1(1.0f - h.beta1),          \
-          b2 = set1(h.beta2), one_b2 = set1(1.0f - h.beta2), c2 = set1(bc2_sqrt),             \
-          eps = set1(h.eps), step = set1(h.lr / bc1);                                         \
-  std::size_t i = 0;                                                                          \
-  for (; i + W <= n; i += W) {                                                                \
-    const V gi = load(g + i);                                                                 \
-    V pi = mul(load(p + i), decay);                                                           \
-    V mi = load(m + i);                                                                       \
-    mi = add(mi, mul(sub(gi, mi), one_b1));                                                   \
-    const V vi = add(mul(load(v + i), b2), mul(mul(one_b2, gi), gi));                         \
-    const V denom = add(div(sqrt(vi), c2), eps);                                              \
-    pi = sub(pi, mul(step, div(mi, denom)));                                                  \
-    store(p + i, pi);                                                                         \
-    store(m + i, mi);                                                                         \
-    store(v + i, vi);                                                                         \
-  }                                                                                           \
-  for (; i < n; ++i)                                                                          \
-    math::adamw_update(p[i], g[i], m[i], v[i],                                                \
-                       math::AdamWScalars{static_cast<float>(1.0 - h.lr * h.weight_decay),  \
-                                          static_cast<float>(1.0 - h.beta1),                \
-                                          static_cast<float>(h.beta2),                      \
-                                          static_cast<float>(1.0 - h.beta2),                \
-                                          static_cast<float>(h.lr / bc1), bc2_sqrt,         \
-                                          static_cast<float>(h.eps)});
+//   p *= decay;  m += (1 - beta1)*(g - m);  v = v*beta2 + ((1 - beta2)*g)*g;
+//   denom = sqrt(v)/bc2_sqrt + eps;  p += (-step_size)*(m/denom)
+// The tail goes through math::adamw_update itself.
+#define ADAMW_KERNEL_LANES(V, W, set1, load, store, add, sub, mul, div, sqrt)                  \
+  const V decay = set1(s.decay), one_b1 = set1(s.one_minus_beta1), b2 = set1(s.beta2),         \
+          one_b2 = set1(s.one_minus_beta2), c2 = set1(s.bc2_sqrt), eps = set1(s.eps),          \
+          neg_step = set1(-s.step_size);                                                       \
+  std::size_t i = 0;                                                                           \
+  for (; i + W <= n; i += W) {                                                                 \
+    const V gi = load(g + i);                                                                  \
+    V pi = mul(load(p + i), decay);                                                            \
+    V mi = load(m + i);                                                                        \
+    mi = add(mi, mul(one_b1, sub(gi, mi)));                                                    \
+    const V vi = add(mul(load(v + i), b2), mul(mul(one_b2, gi), gi));                          \
+    const V denom = add(div(sqrt(vi), c2), eps);                                               \
+    pi = add(pi, mul(neg_step, div(mi, denom)));                                               \
+    store(p + i, pi);                                                                          \
+    store(m + i, mi);                                                                          \
+    store(v + i, vi);                                                                          \
+  }                                                                                            \
+  for (; i < n; ++i) math::adamw_update(p[i], g[i], m[i], v[i], s);
 
-__attribute__((noinline)) void adamw_lanes_sse2(const AdamWHyper& h, float* p, const float* g,
-                                                float* m, float* v, std::size_t n, float bc1,
-                                                float bc2_sqrt) {
+__attribute__((noinline)) void adamw_lanes_sse2(const math::AdamWScalars& s, float* p,
+                                                const float* g, float* m, float* v,
+                                                std::size_t n) {
   ADAMW_KERNEL_LANES(__m128, 4, _mm_set1_ps, _mm_loadu_ps, _mm_storeu_ps, _mm_add_ps, _mm_sub_ps,
                      _mm_mul_ps, _mm_div_ps, _mm_sqrt_ps)
 }
 
-__attribute__((noinline, target("avx2"))) void adamw_lanes_avx2(const AdamWHyper& h, float* p,
-                                                                const float* g, float* m, float* v,
-                                                                std::size_t n, float bc1,
-                                                                float bc2_sqrt) {
+__attribute__((noinline, target("avx2"))) void adamw_lanes_avx2(const math::AdamWScalars& s,
+                                                                float* p, const float* g,
+                                                                float* m, float* v, std::size_t n) {
   ADAMW_KERNEL_LANES(__m256, 8, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps,
                      _mm256_sub_ps, _mm256_mul_ps, _mm256_div_ps, _mm256_sqrt_ps)
 }
@@ -91,8 +82,8 @@ __attribute__((noinline, target("avx2"))) void adamw_lanes_avx2(const AdamWHyper
 #endif
 
 using Clock = std::chrono::steady_clock;
-using FlatKernel = void (*)(const AdamWHyper&, float*, const float*, float*, float*, std::size_t,
-                            float, float);
+using FlatKernel = void (*)(const math::AdamWScalars&, float*, const float*, float*, float*,
+                            std::size_t);
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -163,7 +154,7 @@ struct Figure {
 };
 
 // `kernel` null: the backend's own adamw. Otherwise the flat kernel per tensor, with the
-// bias corrections computed as host::adamw computes them (in double, per tensor).
+// per-step scalars host::adamw uses (math::adamw_scalars, in double, per tensor).
 Figure measure(const std::string& what, const ModelConfig& mc, int reps, FlatKernel kernel) {
   Figure f;
   f.what = what;
@@ -180,12 +171,11 @@ Figure measure(const std::string& what, const ModelConfig& mc, int reps, FlatKer
     if (kernel == nullptr) {
       backend.adamw(h, list);
     } else {
-      const double st = static_cast<double>(step);
-      const auto bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(h.beta1), st));
-      const auto bc2_sqrt =
-          static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), st)));
-      for (const AdamWTensor& t : list)
-        kernel(h, t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.n, bc1, bc2_sqrt);
+      for (const AdamWTensor& t : list) {
+        const math::AdamWScalars sc =
+            math::adamw_scalars(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, t.step);
+        kernel(sc, t.param, t.grad, t.exp_avg, t.exp_avg_sq, t.n);
+      }
     }
     escape(s.p.data());
     ms.push_back(ms_since(t0));

@@ -89,11 +89,6 @@ class RecordingBackend final : public Backend {
     std::memcpy(host, src, n * sizeof(float));
   }
   void synchronize() override { ++syncs; }
-  void range_push(const char* n) override {
-    ranges.emplace_back(n);
-    ++open_ranges;
-  }
-  void range_pop() override { --open_ranges; }
   std::int64_t rounded_bytes(std::int64_t bytes) const override { return bytes; }
 
   int copies = 0, fills = 0, uploads = 0, downloads = 0, syncs = 0, open_ranges = 0;
@@ -102,6 +97,11 @@ class RecordingBackend final : public Backend {
  protected:
   void* raw_alloc(std::size_t bytes) override { return std::malloc(bytes); }
   void raw_free(void* p, std::size_t) noexcept override { std::free(p); }
+  void do_range_push(const char* n) override {
+    ranges.emplace_back(n);
+    ++open_ranges;
+  }
+  void do_range_pop() override { --open_ranges; }
 
  private:
   [[noreturn]] static void unused() { throw std::logic_error("not used by communicators"); }

@@ -160,5 +160,21 @@ TEST(SweepPlan, BadFlagsAreRefusedNamingTheFlag) {
   EXPECT_EQ(usage_error({"--strategies", "ddp", "--layers", "4"}), "");
 }
 
+TEST(SweepPlan, ReportAndCsvAreTheSweepsOwn) {
+  const SweepOptions o = parse_sweep_args(Args{"--report", "r.html", "--csv=out/csv", "--layers", "4"});
+  EXPECT_EQ(o.report, "r.html");
+  EXPECT_EQ(o.csv, "out/csv");
+  ASSERT_EQ(o.pass.size(), 1u);  // --layers only
+  for (const SweepJob& job : plan_sweep(o)) {
+    EXPECT_FALSE(contains(job.run_args, "--report")) << job.label;
+    EXPECT_FALSE(contains(job.run_args, "--csv")) << job.label;
+  }
+  EXPECT_EQ(usage_error({"--report"}), "--report: needs a value");
+  EXPECT_EQ(usage_error({"--report="}), "--report: needs a file name");
+  EXPECT_EQ(usage_error({"--csv="}), "--csv: needs a directory");
+  EXPECT_NE(sweep_usage().find("--report FILE.html"), std::string::npos);
+  EXPECT_NE(sweep_usage().find("--csv DIR"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace shardscope

@@ -58,6 +58,16 @@ Buffer Backend::alloc(Category category, std::size_t count) {
   return Buffer(this, static_cast<float*>(p), count, category);
 }
 
+void Backend::range_push(const char* name, std::int64_t bytes) {
+  tracker_.push_span(name, bytes);
+  do_range_push(name);
+}
+
+void Backend::range_pop() {
+  do_range_pop();
+  tracker_.pop_span();
+}
+
 void Backend::release(float* data, std::size_t count, Category category) noexcept {
   const auto b = static_cast<std::int64_t>(count * sizeof(float));
   tracker_.on_free(category, b, rounded_bytes(b));

@@ -272,7 +272,7 @@ void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 // ---- profiler ranges ----------------------------------------------------------------------
 
-void CudaBackend::range_push(const char* name) {
+void CudaBackend::do_range_push(const char* name) {
   nvtxEventAttributes_t attr{};
   attr.version = NVTX_VERSION;
   attr.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
@@ -281,6 +281,6 @@ void CudaBackend::range_push(const char* name) {
   nvtxDomainRangePushEx(nvtx_domain(), &attr);
 }
 
-void CudaBackend::range_pop() { nvtxDomainRangePop(nvtx_domain()); }
+void CudaBackend::do_range_pop() { nvtxDomainRangePop(nvtx_domain()); }
 
 }  // namespace shardscope

@@ -55,8 +55,6 @@ class CudaBackend final : public Backend {
   void download(float* host, const float* src, std::size_t n) override;
   void synchronize() override;
 
-  void range_push(const char* name) override;
-  void range_pop() override;
 
   std::int64_t rounded_bytes(std::int64_t bytes) const override {
     return cuda_pool_rounded_bytes(bytes);
@@ -88,6 +86,9 @@ class CudaBackend final : public Backend {
  protected:
   void* raw_alloc(std::size_t bytes) override;
   void raw_free(void* p, std::size_t bytes) noexcept override;
+  // NVTX ranges in the "shardscope" domain (Backend::range_push records the span).
+  void do_range_push(const char* name) override;
+  void do_range_pop() override;
 
  private:
   int device_ = 0;

@@ -51,7 +51,7 @@ struct RunFlags {
   std::string activation = "none", loss = "sum";
   std::string strategy = "ddp", schedule, units = "all", prefetch = "1";
   std::string microbatches, chunks = "1", split;
-  std::string backend, comm, emulate, json;
+  std::string backend, comm, emulate, json, trace, timeline = "on", csv;
   std::string ddp_bucket = "view", bucket_mb = "0";
   bool tf32 = false;
 };
@@ -75,6 +75,9 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--comm", f.comm, "self | mpi | nccl | fake (default from backend and launch)");
   app.add_option("--emulate", f.emulate, "W:r: play rank r of a world of W in this one process");
   app.add_option("--json", f.json, "write the shardscope/1 JSON document here");
+  app.add_option("--trace", f.trace, "write a Chrome trace-event JSON (Perfetto, chrome://tracing) here");
+  app.add_option("--csv", f.csv, "write DIR/data_parallel.csv and DIR/pipeline.csv (README \"CSV\")");
+  app.add_option("--timeline", f.timeline, "on | off: record each rank's memory timeline and ranges (default on)");
   app.add_option("--ddp-bucket", f.ddp_bucket, "view | copy: copy keeps torch's separate flat bucket");
   app.add_option("--bucket-mb", f.bucket_mb, "DDP bucket cap in MiB (0 = one flat bucket)");
   app.add_flag("--tf32", f.tf32, "allow TF32 GEMMs on cuda");
@@ -158,6 +161,15 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
       throw UsageError("--emulate " + f.emulate + ": rank must be below the world size");
   }
   c.json_path = f.json;
+  if (f.timeline != "on" && f.timeline != "off")
+    throw UsageError("--timeline: unknown '" + f.timeline + "'; allowed: on, off");
+  c.timeline = f.timeline == "on";
+  if (app.count("--trace") > 0 && f.trace.empty()) throw UsageError("--trace: needs a file name");
+  if (!f.trace.empty() && !c.timeline)
+    throw UsageError("--trace FILE needs the timeline: drop --timeline off");
+  c.trace_path = f.trace;
+  if (app.count("--csv") > 0 && f.csv.empty()) throw UsageError("--csv: needs a directory");
+  c.csv_dir = f.csv;
   c.allow_tf32 = f.tf32;
   return c;
 }

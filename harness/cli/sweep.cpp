@@ -12,9 +12,12 @@
 #include "harness/cli/child_process.hpp"
 #include "harness/cli/job_errors.hpp"
 #include "harness/cli/sweep_results.hpp"
+#include "harness/report/csv.hpp"
+#include "harness/report/html_report.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/provenance.hpp"
 #include "harness/report/table.hpp"
+#include "harness/report/trace.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {
@@ -198,6 +201,9 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
   const std::string exe = find_executable(self_exe);
   if (exe.empty()) throw RunError("cannot run '" + self_exe + "': not an executable file");
   const std::string json_path = prepare_out_dir(opts.out);
+  if (!opts.trace.empty()) check_writable(opts.trace, "--trace FILE");
+  if (!opts.report.empty()) check_writable(opts.report, "--report FILE");
+  if (!opts.csv.empty()) prepare_csv_dir(opts.csv);
   std::vector<std::string> words = {"shardscope", "sweep"};
   words.insert(words.end(), args.begin(), args.end());
   std::vector<const char*> argv;
@@ -244,10 +250,16 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
     }
   }  // the job folder is gone before anything is printed
   const json doc = sweep_document(runs, first_provenance, command, opts.emulate, jobs.size(), error);
-  write_file_atomic(json_path, doc.dump(2) + "\n");
+  write_file_atomic(json_path, readable_json(doc) + "\n");
+  if (!opts.trace.empty()) write_trace_file(opts.trace, doc);
+  if (!opts.report.empty()) write_file_atomic(opts.report, render_html_report(doc, command));
+  if (!opts.csv.empty()) write_csv_files(doc, opts.csv);
   std::cout << '\n';
   print_tables(doc, std::cout);
   std::cout << "results: " << json_path << (error.empty() ? "\n" : " (incomplete: a run failed)\n");
+  if (!opts.trace.empty()) std::cout << "trace: " << opts.trace << '\n';
+  if (!opts.report.empty()) std::cout << "report: " << opts.report << '\n';
+  if (!opts.csv.empty()) std::cout << "csv: " << opts.csv << "/{data_parallel,pipeline}.csv\n";
   if (!error.empty()) {
     std::cout << std::flush;
     std::cerr << "shardscope: error: " << error << std::endl;

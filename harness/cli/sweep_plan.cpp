@@ -158,6 +158,17 @@ SweepOptions parse_sweep_args(const std::vector<std::string>& args) {
     } else if (name == "--out") {
       o.out = value();
       if (o.out.empty()) throw UsageError("--out: needs a directory");
+    } else if (name == "--trace") {
+      // The sweep's own: one trace of every job, from the merged document (never passed
+      // on, or each job would write the same file).
+      o.trace = value();
+      if (o.trace.empty()) throw UsageError("--trace: needs a file name");
+    } else if (name == "--report") {  // the sweep's own, like --trace
+      o.report = value();
+      if (o.report.empty()) throw UsageError("--report: needs a file name");
+    } else if (name == "--csv") {
+      o.csv = value();
+      if (o.csv.empty()) throw UsageError("--csv: needs a directory");
     } else if (name == "--emulate") {
       if (inline_value || (i + 1 < args.size() && !is_long_flag(args[i + 1])))
         throw UsageError("--emulate: takes no value in a sweep (it runs every rank of each world as "
@@ -179,6 +190,8 @@ SweepOptions parse_sweep_args(const std::vector<std::string>& args) {
       o.pass.push_back(std::move(f));
     }
   }
+  if (!o.trace.empty() && pass_value(o, "--timeline") == std::optional<std::string>("off"))
+    throw UsageError("--trace FILE needs the timeline: drop --timeline off");
   return o;
 }
 
@@ -266,6 +279,12 @@ std::string sweep_usage() {
          "                       seed-pp: 2 x 32, relu, mse, batch 8, 2 steps, gpipe and 1f1b at\n"
          "                       S = 2, M = 2, 4, 8. Repeatable.\n"
          "  --out DIR            where shardscope.json goes (default results/)\n"
+         "  --trace FILE         one Chrome trace-event JSON of every rank of every run\n"
+         "                       (open it at ui.perfetto.dev or chrome://tracing)\n"
+         "  --report FILE.html   one self-contained HTML report: charts of bytes per rank, memory\n"
+         "                       over time, pipeline actions, and the tables (no network needed)\n"
+         "  --csv DIR            DIR/data_parallel.csv and DIR/pipeline.csv, one flat row per\n"
+         "                       rank x category and per stage (columns: README, \"CSV\")\n"
          "  --emulate            run each rank of each world as its own emulated process\n"
          "                       (run --emulate W:r; no MPI needed; times are compute only)\n"
          "  --mpirun PATH        the launcher (default: mpirun on PATH)\n"

@@ -23,6 +23,9 @@ struct SweepOptions {
   std::vector<int> microbatches;         // --microbatches
   std::vector<std::string> presets;      // --preset, repeatable: seed-dp, seed-pp
   std::string out = "results";           // --out DIR
+  std::string trace;                     // --trace FILE: every run's ranks in one trace
+  std::string report;                    // --report FILE.html: the self-contained HTML report
+  std::string csv;                       // --csv DIR: data_parallel.csv and pipeline.csv
   bool emulate = false;                  // --emulate: each rank its own `run --emulate W:r`
   std::string mpirun;                    // --mpirun PATH; empty: `mpirun` on PATH
   bool oversubscribe = false;            // --oversubscribe (also on when W > cores)

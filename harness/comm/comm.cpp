@@ -28,9 +28,10 @@ std::int64_t payload_bytes(std::size_t floats) {
 }
 
 // Runs `f` between two backend synchronisations, inside a profiler range named `label`
-// (built only when there is a backend to receive it); returns the wall time in ms.
+// (built only when there is a backend to receive it) that carries the call's payload
+// `bytes` to the timeline; returns the wall time in ms.
 template <class F, class Label>
-double run_timed(Backend* backend, Label&& label, F&& f) {
+double run_timed(Backend* backend, std::int64_t bytes, Label&& label, F&& f) {
   using Clock = std::chrono::steady_clock;
   if (backend == nullptr) {
     auto t0 = Clock::now();
@@ -39,7 +40,7 @@ double run_timed(Backend* backend, Label&& label, F&& f) {
   }
   backend->synchronize();  // queued compute must not be charged to the collective
   std::string name = label();
-  ScopedRange range(*backend, name.c_str());
+  ScopedRange range(*backend, name.c_str(), bytes);
   auto t0 = Clock::now();
   f();
   backend->synchronize();  // device collectives return before they finish
@@ -87,8 +88,8 @@ double busbw_gbps(const CollStats& s, CollKind kind, int world) {
 template <class F>
 void Communicator::timed(CollKind kind, std::size_t bytes, const char* name, F&& f) {
   double ms = run_timed(
-      backend_, [&] { return std::string(name) + " " + std::to_string(bytes) + " B"; },
-      std::forward<F>(f));
+      backend_, static_cast<std::int64_t>(bytes),
+      [&] { return std::string(name) + " " + std::to_string(bytes) + " B"; }, std::forward<F>(f));
   CollStats& s = ledger_[kind];
   s.calls += 1;
   s.bytes += static_cast<std::int64_t>(bytes);
@@ -143,7 +144,7 @@ void Communicator::p2p(const std::vector<P2pOp>& ops) {
     return "p2p " + std::to_string(ops.size()) + " ops send " + std::to_string(dir_bytes[0]) +
            " B recv " + std::to_string(dir_bytes[1]) + " B";
   };
-  double ms = run_timed(backend_, label, [&] { do_p2p(ops); });
+  double ms = run_timed(backend_, dir_bytes[0] + dir_bytes[1], label, [&] { do_p2p(ops); });
   for (const P2pOp& op : ops) {
     const int d = op.is_send ? 0 : 1;
     const std::int64_t b = payload_bytes(op.count);

@@ -53,18 +53,23 @@ Tape Mlp::forward(int first, int last, const float* input, int rows, bool input_
   for (int i = first; i < last; ++i) {
     backend_.tracker().mark(Phase::forward, {PlaceKind::layer, i});
     access.before_forward(i);
-    Range range(backend_, "forward", i);
-    // (rows, width) fp32: activation when saved for backward, temp otherwise
-    Buffer out = backend_.alloc(output_saved(i, last) ? Category::activation : Category::temp,
-                                static_cast<std::size_t>(rows) * w);
-    backend_.gemm(Trans::no, Trans::yes, rows, w, w, 1.0f, in, w, access.weight(i), w, 0.0f,
-                  out.data(), w);
-    backend_.bias_activation(out.data(), access.bias(i), rows, w, model_.activation);
-    // Autograd: Linear saves its input, and a reference to its weight when the input
-    // requires a gradient; ReLU saves its output.
-    saved_.save(in, bytes);
-    if (in_requires_grad) saved_.save(weight_id(i), 0);
-    if (model_.activation == Activation::relu) saved_.save(out.data(), bytes);
+    Buffer out;
+    {
+      // The layer's range closes before the hooks' work (a zero3 reshard), so a unit's
+      // range (opened and closed by the hooks) nests around its layers'.
+      Range range(backend_, "forward", i);
+      // (rows, width) fp32: activation when saved for backward, temp otherwise
+      out = backend_.alloc(output_saved(i, last) ? Category::activation : Category::temp,
+                           static_cast<std::size_t>(rows) * w);
+      backend_.gemm(Trans::no, Trans::yes, rows, w, w, 1.0f, in, w, access.weight(i), w, 0.0f,
+                    out.data(), w);
+      backend_.bias_activation(out.data(), access.bias(i), rows, w, model_.activation);
+      // Autograd: Linear saves its input, and a reference to its weight when the input
+      // requires a gradient; ReLU saves its output.
+      saved_.save(in, bytes);
+      if (in_requires_grad) saved_.save(weight_id(i), 0);
+      if (model_.activation == Activation::relu) saved_.save(out.data(), bytes);
+    }
     access.after_forward(i);
     in = out.data();
     in_requires_grad = true;
@@ -114,28 +119,30 @@ Buffer Mlp::backward(Tape& tape, Buffer dy, LayerAccess& access, float beta) {
   for (int i = tape.last - 1; i >= tape.first; --i) {
     backend_.tracker().mark(Phase::backward, {PlaceKind::layer, i});
     access.before_backward(i);
-    Range range(backend_, "backward", i);
-    Buffer& out = tape.outputs[i - tape.first];
-    if (model_.activation == Activation::relu) {
-      backend_.relu_backward(dy.data(), out.data(), dy.count());
-      saved_.release(out.data());
-    }
-    const float* in = layer_input(tape, i);
-    // dW(out, in) = dy^T x ; db = column sums of dy
-    backend_.gemm(Trans::yes, Trans::no, w, w, rows, 1.0f, dy.data(), w, in, w, beta,
-                  access.weight_grad(i), w);
-    backend_.bias_grad(access.bias_grad(i), dy.data(), rows, w, beta);
-    const bool needs_dx = i > tape.first || tape.input_requires_grad;
     Buffer dx;
-    if (needs_dx) {
-      dx = backend_.alloc(Category::temp, static_cast<std::size_t>(rows) * w);  // (rows, width)
-      backend_.gemm(Trans::no, Trans::no, rows, w, w, 1.0f, dy.data(), w, access.weight(i), w,
-                    0.0f, dx.data(), w);
-      saved_.release(weight_id(i));
+    {
+      Range range(backend_, "backward", i);  // closes before the hooks' reduce-scatter
+      Buffer& out = tape.outputs[i - tape.first];
+      if (model_.activation == Activation::relu) {
+        backend_.relu_backward(dy.data(), out.data(), dy.count());
+        saved_.release(out.data());
+      }
+      const float* in = layer_input(tape, i);
+      // dW(out, in) = dy^T x ; db = column sums of dy
+      backend_.gemm(Trans::yes, Trans::no, w, w, rows, 1.0f, dy.data(), w, in, w, beta,
+                    access.weight_grad(i), w);
+      backend_.bias_grad(access.bias_grad(i), dy.data(), rows, w, beta);
+      const bool needs_dx = i > tape.first || tape.input_requires_grad;
+      if (needs_dx) {
+        dx = backend_.alloc(Category::temp, static_cast<std::size_t>(rows) * w);  // (rows, width)
+        backend_.gemm(Trans::no, Trans::no, rows, w, w, 1.0f, dy.data(), w, access.weight(i), w,
+                      0.0f, dx.data(), w);
+        saved_.release(weight_id(i));
+      }
+      saved_.release(in);
+      dy.reset();
+      out.reset();
     }
-    saved_.release(in);
-    dy.reset();
-    out.reset();
     access.after_backward(i);
     dy = std::move(dx);
   }
@@ -179,15 +186,17 @@ void Mlp::backward_weight(Tape& tape, LayerAccess& access, float beta) {
   const int rows = tape.rows;
   for (int i = tape.last - 1; i >= tape.first; --i) {
     backend_.tracker().mark(Phase::backward, {PlaceKind::layer, i});
-    Range range(backend_, "backward-weight", i);
-    const float* in = layer_input(tape, i);
-    Buffer& dz = tape.dz[i - tape.first];
-    backend_.gemm(Trans::yes, Trans::no, w, w, rows, 1.0f, dz.data(), w, in, w, beta,
-                  access.weight_grad(i), w);
-    backend_.bias_grad(access.bias_grad(i), dz.data(), rows, w, beta);
-    saved_.release(in);
-    dz.reset();
-    if (i > tape.first) tape.outputs[i - 1 - tape.first].reset();
+    {
+      Range range(backend_, "backward-weight", i);
+      const float* in = layer_input(tape, i);
+      Buffer& dz = tape.dz[i - tape.first];
+      backend_.gemm(Trans::yes, Trans::no, w, w, rows, 1.0f, dz.data(), w, in, w, beta,
+                    access.weight_grad(i), w);
+      backend_.bias_grad(access.bias_grad(i), dz.data(), rows, w, beta);
+      saved_.release(in);
+      dz.reset();
+      if (i > tape.first) tape.outputs[i - 1 - tape.first].reset();
+    }
     access.after_backward(i);
   }
 }

@@ -52,7 +52,51 @@ bool write_all(int fd, const char* data, std::size_t size) {
   return true;
 }
 
+bool flat(const nlohmann::json& j) {
+  for (const auto& v : j)
+    if (v.is_structured()) return false;
+  return true;
+}
+
+void append_readable(const nlohmann::json& j, int indent, std::string& out) {
+  if (!j.is_structured() || j.empty()) {
+    out += j.dump();
+    return;
+  }
+  const bool object = j.is_object();
+  out += object ? '{' : '[';
+  const bool one_line = flat(j);
+  const std::string pad(static_cast<std::size_t>(indent + 2), ' ');
+  bool first = true;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!first) out += ',';
+    first = false;
+    if (one_line) {
+      if (it != j.begin()) out += ' ';
+    } else {
+      out += '\n';
+      out += pad;
+    }
+    if (object) {
+      out += nlohmann::json(it.key()).dump();
+      out += ": ";
+    }
+    append_readable(*it, indent + 2, out);
+  }
+  if (!one_line) {
+    out += '\n';
+    out.append(static_cast<std::size_t>(indent), ' ');
+  }
+  out += object ? '}' : ']';
+}
+
 }  // namespace
+
+std::string readable_json(const nlohmann::json& j) {
+  std::string out;
+  append_readable(j, 0, out);
+  return out;
+}
 
 void check_writable(const std::string& path, const std::string& flag) {
   auto fail = [&](const std::string& reason) {

@@ -21,6 +21,12 @@ void check_writable(const std::string& path, const std::string& flag = "--json F
 // RunError("cannot write '<path>': <reason>").
 void write_file_atomic(const std::string& path, const std::string& content);
 
+// A document as people (and diffs) read it: objects and arrays indented two spaces per
+// level, except that an array or object holding only scalars (numbers, strings,
+// booleans, nulls) goes on one line: a timeline's memory row or span is one line. For
+// the rank timelines of a sweep this is about a third of nlohmann's dump(2).
+std::string readable_json(const nlohmann::json& j);
+
 // Parses a JSON file. Throws RunError naming the file when it cannot be read or parsed.
 nlohmann::json read_json_file(const std::string& path);
 

@@ -39,7 +39,8 @@ int int_after(const std::string& s, const std::string& key) {
   std::size_t i = at + key.size();
   if (i >= s.size() || !std::isdigit(static_cast<unsigned char>(s[i]))) return -1;
   int v = 0;
-  for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])) && v < 100000000; ++i) v = v * 10 + (s[i] - '0');
+  for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])) && v < 100000000; ++i)
+    v = v * 10 + (s[i] - '0');
   return v;
 }
 

@@ -1,6 +1,7 @@
 #include "harness/run/records.hpp"
 
 #include <algorithm>
+#include <numeric>
 
 namespace shardscope {
 
@@ -61,6 +62,72 @@ void add_allocator_figures(Backend& backend, nlohmann::json& r) {
   }
   const std::int64_t outside = backend.outside_pool_bytes();
   r["outside_pool_bytes"] = outside >= 0 ? nlohmann::json(outside) : nlohmann::json(nullptr);
+}
+
+std::string describe_place(const Place& place) {
+  switch (place.kind) {
+    case PlaceKind::layer: return "layer " + std::to_string(place.index);
+    case PlaceKind::unit: return "unit " + std::to_string(place.index);
+    case PlaceKind::tensor: return "tensor " + std::to_string(place.index);
+    case PlaceKind::microbatch: return "micro-batch " + std::to_string(place.index);
+    case PlaceKind::none: break;
+  }
+  return "-";
+}
+
+namespace {
+
+// ns -> ms; the division is correctly rounded, so the JSON prints the exact decimal.
+double ms(std::int64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+nlohmann::json memory_row(std::int64_t t_ns, const CategoryBytes& b) {
+  nlohmann::json row = nlohmann::json::array();
+  row.push_back(ms(t_ns));
+  for (std::int64_t v : b.bytes) row.push_back(v);
+  return row;
+}
+
+}  // namespace
+
+nlohmann::json timeline_json(const Timeline& t, const std::function<std::string(const Place&)>& describe) {
+  nlohmann::json j;
+  j["unit"] = "ms since the run started";
+  j["coalesced"] = t.coalesced();
+  j["merged_events"] = t.merged_events();
+  j["events"] = t.events();
+  j["sample_limit"] = t.sample_limit();
+  j["categories"] = kCategoryNames;
+  nlohmann::json memory = nlohmann::json::array();
+  nlohmann::json marks = nlohmann::json::array();
+  memory.push_back(memory_row(0, t.start_state()));
+  const TimelineSample* prev = nullptr;
+  for (const TimelineSample& s : t.samples()) {
+    memory.push_back(memory_row(s.t_ns, s.bytes));
+    if (prev == nullptr || prev->phase != s.phase || !(prev->place == s.place))
+      marks.push_back({ms(s.t_ns), std::string(phase_name(s.phase)), describe(s.place)});
+    prev = &s;
+  }
+  j["memory"] = std::move(memory);
+  j["marks"] = std::move(marks);
+  // Spans end in completion order; a reader wants them by start, parents first.
+  const std::vector<TimelineSpan>& spans = t.spans();
+  std::vector<std::size_t> order(spans.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    if (spans[a].start_ns != spans[b].start_ns) return spans[a].start_ns < spans[b].start_ns;
+    return spans[a].depth < spans[b].depth;
+  });
+  nlohmann::json list = nlohmann::json::array();
+  for (std::size_t i : order) {
+    const TimelineSpan& s = spans[i];
+    nlohmann::json span = {{"name", s.name}, {"start_ms", ms(s.start_ns)}, {"end_ms", ms(s.end_ns)},
+                           {"depth", s.depth}};
+    if (s.bytes >= 0) span["bytes"] = s.bytes;
+    list.push_back(std::move(span));
+  }
+  j["spans"] = std::move(list);
+  j["dropped_spans"] = t.dropped_spans();
+  return j;
 }
 
 }  // namespace shardscope

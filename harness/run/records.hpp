@@ -1,7 +1,9 @@
 // Measurement records rendered as the JSON of DESIGN §7.
 #pragma once
 
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "shardscope/backend.hpp"
@@ -20,5 +22,18 @@ int timed_steps(const std::vector<double>& step_ms);
 // Adds "rounded" (the tracker's allocator-granular figures), "pool" (the CUDA pool's
 // counters, null on cpu) and "outside_pool_bytes" (null when unknown) to a rank record.
 void add_allocator_figures(Backend& backend, nlohmann::json& record);
+
+// "layer 3", "unit 3", "tensor 3", "micro-batch 3"; "-" for no place.
+std::string describe_place(const Place& place);
+// A rank record's "timeline" (times in ms since the run started):
+//   {"unit": "ms since the run started", "coalesced", "merged_events", "events",
+//    "sample_limit", "categories": [the 8 names],
+//    "memory": [[t_ms, bytes per category in that order], ...]  (first row: the state
+//              when recording started, at 0; then one row after each kept event),
+//    "marks": [[t_ms, phase, place], ...]  (where the marked phase/place changes),
+//    "spans": [{"name", "start_ms", "end_ms", "depth", "bytes" (collectives and p2p
+//              only)}, ...]  (by start; a parent before its children), "dropped_spans"}
+nlohmann::json timeline_json(const Timeline& timeline,
+                             const std::function<std::string(const Place&)>& describe = describe_place);
 
 }  // namespace shardscope

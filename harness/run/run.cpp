@@ -6,9 +6,11 @@
 #include "harness/memory/host_memory.hpp"
 #include "harness/model/data.hpp"
 #include "harness/report/format.hpp"
+#include "harness/report/csv.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/provenance.hpp"
 #include "harness/report/table.hpp"
+#include "harness/report/trace.hpp"
 #include "harness/run/memory_check.hpp"
 #include "harness/run/records.hpp"
 #include "harness/strategies/partition.hpp"
@@ -77,7 +79,10 @@ nlohmann::json run_data_parallel(const RunConfig& cfg, Backend& backend, Communi
 
   StrategyContext ctx{cfg, backend, comm};
   std::unique_ptr<Strategy> strategy = make_strategy(ctx);
-  strategy->setup();
+  {
+    ScopedRange range(backend, "setup");
+    strategy->setup();
+  }
   std::vector<double> step_ms;
   std::vector<double> losses;
   for (int s = 0; s < cfg.steps; ++s) {
@@ -112,6 +117,8 @@ nlohmann::json run_data_parallel(const RunConfig& cfg, Backend& backend, Communi
   r["step_ms"] = step_ms_json(step_ms);
   r["step_ms_all"] = step_ms;
   r["loss"] = losses;
+  if (tr.recording())
+    r["timeline"] = timeline_json(tr.timeline(), [&](const Place& p) { return strategy->describe(p); });
   return r;
 }
 
@@ -142,6 +149,8 @@ nlohmann::json make_document(const nlohmann::json& runs, const std::string& back
 
 void run_job(RunConfig cfg, MpiSession& mpi) {
   if (!cfg.json_path.empty() && mpi.rank() == 0) check_writable(cfg.json_path);
+  if (!cfg.trace_path.empty() && mpi.rank() == 0) check_writable(cfg.trace_path, "--trace FILE");
+  if (!cfg.csv_dir.empty() && mpi.rank() == 0) prepare_csv_dir(cfg.csv_dir);
   const std::string backend_name = choose_backend(cfg);
   const CommOptions comm_opt = choose_comm(cfg, backend_name, mpi);
   const int world = comm_opt.kind == "fake" ? comm_opt.emulate_world : mpi.world();
@@ -155,6 +164,10 @@ void run_job(RunConfig cfg, MpiSession& mpi) {
   std::unique_ptr<Backend> backend = make_backend(backend_name, mpi.local_rank());
   if (backend_name == "cuda" && cfg.allow_tf32) backend->set_allow_tf32(true);
   std::unique_ptr<Communicator> comm = make_communicator(comm_opt, backend.get());
+  // The run's start, the origin of every timeline: right after a barrier, so the ranks
+  // of one job share it (to the barrier's skew).
+  comm->barrier();
+  backend->tracker().set_recording(cfg.timeline);
 
   nlohmann::json rank_record;
   nlohmann::json run;
@@ -183,7 +196,9 @@ void run_job(RunConfig cfg, MpiSession& mpi) {
                                      comm->emulated(),
                                      provenance(cfg.command_line, device, device.empty() ? "" : device, ""));
   print_tables(doc, std::cout);
-  if (!cfg.json_path.empty()) write_file_atomic(cfg.json_path, doc.dump(1) + "\n");
+  if (!cfg.json_path.empty()) write_file_atomic(cfg.json_path, readable_json(doc) + "\n");
+  if (!cfg.trace_path.empty()) write_trace_file(cfg.trace_path, doc);
+  if (!cfg.csv_dir.empty()) write_csv_files(doc, cfg.csv_dir);
 }
 
 }  // namespace shardscope

@@ -59,7 +59,10 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
                                predict_saved(cfg.model, layout, s).peak_live_bytes + 8 * batch_bytes;
     check_memory(bound, backend, comm.rank(), "bound on the peak");
   }
-  stage.setup();
+  {
+    ScopedRange range(backend, "setup");
+    stage.setup();
+  }
 
   std::vector<double> step_ms;
   std::vector<double> losses;
@@ -131,6 +134,7 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
   r["bubble_fraction_theory"] = bubble_theory(sched);
   r["action_ms"] = actions;
   r["loss"] = stage.holds_loss() ? nlohmann::json(losses) : nlohmann::json(nullptr);
+  if (tr.recording()) r["timeline"] = timeline_json(tr.timeline());
   return r;
 }
 

@@ -1,6 +1,7 @@
 #include "harness/strategies/fsdp.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "harness/model/data.hpp"
@@ -57,21 +58,36 @@ void FsdpStrategy::gather(int u) {
   comm_.all_gather(s.shard.data(), s.full.data(), static_cast<std::size_t>(units_[u].shard));
 }
 
+// A unit's range ("unit 3") spans its forward from the gather to the reshard, and its
+// backward from the gather (and the prefetch of the next unit) to the reduce-scatter;
+// its layers' ranges nest inside (Mlp closes a layer's range before the hooks run).
+void FsdpStrategy::begin_unit_range(int u) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "unit %d", u);
+  backend_.range_push(name);
+}
+
 void FsdpStrategy::before_forward(int layer) {
   const int u = unit_of_layer_[layer];
-  if (layer == units_[u].first_layer) gather(u);
+  if (layer == units_[u].first_layer) {
+    begin_unit_range(u);
+    gather(u);
+  }
   backend_.tracker().mark(Phase::forward, {PlaceKind::unit, u});
 }
 
 void FsdpStrategy::after_forward(int layer) {
   const int u = unit_of_layer_[layer];
-  if (layer + 1 == units_[u].last_layer && reshard_after_forward()) state_[u].full.reset();
+  if (layer + 1 != units_[u].last_layer) return;
+  if (reshard_after_forward()) state_[u].full.reset();
+  backend_.range_pop();
 }
 
 void FsdpStrategy::before_backward(int layer) {
   const int u = unit_of_layer_[layer];
   backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
   if (layer + 1 != units_[u].last_layer) return;  // only when the unit's backward begins
+  begin_unit_range(u);
   gather(u);
   // BACKWARD_PRE prefetch: the next unit in backward order is gathered now, while
   // this one computes, so both are held at once.
@@ -95,6 +111,7 @@ void FsdpStrategy::after_backward(int layer) {
   backend_.scale(s.grad_shard.data(), 1.0f / static_cast<float>(comm_.world()), n);
   s.full_grad.reset();
   s.full.reset();  // every unit is resharded after its backward
+  backend_.range_pop();
 }
 
 void FsdpStrategy::optimizer_step(int step) {

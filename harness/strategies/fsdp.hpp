@@ -38,6 +38,7 @@ class FsdpStrategy : public DataParallelStrategy, private LayerAccess {
   void after_backward(int layer) override;
 
   void gather(int unit);
+  void begin_unit_range(int unit);  // "unit 3"; closed by range_pop in the hooks
   bool reshard_after_forward() const { return full_shard_ && units_.size() > 1; }
   std::int64_t layer_offset(int layer) const;  // in the unit's flat vector
 

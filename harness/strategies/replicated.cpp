@@ -67,7 +67,7 @@ void ReplicatedStrategy::reduce_gradients() {
     float* b = bucket_ ? bucket_.data() + offset : g;
     if (bucket_) backend_.copy(b, g, static_cast<std::size_t>(count));
     comm_.all_reduce_sum(b, static_cast<std::size_t>(count));
-    backend_.scale(b, inv_world, static_cast<std::size_t>(count));
+    if (comm_.world() > 1) backend_.scale(b, inv_world, static_cast<std::size_t>(count));
     if (bucket_) backend_.copy(g, b, static_cast<std::size_t>(count));
   }
 }

@@ -122,9 +122,11 @@ class Backend {
   // Waits for all queued work.
   virtual void synchronize() = 0;
 
-  // Named ranges for profilers (NVTX on CUDA; no-op on CPU).
-  virtual void range_push(const char* /*name*/) {}
-  virtual void range_pop() {}
+  // Named ranges: kept as spans in the tracker's timeline while it records, and handed
+  // to the backend's profiler (do_range_push: NVTX on CUDA, nothing on CPU). `bytes` is
+  // a collective's or p2p call's payload (-1: none), kept with the span.
+  void range_push(const char* name, std::int64_t bytes = -1);
+  void range_pop();
 
   // Host memory for staging this backend's buffers through a host transport (MPI with
   // CUDA buffers): slot `slot` holds at least `count` floats, grows as needed and is
@@ -153,6 +155,9 @@ class Backend {
   friend class Buffer;
   virtual void* raw_alloc(std::size_t bytes) = 0;  // nullptr when out of memory
   virtual void raw_free(void* p, std::size_t bytes) noexcept = 0;
+  // The profiler's side of range_push/range_pop.
+  virtual void do_range_push(const char* /*name*/) {}
+  virtual void do_range_pop() {}
   // Staging memory (see staging()); derived classes that override these must call
   // release_staging() in their destructor, while their override is still callable.
   virtual void* host_alloc(std::size_t bytes);
@@ -169,10 +174,10 @@ class Backend {
   std::vector<Staging> staging_;
 };
 
-// RAII range: marks a profiler range for the scope.
+// RAII range: marks a profiler range (and a timeline span) for the scope.
 class ScopedRange {
  public:
-  ScopedRange(Backend& b, const char* name) : b_(b) { b_.range_push(name); }
+  ScopedRange(Backend& b, const char* name, std::int64_t bytes = -1) : b_(b) { b_.range_push(name, bytes); }
   ~ScopedRange() { b_.range_pop(); }
   ScopedRange(const ScopedRange&) = delete;
   ScopedRange& operator=(const ScopedRange&) = delete;

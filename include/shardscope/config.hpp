@@ -53,7 +53,10 @@ struct RunConfig {
   int emulate_rank = 0;
   bool allow_tf32 = false;
 
+  bool timeline = true;     // --timeline on|off: record the memory timeline and spans
   std::string json_path;
+  std::string trace_path;   // --trace FILE: Chrome trace-event JSON, written by rank 0
+  std::string csv_dir;      // --csv DIR: data_parallel.csv, pipeline.csv, written by rank 0
   std::string command_line;
 
   bool pipeline() const { return !schedule.empty(); }

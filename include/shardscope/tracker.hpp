@@ -5,11 +5,16 @@
 // that instant. Two figures are kept: requested bytes (what tables show, identical on
 // every backend) and bytes rounded to the allocator's granularity (equal to the CUDA
 // pool's UsedMem* after a sync).
+//
+// With recording on (set_recording), every event also goes to the rank's Timeline
+// (shardscope/timeline.hpp) with its time and the phase/place marked; recording only
+// reads the tracker's figures, never changes them.
 #pragma once
 
 #include <cstdint>
 
 #include "shardscope/category.hpp"
+#include "shardscope/timeline.hpp"
 
 namespace shardscope {
 
@@ -22,7 +27,8 @@ struct PeakRecord {
 
 class Tracker {
  public:
-  // Hot path: a few adds and a compare (bench/tracker_bench measures it).
+  // Hot path: a few adds and a compare, plus a clock read and an append when recording
+  // (bench/tracker_bench measures both).
   void on_alloc(Category c, std::int64_t bytes, std::int64_t rounded_bytes) {
     current_[c] += bytes;
     current_total_ += bytes;
@@ -35,12 +41,14 @@ class Tracker {
       peak_.phase = phase_;
       peak_.place = place_;
     }
+    if (recording_) timeline_.record(c, bytes, current_, phase_, place_);
   }
   void on_free(Category c, std::int64_t bytes, std::int64_t rounded_bytes) {
     current_[c] -= bytes;
     current_total_ -= bytes;
     rounded_current_ -= rounded_bytes;
     --live_allocations_;
+    if (recording_) timeline_.record(c, -bytes, current_, phase_, place_);
   }
 
   // Marks what the caller is doing; recorded with a new peak.
@@ -67,6 +75,23 @@ class Tracker {
   std::int64_t rounded_peak() const { return rounded_peak_; }
   std::int64_t live_allocations() const { return live_allocations_; }
 
+  // Timeline recording, off by default (runs turn it on: --timeline on). Turning it on
+  // restarts the timeline: its clock starts now, from the current state.
+  void set_recording(bool on) {
+    if (on && !recording_) timeline_.restart(current_);
+    recording_ = on;
+  }
+  bool recording() const { return recording_; }
+  const Timeline& timeline() const { return timeline_; }
+  Timeline& timeline() { return timeline_; }
+  // Profiler ranges (Backend::range_push/range_pop), kept as spans while recording.
+  void push_span(const char* name, std::int64_t bytes) {
+    if (recording_) timeline_.push_span(name, bytes);
+  }
+  void pop_span() {
+    if (recording_) timeline_.pop_span();
+  }
+
  private:
   CategoryBytes current_;
   std::int64_t current_total_ = 0;
@@ -76,6 +101,8 @@ class Tracker {
   PeakRecord peak_;
   Phase phase_ = Phase::setup;
   Place place_;
+  bool recording_ = false;
+  Timeline timeline_;
 };
 
 }  // namespace shardscope

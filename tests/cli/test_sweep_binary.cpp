@@ -83,5 +83,24 @@ TEST_F(SweepBinary, AnEmulatedSweepOfRealRuns) {
   EXPECT_FALSE(fs::exists(out + "/.runs"));
 }
 
+// `run --csv DIR` writes the same files as the sweep, for its one run.
+TEST_F(SweepBinary, RunWritesCsv) {
+  ChildSpec spec;
+  spec.argv = {bin_, "run", "--emulate", "2:1", "--strategy", "zero1", "--layers", "2", "--width", "8",
+               "--batch", "2", "--steps", "2", "--backend", "cpu", "--csv", dir_ + "/csv"};
+  spec.stdout_path = dir_ + "/stdout";
+  spec.stderr_path = dir_ + "/stderr";
+  spec.timeout_s = 120;
+  const ChildResult r = run_child(spec);
+  ASSERT_TRUE(r.end == ChildResult::End::exited && r.code == 0) << read(spec.stderr_path);
+  std::istringstream dp(read(dir_ + "/csv/data_parallel.csv"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(dp, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 1u + 8u);  // header, then rank 1's eight categories
+  EXPECT_EQ(lines[0].rfind("world,strategy,units,prefetch,ddp_bucket,rank,category,", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[1].rfind("2,zero1,,,view,1,param,", 0), 0u) << lines[1];
+  EXPECT_EQ(read(dir_ + "/csv/pipeline.csv").rfind("schedule,stages,", 0), 0u);
+}
+
 }  // namespace
 }  // namespace shardscope

@@ -274,5 +274,53 @@ TEST_F(SweepFake, BadUsageIsRefusedBeforeAnythingRuns) {
   EXPECT_NE(testing::internal::GetCapturedStdout().find("usage: shardscope sweep"), std::string::npos);
 }
 
+TEST_F(SweepFake, ReportAndCsvAreWrittenAlsoWhenASweepFails) {
+  set("FAKE_FAIL", "zero1");
+  const std::string report = dir_ + "/r.html", csv = dir_ + "/csv/sub";
+  EXPECT_EQ(sweep({"--strategies", "ddp,zero1", "--worlds", "2", "--emulate", "--report", report, "--csv", csv}), 3);
+  std::ifstream in(report);
+  std::ostringstream html;
+  html << in.rdbuf();
+  EXPECT_NE(html.str().find("Incomplete"), std::string::npos);
+  EXPECT_NE(html.str().find("out of memory"), std::string::npos);
+  int bars = 0;
+  for (std::size_t at = html.str().find("class=\"bar peak\""); at != std::string::npos;
+       at = html.str().find("class=\"bar peak\"", at + 1))
+    ++bars;
+  EXPECT_EQ(bars, 2) << "the completed ddp run's two ranks";
+  auto lines = [](const std::string& path) {
+    std::ifstream f(path);
+    int n = 0;
+    for (std::string line; std::getline(f, line);) ++n;
+    return n;
+  };
+  EXPECT_EQ(lines(csv + "/data_parallel.csv"), 1 + 2 * 8);
+  EXPECT_EQ(lines(csv + "/pipeline.csv"), 1);
+  EXPECT_EQ(log("run.log").find("--report"), std::string::npos) << "not a run flag";
+  EXPECT_EQ(log("run.log").find("--csv"), std::string::npos);
+  EXPECT_NE(stdout_.find("report: " + report), std::string::npos) << stdout_;
+  expect_only_the_result();
+}
+
+TEST_F(SweepFake, AnUnwritableReportOrCsvIsRefusedBeforeAnythingRuns) {
+  std::ofstream(dir_ + "/a_file") << "x";
+  auto refusal = [&](const Args& args) -> std::string {
+    try {
+      sweep_main(args, fake_run_);
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  const Args ddp = {"--strategies", "ddp", "--worlds", "1", "--out", out_};
+  Args bad_report = ddp, bad_csv = ddp;
+  bad_report.insert(bad_report.end(), {"--report", dir_ + "/none/r.html"});
+  bad_csv.insert(bad_csv.end(), {"--csv", dir_ + "/a_file"});
+  EXPECT_EQ(refusal(bad_report).rfind("--report FILE: cannot write", 0), 0u) << refusal(bad_report);
+  EXPECT_NE(refusal(bad_csv).find("--csv DIR: '" + dir_ + "/a_file' exists and is not a directory"), std::string::npos)
+      << refusal(bad_csv);
+  EXPECT_EQ(log("run.log"), "");
+}
+
 }  // namespace
 }  // namespace shardscope

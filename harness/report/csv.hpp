@@ -1,0 +1,31 @@
+// Flat CSV files of a shardscope/1 document (`--csv DIR`, README "CSV"): one per run
+// kind, every row complete on its own, for spreadsheets and data frames.
+//   data_parallel.csv: one row per run x rank x category (8 per rank);
+//   pipeline.csv:      one row per run x stage.
+// Skipped configurations have no rows. Fields are quoted as RFC 4180 says (a field
+// holding a comma, a double quote, CR or LF is quoted, its quotes doubled), lines end
+// in CRLF; a missing figure is an empty field. Bytes are integers, times and fractions
+// are printed with 9 significant digits.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace shardscope {
+
+// One field as RFC 4180 writes it.
+std::string csv_field(const std::string& text);
+
+// The files' contents, header first (a header alone when the document has no such runs).
+std::string data_parallel_csv(const nlohmann::json& doc);
+std::string pipeline_csv(const nlohmann::json& doc);
+
+// Before any work: creates DIR when missing and checks that files can be written there.
+// Throws UsageError("--csv DIR: ...") otherwise.
+void prepare_csv_dir(const std::string& dir);
+
+// Writes DIR/data_parallel.csv and DIR/pipeline.csv, each atomically (json_io.hpp).
+void write_csv_files(const nlohmann::json& doc, const std::string& dir);
+
+}  // namespace shardscope

@@ -1,0 +1,159 @@
+// The trace printer (trace.hpp): rank timelines -> Chrome trace events.
+#include "harness/report/trace.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "harness/report/cells.hpp"
+#include "harness/report/json_io.hpp"
+
+namespace shardscope {
+namespace {
+
+using nlohmann::json;
+
+// Processes of one run are pid = run index * kPidStride + rank.
+constexpr std::int64_t kPidStride = 1000;
+
+// ms (as the timeline writes them, exact to the ns) -> integer ns -> µs with the ns as
+// 3 decimals: Perfetto rounds ts * 1000 back to the same ns, so a child slice never
+// sticks out of its parent by a rounding step.
+std::int64_t ms_to_ns(double ms) { return std::llround(ms * 1e6); }
+double ns_to_us(std::int64_t ns) { return static_cast<double>(ns) / 1e3; }
+
+bool number(const json& j, const char* key, double* out) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return false;
+  *out = it->get<double>();
+  return true;
+}
+
+std::string field_text(const json& j, const char* key) {
+  const json* v = cells::at(j, {key});
+  return v ? cells::text(v) : std::string();
+}
+
+json metadata(const char* name, std::int64_t pid, const json& args) {
+  return {{"name", name}, {"ph", "M"}, {"ts", 0}, {"pid", pid}, {"tid", pid}, {"args", args}};
+}
+
+void add_spans(const json& spans, std::int64_t pid, json& events) {
+  if (!spans.is_array()) return;
+  for (const json& s : spans) {
+    double start = 0.0, end = 0.0;
+    if (!s.is_object() || !number(s, "start_ms", &start) || !number(s, "end_ms", &end)) continue;
+    const std::int64_t t0 = ms_to_ns(start);
+    const std::int64_t t1 = std::max(ms_to_ns(end), t0);
+    json args = json::object();
+    if (s.contains("depth")) args["depth"] = s["depth"];
+    if (s.contains("bytes")) args["bytes"] = s["bytes"];
+    events.push_back({{"name", s.value("name", std::string("?"))},
+                      {"cat", "range"},
+                      {"ph", "X"},
+                      {"ts", ns_to_us(t0)},
+                      {"dur", ns_to_us(t1 - t0)},
+                      {"pid", pid},
+                      {"tid", pid},
+                      {"args", std::move(args)}});
+  }
+}
+
+// Counter events in row order (the timeline's rows are in time order; a row earlier
+// than its predecessor, which a well-formed timeline never has, is clamped so every
+// counter track stays monotonic).
+void add_memory(const json& timeline, std::int64_t pid, json& events) {
+  const json* cats = cells::at(timeline, {"categories"});
+  const json* rows = cells::at(timeline, {"memory"});
+  if (!cats || !cats->is_array() || !rows || !rows->is_array()) return;
+  const std::size_t n = cats->size();
+  std::int64_t last_ns = 0;
+  std::int64_t peak = -1;
+  std::int64_t peak_ns = 0;
+  for (const json& row : *rows) {
+    if (!row.is_array() || row.size() != n + 1 || !row[0].is_number()) continue;
+    const std::int64_t t = std::max(ms_to_ns(row[0].get<double>()), last_ns);
+    last_ns = t;
+    json args = json::object();
+    std::int64_t total = 0;
+    for (std::size_t c = 0; c < n; ++c) {
+      const std::int64_t b = row[c + 1].is_number() ? row[c + 1].get<std::int64_t>() : 0;
+      args[(*cats)[c].is_string() ? (*cats)[c].get<std::string>() : std::to_string(c)] = b;
+      total += b;
+    }
+    events.push_back({{"name", "memory"}, {"ph", "C"}, {"ts", ns_to_us(t)}, {"pid", pid}, {"tid", pid},
+                      {"args", std::move(args)}});
+    events.push_back({{"name", "memory total"}, {"ph", "C"}, {"ts", ns_to_us(t)}, {"pid", pid}, {"tid", pid},
+                      {"args", {{"bytes", total}}}});
+    if (total > peak) {
+      peak = total;
+      peak_ns = t;
+    }
+  }
+  if (peak >= 0)
+    events.push_back({{"name", "peak " + cells::group_digits(peak) + " B"},
+                      {"ph", "i"},
+                      {"s", "p"},
+                      {"ts", ns_to_us(peak_ns)},
+                      {"pid", pid},
+                      {"tid", pid},
+                      {"args", {{"bytes", peak}}}});
+}
+
+}  // namespace
+
+std::string trace_process_name(const json& run, const json& record) {
+  const bool pipeline = run.contains("stages") || run.value("kind", std::string()) == "pipeline";
+  std::string name;
+  if (pipeline) {
+    name = field_text(run, "schedule") + " S=" + field_text(run, "world");
+    if (const std::string m = field_text(run, "microbatches"); !m.empty()) name += " M=" + m;
+    if (run.value("chunks", 1) > 1) name += " chunks=" + field_text(run, "chunks");
+    name += " stage " + field_text(record, "stage");
+  } else {
+    const std::string strategy = field_text(run, "strategy");
+    name = strategy + " W=" + field_text(run, "world");
+    if (strategy == "zero2" || strategy == "zero3") {
+      name += " units=" + field_text(run, "layers_per_unit");
+      if (run.value("prefetch", 1) == 0) name += " prefetch=0";
+    }
+    if (run.value("ddp_bucket", std::string("view")) == "copy") name += " bucket=copy";
+    name += " rank " + field_text(record, "rank");
+  }
+  if (run.value("emulated", false) == true) name += " (emulated)";
+  return name;
+}
+
+json trace_document(const json& doc) {
+  json events = json::array();
+  const json* runs = cells::at(doc, {"runs"});
+  if (runs && runs->is_array()) {
+    for (std::size_t i = 0; i < runs->size(); ++i) {
+      const json& run = (*runs)[i];
+      if (!run.is_object() || run.value("skipped", false) == true) continue;
+      const json* records = cells::at(run, {run.contains("stages") ? "stages" : "ranks"});
+      if (!records || !records->is_array()) continue;
+      for (const json& record : *records) {
+        const json* timeline = record.is_object() ? cells::at(record, {"timeline"}) : nullptr;
+        if (!timeline || !timeline->is_object()) continue;
+        const std::int64_t rank = record.value("rank", record.value("stage", 0));
+        const std::int64_t pid = static_cast<std::int64_t>(i) * kPidStride + rank;
+        events.push_back(metadata("process_name", pid, {{"name", trace_process_name(run, record)}}));
+        events.push_back(metadata("process_sort_index", pid, {{"sort_index", pid}}));
+        events.push_back(metadata("thread_name", pid, {{"name", "ranges"}}));
+        if (const json* spans = cells::at(*timeline, {"spans"})) add_spans(*spans, pid, events);
+        add_memory(*timeline, pid, events);
+      }
+    }
+  }
+  json other = {{"generator", "shardscope"}, {"schema", doc.value("schema", json())}};
+  if (const json* command = cells::at(doc, {"provenance", "command"})) other["command"] = *command;
+  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(other)}};
+}
+
+void write_trace_file(const std::string& path, const json& doc) {
+  write_file_atomic(path, trace_document(doc).dump() + "\n");
+}
+
+}  // namespace shardscope

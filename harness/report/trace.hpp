@@ -1,0 +1,35 @@
+// `--trace FILE`: a shardscope/1 document's rank timelines as one Chrome trace-event
+// JSON ("JSON Object Format": {"traceEvents": [...], "displayTimeUnit": "ms"}) that
+// Perfetto (ui.perfetto.dev) and chrome://tracing open.
+//
+// One process per rank record that carries a "timeline": pid = run index * 1000 + rank
+// (the run's index in the document's "runs", so a sweep's processes follow its JSON),
+// named by a process_name metadata event ("zero3 W=4 units=1 rank 2", "1f1b S=2 M=8
+// stage 1") and sorted by pid. On its one thread (tid = pid, named "ranges"):
+// - an "X" complete event per span (step, forward, backward, layer or unit, each
+//   collective with args.bytes, optimizer, pipeline actions), ts and dur in µs;
+// - a "C" counter event "memory" per memory row, args = bytes per category (one counter
+//   track per category in Perfetto, stacked in chrome://tracing), and "memory total"
+//   with the sum;
+// - an "i" instant event at the rank's highest row ("peak 8,749,120 B").
+// Times are each run's own ms since its start (every run starts at 0).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace shardscope {
+
+// The trace of every rank record in `doc["runs"]` that has a timeline; runs and ranks
+// without one (skipped runs, --timeline off) add nothing.
+nlohmann::json trace_document(const nlohmann::json& doc);
+
+// "zero3 W=4 units=1 rank 2", "ddp W=2 rank 0", "1f1b S=2 M=8 stage 1" (plus
+// " (emulated)" when the run was), for a run and one of its rank or stage records.
+std::string trace_process_name(const nlohmann::json& run, const nlohmann::json& record);
+
+// Renders trace_document(doc) and writes it whole or not at all (write_file_atomic).
+void write_trace_file(const std::string& path, const nlohmann::json& doc);
+
+}  // namespace shardscope

@@ -1,0 +1,95 @@
+// A rank's memory timeline (issue 6): every tracked allocation and free with its time,
+// category, signed bytes and the phase/place marked at that moment, plus the profiler
+// ranges (spans) the code pushes. Filled by the Tracker when recording is on; rendered
+// by harness/run/records.cpp (the rank record's "timeline") and harness/report/trace.cpp
+// (Chrome trace events).
+//
+// Times are steady-clock nanoseconds since restart() (the run's start: every rank
+// restarts right after a barrier, so ranks of one job share an origin). On CUDA an event's
+// time is when the host issued the stream-ordered allocation or free.
+//
+// Bounded: at most `sample_limit` samples and `span_limit` finished spans are kept.
+// Past the sample limit, adjacent pairs of samples are merged, the one with the larger
+// total kept (the earlier on a tie), halving the count: the peak survives every merge,
+// older parts of the run get coarser, and the latest sample is always the current
+// state. Past the span limit, the older half of the finished spans is dropped.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardscope/category.hpp"
+
+namespace shardscope {
+
+// The state after one event (or, once coalesced, after the event kept of a merged run).
+struct TimelineSample {
+  std::int64_t t_ns = 0;     // since restart()
+  CategoryBytes bytes;       // current bytes per category after the event
+  std::int64_t delta = 0;    // the event's signed bytes: + alloc, - free
+  Category category = Category::temp;
+  Phase phase = Phase::setup;
+  Place place;
+};
+
+// A profiler range: [start_ns, end_ns], nested `depth` deep (0 = outermost).
+struct TimelineSpan {
+  std::string name;
+  std::int64_t start_ns = 0;
+  std::int64_t end_ns = 0;
+  int depth = 0;
+  std::int64_t bytes = -1;  // payload of a collective or p2p range; -1 when none
+};
+
+class Timeline {
+ public:
+  static constexpr std::size_t kDefaultSampleLimit = 50'000;
+  static constexpr std::size_t kDefaultSpanLimit = 20'000;
+
+  explicit Timeline(std::size_t sample_limit = kDefaultSampleLimit,
+                    std::size_t span_limit = kDefaultSpanLimit);
+
+  // Forgets everything and starts the clock now; `state` is the bytes held at this
+  // instant (the first row of the rendered memory series).
+  void restart(const CategoryBytes& state);
+
+  // One event; `after` is the tracker's state once the event is counted. Out of line
+  // (timeline.cpp): a clock read and an append, amortised O(1) with coalescing.
+  void record(Category c, std::int64_t delta, const CategoryBytes& after, Phase phase, const Place& place);
+
+  void push_span(const char* name, std::int64_t bytes);
+  void pop_span();  // ignored when no span is open
+
+  // Nanoseconds since restart().
+  std::int64_t now_ns() const;
+
+  const CategoryBytes& start_state() const { return start_state_; }
+  const std::vector<TimelineSample>& samples() const { return samples_; }
+  // Finished spans in the order they ended (parents after their children).
+  const std::vector<TimelineSpan>& spans() const { return spans_; }
+  std::size_t open_spans() const { return open_.size(); }
+  std::int64_t events() const { return events_; }          // recorded since restart()
+  std::int64_t merged_events() const { return merged_; }   // events folded into a neighbour
+  bool coalesced() const { return merged_ > 0; }
+  std::int64_t dropped_spans() const { return dropped_spans_; }
+  std::size_t sample_limit() const { return sample_limit_; }
+  std::size_t span_limit() const { return span_limit_; }
+
+ private:
+  void coalesce();
+
+  std::size_t sample_limit_;
+  std::size_t span_limit_;
+  std::int64_t origin_ns_ = 0;  // steady clock at restart()
+  CategoryBytes start_state_;
+  std::vector<TimelineSample> samples_;
+  std::vector<TimelineSpan> spans_;
+  std::vector<TimelineSpan> open_;
+  std::int64_t events_ = 0;
+  std::int64_t merged_ = 0;
+  std::int64_t dropped_spans_ = 0;
+};
+
+}  // namespace shardscope

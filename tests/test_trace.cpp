@@ -1,0 +1,250 @@
+// The trace printer (harness/report/trace.hpp) on real in-process runs: run_job writes a
+// valid Chrome trace (required fields, monotonic counters, nested slices, a named process
+// per rank), the emulated ranks of a job merged as the sweep merges them give one process
+// per rank, and the slices name step, forward, backward, layers, units, each collective
+// with its bytes, the optimizer and the pipeline actions. Also: the sweep consumes
+// --trace, and the readable JSON printer keeps documents intact.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/cli/sweep_plan.hpp"
+#include "harness/cli/sweep_results.hpp"
+#include "harness/comm/mpi_env.hpp"
+#include "harness/report/json_io.hpp"
+#include "harness/report/trace.hpp"
+#include "harness/run/run.hpp"
+#include "shardscope/check.hpp"
+#include "support/trace_check.hpp"
+
+namespace shardscope {
+namespace {
+
+using nlohmann::json;
+using testing::trace_problems;
+using testing::trace_processes;
+using testing::trace_slice_names;
+
+class TraceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/shardscope-trace-XXXXXX";
+    const char* d = mkdtemp(tmpl);
+    ASSERT_NE(d, nullptr);
+    dir_ = d;
+    int argc = 1;
+    static char name[] = "test_trace";
+    static char* args[] = {name, nullptr};
+    char** argv = args;
+    mpi_ = std::make_unique<MpiSession>(&argc, &argv);
+  }
+  void TearDown() override {
+    mpi_.reset();
+    if (!dir_.empty()) std::system(("rm -rf '" + dir_ + "'").c_str());
+  }
+
+  // One emulated rank of a small model through run_job, as `shardscope run` runs it.
+  json run_rank(RunConfig cfg, int world, int rank, const std::string& tag) {
+    cfg.emulate_world = world;
+    cfg.emulate_rank = rank;
+    cfg.backend = "cpu";
+    cfg.json_path = dir_ + "/" + tag + ".json";
+    cfg.trace_path = dir_ + "/" + tag + ".trace.json";
+    cfg.command_line = "shardscope run " + tag;
+    run_job(cfg, *mpi_);
+    return read_json_file(cfg.json_path);
+  }
+
+  std::string dir_;
+  std::unique_ptr<MpiSession> mpi_;
+};
+
+RunConfig small_dp(const std::string& strategy, int layers_per_unit) {
+  RunConfig cfg;
+  cfg.model.layers = 4;
+  cfg.model.width = 16;
+  cfg.model.batch = 4;
+  cfg.strategy = strategy;
+  cfg.layers_per_unit = layers_per_unit;
+  cfg.steps = 2;
+  return cfg;
+}
+
+bool has(const std::vector<std::string>& v, const std::string& s) { return std::find(v.begin(), v.end(), s) != v.end(); }
+
+TEST_F(TraceTest, RunJobWritesAValidTraceOfItsRank) {
+  const json doc = run_rank(small_dp("zero3", 1), 2, 1, "one");
+  const json trace = read_json_file(dir_ + "/one.trace.json");
+  const std::vector<std::string> problems = trace_problems(trace);
+  EXPECT_TRUE(problems.empty()) << problems.front();
+  const auto procs = trace_processes(trace);
+  ASSERT_EQ(procs.size(), 1u);
+  EXPECT_EQ(procs.begin()->first, 1) << "pid = run index 0 * 1000 + rank 1";
+  EXPECT_EQ(procs.begin()->second, "zero3 W=2 units=1 rank 1 (emulated)");
+  // The trace is rendered from the document's timeline: one counter per memory row.
+  const json& timeline = doc["runs"][0]["ranks"][0]["timeline"];
+  std::size_t counters = 0;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "C" && e["name"] == "memory") {
+      ++counters;
+      EXPECT_EQ(e["args"].size(), static_cast<std::size_t>(kCategoryCount));
+    }
+  EXPECT_EQ(counters, timeline["memory"].size());
+}
+
+TEST_F(TraceTest, EmulatedRanksMergedAsTheSweepDoesGiveOneProcessPerRank) {
+  std::vector<json> docs;
+  for (int r = 0; r < 2; ++r) docs.push_back(run_rank(small_dp("zero3", 1), 2, r, "rank" + std::to_string(r)));
+  std::vector<json> runs = merge_emulated_ranks(docs);
+  // A skipped configuration (no ranks) before it: the run's index, not its position
+  // among completed runs, makes the pid.
+  SweepJob skipped;
+  skipped.kind = "data_parallel";
+  skipped.config = {{"kind", "data_parallel"}, {"strategy", "zero1"}, {"world", 64}};
+  runs.insert(runs.begin(), skipped_record(skipped, "too few tensors"));
+  const json doc = sweep_document(runs, docs[0]["provenance"], "shardscope sweep --trace t.json", true, 2, "");
+  const json trace = trace_document(doc);
+  const std::vector<std::string> problems = trace_problems(trace);
+  EXPECT_TRUE(problems.empty()) << problems.front();
+  const auto procs = trace_processes(trace);
+  ASSERT_EQ(procs.size(), 2u);
+  EXPECT_EQ(procs.at(1000), "zero3 W=2 units=1 rank 0 (emulated)");
+  EXPECT_EQ(procs.at(1001), "zero3 W=2 units=1 rank 1 (emulated)");
+  EXPECT_EQ(trace["otherData"]["command"], "shardscope sweep --trace t.json");
+
+  const std::vector<std::string> names = trace_slice_names(trace, 1001);
+  for (const char* want : {"setup", "step", "forward", "backward", "unit 0", "unit 3", "forward layer 2",
+                           "backward layer 1", "optimizer"})
+    EXPECT_TRUE(has(names, want)) << want;
+  // Each collective is a slice named with its payload, which its args carry.
+  // zero3 with one layer per unit of 16 x 16 + 16 = 272 parameters: an all-gather of
+  // 272 floats padded to a multiple of 2 -> 1088 B, a reduce-scatter of the same.
+  int gathers = 0, scatters = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || e["pid"] != 1001) continue;
+    const std::string name = e["name"];
+    if (name.rfind("all_gather ", 0) == 0 || name.rfind("reduce_scatter ", 0) == 0) {
+      EXPECT_EQ(name.substr(name.find(' ') + 1), std::to_string(e["args"]["bytes"].get<std::int64_t>()) + " B");
+      EXPECT_EQ(e["args"]["bytes"], 1088);
+      (name[0] == 'a' ? gathers : scatters) += 1;
+    }
+  }
+  EXPECT_EQ(gathers, 2 * (4 + 4)) << "two steps, every unit gathered in forward and again in backward";
+  EXPECT_EQ(scatters, 2 * 4);
+  // The peak marker sits at the rank's highest memory row.
+  bool peak = false;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "i" && e["pid"] == 1001) peak = e["args"]["bytes"] == doc["runs"][1]["ranks"][1]["peak"]["total"];
+  EXPECT_TRUE(peak) << "2 steps alike: the run's highest row is the last step's peak";
+}
+
+TEST_F(TraceTest, PipelineTraceShowsTheActions) {
+  RunConfig cfg;
+  cfg.model.layers = 2;
+  cfg.model.width = 8;
+  cfg.model.batch = 4;
+  cfg.model.activation = Activation::relu;
+  cfg.model.loss = Loss::mse;
+  cfg.schedule = "1f1b";
+  cfg.microbatches = 4;
+  cfg.steps = 2;
+  run_rank(cfg, 2, 0, "pipe");
+  const json trace = read_json_file(dir_ + "/pipe.trace.json");
+  const std::vector<std::string> problems = trace_problems(trace);
+  EXPECT_TRUE(problems.empty()) << problems.front();
+  EXPECT_EQ(trace_processes(trace).at(0), "1f1b S=2 M=4 stage 0 (emulated)");
+  const std::vector<std::string> names = trace_slice_names(trace, 0);
+  for (const char* want : {"step", "F(m=0)", "F(m=3)", "B(m=2)", "forward layer 0", "backward layer 0", "p2p",
+                           "optimizer"})
+    EXPECT_TRUE(has(names, want)) << want;
+}
+
+TEST_F(TraceTest, TimelineOffWritesNoTimelineAndRunsWithoutItAddNothing) {
+  RunConfig cfg = small_dp("ddp", 0);
+  cfg.timeline = false;
+  cfg.emulate_world = 2;
+  cfg.emulate_rank = 0;
+  cfg.json_path = dir_ + "/off.json";
+  run_job(cfg, *mpi_);
+  const json doc = read_json_file(cfg.json_path);
+  EXPECT_FALSE(doc["runs"][0]["ranks"][0].contains("timeline"));
+  const json trace = trace_document(doc);
+  EXPECT_TRUE(trace["traceEvents"].empty());
+  EXPECT_TRUE(trace_problems(trace).empty());
+}
+
+TEST(Trace, ProcessNamesSayRunAndRank) {
+  EXPECT_EQ(trace_process_name({{"kind", "data_parallel"}, {"strategy", "zero3"}, {"world", 4}, {"layers_per_unit", 1}},
+                               {{"rank", 2}}),
+            "zero3 W=4 units=1 rank 2");
+  EXPECT_EQ(trace_process_name({{"kind", "data_parallel"}, {"strategy", "zero2"}, {"world", 2},
+                                {"layers_per_unit", "all"}, {"prefetch", 0}},
+                               {{"rank", 0}}),
+            "zero2 W=2 units=all prefetch=0 rank 0");
+  EXPECT_EQ(trace_process_name({{"kind", "data_parallel"}, {"strategy", "ddp"}, {"world", 2}, {"layers_per_unit", "all"},
+                                {"ddp_bucket", "copy"}},
+                               {{"rank", 1}}),
+            "ddp W=2 bucket=copy rank 1");
+  EXPECT_EQ(trace_process_name({{"kind", "pipeline"}, {"schedule", "interleaved-1f1b"}, {"world", 2},
+                                {"microbatches", 4}, {"chunks", 2}},
+                               {{"stage", 1}, {"rank", 1}}),
+            "interleaved-1f1b S=2 M=4 chunks=2 stage 1");
+}
+
+TEST(Trace, SweepConsumesTraceAndRefusesItWithoutTheTimeline) {
+  const SweepOptions o = parse_sweep_args({"--strategies", "ddp", "--trace", "t.json", "--layers", "2"});
+  EXPECT_EQ(o.trace, "t.json");
+  for (const PassFlag& f : o.pass) EXPECT_NE(f.name, "--trace") << "passed on to run";
+  for (const SweepJob& job : plan_sweep(o))
+    EXPECT_EQ(std::find(job.run_args.begin(), job.run_args.end(), "--trace"), job.run_args.end());
+  EXPECT_EQ(parse_sweep_args({"--trace=u.json"}).trace, "u.json");
+  EXPECT_THROW(parse_sweep_args({"--trace"}), UsageError);
+  EXPECT_THROW(parse_sweep_args({"--trace", "t.json", "--timeline", "off"}), UsageError);
+  EXPECT_NO_THROW(parse_sweep_args({"--timeline", "off"}));
+}
+
+// The checker the trace tests rely on catches what Perfetto would trip on.
+TEST(Trace, CheckerFlagsBrokenTraces) {
+  const json name = {{"name", "process_name"}, {"ph", "M"}, {"ts", 0}, {"pid", 1}, {"tid", 1}, {"args", {{"name", "p"}}}};
+  auto x = [](double ts, double dur) {
+    return json{{"name", "s"}, {"ph", "X"}, {"ts", ts}, {"dur", dur}, {"pid", 1}, {"tid", 1}};
+  };
+  auto c = [](double ts) {
+    return json{{"name", "memory"}, {"ph", "C"}, {"ts", ts}, {"pid", 1}, {"tid", 1}, {"args", {{"param", 1}}}};
+  };
+  auto trace = [](json events) { return json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}; };
+  EXPECT_TRUE(trace_problems(trace({name, x(1, 5), x(2, 1), c(1), c(2)})).empty());
+  EXPECT_FALSE(trace_problems(trace({name, x(1, 5), x(2, 10)})).empty()) << "a child sticks out";
+  EXPECT_FALSE(trace_problems(trace({name, x(1, -1)})).empty()) << "negative dur";
+  EXPECT_FALSE(trace_problems(trace({name, c(2), c(1)})).empty()) << "a counter goes back";
+  EXPECT_FALSE(trace_problems(trace({x(1, 1)})).empty()) << "no process_name";
+  json b = x(1, 0);
+  b["ph"] = "B";
+  b.erase("dur");
+  EXPECT_FALSE(trace_problems(trace({name, b})).empty()) << "B without E";
+  json no_ts = x(1, 1);
+  no_ts.erase("ts");
+  EXPECT_FALSE(trace_problems(trace({name, no_ts})).empty()) << "no ts";
+  EXPECT_FALSE(trace_problems(json{{"traceEvents", json::array()}}).empty()) << "no displayTimeUnit";
+}
+
+TEST(ReadableJson, KeepsTheDocumentAndPutsFlatArraysOnOneLine) {
+  const json doc = {{"schema", "shardscope/1"},
+                    {"runs", json::array({{{"memory", {{0.0, 1, 2}, {0.5, 3, 4}}}, {"empty", json::array()},
+                                           {"span", {{"name", "a \"b\""}, {"start_ms", 1.25}}}, {"null", nullptr}}})}};
+  const std::string text = readable_json(doc);
+  EXPECT_EQ(json::parse(text), doc);
+  EXPECT_NE(text.find("[0.0, 1, 2]"), std::string::npos) << text;
+  EXPECT_NE(text.find("{\"name\": \"a \\\"b\\\"\", \"start_ms\": 1.25}"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"empty\": []"), std::string::npos) << text;
+  EXPECT_EQ(readable_json(json(3)), "3");
+}
+
+}  // namespace
+}  // namespace shardscope
