@@ -107,6 +107,7 @@ CudaBackend::CudaBackend(int local_rank, bool allow_tf32) {
 }
 
 CudaBackend::~CudaBackend() {
+  release_staging();  // pinned: freed while this class's host_free is still callable
   // Every Buffer must be gone by now (they point at this backend). Wait for queued work
   // and frees; if the context is already broken (a kernel faulted), the error that broke
   // it is on its way to the user, and releasing now would only fail again: skip.
@@ -128,6 +129,18 @@ void CudaBackend::set_allow_tf32(bool allow) {
 }
 
 // ---- memory -----------------------------------------------------------------------------
+
+void* CudaBackend::host_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocHost(&p, bytes == 0 ? 1 : bytes);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // reported by the caller as out of host memory
+    return nullptr;
+  }
+  return p;
+}
+
+void CudaBackend::host_free(void* p) noexcept { CUDA_CHECK_NOEXCEPT(cudaFreeHost(p)); }
 
 void* CudaBackend::raw_alloc(std::size_t bytes) {
   void* p = nullptr;

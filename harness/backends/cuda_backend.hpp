@@ -86,6 +86,9 @@ class CudaBackend final : public Backend {
  protected:
   void* raw_alloc(std::size_t bytes) override;
   void raw_free(void* p, std::size_t bytes) noexcept override;
+  // Pinned host memory (cudaMallocHost) for staging through MPI (--comm mpi).
+  void* host_alloc(std::size_t bytes) override;
+  void host_free(void* p) noexcept override;
   // NVTX ranges in the "shardscope" domain (Backend::range_push records the span).
   void do_range_push(const char* name) override;
   void do_range_pop() override;

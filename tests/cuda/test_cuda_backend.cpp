@@ -174,6 +174,20 @@ TEST_F(CudaTest, ReportsFreeDeviceMemory) {
   EXPECT_LT(backend_->device_free_bytes(), before);
 }
 
+// --comm mpi stages device buffers through the backend's staging memory: pinned on CUDA,
+// untracked, kept between calls.
+TEST_F(CudaTest, StagingMemoryIsPinnedAndUntracked) {
+  float* h = backend_->staging(0, 1 << 16);
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, h), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost);
+  EXPECT_EQ(backend_->staging(0, 16), h);
+  EXPECT_EQ(backend_->tracker().current_total(), 0);
+  Buffer d = to_device(std::vector<float>(1 << 16, 2.5f));
+  backend_->download(h, d.data(), 1 << 16);
+  EXPECT_EQ(h[(1 << 16) - 1], 2.5f);
+}
+
 TEST_F(CudaTest, RegistryMakesTheCudaBackend) {
   auto b = make_backend("cuda", 0);
   EXPECT_EQ(b->name(), "cuda");
