@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/report/provenance.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/model/data.hpp"
 #include "kernels/host_ops.hpp"
@@ -98,26 +99,6 @@ double ms_since(Clock::time_point t0) {
 template <class T>
 inline void escape(T* p) {
   asm volatile("" : : "g"(p) : "memory");
-}
-
-// "AMD EPYC (family 26, model 2, 2 logical CPUs)".
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, name = "unknown", family = "?", model = "?";
-  int cpus = 0;
-  const auto value = [](const std::string& l) {
-    const auto colon = l.find(':');
-    return colon == std::string::npos ? l : l.substr(colon + 2);
-  };
-  while (std::getline(in, line)) {
-    if (line.rfind("processor", 0) == 0) ++cpus;
-    if (cpus > 1) continue;
-    if (line.rfind("model name", 0) == 0) name = value(line);
-    else if (line.rfind("cpu family", 0) == 0) family = value(line);
-    else if (line.rfind("model", 0) == 0) model = value(line);
-  }
-  return name + " (family " + family + ", model " + model + ", " + std::to_string(cpus) +
-         " logical CPUs)";
 }
 
 std::vector<float> random_floats(std::size_t n, std::uint64_t stream) {
@@ -223,7 +204,7 @@ int main(int argc, char** argv) {
 #endif
   const double gbps = copy_gbps(4 * static_cast<std::size_t>(mc.params()), reps);
 
-  std::printf("adamw_kernel: CPU %s\n", cpu_model().c_str());
+  std::printf("adamw_kernel: CPU %s\n", cpu_description().c_str());
   std::printf("seed model: P = %.0f parameters in %d tensors; 28 B x P = %.2f MB per step; "
               "median of %d steps\n\n", p, mc.param_tensors(), bytes / 1e6, reps);
   std::printf("%-28s %9s %9s %8s %14s\n", "kernel", "ms", "GB/s", "ns/param", "bitwise equal");

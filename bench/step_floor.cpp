@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/report/provenance.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/comm/self_comm.hpp"
 #include "harness/model/data.hpp"
@@ -66,27 +67,6 @@ double minimum(const std::vector<double>& v) {
 template <class T>
 inline void escape(T* p) {
   asm volatile("" : : "g"(p) : "memory");
-}
-
-// "AMD EPYC (family 26, model 2, 2 logical CPUs)": model name, family and model
-// (virtual machines often print a bare model name), and how many CPUs the kernel lists.
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, name = "unknown", family = "?", model = "?";
-  int cpus = 0;
-  const auto value = [](const std::string& l) {
-    const auto colon = l.find(':');
-    return colon == std::string::npos ? l : l.substr(colon + 2);
-  };
-  while (std::getline(in, line)) {
-    if (line.rfind("processor", 0) == 0) ++cpus;
-    if (cpus > 1) continue;
-    if (line.rfind("model name", 0) == 0) name = value(line);
-    else if (line.rfind("cpu family", 0) == 0) family = value(line);
-    else if (line.rfind("model", 0) == 0) model = value(line);
-  }
-  return name + " (family " + family + ", model " + model + ", " + std::to_string(cpus) +
-         " logical CPUs)";
 }
 
 // Fresh, seeded, non-zero data in [-1, 1).
@@ -294,7 +274,7 @@ double adamw_kernel_ms(const ModelConfig& m, int reps) {
 void print(const Figures& f) {
   const ModelConfig& m = f.model;
   const double p = static_cast<double>(m.params());
-  std::printf("step_floor: CPU %s\n", cpu_model().c_str());
+  std::printf("step_floor: CPU %s\n", cpu_description().c_str());
 #ifdef SHARDSCOPE_WITH_BLAS
   std::printf("OpenBLAS %s, core %s, 1 thread\n", openblas_get_config(), openblas_get_corename());
 #endif

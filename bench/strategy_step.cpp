@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/report/provenance.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/comm/mpi_env.hpp"
 #include "shardscope/check.hpp"
@@ -47,26 +48,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// "AMD EPYC (family 26, model 2, 2 logical CPUs)".
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, name = "unknown", family = "?", model = "?";
-  int cpus = 0;
-  const auto value = [](const std::string& l) {
-    const auto colon = l.find(':');
-    return colon == std::string::npos ? l : l.substr(colon + 2);
-  };
-  while (std::getline(in, line)) {
-    if (line.rfind("processor", 0) == 0) ++cpus;
-    if (cpus > 1) continue;
-    if (line.rfind("model name", 0) == 0) name = value(line);
-    else if (line.rfind("cpu family", 0) == 0) family = value(line);
-    else if (line.rfind("model", 0) == 0) model = value(line);
-  }
-  return name + " (family " + family + ", model " + model + ", " + std::to_string(cpus) +
-         " logical CPUs)";
 }
 
 struct Variant {
@@ -178,7 +159,7 @@ Row measure(const Variant& v, Backend& backend, Communicator& comm, int steps, i
 }
 
 void print(const std::vector<Row>& rows, int world, int steps, int warmup) {
-  std::printf("strategy_step: CPU %s\n", cpu_model().c_str());
+  std::printf("strategy_step: CPU %s\n", cpu_description().c_str());
   std::printf("seed model 8 x 256, batch 32 per rank, none, sum, AdamW; cpu backend, mpi, world %d\n",
               world);
   std::printf("%d timed steps after %d warm-up; ms: median (min-max) of the slowest rank per step\n",

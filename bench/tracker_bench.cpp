@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 
+#include "harness/report/provenance.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "shardscope/tracker.hpp"
 
@@ -23,18 +24,6 @@ using Clock = std::chrono::steady_clock;
 template <class T>
 inline void escape(T* p) {
   asm volatile("" : : "g"(p) : "memory");
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(colon + 2);
-    }
-  }
-  return "unknown";
 }
 
 constexpr std::array<shardscope::Category, 4> kCats = {
@@ -59,7 +48,7 @@ double best_ns_per_pair(int reps, std::int64_t iters, F&& body) {
 
 int main() {
   using namespace shardscope;
-  std::printf("tracker_bench: CPU %s\n", cpu_model().c_str());
+  std::printf("tracker_bench: CPU %s\n", cpu_description().c_str());
 
   // A live baseline (so on_alloc compares against a real peak), then pairs cycling
   // through categories and sizes, as a layer loop does.

@@ -14,6 +14,7 @@
 #include "harness/run/pipeline_stage.hpp"
 #include "harness/run/run_pipeline.hpp"
 #include "shardscope/check.hpp"
+#include "support/pipeline_configs.hpp"
 #include "support/dp_harness.hpp"
 
 namespace shardscope {
@@ -22,26 +23,12 @@ namespace {
 using testing::any_nonzero;
 using testing::worst_violation;
 
-RunConfig pipeline_config(const std::string& schedule, int microbatches, int chunks, ModelConfig model) {
-  RunConfig cfg;
-  cfg.model = model;
-  cfg.schedule = schedule;
-  cfg.microbatches = microbatches;
-  cfg.chunks = chunks;
-  cfg.steps = 1;
-  cfg.seed = 5;
-  return cfg;
+RunConfig pipeline_config(const std::string& schedule, int microbatches, int chunks,
+                          const ModelConfig& model) {
+  return testing::pipeline_config(schedule, microbatches, chunks, model, 1, 5);
 }
 
-ModelConfig model_of(int layers, int width, int batch, Activation act, Loss loss) {
-  ModelConfig m;
-  m.layers = layers;
-  m.width = width;
-  m.batch = batch;
-  m.activation = act;
-  m.loss = loss;
-  return m;
-}
+using testing::model_of;
 
 struct Measured {
   int peak_live = 0;

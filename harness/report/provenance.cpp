@@ -37,23 +37,6 @@ std::string host_name() {
   return buf;
 }
 
-// "AMD EPYC 7B13 (2 cores)": the first "model name" of /proc/cpuinfo (other
-// architectures call it "Processor" or "cpu model"), then the logical core count.
-std::string cpu_description() {
-  std::string model;
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; model.empty() && std::getline(in, line);) {
-    const auto colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    const std::string key = trim(line.substr(0, colon));
-    if (key == "model name" || key == "Processor" || key == "cpu model")
-      model = trim(line.substr(colon + 1));
-  }
-  if (model.empty()) model = "unknown cpu";
-  const unsigned cores = std::thread::hardware_concurrency();
-  if (cores == 0) return model;
-  return model + " (" + std::to_string(cores) + (cores == 1 ? " core)" : " cores)");
-}
 
 std::string blas_description() {
 #if defined(SHARDSCOPE_WITH_BLAS)
@@ -89,6 +72,24 @@ bool needs_quotes(const std::string& arg) {
 }
 
 }  // namespace
+
+// "AMD EPYC 7B13 (2 cores)": the first "model name" of /proc/cpuinfo (other
+// architectures call it "Processor" or "cpu model"), then the logical core count.
+std::string cpu_description() {
+  std::string model;
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; model.empty() && std::getline(in, line);) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string key = trim(line.substr(0, colon));
+    if (key == "model name" || key == "Processor" || key == "cpu model")
+      model = trim(line.substr(colon + 1));
+  }
+  if (model.empty()) model = "unknown cpu";
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores == 0) return model;
+  return model + " (" + std::to_string(cores) + (cores == 1 ? " core)" : " cores)");
+}
 
 nlohmann::json provenance(const std::string& command_line, const std::string& gpu,
                           const std::string& cuda, const std::string& nccl) {

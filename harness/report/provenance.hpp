@@ -18,6 +18,9 @@ nlohmann::json provenance(const std::string& command_line, const std::string& gp
 
 // The command line as one string, each argument quoted for a POSIX shell when it
 // needs to be ("shardscope run --layers 8 --json 'my results.json'").
+// "AMD EPYC 7B13 (2 cores)": /proc/cpuinfo's model name and the logical core count.
+std::string cpu_description();
+
 std::string join_command_line(int argc, const char* const* argv);
 
 }  // namespace shardscope

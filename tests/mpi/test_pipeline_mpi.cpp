@@ -15,6 +15,7 @@
 #include "harness/run/pipeline_stage.hpp"
 #include "harness/run/run_pipeline.hpp"
 #include "shardscope/comm.hpp"
+#include "support/pipeline_configs.hpp"
 #include "support/dp_harness.hpp"
 
 namespace shardscope {
@@ -31,26 +32,12 @@ struct World {
   }
 };
 
-RunConfig pipeline_config(const std::string& schedule, int microbatches, int chunks, const ModelConfig& model) {
-  RunConfig cfg;
-  cfg.model = model;
-  cfg.schedule = schedule;
-  cfg.microbatches = microbatches;
-  cfg.chunks = chunks;
-  cfg.steps = 2;
-  cfg.seed = 7;
-  return cfg;
+RunConfig pipeline_config(const std::string& schedule, int microbatches, int chunks,
+                          const ModelConfig& model) {
+  return testing::pipeline_config(schedule, microbatches, chunks, model, 2, 7);
 }
 
-ModelConfig model_of(int layers, int width, int batch, Activation act, Loss loss) {
-  ModelConfig m;
-  m.layers = layers;
-  m.width = width;
-  m.batch = batch;
-  m.activation = act;
-  m.loss = loss;
-  return m;
-}
+using testing::model_of;
 
 std::vector<float> slice(const std::vector<float>& v, std::int64_t begin, std::int64_t count) {
   return {v.begin() + begin, v.begin() + begin + count};
