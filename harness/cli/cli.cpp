@@ -175,9 +175,17 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
 }
 
 int run_command(int argc, char** argv) {
+  // `--comm mpi|nccl` asks for MPI even for one rank (mpirun -np 1, or a singleton).
+  bool wants_mpi = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const std::string next = i + 1 < argc ? argv[i + 1] : "";
+    if ((a == "--comm" && (next == "mpi" || next == "nccl")) || a == "--comm=mpi" || a == "--comm=nccl")
+      wants_mpi = true;
+  }
   std::unique_ptr<MpiSession> session;
   try {
-    session = std::make_unique<MpiSession>(&argc, &argv);
+    session = std::make_unique<MpiSession>(&argc, &argv, wants_mpi);
   } catch (const std::exception& e) {  // a launcher's variables that make no sense
     error_line(e.what());
     return 2;

@@ -44,9 +44,9 @@ CommOptions choose_comm(const RunConfig& cfg, const std::string& backend, const 
   if (!cfg.comm.empty()) {
     if (cfg.comm == "self" && mpi.world() > 1)
       throw UsageError("--comm self: only for one rank; this job has " + std::to_string(mpi.world()));
-    if ((cfg.comm == "mpi" || cfg.comm == "nccl") && !mpi.active() && mpi.world() > 1)
-      throw UsageError("--comm " + cfg.comm + ": MPI is not available in this build");
-    o.kind = (cfg.comm != "self" && mpi.world() == 1 && !mpi.active()) ? "self" : cfg.comm;
+    if ((cfg.comm == "mpi" || cfg.comm == "nccl") && !mpi.active())
+      throw UsageError("--comm " + cfg.comm + ": this build has no MPI; allowed: self, fake (with --emulate)");
+    o.kind = cfg.comm;
     return o;
   }
   if (mpi.world() == 1) {
