@@ -143,3 +143,21 @@ TEST_F(SeedTable, BadInputExitsTwoWithOneLine) {
 }
 
 }  // namespace
+
+namespace {
+
+// --comm is never quietly replaced: mpi at one rank initialises MPI (a singleton),
+// self under a multi-rank launch is refused.
+TEST_F(SeedTable, CommIsTakenAsAskedOrRefused) {
+  if (std::system("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
+  const std::string json = dir_ + "/mpi1.json";
+  ASSERT_EQ(shell("'" + bin_ + "' run --comm mpi --layers 2 --width 16 --batch 4 --steps 2 --json '" + json +
+                  "' > /dev/null"),
+            0);
+  EXPECT_EQ(load(json)["comm"], "mpi");
+  EXPECT_EQ(shell("mpirun -np 2 --oversubscribe '" + bin_ +
+                  "' run --comm self --layers 2 --width 16 --batch 4 > /dev/null 2>&1"),
+            2);
+}
+
+}  // namespace
