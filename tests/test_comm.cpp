@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/mathless_backend.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/comm/mpi_env.hpp"
 #include "shardscope/backend.hpp"
@@ -56,20 +57,9 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 // A host-memory backend that records what the communicator asks of it: the
 // synchronisations, the profiler ranges and every data movement.
-class RecordingBackend final : public Backend {
+class RecordingBackend final : public testing::MathlessBackend {
  public:
   std::string name() const override { return "recording"; }
-  void gemm(Trans, Trans, int, int, int, float, const float*, int, const float*, int, float,
-            float*, int) override {
-    unused();
-  }
-  void bias_activation(float*, const float*, int, int, Activation) override { unused(); }
-  void relu_backward(float*, const float*, std::size_t) override { unused(); }
-  void bias_grad(float*, const float*, int, int, float) override { unused(); }
-  void loss(Loss, const float*, const float*, float*, float*, int, int, float) override {
-    unused();
-  }
-  void adamw(const AdamWHyper&, const std::vector<AdamWTensor>&) override { unused(); }
   void copy(float* dst, const float* src, std::size_t n) override {
     ++copies;
     std::memmove(dst, src, n * sizeof(float));
@@ -78,8 +68,6 @@ class RecordingBackend final : public Backend {
     ++fills;
     for (std::size_t i = 0; i < n; ++i) dst[i] = v;
   }
-  void scale(float*, float, std::size_t) override { unused(); }
-  void add(float*, const float*, std::size_t) override { unused(); }
   void upload(float* dst, const float* host, std::size_t n) override {
     ++uploads;
     std::memcpy(dst, host, n * sizeof(float));
@@ -89,22 +77,16 @@ class RecordingBackend final : public Backend {
     std::memcpy(host, src, n * sizeof(float));
   }
   void synchronize() override { ++syncs; }
-  std::int64_t rounded_bytes(std::int64_t bytes) const override { return bytes; }
 
   int copies = 0, fills = 0, uploads = 0, downloads = 0, syncs = 0, open_ranges = 0;
   std::vector<std::string> ranges;
 
  protected:
-  void* raw_alloc(std::size_t bytes) override { return std::malloc(bytes); }
-  void raw_free(void* p, std::size_t) noexcept override { std::free(p); }
   void do_range_push(const char* n) override {
     ranges.emplace_back(n);
     ++open_ranges;
   }
   void do_range_pop() override { --open_ranges; }
-
- private:
-  [[noreturn]] static void unused() { throw std::logic_error("not used by communicators"); }
 };
 
 std::unique_ptr<Communicator> make(const std::string& kind, Backend* b, int w = 0, int r = 0) {

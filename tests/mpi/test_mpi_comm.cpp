@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "support/mathless_backend.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/comm/mpi_comm.hpp"
 #include "harness/comm/mpi_env.hpp"
@@ -68,26 +69,13 @@ int mpi_world() {
 
 // Memory that is not host memory as far as MPI is concerned: each float is stored
 // byte-reversed; upload/download translate, copy moves the stored bytes.
-class StagedBackend final : public Backend {
+class StagedBackend final : public testing::MathlessBackend {
  public:
   std::string name() const override { return "staged"; }
-  void gemm(Trans, Trans, int, int, int, float, const float*, int, const float*, int, float,
-            float*, int) override {
-    unused();
-  }
-  void bias_activation(float*, const float*, int, int, Activation) override { unused(); }
-  void relu_backward(float*, const float*, std::size_t) override { unused(); }
-  void bias_grad(float*, const float*, int, int, float) override { unused(); }
-  void loss(Loss, const float*, const float*, float*, float*, int, int, float) override {
-    unused();
-  }
-  void adamw(const AdamWHyper&, const std::vector<AdamWTensor>&) override { unused(); }
   void copy(float* dst, const float* src, std::size_t n) override {
     std::memmove(dst, src, n * sizeof(float));
   }
   void fill(float*, float, std::size_t) override { unused(); }
-  void scale(float*, float, std::size_t) override { unused(); }
-  void add(float*, const float*, std::size_t) override { unused(); }
   void upload(float* dst, const float* host, std::size_t n) override {
     ++uploads;
     for (std::size_t i = 0; i < n; ++i) dst[i] = reversed(host[i]);
@@ -97,13 +85,8 @@ class StagedBackend final : public Backend {
     for (std::size_t i = 0; i < n; ++i) host[i] = reversed(src[i]);
   }
   void synchronize() override {}
-  std::int64_t rounded_bytes(std::int64_t bytes) const override { return bytes; }
 
   int uploads = 0, downloads = 0;
-
- protected:
-  void* raw_alloc(std::size_t bytes) override { return std::malloc(bytes); }
-  void raw_free(void* p, std::size_t) noexcept override { std::free(p); }
 
  private:
   static float reversed(float x) {
@@ -113,7 +96,6 @@ class StagedBackend final : public Backend {
     std::memcpy(&x, b, sizeof b);
     return x;
   }
-  [[noreturn]] static void unused() { throw std::logic_error("not used by communicators"); }
 };
 
 struct Param {
@@ -125,13 +107,13 @@ void PrintTo(const Param& p, std::ostream* os) {
   *os << p.backend << ", max_count " << p.max_count;
 }
 
-std::string param_name(const testing::TestParamInfo<Param>& info) {
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
   return std::string(info.param.backend) +
          (info.param.max_count == kMpiMaxCount ? std::string()
                                                : "_chunk" + std::to_string(info.param.max_count));
 }
 
-class MpiComm : public testing::TestWithParam<Param> {
+class MpiComm : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
     if (std::string(GetParam().backend) == "cpu")
@@ -366,7 +348,7 @@ TEST_P(MpiComm, RefusesPeersAndRootsOutsideTheWorld) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, MpiComm,
-                         testing::Values(Param{"cpu", kMpiMaxCount}, Param{"staged", kMpiMaxCount},
+                         ::testing::Values(Param{"cpu", kMpiMaxCount}, Param{"staged", kMpiMaxCount},
                                          Param{"cpu", 7}, Param{"staged", 7}),
                          param_name);
 
