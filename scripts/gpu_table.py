@@ -83,6 +83,92 @@ say("")
 say(f"cuda resting and peak bytes identical to cpu for every rank: {'yes' if all_same else 'NO'}")
 say("")
 
+# The seed's pipelines, every stage emulated, cuda beside cpu: saved tensors and bytes.
+PP = ["--layers", "2", "--width", "32", "--batch", "8", "--activation", "relu", "--loss", "mse", "--steps", "2"]
+pp_jobs = []
+for sched in ("gpipe", "1f1b", "zb-h1"):
+    for m in (2, 4, 8):
+        for stage in range(2):
+            for backend in ("cuda", "cpu"):
+                args = PP + ["--schedule", sched, "--microbatches", str(m), "--backend", backend,
+                             "--emulate", f"2:{stage}"]
+                pp_jobs.append(((sched, m, stage, backend), args, f"pp-{sched}-m{m}-s{stage}-{backend}"))
+with cf.ThreadPoolExecutor(max_workers=6) as pool:
+    futs = {pool.submit(run, a, t): k for k, a, t in pp_jobs}
+    for f in cf.as_completed(futs):
+        results[futs[f]] = f.result()
+say("## Seed pipelines (S = 2, emulated stages): cuda beside cpu")
+say("")
+say("| schedule | M | stage | saved peak live (cuda / cpu) | live bytes (cuda / cpu) | resting (cuda / cpu) | peak (cuda / cpu) |")
+say("|---|---|---|---|---|---|---|")
+pp_same = True
+for (sched, m, stage, backend), _, _ in pp_jobs:
+    if backend != "cuda":
+        continue
+    c, p = results[(sched, m, stage, "cuda")], results[(sched, m, stage, "cpu")]
+    if "error" in c or "error" in p:
+        say(f"| {sched} | {m} | {stage} | {c.get('error', '')} | {p.get('error', '')} | | |")
+        pp_same = False
+        continue
+    cs, ps = c["stages"][0], p["stages"][0]
+    same = (cs["saved"] == ps["saved"] and cs["resting"] == ps["resting"] and cs["peak"]["total"] == ps["peak"]["total"])
+    pp_same &= same
+    say(f"| {sched} | {m} | {stage} | {cs['saved']['peak_live_tensors']} / {ps['saved']['peak_live_tensors']} | "
+        f"{cs['saved']['peak_live_bytes']:,} / {ps['saved']['peak_live_bytes']:,} | "
+        f"{cs['resting']['total']:,} / {ps['resting']['total']:,} | {cs['peak']['total']:,} / {ps['peak']['total']:,} |")
+say("")
+say(f"pipeline stages identical on cuda and cpu: {'yes' if pp_same else 'NO'}")
+say("")
+
+# Two ranks sharing the one GPU over --comm mpi (pinned staging), beside the cpu
+# backend: bytes per rank and the losses (training is real on both); and NCCL's refusal
+# of more ranks than GPUs.
+mpirun = subprocess.run(["bash", "-c", "command -v mpirun"], capture_output=True, text=True).stdout.strip()
+if mpirun:
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+    def mpi_run(args, tag):
+        path = os.path.join(out, "runs", tag + ".json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        p = subprocess.run([mpirun, "-np", "2", "--oversubscribe", exe, "run", *args, "--json", path],
+                           capture_output=True, text=True, timeout=300, env=env)
+        if p.returncode != 0:
+            return {"error": "exit %d: %s" % (p.returncode, (p.stderr.strip().splitlines() or [""])[0])}
+        return json.load(open(path))["runs"][0]
+
+    say("## Two ranks on one GPU (--comm mpi, pinned staging) beside cpu, W = 2")
+    say("")
+    say("| run | rank | cuda resting / peak | cpu resting / peak | same | loss cuda / cpu (last step) |")
+    say("|---|---|---|---|---|---|")
+    for name, args in (("ddp", ["--strategy", "ddp"]), ("zero1", ["--strategy", "zero1"]),
+                       ("zero2 units 1", ["--strategy", "zero2", "--units", "1"]),
+                       ("zero3 units 1", ["--strategy", "zero3", "--units", "1"]),
+                       ("1f1b M=4", ["--schedule", "1f1b", "--microbatches", "4", "--layers", "4",
+                                     "--activation", "relu", "--loss", "mse"])):
+        base = SEED[:-2] + ["--steps", "3"] if "--schedule" not in args else \
+            ["--width", "256", "--batch", "32", "--steps", "3"]
+        c = mpi_run(base + args + ["--backend", "cuda", "--comm", "mpi"], "mpi-cuda-" + name.replace(" ", ""))
+        p = mpi_run(base + args + ["--backend", "cpu", "--comm", "mpi"], "mpi-cpu-" + name.replace(" ", ""))
+        if "error" in c or "error" in p:
+            say(f"| {name} | - | {c.get('error', '')} | {p.get('error', '')} | NO | |")
+            continue
+        key = "stages" if "stages" in c else "ranks"
+        for cr, pr in zip(c[key], p[key]):
+            same = cr["resting"] == pr["resting"] and cr["peak"]["total"] == pr["peak"]["total"]
+            cl = (cr.get("loss") or [None])[-1]
+            pl = (pr.get("loss") or [None])[-1]
+            say(f"| {name} | {cr.get('rank', cr.get('stage'))} | {cr['resting']['total']:,} / {cr['peak']['total']:,} | "
+                f"{pr['resting']['total']:,} / {pr['peak']['total']:,} | {'yes' if same else 'NO'} | {cl} / {pl} |")
+    r = subprocess.run([mpirun, "-np", "2", "--oversubscribe", exe, "run", "--backend", "cuda", "--comm", "nccl"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    err = [l for l in r.stderr.splitlines() if "shardscope: error" in l]
+    say("")
+    say(f"NCCL with 2 ranks on 1 GPU: exit {r.returncode}: {err[0] if err else r.stderr.strip()[-200:]}")
+    say("")
+else:
+    say("(no mpirun on this machine: multi-rank checks not run)")
+    say("")
+
 BIG = ["--layers", "8", "--width", "4096", "--batch", "64", "--activation", "relu", "--loss", "mse", "--steps", "21",
        "--backend", "cuda"]
 say("## Step time, 8 x 4096, batch 64, ReLU, MSE, fp32 (TF32 off), W = 1, median of 20 steps after warm-up")
