@@ -35,10 +35,6 @@ nlohmann::json model_json(const ModelConfig& m) {
           {"batch", m.batch}};
 }
 
-int timed_steps(const std::vector<double>& step_ms) {
-  return step_ms.size() > 1 ? static_cast<int>(step_ms.size()) - 1 : 0;
-}
-
 nlohmann::json step_ms_json(const std::vector<double>& step_ms) {
   if (step_ms.size() < 2) return nullptr;  // the first step is warm-up
   std::vector<double> t(step_ms.begin() + 1, step_ms.end());

@@ -18,7 +18,6 @@ nlohmann::json comm_json(const CommLedger& ledger, int world);  // per kind {cal
 nlohmann::json model_json(const ModelConfig& m);
 // {"median", "min"} of the timed steps (all but the first), null when none were timed.
 nlohmann::json step_ms_json(const std::vector<double>& step_ms);
-int timed_steps(const std::vector<double>& step_ms);
 // Adds "rounded" (the tracker's allocator-granular figures), "pool" (the CUDA pool's
 // counters, null on cpu) and "outside_pool_bytes" (null when unknown) to a rank record.
 void add_allocator_figures(Backend& backend, nlohmann::json& record);
