@@ -57,29 +57,29 @@ struct RunFlags {
 };
 
 void add_run_flags(CLI::App& app, RunFlags& f) {
-  app.add_option("--layers", f.layers, "number of Linear layers (default 8)");
-  app.add_option("--width", f.width, "width of every layer (default 256)");
-  app.add_option("--batch", f.batch, "rows per rank (data parallel) or per pipeline (default 32)");
-  app.add_option("--activation", f.activation, "none | relu (default none)");
-  app.add_option("--loss", f.loss, "sum | mse (default sum)");
-  app.add_option("--steps", f.steps, "optimizer steps; the first is warm-up (default 3)");
-  app.add_option("--seed", f.seed, "seed of data and initial parameters (default 0)");
-  app.add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | zero3 (default ddp)");
-  app.add_option("--schedule", f.schedule, "gpipe | 1f1b | interleaved-1f1b | zb-h1 (a pipeline run)");
-  app.add_option("--units", f.units, "layers per unit for zero2/zero3: K or all (default all)");
-  app.add_option("--prefetch", f.prefetch, "0 | 1: gather the next unit during backward (default 1)");
-  app.add_option("--microbatches", f.microbatches, "pipeline micro-batches M (default: stages)");
-  app.add_option("--chunks", f.chunks, "model chunks per stage for interleaved-1f1b (default 1)");
-  app.add_option("--split", f.split, "layers per stage, e.g. 4,4 (default even)");
-  app.add_option("--backend", f.backend, "cpu | cuda (default cuda when a GPU is visible)");
-  app.add_option("--comm", f.comm, "self | mpi | nccl | fake (default from backend and launch)");
-  app.add_option("--emulate", f.emulate, "W:r: play rank r of a world of W in this one process");
-  app.add_option("--json", f.json, "write the shardscope/1 JSON document here");
-  app.add_option("--trace", f.trace, "write a Chrome trace-event JSON (Perfetto, chrome://tracing) here");
-  app.add_option("--csv", f.csv, "write DIR/data_parallel.csv and DIR/pipeline.csv (README \"CSV\")");
-  app.add_option("--timeline", f.timeline, "on | off: record each rank's memory timeline and ranges (default on)");
-  app.add_option("--ddp-bucket", f.ddp_bucket, "view | copy: copy keeps torch's separate flat bucket");
-  app.add_option("--bucket-mb", f.bucket_mb, "DDP bucket cap in MiB (0 = one flat bucket)");
+  app.add_option("--layers", f.layers, "number of Linear layers (default 8)")->type_name("N");
+  app.add_option("--width", f.width, "width of every layer (default 256)")->type_name("N");
+  app.add_option("--batch", f.batch, "rows per rank (data parallel) or per pipeline (default 32)")->type_name("N");
+  app.add_option("--activation", f.activation, "none | relu (default none)")->type_name("none|relu");
+  app.add_option("--loss", f.loss, "sum | mse (default sum)")->type_name("sum|mse");
+  app.add_option("--steps", f.steps, "optimizer steps; the first is warm-up (default 3)")->type_name("N");
+  app.add_option("--seed", f.seed, "seed of data and initial parameters (default 0)")->type_name("N");
+  app.add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | zero3 (default ddp)")->type_name("NAME");
+  app.add_option("--schedule", f.schedule, "gpipe | 1f1b | interleaved-1f1b | zb-h1 (a pipeline run)")->type_name("NAME");
+  app.add_option("--units", f.units, "layers per unit for zero2/zero3: K or all (default all)")->type_name("K|all");
+  app.add_option("--prefetch", f.prefetch, "0 | 1: gather the next unit during backward (default 1)")->type_name("0|1");
+  app.add_option("--microbatches", f.microbatches, "pipeline micro-batches M (default: stages)")->type_name("M");
+  app.add_option("--chunks", f.chunks, "model chunks per stage for interleaved-1f1b (default 1)")->type_name("V");
+  app.add_option("--split", f.split, "layers per stage, e.g. 4,4 (default even)")->type_name("LIST");
+  app.add_option("--backend", f.backend, "cpu | cuda (default cuda when a GPU is visible)")->type_name("cpu|cuda");
+  app.add_option("--comm", f.comm, "self | mpi | nccl | fake (default from backend and launch)")->type_name("NAME");
+  app.add_option("--emulate", f.emulate, "W:r: play rank r of a world of W in this one process")->type_name("W:r");
+  app.add_option("--json", f.json, "write the shardscope/1 JSON document here")->type_name("FILE");
+  app.add_option("--trace", f.trace, "write a Chrome trace-event JSON (Perfetto, chrome://tracing) here")->type_name("FILE");
+  app.add_option("--csv", f.csv, "write DIR/data_parallel.csv and DIR/pipeline.csv (README \"CSV\")")->type_name("DIR");
+  app.add_option("--timeline", f.timeline, "on | off: record each rank's memory timeline and ranges (default on)")->type_name("on|off");
+  app.add_option("--ddp-bucket", f.ddp_bucket, "view | copy: copy keeps torch's separate flat bucket")->type_name("view|copy");
+  app.add_option("--bucket-mb", f.bucket_mb, "DDP bucket cap in MiB (0 = one flat bucket)")->type_name("MIB");
   app.add_flag("--tf32", f.tf32, "allow TF32 GEMMs on cuda");
 }
 
