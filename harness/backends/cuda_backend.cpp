@@ -202,6 +202,15 @@ std::int64_t CudaBackend::device_free_bytes() {
   return static_cast<std::int64_t>(free_bytes);
 }
 
+std::string cuda_versions_text() {
+  int runtime = 0, driver = 0;
+  if (cudaRuntimeGetVersion(&runtime) != cudaSuccess || cudaDriverGetVersion(&driver) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  return "runtime " + cuda_version_text(runtime) + ", driver " + cuda_version_text(driver);
+}
+
 std::string CudaBackend::device_description() const {
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));

@@ -21,6 +21,9 @@ namespace shardscope {
 // Devices the CUDA runtime can see; 0 when cudaGetDeviceCount fails (no driver, no GPU).
 int cuda_visible_devices();
 
+// "runtime 13.0, driver 13.0" for provenance.
+std::string cuda_versions_text();
+
 // Throws RunError when no device is visible.
 std::unique_ptr<Backend> make_cuda_backend(int local_rank);
 

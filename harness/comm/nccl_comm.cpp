@@ -174,4 +174,11 @@ std::unique_ptr<Communicator> make_nccl_communicator(Backend* backend) {
 #endif  // SHARDSCOPE_WITH_NCCL
 }
 
+std::string nccl_version_text() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess || v <= 0) return {};
+  // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
 }  // namespace shardscope

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "shardscope/comm.hpp"
 
@@ -18,5 +19,8 @@ class Backend;
 // and at most one rank per visible GPU on each node (UsageError naming both counts).
 // With MPI initialised this is collective over MPI_COMM_WORLD: every rank must call it.
 std::unique_ptr<Communicator> make_nccl_communicator(Backend* backend);
+
+// "2.28.9" (ncclGetVersion), for provenance; empty when it fails.
+std::string nccl_version_text();
 
 }  // namespace shardscope

@@ -3,9 +3,13 @@
 #include <chrono>
 #include <iostream>
 
-#include "harness/memory/host_memory.hpp"
+#ifdef SHARDSCOPE_WITH_CUDA
+#include "harness/backends/cuda_backend.hpp"
+#endif
+#ifdef SHARDSCOPE_WITH_NCCL
+#include "harness/comm/nccl_comm.hpp"
+#endif
 #include "harness/model/data.hpp"
-#include "harness/report/format.hpp"
 #include "harness/report/csv.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/provenance.hpp"
@@ -180,6 +184,13 @@ void run_job(RunConfig cfg, MpiSession& mpi) {
     rank_record = run_data_parallel(cfg, *backend, *comm);
   }
   const std::string device = backend->device_description();
+  std::string cuda_text, nccl_text;  // library versions, for provenance (cuda runs only)
+#ifdef SHARDSCOPE_WITH_CUDA
+  if (backend_name == "cuda") cuda_text = cuda_versions_text();
+#endif
+#ifdef SHARDSCOPE_WITH_NCCL
+  if (backend_name == "cuda") nccl_text = nccl_version_text();
+#endif
   const std::vector<std::string> all = gather_strings_to_root(rank_record.dump());
   if (mpi.rank() != 0) return;
 
@@ -194,7 +205,7 @@ void run_job(RunConfig cfg, MpiSession& mpi) {
   if (comm->emulated()) run["rank"] = cfg.emulate_rank;
   nlohmann::json doc = make_document(nlohmann::json::array({run}), backend_name, comm->name(),
                                      comm->emulated(),
-                                     provenance(cfg.command_line, device, device.empty() ? "" : device, ""));
+                                     provenance(cfg.command_line, device, cuda_text, nccl_text));
   print_tables(doc, std::cout);
   if (!cfg.json_path.empty()) write_file_atomic(cfg.json_path, readable_json(doc) + "\n");
   if (!cfg.trace_path.empty()) write_trace_file(cfg.trace_path, doc);
