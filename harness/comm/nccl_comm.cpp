@@ -175,10 +175,14 @@ std::unique_ptr<Communicator> make_nccl_communicator(Backend* backend) {
 }
 
 std::string nccl_version_text() {
+#ifdef SHARDSCOPE_WITH_NCCL
   int v = 0;
   if (ncclGetVersion(&v) != ncclSuccess || v <= 0) return {};
   // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+#else
+  return {};
+#endif
 }
 
 }  // namespace shardscope
