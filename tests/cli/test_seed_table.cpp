@@ -47,6 +47,9 @@ class SeedTable : public ::testing::Test {
 };
 
 TEST_F(SeedTable, DefaultSweepReproducesTheSeedsTablesByteForByte) {
+#ifndef SHARDSCOPE_WITH_MPI
+  GTEST_SKIP() << "this build has no MPI: multi-rank jobs cannot start";
+#endif
   if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
   ASSERT_EQ(shell("'" + bin_ + "' sweep --out '" + dir_ + "' > '" + dir_ + "/out.txt' 2>&1"), 0);
   const nlohmann::json doc = load(dir_ + "/shardscope.json");
@@ -149,6 +152,9 @@ namespace {
 // --comm is never quietly replaced: mpi at one rank initialises MPI (a singleton),
 // self under a multi-rank launch is refused.
 TEST_F(SeedTable, CommIsTakenAsAskedOrRefused) {
+#ifndef SHARDSCOPE_WITH_MPI
+  GTEST_SKIP() << "this build has no MPI: multi-rank jobs cannot start";
+#endif
   if (std::system("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
   const std::string json = dir_ + "/mpi1.json";
   ASSERT_EQ(shell("'" + bin_ + "' run --comm mpi --layers 2 --width 16 --batch 4 --steps 2 --json '" + json +
