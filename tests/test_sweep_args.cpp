@@ -105,7 +105,8 @@ TEST(SweepPlan, SchedulesAloneRunPipelineOnly) {
   EXPECT_EQ(labels(jobs), (std::vector<std::string>{"1f1b S=2", "1f1b S=4"}));
   EXPECT_EQ(jobs[0].run_args, (Args{"--schedule", "1f1b"}));
   jobs = plan_sweep(Args{"--schedules", "zb-h1,interleaved-1f1b", "--microbatches", "4", "--worlds", "2", "--chunks", "2"});
-  EXPECT_EQ(labels(jobs), (std::vector<std::string>{"zb-h1 S=2 M=4 chunks=2", "interleaved-1f1b S=2 M=4 chunks=2"}));
+  EXPECT_EQ(labels(jobs), (std::vector<std::string>{"zb-h1 S=2 M=4", "interleaved-1f1b S=2 M=4 chunks=2"}));
+  EXPECT_EQ(jobs[0].run_args, (Args{"--schedule", "zb-h1", "--microbatches", "4"}));
   EXPECT_EQ(jobs[1].run_args, (Args{"--schedule", "interleaved-1f1b", "--microbatches", "4", "--chunks", "2"}));
 }
 
@@ -174,6 +175,28 @@ TEST(SweepPlan, ReportAndCsvAreTheSweepsOwn) {
   EXPECT_EQ(usage_error({"--csv="}), "--csv: needs a directory");
   EXPECT_NE(sweep_usage().find("--report FILE.html"), std::string::npos);
   EXPECT_NE(sweep_usage().find("--csv DIR"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardscope
+
+namespace shardscope {
+namespace {
+
+// --chunks reaches interleaved-1f1b only, so one sweep compares it with the others.
+TEST(SweepPlan, ChunksReachOnlyInterleavedSchedules) {
+  const std::vector<SweepJob> jobs =
+      plan_sweep(std::vector<std::string>{"--schedules", "1f1b,interleaved-1f1b", "--chunks", "2", "--worlds", "2"});
+  ASSERT_EQ(jobs.size(), 2u);
+  auto has_chunks = [](const SweepJob& j) {
+    for (const std::string& a : j.run_args)
+      if (a == "--chunks" || a.rfind("--chunks=", 0) == 0) return true;
+    return false;
+  };
+  EXPECT_FALSE(has_chunks(jobs[0]));
+  EXPECT_TRUE(has_chunks(jobs[1]));
+  EXPECT_EQ(jobs[1].config["chunks"], 2);
+  EXPECT_FALSE(jobs[0].config.contains("chunks"));
 }
 
 }  // namespace
