@@ -1,7 +1,8 @@
 // Pipeline stages in one process (DESIGN §4): S = 1 with the self communicator (every
 // schedule, numerics against one rank on the full batch), and every stage of S = 2..4
-// played alone with the fake communicator: the saved-tensor counts and bytes measured
-// equal the walk's prediction exactly, and the seed's last-stage numbers come out.
+// played alone with the fake communicator: the saved-tensor counts and bytes and the
+// step's peak total measured equal the walks' predictions exactly, and the seed's
+// last-stage numbers come out.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -37,6 +38,7 @@ struct Measured {
   int before_first_backward = 0;
   std::int64_t resting = 0;
   CategoryBytes resting_by_category;
+  std::int64_t peak_total = 0;
 };
 
 Measured run_stage(const RunConfig& cfg, Backend& backend, Communicator& comm) {
@@ -53,6 +55,7 @@ Measured run_stage(const RunConfig& cfg, Backend& backend, Communicator& comm) {
   r.before_first_backward = stage.saved().before_first_backward();
   r.resting = backend.tracker().current_total();
   r.resting_by_category = backend.tracker().current();
+  r.peak_total = backend.tracker().peak().total;
   return r;
 }
 
@@ -142,6 +145,8 @@ TEST(pipeline, SavedTensorsEqualTheWalkOnEveryStage) {
               EXPECT_EQ(r.resting_by_category[Category::activation], 0);
               EXPECT_EQ(r.resting_by_category[Category::comm], 0);
               EXPECT_EQ(r.resting_by_category[Category::temp], 0);
+              // The step's peak, walked over the lowered program with each buffer's size.
+              EXPECT_EQ(r.peak_total, predict_peak_total(cfg.model, layout, s));
               ++checked;
             }
           }
@@ -254,6 +259,7 @@ TEST(pipeline, RecordCarriesMeasuredAndPredicted) {
   EXPECT_EQ(r["predicted"]["peak_live_bytes"], 384);
   EXPECT_EQ(r["predicted"]["peak_live_microbatches"], 1);
   EXPECT_EQ(r["resting"]["total"], r["predicted"]["resting_total"]);
+  EXPECT_EQ(r["peak"]["total"], r["predicted"]["peak_total"]);
   EXPECT_EQ(r["resting"]["total"], 16 * (32 * 32 + 32) + 8);
   EXPECT_EQ(r["action_ms"].size(), 16u);
   EXPECT_EQ(r["loss"].size(), 3u);

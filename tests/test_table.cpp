@@ -47,7 +47,7 @@ json document() {
   json stage = {{"stage", 1}, {"rank", 1}, {"layers", {1, 1}},
                 {"saved", {{"peak_live_tensors", 5}, {"peak_live_bytes", 384}, {"total_tensors", 40},
                            {"before_first_backward", 5}}},
-                {"predicted", {{"peak_live_tensors", 5}, {"peak_live_bytes", 384}}},
+                {"predicted", {{"peak_live_tensors", 5}, {"peak_live_bytes", 384}, {"peak_total", 23460}}},
                 {"resting", {{"total", 21140}}}, {"peak", {{"total", 23456}}},
                 {"busy_ms", 0.25}, {"step_ms", {{"median", 1.5}, {"min", 1.25}}},
                 {"bubble_fraction", 0.125}, {"bubble_fraction_replayed", 0.1},
@@ -143,6 +143,9 @@ TEST(Table, PipelineStageRowAndSkipped) {
   EXPECT_NE(stage.find("5 / 384"), std::string::npos);
   EXPECT_NE(stage.find("12.5% / 10.0% / 11.1%"), std::string::npos) << stage;
   EXPECT_NE(stage.find("21,140"), std::string::npos);
+  const std::size_t measured = stage.find("23,456"), predicted = stage.find("23,460 !");  // a wrong prediction
+  ASSERT_NE(predicted, std::string::npos) << stage;
+  EXPECT_LT(measured, predicted) << stage;
   EXPECT_NE(out.find("gpipe S=4 M=2: --layers 2 cannot fill 4 stages"), std::string::npos) << out;
 }
 

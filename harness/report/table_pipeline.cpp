@@ -72,9 +72,10 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
 
   TextTable table({"schedule", "M", "chunks", "stage", "rank", "layers", "saved: peak live / total / before 1st B",
                    "live act B", "predicted (tensors / B)", "resting B", "peak B",
-                   "bubble: wall / replayed / theory", "busy ms", "step ms"},
+                   "predicted peak B", "bubble: wall / replayed / theory", "busy ms", "step ms"},
                   {Align::left, Align::right, Align::right, Align::right, Align::right, Align::left, Align::right,
-                   Align::right, Align::right, Align::right, Align::right, Align::right, Align::right, Align::right});
+                   Align::right, Align::right, Align::right, Align::right, Align::right, Align::right, Align::right,
+                   Align::right});
   for (const json* run : runs) {
     const std::vector<std::string> head = {cells::text(cells::at(*run, {"schedule"})),
                                            cells::text(cells::at(*run, {"microbatches"})),
@@ -90,6 +91,7 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
              {cells::text(cells::at(stage, {"stage"})), cells::text(cells::at(stage, {"rank"})), stage_layers(stage),
               saved_cell(stage), cells::bytes(cells::at(stage, {"saved", "peak_live_bytes"})), predicted_cell(stage),
               cells::bytes(cells::at(stage, {"resting", "total"})), cells::bytes(cells::at(stage, {"peak", "total"})),
+              cells::predicted_bytes(cells::at(stage, {"predicted", "peak_total"}), cells::at(stage, {"peak", "total"})),
               bubble_cell(stage), cells::fixed(cells::at(stage, {"busy_ms"}), 3),
               cells::fixed(cells::at(stage, {"step_ms", "median"}), 3)})
           row.push_back(std::move(cell));

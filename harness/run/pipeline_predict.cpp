@@ -102,4 +102,159 @@ std::int64_t predict_resting_total(const ModelConfig& model, const PipelineLayou
   return 16 * layers * model.layer_elems() + 8 * layers;
 }
 
+namespace {
+
+// Mlp::output_saved: whether layer `layer`'s output is kept for backward in a segment
+// ending at `last`.
+bool output_saved(const ModelConfig& m, int layer, int last) {
+  if (m.activation == Activation::relu) return true;
+  if (layer + 1 < last) return true;
+  return layer + 1 == m.layers && m.loss == Loss::mse;
+}
+
+// Running total of tracked bytes and its maximum.
+class Bytes {
+ public:
+  explicit Bytes(std::int64_t start) : cur_(start), peak_(start) {}
+  void alloc(std::int64_t& slot, std::int64_t b) {  // slot must be empty
+    slot = b;
+    cur_ += b;
+    peak_ = std::max(peak_, cur_);
+  }
+  void free(std::int64_t& slot) {
+    cur_ -= slot;
+    slot = 0;
+  }
+  std::int64_t peak() const { return peak_; }
+
+ private:
+  std::int64_t cur_, peak_;
+};
+
+}  // namespace
+
+std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& layout, int stage) {
+  const Schedule& s = layout.schedule;
+  const int M = layout.microbatches(), V = layout.vstages();
+  const StageProgram program = lower(s).at(stage);
+  Bytes t(predict_resting_total(model, layout, stage));
+  const bool holds_loss = stage_of_vstage(s, V - 1) == stage;
+  std::int64_t x = 0, target = 0;
+  if (stage_of_vstage(s, 0) == stage) t.alloc(x, model.activation_bytes(model.batch));
+  if (holds_loss && model.loss == Loss::mse) t.alloc(target, model.activation_bytes(model.batch));
+
+  // PipelineStage::Slot and its Tape, in bytes (0: empty).
+  struct Slot {
+    std::int64_t act_in = 0, grad_in = 0;
+    std::vector<std::int64_t> outputs, dz;
+  };
+  std::vector<Slot> slots(static_cast<std::size_t>(layout.chunks()) * M);
+  auto slot = [&](int m, int chunk) -> Slot& { return slots[static_cast<std::size_t>(chunk) * M + m]; };
+  std::map<std::tuple<int, int, int>, std::int64_t> pending;  // (payload, m, vstage) -> owned bytes
+  auto key = [](Payload p, int m, int k) { return std::make_tuple(p == Payload::activation ? 0 : 1, m, k); };
+
+  for (const ProgramStep& ps : program) {
+    // run_group: receives allocated in order, then the sent buffers released.
+    std::vector<std::tuple<int, int, int>> sent;
+    for (const P2p& op : ps.comm) {
+      if (op.is_send) {
+        sent.push_back(key(op.payload, op.microbatch, op.vstage));
+        continue;
+      }
+      const std::int64_t b = model.activation_bytes(layout.rows[op.microbatch]);
+      if (op.payload == Payload::activation)
+        t.alloc(slot(op.microbatch, chunk_of_vstage(s, op.vstage + 1)).act_in, b);
+      else
+        t.alloc(slot(op.microbatch, chunk_of_vstage(s, op.vstage - 1)).grad_in, b);
+    }
+    for (const auto& k : sent) {
+      auto it = pending.find(k);
+      if (it == pending.end()) continue;
+      t.free(it->second);
+      pending.erase(it);
+    }
+    if (!ps.action) continue;
+
+    // run_action
+    const Action& a = *ps.action;
+    const int k = vstage_of(s, stage, a.chunk);
+    const int first = layout.first_layer(k), last = layout.end_layer(k), n = last - first;
+    const std::int64_t b = model.activation_bytes(layout.rows[a.microbatch]);
+    Slot& sl = slot(a.microbatch, a.chunk);
+    switch (a.kind) {
+      case ActionKind::F: {
+        sl.outputs.assign(static_cast<std::size_t>(n), 0);
+        for (int j = 0; j < n; ++j) t.alloc(sl.outputs[j], b);
+        if (k == V - 1) {
+          std::int64_t scalar = 0;
+          t.alloc(scalar, 4);  // the loss value
+          if (!output_saved(model, last - 1, last)) t.free(sl.outputs.back());
+          t.free(scalar);
+        } else if (stage_of_vstage(s, k + 1) != stage) {
+          std::int64_t owned = 0;
+          if (!output_saved(model, last - 1, last)) std::swap(owned, sl.outputs.back());
+          pending[key(Payload::activation, a.microbatch, k)] = owned;
+        }
+        break;
+      }
+      case ActionKind::B: {
+        std::int64_t dy = sl.grad_in;  // moved
+        sl.grad_in = 0;
+        if (k == V - 1) {  // the tape has the loss: dy = loss_gradient
+          std::int64_t g = 0;
+          t.alloc(g, b);
+          t.free(dy);
+          dy = g;
+        }
+        const bool input_requires_grad = k > 0;
+        std::int64_t dx_out = 0;
+        if (s.split_backward) {
+          sl.dz.assign(static_cast<std::size_t>(n), 0);
+          for (int j = n - 1; j >= 0; --j) {
+            if (j == n - 1) t.free(sl.outputs[j]);
+            std::int64_t dx = 0;
+            if (j > 0 || input_requires_grad) t.alloc(dx, b);
+            sl.dz[j] = dy;
+            dy = dx;
+          }
+          dx_out = dy;
+        } else {
+          for (int j = n - 1; j >= 0; --j) {
+            std::int64_t dx = 0;
+            if (j > 0 || input_requires_grad) t.alloc(dx, b);
+            t.free(dy);
+            t.free(sl.outputs[j]);
+            dy = dx;
+          }
+          dx_out = dy;
+          t.free(sl.act_in);
+          for (std::int64_t& o : sl.outputs) t.free(o);
+          sl.outputs.clear();
+        }
+        if (k > 0) {
+          if (stage_of_vstage(s, k - 1) == stage)
+            slot(a.microbatch, chunk_of_vstage(s, k - 1)).grad_in = dx_out;  // moved, slot was empty
+          else
+            pending[key(Payload::gradient, a.microbatch, k)] = dx_out;
+        }
+        break;
+      }
+      case ActionKind::W: {
+        for (int j = n - 1; j >= 0; --j) {
+          t.free(sl.dz[j]);
+          if (j > 0) t.free(sl.outputs[j - 1]);
+        }
+        t.free(sl.act_in);
+        for (std::int64_t& o : sl.outputs) t.free(o);
+        for (std::int64_t& d : sl.dz) t.free(d);
+        sl.outputs.clear();
+        sl.dz.clear();
+        break;
+      }
+    }
+  }
+  // Then slots, x and target are freed and AdamW updates in place: nothing allocated.
+  return t.peak();
+}
+
 }  // namespace shardscope

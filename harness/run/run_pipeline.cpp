@@ -50,15 +50,7 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
   const PipelineLayout& layout = stage.layout();
   const Schedule& sched = layout.schedule;
   const int s = stage.stage();
-  {
-    // Not a prediction (pipelines have no closed-form peak yet): a bound for the refusal
-    // check: rest + the saved activations' peak + eight whole-batch activations for the
-    // batch, target, gradients and p2p buffers in flight.
-    const std::int64_t batch_bytes = cfg.model.activation_bytes(cfg.model.batch);
-    const std::int64_t bound = predict_resting_total(cfg.model, layout, s) +
-                               predict_saved(cfg.model, layout, s).peak_live_bytes + 8 * batch_bytes;
-    check_memory(bound, backend, comm.rank(), "bound on the peak");
-  }
+  check_memory(predict_peak_total(cfg.model, layout, s), backend, comm.rank());
   {
     ScopedRange range(backend, "setup");
     stage.setup();
@@ -100,6 +92,7 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
                     {"total_tensors", pred.total_tensors},
                     {"before_first_backward", pred.before_first_backward},
                     {"resting_total", predict_resting_total(cfg.model, layout, s)},
+                    {"peak_total", predict_peak_total(cfg.model, layout, s)},
                     {"peak_live_microbatches", peak_live_microbatches(sched, s)},
                     {"peak_live_microbatches_theory", peak_live_microbatches_theory(sched, s)}};
   r["resting"] = category_json(tr.current());
