@@ -55,8 +55,9 @@ std::unique_ptr<Backend> make_cuda_backend(int local_rank) {
 CudaBackend::CudaBackend(int local_rank, bool allow_tf32) {
   const int count = cuda_visible_devices();
   if (count == 0) {
-    throw RunError("--backend cuda: no CUDA device is visible (cudaGetDeviceCount found none "
-                   "or failed); use --backend cpu");
+    // A configuration this machine cannot run (exit 2; a sweep records it as skipped).
+    throw UsageError("--backend cuda: no CUDA device is visible (cudaGetDeviceCount found none "
+                     "or failed); use --backend cpu");
   }
   SHARDSCOPE_REQUIRE(local_rank >= 0, "CudaBackend: negative local rank");
   device_ = local_rank % count;
