@@ -167,3 +167,22 @@ TEST_F(SeedTable, CommIsTakenAsAskedOrRefused) {
 }
 
 }  // namespace
+
+#include "shardscope/backend.hpp"
+
+namespace {
+
+// Without a visible GPU (or without CUDA in the build), --backend cuda is a
+// configuration this machine cannot run: exit 2, one line, so a sweep records it as
+// skipped instead of failing.
+TEST_F(SeedTable, CudaWithoutAGpuIsExitTwo) {
+  if (shardscope::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible here";
+  const std::string err = dir_ + "/cuda.txt";
+  EXPECT_EQ(shell("'" + bin_ + "' run --backend cuda > /dev/null 2> '" + err + "'"), 2);
+  std::ifstream in(err);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line.rfind("shardscope: error: --backend cuda", 0), 0u) << line;
+}
+
+}  // namespace
