@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "shardscope/backend.hpp"
+
 namespace {
 
 std::string env(const char* name) {
@@ -167,8 +169,6 @@ TEST_F(SeedTable, CommIsTakenAsAskedOrRefused) {
 }
 
 }  // namespace
-
-#include "shardscope/backend.hpp"
 
 namespace {
 
