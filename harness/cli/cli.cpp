@@ -37,6 +37,14 @@ int parse_positive(const std::string& flag, const std::string& v) {
   return static_cast<int>(x);
 }
 
+int parse_bounded(const std::string& flag, const std::string& v, int most) {
+  const int x = parse_positive(flag, v);
+  if (x > most)
+    throw UsageError(flag + ": " + v + " is above the largest allowed, " + std::to_string(most) +
+                     " (byte counts must fit in 64 bits)");
+  return x;
+}
+
 std::string self_exe(const char* argv0) {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -94,9 +102,11 @@ std::vector<int> parse_list(const std::string& flag, const std::string& v) {
 
 RunConfig to_config(const RunFlags& f, CLI::App& app) {
   RunConfig c;
-  c.model.layers = parse_positive("--layers", f.layers);
-  c.model.width = parse_positive("--width", f.width);
-  c.model.batch = parse_positive("--batch", f.batch);
+  // Caps that keep every byte count of the closed forms inside 64 bits (and the
+  // per-layer predictions quick): 16 B x layers x width^2 and 4 B x batch x width x layers.
+  c.model.layers = parse_bounded("--layers", f.layers, 100'000);
+  c.model.width = parse_bounded("--width", f.width, 1'000'000);
+  c.model.batch = parse_bounded("--batch", f.batch, 10'000'000);
   if (f.activation == "none") c.model.activation = Activation::none;
   else if (f.activation == "relu") c.model.activation = Activation::relu;
   else throw UsageError("--activation: unknown '" + f.activation + "'; allowed: none, relu");

@@ -128,7 +128,8 @@ TEST_F(SeedTable, SingleRankSeedModelRestsAt8421440) {
 TEST_F(SeedTable, BadInputExitsTwoWithOneLine) {
   const char* bad[] = {"--layers 0", "--width -3", "--batch abc", "--activation tanh", "--loss l1",
                        "--frobnicate 1", "--strategy zero9", "--units 0", "--emulate 4:4",
-                       "--json /nonexistent-dir/x.json"};
+                       "--json /nonexistent-dir/x.json", "--layers 100001", "--width 1000001",
+                       "--batch 10000001"};
   for (const char* flags : bad) {
     const std::string err = dir_ + "/err.txt";
     EXPECT_EQ(shell("'" + bin_ + "' run " + flags + " > /dev/null 2> '" + err + "'"), 2) << flags;
