@@ -151,10 +151,29 @@ nlohmann::json make_document(const nlohmann::json& runs, const std::string& back
           {"runs", runs}};
 }
 
+namespace {
+
+// Only rank 0 writes the outputs, so only it can check their paths; every rank must
+// then learn its verdict, or the others would wait forever in the next collective.
+void check_output_paths(const RunConfig& cfg, const MpiSession& mpi) {
+  std::string refusal;
+  if (mpi.rank() == 0) {
+    try {
+      if (!cfg.json_path.empty()) check_writable(cfg.json_path);
+      if (!cfg.trace_path.empty()) check_writable(cfg.trace_path, "--trace FILE");
+      if (!cfg.csv_dir.empty()) prepare_csv_dir(cfg.csv_dir);
+    } catch (const UsageError& e) {
+      refusal = e.what();
+    }
+  }
+  broadcast_string(refusal, 0);
+  if (!refusal.empty()) throw UsageError(refusal);
+}
+
+}  // namespace
+
 void run_job(RunConfig cfg, MpiSession& mpi) {
-  if (!cfg.json_path.empty() && mpi.rank() == 0) check_writable(cfg.json_path);
-  if (!cfg.trace_path.empty() && mpi.rank() == 0) check_writable(cfg.trace_path, "--trace FILE");
-  if (!cfg.csv_dir.empty() && mpi.rank() == 0) prepare_csv_dir(cfg.csv_dir);
+  check_output_paths(cfg, mpi);
   const std::string backend_name = choose_backend(cfg);
   const CommOptions comm_opt = choose_comm(cfg, backend_name, mpi);
   const int world = comm_opt.kind == "fake" ? comm_opt.emulate_world : mpi.world();

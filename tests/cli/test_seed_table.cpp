@@ -3,6 +3,7 @@
 // single-rank runs and the exit codes of bad input.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -184,6 +185,24 @@ TEST_F(SeedTable, CudaWithoutAGpuIsExitTwo) {
   std::string line;
   std::getline(in, line);
   EXPECT_EQ(line.rfind("shardscope: error: --backend cuda", 0), 0u) << line;
+}
+
+}  // namespace
+
+namespace {
+
+// Only rank 0 writes the outputs; when it refuses a path, every rank must stop too
+// (exit 2), not wait in the next collective for a rank that is gone.
+TEST_F(SeedTable, AnUnwritableJsonEndsEveryRank) {
+#ifndef SHARDSCOPE_WITH_MPI
+  GTEST_SKIP() << "this build has no MPI: multi-rank jobs cannot start";
+#endif
+  if (std::system("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(shell("timeout 60 mpirun -np 2 --oversubscribe '" + bin_ +
+                  "' run --json /nonexistent-dir/x.json > /dev/null 2>&1"),
+            2);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
 }
 
 }  // namespace
