@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_common.hpp"
 #include "harness/report/provenance.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/model/data.hpp"
@@ -82,30 +83,9 @@ __attribute__((noinline, target("avx2"))) void adamw_lanes_avx2(const math::Adam
 #undef ADAMW_KERNEL_LANES
 #endif
 
-using Clock = std::chrono::steady_clock;
+using namespace shardscope::bench;  // Clock, median, escape, ...
 using FlatKernel = void (*)(const math::AdamWScalars&, float*, const float*, float*, float*,
                             std::size_t);
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-template <class T>
-inline void escape(T* p) {
-  asm volatile("" : : "g"(p) : "memory");
-}
-
-std::vector<float> random_floats(std::size_t n, std::uint64_t stream) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = hashed_uniform(7, stream, i);
-  return v;
-}
 
 struct State {
   std::vector<float> p, g, m, v;

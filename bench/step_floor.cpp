@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_common.hpp"
 #include "harness/report/provenance.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/comm/self_comm.hpp"
@@ -47,34 +48,7 @@ extern "C" char* openblas_get_config(void);
 namespace {
 
 using namespace shardscope;
-using Clock = std::chrono::steady_clock;
-
-double ms_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double minimum(const std::vector<double>& v) {
-  return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
-}
-
-template <class T>
-inline void escape(T* p) {
-  asm volatile("" : : "g"(p) : "memory");
-}
-
-// Fresh, seeded, non-zero data in [-1, 1).
-std::vector<float> random_floats(std::size_t n, std::uint64_t stream) {
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = hashed_uniform(7, stream, i);
-  return v;
-}
+using namespace shardscope::bench;  // Clock, median, escape, ...
 
 // ---- records ---------------------------------------------------------------------------
 

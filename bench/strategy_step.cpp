@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_common.hpp"
 #include "harness/report/provenance.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/comm/mpi_env.hpp"
@@ -41,14 +42,7 @@
 namespace {
 
 using namespace shardscope;
-using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using namespace shardscope::bench;  // Clock, median, escape, ...
 
 struct Variant {
   const char* strategy;

@@ -12,19 +12,14 @@
 #include <fstream>
 #include <string>
 
+#include "bench/bench_common.hpp"
 #include "harness/report/provenance.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "shardscope/tracker.hpp"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// Tells the compiler that `p` is read and memory clobbered: the loop's work must happen.
-template <class T>
-inline void escape(T* p) {
-  asm volatile("" : : "g"(p) : "memory");
-}
+using namespace shardscope::bench;  // Clock, median, escape, ...
 
 constexpr std::array<shardscope::Category, 4> kCats = {
     shardscope::Category::activation, shardscope::Category::temp, shardscope::Category::comm,

@@ -26,12 +26,15 @@ def say(s=""):
     lines.append(s)
 
 
-def run(args, tag):
+def run(args, tag, launcher=(), env=None):
+    """One `shardscope run` (under `launcher`, e.g. mpirun -np 2): its run, or {"error": ...}."""
     path = os.path.join(out, "runs", tag + ".json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    p = subprocess.run([exe, "run", *args, "--json", path], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([*launcher, exe, "run", *args, "--json", path], capture_output=True, text=True,
+                       timeout=300, env=env)
     if p.returncode != 0:
-        return {"error": (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]}
+        errors = [l for l in p.stderr.splitlines() if "shardscope: error" in l] or p.stderr.strip().splitlines()
+        return {"error": "exit %d: %s" % (p.returncode, (errors or [""])[0])}
     return json.load(open(path))["runs"][0]
 
 
@@ -128,13 +131,7 @@ if mpirun:
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
     def mpi_run(args, tag):
-        path = os.path.join(out, "runs", tag + ".json")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        p = subprocess.run([mpirun, "-np", "2", "--oversubscribe", exe, "run", *args, "--json", path],
-                           capture_output=True, text=True, timeout=300, env=env)
-        if p.returncode != 0:
-            return {"error": "exit %d: %s" % (p.returncode, (p.stderr.strip().splitlines() or [""])[0])}
-        return json.load(open(path))["runs"][0]
+        return run(args, tag, launcher=(mpirun, "-np", "2", "--oversubscribe"), env=env)
 
     say("## Two ranks on one GPU (--comm mpi, pinned staging) beside cpu, W = 2")
     say("")

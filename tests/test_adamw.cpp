@@ -15,27 +15,20 @@
 #include <string>
 #include <vector>
 
+#include "support/random_data.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "kernels/host_ops.hpp"
 
 namespace shardscope {
 namespace {
 
+using testing::all_zero;
+using testing::random_floats;
+
 constexpr double kRtol = 1e-5;
 constexpr double kAtol = 1e-7;
 
-std::vector<float> random_floats(std::size_t n, std::mt19937& gen, float lo, float hi) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
 
-bool all_zero(const std::vector<float>& v) {
-  for (float x : v)
-    if (x != 0.0f) return false;
-  return true;
-}
 
 // Hyperparameters in double, as torch holds them (and AdamWHyper does).
 struct HyperD {

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/random_data.hpp"
 #include "support/mathless_backend.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/comm/mpi_env.hpp"
@@ -26,22 +27,10 @@
 namespace shardscope {
 namespace {
 
-// Seeded non-zero values k/8, k in [-64, -1] u [1, 64]: sums of a few are exact.
-float value(std::uint64_t seed, int rank, std::size_t i) {
-  std::uint64_t z = seed * 0x9E3779B97F4A7C15ull +
-                    static_cast<std::uint64_t>(rank) * 0xBF58476D1CE4E5B9ull +
-                    i * 0x94D049BB133111EBull + 1;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  int k = static_cast<int>(z % 128) - 64;
-  if (k >= 0) k += 1;
-  return static_cast<float>(k) / 8.0f;
-}
 
 std::vector<float> seeded(std::uint64_t seed, int rank, std::size_t n) {
   std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = value(seed, rank, i);
+  for (std::size_t i = 0; i < n; ++i) v[i] = testing::exact_value(seed, rank, i);
   return v;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "support/random_data.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "kernels/host_ops.hpp"
 #include "shardscope/check.hpp"
@@ -16,23 +17,13 @@
 namespace shardscope {
 namespace {
 
+using testing::all_zero;
+using testing::random_floats;
+
 constexpr double kAtol = 1e-5;
 constexpr double kRtol = 1e-5;
 
-std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -1.0f,
-                                 float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
 
-bool all_zero(const std::vector<float>& v) {
-  for (float x : v)
-    if (x != 0.0f) return false;
-  return true;
-}
 
 // |got - ref| <= atol + rtol * scale for every element; `scale` is |ref| unless given
 // (for sums, the sum of the terms' magnitudes: the size of fp32's rounding error).

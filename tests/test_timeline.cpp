@@ -13,6 +13,7 @@
 #include "harness/run/run_pipeline.hpp"
 #include "shardscope/timeline.hpp"
 #include "shardscope/tracker.hpp"
+#include "support/pipeline_configs.hpp"
 #include "support/dp_harness.hpp"
 
 namespace shardscope {
@@ -274,15 +275,8 @@ TEST(Timeline, RecordingDoesNotChangeTheBytesMeasured) {
 }
 
 TEST(Timeline, PipelineStageRecordCarriesItsTimeline) {
-  RunConfig cfg;
-  cfg.model.layers = 2;
-  cfg.model.width = 8;
-  cfg.model.batch = 4;
-  cfg.model.activation = Activation::relu;
-  cfg.model.loss = Loss::mse;
-  cfg.schedule = "1f1b";
-  cfg.microbatches = 4;
-  cfg.steps = 2;
+  const RunConfig cfg = testing::pipeline_config(
+      "1f1b", 4, 1, testing::model_of(2, 8, 4, Activation::relu, Loss::mse), 2, 0);
   for (const bool record : {false, true}) {
     CpuBackend be;
     be.tracker().set_recording(record);

@@ -21,6 +21,7 @@
 #include "harness/report/trace.hpp"
 #include "harness/run/run.hpp"
 #include "shardscope/check.hpp"
+#include "support/pipeline_configs.hpp"
 #include "support/trace_check.hpp"
 
 namespace shardscope {
@@ -145,15 +146,8 @@ TEST_F(TraceTest, EmulatedRanksMergedAsTheSweepDoesGiveOneProcessPerRank) {
 }
 
 TEST_F(TraceTest, PipelineTraceShowsTheActions) {
-  RunConfig cfg;
-  cfg.model.layers = 2;
-  cfg.model.width = 8;
-  cfg.model.batch = 4;
-  cfg.model.activation = Activation::relu;
-  cfg.model.loss = Loss::mse;
-  cfg.schedule = "1f1b";
-  cfg.microbatches = 4;
-  cfg.steps = 2;
+  const RunConfig cfg = testing::pipeline_config(
+      "1f1b", 4, 1, testing::model_of(2, 8, 4, Activation::relu, Loss::mse), 2, 0);
   run_rank(cfg, 2, 0, "pipe");
   const json trace = read_json_file(dir_ + "/pipe.trace.json");
   const std::vector<std::string> problems = trace_problems(trace);

@@ -35,12 +35,7 @@ class Tracker {
     rounded_current_ += rounded_bytes;
     ++live_allocations_;
     if (rounded_current_ > rounded_peak_) rounded_peak_ = rounded_current_;
-    if (current_total_ > peak_.total) {
-      peak_.total = current_total_;
-      peak_.by_category = current_;
-      peak_.phase = phase_;
-      peak_.place = place_;
-    }
+    if (current_total_ > peak_.total) capture_peak();
     if (recording_) timeline_.record(c, bytes, current_, phase_, place_);
   }
   void on_free(Category c, std::int64_t bytes, std::int64_t rounded_bytes) {
@@ -61,10 +56,7 @@ class Tracker {
 
   // Starts a new measurement window (a step): the peak becomes the current state.
   void reset_peak() {
-    peak_.total = current_total_;
-    peak_.by_category = current_;
-    peak_.phase = phase_;
-    peak_.place = place_;
+    capture_peak();
     rounded_peak_ = rounded_current_;
   }
 
@@ -93,6 +85,13 @@ class Tracker {
   }
 
  private:
+  void capture_peak() {
+    peak_.total = current_total_;
+    peak_.by_category = current_;
+    peak_.phase = phase_;
+    peak_.place = place_;
+  }
+
   CategoryBytes current_;
   std::int64_t current_total_ = 0;
   std::int64_t rounded_current_ = 0;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "harness/backends/cuda_backend.hpp"
+#include "support/random_data.hpp"
 #include "shardscope/backend.hpp"
 
 namespace shardscope::testing {
@@ -22,15 +23,6 @@ namespace shardscope::testing {
       GTEST_SKIP() << "no CUDA device is visible (cudaGetDeviceCount failed or found none)"; \
   } while (0)
 
-// n uniform floats in [lo, hi) from a fixed seed.
-inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -1.0f,
-                                        float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
 
 inline ::testing::AssertionResult nonzero(const std::vector<float>& v, const char* what) {
   for (float x : v)

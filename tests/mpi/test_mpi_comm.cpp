@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "support/random_data.hpp"
 #include "support/mathless_backend.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/comm/mpi_comm.hpp"
@@ -33,21 +34,10 @@
 namespace shardscope {
 namespace {
 
-float value(std::uint64_t seed, int rank, std::size_t i) {
-  std::uint64_t z = seed * 0x9E3779B97F4A7C15ull +
-                    static_cast<std::uint64_t>(rank) * 0xBF58476D1CE4E5B9ull +
-                    i * 0x94D049BB133111EBull + 1;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  int k = static_cast<int>(z % 128) - 64;
-  if (k >= 0) k += 1;
-  return static_cast<float>(k) / 8.0f;
-}
 
 std::vector<float> seeded(std::uint64_t seed, int rank, std::size_t n, std::size_t first = 0) {
   std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = value(seed, rank, first + i);
+  for (std::size_t i = 0; i < n; ++i) v[i] = testing::exact_value(seed, rank, first + i);
   return v;
 }
 
@@ -166,7 +156,7 @@ TEST_P(MpiComm, AllReduceSumsEveryRank) {
     ASSERT_TRUE(all_nonzero(mine));
     std::vector<float> want(n, 0.0f);
     for (int r = 0; r < world_; ++r)
-      for (std::size_t i = 0; i < n; ++i) want[i] += value(n, r, i);
+      for (std::size_t i = 0; i < n; ++i) want[i] += testing::exact_value(n, r, i);
     // A sum may cancel to zero here and there, never mostly.
     ASSERT_GT(std::count_if(want.begin(), want.end(), [](float x) { return x != 0.0f; }),
               static_cast<std::ptrdiff_t>(n / 2));
@@ -185,7 +175,7 @@ TEST_P(MpiComm, ReduceScatterSumsThisRanksSlice) {
       ASSERT_TRUE(all_nonzero(mine));
       std::vector<float> want(rc, 0.0f);
       for (int r = 0; r < world_; ++r)
-        for (std::size_t j = 0; j < rc; ++j) want[j] += value(rc, r, rank_ * rc + j);
+        for (std::size_t j = 0; j < rc; ++j) want[j] += testing::exact_value(rc, r, rank_ * rc + j);
       Buffer send = put(mine);
       Buffer out;
       float* recv = send.data() + rank_ * rc;  // in place: the shard's own slot
