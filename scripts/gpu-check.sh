@@ -6,9 +6,14 @@
 # first and carry .carry/ along. NCCL comes from CUDA if present, else from PyTorch's
 # nvidia-nccl wheel.
 #
-# Writes to $OUT (default ./gpu-out), at most 8 files: environment.txt, configure.log,
-# build.log, cuda-tests.log, unit-tests.log, summary.txt. Exit 0 when the build and
-# every test run passed, 1 otherwise (the summary says which step failed).
+# Writes to $OUT (default ./gpu-out) at most 8 files (the device tool brings back 8):
+# environment.txt, build.log (configure + build), cuda-tests.log, unit-tests.log,
+# table.log, gpu-table.md, nsys.txt (when nsys is present), summary.txt. Exit 0 when the
+# build and every test passed, no CUDA test was skipped for want of a GPU, and every
+# comparison of the table held; 1 otherwise (the summary says which step failed).
+# Every step has its own time limit, and all of them together stay inside BUDGET
+# seconds (default 540; one device command may take 600): a step that would start with
+# too little time left is reported as not run.
 #
 #   bash scripts/gpu-check.sh            # from the repository root, or anywhere
 #   BUILD_DIR=build-gpu JOBS=16 OUT=/tmp/o bash scripts/gpu-check.sh
@@ -28,6 +33,12 @@ failed=0
 
 say() { echo "gpu-check: $*" | tee -a "$summary"; }
 fail() { say "FAILED: $*"; failed=1; }
+budget="${BUDGET:-540}"
+# The limit for a step that wants $1 seconds: what the budget still allows (0: none).
+limit() {
+  local left=$((budget - SECONDS - 5))
+  if ((left < 10)); then echo 0; elif ((left < $1)); then echo "$left"; else echo "$1"; fi
+}
 
 # ---- 1. what is present ---------------------------------------------------------------
 nvcc_bin=""
@@ -83,18 +94,19 @@ cmake_args=(-S "$root" -B "$build" -G Ninja
   -DSHARDSCOPE_GTEST_SOURCE="$root/.carry/googletest"
   -DSHARDSCOPE_EXTRA_INCLUDE="$root/.carry/include"
   "${nccl_flags[@]}")
-if cmake "${cmake_args[@]}" >"$out/configure.log" 2>&1; then
-  say "configure: ok ($(grep -m1 'shardscope: cuda=' "$out/configure.log" | sed 's/^-- //'))"
+if timeout 90 cmake "${cmake_args[@]}" >"$out/build.log" 2>&1; then
+  say "configure: ok ($(grep -m1 'shardscope: cuda=' "$out/build.log" | sed 's/^-- //'))"
 else
-  fail "configure (see configure.log)"
-  tail -n 20 "$out/configure.log" | sed 's/^/gpu-check:   /' | tee -a "$summary"
+  fail "configure (see build.log)"
+  tail -n 20 "$out/build.log" | sed 's/^/gpu-check:   /' | tee -a "$summary"
   exit 1
 fi
 
 # -k 0: build every target that can be built, so one broken file does not hide the rest.
 targets=()
 [[ "$only_cuda" == 1 ]] && targets=(shardscope_cuda_tests)
-if ninja -C "$build" -j "$jobs" -k 0 "${targets[@]}" >"$out/build.log" 2>&1; then
+echo "== ninja" >>"$out/build.log"
+if timeout "$(limit 240)" ninja -C "$build" -j "$jobs" -k 0 "${targets[@]}" >>"$out/build.log" 2>&1; then
   say "build: ok"
 else
   fail "build (see build.log); running the test binaries that were built"
@@ -109,13 +121,17 @@ export OPENBLAS_NUM_THREADS=1
 export SHARDSCOPE_BIN="$build/shardscope"
 export SHARDSCOPE_REFERENCE_DIR="$root/tests/reference"
 
-run_tests() {  # name binary log
-  local name="$1" bin="$2" log="$3"
+run_tests() {  # name binary log seconds
+  local name="$1" bin="$2" log="$3" limit="$4"
   if [[ ! -x "$bin" ]]; then
     fail "$name: $bin was not built"
     return
   fi
-  if timeout 600 "$bin" --gtest_color=no >"$log" 2>&1; then
+  if [[ "$limit" == 0 ]]; then
+    fail "$name: not run, the time budget ($budget s) is spent"
+    return
+  fi
+  if timeout "$limit" "$bin" --gtest_color=no >"$log" 2>&1; then
     say "$name: $(grep -E '^\[  PASSED  \]' "$log" | tail -n 1)$(grep -E '^\[  SKIPPED \] [0-9]+ test' "$log" | sed -e 's/^\[  SKIPPED \]/, skipped/' -e 's/, listed below://' | tail -n 1)"
   else
     fail "$name (exit $?; see $(basename "$log"))"
@@ -123,40 +139,48 @@ run_tests() {  # name binary log
   fi
 }
 
-run_tests "cuda tests" "$build/tests/shardscope_cuda_tests" "$out/cuda-tests.log"
+run_tests "cuda tests" "$build/tests/shardscope_cuda_tests" "$out/cuda-tests.log" "$(limit 120)"
+# A CUDA test skips when it finds no GPU: here that is a failure, not a pass.
+if grep -q "no CUDA device is visible" "$out/cuda-tests.log" 2>/dev/null; then
+  fail "cuda tests: skipped for want of a visible GPU ($(grep -c 'no CUDA device is visible' "$out/cuda-tests.log") tests)"
+fi
 # The figures the CUDA tests print: pool rounding, tracker vs pool, device, NVML.
 grep -E '^\[(pool-rounding|pool|device)\]' "$out/cuda-tests.log" 2>/dev/null | tee -a "$summary" || true
 if [[ "$only_cuda" == 1 ]]; then
   say "cpu unit tests: not run (ONLY_CUDA=1)"
 else
-  run_tests "cpu unit tests" "$build/tests/shardscope_tests" "$out/unit-tests.log"
+  run_tests "cpu unit tests" "$build/tests/shardscope_tests" "$out/unit-tests.log" "$(limit 60)"
 fi
 
 # ---- 4. the table: cuda vs cpu bytes for the seed's configurations, pool vs tracker,
 # outside-pool bytes, and the step time of 8 x 4096 beside PyTorch eager ---------------
-if [[ -x "$build/shardscope" ]]; then
-  if timeout 420 python3 "$root/scripts/gpu_table.py" "$build" "$out" >"$out/table.log" 2>&1; then
-    say "table: written to gpu-table.md"
+if [[ -x "$build/shardscope" && "$(limit 200)" == 0 ]]; then
+  fail "table: not run, the time budget ($budget s) is spent"
+elif [[ -x "$build/shardscope" ]]; then
+  if timeout "$(limit 200)" python3 "$root/scripts/gpu_table.py" "$build" "$out" >"$out/table.log" 2>&1; then
+    say "table: written to gpu-table.md, every comparison held"
   else
-    fail "table (see table.log)"
-    tail -n 5 "$out/table.log" | sed 's/^/gpu-check:   /' | tee -a "$summary"
+    fail "table: see the Problems at the end of gpu-table.md (and table.log)"
+    sed -n '/^## Problems/,$p' "$out/gpu-table.md" 2>/dev/null | head -n 15 | sed 's/^/gpu-check:   /' | tee -a "$summary"
   fi
-  rm -rf "$out/runs"
 else
   fail "table: shardscope was not built"
 fi
 # ---- 5. Nsight Systems, when present: one short zero3 run, NVTX summary ---------------
-if command -v nsys >/dev/null 2>&1 && [[ -x "$build/shardscope" ]]; then
-  if timeout 120 nsys profile -t cuda,nvtx -o "$out/zero3" --force-overwrite true \
-       "$build/shardscope" run --backend cuda --strategy zero3 --units 1 --steps 3 >"$out/nsys.log" 2>&1 &&
-     nsys stats --report nvtx_sum "$out/zero3.nsys-rep" >"$out/nsys-nvtx.txt" 2>&1; then
-    say "nsys: NVTX summary in nsys-nvtx.txt ($(grep -c shardscope "$out/nsys-nvtx.txt" || true) shardscope lines)"
+if command -v nsys >/dev/null 2>&1 && [[ -x "$build/shardscope" && "$(limit 90)" -ge 60 ]]; then
+  rep_dir="$(mktemp -d)"
+  if timeout 60 nsys profile -t cuda,nvtx -o "$rep_dir/zero3" --force-overwrite true \
+       "$build/shardscope" run --backend cuda --strategy zero3 --units 1 --steps 3 >"$out/nsys.txt" 2>&1 &&
+     echo "== nsys stats --report nvtx_sum" >>"$out/nsys.txt" &&
+     timeout 30 nsys stats --report nvtx_sum "$rep_dir/zero3.nsys-rep" >>"$out/nsys.txt" 2>&1; then
+    say "nsys: NVTX summary in nsys.txt ($(grep -c shardscope "$out/nsys.txt" || true) shardscope lines)"
   else
-    fail "nsys (see nsys.log)"
+    fail "nsys (see nsys.txt)"
   fi
-  rm -f "$out"/zero3.nsys-rep "$out"/zero3.sqlite
+  rm -rf "$rep_dir"
 else
-  say "nsys: not on this machine"
+  if command -v nsys >/dev/null 2>&1; then say "nsys: not run, too little of the time budget left"
+  else say "nsys: not on this machine"; fi
 fi
 say "done: $( [[ $failed == 0 ]] && echo passed || echo FAILED )"
 exit $failed

@@ -7,18 +7,26 @@
    UsedMemHigh beside the tracker's figures, and the bytes outside the pool.
 2. Step time of a larger model (8 x 4096, batch 64, ReLU, MSE) per strategy on cuda at
    W = 1, beside PyTorch eager on the same card (bench/torch_mlp.py).
+Every check that fails is listed under "Problems" at the end of OUT_DIR/gpu-table.md
+(written even when the script itself breaks), and the exit status is 1; 0 means every
+comparison held.
 Usage: gpu_table.py BUILD_DIR OUT_DIR
 """
+import atexit
 import concurrent.futures as cf
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import traceback
 
 build, out = sys.argv[1], sys.argv[2]
 exe = os.path.join(build, "shardscope")
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+runs_dir = tempfile.mkdtemp(prefix="gpu-table-")  # run JSONs stay out of OUT_DIR
 lines = []
+problems = []
 
 
 def say(s=""):
@@ -26,16 +34,42 @@ def say(s=""):
     lines.append(s)
 
 
-def run(args, tag, launcher=(), env=None):
+def problem(what):
+    problems.append(what)
+
+
+def write_table():
+    body = lines + ["", "## Problems", ""] + ([f"- {p}" for p in problems] or ["none: every comparison held"])
+    with open(os.path.join(out, "gpu-table.md"), "w") as f:
+        f.write("\n".join(body) + "\n")
+    subprocess.run(["rm", "-rf", runs_dir])
+
+
+def record_crash(kind, value, tb):
+    problem("gpu_table.py broke: " + "".join(traceback.format_exception_only(kind, value)).strip())
+    sys.__excepthook__(kind, value, tb)
+
+
+atexit.register(write_table)
+sys.excepthook = record_crash
+
+
+def run(args, tag, launcher=(), env=None, timeout=240):
     """One `shardscope run` (under `launcher`, e.g. mpirun -np 2): its run, or {"error": ...}."""
-    path = os.path.join(out, "runs", tag + ".json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    p = subprocess.run([*launcher, exe, "run", *args, "--json", path], capture_output=True, text=True,
-                       timeout=300, env=env)
+    path = os.path.join(runs_dir, tag + ".json")
+    try:
+        p = subprocess.run([*launcher, exe, "run", *args, "--json", path], capture_output=True, text=True,
+                           timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
     if p.returncode != 0:
         errors = [l for l in p.stderr.splitlines() if "shardscope: error" in l] or p.stderr.strip().splitlines()
         return {"error": "exit %d: %s" % (p.returncode, (errors or [""])[0])}
     return json.load(open(path))["runs"][0]
+
+
+def fmt(v):
+    return f"{v:,}" if isinstance(v, int) else "-" if v is None else str(v)
 
 
 SEED = ["--layers", "8", "--width", "256", "--batch", "32", "--activation", "none", "--loss", "sum", "--steps", "3"]
@@ -70,18 +104,29 @@ for (strat, units, world, rank, backend), _, _ in jobs:
         continue
     c = results[(strat, units, world, rank, "cuda")]
     p = results[(strat, units, world, rank, "cpu")]
+    label = f"{strat} units {units} W={world} rank {rank}"
     if "error" in c or "error" in p:
         say(f"| {strat} | {units} | {world} | {rank} | {c.get('error', '')} | {p.get('error', '')} | | | | | | | | |")
+        problem(f"{label}: cuda {c.get('error', 'ok')}; cpu {p.get('error', 'ok')}")
         all_same = False
         continue
     cr, pr = c["ranks"][0], p["ranks"][0]
     same = cr["resting"] == pr["resting"]
-    all_same &= same and cr["peak"]["total"] == pr["peak"]["total"]
+    same_peak = cr["peak"]["total"] == pr["peak"]["total"]
+    all_same &= same and same_peak
+    if not (same and same_peak):
+        problem(f"{label}: cuda bytes differ from cpu (resting {cr['resting']['total']:,} vs "
+                f"{pr['resting']['total']:,}, peak {cr['peak']['total']:,} vs {pr['peak']['total']:,})")
     pool = cr.get("pool") or {}
+    if pool.get("used_current") != cr["rounded"]["resting_total"] or pool.get("used_high") != cr["rounded"]["peak_total"]:
+        problem(f"{label}: pool {fmt(pool.get('used_current'))} / {fmt(pool.get('used_high'))} against tracker "
+                f"{cr['rounded']['resting_total']:,} / {cr['rounded']['peak_total']:,}")
+    if not isinstance(cr.get("outside_pool_bytes"), int) or cr["outside_pool_bytes"] <= 0:
+        problem(f"{label}: outside_pool_bytes is {cr.get('outside_pool_bytes')!r}")
     say(f"| {strat} | {units} | {world} | {rank} | {cr['resting']['total']:,} | {pr['resting']['total']:,} | "
         f"{'yes' if same else 'NO'} | {cr['peak']['total']:,} | {pr['peak']['total']:,} | "
-        f"{pool.get('used_current', '-'):,} | {cr['rounded']['resting_total']:,} | {pool.get('used_high', '-'):,} | "
-        f"{cr['rounded']['peak_total']:,} | {cr.get('outside_pool_bytes')} |")
+        f"{fmt(pool.get('used_current'))} | {cr['rounded']['resting_total']:,} | {fmt(pool.get('used_high'))} | "
+        f"{cr['rounded']['peak_total']:,} | {fmt(cr.get('outside_pool_bytes'))} |")
 say("")
 say(f"cuda resting and peak bytes identical to cpu for every rank: {'yes' if all_same else 'NO'}")
 say("")
@@ -111,11 +156,14 @@ for (sched, m, stage, backend), _, _ in pp_jobs:
     c, p = results[(sched, m, stage, "cuda")], results[(sched, m, stage, "cpu")]
     if "error" in c or "error" in p:
         say(f"| {sched} | {m} | {stage} | {c.get('error', '')} | {p.get('error', '')} | | |")
+        problem(f"pipeline {sched} M={m} stage {stage}: cuda {c.get('error', 'ok')}; cpu {p.get('error', 'ok')}")
         pp_same = False
         continue
     cs, ps = c["stages"][0], p["stages"][0]
     same = (cs["saved"] == ps["saved"] and cs["resting"] == ps["resting"] and cs["peak"]["total"] == ps["peak"]["total"])
     pp_same &= same
+    if not same:
+        problem(f"pipeline {sched} M={m} stage {stage}: cuda saved/resting/peak differ from cpu")
     say(f"| {sched} | {m} | {stage} | {cs['saved']['peak_live_tensors']} / {ps['saved']['peak_live_tensors']} | "
         f"{cs['saved']['peak_live_bytes']:,} / {ps['saved']['peak_live_bytes']:,} | "
         f"{cs['resting']['total']:,} / {ps['resting']['total']:,} | {cs['peak']['total']:,} / {ps['peak']['total']:,} |")
@@ -148,22 +196,36 @@ if mpirun:
         p = mpi_run(base + args + ["--backend", "cpu", "--comm", "mpi"], "mpi-cpu-" + name.replace(" ", ""))
         if "error" in c or "error" in p:
             say(f"| {name} | - | {c.get('error', '')} | {p.get('error', '')} | NO | |")
+            problem(f"--comm mpi {name}: cuda {c.get('error', 'ok')}; cpu {p.get('error', 'ok')}")
             continue
         key = "stages" if "stages" in c else "ranks"
         for cr, pr in zip(c[key], p[key]):
             same = cr["resting"] == pr["resting"] and cr["peak"]["total"] == pr["peak"]["total"]
             cl = (cr.get("loss") or [None])[-1]
             pl = (pr.get("loss") or [None])[-1]
+            who = f"--comm mpi {name} rank {cr.get('rank', cr.get('stage'))}"
+            if not same:
+                problem(f"{who}: cuda bytes differ from cpu")
+            # Same data, same math; the GPU's fused multiply-adds move the last bits.
+            if cl is not None and pl is not None and abs(cl - pl) > 1e-4 * max(1.0, abs(pl)):
+                problem(f"{who}: loss {cl} on cuda against {pl} on cpu")
             say(f"| {name} | {cr.get('rank', cr.get('stage'))} | {cr['resting']['total']:,} / {cr['peak']['total']:,} | "
                 f"{pr['resting']['total']:,} / {pr['peak']['total']:,} | {'yes' if same else 'NO'} | {cl} / {pl} |")
-    r = subprocess.run([mpirun, "-np", "2", "--oversubscribe", exe, "run", "--backend", "cuda", "--comm", "nccl"],
-                       capture_output=True, text=True, timeout=120, env=env)
-    err = [l for l in r.stderr.splitlines() if "shardscope: error" in l]
+    try:
+        r = subprocess.run([mpirun, "-np", "2", "--oversubscribe", exe, "run", "--backend", "cuda", "--comm", "nccl"],
+                           capture_output=True, text=True, timeout=120, env=env)
+        err = [l for l in r.stderr.splitlines() if "shardscope: error" in l]
+        code, text = r.returncode, (err[0] if err else r.stderr.strip()[-200:])
+    except subprocess.TimeoutExpired:
+        code, text = None, "timed out after 120 s"
     say("")
-    say(f"NCCL with 2 ranks on 1 GPU: exit {r.returncode}: {err[0] if err else r.stderr.strip()[-200:]}")
+    say(f"NCCL with 2 ranks on 1 GPU: exit {code}: {text}")
+    if code != 2 or "one GPU per rank" not in text:
+        problem(f"NCCL with 2 ranks on 1 GPU: expected exit 2 naming 'one GPU per rank', got exit {code}: {text}")
     say("")
 else:
-    say("(no mpirun on this machine: multi-rank checks not run)")
+    say("multi-rank checks: NOT RUN (no mpirun on this machine): `--comm mpi` with two ranks "
+        "sharing the GPU and NCCL's refusal were not exercised")
     say("")
 
 BIG = ["--layers", "8", "--width", "4096", "--batch", "64", "--activation", "relu", "--loss", "mse", "--steps", "21",
@@ -176,11 +238,17 @@ for strat, extra in CONFIGS:
     r = run(BIG + ["--strategy", strat, *extra], f"big-{strat}{''.join(extra)}")
     if "error" in r:
         say(f"| shardscope {strat} {' '.join(extra)} | {r['error']} | | | |")
+        problem(f"8 x 4096 {strat} {' '.join(extra)}: {r['error']}")
         continue
     k = r["ranks"][0]
     say(f"| shardscope {strat} {' '.join(extra)} | {k['step_ms']['median']:.3f} | {k['step_ms']['min']:.3f} | "
         f"{k['resting']['total']:,} | {k['peak']['total']:,} |")
-t = subprocess.run([sys.executable, os.path.join(root, "bench", "torch_mlp.py"), "--device", "cuda", "--layers", "8",
-                    "--width", "4096", "--batch", "64", "--steps", "21"], capture_output=True, text=True, timeout=300)
-say(f"| torch eager (same model, AdamW) | {t.stdout.strip() or t.stderr.strip().splitlines()[-1:]} | | | |")
-open(os.path.join(out, "gpu-table.md"), "w").write("\n".join(lines) + "\n")
+try:
+    t = subprocess.run([sys.executable, os.path.join(root, "bench", "torch_mlp.py"), "--device", "cuda", "--layers",
+                        "8", "--width", "4096", "--batch", "64", "--steps", "21"], capture_output=True, text=True,
+                       timeout=180)
+    torch_text = t.stdout.strip() or " ".join(t.stderr.strip().splitlines()[-1:]) or f"exit {t.returncode}"
+except subprocess.TimeoutExpired:
+    torch_text = "timed out after 180 s"
+say(f"| torch eager (same model, AdamW; median min) | {torch_text} | | | |")
+sys.exit(1 if problems else 0)

@@ -258,6 +258,8 @@ TEST(pipeline, RecordCarriesMeasuredAndPredicted) {
   EXPECT_EQ(r["predicted"]["peak_live_tensors"], 5);
   EXPECT_EQ(r["predicted"]["peak_live_bytes"], 384);
   EXPECT_EQ(r["predicted"]["peak_live_microbatches"], 1);
+  EXPECT_EQ(r["predicted"]["peak_held_microbatches"], 1);
+  EXPECT_EQ(r["predicted"]["peak_live_microbatches_theory"], 1);
   EXPECT_EQ(r["resting"]["total"], r["predicted"]["resting_total"]);
   EXPECT_EQ(r["peak"]["total"], r["predicted"]["peak_total"]);
   EXPECT_EQ(r["resting"]["total"], 16 * (32 * 32 + 32) + 8);

@@ -93,6 +93,7 @@ TEST(Schedules, EveryShapeValidatesAndPeakLiveMatchesTheory) {
     for (int st = 0; st < c.S; ++st) {
       actions += s.actions[st].size();
       EXPECT_EQ(peak_live_microbatches(s, st), peak_live_microbatches_theory(s, st)) << label(c) << " stage " << st;
+      EXPECT_EQ(peak_held_microbatches(s, st), peak_held_microbatches_theory(s, st)) << label(c) << " stage " << st;
     }
     EXPECT_EQ(actions, static_cast<std::size_t>(c.S * c.v * c.M * (s.split_backward ? 3 : 2))) << label(c);
     ++checked;
@@ -155,8 +156,9 @@ TEST(Schedules, ZeroBubbleH1HoldsWhat1F1BHolds) {
       int worst_z = 0, worst_o = 0;
       for (int st = 0; st < S; ++st) {
         EXPECT_EQ(peak_until_b(z, st), peak_live_microbatches(o, st)) << "S=" << S << " M=" << M;
-        worst_z = std::max(worst_z, peak_live_microbatches(z, st));
-        worst_o = std::max(worst_o, peak_live_microbatches(o, st));
+        EXPECT_EQ(peak_live_microbatches(z, st), peak_until_b(z, st)) << "S=" << S << " M=" << M;
+        worst_z = std::max(worst_z, peak_held_microbatches(z, st));
+        worst_o = std::max(worst_o, peak_held_microbatches(o, st));
       }
       EXPECT_EQ(worst_z, worst_o) << "S=" << S << " M=" << M;  // the paper's claim: max over stages
     }

@@ -3,8 +3,11 @@
 // and keeps the ledger; this file only enqueues the NCCL operations.
 #include "harness/comm/nccl_comm.hpp"
 
+#include <cstring>
 #include <exception>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "harness/backends/cuda_backend.hpp"
 #include "shardscope/check.hpp"
@@ -120,9 +123,16 @@ std::unique_ptr<Communicator> make_nccl_communicator(Backend* backend) {
   auto* cuda = dynamic_cast<CudaBackend*>(backend);
   if (cuda == nullptr) throw UsageError("--comm nccl needs --backend cuda");
 
+  // One GPU per rank: the ranks on a node must sit on distinct devices. Devices are
+  // told apart by PCI bus id, not by index, so that per-rank CUDA_VISIBLE_DEVICES (as
+  // `srun --gpus-per-task=1` sets it: every rank sees one "device 0") counts right.
+  constexpr int kBusIdChars = 32;
+  char bus_id[kBusIdChars] = {};
+  CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, kBusIdChars, cuda->device()));
   int rank = 0;
   int world = 1;
   int local_ranks = 1;  // ranks of this job on this node
+  int devices = 1;      // distinct GPUs they sit on
 #ifdef SHARDSCOPE_WITH_MPI
   const bool with_mpi = mpi_active();
   if (with_mpi) {
@@ -130,15 +140,22 @@ std::unique_ptr<Communicator> make_nccl_communicator(Backend* backend) {
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
     MPI_Comm node = MPI_COMM_NULL;
     MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
-    const int split_rc = MPI_Comm_size(node, &local_ranks);
+    int rc = MPI_Comm_size(node, &local_ranks);
+    std::vector<char> all(static_cast<std::size_t>(local_ranks) * kBusIdChars);
+    if (rc == MPI_SUCCESS)
+      rc = MPI_Allgather(bus_id, kBusIdChars, MPI_CHAR, all.data(), kBusIdChars, MPI_CHAR, node);
     MPI_CHECK(MPI_Comm_free(&node));
-    MPI_CHECK(split_rc);
+    MPI_CHECK(rc);
+    std::set<std::string> distinct;
+    for (int i = 0; i < local_ranks; ++i)
+      distinct.emplace(all.data() + static_cast<std::size_t>(i) * kBusIdChars,
+                       strnlen(all.data() + static_cast<std::size_t>(i) * kBusIdChars, kBusIdChars));
+    devices = static_cast<int>(distinct.size());
   }
 #endif
 
-  // One GPU per rank. Every rank learns whether any node is oversubscribed before
-  // anyone starts NCCL, so that all refuse together instead of some hanging in init.
-  const int devices = cuda_visible_devices();
+  // Every rank learns whether any node is oversubscribed before anyone starts NCCL, so
+  // that all refuse together instead of some hanging in init.
   const int oversubscribed = local_ranks > devices ? 1 : 0;
 #ifdef SHARDSCOPE_WITH_MPI
   const int any_oversubscribed = with_mpi ? all_reduce_max(oversubscribed) : oversubscribed;
@@ -148,9 +165,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(Backend* backend) {
   if (any_oversubscribed != 0) {
     throw UsageError(
         "--comm nccl needs one GPU per rank, but " +
-        (oversubscribed != 0 ? std::to_string(local_ranks) + " ranks share this node's " +
-                                   std::to_string(devices) + " visible GPU(s)"
-                             : std::string("another node has more ranks than visible GPUs")) +
+        (oversubscribed != 0 ? std::to_string(local_ranks) + " ranks on this node share " +
+                                   std::to_string(devices) + " GPU(s)"
+                             : std::string("another node has more ranks than GPUs")) +
         "; use --comm mpi to share GPUs, or --emulate W:r");
   }
 

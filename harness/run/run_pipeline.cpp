@@ -93,8 +93,12 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
                     {"before_first_backward", pred.before_first_backward},
                     {"resting_total", predict_resting_total(cfg.model, layout, s)},
                     {"peak_total", predict_peak_total(cfg.model, layout, s)},
+                    // From F to B (DESIGN §4's theory), and until the last backward
+                    // action, which is how long saved tensors stay (differs for zb-h1).
                     {"peak_live_microbatches", peak_live_microbatches(sched, s)},
-                    {"peak_live_microbatches_theory", peak_live_microbatches_theory(sched, s)}};
+                    {"peak_live_microbatches_theory", peak_live_microbatches_theory(sched, s)},
+                    {"peak_held_microbatches", peak_held_microbatches(sched, s)},
+                    {"peak_held_microbatches_theory", peak_held_microbatches_theory(sched, s)}};
   r["resting"] = category_json(tr.current());
   const PeakRecord& peak = tr.peak();
   r["peak"] = {{"total", peak.total},

@@ -21,21 +21,38 @@ int peak_live_microbatches_theory(const Schedule& s, int stage) {
   if (s.name == "gpipe") return M;
   if (s.name == "1f1b") return std::min(S - stage, M);
   if (s.name == "interleaved-1f1b") return std::min(2 * (S - stage - 1) + (v - 1) * S + 1, v * M);
-  // Counted until W: 1F1B's min(S-s, M) plus the s W's delayed on stage s (zb_h1.cpp).
-  if (s.name == "zb-h1") return std::min(S, M);
+  if (s.name == "zb-h1") return std::min(S - stage, M);
   throw UsageError("--schedule: no memory formula for '" + s.name + "'");
 }
 
-int peak_live_microbatches(const Schedule& s, int stage) {
-  // A (micro-batch, chunk) holds its saved tensors from F until its last backward
-  // action: B, or W when the backward is split (W still needs the layer inputs).
-  const ActionKind last = s.split_backward ? ActionKind::W : ActionKind::B;
+int peak_held_microbatches_theory(const Schedule& s, int stage) {
+  // Until W: 1F1B's min(S-s, M) plus the s W's delayed on stage s (zb_h1.cpp).
+  if (s.name == "zb-h1") return std::min(s.stages, s.microbatches);
+  return peak_live_microbatches_theory(s, stage);
+}
+
+namespace {
+
+// Peak count of (micro-batch, chunk) pairs between their F and their action `until`.
+int peak_between_f_and(const Schedule& s, int stage, ActionKind until) {
   int live = 0, peak = 0;
   for (const Action& a : s.actions.at(stage)) {
     if (a.kind == ActionKind::F) peak = std::max(peak, ++live);
-    if (a.kind == last) --live;
+    if (a.kind == until) --live;
   }
   return peak;
+}
+
+}  // namespace
+
+int peak_live_microbatches(const Schedule& s, int stage) {
+  return peak_between_f_and(s, stage, ActionKind::B);
+}
+
+int peak_held_microbatches(const Schedule& s, int stage) {
+  // Saved tensors stay until the last backward action: B, or W when the backward is
+  // split (W still needs the layer inputs).
+  return peak_between_f_and(s, stage, s.split_backward ? ActionKind::W : ActionKind::B);
 }
 
 }  // namespace shardscope

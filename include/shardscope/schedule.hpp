@@ -139,15 +139,21 @@ ReplayResult replay(const Schedule& schedule,
 // pipeline never fills.
 double bubble_theory(const Schedule& schedule);
 
-// Peak (micro-batch, chunk) pairs live on `stage` (F done, B not yet; W not yet when
-// split_backward): gpipe M; 1f1b min(S-s, M); interleaved min(2(S-s-1)+(v-1)S+1, vM);
-// zb-h1 min(S, M) on every stage, which is 1F1B's maximum over stages (stage 0), the
-// paper's claim: its W's are delayed by s on stage s (see zb_h1.cpp for why per-stage
-// 1F1B memory and its bubble cannot both hold). Counted from F to B only, zb-h1 holds
-// exactly 1F1B's min(S-s, M).
+// DESIGN §4's figure: peak (micro-batch, chunk) pairs on `stage` counted from F to B:
+// gpipe M; 1f1b min(S-s, M); interleaved min(2(S-s-1)+(v-1)S+1, vM); zb-h1 what 1f1b
+// holds, min(S-s, M).
 int peak_live_microbatches_theory(const Schedule& schedule, int stage);
 
-// The same, measured by walking the stage's action list.
+// Counted until each pair's last backward action (W when the backward is split), which
+// is how long its saved tensors stay: the figure above for every schedule but zb-h1,
+// whose W's are delayed by s on stage s, so that every stage peaks at min(S, M), 1F1B's
+// maximum over stages (stage 0) and the paper's claim (see zb_h1.cpp for why per-stage
+// 1F1B memory and its bubble cannot both hold from F to W).
+int peak_held_microbatches_theory(const Schedule& schedule, int stage);
+
+// The two, measured by walking the stage's action list: live from F until B, and held
+// from F until the last backward action.
 int peak_live_microbatches(const Schedule& schedule, int stage);
+int peak_held_microbatches(const Schedule& schedule, int stage);
 
 }  // namespace shardscope

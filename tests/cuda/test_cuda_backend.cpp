@@ -186,6 +186,25 @@ TEST_F(CudaTest, StagingMemoryIsPinnedAndUntracked) {
   Buffer d = to_device(std::vector<float>(1 << 16, 2.5f));
   backend_->download(h, d.data(), 1 << 16);
   EXPECT_EQ(h[(1 << 16) - 1], 2.5f);
+
+  // A second slot is its own memory, and both carry data both ways at once.
+  float* h1 = backend_->staging(1, 1 << 16);
+  ASSERT_NE(h1, h);
+  for (std::size_t i = 0; i < (1u << 16); ++i) h1[i] = static_cast<float>(i);
+  backend_->upload(d.data(), h1, 1 << 16);
+  backend_->download(h, d.data(), 1 << 16);
+  EXPECT_EQ(h[12345], 12345.0f);
+  EXPECT_EQ(h1[(1 << 16) - 1], static_cast<float>((1 << 16) - 1));
+
+  // Growing a slot replaces its memory with a larger pinned block, still untracked.
+  float* grown = backend_->staging(0, 1 << 20);
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, grown), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost);
+  Buffer big = to_device(std::vector<float>(1 << 20, -1.5f));
+  backend_->download(grown, big.data(), 1 << 20);
+  EXPECT_EQ(grown[(1 << 20) - 1], -1.5f);
+  EXPECT_EQ(backend_->tracker().current_total(),
+            static_cast<std::int64_t>(((1 << 16) + (1 << 20)) * sizeof(float)));
 }
 
 TEST_F(CudaTest, RegistryMakesTheCudaBackend) {
