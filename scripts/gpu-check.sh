@@ -106,11 +106,15 @@ fi
 targets=()
 [[ "$only_cuda" == 1 ]] && targets=(shardscope_cuda_tests)
 echo "== ninja" >>"$out/build.log"
-if timeout "$(limit 240)" ninja -C "$build" -j "$jobs" -k 0 "${targets[@]}" >>"$out/build.log" 2>&1; then
+build_rc=0
+timeout "$(limit 300)" ninja -C "$build" -j "$jobs" -k 0 "${targets[@]}" >>"$out/build.log" 2>&1 || build_rc=$?
+if [[ $build_rc == 0 ]]; then
   say "build: ok"
+elif [[ $build_rc == 124 ]]; then
+  fail "build: stopped at its time limit (see build.log); running the test binaries that were built"
 else
   fail "build (see build.log); running the test binaries that were built"
-  grep -E "error|FAILED" "$out/build.log" | head -n 15 | sed 's/^/gpu-check:   /' | tee -a "$summary"
+  grep -E "error:|FAILED:" "$out/build.log" | head -n 15 | sed 's/^/gpu-check:   /' | tee -a "$summary"
 fi
 warnings=$(grep -c "warning:" "$out/build.log" || true)
 say "build warnings: $warnings"

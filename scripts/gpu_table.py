@@ -73,6 +73,13 @@ def fmt(v):
 
 
 SEED = ["--layers", "8", "--width", "256", "--batch", "32", "--activation", "none", "--loss", "sum", "--steps", "3"]
+
+# Without a usable GPU every cuda row would fail alike: say it once and stop.
+probe = run(SEED + ["--backend", "cuda"], "probe")
+if "error" in probe:
+    say(f"cuda probe (`shardscope run --backend cuda`, seed model): {probe['error']}")
+    problem(f"cuda does not run here: {probe['error']}")
+    sys.exit(1)
 CONFIGS = [("ddp", []), ("zero1", []), ("zero2", ["--units", "all"]), ("zero2", ["--units", "1"]),
            ("zero3", ["--units", "all"]), ("zero3", ["--units", "1"])]
 
