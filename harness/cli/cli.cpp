@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -24,17 +25,17 @@ void error_line(const std::string& what) {
   std::fflush(stderr);
 }
 
+bool all_digits(const std::string& v) {
+  return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// Digits only (no sign, no spaces), 1 to 1,000,000,000.
 int parse_positive(const std::string& flag, const std::string& v) {
-  std::size_t used = 0;
-  long x = 0;
-  try {
-    x = std::stol(v, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (used != v.size() || x <= 0 || x > 1'000'000'000)
+  if (!all_digits(v) || v.find_first_not_of('0') == std::string::npos)
     throw UsageError(flag + ": '" + v + "' is not a positive integer");
-  return static_cast<int>(x);
+  if (v.size() > 10 || std::stoll(v) > 1'000'000'000)
+    throw UsageError(flag + ": " + v + " is too large (at most 1,000,000,000)");
+  return static_cast<int>(std::stoll(v));
 }
 
 int parse_bounded(const std::string& flag, const std::string& v, int most) {
@@ -42,6 +43,17 @@ int parse_bounded(const std::string& flag, const std::string& v, int most) {
   if (x > most)
     throw UsageError(flag + ": " + v + " is above the largest allowed, " + std::to_string(most) +
                      " (byte counts must fit in 64 bits)");
+  return x;
+}
+
+// Ranks of one job: at most kMaxWorld (far beyond any machine this models, and small
+// enough that per-rank bookkeeping of an emulated rank stays small).
+constexpr int kMaxWorld = 65'536;
+
+int parse_bounded_world(const std::string& flag, const std::string& v) {
+  const int x = parse_positive(flag, v);
+  if (x > kMaxWorld)
+    throw UsageError(flag + ": " + v + " ranks is above the largest world allowed, " + std::to_string(kMaxWorld));
   return x;
 }
 
@@ -92,12 +104,59 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
 }
 
 std::vector<int> parse_list(const std::string& flag, const std::string& v) {
+  if (v.empty()) throw UsageError(flag + ": empty list");
+  if (v.front() == ',' || v.back() == ',' || v.find(",,") != std::string::npos)
+    throw UsageError(flag + ": '" + v + "' has an empty entry; expected e.g. 4,4");
   std::vector<int> out;
   std::stringstream ss(v);
   std::string item;
   while (std::getline(ss, item, ',')) out.push_back(parse_positive(flag, item));
-  if (out.empty()) throw UsageError(flag + ": empty list");
   return out;
+}
+
+// The options of `run` that take a value, and a check CLI11 does not make: a value
+// that is empty, or that is the next flag (`--json --tf32` would write a file named
+// "--tf32"), is refused naming the option.
+void check_option_values(const CLI::App& app, const std::vector<std::string>& args) {
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0) continue;
+    const std::size_t eq = a.find('=');
+    const std::string name = a.substr(0, eq);
+    const CLI::Option* opt = nullptr;
+    try {
+      opt = app.get_option(name);
+    } catch (const CLI::OptionNotFound&) {
+      continue;  // CLI11 names unknown flags itself
+    }
+    if (opt->get_expected_min() == 0) continue;  // a switch (--tf32)
+    if (eq != std::string::npos) {
+      if (eq + 1 == a.size()) throw UsageError(name + ": empty value; " + opt->get_description());
+      continue;
+    }
+    if (i + 1 == args.size()) continue;  // CLI11: "<name> requires an argument"
+    const std::string& v = args[i + 1];
+    if (v.empty()) throw UsageError(name + ": empty value; " + opt->get_description());
+    if (v.rfind("--", 0) == 0)
+      throw UsageError(name + ": needs a value, got the flag '" + v + "'; " + opt->get_description());
+  }
+}
+
+// Two outputs naming one file would leave only the last one written.
+void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  std::vector<std::pair<std::string, std::string>> seen;  // flag, canonical path
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    std::error_code ec;
+    std::string canon = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec)
+                            .lexically_normal()
+                            .string();
+    if (ec) canon = std::filesystem::path(path).lexically_normal().string();
+    for (const auto& [other, other_path] : seen)
+      if (other_path == canon)
+        throw UsageError(other + " and " + flag + " name the same file '" + path + "': give each its own");
+    seen.emplace_back(flag, canon);
+  }
 }
 
 RunConfig to_config(const RunFlags& f, CLI::App& app) {
@@ -117,9 +176,11 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   {
     std::size_t used = 0;
     unsigned long long s = 0;
-    try { s = std::stoull(f.seed, &used); } catch (...) { used = 0; }
-    if (used != f.seed.size() || f.seed.empty() || f.seed[0] == '-')
-      throw UsageError("--seed: '" + f.seed + "' is not a non-negative integer");
+    if (all_digits(f.seed)) {
+      try { s = std::stoull(f.seed, &used); } catch (...) { used = 0; }
+    }
+    if (used != f.seed.size() || f.seed.empty())
+      throw UsageError("--seed: '" + f.seed + "' is not a non-negative integer (below 2^64)");
     c.seed = s;
   }
   const bool has_schedule = app.count("--schedule") > 0;
@@ -135,10 +196,15 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
     throw UsageError("--ddp-bucket: unknown '" + f.ddp_bucket + "'; allowed: view, copy");
   c.ddp_bucket = f.ddp_bucket;
   {
+    // Plain decimal only: no sign, exponent, hex, inf or nan.
     std::size_t used = 0;
     double mb = -1;
-    try { mb = std::stod(f.bucket_mb, &used); } catch (...) { used = 0; }
-    if (used != f.bucket_mb.size() || !(mb >= 0)) throw UsageError("--bucket-mb: '" + f.bucket_mb + "' is not a number >= 0");
+    if (!f.bucket_mb.empty() && f.bucket_mb.find_first_not_of("0123456789.") == std::string::npos) {
+      try { mb = std::stod(f.bucket_mb, &used); } catch (...) { used = 0; }
+    }
+    if (used != f.bucket_mb.size() || !(mb >= 0))
+      throw UsageError("--bucket-mb: '" + f.bucket_mb + "' is not a number >= 0 (MiB, e.g. 25)");
+    if (mb > 1e6) throw UsageError("--bucket-mb: " + f.bucket_mb + " is above the largest allowed, 1000000 MiB");
     c.bucket_mb = mb;
   }
   c.schedule = f.schedule;
@@ -150,8 +216,15 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
     for (const char* flag : {"--units", "--prefetch", "--ddp-bucket", "--bucket-mb"})
       if (app.count(flag) > 0) throw UsageError(std::string(flag) + " is only valid with --strategy (data parallel)");
   }
-  if (!f.microbatches.empty()) c.microbatches = parse_positive("--microbatches", f.microbatches);
+  // A schedule is validated action by action before it runs: M and v are capped so
+  // that this stays well under a second.
+  if (!f.microbatches.empty()) {
+    c.microbatches = parse_positive("--microbatches", f.microbatches);
+    if (c.microbatches > 10'000)
+      throw UsageError("--microbatches: " + f.microbatches + " is above the largest allowed, 10000");
+  }
   c.chunks = parse_positive("--chunks", f.chunks);
+  if (c.chunks > 1'000) throw UsageError("--chunks: " + f.chunks + " is above the largest allowed, 1000");
   if (!f.split.empty()) c.split = parse_list("--split", f.split);
   if (!f.backend.empty() && f.backend != "cpu" && f.backend != "cuda")
     throw UsageError("--backend: unknown '" + f.backend + "'; allowed: cpu, cuda");
@@ -162,13 +235,13 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   if (!f.emulate.empty()) {
     const std::size_t colon = f.emulate.find(':');
     if (colon == std::string::npos) throw UsageError("--emulate: '" + f.emulate + "'; expected W:r, e.g. 4:2");
-    c.emulate_world = parse_positive("--emulate W:r (W)", f.emulate.substr(0, colon));
+    c.emulate_world = parse_bounded_world("--emulate W:r (W)", f.emulate.substr(0, colon));
     const std::string r = f.emulate.substr(colon + 1);
-    if (r.empty() || r.find_first_not_of("0123456789") != std::string::npos)
-      throw UsageError("--emulate: rank '" + r + "' is not a non-negative integer");
+    if (!all_digits(r)) throw UsageError("--emulate: rank '" + r + "' is not a non-negative integer");
+    if (r.size() > 6 || std::stoi(r) >= c.emulate_world)
+      throw UsageError("--emulate " + f.emulate + ": rank must be below the world size " +
+                       std::to_string(c.emulate_world));
     c.emulate_rank = std::stoi(r);
-    if (c.emulate_rank >= c.emulate_world)
-      throw UsageError("--emulate " + f.emulate + ": rank must be below the world size");
   }
   c.json_path = f.json;
   if (f.timeline != "on" && f.timeline != "off")
@@ -181,6 +254,10 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   if (app.count("--csv") > 0 && f.csv.empty()) throw UsageError("--csv: needs a directory");
   c.csv_dir = f.csv;
   c.allow_tf32 = f.tf32;
+  check_distinct_outputs({{"--json", c.json_path},
+                          {"--trace", c.trace_path},
+                          {"--csv", c.csv_dir.empty() ? "" : c.csv_dir + "/data_parallel.csv"},
+                          {"--csv", c.csv_dir.empty() ? "" : c.csv_dir + "/pipeline.csv"}});
   return c;
 }
 
@@ -202,24 +279,52 @@ int run_command(int argc, char** argv) {
   }
   MpiSession& mpi = *session;
   const bool multi = mpi.world() > 1;
+
+  // Every rank parses its flags, then the ranks agree on the outcome before anything
+  // else: a rank whose flags fail (or ask for --help) must not leave the others waiting
+  // in the job's first collective.
+  enum Status : int { parsed = 0, wants_help = 1, refused = 2 };
+  int status = parsed;
+  std::string problem;
+  CLI::App app{"shardscope run: one job; this process is one rank", "shardscope run"};
+  RunFlags flags;
+  add_run_flags(app, flags);
+  RunConfig cfg;
   try {
-    CLI::App app{"shardscope run: one job; this process is one rank", "shardscope run"};
-    RunFlags flags;
-    add_run_flags(app, flags);
-    try {
-      app.parse(argc, argv);  // argv[0] is "run"
-    } catch (const CLI::CallForHelp& e) {
+    check_option_values(app, std::vector<std::string>(argv + 1, argv + argc));
+    app.parse(argc, argv);  // argv[0] is "run"
+    cfg = to_config(flags, app);
+    cfg.command_line = join_command_line(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    status = wants_help;
+  } catch (const CLI::ParseError& e) {
+    status = refused;
+    problem = e.what();
+  } catch (const UsageError& e) {
+    status = refused;
+    problem = e.what();
+  }
+  const int worst = multi ? all_reduce_max(status) : status;
+  if (worst != parsed) {
+    const int least = multi ? -all_reduce_max(-status) : status;
+    if (worst == wants_help && least == wants_help) {
       if (mpi.rank() == 0) std::cout << app.help();
       return 0;
-    } catch (const CLI::ParseError& e) {
-      throw UsageError(e.what());
     }
-    RunConfig cfg = to_config(flags, app);
-    cfg.command_line = join_command_line(argc, argv);
+    // The lowest rank that was refused names why; if none was, some asked for help.
+    const int first = multi ? -all_reduce_max(status == refused ? -mpi.rank() : -mpi.world()) : 0;
+    if (first == mpi.world()) {
+      if (mpi.rank() == 0) error_line("flags differ across ranks: some ask for --help; start every rank alike");
+    } else if (mpi.rank() == first) {
+      error_line(first == 0 ? problem : "rank " + std::to_string(first) + ": " + problem);
+    }
+    return 2;
+  }
+  try {
     run_job(cfg, mpi);
     return 0;
   } catch (const UsageError& e) {
-    // Every rank validates the same flags the same way, so all exit here together.
+    // Every rank checks the configuration the same way, so all exit here together.
     if (mpi.rank() == 0) error_line(e.what());
     return 2;
   } catch (const std::exception& e) {
@@ -238,6 +343,22 @@ void usage() {
 }
 
 }  // namespace
+
+void check_run_args(const std::vector<std::string>& args) {
+  CLI::App app{"shardscope run", "shardscope run"};
+  RunFlags flags;
+  add_run_flags(app, flags);
+  check_option_values(app, args);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses from the back
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    throw UsageError("--help is not a flag a sweep passes to its runs");
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+  (void)to_config(flags, app);
+}
 
 int cli_main(int argc, char** argv) {
   if (argc < 2) {

@@ -1,6 +1,16 @@
 #pragma once
 
+#include <string>
+#include <vector>
+
 namespace shardscope {
 // Runs `shardscope run|sweep ...`; returns the process exit code (0, 2 or 3).
 int cli_main(int argc, char** argv);
+
+// Checks the flags of one `shardscope run` (without the word "run") as `run` itself
+// would parse them, values and combinations alike, without running anything; throws
+// UsageError naming the flag. A sweep calls it for every job before launching any, so
+// that a bad flag is exit 2, not a job "skipped". What only the run can tell (a split
+// that does not fit the world, M above the batch) is left to the run.
+void check_run_args(const std::vector<std::string>& args);
 }  // namespace shardscope

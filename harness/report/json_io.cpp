@@ -1,10 +1,13 @@
 #include "harness/report/json_io.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -51,6 +54,54 @@ bool write_all(int fd, const char* data, std::size_t size) {
   }
   return true;
 }
+
+// The file that writing `path` replaces: `path`, or what a symbolic link there points
+// to (the link stays a link). Empty, with `reason` set, when that is not a regular file
+// or a new one: a device such as /dev/null, a FIFO, a socket or a directory would be
+// replaced by the rename, so they are refused.
+std::string write_target(const std::string& path, std::string* reason) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return path;  // a new file
+  std::string target = path;
+  if (S_ISLNK(st.st_mode)) {
+    char* real = ::realpath(path.c_str(), nullptr);
+    if (real == nullptr) {
+      *reason = "it is a symbolic link to a missing file";
+      return {};
+    }
+    target = real;
+    std::free(real);
+    if (::stat(target.c_str(), &st) != 0) return target;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    *reason = "it is a directory";
+    return {};
+  }
+  if (!S_ISREG(st.st_mode)) {
+    *reason = "it exists and is not a regular file (a device, FIFO or socket); shardscope writes regular files";
+    return {};
+  }
+  return target;
+}
+
+// Holds off SIGINT, SIGTERM, SIGHUP and SIGQUIT for its lifetime: a signal that arrives
+// while a result file is written takes effect once the file is whole (or its temporary
+// removed), never in between.
+class SignalsHeld {
+ public:
+  SignalsHeld() {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&set, sig);
+    pthread_sigmask(SIG_BLOCK, &set, &old_);
+  }
+  ~SignalsHeld() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  SignalsHeld(const SignalsHeld&) = delete;
+  SignalsHeld& operator=(const SignalsHeld&) = delete;
+
+ private:
+  sigset_t old_;
+};
 
 bool flat(const nlohmann::json& j) {
   for (const auto& v : j)
@@ -104,23 +155,29 @@ void check_writable(const std::string& path, const std::string& flag) {
   };
   if (path.empty()) fail("the name is empty");
   if (path.back() == '/') fail("it names a directory");
-  const std::string dir = directory_of(path);
+  std::string reason;
+  const std::string target = write_target(path, &reason);
+  if (target.empty()) fail(reason);
+  const std::string dir = directory_of(target);
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
     if (errno == ENOENT) fail("directory '" + dir + "' does not exist");
     fail("directory '" + dir + "': " + std::strerror(errno));
   }
   if (!S_ISDIR(st.st_mode)) fail("'" + dir + "' is not a directory");
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) fail("it is a directory");
   // access() answers for the real uid and ignores read-only mounts: probe instead.
   std::string probe;
-  const int fd = make_temp_beside(path, &probe);
+  const int fd = make_temp_beside(target, &probe);
   if (fd < 0) fail(std::strerror(errno));
   ::close(fd);
   ::unlink(probe.c_str());
 }
 
-void write_file_atomic(const std::string& path, const std::string& content) {
+void write_file_atomic(const std::string& where, const std::string& content) {
+  std::string reason;
+  const std::string path = write_target(where, &reason);
+  if (path.empty()) throw RunError("cannot write '" + where + "': " + reason);
+  const SignalsHeld held;
   std::string temp;
   const int fd = make_temp_beside(path, &temp);
   if (fd < 0) throw RunError("cannot write '" + path + "': " + std::strerror(errno));

@@ -10,15 +10,18 @@ namespace shardscope {
 
 // Checks, before any work, that `path` can be written: its directory exists, is a
 // directory and lets us create a file there (probed with a temporary that is removed
-// at once), and `path` itself is not a directory. Creates nothing permanent.
+// at once), and `path` is new or a regular file (a symbolic link counts as the file it
+// points to; a directory, device, FIFO or socket is refused). Creates nothing permanent.
 // Throws UsageError("<flag>: cannot write '<path>': <reason>"), flag "--json FILE"
 // unless the caller names another (the sweep says "--out DIR").
 void check_writable(const std::string& path, const std::string& flag = "--json FILE");
 
 // Writes `content` to a temporary file in the same directory, fsyncs it and renames
-// it over `path`, so readers see the old file or the whole new one. The new file gets
-// mode 0666 minus the umask. On failure removes the temporary and throws
-// RunError("cannot write '<path>': <reason>").
+// it over `path` (over the file a symbolic link there points to), so readers see the
+// old file or the whole new one. SIGINT, SIGTERM, SIGHUP and SIGQUIT are held off
+// meanwhile, so no signal leaves a temporary behind. The new file gets mode 0666 minus
+// the umask. Refuses what check_writable refuses. On failure removes the temporary and
+// throws RunError("cannot write '<path>': <reason>").
 void write_file_atomic(const std::string& path, const std::string& content);
 
 // A document as people (and diffs) read it: objects and arrays indented two spaces per

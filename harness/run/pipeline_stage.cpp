@@ -36,19 +36,20 @@ int pipeline_microbatches(const RunConfig& cfg, int stages) {
 PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages) {
   const int M = pipeline_microbatches(cfg, stages);
   PipelineLayout layout;
-  // Names the schedule's own constraints (S, M, chunks) first.
-  layout.schedule = make_schedule(cfg.schedule, stages, M, cfg.chunks);
-  const int B = cfg.model.batch, L = cfg.model.layers, v = cfg.chunks, V = stages * v;
+  const int B = cfg.model.batch, L = cfg.model.layers, v = cfg.chunks;
   if (M > B)
     throw UsageError("--microbatches " + str(M) + (cfg.microbatches > 0 ? "" : " (default: one per stage)") +
                      " exceeds --batch " + str(B) + ": every micro-batch needs at least one row");
   const std::string shape = str(stages) + " stage" + (stages == 1 ? "" : "s") + " x " + str(v) + " chunk" +
                             (v == 1 ? "" : "s");
+  // The layout's checks first (cheap), then the schedule's own (S, M, chunks), whose
+  // construction and validation grow with S x M.
+  const long long V = static_cast<long long>(stages) * v;
   std::vector<int> split;
   if (!cfg.split.empty()) {
-    if (static_cast<int>(cfg.split.size()) != V)
-      throw UsageError("--split: expected " + str(V) + " entries, layers per virtual stage (" + shape + "), got " +
-                       str(static_cast<int>(cfg.split.size())));
+    if (static_cast<long long>(cfg.split.size()) != V)
+      throw UsageError("--split: expected " + std::to_string(V) + " entries, layers per virtual stage (" + shape +
+                       "), got " + str(static_cast<int>(cfg.split.size())));
     for (std::size_t i = 0; i < cfg.split.size(); ++i)
       if (cfg.split[i] < 1)
         throw UsageError("--split: every virtual stage needs at least 1 layer (entry " + str(static_cast<int>(i)) +
@@ -59,10 +60,17 @@ PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages) {
     split = cfg.split;
   } else {
     if (V > L)
-      throw UsageError("--layers " + str(L) + ": a pipeline of " + shape + " needs at least " + str(V) +
+      throw UsageError("--layers " + str(L) + ": a pipeline of " + shape + " needs at least " + std::to_string(V) +
                        " layers (one per virtual stage)");
-    split = tensor_split_sizes(L, V);
+    split = tensor_split_sizes(L, static_cast<int>(V));
   }
+  // Every stage's action list is built and validated; keep that to seconds.
+  constexpr long long kMostForwards = 1'000'000;
+  if (V * M > kMostForwards)
+    throw UsageError("a pipeline of " + shape + " and " + str(M) + " micro-batches has " + std::to_string(V * M) +
+                     " forward actions, above the largest allowed, " + std::to_string(kMostForwards) +
+                     " (fewer --microbatches or stages)");
+  layout.schedule = make_schedule(cfg.schedule, stages, M, cfg.chunks);
   layout.bounds.assign(1, 0);
   for (int n : split) layout.bounds.push_back(layout.bounds.back() + n);
   layout.rows = tensor_split_sizes(B, M);

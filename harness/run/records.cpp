@@ -36,7 +36,8 @@ nlohmann::json model_json(const ModelConfig& m) {
 }
 
 nlohmann::json step_ms_json(const std::vector<double>& step_ms) {
-  if (step_ms.size() < 2) return nullptr;  // the first step is warm-up
+  // The first step is warm-up: with one step nothing is timed (DESIGN §7 keeps the object).
+  if (step_ms.size() < 2) return {{"median", nullptr}, {"min", nullptr}};
   std::vector<double> t(step_ms.begin() + 1, step_ms.end());
   std::sort(t.begin(), t.end());
   const std::size_t n = t.size();

@@ -173,14 +173,16 @@ void check_output_paths(const RunConfig& cfg, const MpiSession& mpi) {
 }  // namespace
 
 void run_job(RunConfig cfg, MpiSession& mpi) {
-  check_output_paths(cfg, mpi);
   const std::string backend_name = choose_backend(cfg);
   const CommOptions comm_opt = choose_comm(cfg, backend_name, mpi);
   const int world = comm_opt.kind == "fake" ? comm_opt.emulate_world : mpi.world();
+  // The configuration first (every rank alike, no collective), then the output paths
+  // (rank 0 checks, every rank learns the verdict): a refused run creates nothing.
   if (cfg.pipeline())
     validate_pipeline(cfg, world);
   else
     validate_data_parallel(cfg, world);
+  check_output_paths(cfg, mpi);
   if (!all_ranks_equal(cfg.command_line.empty() ? std::string("-") : cfg.command_line))
     throw UsageError("flags differ across ranks: every rank of a job must be started with the same flags");
 

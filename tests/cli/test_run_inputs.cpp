@@ -1,0 +1,173 @@
+// `shardscope run` against inputs an adversarial user tries: values that are missing,
+// empty or another flag; numbers with signs, spaces or absurd sizes; output paths that
+// are devices, FIFOs, links or the same file twice; ranks started with different flags.
+// Each is exit 2 with one line naming the flag, creates nothing, and never hangs.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+int shell(const std::string& cmd) {
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+std::string first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+bool has_mpirun() {
+#ifndef SHARDSCOPE_WITH_MPI
+  return false;
+#else
+  return shell("command -v mpirun >/dev/null") == 0;
+#endif
+}
+
+class RunInputs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    bin_ = env("SHARDSCOPE_BIN");
+    if (bin_.empty()) GTEST_SKIP() << "run through ctest (SHARDSCOPE_BIN unset)";
+    char tmpl[] = "/tmp/shardscope-inputs-XXXXXX";
+    dir_ = mkdtemp(tmpl) ? tmpl : "";
+    ASSERT_FALSE(dir_.empty());
+  }
+  void TearDown() override {
+    if (!dir_.empty()) shell("rm -rf '" + dir_ + "'");
+  }
+  // Runs a small model with `flags` in dir_; returns the exit code, stderr's first line in *line.
+  int run(const std::string& flags, std::string* line = nullptr) {
+    const std::string err = dir_ + "/err.txt";
+    const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --layers 4 --width 16 --batch 8 " +
+                         flags + " > /dev/null 2> '" + err + "'");
+    if (line) *line = first_line(err);
+    return rc;
+  }
+  std::string bin_, dir_;
+};
+
+TEST_F(RunInputs, AValueThatIsAFlagOrEmptyIsRefusedNamingTheOption) {
+  const struct {
+    const char* flags;
+    const char* names;
+  } cases[] = {{"--json --tf32", "--json: needs a value, got the flag '--tf32'"},
+               {"--json --width 3", "--json: needs a value, got the flag '--width'"},
+               {"--trace --steps 2", "--trace: needs a value"},
+               {"--json ''", "--json: empty value"},
+               {"--comm ''", "--comm: empty value"},
+               {"--backend=", "--backend: empty value"},
+               {"--schedule gpipe --split ''", "--split: empty value"}};
+  for (const auto& c : cases) {
+    std::string line;
+    EXPECT_EQ(run(c.flags, &line), 2) << c.flags;
+    EXPECT_EQ(line.rfind(std::string("shardscope: error: ") + c.names, 0), 0u) << c.flags << ": " << line;
+  }
+  EXPECT_NE(access((dir_ + "/--tf32").c_str(), F_OK), 0) << "a file named after the flag was written";
+}
+
+TEST_F(RunInputs, NumbersAreDigitsOnlyAndBounded) {
+  const char* bad[] = {"--steps ' 5'", "--steps +5", "--seed ' 1'", "--batch 2147483648",
+                       "--emulate 2:99999999999", "--emulate 65537:0", "--emulate +2:1",
+                       "--bucket-mb 0x10", "--bucket-mb inf", "--bucket-mb 1e3",
+                       "--schedule gpipe --microbatches 10001", "--schedule interleaved-1f1b --chunks 1001",
+                       "--schedule gpipe --split 2,2,", "--schedule gpipe --split ,2,2"};
+  for (const char* flags : bad) {
+    std::string line;
+    EXPECT_EQ(run(flags, &line), 2) << flags;
+    EXPECT_EQ(line.rfind("shardscope: error: --", 0), 0u) << flags << ": " << line;
+  }
+}
+
+TEST_F(RunInputs, HugePipelinesAreRefusedAtOnce) {
+  // Each of these once built a schedule of billions of actions (memory, minutes).
+  const char* huge[] = {"--layers 100000 --batch 10000000 --schedule gpipe --emulate 65536:0",
+                        "--layers 100000 --batch 10000000 --schedule gpipe --microbatches 10000 --emulate 1000:0",
+                        "--schedule gpipe --microbatches 1000 --emulate 2:0"};
+  for (const char* flags : huge) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string line;
+    const std::string err = dir_ + "/err.txt";
+    EXPECT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --width 4 " + flags + " > /dev/null 2> '" +
+                    err + "'"),
+              2)
+        << flags;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0) << flags;
+    EXPECT_EQ(first_line(err).rfind("shardscope: error: ", 0), 0u) << flags;
+  }
+}
+
+TEST_F(RunInputs, OutputsMustBeRegularFilesAndDistinct) {
+  ASSERT_EQ(mkfifo((dir_ + "/fifo").c_str(), 0644), 0);
+  ASSERT_EQ(mknod((dir_ + "/null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0 || geteuid() != 0, true);
+  std::string line;
+  EXPECT_EQ(run("--json fifo", &line), 2);
+  EXPECT_NE(line.find("not a regular file"), std::string::npos) << line;
+  struct stat st {};
+  ASSERT_EQ(stat((dir_ + "/fifo").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "the FIFO was replaced";
+  if (geteuid() == 0) {
+    EXPECT_EQ(run("--trace null", &line), 2);
+    ASSERT_EQ(stat((dir_ + "/null").c_str(), &st), 0);
+    EXPECT_TRUE(S_ISCHR(st.st_mode)) << "the device node was replaced";
+  }
+  // A symbolic link is written through: the link stays, its file gets the document.
+  ASSERT_EQ(symlink("real.json", (dir_ + "/link.json").c_str()), 0);
+  { std::ofstream(dir_ + "/real.json") << "{}"; }
+  EXPECT_EQ(run("--json link.json"), 0);
+  ASSERT_EQ(lstat((dir_ + "/link.json").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  EXPECT_NE(first_line(dir_ + "/real.json").find('{'), std::string::npos);
+  std::ifstream real(dir_ + "/real.json");
+  const std::string text((std::istreambuf_iterator<char>(real)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("shardscope/1"), std::string::npos);
+  // Two outputs, one file.
+  EXPECT_EQ(run("--json same.json --trace ./same.json", &line), 2);
+  EXPECT_NE(line.find("name the same file"), std::string::npos) << line;
+  EXPECT_NE(access((dir_ + "/same.json").c_str(), F_OK), 0);
+}
+
+TEST_F(RunInputs, ARefusedRunCreatesNoDirectory) {
+  std::string line;
+  EXPECT_EQ(run("--schedule gpipe --microbatches 9 --csv newdir/csv", &line), 2);
+  EXPECT_NE(line.find("--microbatches 9 exceeds --batch 8"), std::string::npos) << line;
+  EXPECT_NE(access((dir_ + "/newdir").c_str(), F_OK), 0) << "newdir was created";
+}
+
+TEST_F(RunInputs, RanksStartedWithDifferentFlagsAllExitTwoPromptly) {
+  if (!has_mpirun()) GTEST_SKIP() << "no MPI in this build or no mpirun";
+  const std::string small = " run --backend cpu --layers 2 --width 16 --batch 4";
+  const struct {
+    const char* rank1;
+    const char* names;
+  } cases[] = {{" --strategy zero9", "rank 1: --strategy: unknown 'zero9'"},
+               {" --help", "flags differ across ranks"}};
+  for (const auto& c : cases) {
+    const std::string err = dir_ + "/err.txt";
+    const auto t0 = std::chrono::steady_clock::now();
+    const int rc = shell("timeout -k 5 60 mpirun --oversubscribe -np 1 '" + bin_ + "'" + small + " : -np 1 '" + bin_ +
+                         "'" + small + c.rank1 + " > /dev/null 2> '" + err + "'");
+    EXPECT_EQ(rc, 2) << c.rank1;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0) << c.rank1;
+    std::ifstream in(err);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(all.find(std::string("shardscope: error: ") + c.names), std::string::npos) << c.rank1 << ": " << all;
+  }
+}
+
+}  // namespace
