@@ -6,6 +6,7 @@
 #include <sstream>
 #include <vector>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "harness/report/format.hpp"
@@ -225,6 +226,19 @@ HostMemory host_memory_available_at(const std::string& root) {
   return out;
 }
 
-HostMemory host_memory_available() { return host_memory_available_at(""); }
+HostMemory host_memory_available() {
+  HostMemory out = host_memory_available_at("");
+  // This process's address-space limit (ulimit -v), against what it has mapped.
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
+    const std::int64_t limit = static_cast<std::int64_t>(as.rlim_cur);
+    const std::int64_t mapped = read_key("/proc/self/status", "VmSize").value_or(0);
+    const std::int64_t free = std::max<std::int64_t>(0, limit - mapped);
+    out.how += ", address-space limit (ulimit -v) " + format_bytes_short(limit) + " with " +
+               format_bytes_short(mapped) + " mapped: " + format_bytes_short(free) + " free";
+    out.available = std::min(out.available, free);
+  }
+  return out;
+}
 
 }  // namespace shardscope

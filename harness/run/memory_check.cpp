@@ -17,11 +17,15 @@ void check_memory(std::int64_t predicted_peak, Backend& backend, int rank, const
                      " exceeds the free device memory " + format_bytes(device));
     return;
   }
+  check_host_memory(predicted_peak, rank, what);
+}
+
+void check_host_memory(std::int64_t needed, int rank, const std::string& what) {
   const HostMemory host = host_memory_available();
-  if (predicted_peak > host.available)
-    throw RunError("rank " + std::to_string(rank) + ": " + std::string(what) + " " + format_bytes(predicted_peak) +
-                   " exceeds the memory this process can have, " + format_bytes(host.available) +
-                   " (" + host.how + ")");
+  if (needed > host.available)
+    throw RunError("rank " + std::to_string(rank) + ": " + what + " " + format_bytes(needed) +
+                   " exceeds the memory this process can have, " + format_bytes(host.available) + " (" +
+                   host.how + ")");
 }
 
 }  // namespace shardscope

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "shardscope/backend.hpp"
 
@@ -11,5 +12,9 @@ namespace shardscope {
 // device memory on device backends, else MemAvailable and the cgroup limit. The message
 // names both figures and the rank.
 void check_memory(std::int64_t needed, Backend& backend, int rank, const char* what = "predicted peak");
+
+// The same against host memory only (MemAvailable and the cgroup limit), for what a run
+// keeps on the host whatever its backend.
+void check_host_memory(std::int64_t needed, int rank, const std::string& what);
 
 }  // namespace shardscope

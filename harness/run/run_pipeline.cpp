@@ -50,7 +50,22 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
   const PipelineLayout& layout = stage.layout();
   const Schedule& sched = layout.schedule;
   const int s = stage.stage();
-  check_memory(predict_peak_total(cfg.model, layout, s), backend, comm.rank());
+  const std::int64_t predicted_peak = predict_peak_total(cfg.model, layout, s);
+  check_memory(predicted_peak, backend, comm.rank());
+  // Untracked host bookkeeping grows with the schedule (every stage's action list, its
+  // lowering and validation) and with the saves this stage records per micro-batch and
+  // layer. Per-unit figures measured on x86-64 (README "Command line"), rounded up.
+  const std::int64_t M = layout.microbatches(), forwards = static_cast<std::int64_t>(sched.stages) * sched.chunks * M;
+  std::int64_t stage_layers = 0;
+  for (int c = 0; c < layout.chunks(); ++c) {
+    const int v = vstage_of(sched, s, c);
+    stage_layers += layout.end_layer(v) - layout.first_layer(v);
+  }
+  const std::int64_t bookkeeping = 6'144 * M + 256 * M * stage_layers + 512 * forwards;
+  if (backend.device_free_bytes() < 0)
+    check_host_memory(predicted_peak + bookkeeping, comm.rank(), "predicted peak plus estimated schedule bookkeeping");
+  else
+    check_host_memory(bookkeeping, comm.rank(), "estimated schedule bookkeeping on the host");
   {
     ScopedRange range(backend, "setup");
     stage.setup();
