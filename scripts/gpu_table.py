@@ -138,6 +138,22 @@ say("")
 say(f"cuda resting and peak bytes identical to cpu for every rank: {'yes' if all_same else 'NO'}")
 say("")
 
+# NCCL through the command line at one rank (no MPI needed): bytes as cpu's, comm named.
+nccl1 = run(SEED + ["--strategy", "zero3", "--units", "1", "--backend", "cuda", "--comm", "nccl"], "nccl-w1")
+cpu1 = run(SEED + ["--strategy", "zero3", "--units", "1", "--backend", "cpu"], "cpu-w1-zero3")
+if "error" in nccl1 or "error" in cpu1:
+    say(f"NCCL at one rank (zero3 --units 1): cuda {nccl1.get('error', 'ok')}; cpu {cpu1.get('error', 'ok')}")
+    problem(f"NCCL at one rank: cuda {nccl1.get('error', 'ok')}; cpu {cpu1.get('error', 'ok')}")
+else:
+    n, c = nccl1["ranks"][0], cpu1["ranks"][0]
+    same = n["resting"] == c["resting"] and n["peak"]["total"] == c["peak"]["total"] and nccl1["comm"] == "nccl"
+    say(f"NCCL at one rank (zero3 --units 1, comm {nccl1['comm']}): resting {n['resting']['total']:,} / "
+        f"{c['resting']['total']:,} on cpu, peak {n['peak']['total']:,} / {c['peak']['total']:,}: "
+        f"{'same' if same else 'DIFFERENT'}")
+    if not same:
+        problem("NCCL at one rank: bytes differ from cpu, or the run did not use nccl")
+say("")
+
 # The seed's pipelines, every stage emulated, cuda beside cpu: saved tensors and bytes.
 PP = ["--layers", "2", "--width", "32", "--batch", "8", "--activation", "relu", "--loss", "mse", "--steps", "2"]
 pp_jobs = []

@@ -37,6 +37,8 @@ class NcclCommunicator final : public Communicator {
     const cudaError_t e = cudaStreamSynchronize(cuda_->stream());
     if (e != cudaSuccess || std::uncaught_exceptions() > 0) {
       (void)ncclCommAbort(comm_);
+      (void)cudaFree(barrier_scratch_);  // may fail on a broken context; nothing to add then
+      (void)cudaGetLastError();
       return;
     }
     NCCL_CHECK_NOEXCEPT(ncclCommDestroy(comm_));
