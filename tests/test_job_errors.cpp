@@ -52,6 +52,28 @@ TEST(JobErrors, OneLineMessages) {
   EXPECT_EQ(failure_message("", "ddp W=2", 1, "exited with code 3"), "rank 1: exited with code 3 (ddp W=2)");
 }
 
+// mpirun failing on its own: its first line is the cause, the rest advice.
+TEST(JobErrors, ALaunchersOwnFailureQuotesItsFirstLine) {
+  const char* slots =
+      "--------------------------------------------------------------------------\n"
+      "There are not enough slots available in the system to satisfy the 4\n"
+      "slots that were requested by the application:\n"
+      "\n"
+      "  /bin/true\n"
+      "\n"
+      "launch.\n"
+      "--------------------------------------------------------------------------\n";
+  EXPECT_EQ(launcher_failure_message(slots, "ddp W=4", "exited with code 1"),
+            "ddp W=4: mpirun exited with code 1 (no rank reported an error): \"There are not enough slots available in "
+            "the system to satisfy the 4\"");
+  EXPECT_EQ(launcher_failure_message("mpirun: Error: unknown option \"--bogus\"\nType 'mpirun --help' for usage.\n",
+                                     "zero1 W=2", "exited with code 2"),
+            "zero1 W=2: mpirun exited with code 2 (no rank reported an error): \"mpirun: Error: unknown option "
+            "\"--bogus\"\"");
+  EXPECT_EQ(launcher_failure_message("", "ddp W=2", "killed by signal 9 (Killed)"),
+            "ddp W=2: mpirun killed by signal 9 (Killed) (no rank reported an error)");
+}
+
 TEST(JobErrors, TheJobsOwnErrorText) {
   EXPECT_EQ(shardscope_error_text("noise\nshardscope: error: --units 1: needs zero2 or zero3\n"),
             "--units 1: needs zero2 or zero3");

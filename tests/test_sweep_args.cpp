@@ -201,3 +201,68 @@ TEST(SweepPlan, ChunksReachOnlyInterleavedSchedules) {
 
 }  // namespace
 }  // namespace shardscope
+
+namespace shardscope {
+namespace {
+
+bool has_flag(const SweepJob& job, const std::string& flag) {
+  for (const std::string& a : job.run_args)
+    if (a == flag || a.rfind(flag + "=", 0) == 0) return true;
+  return false;
+}
+
+// A mixed sweep: data-parallel flags reach data-parallel jobs only, pipeline flags
+// pipeline jobs only (run refuses them elsewhere), so no job is skipped for them.
+TEST(SweepPlan, EachFamilysFlagsReachOnlyItsJobs) {
+  const std::vector<SweepJob> jobs = plan_sweep(Args{
+      "--worlds", "2", "--strategies", "zero2", "--schedules", "zb-h1,interleaved-1f1b", "--chunks", "2", "--split=1,1",
+      "--units", "1", "--prefetch", "0", "--ddp-bucket", "copy", "--bucket-mb=1", "--layers", "4"});
+  ASSERT_EQ(labels(jobs), (std::vector<std::string>{"zero2 W=2 1 layer/unit", "zb-h1 S=2", "interleaved-1f1b S=2 chunks=2"}));
+  for (const char* dp : {"--units", "--prefetch", "--ddp-bucket", "--bucket-mb"}) {
+    EXPECT_TRUE(has_flag(jobs[0], dp)) << dp;
+    EXPECT_FALSE(has_flag(jobs[1], dp)) << dp;
+    EXPECT_FALSE(has_flag(jobs[2], dp)) << dp;
+  }
+  EXPECT_FALSE(has_flag(jobs[0], "--chunks"));
+  EXPECT_FALSE(has_flag(jobs[0], "--split"));
+  EXPECT_FALSE(has_flag(jobs[1], "--chunks"));  // interleaved-1f1b's only
+  EXPECT_TRUE(has_flag(jobs[1], "--split"));
+  EXPECT_TRUE(has_flag(jobs[2], "--chunks"));
+  EXPECT_TRUE(has_flag(jobs[2], "--split"));
+  for (const SweepJob& job : jobs) EXPECT_TRUE(contains_pair(job.run_args, "--layers", "4")) << job.label;
+  EXPECT_EQ(jobs[0].config["layers_per_unit"], 1);
+
+  const std::vector<SweepJob> gpipe = plan_sweep(Args{"--strategies", "ddp", "--schedules", "gpipe", "--units", "1"});
+  for (const SweepJob& job : gpipe) EXPECT_EQ(has_flag(job, "--units"), job.kind == "data_parallel") << job.label;
+}
+
+// A family's flag that would reach no job is refused, not dropped.
+TEST(SweepPlan, AFlagThatReachesNoJobIsRefused) {
+  EXPECT_EQ(usage_error({"--schedules", "1f1b", "--units", "1"}),
+            "--units: applies to data-parallel runs; add --strategies or --preset seed-dp");
+  EXPECT_EQ(usage_error({"--schedules", "1f1b", "--bucket-mb=4"}),
+            "--bucket-mb: applies to data-parallel runs; add --strategies or --preset seed-dp");
+  EXPECT_EQ(usage_error({"--strategies", "ddp", "--split", "2,2"}),
+            "--split: applies to pipeline runs; add --schedules or --preset seed-pp");
+  EXPECT_EQ(usage_error({"--schedules", "1f1b,gpipe", "--chunks", "2"}),
+            "--chunks: applies to interleaved-1f1b runs only; add interleaved-1f1b to --schedules");
+  EXPECT_EQ(usage_error({"--preset", "seed-pp", "--units", "1", "--strategies", "ddp"}), "");
+}
+
+TEST(SweepPlan, WorldSizesAreCappedAndListsHoldEachItemOnce) {
+  EXPECT_EQ(usage_error({"--worlds", "65536", "--strategies", "ddp"}), "");
+  EXPECT_EQ(usage_error({"--worlds", "65537"}), "--worlds: 65537 is above the largest world size allowed, 65536");
+  EXPECT_EQ(usage_error({"--worlds", "2,999999999"}),
+            "--worlds: 999999999 is above the largest world size allowed, 65536");
+  EXPECT_EQ(usage_error({"--worlds", "99999999999999999999"}),
+            "--worlds: 99999999999999999999 is above the largest world size allowed, 65536");
+  EXPECT_EQ(usage_error({"--worlds", "2,2"}), "--worlds: 2 is given twice; give each once");
+  EXPECT_EQ(usage_error({"--worlds", "4", "--worlds=4"}), "--worlds: 4 is given twice; give each once");
+  EXPECT_EQ(usage_error({"--strategies", "ddp,zero1,ddp"}), "--strategies: 'ddp' is given twice; give each once");
+  EXPECT_EQ(usage_error({"--schedules", "1f1b,1f1b"}), "--schedules: '1f1b' is given twice; give each once");
+  EXPECT_EQ(usage_error({"--schedules", "1f1b", "--microbatches", "2,4,2"}),
+            "--microbatches: 2 is given twice; give each once");
+}
+
+}  // namespace
+}  // namespace shardscope

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <thread>
 
 #include "shardscope/check.hpp"
@@ -20,32 +21,16 @@ extern char** environ;
 namespace shardscope {
 namespace {
 
-volatile std::sig_atomic_t g_interrupt = 0;
-void on_interrupt(int) { g_interrupt = 1; }
+// The signals a sweep turns into "stop the job, write what completed, exit 3".
+constexpr int kInterrupts[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
-// Installs the interrupt handler for its lifetime: our children sit in their own
-// process groups, so a terminal's Ctrl-C reaches only us, and we pass it on.
-class InterruptGuard {
- public:
-  InterruptGuard() {
-    g_interrupt = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_interrupt;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~InterruptGuard() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  InterruptGuard(const InterruptGuard&) = delete;
-  InterruptGuard& operator=(const InterruptGuard&) = delete;
+volatile std::sig_atomic_t g_interrupt = 0;  // the first signal received; 0 when none
+int g_guard_depth = 0;
+struct sigaction g_old_actions[std::size(kInterrupts)];
 
- private:
-  struct sigaction old_int_ {};
-  struct sigaction old_term_ {};
-};
+void on_interrupt(int sig) {
+  if (g_interrupt == 0) g_interrupt = sig;
+}
 
 std::vector<std::string> child_environment(const std::vector<std::string>& extra) {
   std::vector<std::string> env;
@@ -87,9 +72,29 @@ int terminate_group(pid_t pid) {
 
 }  // namespace
 
+InterruptGuard::InterruptGuard() {
+  if (g_guard_depth++ > 0) return;
+  outermost_ = true;
+  g_interrupt = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : kInterrupts) sigaddset(&sa.sa_mask, sig);
+  sa.sa_flags = SA_RESTART;  // a result file being written is not cut short by EINTR
+  for (std::size_t i = 0; i < std::size(kInterrupts); ++i) sigaction(kInterrupts[i], &sa, &g_old_actions[i]);
+}
+
+InterruptGuard::~InterruptGuard() {
+  --g_guard_depth;
+  if (!outermost_) return;
+  for (std::size_t i = 0; i < std::size(kInterrupts); ++i) sigaction(kInterrupts[i], &g_old_actions[i], nullptr);
+}
+
+int InterruptGuard::received() { return g_interrupt; }
+
 ChildResult run_child(const ChildSpec& spec) {
   if (spec.argv.empty()) throw RunError("run_child: empty command");
-  InterruptGuard guard;
+  const InterruptGuard guard;
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
@@ -102,9 +107,8 @@ ChildResult run_child(const ChildSpec& spec) {
   posix_spawnattr_setpgroup(&attr, 0);  // a new group led by the child
   sigset_t defaults;
   sigemptyset(&defaults);
-  sigaddset(&defaults, SIGINT);
-  sigaddset(&defaults, SIGTERM);
-  sigaddset(&defaults, SIGPIPE);
+  for (int sig : kInterrupts) sigaddset(&defaults, sig);
+  sigaddset(&defaults, SIGPIPE);  // the sweep ignores it
   posix_spawnattr_setsigdefault(&attr, &defaults);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF);
 
@@ -129,8 +133,9 @@ ChildResult run_child(const ChildSpec& spec) {
       break;
     }
     if (done < 0 && errno != EINTR) throw RunError(std::string("waitpid: ") + std::strerror(errno));
-    if (g_interrupt || std::chrono::steady_clock::now() >= deadline) {
-      result.end = g_interrupt ? ChildResult::End::interrupted : ChildResult::End::timed_out;
+    if (g_interrupt != 0 || std::chrono::steady_clock::now() >= deadline) {
+      result.end = g_interrupt != 0 ? ChildResult::End::interrupted : ChildResult::End::timed_out;
+      result.signal = g_interrupt;
       terminate_group(pid);
       result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       return result;
@@ -152,16 +157,19 @@ std::string describe(const ChildResult& r, int timeout_s) {
   switch (r.end) {
     case ChildResult::End::exited:
       return "exited with code " + std::to_string(r.code);
-    case ChildResult::End::signaled: {
-      const char* name = strsignal(r.signal);
-      return "killed by signal " + std::to_string(r.signal) + (name ? std::string(" (") + name + ")" : "");
-    }
+    case ChildResult::End::signaled:
+      return "killed by " + signal_text(r.signal);
     case ChildResult::End::timed_out:
       return "timed out after " + std::to_string(timeout_s) + " s";
     case ChildResult::End::interrupted:
-      return "interrupted";
+      return r.signal > 0 ? "interrupted by " + signal_text(r.signal) : "interrupted";
   }
   return "ended";
+}
+
+std::string signal_text(int signal) {
+  const char* name = strsignal(signal);
+  return "signal " + std::to_string(signal) + (name ? std::string(" (") + name + ")" : "");
 }
 
 std::string find_executable(const std::string& name) {

@@ -114,6 +114,20 @@ std::vector<int> parse_list(const std::string& flag, const std::string& v) {
   return out;
 }
 
+// CLI11's message for a parse error, except for arguments it does not know, which it
+// lists back to front: those are named one by one, in the order given.
+std::string parse_error_text(const CLI::App& app, const CLI::ParseError& e) {
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) == nullptr) return e.what();
+  std::vector<std::string> extra = app.remaining();
+  if (extra.empty()) return e.what();
+  std::string text;
+  for (const std::string& a : extra) {
+    if (!text.empty()) text += ", ";
+    text += (a.rfind("-", 0) == 0 ? "unknown flag '" : "unexpected argument '") + a + "'";
+  }
+  return text + " (shardscope run --help lists the flags)";
+}
+
 // The options of `run` that take a value, and a check CLI11 does not make: a value
 // that is empty, or that is the next flag (`--json --tf32` would write a file named
 // "--tf32"), is refused naming the option.
@@ -299,7 +313,7 @@ int run_command(int argc, char** argv) {
     status = wants_help;
   } catch (const CLI::ParseError& e) {
     status = refused;
-    problem = e.what();
+    problem = parse_error_text(app, e);
   } catch (const UsageError& e) {
     status = refused;
     problem = e.what();
@@ -349,13 +363,17 @@ void check_run_args(const std::vector<std::string>& args) {
   RunFlags flags;
   add_run_flags(app, flags);
   check_option_values(app, args);
-  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses from the back
+  // As argv, so that CLI11's messages list the arguments in the order given.
+  std::vector<std::string> words{"run"};
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
   try {
-    app.parse(reversed);
+    app.parse(static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::CallForHelp&) {
     throw UsageError("--help is not a flag a sweep passes to its runs");
   } catch (const CLI::ParseError& e) {
-    throw UsageError(e.what());
+    throw UsageError(parse_error_text(app, e));
   }
   (void)to_config(flags, app);
 }

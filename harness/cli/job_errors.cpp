@@ -46,13 +46,24 @@ std::string mpirun_account(const std::string& stderr_text) {
   return {};
 }
 
-// The last line that says something (not a rule of dashes or blank).
+// Whether a line says something (is not blank or a rule of dashes).
+bool says_something(const std::string& trimmed) {
+  return !trimmed.empty() && trimmed.find_first_not_of("-=*") != std::string::npos;
+}
+
+// The last line that says something.
 std::string last_line(const std::string& stderr_text) {
   const std::vector<std::string> lines = lines_of(stderr_text);
-  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
-    const std::string t = trim(*it);
-    if (!t.empty() && t.find_first_not_of("-=*") != std::string::npos) return t;
-  }
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it)
+    if (const std::string t = trim(*it); says_something(t)) return t;
+  return {};
+}
+
+// The first line that says something: mpirun's errors open with the cause ("There are
+// not enough slots available ...") and end with advice.
+std::string first_line(const std::string& stderr_text) {
+  for (const std::string& line : lines_of(stderr_text))
+    if (const std::string t = trim(line); says_something(t)) return t;
   return {};
 }
 
@@ -95,6 +106,12 @@ std::string failure_message(const std::string& stderr_text, const std::string& l
   if (what.empty()) what = last_line(stderr_text);
   if (what.empty()) what = how;
   return rank >= 0 ? "rank " + std::to_string(rank) + ": " + what + " (" + label + ")" : label + ": " + what;
+}
+
+std::string launcher_failure_message(const std::string& stderr_text, const std::string& label,
+                                     const std::string& how) {
+  const std::string said = first_line(stderr_text);
+  return label + ": mpirun " + how + " (no rank reported an error)" + (said.empty() ? "" : ": \"" + said + "\"");
 }
 
 }  // namespace shardscope

@@ -22,4 +22,10 @@ int failed_rank(const std::string& stderr_text);
 std::string failure_message(const std::string& stderr_text, const std::string& label, int known_rank,
                             const std::string& how);
 
+// The one-line error of a job whose mpirun failed on its own, no rank reporting anything
+// (too few slots, an option it does not know): "<label>: mpirun <how> (no rank reported
+// an error): \"<mpirun's first line>\"".
+std::string launcher_failure_message(const std::string& stderr_text, const std::string& label,
+                                     const std::string& how);
+
 }  // namespace shardscope

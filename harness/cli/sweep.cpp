@@ -3,14 +3,15 @@
 #include <unistd.h>
 
 #include <csignal>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <thread>
 
 #include "harness/cli/child_process.hpp"
+#include "harness/cli/cli.hpp"
 #include "harness/cli/job_errors.hpp"
+#include "harness/cli/sweep_out_dir.hpp"
 #include "harness/cli/sweep_results.hpp"
 #include "harness/report/csv.hpp"
 #include "harness/report/html_report.hpp"
@@ -23,7 +24,6 @@
 namespace shardscope {
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 
 struct JobOutcome {
@@ -43,27 +43,6 @@ std::string read_text(const std::string& path) {
   text << in.rdbuf();
   return text.str();
 }
-
-// Removes the per-job folder however the sweep ends.
-class ScratchDir {
- public:
-  explicit ScratchDir(std::string path) : path_(std::move(path)) {
-    std::error_code ec;
-    fs::remove_all(path_, ec);  // a previous sweep that was killed
-    if (!fs::create_directory(path_, ec))
-      throw RunError("cannot create '" + path_ + "': " + (ec ? ec.message() : "it exists"));
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 class JobRunner {
  public:
@@ -93,6 +72,12 @@ class JobRunner {
     std::vector<json> docs;
     json provenance;
     for (int r = 0; r < job.world; ++r) {
+      if (const int sig = InterruptGuard::received()) {  // the rest of the job is not started
+        JobOutcome stopped;
+        stopped.status = JobOutcome::Status::failed;
+        stopped.error = job.label + ": interrupted by " + signal_text(sig) + " before rank " + std::to_string(r);
+        return stopped;
+      }
       const std::string rank_base = base + "." + std::to_string(r);
       std::vector<std::string> argv = {self_exe_, "run"};
       argv.insert(argv.end(), job.run_args.begin(), job.run_args.end());
@@ -136,19 +121,31 @@ class JobRunner {
         return out;
       }
     }
-    if (exited && r.code == 2) {
+    // Exit 2 is the run refusing the configuration only when the run says so; without its
+    // "shardscope: error:" line it is the launcher failing, and a failure like any other.
+    if (exited && r.code == 2 && !shardscope_error_text(err).empty()) {
       out.status = JobOutcome::Status::skipped;
       out.reason = shardscope_error_text(err);
-      if (out.reason.empty()) out.reason = "the run refused the configuration (exit code 2)";
       return out;
     }
     out.status = JobOutcome::Status::failed;
     out.stderr_text = err;
-    if (exited || r.end == ChildResult::End::signaled)
-      out.error = failure_message(err, job.label, known_rank, how);
-    else  // timed out or interrupted: what stderr says last is not the cause
-      out.error = (known_rank >= 0 ? "rank " + std::to_string(known_rank) + ": " : std::string()) +
-                  job.label + ": " + how;
+    // Under mpirun (argv[0]) a rank is only known from stderr; alone, the process is rank
+    // `known_rank` (emulated) or rank 0 (W = 1).
+    const bool launcher = argv[0] == mpirun_;
+    const int rank = launcher ? -1 : known_rank >= 0 ? known_rank : 0;
+    if (r.end == ChildResult::End::timed_out || r.end == ChildResult::End::interrupted) {
+      // What stderr says last is not the cause. An emulated rank runs alone: the others
+      // have finished or not started.
+      out.error = opts_.emulate ? "rank " + std::to_string(rank) + ": " + how + " (" + job.label + ")"
+                                : job.label + ": " + how + "; every rank was stopped";
+    } else if (launcher && shardscope_error_text(err).empty() && failed_rank(err) < 0) {
+      out.error = launcher_failure_message(err, job.label, how);
+    } else if (!launcher && r.end == ChildResult::End::signaled) {
+      out.error = "rank " + std::to_string(rank) + ": " + how + " (" + job.label + ")";
+    } else {
+      out.error = failure_message(err, job.label, rank, how);
+    }
     return out;
   }
 
@@ -176,16 +173,17 @@ std::string resolve_mpirun(const SweepOptions& opts, const std::vector<SweepJob>
   return path;
 }
 
-// Makes --out DIR and checks that DIR/shardscope.json can be written.
-std::string prepare_out_dir(const std::string& out) {
-  std::error_code ec;
-  if (fs::exists(out, ec) && !fs::is_directory(out, ec))
-    throw UsageError("--out DIR: '" + out + "' exists and is not a directory");
-  fs::create_directories(out, ec);
-  if (ec) throw UsageError("--out DIR: cannot create '" + out + "': " + ec.message());
-  const std::string json_path = (fs::path(out) / "shardscope.json").string();
-  check_writable(json_path, "--out DIR");
-  return json_path;
+// Every job's flags as its `run` will read them (with the --emulate and --json the sweep
+// adds), before any job starts: a bad flag is bad usage of the sweep, exit 2, not a
+// configuration to record as skipped. What only the run can tell is left to it.
+void check_job_args(const std::vector<SweepJob>& jobs, bool emulate) {
+  for (const SweepJob& job : jobs) {
+    check_run_args(job.run_args);  // first alone, so that a trailing "--steps" is not said to meet "--json"
+    std::vector<std::string> args = job.run_args;
+    if (emulate) args.insert(args.end(), {"--emulate", std::to_string(job.world) + ":0"});
+    args.insert(args.end(), {"--json", "job.json"});
+    check_run_args(args);
+  }
 }
 
 }  // namespace
@@ -197,13 +195,17 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
   }
   const SweepOptions opts = parse_sweep_args(args);
   const std::vector<SweepJob> jobs = plan_sweep(opts);
+  check_job_args(jobs, opts.emulate);
   const std::string mpirun = resolve_mpirun(opts, jobs);
   const std::string exe = find_executable(self_exe);
   if (exe.empty()) throw RunError("cannot run '" + self_exe + "': not an executable file");
-  const std::string json_path = prepare_out_dir(opts.out);
-  if (!opts.trace.empty()) check_writable(opts.trace, "--trace FILE");
-  if (!opts.report.empty()) check_writable(opts.report, "--report FILE");
-  if (!opts.csv.empty()) prepare_csv_dir(opts.csv);
+  // From here until the sweep returns, SIGINT, SIGTERM, SIGHUP and SIGQUIT stop the
+  // running job's process group and the sweep writes what completed (exit 3): nothing
+  // is left running, and no result file is left half written.
+  const InterruptGuard interrupts;
+  check_sweep_outputs(opts);
+  if (const int sig = InterruptGuard::received())  // nothing made yet: nothing to write
+    throw RunError("interrupted by " + signal_text(sig) + " before any job started");
   std::vector<std::string> words = {"shardscope", "sweep"};
   words.insert(words.end(), args.begin(), args.end());
   std::vector<const char*> argv;
@@ -217,14 +219,21 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
     ~IgnoreSigpipe() { std::signal(SIGPIPE, old); }
   } ignore_sigpipe;
 
+  const std::string json_path = make_out_dir(opts.out);
+  const OutDirLock lock(opts.out);
+  if (!opts.csv.empty()) prepare_csv_dir(opts.csv);
   std::vector<json> runs;
   json first_provenance;
   std::string error;
   {
-    const ScratchDir scratch((fs::path(opts.out) / ".runs").string());
+    const ScratchDir scratch(opts.out);
     const JobRunner runner(opts, exe, mpirun, scratch.path());
     for (std::size_t n = 0; n < jobs.size(); ++n) {
       const SweepJob& job = jobs[n];
+      if (const int sig = InterruptGuard::received()) {
+        error = "interrupted by " + signal_text(sig) + " before " + job.label;
+        break;
+      }
       std::cout << "[" << n + 1 << "/" << jobs.size() << "] " << job.label << ": " << std::flush;
       JobOutcome outcome;
       try {

@@ -22,6 +22,15 @@ const Flags kSeedDpFlags = {{"--layers", "8"},       {"--width", "256"}, {"--bat
 const Flags kSeedPpFlags = {{"--layers", "2"},       {"--width", "32"}, {"--batch", "8"},
                             {"--activation", "relu"}, {"--loss", "mse"}, {"--steps", "2"}};
 
+// The largest world size --worlds takes: beyond any machine this tool profiles, and far
+// below what would make `mpirun -np W` a fork bomb.
+constexpr int kMaxWorld = 65'536;
+
+// `run` flags that shape one family only (run refuses them in the other): a sweep passes
+// each to the jobs it applies to, so one sweep can mix both families.
+const std::vector<std::string> kDataParallelOnly = {"--units", "--prefetch", "--ddp-bucket", "--bucket-mb"};
+const std::vector<std::string> kPipelineOnly = {"--chunks", "--split"};  // --microbatches is a sweep list
+
 // `run` flags the sweep sets itself, and what to use instead.
 const std::vector<std::pair<std::string, std::string>> kOwnedRunFlags = {
     {"--strategy", "use --strategies in a sweep"},
@@ -56,6 +65,22 @@ int positive_int(const std::string& flag, const std::string& v) {
   return std::stoi(v);
 }
 
+// A --worlds item: a positive integer up to kMaxWorld.
+int world_size(const std::string& v) {
+  const bool digits = !v.empty() && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const std::size_t first = v.find_first_not_of('0');
+  if (digits && first != std::string::npos && (v.size() - first > 9 || std::stoi(v) > kMaxWorld))
+    throw UsageError("--worlds: " + v + " is above the largest world size allowed, " + std::to_string(kMaxWorld));
+  return positive_int("--worlds", v);
+}
+
+// Refuses an item a list already holds: "--worlds: 2 is given twice".
+template <typename T>
+void check_new(const std::string& flag, const std::vector<T>& list, const T& item, const std::string& text) {
+  if (std::find(list.begin(), list.end(), item) != list.end())
+    throw UsageError(flag + ": " + text + " is given twice; give each once");
+}
+
 void check_allowed(const std::string& flag, const std::string& what, const std::string& v,
                    const std::vector<std::string>& allowed) {
   if (std::find(allowed.begin(), allowed.end(), v) == allowed.end())
@@ -83,15 +108,27 @@ bool has(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
-// The preset's flags that no pass-through flag replaces, then every pass-through flag.
-std::vector<std::string> merged_flags(const SweepOptions& o, const Flags& preset) {
+// Whether pass-through flag `name` reaches a job of this family ("" for data parallel,
+// else the job's schedule): data-parallel flags only data-parallel jobs, pipeline flags
+// only pipeline jobs, and --chunks only interleaved-1f1b, the one schedule it shapes.
+bool reaches(const std::string& name, const std::string& schedule) {
+  if (has(kDataParallelOnly, name)) return schedule.empty();
+  if (name == "--chunks") return schedule == "interleaved-1f1b";
+  if (has(kPipelineOnly, name)) return !schedule.empty();
+  return true;
+}
+
+// The preset's flags that no pass-through flag replaces, then every pass-through flag
+// that reaches a job of this family (see reaches()).
+std::vector<std::string> merged_flags(const SweepOptions& o, const Flags& preset, const std::string& schedule) {
   std::vector<std::string> out;
   for (const auto& [name, value] : preset) {
     if (has_pass(o, name)) continue;
     out.push_back(name);
     out.push_back(value);
   }
-  for (const PassFlag& f : o.pass) out.insert(out.end(), f.tokens.begin(), f.tokens.end());
+  for (const PassFlag& f : o.pass)
+    if (reaches(f.name, schedule)) out.insert(out.end(), f.tokens.begin(), f.tokens.end());
   return out;
 }
 
@@ -138,19 +175,29 @@ SweepOptions parse_sweep_args(const std::vector<std::string>& args) {
       if (inline_value) throw UsageError(name + ": takes no value");
     };
     if (name == "--worlds") {
-      for (const std::string& w : split_list(name, value())) o.worlds.push_back(positive_int(name, w));
+      for (const std::string& w : split_list(name, value())) {
+        const int world = world_size(w);
+        check_new(name, o.worlds, world, std::to_string(world));
+        o.worlds.push_back(world);
+      }
     } else if (name == "--strategies") {
       for (const std::string& s : split_list(name, value())) {
         check_allowed(name, "a strategy", s, kStrategies);
+        check_new(name, o.strategies, s, "'" + s + "'");
         o.strategies.push_back(s);
       }
     } else if (name == "--schedules") {
       for (const std::string& s : split_list(name, value())) {
         check_allowed(name, "a schedule", s, kSchedules);
+        check_new(name, o.schedules, s, "'" + s + "'");
         o.schedules.push_back(s);
       }
     } else if (name == "--microbatches") {
-      for (const std::string& m : split_list(name, value())) o.microbatches.push_back(positive_int(name, m));
+      for (const std::string& m : split_list(name, value())) {
+        const int count = positive_int(name, m);
+        check_new(name, o.microbatches, count, std::to_string(count));
+        o.microbatches.push_back(count);
+      }
     } else if (name == "--preset") {
       const std::string p = value();
       check_allowed(name, "a preset", p, kPresets);
@@ -203,12 +250,21 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
   const bool pipeline = pp_preset || !o.schedules.empty();
   if (!o.microbatches.empty() && !pipeline)
     throw UsageError("--microbatches: applies to pipeline runs; add --schedules or --preset seed-pp");
+  // A family's flag that reaches no job would be quietly dropped: refused instead.
+  for (const PassFlag& f : o.pass) {
+    if (has(kDataParallelOnly, f.name) && !data_parallel)
+      throw UsageError(f.name + ": applies to data-parallel runs; add --strategies or --preset seed-dp");
+    if (f.name == "--split" && !pipeline)
+      throw UsageError("--split: applies to pipeline runs; add --schedules or --preset seed-pp");
+    if (f.name == "--chunks" && !has(o.schedules, "interleaved-1f1b"))
+      throw UsageError("--chunks: applies to interleaved-1f1b runs only; add interleaved-1f1b to --schedules");
+  }
 
   std::vector<SweepJob> jobs;
   if (data_parallel) {
     const std::vector<int> worlds = o.worlds.empty() ? std::vector<int>{2, 4} : o.worlds;
     const std::vector<std::string> strategies = o.strategies.empty() ? kStrategies : o.strategies;
-    const std::vector<std::string> flags = merged_flags(o, dp_preset ? kSeedDpFlags : Flags{});
+    const std::vector<std::string> flags = merged_flags(o, dp_preset ? kSeedDpFlags : Flags{}, "");
     const std::optional<std::string> units = pass_value(o, "--units");
     for (int w : worlds) {
       for (const std::string& s : strategies) {
@@ -238,7 +294,6 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
     std::vector<int> microbatches = o.microbatches;
     if (microbatches.empty() && pp_preset) microbatches = {2, 4, 8};
     if (microbatches.empty()) microbatches = {0};  // 0: run's default, no flag
-    const std::vector<std::string> flags = merged_flags(o, pp_preset ? kSeedPpFlags : Flags{});
     for (int s : worlds) {
       for (const std::string& schedule : schedules) {
         for (int m : microbatches) {
@@ -248,18 +303,9 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
             args.insert(args.end(), {"--microbatches", std::to_string(m)});
             config["microbatches"] = m;
           }
-          // --chunks shapes interleaved-1f1b only (run refuses it elsewhere), so one sweep
-          // can set it and still compare interleaving with the other schedules.
-          const bool interleaved = schedule == "interleaved-1f1b";
-          for (std::size_t i = 0; i < flags.size(); ++i) {
-            if (!interleaved && flags[i] == "--chunks") {
-              ++i;  // and its value
-              continue;
-            }
-            if (!interleaved && flags[i].rfind("--chunks=", 0) == 0) continue;
-            args.push_back(flags[i]);
-          }
-          if (auto c = pass_value(o, "--chunks"); c && interleaved) config["chunks"] = units_value(*c);
+          const std::vector<std::string> flags = merged_flags(o, pp_preset ? kSeedPpFlags : Flags{}, schedule);
+          args.insert(args.end(), flags.begin(), flags.end());
+          if (auto c = pass_value(o, "--chunks"); c && reaches("--chunks", schedule)) config["chunks"] = units_value(*c);
           jobs.push_back(make_job(std::move(config), std::move(args)));
         }
       }
@@ -280,7 +326,8 @@ std::string sweep_usage() {
          "the seed's experiment: --preset seed-dp --preset seed-pp.\n"
          "\n"
          "sweep flags:\n"
-         "  --worlds LIST        world sizes, for pipeline runs the stage counts (default 2,4)\n"
+         "  --worlds LIST        world sizes, for pipeline runs the stage counts (default 2,4;\n"
+         "                       at most 65536)\n"
          "  --strategies LIST    data-parallel runs: ddp, zero1, zero2, zero3\n"
          "  --schedules LIST     pipeline runs: gpipe, 1f1b, interleaved-1f1b, zb-h1\n"
          "  --microbatches LIST  micro-batch counts of pipeline runs\n"
@@ -288,7 +335,7 @@ std::string sweep_usage() {
          "                       every strategy at W = 2 and 4, zero2/zero3 with --units all and 1;\n"
          "                       seed-pp: 2 x 32, relu, mse, batch 8, 2 steps, gpipe and 1f1b at\n"
          "                       S = 2, M = 2, 4, 8. Repeatable.\n"
-         "  --out DIR            where shardscope.json goes (default results/)\n"
+         "  --out DIR            where shardscope.json goes (default results/); one sweep at a time\n"
          "  --trace FILE         one Chrome trace-event JSON of every rank of every run\n"
          "                       (open it at ui.perfetto.dev or chrome://tracing)\n"
          "  --report FILE.html   one self-contained HTML report: charts of bytes per rank, memory\n"
@@ -302,12 +349,15 @@ std::string sweep_usage() {
          "  --timeout SECONDS    per job (default 600); a job over it is killed and fails\n"
          "\n"
          "Every other flag is a `run` flag (--layers 8 --width 256 --units 1 --backend cpu ...)\n"
-         "and reaches every job; it replaces a preset's flag of the same name.\n"
+         "and reaches every job it applies to: --units, --prefetch, --ddp-bucket and --bucket-mb\n"
+         "data-parallel jobs, --split pipeline jobs, --chunks interleaved-1f1b jobs; it replaces a\n"
+         "preset's flag of the same name. Every job's flags are checked as `run` checks them before\n"
+         "any job starts. Each list names an item once.\n"
          "--strategies alone runs data-parallel jobs only, --schedules alone pipeline jobs only.\n"
          "\n"
          "A configuration that cannot run (its run exits 2) is recorded as skipped with its reason;\n"
          "a failed run (exit 3, a dead rank, a timeout) ends the sweep with exit 3 after writing what\n"
-         "completed.\n";
+         "completed. So does SIGINT, SIGTERM, SIGHUP or SIGQUIT, after stopping the running job.\n";
 }
 
 }  // namespace shardscope

@@ -45,15 +45,19 @@ struct SweepJob {
 
 // Parses everything after `sweep`. Throws UsageError naming the flag and what is
 // allowed: "--worlds: 'x' is not a positive integer", "--strategies: 'fsdp' is not a
-// strategy; allowed: ddp, zero1, zero2, zero3", ...
+// strategy; allowed: ddp, zero1, zero2, zero3", a world size above 65536, an item a list
+// gives twice ("--worlds: 2 is given twice; give each once"), ...
 SweepOptions parse_sweep_args(const std::vector<std::string>& args);
 
 // The jobs, data-parallel first (world, strategy, unit setting), then pipeline (stages,
 // schedule, micro-batches). No --preset, --strategies or --schedules: both presets.
 // --strategies alone: data-parallel only; --schedules alone: pipeline only. A preset's
 // model flags apply to its own jobs; a pass-through flag replaces a preset's flag of
-// the same name and reaches every job. seed-dp runs zero2 and zero3 once with
-// --units all and once with --units 1 unless --units is given.
+// the same name and reaches every job it applies to: --units, --prefetch, --ddp-bucket
+// and --bucket-mb data-parallel jobs, --split pipeline jobs, --chunks interleaved-1f1b
+// jobs (UsageError when such a flag would reach no job). seed-dp runs zero2 and zero3
+// once with --units all and once with --units 1 unless --units is given. The run flags
+// are not checked here (check_run_args does, in the sweep).
 std::vector<SweepJob> plan_sweep(const SweepOptions& opts);
 std::vector<SweepJob> plan_sweep(const std::vector<std::string>& args);
 

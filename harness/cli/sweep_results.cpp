@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "harness/report/provenance.hpp"
+#include "harness/run/run_pipeline.hpp"
 #include "shardscope/check.hpp"
 
 #ifndef SHARDSCOPE_VERSION
@@ -30,6 +31,28 @@ json common_value(const std::vector<json>& runs, const char* key, const json& no
     }
   }
   return seen ? value : none;
+}
+
+// An emulated pipeline's stages, merged: the replayed bubble from every stage's measured
+// action times, as a run of all stages in one job computes it (fill_replayed_bubbles).
+// Each stage's wall-clock bubble is null: it ran alone, its waits for its neighbours were
+// not waits. Without a whole set of action times the replayed figures stay null.
+void replay_emulated_pipeline(json& run) {
+  RunConfig cfg;
+  cfg.schedule = run.value("schedule", std::string());
+  const json* m = run.contains("microbatches") ? &run["microbatches"] : nullptr;
+  const json* v = run.contains("chunks") ? &run["chunks"] : nullptr;
+  cfg.microbatches = m && m->is_number_integer() ? m->get<int>() : 0;
+  cfg.chunks = v && v->is_number_integer() ? v->get<int>() : 1;
+  for (json& stage : run["stages"])
+    if (stage.is_object()) stage["bubble_fraction"] = nullptr;
+  run["replayed_makespan_ms"] = nullptr;
+  if (cfg.schedule.empty()) return;
+  try {
+    run["replayed_makespan_ms"] = fill_replayed_bubbles(cfg, run["stages"]);
+  } catch (const std::exception& e) {  // a schedule or stage list the replay refuses
+    throw RunError("emulated stages cannot be replayed: " + std::string(e.what()));
+  }
 }
 
 }  // namespace
@@ -76,6 +99,7 @@ std::vector<json> merge_emulated_ranks(const std::vector<json>& docs) {
     });
     run[list] = std::move(all);
     run["emulated"] = true;
+    if (run.contains("stages")) replay_emulated_pipeline(run);
   }
   return merged;
 }

@@ -2,6 +2,7 @@
 // line, and a small emulated sweep of real `shardscope run` jobs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -81,6 +82,56 @@ TEST_F(SweepBinary, AnEmulatedSweepOfRealRuns) {
   EXPECT_NE(out_.find("emulated (times are compute only)"), std::string::npos) << out_;
   EXPECT_NE(out_.find("results: " + out + "/shardscope.json"), std::string::npos) << out_;
   EXPECT_FALSE(fs::exists(out + "/.runs"));
+}
+
+// A run flag `run` refuses ends the sweep at once: exit 2, one line, nothing created.
+TEST_F(SweepBinary, ABadRunFlagIsBadUsageOfTheSweep) {
+  const std::string out = dir_ + "/out2";
+  EXPECT_EQ(sweep({"--emulate", "--worlds", "1,2", "--layers", "2", "--width", "16", "--batch", "4", "--strategies",
+                   "ddp", "--out", out, "--layerz", "3"}),
+            2);
+  EXPECT_EQ(err_.rfind("shardscope: error: ", 0), 0u) << err_;
+  EXPECT_NE(err_.find("--layerz"), std::string::npos) << err_;
+  EXPECT_EQ(std::count(err_.begin(), err_.end(), '\n'), 1) << err_;
+  EXPECT_EQ(out_.find("skipped"), std::string::npos) << out_;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(sweep({"--worlds", "999999999", "--out", out}), 2);
+  EXPECT_EQ(err_, "shardscope: error: --worlds: 999999999 is above the largest world size allowed, 65536\n");
+  EXPECT_FALSE(fs::exists(out));
+}
+
+// Data-parallel and pipeline jobs in one sweep, each with its own family's flags, none
+// skipped for them; each emulated pipeline's bubble replayed from its stages' action
+// times, its wall-clock bubble null, and the table, CSV and report cope with the null.
+TEST_F(SweepBinary, AMixedEmulatedSweepReplaysItsPipelines) {
+  const std::string out = dir_ + "/results";
+  ASSERT_EQ(sweep({"--emulate", "--worlds", "2", "--strategies", "zero2", "--schedules", "zb-h1,interleaved-1f1b",
+                   "--chunks", "2", "--units", "1", "--layers", "4", "--width", "8", "--batch", "4", "--steps", "2",
+                   "--backend", "cpu", "--out", out, "--csv", out + "/csv", "--report", out + "/r.html"}),
+            0)
+      << err_;
+  const nlohmann::json doc = read_json_file(out + "/shardscope.json");
+  ASSERT_EQ(doc["runs"].size(), 3u) << doc.dump(1);
+  EXPECT_EQ(doc["sweep"]["skipped"], 0) << out_;
+  EXPECT_EQ(doc["runs"][0]["layers_per_unit"], 1);
+  for (int i : {1, 2}) {
+    const nlohmann::json& run = doc["runs"][i];
+    ASSERT_EQ(run["stages"].size(), 2u) << run.dump(1);
+    const double makespan = run["replayed_makespan_ms"].get<double>();
+    EXPECT_GT(makespan, 0.0);
+    for (const nlohmann::json& st : run["stages"]) {
+      EXPECT_TRUE(st["bubble_fraction"].is_null()) << st.dump();
+      const double replayed = st["bubble_fraction_replayed"].get<double>();
+      EXPECT_GE(replayed, 0.0);
+      EXPECT_LT(replayed, 1.0);
+      // busy = (1 - bubble) x makespan: the replay is of this stage's own action times
+      EXPECT_NEAR((1.0 - replayed) * makespan, st["busy_ms"].get<double>(), 1e-6 * makespan + 1e-9);
+    }
+  }
+  EXPECT_EQ(doc["runs"][2]["chunks"], 2);
+  EXPECT_NE(out_.find("  - / "), std::string::npos) << "the wall-clock bubble shown as unknown:\n" << out_;
+  EXPECT_NE(read(out + "/csv/pipeline.csv").find("zb-h1"), std::string::npos);
+  EXPECT_NE(read(out + "/r.html").find("bubble wall -"), std::string::npos);
 }
 
 // `run --csv DIR` writes the same files as the sweep, for its one run.

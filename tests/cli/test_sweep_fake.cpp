@@ -6,7 +6,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <iostream>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -29,8 +34,9 @@ using nlohmann::json;
 using Args = std::vector<std::string>;
 
 // Behaviour by environment: FAKE_SKIP=<strategy|schedule> exits 2, FAKE_FAIL=<name>
-// exits 3 on rank FAKE_FAIL_RANK (default 0), FAKE_HANG=<name> sleeps. Every
-// invocation appends its arguments to FAKE_LOG. Under mpirun only rank 0 writes.
+// exits 3 on rank FAKE_FAIL_RANK (default 0), FAKE_KILL=<name> kills itself with SIGKILL
+// on that rank, FAKE_HANG=<name> sleeps. Every invocation appends its arguments to
+// FAKE_LOG. Under mpirun only rank 0 writes.
 const char* kFakeRun = R"SH(#!/bin/sh
 echo "$*" >> "$FAKE_LOG"
 json= ; strategy= ; schedule= ; emulate= ; micro=0 ; units=all
@@ -56,6 +62,7 @@ if [ "$name" = "$FAKE_SKIP" ]; then echo "shardscope: error: --units $units: not
 if [ "$name" = "$FAKE_FAIL" ] && [ "$rank" = "${FAKE_FAIL_RANK:-0}" ]; then
   echo "shardscope: error: rank $rank: out of memory: needs 9 B, has 8 B" >&2; exit 3
 fi
+if [ "$name" = "$FAKE_KILL" ] && [ "$rank" = "${FAKE_FAIL_RANK:-0}" ]; then kill -9 $$; fi
 if [ "$name" = "$FAKE_HANG" ]; then sleep 30 & echo $! > "$FAKE_PIDFILE"; wait; exit 0; fi
 [ "$rank" = 0 ] || [ -n "$emulate" ] || exit 0
 entries=""
@@ -75,9 +82,16 @@ printf '{"schema": "shardscope/1", "version": "fake", "backend": "cpu", "comm": 
 echo "the run's own table for $name"
 )SH";
 
-// Logs its arguments, runs rank 0 of the job only; FAKE_MPIRUN_DIE=N reports rank N dead.
+// Logs its arguments, runs rank 0 of the job only; FAKE_MPIRUN_DIE=N reports rank N dead;
+// FAKE_MPIRUN_REFUSE=CODE fails on its own, starting nothing, as mpirun does for an option
+// it does not know.
 const char* kFakeMpirun = R"SH(#!/bin/sh
 echo "$*" >> "$FAKE_MPIRUN_LOG"
+if [ -n "$FAKE_MPIRUN_REFUSE" ]; then
+  echo "mpirun: Error: unknown option \"--bogus\"" >&2
+  echo "Type 'mpirun --help' for usage." >&2
+  exit "$FAKE_MPIRUN_REFUSE"
+fi
 [ "$1" = "-np" ] || exit 99
 np=$2; shift 2
 [ "$1" = "--oversubscribe" ] && shift
@@ -133,6 +147,54 @@ class SweepFake : public ::testing::Test {
     return rc;
   }
   json result() const { return read_json_file(out_ + "/shardscope.json"); }
+  // The sweep in a child process (a copy of this one), its stdout and stderr to files in
+  // dir_; returns its pid. For signals, which would end this process once the sweep
+  // lets go of them, and for two sweeps at once.
+  pid_t sweep_in_child(Args args, const std::string& out) {
+    args.insert(args.end(), {"--out", out});
+    std::cout.flush();
+    const pid_t pid = fork();
+    if (pid != 0) return pid;
+    FILE* o = std::freopen((dir_ + "/child.stdout").c_str(), "w", stdout);
+    FILE* e = std::freopen((dir_ + "/child.stderr").c_str(), "w", stderr);
+    int rc = 100;
+    try {
+      if (o && e) rc = sweep_main(args, fake_run_);
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "shardscope: error: %s\n", ex.what());
+      rc = dynamic_cast<const UsageError*>(&ex) ? 2 : 3;
+    }
+    std::fflush(nullptr);
+    _exit(rc);
+  }
+  // Waits for the fake run to say it hangs (FAKE_HANG); false after 10 s.
+  bool wait_for_hang() const {
+    for (int i = 0; i < 500; ++i) {
+      if (fs::exists(dir_ + "/hang.pid") && !log("hang.pid").empty()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  // Whether the fake run's sleeper is gone (waits up to 2 s). A zombie counts as gone:
+  // it has ended, only its new parent has not reaped it yet.
+  bool sleeper_gone() const {
+    const std::string pid = log("hang.pid");
+    for (int i = 0; i < 100; ++i) {
+      std::ifstream status("/proc/" + std::to_string(std::stoi(pid)) + "/status");
+      std::string line;
+      while (std::getline(status, line) && line.rfind("State:", 0) != 0) {
+      }
+      if (!status || line.find("Z (zombie)") != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  static std::vector<std::string> names_in(const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
   std::string log(const char* name) const {
     std::ifstream in(dir_ + "/" + name);
     std::ostringstream s;
@@ -212,7 +274,8 @@ TEST_F(SweepFake, ATimeoutKillsTheJobsWholeProcessGroup) {
   const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(sweep({"--strategies", "ddp", "--worlds", "1", "--timeout", "1"}), 3);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
-  EXPECT_NE(stderr_.find("shardscope: error: ddp W=1: timed out after 1 s"), std::string::npos) << stderr_;
+  EXPECT_NE(stderr_.find("shardscope: error: ddp W=1: timed out after 1 s; every rank was stopped"), std::string::npos)
+      << stderr_;
   // The script's own child (sleep 30) went with it.
   const pid_t sleeper = std::stoi(log("hang.pid"));
   bool gone = false;
@@ -320,6 +383,177 @@ TEST_F(SweepFake, AnUnwritableReportOrCsvIsRefusedBeforeAnythingRuns) {
   EXPECT_NE(refusal(bad_csv).find("--csv DIR: '" + dir_ + "/a_file' exists and is not a directory"), std::string::npos)
       << refusal(bad_csv);
   EXPECT_EQ(log("run.log"), "");
+}
+
+
+// A run flag that `run` would refuse is bad usage of the sweep: refused before any job
+// starts, and nothing is created.
+TEST_F(SweepFake, ABadRunFlagEndsTheSweepBeforeAnyJob) {
+  const std::vector<Args> bad = {{"--layerz", "3"},        {"--activation", "gelu"},         {"--steps"},
+                                 {"--units", "0"},         {"--layers", "2", "--layers", "3"}, {"--seed", "x"}};
+  for (const Args& flags : bad) {
+    Args args = {"--emulate", "--worlds", "1,2", "--strategies", "ddp", "--out", out_};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::string what;
+    try {
+      sweep_main(args, fake_run_);
+    } catch (const UsageError& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find(flags[0]), std::string::npos) << flags[0] << ": " << what;
+  }
+  EXPECT_EQ(log("run.log"), "");
+  EXPECT_FALSE(fs::exists(out_));
+}
+
+// Exit 2 without the run's own error line is mpirun failing, not a configuration to skip.
+TEST_F(SweepFake, MpirunFailingOnItsOwnIsAFailureNotASkip) {
+  set("FAKE_MPIRUN_REFUSE", "2");
+  EXPECT_EQ(sweep({"--mpirun", fake_mpirun_, "--strategies", "ddp,zero1", "--worlds", "2"}), 3);
+  EXPECT_NE(stderr_.find("shardscope: error: ddp W=2: mpirun exited with code 2 (no rank reported an error): "
+                         "\"mpirun: Error: unknown option \"--bogus\"\"\n"),
+            std::string::npos)
+      << stderr_;
+  EXPECT_EQ(result()["runs"].size(), 0u);
+  EXPECT_EQ(result()["sweep"]["skipped"], 0);
+  EXPECT_EQ(log("run.log"), "");
+  set("FAKE_MPIRUN_REFUSE", "1");
+  EXPECT_EQ(sweep({"--mpirun", fake_mpirun_, "--strategies", "ddp", "--worlds", "2"}), 3);
+  EXPECT_NE(stderr_.find("ddp W=2: mpirun exited with code 1 (no rank reported an error): \"mpirun: Error"),
+            std::string::npos)
+      << stderr_;
+}
+
+// One process per rank (W = 1, or emulated): a rank killed by a signal is named.
+TEST_F(SweepFake, ARankKilledBySignalIsNamed) {
+  set("FAKE_KILL", "ddp");
+  EXPECT_EQ(sweep({"--strategies", "ddp", "--worlds", "1"}), 3);
+  EXPECT_NE(stderr_.find("shardscope: error: rank 0: killed by signal 9 (Killed) (ddp W=1)\n"), std::string::npos)
+      << stderr_;
+  set("FAKE_FAIL_RANK", "1");
+  EXPECT_EQ(sweep({"--strategies", "ddp", "--worlds", "2", "--emulate"}), 3);
+  EXPECT_NE(stderr_.find("shardscope: error: rank 1: killed by signal 9 (Killed) (ddp W=2)\n"), std::string::npos)
+      << stderr_;
+}
+
+// The sweep's scratch folder is its own: a DIR/.runs of the user's is left alone.
+TEST_F(SweepFake, TheScratchFolderIsTheSweepsOwn) {
+  fs::create_directories(out_ + "/.runs");
+  std::ofstream(out_ + "/.runs/mydata.txt") << "mine";
+  ASSERT_EQ(sweep({"--strategies", "ddp", "--worlds", "1,2", "--emulate"}), 0) << stderr_;
+  EXPECT_EQ(log("results/.runs/mydata.txt"), "mine");
+  EXPECT_EQ(names_in(out_), (std::vector<std::string>{".runs", "shardscope.json"}));
+  EXPECT_NE(log("run.log").find(out_ + "/.runs-"), std::string::npos) << log("run.log");
+}
+
+// A second sweep into the same DIR is refused while the first runs; the first finishes
+// undisturbed.
+TEST_F(SweepFake, TwoSweepsNeverShareAnOutDir) {
+  set("FAKE_HANG", "zero1");
+  const pid_t first = sweep_in_child({"--strategies", "ddp,zero1", "--worlds", "1"}, out_);
+  ASSERT_TRUE(wait_for_hang());
+  std::string what;
+  try {
+    sweep_main({"--strategies", "zero3", "--worlds", "1", "--out", out_}, fake_run_);
+  } catch (const UsageError& e) {
+    what = e.what();
+  }
+  EXPECT_EQ(what, "--out DIR: another sweep is writing there ('" + out_ + "')");
+  EXPECT_EQ(log("run.log").find("zero3"), std::string::npos);
+  kill(first, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(first, &status, 0), first);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 3) << log("child.stderr");
+  const json doc = result();
+  ASSERT_EQ(doc["runs"].size(), 1u);  // the first sweep's ddp run
+  EXPECT_EQ(doc["runs"][0]["strategy"], "ddp");
+  expect_only_the_result();  // no lock file, no scratch folder
+  // The lock went with the first sweep.
+  EXPECT_EQ(sweep({"--strategies", "zero3", "--worlds", "1"}), 0) << stderr_;
+}
+
+// SIGHUP (a closed terminal) and SIGQUIT, like SIGINT and SIGTERM, stop mpirun and every
+// rank, and the sweep writes what completed.
+TEST_F(SweepFake, HangupAndQuitStopTheJobAndWriteWhatCompleted) {
+  set("FAKE_HANG", "zero1");
+  for (const int sig : {SIGHUP, SIGQUIT}) {
+    fs::remove(dir_ + "/hang.pid");
+    fs::remove_all(out_);
+    const pid_t sweep =
+        sweep_in_child({"--mpirun", fake_mpirun_, "--strategies", "ddp,zero1,zero3", "--worlds", "2"}, out_);
+    ASSERT_TRUE(wait_for_hang());
+    kill(sweep, sig);
+    int status = 0;
+    ASSERT_EQ(waitpid(sweep, &status, 0), sweep);
+    ASSERT_TRUE(WIFEXITED(status)) << "signal " << sig << " ended the sweep itself";
+    EXPECT_EQ(WEXITSTATUS(status), 3);
+    EXPECT_TRUE(sleeper_gone()) << "a rank outlived signal " << sig;
+    EXPECT_NE(log("child.stderr").find("shardscope: error: zero1 W=2: interrupted by signal " + std::to_string(sig)),
+              std::string::npos)
+        << log("child.stderr");
+    const json doc = result();
+    ASSERT_EQ(doc["runs"].size(), 1u);
+    EXPECT_EQ(doc["sweep"]["complete"], false);
+    expect_only_the_result();
+  }
+  EXPECT_EQ(log("run.log").find("zero3"), std::string::npos);
+}
+
+// SIGINT every 10 ms: the sweep is either ended before it created anything, or it
+// leaves exactly a whole shardscope.json (never a temporary or a scratch folder).
+TEST_F(SweepFake, RepeatedInterruptsNeverLeaveAHalfWrittenResult) {
+  set("FAKE_HANG", "zero3");
+  for (int trial = 0; trial < 8; ++trial) {
+    const std::string out = dir_ + "/out" + std::to_string(trial);
+    const pid_t sweep = sweep_in_child({"--strategies", "ddp,zero1,zero3", "--worlds", "1"}, out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 * trial));
+    int status = 0;
+    while (waitpid(sweep, &status, WNOHANG) == 0) {
+      kill(sweep, SIGINT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (WIFSIGNALED(status) && !fs::exists(out)) continue;  // ended before it began
+    if (WIFEXITED(status)) {
+      EXPECT_EQ(WEXITSTATUS(status), 3) << "trial " << trial;
+    }
+    ASSERT_TRUE(fs::exists(out)) << "trial " << trial;
+    EXPECT_EQ(names_in(out), std::vector<std::string>{"shardscope.json"}) << "trial " << trial;
+    EXPECT_EQ(read_json_file(out + "/shardscope.json")["schema"], "shardscope/1");
+  }
+}
+
+// Output paths are all checked before anything is made.
+TEST_F(SweepFake, ARefusedSweepCreatesNoFolder) {
+  const Args ddp = {"--strategies", "ddp", "--worlds", "1"};
+  auto refused = [&](Args extra) {
+    Args args = ddp;
+    args.insert(args.end(), extra.begin(), extra.end());
+    try {
+      sweep_main(args, fake_run_);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(refused({"--out", dir_ + "/newout", "--report", dir_ + "/nodir/r.html"}).rfind("--report FILE: cannot write", 0), 0u);
+  EXPECT_EQ(refused({"--out", dir_ + "/newout", "--csv", dir_ + "/newcsv/a", "--trace", dir_ + "/nodir/t.json"})
+                .rfind("--trace FILE: cannot write", 0),
+            0u);
+  std::ofstream(dir_ + "/a_file") << "x";
+  EXPECT_EQ(refused({"--out", dir_ + "/newout", "--csv", dir_ + "/a_file/sub"}),
+            "--csv DIR: cannot create '" + dir_ + "/a_file/sub': '" + dir_ + "/a_file' is not a directory");
+  EXPECT_FALSE(fs::exists(dir_ + "/newout"));
+  EXPECT_FALSE(fs::exists(dir_ + "/newcsv"));
+  EXPECT_EQ(log("run.log"), "");
+  // A report or trace in a folder that --out or --csv makes is fine.
+  ASSERT_EQ(sweep({"--strategies", "ddp", "--worlds", "1", "--report", out_ + "/r.html", "--csv", out_ + "/csv/x",
+                   "--trace", out_ + "/csv/t.json"}),
+            0)
+      << stderr_;
+  EXPECT_TRUE(fs::exists(out_ + "/r.html"));
+  EXPECT_TRUE(fs::exists(out_ + "/csv/t.json"));
+  EXPECT_TRUE(fs::exists(out_ + "/csv/x/pipeline.csv"));
 }
 
 }  // namespace

@@ -1,0 +1,52 @@
+// A sweep's output paths (DESIGN §6): all checked before anything is made, so that a
+// refused sweep leaves no trace; --out DIR written by one sweep at a time; the sweep's
+// own scratch folder for its jobs' files inside DIR.
+#pragma once
+
+#include <string>
+
+#include "harness/cli/sweep_plan.hpp"
+
+namespace shardscope {
+
+// Checks, creating nothing, that --out DIR and --csv DIR exist as folders we can write
+// in or can be made (their nearest existing ancestor takes a new folder), and that the
+// --trace and --report files can be written, in a folder that exists or that --out or
+// --csv will make. Throws UsageError naming the flag.
+void check_sweep_outputs(const SweepOptions& opts);
+
+// Makes --out DIR (checked by check_sweep_outputs); returns DIR/shardscope.json.
+std::string make_out_dir(const std::string& out);
+
+// An exclusive lock on DIR/.shardscope.lock for its lifetime, so that two sweeps never
+// write one DIR; the file goes when the lock is let go. A sweep killed outright (SIGKILL)
+// leaves the file, which the next one takes over. Throws UsageError("--out DIR: another
+// sweep is writing there ('DIR')") when another sweep holds it.
+class OutDirLock {
+ public:
+  explicit OutDirLock(const std::string& dir);
+  ~OutDirLock();
+  OutDirLock(const OutDirLock&) = delete;
+  OutDirLock& operator=(const OutDirLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// The sweep's own folder for its jobs' files, DIR/.runs-XXXXXX: a name no one else has,
+// so nothing of the user's or of another sweep is touched. Removed with everything in it
+// however the sweep ends, short of SIGKILL. Throws RunError when it cannot be made.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& dir);
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace shardscope

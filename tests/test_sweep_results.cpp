@@ -1,0 +1,69 @@
+// Putting a sweep's results together: emulated ranks merged into one run, and an
+// emulated pipeline's bubble replayed from its stages' measured action times.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "harness/cli/sweep_results.hpp"
+
+namespace shardscope {
+namespace {
+
+using nlohmann::json;
+
+// Stage `stage` of an emulated gpipe run at S = 2, M = 1: F takes `f` ms, B `b` ms.
+json stage_document(int stage, double f, double b) {
+  json st = {{"stage", stage},
+             {"rank", stage},
+             {"world", 2},
+             {"busy_ms", f + b},
+             {"bubble_fraction", 0.25},  // wall clock of a process that ran alone
+             {"bubble_fraction_replayed", nullptr},
+             {"action_ms", json::array({{{"action", "F"}, {"microbatch", 0}, {"chunk", 0}, {"ms", f}},
+                                        {{"action", "B"}, {"microbatch", 0}, {"chunk", 0}, {"ms", b}}})}};
+  json run = {{"kind", "pipeline"}, {"schedule", "gpipe"}, {"world", 2},         {"microbatches", 1},
+              {"chunks", 1},        {"rank", stage},       {"stages", {st}}, {"replayed_makespan_ms", nullptr}};
+  return {{"schema", "shardscope/1"}, {"backend", "cpu"}, {"comm", "fake"}, {"emulated", true}, {"runs", {run}}};
+}
+
+TEST(SweepResults, AnEmulatedPipelinesBubbleIsReplayedFromItsStagesActionTimes) {
+  // Stage 0: F [0, 1], B [8, 10]; stage 1: F [1, 4], B [4, 8]. Makespan 10 ms, busy 3 and 7.
+  const std::vector<json> runs = merge_emulated_ranks({stage_document(0, 1.0, 2.0), stage_document(1, 3.0, 4.0)});
+  ASSERT_EQ(runs.size(), 1u);
+  const json& run = runs[0];
+  ASSERT_EQ(run["stages"].size(), 2u);
+  EXPECT_EQ(run["stages"][0]["stage"], 0);
+  EXPECT_EQ(run["emulated"], true);
+  EXPECT_DOUBLE_EQ(run["replayed_makespan_ms"].get<double>(), 10.0);
+  EXPECT_DOUBLE_EQ(run["stages"][0]["bubble_fraction_replayed"].get<double>(), 0.7);
+  EXPECT_DOUBLE_EQ(run["stages"][1]["bubble_fraction_replayed"].get<double>(), 0.3);
+  EXPECT_DOUBLE_EQ(run["stages"][0]["replayed_makespan_ms"].get<double>(), 10.0);
+  for (const json& st : run["stages"]) EXPECT_TRUE(st["bubble_fraction"].is_null()) << st.dump();
+}
+
+TEST(SweepResults, StagesWithoutActionTimesKeepANullReplay) {
+  json a = stage_document(0, 1.0, 2.0), b = stage_document(1, 3.0, 4.0);
+  b["runs"][0]["stages"][0].erase("action_ms");
+  const std::vector<json> runs = merge_emulated_ranks({a, b});
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_TRUE(runs[0]["replayed_makespan_ms"].is_null());
+  for (const json& st : runs[0]["stages"]) {
+    EXPECT_TRUE(st["bubble_fraction_replayed"].is_null());
+    EXPECT_TRUE(st["bubble_fraction"].is_null());
+  }
+}
+
+TEST(SweepResults, DataParallelRanksAreMergedAsTheyAre) {
+  auto rank_doc = [](int r) {
+    json run = {{"kind", "data_parallel"}, {"strategy", "ddp"}, {"world", 2}, {"ranks", {{{"rank", r}}}}};
+    return json{{"schema", "shardscope/1"}, {"runs", {run}}};
+  };
+  const std::vector<json> runs = merge_emulated_ranks({rank_doc(0), rank_doc(1)});
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0]["ranks"], json::array({{{"rank", 0}}, {{"rank", 1}}}));
+  EXPECT_FALSE(runs[0].contains("replayed_makespan_ms"));
+}
+
+}  // namespace
+}  // namespace shardscope
