@@ -12,24 +12,14 @@
 #include <fstream>
 #include <string>
 
+#include "support/shell.hpp"
+
 namespace {
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
+using shardscope::testing::env;
+using shardscope::testing::shell;
 
-int shell(const std::string& cmd) {
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-std::string first_line(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
+using shardscope::testing::first_line;
 
 bool has_mpirun() {
 #ifndef SHARDSCOPE_WITH_MPI

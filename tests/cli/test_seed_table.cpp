@@ -11,18 +11,12 @@
 #include <string>
 
 #include "shardscope/backend.hpp"
+#include "support/shell.hpp"
 
 namespace {
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
-int shell(const std::string& cmd) {
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
+using shardscope::testing::env;
+using shardscope::testing::shell;
 
 std::string temp_dir() {
   char tmpl[] = "/tmp/shardscope-seed-XXXXXX";

@@ -10,17 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "support/shell.hpp"
+
 namespace {
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
-int shell(const std::string& cmd) {
-  const int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
+using shardscope::testing::env;
+using shardscope::testing::shell;
 
 // torch's wrapping, as the reference names it, and the shardscope flags that model it.
 const std::map<std::string, std::string>& flags_for() {
