@@ -13,6 +13,7 @@
 
 #include "harness/cli/sweep.hpp"
 #include "harness/comm/mpi_env.hpp"
+#include "harness/report/json_io.hpp"
 #include "harness/report/provenance.hpp"
 #include "harness/run/run.hpp"
 #include "shardscope/check.hpp"
@@ -153,23 +154,6 @@ void check_option_values(const CLI::App& app, const std::vector<std::string>& ar
     if (v.empty()) throw UsageError(name + ": empty value; " + opt->get_description());
     if (v.rfind("--", 0) == 0)
       throw UsageError(name + ": needs a value, got the flag '" + v + "'; " + opt->get_description());
-  }
-}
-
-// Two outputs naming one file would leave only the last one written.
-void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
-  std::vector<std::pair<std::string, std::string>> seen;  // flag, canonical path
-  for (const auto& [flag, path] : outputs) {
-    if (path.empty()) continue;
-    std::error_code ec;
-    std::string canon = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec)
-                            .lexically_normal()
-                            .string();
-    if (ec) canon = std::filesystem::path(path).lexically_normal().string();
-    for (const auto& [other, other_path] : seen)
-      if (other_path == canon)
-        throw UsageError(other + " and " + flag + " name the same file '" + path + "': give each its own");
-    seen.emplace_back(flag, canon);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -171,6 +172,21 @@ void check_writable(const std::string& path, const std::string& flag) {
   if (fd < 0) fail(std::strerror(errno));
   ::close(fd);
   ::unlink(probe.c_str());
+}
+
+void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<std::string, std::string>> seen;  // flag, canonical path
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    std::error_code ec;
+    std::string canon = fs::weakly_canonical(fs::absolute(path, ec), ec).lexically_normal().string();
+    if (ec) canon = fs::path(path).lexically_normal().string();
+    for (const auto& [other, other_path] : seen)
+      if (other_path == canon)
+        throw UsageError(other + " and " + flag + " name the same file '" + path + "': give each its own");
+    seen.emplace_back(flag, canon);
+  }
 }
 
 void write_file_atomic(const std::string& where, const std::string& content) {

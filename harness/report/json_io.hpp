@@ -3,6 +3,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +17,11 @@ namespace shardscope {
 // Throws UsageError("<flag>: cannot write '<path>': <reason>"), flag "--json FILE"
 // unless the caller names another (the sweep says "--out DIR").
 void check_writable(const std::string& path, const std::string& flag = "--json FILE");
+
+// Refuses (UsageError) two outputs that name one file, which would leave only the last
+// one written: `outputs` holds (flag, path) pairs, paths compared after making them
+// absolute and resolving what exists of them (links, "..", "."). Empty paths are skipped.
+void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
 
 // Writes `content` to a temporary file in the same directory, fsyncs it and renames
 // it over `path` (over the file a symbolic link there points to), so readers see the
