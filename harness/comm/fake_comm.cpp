@@ -1,10 +1,15 @@
 // `--comm fake` (`--emulate W:r`): one process plays rank r of a world of W. The public
 // calls (comm.cpp) record exactly what a real rank r records, since the ledger depends
-// only on the counts and the world; the do_* move nothing, so every buffer keeps its
-// contents and memory is exact while numerics and times are not (DESIGN §5).
+// only on the counts and the world; memory is exact while numerics and times are not
+// (DESIGN §5). No data comes from the other ranks, which are taken to contribute zeros:
+// a receive buffer gets this rank's own part (its slot of an all-gather, its slice of a
+// reduce-scatter) and zeros elsewhere, so that the emulated rank computes on defined,
+// finite values instead of whatever the allocator handed out.
 #include "harness/comm/fake_comm.hpp"
 
 #include <string>
+
+#include "shardscope/backend.hpp"
 
 namespace shardscope {
 
@@ -17,11 +22,28 @@ class FakeCommunicator final : public Communicator {
   bool emulated() const override { return true; }
 
  protected:
+  // The buffer already holds this rank's own contribution; the others add zeros.
   void do_all_reduce_sum(float*, std::size_t) override {}
-  void do_reduce_scatter_sum(const float*, float*, std::size_t) override {}
-  void do_all_gather(const float*, float*, std::size_t) override {}
+  void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) override {
+    if (backend() == nullptr || recv_count == 0) return;
+    const float* own = send + static_cast<std::size_t>(rank()) * recv_count;
+    if (own != recv) backend()->copy(recv, own, recv_count);
+  }
+  void do_all_gather(const float* send, float* recv, std::size_t send_count) override {
+    if (backend() == nullptr || send_count == 0) return;
+    const std::size_t own = static_cast<std::size_t>(rank()) * send_count;
+    const std::size_t total = static_cast<std::size_t>(world()) * send_count;
+    if (own > 0) backend()->fill(recv, 0.0f, own);
+    backend()->copy(recv + own, send, send_count);
+    if (own + send_count < total) backend()->fill(recv + own + send_count, 0.0f, total - own - send_count);
+  }
+  // Non-root ranks keep what they hold, which is defined (their own earlier values).
   void do_broadcast(float*, std::size_t, int) override {}
-  void do_p2p(const std::vector<P2pOp>&) override {}
+  void do_p2p(const std::vector<P2pOp>& ops) override {
+    if (backend() == nullptr) return;
+    for (const P2pOp& op : ops)
+      if (!op.is_send && op.count > 0) backend()->fill(op.buf, 0.0f, op.count);
+  }
   void do_barrier() override {}
 };
 

@@ -65,7 +65,7 @@ PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages) {
     split = tensor_split_sizes(L, static_cast<int>(V));
   }
   // Every stage's action list is built and validated; keep that to seconds.
-  constexpr long long kMostForwards = 1'000'000;
+  constexpr long long kMostForwards = 200'000;
   if (V * M > kMostForwards)
     throw UsageError("a pipeline of " + shape + " and " + str(M) + " micro-batches has " + std::to_string(V * M) +
                      " forward actions, above the largest allowed, " + std::to_string(kMostForwards) +

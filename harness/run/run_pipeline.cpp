@@ -61,7 +61,8 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
     const int v = vstage_of(sched, s, c);
     stage_layers += layout.end_layer(v) - layout.first_layer(v);
   }
-  const std::int64_t bookkeeping = 6'144 * M + 256 * M * stage_layers + 512 * forwards;
+  const std::int64_t stage_forwards = static_cast<std::int64_t>(sched.chunks) * M;
+  const std::int64_t bookkeeping = 6'144 * stage_forwards + 256 * M * stage_layers + 512 * forwards;
   if (backend.device_free_bytes() < 0)
     check_host_memory(predicted_peak + bookkeeping, comm.rank(), "predicted peak plus estimated schedule bookkeeping");
   else

@@ -3,6 +3,8 @@
 // semantics the executor uses (Communicator::p2p). The program checks do not trust
 // lower(): they would catch a wrong lowering as well as a wrong schedule.
 #include <algorithm>
+#include <cstdint>
+#include <unordered_set>
 #include <string>
 #include <vector>
 
@@ -76,26 +78,36 @@ std::string check_lists(const Schedule& s) {
 std::string check_data(const Schedule& s, const std::vector<StageProgram>& programs) {
   const int S = s.stages, V = virtual_stages(s);
   if (static_cast<int>(programs.size()) != S) return "lowered to " + str(static_cast<int>(programs.size())) + " programs";
+  // Keys of what ran and what arrived, so each lookup is O(1) (a schedule can hold
+  // hundreds of thousands of actions).
+  auto action_key = [](const Action& a) {
+    return (static_cast<std::uint64_t>(a.kind) << 60) | (static_cast<std::uint64_t>(a.chunk) << 32) |
+           static_cast<std::uint64_t>(static_cast<std::uint32_t>(a.microbatch));
+  };
+  auto input_key = [](Payload p, int microbatch, int vstage) {
+    return (static_cast<std::uint64_t>(p) << 60) | (static_cast<std::uint64_t>(vstage) << 32) |
+           static_cast<std::uint64_t>(static_cast<std::uint32_t>(microbatch));
+  };
   for (int st = 0; st < S; ++st) {
     const auto& prog = programs[st];
-    std::vector<Action> ran;  // actions before the current step
-    std::vector<P2p> received;
+    std::vector<Action> ran;  // actions before the current step, in order
+    std::unordered_set<std::uint64_t> ran_keys, received;
     for (std::size_t i = 0; i < prog.size(); ++i) {
-      const std::string where = "stage " + str(st) + " step " + str(static_cast<int>(i)) + ": ";
+      auto where = [&] { return "stage " + str(st) + " step " + str(static_cast<int>(i)) + ": "; };
       for (const P2p& op : prog[i].comm) {
         if (op.peer < 0 || op.peer >= S || op.peer == st || op.vstage < 0 || op.vstage >= V)
-          return where + describe_group(prog[i].comm) + " has a bad peer or vstage";
+          return where() + describe_group(prog[i].comm) + " has a bad peer or vstage";
         if (!op.is_send) {
-          received.push_back(op);
+          received.insert(input_key(op.payload, op.microbatch, op.vstage));
           continue;
         }
         const bool act = op.payload == Payload::activation;
         const Action made{act ? ActionKind::F : ActionKind::B, op.microbatch, chunk_of_vstage(s, op.vstage)};
         const int consumer = act ? op.vstage + 1 : op.vstage - 1;
         if (stage_of_vstage(s, op.vstage) != st || consumer < 0 || consumer >= V ||
-            stage_of_vstage(s, consumer) != op.peer || std::find(ran.begin(), ran.end(), made) == ran.end())
-          return where + "sends " + describe(op) + " to stage " + str(op.peer) + ", which is not " + to_string(made) +
-                 "'s output for that stage, or is sent before it ran";
+            stage_of_vstage(s, consumer) != op.peer || ran_keys.count(action_key(made)) == 0)
+          return where() + "sends " + describe(op) + " to stage " + str(op.peer) + ", which is not " +
+                 to_string(made) + "'s output for that stage, or is sent before it ran";
       }
       if (!prog[i].action) continue;
       const Action& a = *prog[i].action;
@@ -103,12 +115,12 @@ std::string check_data(const Schedule& s, const std::vector<StageProgram>& progr
       const int from = a.kind == ActionKind::F ? k - 1 : a.kind == ActionKind::B ? k + 1 : -1;
       if (from >= 0 && from < V && stage_of_vstage(s, from) != st) {
         const Payload p = a.kind == ActionKind::F ? Payload::activation : Payload::gradient;
-        const bool got = std::any_of(received.begin(), received.end(), [&](const P2p& r) {
-          return r.payload == p && r.microbatch == a.microbatch && r.vstage == from;
-        });
-        if (!got) return where + to_string(a) + " runs before receiving its input from stage " + str(stage_of_vstage(s, from));
+        if (received.count(input_key(p, a.microbatch, from)) == 0)
+          return where() + to_string(a) + " runs before receiving its input from stage " +
+                 str(stage_of_vstage(s, from));
       }
       ran.push_back(a);
+      ran_keys.insert(action_key(a));
     }
     if (ran != s.actions[st]) return "stage " + str(st) + "'s program does not run its list in order";
   }
