@@ -3,6 +3,9 @@
 // collectives equal the closed forms, to the byte (DESIGN §3).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+
 #include "harness/comm/fake_comm.hpp"
 #include "support/dp_harness.hpp"
 
@@ -110,6 +113,42 @@ TEST(StrategiesEmulated, Zero3BelowZero2OnlyWithSmallUnits) {
   EXPECT_LT(z3_one.second, z2_one.second);
   EXPECT_EQ(z2_root.first, 2105348);
   EXPECT_EQ(z2_one.first, 2105376);  // one step scalar per unit: torch measured 2,105,376
+}
+
+// Every fresh buffer full of NaN bytes, as an allocator may hand out garbage.
+class PoisonedCpuBackend : public CpuBackend {
+ protected:
+  void* raw_alloc(std::size_t bytes) override {
+    void* p = CpuBackend::raw_alloc(bytes);
+    if (p != nullptr) std::memset(p, 0xff, bytes);
+    return p;
+  }
+};
+
+// The fake communicator moves no data, but an emulated rank still computes on defined
+// values: its own part, zeros for the other ranks'. Before, gathered parameters were
+// whatever the allocator held and losses came out NaN or denormal.
+TEST(StrategiesEmulated, EmulatedRanksComputeFiniteLosses) {
+  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"})
+    for (int k : {0, 1, 2})
+      for (int world : {1, 3}) {
+        RunConfig cfg = testing::seed_config();
+        cfg.model.layers = 5;
+        cfg.model.width = 11;
+        cfg.model.batch = 3;
+        cfg.model.loss = Loss::mse;
+        cfg.steps = 3;
+        cfg.strategy = strategy;
+        cfg.layers_per_unit = k;
+        for (int rank = 0; rank < world; ++rank) {
+          PoisonedCpuBackend backend;
+          auto comm = make_fake_communicator(world, rank, &backend);
+          const auto r = run_dp(cfg, backend, *comm, false);
+          for (float loss : r.losses)
+            EXPECT_TRUE(std::isfinite(loss) && loss > 1e-6f)
+                << strategy << " units " << k << " W=" << world << " rank " << rank << ": loss " << loss;
+        }
+      }
 }
 
 }  // namespace
