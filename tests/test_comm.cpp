@@ -188,7 +188,7 @@ TEST(comm_self, EachCallIsSynchronisedAndNamedForProfilers) {
 
 // ---- fake (--emulate W:r) -----------------------------------------------------------------
 
-TEST(comm_fake, RecordsWhatRankTwoOfFourWouldAndMovesNothing) {
+TEST(comm_fake, RecordsWhatRankTwoOfFourWouldAndTakesTheOthersAsZeros) {
   RecordingBackend b;
   auto c = make("fake", &b, 4, 2);
   EXPECT_EQ(c->name(), "fake");
@@ -196,13 +196,13 @@ TEST(comm_fake, RecordsWhatRankTwoOfFourWouldAndMovesNothing) {
   EXPECT_EQ(c->world(), 4);
   EXPECT_EQ(c->rank(), 2);
 
-  // Every buffer holds seeded data; none may change.
+  // Every buffer holds seeded data. What this rank sends or reduces in place keeps it;
+  // what it receives holds its own part and zeros for the other ranks' parts.
   auto grad = seeded(10, 2, 1001), flat = seeded(11, 2, 4 * 250), shard = seeded(12, 2, 250);
   auto gathered = seeded(13, 2, 4 * 13), mine = seeded(14, 2, 13), bc = seeded(15, 2, 77);
   auto out1 = seeded(16, 2, 100), in1 = seeded(17, 2, 50), out2 = seeded(18, 2, 10);
-  const auto before = std::vector<std::vector<float>>{grad, flat, shard, gathered, mine,
-                                                      bc,   out1, in1,   out2};
-  for (const auto& v : before) ASSERT_TRUE(all_nonzero(v));
+  const auto kept_before = std::vector<std::vector<float>>{grad, flat, mine, bc, out1, out2};
+  for (const auto& v : kept_before) ASSERT_TRUE(all_nonzero(v));
 
   c->all_reduce_sum(grad.data(), grad.size());
   c->reduce_scatter_sum(flat.data(), shard.data(), shard.size());
@@ -213,10 +213,16 @@ TEST(comm_fake, RecordsWhatRankTwoOfFourWouldAndMovesNothing) {
   c->recv(in1.data(), 50, 3);
   c->barrier();
 
-  const auto after = std::vector<std::vector<float>>{grad, flat, shard, gathered, mine,
-                                                     bc,   out1, in1,   out2};
-  for (std::size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(same_bits(before[i], after[i])) << i;
-  EXPECT_EQ(b.copies + b.fills + b.uploads + b.downloads, 0);
+  const auto kept_after = std::vector<std::vector<float>>{grad, flat, mine, bc, out1, out2};
+  for (std::size_t i = 0; i < kept_before.size(); ++i) EXPECT_TRUE(same_bits(kept_before[i], kept_after[i])) << i;
+  // reduce-scatter: this rank's slice of its own input (the others add zeros).
+  EXPECT_TRUE(same_bits(shard, std::vector<float>(flat.begin() + 2 * 250, flat.begin() + 3 * 250)));
+  // all-gather: its own shard in slot 2, zeros in the others.
+  for (int slot = 0; slot < 4; ++slot)
+    for (int i = 0; i < 13; ++i)
+      EXPECT_EQ(gathered[slot * 13 + i], slot == 2 ? mine[i] : 0.0f) << slot << " " << i;
+  EXPECT_EQ(in1, std::vector<float>(50, 0.0f));  // received: zeros
+  EXPECT_EQ(b.uploads + b.downloads, 0);
 
   // The bytes a real rank 2 of 4 records: nccl-tests' sizes.
   expect_stats(*c, CollKind::all_reduce, 1, 1001 * 4);

@@ -30,21 +30,20 @@ bool all_digits(const std::string& v) {
   return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
 }
 
-// Digits only (no sign, no spaces), 1 to 1,000,000,000.
-int parse_positive(const std::string& flag, const std::string& v) {
+// Digits only (no sign, no spaces), 1 to `most`; the message names the flag's own cap
+// and, when given, why there is one.
+int parse_positive(const std::string& flag, const std::string& v, int most = 1'000'000'000,
+                   const std::string& why = "") {
   if (!all_digits(v) || v.find_first_not_of('0') == std::string::npos)
     throw UsageError(flag + ": '" + v + "' is not a positive integer");
-  if (v.size() > 10 || std::stoll(v) > 1'000'000'000)
-    throw UsageError(flag + ": " + v + " is too large (at most 1,000,000,000)");
-  return static_cast<int>(std::stoll(v));
+  const std::size_t first = v.find_first_not_of('0');
+  if (v.size() - first > 10 || std::stoll(v.substr(first)) > most)
+    throw UsageError(flag + ": " + v + " is above the largest allowed, " + std::to_string(most) + why);
+  return static_cast<int>(std::stoll(v.substr(first)));
 }
 
 int parse_bounded(const std::string& flag, const std::string& v, int most) {
-  const int x = parse_positive(flag, v);
-  if (x > most)
-    throw UsageError(flag + ": " + v + " is above the largest allowed, " + std::to_string(most) +
-                     " (byte counts must fit in 64 bits)");
-  return x;
+  return parse_positive(flag, v, most, " (byte counts must fit in 64 bits)");
 }
 
 // Ranks of one job: at most kMaxWorld (far beyond any machine this models, and small
@@ -52,10 +51,7 @@ int parse_bounded(const std::string& flag, const std::string& v, int most) {
 constexpr int kMaxWorld = 65'536;
 
 int parse_bounded_world(const std::string& flag, const std::string& v) {
-  const int x = parse_positive(flag, v);
-  if (x > kMaxWorld)
-    throw UsageError(flag + ": " + v + " ranks is above the largest world allowed, " + std::to_string(kMaxWorld));
-  return x;
+  return parse_positive(flag, v, kMaxWorld, " ranks");
 }
 
 std::string self_exe(const char* argv0) {
@@ -99,7 +95,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--trace", f.trace, "write a Chrome trace-event JSON (Perfetto, chrome://tracing) here")->type_name("FILE");
   app.add_option("--csv", f.csv, "write DIR/data_parallel.csv and DIR/pipeline.csv (README \"CSV\")")->type_name("DIR");
   app.add_option("--timeline", f.timeline, "on | off: record each rank's memory timeline and ranges (default on)")->type_name("on|off");
-  app.add_option("--ddp-bucket", f.ddp_bucket, "view | copy: copy keeps torch's separate flat bucket")->type_name("view|copy");
+  app.add_option("--ddp-bucket", f.ddp_bucket, "view | copy: copy keeps torch's separate flat bucket (default view)")->type_name("view|copy");
   app.add_option("--bucket-mb", f.bucket_mb, "DDP bucket cap in MiB (0 = one flat bucket)")->type_name("MIB");
   app.add_flag("--tf32", f.tf32, "allow TF32 GEMMs on cuda");
 }
@@ -170,7 +166,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   if (f.loss == "sum") c.model.loss = Loss::sum;
   else if (f.loss == "mse") c.model.loss = Loss::mse;
   else throw UsageError("--loss: unknown '" + f.loss + "'; allowed: sum, mse");
-  c.steps = parse_positive("--steps", f.steps);
+  c.steps = parse_positive("--steps", f.steps, 1'000'000);
   {
     std::size_t used = 0;
     unsigned long long s = 0;
@@ -187,7 +183,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   c.strategy = f.strategy;
   if (c.strategy != "ddp" && c.strategy != "zero1" && c.strategy != "zero2" && c.strategy != "zero3")
     throw UsageError("--strategy: unknown '" + f.strategy + "'; allowed: ddp, zero1, zero2, zero3");
-  c.layers_per_unit = f.units == "all" ? 0 : parse_positive("--units (K or all)", f.units);
+  c.layers_per_unit = f.units == "all" ? 0 : parse_positive("--units (K or all)", f.units, 100'000);
   if (f.prefetch != "0" && f.prefetch != "1") throw UsageError("--prefetch: '" + f.prefetch + "'; allowed: 0, 1");
   c.prefetch = f.prefetch == "1";
   if (f.ddp_bucket != "view" && f.ddp_bucket != "copy")
@@ -217,12 +213,9 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   // A schedule is validated action by action before it runs: M and v are capped so
   // that this stays well under a second.
   if (!f.microbatches.empty()) {
-    c.microbatches = parse_positive("--microbatches", f.microbatches);
-    if (c.microbatches > 10'000)
-      throw UsageError("--microbatches: " + f.microbatches + " is above the largest allowed, 10000");
+    c.microbatches = parse_positive("--microbatches", f.microbatches, 10'000);
   }
-  c.chunks = parse_positive("--chunks", f.chunks);
-  if (c.chunks > 1'000) throw UsageError("--chunks: " + f.chunks + " is above the largest allowed, 1000");
+  c.chunks = parse_positive("--chunks", f.chunks, 1'000);
   if (!f.split.empty()) c.split = parse_list("--split", f.split);
   if (!f.backend.empty() && f.backend != "cpu" && f.backend != "cuda")
     throw UsageError("--backend: unknown '" + f.backend + "'; allowed: cpu, cuda");
@@ -240,6 +233,8 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
       throw UsageError("--emulate " + f.emulate + ": rank must be below the world size " +
                        std::to_string(c.emulate_world));
     c.emulate_rank = std::stoi(r);
+    if (!f.comm.empty() && f.comm != "fake")
+      throw UsageError("--comm " + f.comm + ": --emulate always uses the fake communicator");
   }
   c.json_path = f.json;
   if (f.timeline != "on" && f.timeline != "off")
@@ -292,7 +287,7 @@ int run_command(int argc, char** argv) {
     check_option_values(app, std::vector<std::string>(argv + 1, argv + argc));
     app.parse(argc, argv);  // argv[0] is "run"
     cfg = to_config(flags, app);
-    cfg.command_line = join_command_line(argc, argv);
+    cfg.command_line = "shardscope " + join_command_line(argc, argv);  // argv[0] is "run"
   } catch (const CLI::CallForHelp&) {
     status = wants_help;
   } catch (const CLI::ParseError& e) {

@@ -12,14 +12,17 @@ nlohmann::json category_json(const CategoryBytes& b) {
   return j;
 }
 
-nlohmann::json comm_json(const CommLedger& ledger, int world) {
+nlohmann::json comm_json(const CommLedger& ledger, int world, bool emulated) {
   nlohmann::json j = nlohmann::json::object();
   for (int k = 0; k < kCollKindCount; ++k) {
     const CollStats& s = ledger.by_kind[k];
-    j[std::string(kCollKindNames[k])] = {{"calls", s.calls},
-                                         {"bytes", s.bytes},
-                                         {"ms", s.ms},
-                                         {"busbw_gbps", busbw_gbps(s, static_cast<CollKind>(k), world)}};
+    // An emulated call moves nothing: its time is not a transfer's, so no bandwidth.
+    j[std::string(kCollKindNames[k])] = {
+        {"calls", s.calls},
+        {"bytes", s.bytes},
+        {"ms", s.ms},
+        {"busbw_gbps", emulated ? nlohmann::json(nullptr)
+                                : nlohmann::json(busbw_gbps(s, static_cast<CollKind>(k), world))}};
   }
   return j;
 }

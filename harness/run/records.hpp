@@ -14,7 +14,7 @@
 namespace shardscope {
 
 nlohmann::json category_json(const CategoryBytes& b);       // {"total", "param", ...}
-nlohmann::json comm_json(const CommLedger& ledger, int world);  // per kind {calls, bytes, ms, busbw_gbps}
+nlohmann::json comm_json(const CommLedger& ledger, int world, bool emulated);  // per kind {calls, bytes, ms, busbw_gbps}
 nlohmann::json model_json(const ModelConfig& m);
 // {"median", "min"} of the timed steps (all but the first), null when none were timed.
 nlohmann::json step_ms_json(const std::vector<double>& step_ms);

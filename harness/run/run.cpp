@@ -117,7 +117,7 @@ nlohmann::json run_data_parallel(const RunConfig& cfg, Backend& backend, Communi
                     {"peak_where", pred.peak_where},
                     {"comm_bytes", pred.comm_total()}};
   add_allocator_figures(backend, r);
-  r["comm"] = comm_json(comm.ledger(), world);
+  r["comm"] = comm_json(comm.ledger(), world, comm.emulated());
   r["comm_bytes"] = comm.ledger().total_bytes();
   r["step_ms"] = step_ms_json(step_ms);
   r["step_ms_all"] = step_ms;
@@ -133,12 +133,15 @@ nlohmann::json run_header(const RunConfig& cfg, int world, int units) {
   run["strategy"] = cfg.strategy;
   run["world"] = world;
   run["units"] = units;
-  run["layers_per_unit"] = cfg.layers_per_unit == 0 ? nlohmann::json("all") : nlohmann::json(cfg.layers_per_unit);
+  // --units has no effect on ddp and zero1 (DESIGN §3): their one unit is the model.
+  const bool fsdp = cfg.strategy == "zero2" || cfg.strategy == "zero3";
+  run["layers_per_unit"] = (cfg.layers_per_unit == 0 || !fsdp) ? nlohmann::json("all") : nlohmann::json(cfg.layers_per_unit);
   run["prefetch"] = cfg.prefetch;
   run["ddp_bucket"] = cfg.ddp_bucket;
   run["bucket_mb"] = cfg.bucket_mb;
   run["steps"] = cfg.steps;
   run["timed_steps"] = cfg.steps > 1 ? cfg.steps - 1 : 0;
+  run["seed"] = cfg.seed;
   run["model"] = model_json(cfg.model);
   return run;
 }

@@ -39,6 +39,7 @@ nlohmann::json pipeline_header(const RunConfig& cfg, int stages) {
   run["chunks"] = layout.chunks();
   run["steps"] = cfg.steps;
   run["timed_steps"] = cfg.steps > 1 ? cfg.steps - 1 : 0;
+  run["seed"] = cfg.seed;
   run["model"] = model_json(cfg.model);
   run["split"] = layout.split();
   run["microbatch_rows"] = layout.rows;
@@ -126,7 +127,7 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
   r["p2p"] = {{"sent_bytes", ledger[CollKind::send].bytes},
               {"recv_bytes", ledger[CollKind::recv].bytes},
               {"peak_comm_bytes", stage.peak_comm_bytes()}};
-  r["comm"] = comm_json(ledger, comm.world());
+  r["comm"] = comm_json(ledger, comm.world(), comm.emulated());
   r["comm_bytes"] = ledger.total_bytes();
 
   double busy = 0.0;
@@ -142,7 +143,9 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
   r["step_ms"] = step_ms_json(step_ms);
   r["step_ms_all"] = step_ms;
   const double last_step = step_ms.empty() ? 0.0 : step_ms.back();
-  r["bubble_fraction"] = last_step > 0.0 ? nlohmann::json(1.0 - busy / last_step) : nlohmann::json(nullptr);
+  // Wall-clock idleness means nothing for an emulated stage (its peers never ran).
+  r["bubble_fraction"] = last_step > 0.0 && !comm.emulated() ? nlohmann::json(1.0 - busy / last_step)
+                                                              : nlohmann::json(nullptr);
   r["bubble_fraction_replayed"] = nullptr;  // fill_replayed_bubbles, once all stages are gathered
   r["bubble_fraction_theory"] = bubble_theory(sched);
   r["action_ms"] = actions;
