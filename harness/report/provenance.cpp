@@ -13,6 +13,9 @@
 extern "C" char* openblas_get_config(void);
 #endif
 
+#ifdef SHARDSCOPE_GIT_HEADER
+#include "shardscope_git.hpp"  // generated at build time: SHARDSCOPE_GIT
+#endif
 #ifndef SHARDSCOPE_GIT
 #define SHARDSCOPE_GIT "unknown"
 #endif
