@@ -35,6 +35,7 @@ TEST(SweepResults, AnEmulatedPipelinesBubbleIsReplayedFromItsStagesActionTimes) 
   ASSERT_EQ(run["stages"].size(), 2u);
   EXPECT_EQ(run["stages"][0]["stage"], 0);
   EXPECT_EQ(run["emulated"], true);
+  EXPECT_FALSE(run.contains("rank")) << "the merged run plays every stage, not one rank";
   EXPECT_DOUBLE_EQ(run["replayed_makespan_ms"].get<double>(), 10.0);
   EXPECT_DOUBLE_EQ(run["stages"][0]["bubble_fraction_replayed"].get<double>(), 0.7);
   EXPECT_DOUBLE_EQ(run["stages"][1]["bubble_fraction_replayed"].get<double>(), 0.3);
@@ -55,13 +56,17 @@ TEST(SweepResults, StagesWithoutActionTimesKeepANullReplay) {
 }
 
 TEST(SweepResults, DataParallelRanksAreMergedAsTheyAre) {
+  // As `run --emulate 2:r` writes it: the run says which one rank it played.
   auto rank_doc = [](int r) {
-    json run = {{"kind", "data_parallel"}, {"strategy", "ddp"}, {"world", 2}, {"ranks", {{{"rank", r}}}}};
+    json run = {{"kind", "data_parallel"}, {"strategy", "ddp"}, {"world", 2}, {"emulated", true},
+                {"rank", r},           {"ranks", {{{"rank", r}}}}};
     return json{{"schema", "shardscope/1"}, {"runs", {run}}};
   };
   const std::vector<json> runs = merge_emulated_ranks({rank_doc(0), rank_doc(1)});
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_EQ(runs[0]["ranks"], json::array({{{"rank", 0}}, {{"rank", 1}}}));
+  EXPECT_FALSE(runs[0].contains("rank")) << "the merged run holds every rank: no one rank played";
+  EXPECT_EQ(runs[0]["emulated"], true);
   EXPECT_FALSE(runs[0].contains("replayed_makespan_ms"));
 }
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,7 +87,7 @@ TEST_F(TraceTest, RunJobWritesAValidTraceOfItsRank) {
   EXPECT_TRUE(problems.empty()) << problems.front();
   const auto procs = trace_processes(trace);
   ASSERT_EQ(procs.size(), 1u);
-  EXPECT_EQ(procs.begin()->first, 1) << "pid = run index 0 * 1000 + rank 1";
+  EXPECT_EQ(procs.begin()->first, 100001) << "pid = (run index 0 + 1) * 100000 + rank 1";
   EXPECT_EQ(procs.begin()->second, "zero3 W=2 units=1 rank 1 (emulated)");
   // The trace is rendered from the document's timeline: one counter per memory row.
   const json& timeline = doc["runs"][0]["ranks"][0]["timeline"];
@@ -115,11 +116,11 @@ TEST_F(TraceTest, EmulatedRanksMergedAsTheSweepDoesGiveOneProcessPerRank) {
   EXPECT_TRUE(problems.empty()) << problems.front();
   const auto procs = trace_processes(trace);
   ASSERT_EQ(procs.size(), 2u);
-  EXPECT_EQ(procs.at(1000), "zero3 W=2 units=1 rank 0 (emulated)");
-  EXPECT_EQ(procs.at(1001), "zero3 W=2 units=1 rank 1 (emulated)");
+  EXPECT_EQ(procs.at(200000), "zero3 W=2 units=1 rank 0 (emulated)");
+  EXPECT_EQ(procs.at(200001), "zero3 W=2 units=1 rank 1 (emulated)");
   EXPECT_EQ(trace["otherData"]["command"], "shardscope sweep --trace t.json");
 
-  const std::vector<std::string> names = trace_slice_names(trace, 1001);
+  const std::vector<std::string> names = trace_slice_names(trace, 200001);
   for (const char* want : {"setup", "step", "forward", "backward", "unit 0", "unit 3", "forward layer 2",
                            "backward layer 1", "optimizer"})
     EXPECT_TRUE(has(names, want)) << want;
@@ -128,7 +129,7 @@ TEST_F(TraceTest, EmulatedRanksMergedAsTheSweepDoesGiveOneProcessPerRank) {
   // 272 floats padded to a multiple of 2 -> 1088 B, a reduce-scatter of the same.
   int gathers = 0, scatters = 0;
   for (const auto& e : trace["traceEvents"]) {
-    if (e["ph"] != "X" || e["pid"] != 1001) continue;
+    if (e["ph"] != "X" || e["pid"] != 200001) continue;
     const std::string name = e["name"];
     if (name.rfind("all_gather ", 0) == 0 || name.rfind("reduce_scatter ", 0) == 0) {
       EXPECT_EQ(name.substr(name.find(' ') + 1), std::to_string(e["args"]["bytes"].get<std::int64_t>()) + " B");
@@ -141,7 +142,7 @@ TEST_F(TraceTest, EmulatedRanksMergedAsTheSweepDoesGiveOneProcessPerRank) {
   // The peak marker sits at the rank's highest memory row.
   bool peak = false;
   for (const auto& e : trace["traceEvents"])
-    if (e["ph"] == "i" && e["pid"] == 1001) peak = e["args"]["bytes"] == doc["runs"][1]["ranks"][1]["peak"]["total"];
+    if (e["ph"] == "i" && e["pid"] == 200001) peak = e["args"]["bytes"] == doc["runs"][1]["ranks"][1]["peak"]["total"];
   EXPECT_TRUE(peak) << "2 steps alike: the run's highest row is the last step's peak";
 }
 
@@ -152,8 +153,8 @@ TEST_F(TraceTest, PipelineTraceShowsTheActions) {
   const json trace = read_json_file(dir_ + "/pipe.trace.json");
   const std::vector<std::string> problems = trace_problems(trace);
   EXPECT_TRUE(problems.empty()) << problems.front();
-  EXPECT_EQ(trace_processes(trace).at(0), "1f1b S=2 M=4 stage 0 (emulated)");
-  const std::vector<std::string> names = trace_slice_names(trace, 0);
+  EXPECT_EQ(trace_processes(trace).at(100000), "1f1b S=2 M=4 stage 0 (emulated)");
+  const std::vector<std::string> names = trace_slice_names(trace, 100000);
   for (const char* want : {"step", "F(m=0)", "F(m=3)", "B(m=2)", "forward layer 0", "backward layer 0", "p2p",
                            "optimizer"})
     EXPECT_TRUE(has(names, want)) << want;
@@ -201,6 +202,68 @@ TEST(Trace, SweepConsumesTraceAndRefusesItWithoutTheTimeline) {
   EXPECT_THROW(parse_sweep_args({"--trace"}), UsageError);
   EXPECT_THROW(parse_sweep_args({"--trace", "t.json", "--timeline", "off"}), UsageError);
   EXPECT_NO_THROW(parse_sweep_args({"--timeline", "off"}));
+}
+
+// A rank record with the smallest timeline the trace renders: one memory row.
+json tiny_rank(const json& rank) {
+  json record = {{"timeline", {{"categories", {"param"}}, {"memory", {{0.0, 8}}}, {"spans", json::array()}}}};
+  if (!rank.is_null()) record["rank"] = rank;
+  return record;
+}
+
+// pid -> how many process_name events name it, and every pid in range.
+std::map<std::int64_t, int> process_name_counts(const json& trace) {
+  std::map<std::int64_t, int> counts;
+  for (const auto& e : trace["traceEvents"]) {
+    const std::int64_t pid = e["pid"];
+    EXPECT_GT(pid, 0) << "Perfetto reads pid 0 as the idle process";
+    EXPECT_LT(pid, std::int64_t{1} << 31) << "pids are read as 32-bit";
+    if (e["ph"] == "M" && e["name"] == "process_name") ++counts[pid];
+  }
+  return counts;
+}
+
+// Worlds go to 65,536: a run of 1,001 ranks next to another run shares no pid with it.
+TEST(Trace, EveryRankOfEveryRunHasItsOwnPid) {
+  json big = {{"kind", "data_parallel"}, {"strategy", "ddp"}, {"world", 1001}, {"ranks", json::array()}};
+  for (int r = 0; r < 1001; ++r) big["ranks"].push_back(tiny_rank(r));
+  const json one = {{"kind", "data_parallel"}, {"strategy", "ddp"}, {"world", 1}, {"ranks", {tiny_rank(0)}}};
+  const json trace = trace_document({{"schema", "shardscope/1"}, {"runs", {big, one}}});
+  EXPECT_TRUE(trace_problems(trace).empty());
+  const std::map<std::int64_t, int> counts = process_name_counts(trace);
+  EXPECT_EQ(counts.size(), 1002u);
+  for (const auto& [pid, n] : counts) EXPECT_EQ(n, 1) << "pid " << pid << " named " << n << " times";
+  const auto procs = trace_processes(trace);
+  EXPECT_EQ(procs.at(100000 + 1000), "ddp W=1001 rank 1000");
+  EXPECT_EQ(procs.at(200000), "ddp W=1 rank 0");
+}
+
+// Records the formula cannot place (a repeated rank, none, one past the stride) and runs
+// past what fits below 2^31 still get pids of their own.
+TEST(Trace, PidsStayDistinctAndInRangeForOddDocuments) {
+  json odd = {{"kind", "data_parallel"}, {"strategy", "ddp"}, {"world", 2}, {"ranks", json::array()}};
+  for (const json& rank : {json(0), json(0), json(), json("x"), json(100000), json(-1), json(1)})
+    odd["ranks"].push_back(tiny_rank(rank));
+  json runs = json::array({odd});
+  const json one = {{"kind", "data_parallel"}, {"strategy", "ddp"}, {"world", 1}, {"ranks", {tiny_rank(65535)}}};
+  for (int i = 0; i < 21500; ++i) runs.push_back(one);
+  const json trace = trace_document({{"schema", "shardscope/1"}, {"runs", runs}});
+  const std::map<std::int64_t, int> counts = process_name_counts(trace);
+  EXPECT_EQ(counts.size(), 7u + 21500u);
+  for (const auto& [pid, n] : counts) EXPECT_EQ(n, 1) << "pid " << pid << " named " << n << " times";
+  const auto procs = trace_processes(trace);
+  EXPECT_EQ(procs.at(100000), "ddp W=2 rank 0") << "the first rank 0 keeps the formula's pid";
+  EXPECT_EQ(procs.at(100001), "ddp W=2 rank 1") << "a spare pid never takes a later rank's";
+  EXPECT_EQ(procs.at(1), "ddp W=2 rank 0") << "the repeated rank 0 gets the lowest free pid";
+  EXPECT_EQ(procs.at(21473 * std::int64_t{100000} + 65535), "ddp W=1 rank 65535");  // the last run that fits
+  // Listed in the document's order.
+  std::vector<std::int64_t> sorted_pids;
+  for (const auto& e : trace["traceEvents"])
+    if (e["name"] == "process_sort_index") {
+      EXPECT_EQ(e["args"]["sort_index"], sorted_pids.size());
+      sorted_pids.push_back(e["pid"]);
+    }
+  EXPECT_EQ(sorted_pids.size(), counts.size());
 }
 
 // The checker the trace tests rely on catches what Perfetto would trip on.

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -34,7 +35,7 @@ struct JobOutcome {
   json provenance;         // done: the job document's
   std::string reason;      // skipped: why the configuration cannot run
   std::string error;       // failed: one line, without "shardscope: error: "
-  std::string stderr_text; // failed: the failing process's stderr, shown as it is
+  std::string stderr_text; // failed: the failing process's stderr, for DIR/failed-job.log
 };
 
 std::string read_text(const std::string& path) {
@@ -156,6 +157,26 @@ class JobRunner {
   std::vector<std::string> env_;
 };
 
+// The failed job's stderr kept in DIR/failed-job.log (the sweep prints one error line,
+// not the ranks' errors and mpirun's banners); `error` with where it went, inside the
+// closing "(<label>)" when it has one: "rank 1: ... (ddp W=2; its output: DIR/failed-job.log)".
+std::string keep_failed_output(const std::string& error, const std::string& label, const std::string& stderr_text,
+                               const std::string& out_dir) {
+  if (stderr_text.empty()) return error;
+  const std::string path = (std::filesystem::path(out_dir) / kFailedJobLog).string();
+  std::string note;
+  try {
+    write_file_atomic(path, stderr_text.back() == '\n' ? stderr_text : stderr_text + "\n");
+    note = "its output: " + path;
+  } catch (const std::exception& e) {
+    note = "its output was not kept: " + std::string(e.what());
+  }
+  const std::string tail = " (" + label + ")";
+  if (!label.empty() && error.size() > tail.size() && error.compare(error.size() - tail.size(), tail.size(), tail) == 0)
+    return error.substr(0, error.size() - 1) + "; " + note + ")";
+  return error + " (" + note + ")";
+}
+
 // The launcher, when some job needs one; throws UsageError when it cannot be found.
 std::string resolve_mpirun(const SweepOptions& opts, const std::vector<SweepJob>& jobs) {
   bool needed = false;
@@ -224,7 +245,7 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
   if (!opts.csv.empty()) prepare_csv_dir(opts.csv);
   std::vector<json> runs;
   json first_provenance;
-  std::string error;
+  std::string error, failed_label, failed_stderr;
   {
     const ScratchDir scratch(opts.out);
     const JobRunner runner(opts, exe, mpirun, scratch.path());
@@ -251,13 +272,14 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
         std::cout << "skipped: " << outcome.reason << std::endl;
       } else {
         std::cout << "failed" << std::endl;
-        std::cerr << outcome.stderr_text;
-        if (!outcome.stderr_text.empty() && outcome.stderr_text.back() != '\n') std::cerr << '\n';
         error = outcome.error;
+        failed_label = job.label;
+        failed_stderr = std::move(outcome.stderr_text);
         break;
       }
     }
   }  // the job folder is gone before anything is printed
+  const std::string error_line = keep_failed_output(error, failed_label, failed_stderr, opts.out);
   const json doc = sweep_document(runs, first_provenance, command, opts.emulate, jobs.size(), error);
   write_file_atomic(json_path, readable_json(doc) + "\n");
   if (!opts.trace.empty()) write_trace_file(opts.trace, doc);
@@ -271,7 +293,7 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
   if (!opts.csv.empty()) std::cout << "csv: " << opts.csv << "/{data_parallel,pipeline}.csv\n";
   if (!error.empty()) {
     std::cout << std::flush;
-    std::cerr << "shardscope: error: " << error << std::endl;
+    std::cerr << "shardscope: error: " << error_line << std::endl;
     return 3;
   }
   return 0;

@@ -9,10 +9,17 @@
 
 namespace shardscope {
 
-// Checks, creating nothing, that --out DIR and --csv DIR exist as folders we can write
-// in or can be made (their nearest existing ancestor takes a new folder), and that the
-// --trace and --report files can be written, in a folder that exists or that --out or
-// --csv will make. Throws UsageError naming the flag.
+// DIR/failed-job.log: the stderr of the job that ended a sweep (exit 3), kept for the
+// user since the sweep itself prints one error line.
+inline constexpr const char* kFailedJobLog = "failed-job.log";
+
+// Checks, creating nothing, that no two outputs name one file (DIR/shardscope.json,
+// DIR/.shardscope.lock, DIR/failed-job.log, the two CSVs, --trace, --report; compared
+// with "..", "." and links resolved) and that neither --out DIR nor --csv DIR is, or
+// lies inside, one of those files; that --out DIR and --csv DIR exist as folders we can
+// write in or can be made (their nearest existing ancestor takes a new folder); and that
+// the --trace and --report files can be written, in a folder that exists or that --out
+// or --csv will make. Throws UsageError naming the flags.
 void check_sweep_outputs(const SweepOptions& opts);
 
 // Makes --out DIR (checked by check_sweep_outputs); returns DIR/shardscope.json.

@@ -357,7 +357,9 @@ std::string sweep_usage() {
          "\n"
          "A configuration that cannot run (its run exits 2) is recorded as skipped with its reason;\n"
          "a failed run (exit 3, a dead rank, a timeout) ends the sweep with exit 3 after writing what\n"
-         "completed. So does SIGINT, SIGTERM, SIGHUP or SIGQUIT, after stopping the running job.\n";
+         "completed, with one error line; the failed job's stderr is kept in DIR/failed-job.log.\n"
+         "SIGINT, SIGTERM, SIGHUP or SIGQUIT end it the same way, after stopping the running job.\n"
+         "No two outputs (--out's files, --trace, --report, --csv's files) may name one file.\n";
 }
 
 }  // namespace shardscope

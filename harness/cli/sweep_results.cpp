@@ -99,6 +99,7 @@ std::vector<json> merge_emulated_ranks(const std::vector<json>& docs) {
     });
     run[list] = std::move(all);
     run["emulated"] = true;
+    run.erase("rank");  // "the one rank played" (run --emulate W:r): the merged run holds them all
     if (run.contains("stages")) replay_emulated_pipeline(run);
   }
   return merged;

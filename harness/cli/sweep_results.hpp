@@ -18,7 +18,8 @@ std::vector<nlohmann::json> runs_of_document(const nlohmann::json& doc, const st
 
 // One job's runs from its emulated ranks' documents (rank r's document at index r):
 // run i of rank 0, with the "ranks" (pipeline: "stages") of run i of every rank,
-// sorted by rank (stage). A pipeline run gets the replayed bubble of its stages' measured
+// sorted by rank (stage), without the run-level "rank" (the one rank an emulated run
+// played: the merged run plays them all), "emulated": true. A pipeline run gets the replayed bubble of its stages' measured
 // action times ("bubble_fraction_replayed" per stage, "replayed_makespan_ms"), and a
 // null wall-clock "bubble_fraction" (each stage ran alone). Throws RunError when the
 // documents disagree in shape.

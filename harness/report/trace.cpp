@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <vector>
 
 #include "harness/report/cells.hpp"
@@ -14,8 +15,32 @@ namespace {
 
 using nlohmann::json;
 
-// Processes of one run are pid = run index * kPidStride + rank.
-constexpr std::int64_t kPidStride = 1000;
+// Processes of run i are pid = (i + 1) * kPidStride + rank: above any rank (worlds go
+// to 65,536), and never 0, which Perfetto treats as the kernel's idle process.
+constexpr std::int64_t kPidStride = 100000;
+constexpr std::int64_t kPidLimit = 2147483647;  // pids are read as 32-bit
+
+// Hands out each (run, rank) its pid: the formula's, unless that is taken (a record
+// repeating a rank) or out of range (no integer rank, one outside [0, kPidStride), or a
+// run past the 21,473rd); then the lowest free pid from 1 up, below every formula pid.
+class PidAllocator {
+ public:
+  std::int64_t take(std::size_t run_index, std::int64_t rank) {
+    std::int64_t pid = -1;
+    if (rank >= 0 && rank < kPidStride && run_index < static_cast<std::size_t>(kPidLimit / kPidStride - 1))
+      pid = (static_cast<std::int64_t>(run_index) + 1) * kPidStride + rank;
+    if (pid < 0 || used_.count(pid)) {
+      while (used_.count(spare_)) ++spare_;
+      pid = spare_;
+    }
+    used_.insert(pid);
+    return pid;
+  }
+
+ private:
+  std::set<std::int64_t> used_;
+  std::int64_t spare_ = 1;
+};
 
 // ms (as the timeline writes them, exact to the ns) -> integer ns -> µs with the ns as
 // 3 decimals: Perfetto rounds ts * 1000 back to the same ns, so a child slice never
@@ -127,6 +152,8 @@ std::string trace_process_name(const json& run, const json& record) {
 
 json trace_document(const json& doc) {
   json events = json::array();
+  PidAllocator pids;
+  std::int64_t order = 0;  // processes listed in the document's order, whatever their pids
   const json* runs = cells::at(doc, {"runs"});
   if (runs && runs->is_array()) {
     for (std::size_t i = 0; i < runs->size(); ++i) {
@@ -137,10 +164,15 @@ json trace_document(const json& doc) {
       for (const json& record : *records) {
         const json* timeline = record.is_object() ? cells::at(record, {"timeline"}) : nullptr;
         if (!timeline || !timeline->is_object()) continue;
-        const std::int64_t rank = record.value("rank", record.value("stage", 0));
-        const std::int64_t pid = static_cast<std::int64_t>(i) * kPidStride + rank;
+        std::int64_t rank = -1;  // none: the allocator gives a free pid
+        for (const char* key : {"rank", "stage"})
+          if (const auto it = record.find(key); it != record.end() && it->is_number_integer()) {
+            rank = it->get<std::int64_t>();
+            break;
+          }
+        const std::int64_t pid = pids.take(i, rank);
         events.push_back(metadata("process_name", pid, {{"name", trace_process_name(run, record)}}));
-        events.push_back(metadata("process_sort_index", pid, {{"sort_index", pid}}));
+        events.push_back(metadata("process_sort_index", pid, {{"sort_index", order++}}));
         events.push_back(metadata("thread_name", pid, {{"name", "ranges"}}));
         if (const json* spans = cells::at(*timeline, {"spans"})) add_spans(*spans, pid, events);
         add_memory(*timeline, pid, events);

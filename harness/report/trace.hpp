@@ -2,10 +2,12 @@
 // JSON ("JSON Object Format": {"traceEvents": [...], "displayTimeUnit": "ms"}) that
 // Perfetto (ui.perfetto.dev) and chrome://tracing open.
 //
-// One process per rank record that carries a "timeline": pid = run index * 1000 + rank
-// (the run's index in the document's "runs", so a sweep's processes follow its JSON),
-// named by a process_name metadata event ("zero3 W=4 units=1 rank 2", "1f1b S=2 M=8
-// stage 1") and sorted by pid. On its one thread (tid = pid, named "ranges"):
+// One process per rank record that carries a "timeline": pid = (run index + 1) * 100000
+// + rank (the run's index in the document's "runs", so a sweep's processes follow its
+// JSON; every pid positive, below 2^31, and distinct however large the world; a record
+// repeating a rank, or without one, gets the lowest free pid from 1), named by a
+// process_name metadata event ("zero3 W=4 units=1 rank 2", "1f1b S=2 M=8 stage 1") and
+// listed in the document's order (process_sort_index). On its one thread (tid = pid, named "ranges"):
 // - an "X" complete event per span (step, forward, backward, layer or unit, each
 //   collective with args.bytes, optimizer, pipeline actions), ts and dur in µs;
 // - a "C" counter event "memory" per memory row, args = bytes per category (one counter

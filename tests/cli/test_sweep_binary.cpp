@@ -77,6 +77,9 @@ TEST_F(SweepBinary, AnEmulatedSweepOfRealRuns) {
     EXPECT_EQ(run["ranks"][0]["rank"], 0);
     EXPECT_EQ(run["ranks"][1]["rank"], 1);
     EXPECT_GT(run["ranks"][1]["resting"]["total"].get<long long>(), 0);
+    // "rank" on a run is the one rank it played: the merged run played them all.
+    EXPECT_FALSE(run.contains("rank")) << run.dump(1).substr(0, 400);
+    EXPECT_EQ(run["emulated"], true);
   }
   EXPECT_EQ(doc["runs"][1]["layers_per_unit"], 1);
   EXPECT_NE(out_.find("emulated (times are compute only)"), std::string::npos) << out_;
@@ -132,6 +135,60 @@ TEST_F(SweepBinary, AMixedEmulatedSweepReplaysItsPipelines) {
   EXPECT_NE(out_.find("  - / "), std::string::npos) << "the wall-clock bubble shown as unknown:\n" << out_;
   EXPECT_NE(read(out + "/csv/pipeline.csv").find("zb-h1"), std::string::npos);
   EXPECT_NE(read(out + "/r.html").find("bubble wall -"), std::string::npos);
+}
+
+// Outputs that name one file: exit 2, one line, before any job and before anything is made.
+TEST_F(SweepBinary, OutputsThatNameOneFileAreBadUsage) {
+  const std::vector<std::string> tiny = {"--emulate", "--strategies", "ddp", "--worlds", "2", "--layers", "2",
+                                         "--width", "4", "--batch", "2", "--steps", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), tiny.begin(), tiny.end());
+    return extra;
+  };
+  EXPECT_EQ(sweep(with({"--out", dir_ + "/o1", "--trace", dir_ + "/o1/shardscope.json"})), 2);
+  EXPECT_EQ(err_, "shardscope: error: --out and --trace name the same file '" + dir_ +
+                      "/o1/shardscope.json': give each its own\n");
+  EXPECT_EQ(out_, "") << "no job started";
+  EXPECT_EQ(sweep(with({"--out", dir_ + "/q22", "--csv", dir_ + "/q22/shardscope.json"})), 2);
+  EXPECT_EQ(err_, "shardscope: error: --csv DIR: '" + dir_ +
+                      "/q22/shardscope.json' is the file --out writes: give each its own\n");
+  EXPECT_EQ(out_, "");
+  EXPECT_EQ(sweep(with({"--out", dir_ + "/q21", "--report", dir_ + "/q21/.shardscope.lock"})), 2);
+  EXPECT_EQ(std::count(err_.begin(), err_.end(), '\n'), 1) << err_;
+  EXPECT_FALSE(fs::exists(dir_ + "/o1"));
+  EXPECT_FALSE(fs::exists(dir_ + "/q21"));
+  EXPECT_FALSE(fs::exists(dir_ + "/q22"));
+}
+
+// A failed run (its memory check refuses it) ends the sweep with exit 3 and one error
+// line naming the rank, the job and where its stderr went; the ranks' own errors (and
+// mpirun's banners) are in DIR/failed-job.log, not on the terminal.
+TEST_F(SweepBinary, AFailedRunIsOneErrorLineAndItsStderrIsKept) {
+  const std::vector<std::string> huge = {"--strategies", "ddp", "--worlds", "2", "--width", "100000", "--layers",
+                                         "10", "--batch", "2", "--steps", "1", "--backend", "cpu"};
+  std::vector<std::vector<std::string>> modes = {{"--emulate"}};
+#ifdef SHARDSCOPE_WITH_MPI
+  if (!find_executable("mpirun").empty()) modes.push_back({"--oversubscribe"});
+#endif
+  for (const std::vector<std::string>& mode : modes) {
+    const std::string out = dir_ + "/big" + std::to_string(&mode - modes.data());
+    std::vector<std::string> args = huge;
+    args.insert(args.end(), mode.begin(), mode.end());
+    args.insert(args.end(), {"--out", out});
+    EXPECT_EQ(sweep(args), 3) << mode[0] << ": " << err_;
+    EXPECT_EQ(std::count(err_.begin(), err_.end(), '\n'), 1) << mode[0] << ": one line, not:\n" << err_;
+    EXPECT_EQ(err_.rfind("shardscope: error: rank ", 0), 0u) << err_;
+    const std::string tail = "(ddp W=2; its output: " + out + "/failed-job.log)\n";
+    ASSERT_GE(err_.size(), tail.size()) << err_;
+    EXPECT_EQ(err_.substr(err_.size() - tail.size()), tail) << err_;
+    ASSERT_TRUE(fs::is_regular_file(out + "/failed-job.log")) << mode[0];
+    const std::string kept = read(out + "/failed-job.log");
+    EXPECT_NE(kept.find("shardscope: error: rank "), std::string::npos) << kept;
+    const nlohmann::json doc = read_json_file(out + "/shardscope.json");
+    EXPECT_EQ(doc["sweep"]["complete"], false);
+    EXPECT_EQ(doc["sweep"]["error"].get<std::string>().find("failed-job.log"), std::string::npos)
+        << "the JSON keeps the failure, not a path on this machine";
+  }
 }
 
 // `run --csv DIR` writes the same files as the sweep, for its one run.

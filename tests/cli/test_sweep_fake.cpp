@@ -257,16 +257,17 @@ TEST_F(SweepFake, AFailedRunEndsTheSweepWithExit3AndWritesWhatCompleted) {
   fs::create_directories(out_);
   std::ofstream(out_ + "/shardscope.json") << "{ an older, broken file";
   EXPECT_EQ(sweep({"--strategies", "ddp,zero1,zero3", "--worlds", "2", "--emulate"}), 3);
-  EXPECT_NE(stderr_.find("shardscope: error: rank 1: out of memory: needs 9 B, has 8 B (zero1 W=2)"),
-            std::string::npos)
-      << stderr_;
+  // One line: the rank's own error line is not repeated, its stderr is kept in a file.
+  EXPECT_EQ(stderr_, "shardscope: error: rank 1: out of memory: needs 9 B, has 8 B (zero1 W=2; its output: " + out_ +
+                         "/failed-job.log)\n");
+  EXPECT_EQ(log("results/failed-job.log"), "shardscope: error: rank 1: out of memory: needs 9 B, has 8 B\n");
   const json doc = result();  // whole and valid: the completed ddp run
   ASSERT_EQ(doc["runs"].size(), 1u);
   EXPECT_EQ(doc["runs"][0]["strategy"], "ddp");
   EXPECT_EQ(doc["sweep"]["complete"], false);
   EXPECT_NE(doc["sweep"]["error"].get<std::string>().find("rank 1"), std::string::npos);
   EXPECT_EQ(log("run.log").find("zero3"), std::string::npos) << "the sweep goes on after a failure";
-  expect_only_the_result();
+  EXPECT_EQ(names_in(out_), (std::vector<std::string>{"failed-job.log", "shardscope.json"}));
 }
 
 TEST_F(SweepFake, ATimeoutKillsTheJobsWholeProcessGroup) {
@@ -307,9 +308,10 @@ TEST_F(SweepFake, MpirunGetsTheWorldAndEveryRunFlag) {
 TEST_F(SweepFake, ARankMpirunReportsDeadIsNamed) {
   set("FAKE_MPIRUN_DIE", "1");
   EXPECT_EQ(sweep({"--mpirun", fake_mpirun_, "--strategies", "ddp", "--worlds", "2"}), 3);
-  EXPECT_NE(stderr_.find("shardscope: error: rank 1: exited on signal 9 (Killed) (ddp W=2)"), std::string::npos)
-      << stderr_;
-  EXPECT_NE(stderr_.find("mpirun noticed"), std::string::npos) << "the job's stderr is shown";
+  EXPECT_EQ(stderr_, "shardscope: error: rank 1: exited on signal 9 (Killed) (ddp W=2; its output: " + out_ +
+                         "/failed-job.log)\n");
+  EXPECT_NE(log("results/failed-job.log").find("mpirun noticed that process rank 1"), std::string::npos)
+      << "mpirun's account is kept, not shown";
 }
 
 TEST_F(SweepFake, RealMpirunSkipsAndFails) {
@@ -318,7 +320,10 @@ TEST_F(SweepFake, RealMpirunSkipsAndFails) {
   set("FAKE_FAIL", "zero3");
   set("FAKE_FAIL_RANK", "1");
   EXPECT_EQ(sweep({"--strategies", "ddp,zero2,zero3", "--worlds", "2"}), 3) << stderr_;
-  EXPECT_NE(stderr_.find("shardscope: error: rank 1: out of memory"), std::string::npos) << stderr_;
+  EXPECT_EQ(stderr_.rfind("shardscope: error: rank 1: out of memory", 0), 0u) << stderr_;
+  EXPECT_EQ(std::count(stderr_.begin(), stderr_.end(), '\n'), 1) << "mpirun's banner is kept, not shown:\n"
+                                                                  << stderr_;
+  EXPECT_NE(log("results/failed-job.log").find("shardscope: error: rank 1: out of memory"), std::string::npos);
   const json doc = result();
   ASSERT_EQ(doc["runs"].size(), 2u) << doc.dump(1);
   EXPECT_EQ(doc["runs"][0]["ranks"].size(), 2u);
@@ -362,7 +367,7 @@ TEST_F(SweepFake, ReportAndCsvAreWrittenAlsoWhenASweepFails) {
   EXPECT_EQ(log("run.log").find("--report"), std::string::npos) << "not a run flag";
   EXPECT_EQ(log("run.log").find("--csv"), std::string::npos);
   EXPECT_NE(stdout_.find("report: " + report), std::string::npos) << stdout_;
-  expect_only_the_result();
+  EXPECT_EQ(names_in(out_), (std::vector<std::string>{"failed-job.log", "shardscope.json"}));
 }
 
 TEST_F(SweepFake, AnUnwritableReportOrCsvIsRefusedBeforeAnythingRuns) {
@@ -410,10 +415,8 @@ TEST_F(SweepFake, ABadRunFlagEndsTheSweepBeforeAnyJob) {
 TEST_F(SweepFake, MpirunFailingOnItsOwnIsAFailureNotASkip) {
   set("FAKE_MPIRUN_REFUSE", "2");
   EXPECT_EQ(sweep({"--mpirun", fake_mpirun_, "--strategies", "ddp,zero1", "--worlds", "2"}), 3);
-  EXPECT_NE(stderr_.find("shardscope: error: ddp W=2: mpirun exited with code 2 (no rank reported an error): "
-                         "\"mpirun: Error: unknown option \"--bogus\"\"\n"),
-            std::string::npos)
-      << stderr_;
+  EXPECT_EQ(stderr_, "shardscope: error: ddp W=2: mpirun exited with code 2 (no rank reported an error): "
+                     "\"mpirun: Error: unknown option \"--bogus\"\" (its output: " + out_ + "/failed-job.log)\n");
   EXPECT_EQ(result()["runs"].size(), 0u);
   EXPECT_EQ(result()["sweep"]["skipped"], 0);
   EXPECT_EQ(log("run.log"), "");
@@ -554,6 +557,61 @@ TEST_F(SweepFake, ARefusedSweepCreatesNoFolder) {
   EXPECT_TRUE(fs::exists(out_ + "/r.html"));
   EXPECT_TRUE(fs::exists(out_ + "/csv/t.json"));
   EXPECT_TRUE(fs::exists(out_ + "/csv/x/pipeline.csv"));
+}
+
+// Two outputs that name one file, or a folder that is an output's file, would lose one
+// of them: refused (exit 2) before any job runs and before anything is created.
+TEST_F(SweepFake, OutputsThatNameOneFileAreRefusedBeforeAnything) {
+  const std::string d = dir_;
+  fs::create_directories(d + "/real");
+  fs::create_directory_symlink(d + "/real", d + "/link");
+  auto refusal = [&](Args extra) -> std::string {
+    Args args = {"--emulate", "--strategies", "ddp", "--worlds", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    try {
+      sweep_main(args, fake_run_);
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  EXPECT_EQ(refusal({"--out", d + "/o1", "--trace", d + "/o1/shardscope.json"}),
+            "--out and --trace name the same file '" + d + "/o1/shardscope.json': give each its own");
+  EXPECT_EQ(refusal({"--out", d + "/o4", "--trace", d + "/o4/../o4/shardscope.json"}),
+            "--out and --trace name the same file '" + d + "/o4/../o4/shardscope.json': give each its own");
+  EXPECT_EQ(refusal({"--out", d + "/real", "--trace", d + "/link/shardscope.json"}),
+            "--out and --trace name the same file '" + d + "/link/shardscope.json': give each its own");
+  EXPECT_EQ(refusal({"--out", d + "/o5", "--trace", d + "/c5/data_parallel.csv", "--csv", d + "/c5"}),
+            "--csv and --trace name the same file '" + d + "/c5/data_parallel.csv': give each its own");
+  EXPECT_EQ(refusal({"--out", d + "/o6", "--report", d + "/c6/pipeline.csv", "--csv", d + "/c6/"}),
+            "--csv and --report name the same file '" + d + "/c6/pipeline.csv': give each its own");
+  EXPECT_EQ(refusal({"--out", d + "/o7", "--report", d + "/same.out", "--trace", d + "/same.out"}),
+            "--trace and --report name the same file '" + d + "/same.out': give each its own");
+  EXPECT_EQ(refusal({"--out", d + "/q21", "--report", d + "/q21/.shardscope.lock"}),
+            "--out (its lock) and --report name the same file '" + d + "/q21/.shardscope.lock': give each its own");
+  EXPECT_EQ(refusal({"--out", d + "/q23", "--trace", d + "/q23/failed-job.log"}),
+            "--out (its failed-job log) and --trace name the same file '" + d +
+                "/q23/failed-job.log': give each its own");
+  EXPECT_EQ(refusal({"--out", d + "/q22", "--csv", d + "/q22/shardscope.json"}),
+            "--csv DIR: '" + d + "/q22/shardscope.json' is the file --out writes: give each its own");
+  EXPECT_EQ(refusal({"--out", d + "/q24", "--csv", d + "/q24/shardscope.json/sub"}),
+            "--csv DIR: '" + d + "/q24/shardscope.json/sub' lies inside '" + d +
+                "/q24/shardscope.json', the file --out writes: give each its own");
+  EXPECT_EQ(refusal({"--out", d + "/t.json", "--trace", d + "/t.json"}),
+            "--out DIR: '" + d + "/t.json' is the file --trace writes: give each its own");
+  EXPECT_EQ(refusal({"--out", d + "/o8", "--csv", d + "/r.html/", "--report", d + "/r.html"}),
+            "--csv DIR: '" + d + "/r.html/' is the file --report writes: give each its own");
+  EXPECT_EQ(log("run.log"), "") << "no job ran";
+  EXPECT_EQ(names_in(d), (std::vector<std::string>{"fake_mpirun.sh", "fake_run.sh", "link", "real"}))
+      << "nothing was created";
+  EXPECT_TRUE(fs::is_empty(d + "/real"));
+  // The CSVs beside the result, and a report in --out DIR, are fine.
+  ASSERT_EQ(sweep({"--emulate", "--strategies", "ddp", "--worlds", "2", "--csv", out_, "--report",
+                   out_ + "/shardscope.html", "--trace", out_ + "/trace.json"}),
+            0)
+      << stderr_;
+  EXPECT_EQ(names_in(out_), (std::vector<std::string>{"data_parallel.csv", "pipeline.csv", "shardscope.html",
+                                                       "shardscope.json", "trace.json"}));
 }
 
 }  // namespace

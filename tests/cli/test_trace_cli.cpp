@@ -73,8 +73,8 @@ TEST_F(TraceCli, RunAloneWritesAValidTrace) {
   expect_valid(trace);
   const auto procs = trace_processes(trace);
   ASSERT_EQ(procs.size(), 1u);
-  EXPECT_EQ(procs.at(0), "ddp W=1 rank 0");
-  const std::vector<std::string> names = trace_slice_names(trace, 0);
+  EXPECT_EQ(procs.at(100000), "ddp W=1 rank 0");
+  const std::vector<std::string> names = trace_slice_names(trace, 100000);
   for (const char* want : {"step", "forward", "backward", "forward layer 3", "optimizer", "all_reduce 16896 B"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
   // The JSON carries the timeline the trace was rendered from.
@@ -97,9 +97,9 @@ TEST_F(TraceCli, UnderMpirunRankZerosTraceHoldsBothRanks) {
   expect_valid(trace);
   const auto procs = trace_processes(trace);
   ASSERT_EQ(procs.size(), 2u);
-  EXPECT_EQ(procs.at(0), "zero3 W=2 units=1 rank 0");
-  EXPECT_EQ(procs.at(1), "zero3 W=2 units=1 rank 1");
-  for (int pid : {0, 1}) {
+  EXPECT_EQ(procs.at(100000), "zero3 W=2 units=1 rank 0");
+  EXPECT_EQ(procs.at(100001), "zero3 W=2 units=1 rank 1");
+  for (int pid : {100000, 100001}) {
     const std::vector<std::string> names = trace_slice_names(trace, pid);
     EXPECT_NE(std::find(names.begin(), names.end(), "unit 3"), names.end()) << pid;
     bool gather = false;
@@ -119,8 +119,8 @@ TEST_F(TraceCli, SweepWritesOneTraceOfEveryRunsRanks) {
   expect_valid(trace);
   const auto procs = trace_processes(trace);
   ASSERT_EQ(procs.size(), 4u);
-  EXPECT_EQ(procs.at(0), "ddp W=2 rank 0 (emulated)");
-  EXPECT_EQ(procs.at(1001), "zero3 W=2 units=1 rank 1 (emulated)");
+  EXPECT_EQ(procs.at(100000), "ddp W=2 rank 0 (emulated)");
+  EXPECT_EQ(procs.at(200001), "zero3 W=2 units=1 rank 1 (emulated)");
   // The sweep's JSON holds every rank's timeline; the trace is rendered from it.
   const json doc = read_json_file(dir_ + "/out/shardscope.json");
   for (const auto& r : doc["runs"])
