@@ -131,6 +131,20 @@ TEST(Table, PeakCommunicationAndTime) {
   EXPECT_NE(peak.find("12.500"), std::string::npos);
 }
 
+TEST(Table, ARowForAllRanksShowsTheSlowestRanksTime) {
+  json ddp = dp_run("ddp", {dp_rank(0, 2105344, 2105344, 4210752, 10526720),
+                            dp_rank(1, 2105344, 2105344, 4210752, 10526720)});
+  ddp["ranks"][1]["step_ms"]["median"] = 31.25;  // same bytes, slower
+  ddp["ranks"][1]["comm"]["all_reduce"]["busbw_gbps"] = 0.75;
+  json doc = document();
+  doc["runs"] = json::array({ddp});
+  const std::string peak = line_with(render(doc), "10,526,720");
+  ASSERT_NE(peak.find("all ranks"), std::string::npos) << peak;
+  EXPECT_NE(peak.find("31.250"), std::string::npos) << peak;
+  EXPECT_NE(peak.find("0.75"), std::string::npos) << peak;
+  EXPECT_EQ(peak.find("12.500"), std::string::npos) << peak;
+}
+
 TEST(Table, PipelineStageRowAndSkipped) {
   const std::string out = render(document());
   EXPECT_NE(out.find("pipeline, S = 2 stages: 2 x 32, activation relu, loss mse, batch 8,"), std::string::npos)

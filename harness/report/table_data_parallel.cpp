@@ -21,12 +21,20 @@ constexpr std::array<const char*, 6> kCollectives = {
 
 const json kEmpty = json::object();
 
-// One table row: a run, and the rank it shows (`label` "all ranks" or "rank N").
+// One table row: a run, the rank whose bytes it shows (`label` "all ranks" or "rank
+// N"), and the rank whose times it shows: itself, or for "all ranks" (equal bytes, not
+// equal times) the slowest, whose step the others wait for.
 struct Row {
   const json* run;
   const json* rank;
   std::string label;
+  const json* timing = nullptr;
 };
+
+double median_step_ms(const json& rank) {
+  const json* m = cells::at(rank, {"step_ms", "median"});
+  return m && m->is_number() ? m->get<double>() : -1.0;
+}
 
 const json& ranks_of(const json& run) {
   const json* r = cells::at(run, {"ranks"});
@@ -52,14 +60,19 @@ json byte_figures(const json& rank) {
 std::vector<Row> rows_of(const json& run) {
   const json& ranks = ranks_of(run);
   std::vector<Row> rows;
-  if (ranks.empty()) return {{&run, &kEmpty, "-"}};
+  if (ranks.empty()) return {{&run, &kEmpty, "-", &kEmpty}};
   bool differ = false;
   const json first = byte_figures(ranks.front());
   for (const json& r : ranks) differ = differ || byte_figures(r) != first;
   std::int64_t world = 0;
   const bool one_of_many = ranks.size() == 1 && cells::as_int(cells::at(run, {"world"}), &world) && world > 1;
-  if (!differ && !one_of_many) return {{&run, &ranks.front(), "all ranks"}};
-  for (const json& r : ranks) rows.push_back({&run, &r, "rank " + cells::text(cells::at(r, {"rank"}))});
+  if (!differ && !one_of_many) {
+    const json* slowest = &ranks.front();
+    for (const json& r : ranks)
+      if (median_step_ms(r) > median_step_ms(*slowest)) slowest = &r;
+    return {{&run, &ranks.front(), "all ranks", slowest}};
+  }
+  for (const json& r : ranks) rows.push_back({&run, &r, "rank " + cells::text(cells::at(r, {"rank"})), &r});
   return rows;
 }
 
@@ -196,11 +209,13 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
     line.push_back(cells::predicted_bytes(cells::at(r, {"predicted", "comm_bytes"}), measured));
     line.push_back(comm.main_kind.empty() ? cells::kMissing : comm.main_kind);
     // An emulated collective moves no data: its bandwidth means nothing.
-    line.push_back(comm.main_kind.empty() || emulated ? cells::kMissing : cells::fixed(comm.main_busbw, 2));
-    line.push_back(cells::fixed(cells::at(r, {"step_ms", "median"}), 3));
+    const CommSummary timed = summarize_comm(*row.timing);
+    line.push_back(comm.main_kind.empty() || emulated ? cells::kMissing : cells::fixed(timed.main_busbw, 2));
+    line.push_back(cells::fixed(cells::at(*row.timing, {"step_ms", "median"}), 3));
     peak.add_row(std::move(line));
   }
-  os << "  peak during the step, communication per step, time (step ms: median)\n";
+  os << "  peak during the step, communication per step, time (step ms: median; on a row for all ranks, the\n"
+        "  slowest rank's, with its busbw)\n";
   peak.print(os, 2);
   os << '\n';
 }
