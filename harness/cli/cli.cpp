@@ -4,6 +4,9 @@
 
 #include <unistd.h>
 
+#include <csignal>
+#include <cstring>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -254,6 +257,35 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   return c;
 }
 
+// A run stopped by a signal still says so in one line (DESIGN §6) and exits 128 + the
+// signal, as the shell would report it. The line is made before any signal can come,
+// so the handler only writes it (async-signal-safe). Result files are never half
+// written: their writer holds these signals off until the rename is done.
+char g_interrupt_line[128];
+std::size_t g_interrupt_length = 0;
+
+extern "C" void on_run_interrupt(int sig) {
+  if (g_interrupt_length == 0) ::_exit(128 + sig);  // not the rank that speaks
+  char line[192];
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < g_interrupt_length && n < sizeof(line) - 16; ++i) line[n++] = g_interrupt_line[i];
+  const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "SIGQUIT";
+  for (const char* c = name; *c != '\0'; ++c) line[n++] = *c;
+  line[n++] = '\n';
+  (void)!::write(STDERR_FILENO, line, n);
+  ::_exit(128 + sig);
+}
+
+// Under mpirun every rank gets the signal; rank 0 alone says so, the others just exit.
+void say_when_interrupted(int rank) {
+  std::snprintf(g_interrupt_line, sizeof(g_interrupt_line), "shardscope: error: rank %d: interrupted by ", rank);
+  g_interrupt_length = rank == 0 ? std::strlen(g_interrupt_line) : 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_run_interrupt;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaction(sig, &sa, nullptr);
+}
+
 int run_command(int argc, char** argv) {
   // `--comm mpi|nccl` asks for MPI even for one rank (mpirun -np 1, or a singleton).
   bool wants_mpi = false;
@@ -272,6 +304,7 @@ int run_command(int argc, char** argv) {
   }
   MpiSession& mpi = *session;
   const bool multi = mpi.world() > 1;
+  say_when_interrupted(mpi.rank());
 
   // Every rank parses its flags, then the ranks agree on the outcome before anything
   // else: a rank whose flags fail (or ask for --help) must not leave the others waiting

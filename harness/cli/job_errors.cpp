@@ -95,6 +95,9 @@ int failed_rank(const std::string& stderr_text) {
 std::string failure_message(const std::string& stderr_text, const std::string& label, int known_rank,
                             const std::string& how) {
   std::string what = shardscope_error_text(stderr_text);
+  // A rank that says it was interrupted was told to stop (mpirun's SIGTERM once another
+  // rank died): when mpirun names what happened, that is the cause, not this.
+  if (what.find(": interrupted by SIG") != std::string::npos && !mpirun_account(stderr_text).empty()) what.clear();
   int rank = known_rank;
   std::string rest;
   if (const int own = leading_rank(what, &rest); own >= 0) {
