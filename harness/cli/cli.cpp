@@ -265,6 +265,10 @@ char g_interrupt_line[128];
 std::size_t g_interrupt_length = 0;
 
 extern "C" void on_run_interrupt(int sig) {
+  if (writing_result_file()) {  // the writer raises it again once the file is whole
+    defer_signal(sig);
+    return;
+  }
   if (g_interrupt_length == 0) ::_exit(128 + sig);  // not the rank that speaks
   char line[192];
   std::size_t n = 0;
@@ -277,9 +281,10 @@ extern "C" void on_run_interrupt(int sig) {
 }
 
 // Under mpirun every rank gets the signal; rank 0 alone says so, the others just exit.
-void say_when_interrupted(int rank) {
+// An emulated process speaks for the one rank it plays.
+void say_when_interrupted(int rank, bool speaks) {
   std::snprintf(g_interrupt_line, sizeof(g_interrupt_line), "shardscope: error: rank %d: interrupted by ", rank);
-  g_interrupt_length = rank == 0 ? std::strlen(g_interrupt_line) : 0;
+  g_interrupt_length = speaks ? std::strlen(g_interrupt_line) : 0;
   struct sigaction sa {};
   sa.sa_handler = on_run_interrupt;
   sigemptyset(&sa.sa_mask);
@@ -304,7 +309,7 @@ int run_command(int argc, char** argv) {
   }
   MpiSession& mpi = *session;
   const bool multi = mpi.world() > 1;
-  say_when_interrupted(mpi.rank());
+  say_when_interrupted(mpi.rank(), mpi.rank() == 0);
 
   // Every rank parses its flags, then the ranks agree on the outcome before anything
   // else: a rank whose flags fail (or ask for --help) must not leave the others waiting
@@ -346,6 +351,13 @@ int run_command(int argc, char** argv) {
     }
     return 2;
   }
+  // Every rank must run the same job: differing flags would leave some ranks waiting
+  // in a collective the others never reach.
+  if (multi && !all_ranks_equal(cfg.command_line)) {
+    if (mpi.rank() == 0) error_line("flags differ across ranks: every rank of a job must be started with the same flags");
+    return 2;
+  }
+  if (cfg.emulate_world > 0) say_when_interrupted(cfg.emulate_rank, true);  // the rank it plays
   try {
     run_job(cfg, mpi);
     return 0;

@@ -85,9 +85,13 @@ std::string write_target(const std::string& path, std::string* reason) {
   return target;
 }
 
+volatile std::sig_atomic_t g_writing = 0;   // a result file is being written
+volatile std::sig_atomic_t g_deferred = 0;  // a signal that came meanwhile
+
 // Holds off SIGINT, SIGTERM, SIGHUP and SIGQUIT for its lifetime: a signal that arrives
 // while a result file is written takes effect once the file is whole (or its temporary
-// removed), never in between.
+// removed), never in between. In this thread through the mask; in any other thread
+// through the handlers, which defer (see writing_result_file).
 class SignalsHeld {
  public:
   SignalsHeld() {
@@ -95,8 +99,15 @@ class SignalsHeld {
     sigemptyset(&set);
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&set, sig);
     pthread_sigmask(SIG_BLOCK, &set, &old_);
+    g_writing = 1;
   }
-  ~SignalsHeld() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  ~SignalsHeld() {
+    g_writing = 0;
+    const int deferred = g_deferred;
+    g_deferred = 0;
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);  // a signal blocked here arrives now
+    if (deferred != 0) std::raise(deferred);
+  }
   SignalsHeld(const SignalsHeld&) = delete;
   SignalsHeld& operator=(const SignalsHeld&) = delete;
 
@@ -173,6 +184,10 @@ void check_writable(const std::string& path, const std::string& flag) {
   ::close(fd);
   ::unlink(probe.c_str());
 }
+
+bool writing_result_file() noexcept { return g_writing != 0; }
+
+void defer_signal(int sig) noexcept { g_deferred = sig; }
 
 void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
   namespace fs = std::filesystem;

@@ -23,6 +23,14 @@ void check_writable(const std::string& path, const std::string& flag = "--json F
 // absolute and resolving what exists of them (links, "..", "."). Empty paths are skipped.
 void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
 
+// For signal handlers (async-signal-safe): while a result file is being written, a
+// handler that would end the process calls defer_signal(sig) and returns instead;
+// write_file_atomic raises the signal again once the file is whole (or its temporary
+// removed). A mask alone is not enough: it holds only in the writing thread, and a
+// process-directed signal may land on any other (OpenBLAS's, MPI's).
+bool writing_result_file() noexcept;
+void defer_signal(int sig) noexcept;
+
 // Writes `content` to a temporary file in the same directory, fsyncs it and renames
 // it over `path` (over the file a symbolic link there points to), so readers see the
 // old file or the whole new one. SIGINT, SIGTERM, SIGHUP and SIGQUIT are held off

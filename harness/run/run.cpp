@@ -174,10 +174,26 @@ void check_output_paths(const RunConfig& cfg, const MpiSession& mpi) {
   if (!refusal.empty()) throw UsageError(refusal);
 }
 
+// A refusal that only some ranks meet (what a rank sees of its machine) must end every
+// rank, or the others would wait forever in the next collective: the lowest refusing
+// rank's reason goes to all, and every rank throws it.
+void agree_on_refusal(const std::string& refusal, const MpiSession& mpi) {
+  const int first = -all_reduce_max(refusal.empty() ? -mpi.world() : -mpi.rank());
+  if (first >= mpi.world()) return;
+  std::string text = refusal;
+  broadcast_string(text, first);
+  throw UsageError(mpi.world() > 1 ? "rank " + std::to_string(first) + ": " + text : text);
+}
+
 }  // namespace
 
+// The flags are the same on every rank (run_command made sure before calling), so every
+// refusal that follows from them alone comes on every rank at once; what depends on a
+// rank's machine is agreed explicitly.
 void run_job(RunConfig cfg, MpiSession& mpi) {
   const std::string backend_name = choose_backend(cfg);
+  if (!all_ranks_equal(backend_name))
+    throw UsageError("the ranks of this job do not all see a GPU: pass --backend cpu or --backend cuda");
   const CommOptions comm_opt = choose_comm(cfg, backend_name, mpi);
   const int world = comm_opt.kind == "fake" ? comm_opt.emulate_world : mpi.world();
   // The configuration first (every rank alike, no collective), then the output paths
@@ -187,10 +203,15 @@ void run_job(RunConfig cfg, MpiSession& mpi) {
   else
     validate_data_parallel(cfg, world);
   check_output_paths(cfg, mpi);
-  if (!all_ranks_equal(cfg.command_line.empty() ? std::string("-") : cfg.command_line))
-    throw UsageError("flags differ across ranks: every rank of a job must be started with the same flags");
 
-  std::unique_ptr<Backend> backend = make_backend(backend_name, mpi.local_rank());
+  std::unique_ptr<Backend> backend;
+  std::string refusal;
+  try {
+    backend = make_backend(backend_name, mpi.local_rank());
+  } catch (const UsageError& e) {
+    refusal = e.what();
+  }
+  agree_on_refusal(refusal, mpi);
   if (backend_name == "cuda" && cfg.allow_tf32) backend->set_allow_tf32(true);
   std::unique_ptr<Communicator> comm = make_communicator(comm_opt, backend.get());
   // The run's start, the origin of every timeline: right after a barrier, so the ranks
