@@ -107,14 +107,19 @@ targets=()
 [[ "$only_cuda" == 1 ]] && targets=(shardscope_cuda_tests)
 echo "== ninja" >>"$out/build.log"
 build_rc=0
-timeout "$(limit 300)" ninja -C "$build" -j "$jobs" -k 0 "${targets[@]}" >>"$out/build.log" 2>&1 || build_rc=$?
+build_limit="$(limit 300)"
+if [[ "$build_limit" == 0 ]]; then
+  build_rc=124  # (timeout 0 would mean no limit at all)
+else
+  timeout "$build_limit" ninja -C "$build" -j "$jobs" -k 0 "${targets[@]}" >>"$out/build.log" 2>&1 || build_rc=$?
+fi
 if [[ $build_rc == 0 ]]; then
   say "build: ok"
 elif [[ $build_rc == 124 ]]; then
   fail "build: stopped at its time limit (see build.log); running the test binaries that were built"
 else
   fail "build (see build.log); running the test binaries that were built"
-  grep -E "error:|FAILED:" "$out/build.log" | head -n 15 | sed 's/^/gpu-check:   /' | tee -a "$summary"
+  { grep -E "error:|FAILED:" "$out/build.log" | head -n 15 | sed 's/^/gpu-check:   /' | tee -a "$summary"; } || true
 fi
 warnings=$(grep -c "warning:" "$out/build.log" || true)
 say "build warnings: $warnings"
@@ -158,20 +163,25 @@ fi
 
 # ---- 4. the table: cuda vs cpu bytes for the seed's configurations, pool vs tracker,
 # outside-pool bytes, and the step time of 8 x 4096 beside PyTorch eager ---------------
-if [[ -x "$build/shardscope" && "$(limit 200)" == 0 ]]; then
+table_limit="$(limit 200)"
+if [[ -x "$build/shardscope" && "$table_limit" == 0 ]]; then
   fail "table: not run, the time budget ($budget s) is spent"
 elif [[ -x "$build/shardscope" ]]; then
-  if timeout "$(limit 200)" python3 "$root/scripts/gpu_table.py" "$build" "$out" >"$out/table.log" 2>&1; then
+  # The table script spends at most DEADLINE seconds (it cuts its own runs short), and
+  # writes gpu-table.md even when timeout stops it (it handles SIGTERM).
+  if GPU_TABLE_DEADLINE=$((table_limit - 10)) timeout "$table_limit" python3 "$root/scripts/gpu_table.py" \
+       "$build" "$out" >"$out/table.log" 2>&1; then
     say "table: written to gpu-table.md, every comparison held"
   else
     fail "table: see the Problems at the end of gpu-table.md (and table.log)"
-    sed -n '/^## Problems/,$p' "$out/gpu-table.md" 2>/dev/null | head -n 15 | sed 's/^/gpu-check:   /' | tee -a "$summary"
+    { sed -n '/^## Problems/,$p' "$out/gpu-table.md" 2>/dev/null | head -n 15 | sed 's/^/gpu-check:   /' |
+        tee -a "$summary"; } || true
   fi
 else
   fail "table: shardscope was not built"
 fi
 # ---- 5. Nsight Systems, when present: one short zero3 run, NVTX summary ---------------
-if command -v nsys >/dev/null 2>&1 && [[ -x "$build/shardscope" && "$(limit 90)" -ge 60 ]]; then
+if command -v nsys >/dev/null 2>&1 && [[ -x "$build/shardscope" && "$(limit 90)" -ge 90 ]]; then
   rep_dir="$(mktemp -d)"
   if timeout 60 nsys profile -t cuda,nvtx -o "$rep_dir/zero3" --force-overwrite true \
        "$build/shardscope" run --backend cuda --strategy zero3 --units 1 --steps 3 >"$out/nsys.txt" 2>&1 &&

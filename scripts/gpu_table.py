@@ -16,9 +16,11 @@ import atexit
 import concurrent.futures as cf
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 
 build, out = sys.argv[1], sys.argv[2]
@@ -54,9 +56,27 @@ atexit.register(write_table)
 sys.excepthook = record_crash
 
 
+def stopped(signum, _frame):
+    problem(f"gpu_table.py was stopped by signal {signum} (its time limit): later checks did not run")
+    write_table()  # the table so far
+    os._exit(1)  # at once: worker threads may still be waiting on their runs
+
+
+signal.signal(signal.SIGTERM, stopped)
+# gpu-check.sh gives a deadline; every run's own timeout is cut to the time left.
+deadline = time.monotonic() + float(os.environ.get("GPU_TABLE_DEADLINE", "100000"))
+
+
+def time_left(want):
+    return max(1, min(want, int(deadline - time.monotonic())))
+
+
 def run(args, tag, launcher=(), env=None, timeout=240):
     """One `shardscope run` (under `launcher`, e.g. mpirun -np 2): its run, or {"error": ...}."""
     path = os.path.join(runs_dir, tag + ".json")
+    timeout = time_left(timeout)
+    if deadline - time.monotonic() < 1:
+        return {"error": "not run: the time limit was spent"}
     try:
         p = subprocess.run([*launcher, exe, "run", *args, "--json", path], capture_output=True, text=True,
                            timeout=timeout, env=env)
@@ -236,7 +256,7 @@ if mpirun:
                 f"{pr['resting']['total']:,} / {pr['peak']['total']:,} | {'yes' if same else 'NO'} | {cl} / {pl} |")
     try:
         r = subprocess.run([mpirun, "-np", "2", "--oversubscribe", exe, "run", "--backend", "cuda", "--comm", "nccl"],
-                           capture_output=True, text=True, timeout=120, env=env)
+                           capture_output=True, text=True, timeout=time_left(120), env=env)
         err = [l for l in r.stderr.splitlines() if "shardscope: error" in l]
         code, text = r.returncode, (err[0] if err else r.stderr.strip()[-200:])
     except subprocess.TimeoutExpired:
@@ -269,7 +289,7 @@ for strat, extra in CONFIGS:
 try:
     t = subprocess.run([sys.executable, os.path.join(root, "bench", "torch_mlp.py"), "--device", "cuda", "--layers",
                         "8", "--width", "4096", "--batch", "64", "--steps", "21"], capture_output=True, text=True,
-                       timeout=180)
+                       timeout=time_left(180))
     torch_text = t.stdout.strip() or " ".join(t.stderr.strip().splitlines()[-1:]) or f"exit {t.returncode}"
 except subprocess.TimeoutExpired:
     torch_text = "timed out after 180 s"

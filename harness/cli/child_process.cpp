@@ -95,6 +95,12 @@ int InterruptGuard::received() { return g_interrupt; }
 ChildResult run_child(const ChildSpec& spec) {
   if (spec.argv.empty()) throw RunError("run_child: empty command");
   const InterruptGuard guard;
+  if (g_interrupt != 0) {  // stopped before this job began: do not start it
+    ChildResult stopped;
+    stopped.end = ChildResult::End::interrupted;
+    stopped.signal = g_interrupt;
+    return stopped;
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);

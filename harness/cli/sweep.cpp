@@ -242,6 +242,13 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
 
   const std::string json_path = make_out_dir(opts.out);
   const OutDirLock lock(opts.out);
+  {
+    // An earlier sweep's failed-job log would read as this one's: only a failure of this
+    // sweep leaves one.
+    std::error_code ec;
+    const std::filesystem::path old_log = std::filesystem::path(opts.out) / kFailedJobLog;
+    if (std::filesystem::is_regular_file(old_log, ec)) std::filesystem::remove(old_log, ec);
+  }
   if (!opts.csv.empty()) prepare_csv_dir(opts.csv);
   std::vector<json> runs;
   json first_provenance;

@@ -33,8 +33,9 @@ class FakeCommunicator final : public Communicator {
     if (backend() == nullptr || send_count == 0) return;
     const std::size_t own = static_cast<std::size_t>(rank()) * send_count;
     const std::size_t total = static_cast<std::size_t>(world()) * send_count;
+    // The own shard first (it may sit inside recv: in place, or elsewhere), then zeros.
+    if (send != recv + own) backend()->copy(recv + own, send, send_count);
     if (own > 0) backend()->fill(recv, 0.0f, own);
-    backend()->copy(recv + own, send, send_count);
     if (own + send_count < total) backend()->fill(recv + own + send_count, 0.0f, total - own - send_count);
   }
   // Non-root ranks keep what they hold, which is defined (their own earlier values).

@@ -1,6 +1,7 @@
 #include "harness/memory/host_memory.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -231,7 +232,8 @@ HostMemory host_memory_available() {
   // This process's address-space limit (ulimit -v), against what it has mapped.
   rlimit as{};
   if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) {
-    const std::int64_t limit = static_cast<std::int64_t>(as.rlim_cur);
+    const std::int64_t limit =
+        as.rlim_cur > static_cast<rlim_t>(INT64_MAX) ? INT64_MAX : static_cast<std::int64_t>(as.rlim_cur);
     const std::int64_t mapped = read_key("/proc/self/status", "VmSize").value_or(0);
     const std::int64_t free = std::max<std::int64_t>(0, limit - mapped);
     out.how += ", address-space limit (ulimit -v) " + format_bytes_short(limit) + " with " +

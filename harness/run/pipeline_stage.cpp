@@ -43,7 +43,11 @@ PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages) {
   const std::string shape = str(stages) + " stage" + (stages == 1 ? "" : "s") + " x " + str(v) + " chunk" +
                             (v == 1 ? "" : "s");
   // The layout's checks first (cheap), then the schedule's own (S, M, chunks), whose
-  // construction and validation grow with S x M.
+  // construction and validation grow with S x v x M and, matching channels between
+  // every pair of stages, with S^2.
+  constexpr int kMostStages = 512;
+  if (stages > kMostStages)
+    throw UsageError("a pipeline of " + str(stages) + " stages is above the largest allowed, " + str(kMostStages));
   const long long V = static_cast<long long>(stages) * v;
   std::vector<int> split;
   if (!cfg.split.empty()) {
