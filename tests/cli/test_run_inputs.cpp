@@ -187,8 +187,10 @@ TEST_F(RunInputs, AnInterruptedRunSaysSoAndLeavesNoHalfFile) {
       // (check_writable's probe is an empty temporary of the same name: wait for content.)
       std::error_code ec;
       for (const auto& e : std::filesystem::directory_iterator(dir_))
-        if (e.path().filename().string().rfind(".big.json.", 0) == 0 && std::filesystem::file_size(e.path(), ec) > 0)
-          writing = true;
+        if (e.path().filename().string().rfind(".big.json.", 0) == 0) {
+          const auto size = std::filesystem::file_size(e.path(), ec);  // gone meanwhile: an error
+          if (!ec && size > 0) writing = true;
+        }
       if (!writing) usleep(500);
     }
     kill(pid, SIGINT);
