@@ -115,11 +115,16 @@ for strat, extra in CONFIGS:
                 tag = f"{strat}{''.join(extra).replace('--units', '-u')}-w{world}-r{rank}-{backend}"
                 jobs.append(((strat, " ".join(extra) or "-", world, rank, backend), args, tag))
 
+def run_all(job_list, into):
+    """Every (key, args, tag) of job_list, six at a time; results into `into` by key."""
+    with cf.ThreadPoolExecutor(max_workers=6) as pool:
+        futs = {pool.submit(run, a, t): k for k, a, t in job_list}
+        for f in cf.as_completed(futs):
+            into[futs[f]] = f.result()
+
+
 results = {}
-with cf.ThreadPoolExecutor(max_workers=6) as pool:
-    futs = {pool.submit(run, a, t): k for k, a, t in jobs}
-    for f in cf.as_completed(futs):
-        results[futs[f]] = f.result()
+run_all(jobs, results)
 
 say("## Seed configurations: cuda beside cpu (bytes per rank)")
 say("")
@@ -184,10 +189,7 @@ for sched in ("gpipe", "1f1b", "zb-h1"):
                 args = PP + ["--schedule", sched, "--microbatches", str(m), "--backend", backend,
                              "--emulate", f"2:{stage}"]
                 pp_jobs.append(((sched, m, stage, backend), args, f"pp-{sched}-m{m}-s{stage}-{backend}"))
-with cf.ThreadPoolExecutor(max_workers=6) as pool:
-    futs = {pool.submit(run, a, t): k for k, a, t in pp_jobs}
-    for f in cf.as_completed(futs):
-        results[futs[f]] = f.result()
+run_all(pp_jobs, results)
 say("## Seed pipelines (S = 2, emulated stages): cuda beside cpu")
 say("")
 say("| schedule | M | stage | saved peak live (cuda / cpu) | live bytes (cuda / cpu) | resting (cuda / cpu) | peak (cuda / cpu) |")
