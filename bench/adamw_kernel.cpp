@@ -147,19 +147,6 @@ Figure measure(const std::string& what, const ModelConfig& mc, int reps, FlatKer
   return f;
 }
 
-// memcpy of `floats` floats: (read + write) bytes per second / 1e9, median of `reps`.
-double copy_gbps(std::size_t floats, int reps) {
-  std::vector<float> src = random_floats(floats, 99), dst(floats, 0.0f);
-  std::vector<double> ms;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    std::memcpy(dst.data(), src.data(), floats * sizeof(float));
-    escape(dst.data());
-    ms.push_back(ms_since(t0));
-  }
-  return 2.0 * static_cast<double>(floats * sizeof(float)) / (median(ms) * 1e6);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "harness/model/data.hpp"
@@ -42,6 +43,19 @@ inline std::vector<float> random_floats(std::size_t n, std::uint64_t stream) {
   std::vector<float> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = hashed_uniform(7, stream, i);
   return v;
+}
+
+// memcpy of `floats` floats: (read + write) bytes per second / 1e9, median of `reps`.
+inline double copy_gbps(std::size_t floats, int reps) {
+  std::vector<float> src = random_floats(floats, 99), dst(floats, 0.0f);
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    std::memcpy(dst.data(), src.data(), floats * sizeof(float));
+    escape(dst.data());
+    ms.push_back(ms_since(t0));
+  }
+  return 2.0 * static_cast<double>(floats * sizeof(float)) / (median(ms) * 1e6);
 }
 
 }  // namespace shardscope::bench

@@ -208,19 +208,6 @@ void time_gemm(GemmFigure& g, int layers, int reps) {
   g.ms_per_call = median(per_call);
 }
 
-// memcpy of `floats` floats; (read + write) bytes per second / 1e9, median of `reps`.
-double copy_gbps(std::size_t floats, int reps) {
-  std::vector<float> src = random_floats(floats, 99), dst(floats, 0.0f);
-  std::vector<double> ms;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    std::memcpy(dst.data(), src.data(), floats * sizeof(float));
-    escape(dst.data());
-    ms.push_back(ms_between(t0, Clock::now()));
-  }
-  return 2.0 * static_cast<double>(floats * sizeof(float)) / (median(ms) * 1e6);
-}
-
 // backend.adamw on the model's tensors (16 tensors, P elements), as ddp calls it.
 double adamw_kernel_ms(const ModelConfig& m, int reps) {
   CpuBackend backend;

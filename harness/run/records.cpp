@@ -64,17 +64,6 @@ void add_allocator_figures(Backend& backend, nlohmann::json& r) {
   r["outside_pool_bytes"] = outside >= 0 ? nlohmann::json(outside) : nlohmann::json(nullptr);
 }
 
-std::string describe_place(const Place& place) {
-  switch (place.kind) {
-    case PlaceKind::layer: return "layer " + std::to_string(place.index);
-    case PlaceKind::unit: return "unit " + std::to_string(place.index);
-    case PlaceKind::tensor: return "tensor " + std::to_string(place.index);
-    case PlaceKind::microbatch: return "micro-batch " + std::to_string(place.index);
-    case PlaceKind::none: break;
-  }
-  return "-";
-}
-
 namespace {
 
 // ns -> ms; the division is correctly rounded, so the JSON prints the exact decimal.

@@ -22,8 +22,6 @@ nlohmann::json step_ms_json(const std::vector<double>& step_ms);
 // counters, null on cpu) and "outside_pool_bytes" (null when unknown) to a rank record.
 void add_allocator_figures(Backend& backend, nlohmann::json& record);
 
-// "layer 3", "unit 3", "tensor 3", "micro-batch 3"; "-" for no place.
-std::string describe_place(const Place& place);
 // A rank record's "timeline" (times in ms since the run started):
 //   {"unit": "ms since the run started", "coalesced", "merged_events", "events",
 //    "sample_limit", "categories": [the 8 names],

@@ -4,16 +4,7 @@
 
 namespace shardscope {
 
-std::string Strategy::describe(const Place& place) const {
-  switch (place.kind) {
-    case PlaceKind::layer: return "layer " + std::to_string(place.index);
-    case PlaceKind::unit: return "unit " + std::to_string(place.index);
-    case PlaceKind::tensor: return "tensor " + std::to_string(place.index);
-    case PlaceKind::microbatch: return "micro-batch " + std::to_string(place.index);
-    case PlaceKind::none: break;
-  }
-  return "-";
-}
+std::string Strategy::describe(const Place& place) const { return describe_place(place); }
 
 DataParallelStrategy::DataParallelStrategy(const StrategyContext& ctx)
     : cfg_(ctx.cfg), backend_(ctx.backend), comm_(ctx.comm), mlp_(ctx.backend, ctx.cfg.model, saved_) {}

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace shardscope {
@@ -60,5 +61,17 @@ struct Place {
   int index = 0;
   bool operator==(const Place& o) const { return kind == o.kind && index == o.index; }
 };
+
+// "layer 3", "unit 3", "tensor 3", "micro-batch 3"; "-" for no place.
+inline std::string describe_place(const Place& place) {
+  switch (place.kind) {
+    case PlaceKind::layer: return "layer " + std::to_string(place.index);
+    case PlaceKind::unit: return "unit " + std::to_string(place.index);
+    case PlaceKind::tensor: return "tensor " + std::to_string(place.index);
+    case PlaceKind::microbatch: return "micro-batch " + std::to_string(place.index);
+    case PlaceKind::none: break;
+  }
+  return "-";
+}
 
 }  // namespace shardscope
