@@ -242,6 +242,7 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
 
   const std::string json_path = make_out_dir(opts.out);
   const OutDirLock lock(opts.out);
+  remove_stale_scratch(opts.out);  // what a sweep killed outright left
   {
     // An earlier sweep's failed-job log would read as this one's: only a failure of this
     // sweep leaves one.

@@ -27,7 +27,8 @@ std::string make_out_dir(const std::string& out);
 
 // An exclusive lock on DIR/.shardscope.lock for its lifetime, so that two sweeps never
 // write one DIR; the file goes when the lock is let go. A sweep killed outright (SIGKILL)
-// leaves the file, which the next one takes over. Throws UsageError("--out DIR: another
+// leaves the file, which the next one takes over, and its scratch folder, which the next
+// one removes (see remove_stale_scratch). Throws UsageError("--out DIR: another
 // sweep is writing there ('DIR')") when another sweep holds it.
 class OutDirLock {
  public:
@@ -40,6 +41,13 @@ class OutDirLock {
   std::string path_;
   int fd_ = -1;
 };
+
+// Removes what sweeps killed outright (SIGKILL) left in DIR: every folder named
+// .runs-XXXXXX (six letters or digits, the ScratchDir pattern; links and other names are
+// left alone). Call it holding DIR's OutDirLock: no other sweep can then be using one.
+// Returns how many were removed; one that cannot be removed is left, silently (the sweep
+// does not need it gone).
+int remove_stale_scratch(const std::string& dir);
 
 // The sweep's own folder for its jobs' files, DIR/.runs-XXXXXX: a name no one else has,
 // so nothing of the user's or of another sweep is touched. Removed with everything in it

@@ -476,6 +476,34 @@ TEST_F(SweepFake, TwoSweepsNeverShareAnOutDir) {
   EXPECT_EQ(sweep({"--strategies", "zero3", "--worlds", "1"}), 0) << stderr_;
 }
 
+// A sweep killed outright (SIGKILL) leaves its lock file and its scratch folder; the next
+// sweep into DIR takes the lock over and removes the folder, and leaves the user's own
+// look-alikes (a .runs-XXXXXX file, a link, a longer name) alone.
+TEST_F(SweepFake, TheNextSweepRemovesWhatAKilledSweepLeft) {
+  set("FAKE_HANG", "zero1");
+  const pid_t first = sweep_in_child({"--strategies", "ddp,zero1", "--worlds", "1"}, out_);
+  ASSERT_TRUE(wait_for_hang());
+  kill(first, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(first, &status, 0), first);
+  const std::string sleeper = log("hang.pid");
+  kill(std::stoi(sleeper), SIGKILL);  // the killed sweep could not stop its job
+  std::vector<std::string> left = names_in(out_);
+  ASSERT_EQ(left.size(), 2u) << ::testing::PrintToString(left);  // .runs-XXXXXX and the lock
+  EXPECT_EQ(left[0], ".runs-" + left[0].substr(6));
+  EXPECT_EQ(left[1], ".shardscope.lock");
+  std::ofstream(out_ + "/.runs-myfile") << "mine";
+  fs::create_directories(out_ + "/.runs-mydata1");
+  fs::create_directory_symlink(dir_, out_ + "/.runs-mylink");
+
+  unsetenv("FAKE_HANG");
+  ASSERT_EQ(sweep({"--strategies", "zero3", "--worlds", "1"}), 0) << stderr_;
+  EXPECT_EQ(names_in(out_),
+            (std::vector<std::string>{".runs-mydata1", ".runs-myfile", ".runs-mylink", "shardscope.json"}));
+  EXPECT_EQ(log("results/.runs-myfile"), "mine");
+  EXPECT_TRUE(fs::exists(dir_ + "/run.log"));  // the link was not followed
+}
+
 // SIGHUP (a closed terminal) and SIGQUIT, like SIGINT and SIGTERM, stop mpirun and every
 // rank, and the sweep writes what completed.
 TEST_F(SweepFake, HangupAndQuitStopTheJobAndWriteWhatCompleted) {
