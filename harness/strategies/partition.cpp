@@ -1,7 +1,10 @@
 #include "harness/strategies/partition.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
+#include <queue>
+#include <utility>
 
 namespace shardscope {
 
@@ -12,12 +15,17 @@ std::vector<int> zero1_owners(const ModelConfig& model, int world) {
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
     return model.tensor_elems(a) > model.tensor_elems(b);
   });
-  std::vector<std::int64_t> load(world, 0);
+  // The least-loaded rank, ties to the lowest: the top of a min-heap on (load, rank),
+  // so that a world of 65,536 ranks costs log W per tensor, not W.
+  using Load = std::pair<std::int64_t, int>;
+  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> least;
+  for (int r = 0; r < world; ++r) least.push({0, r});
   std::vector<int> owner(t_count, 0);
   for (int t : order) {
-    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    auto [load, r] = least.top();
+    least.pop();
     owner[t] = r;
-    load[r] += model.tensor_elems(t);
+    least.push({load + model.tensor_elems(t), r});
   }
   return owner;
 }

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "shardscope/category.hpp"
 #include "shardscope/comm.hpp"
@@ -25,7 +26,12 @@ struct Prediction {
   }
 };
 
-// A data-parallel rank `rank` of `world` running cfg.strategy.
+// Every rank of a data-parallel job of `world` ranks running cfg.strategy, in rank
+// order; linear in layers, units and ranks (zero1's partition: T log W), so a world of
+// 65,536 ranks or a model of 100,000 one-layer units is predicted at once.
+std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int world);
+
+// Rank `rank` of the above.
 Prediction predict_data_parallel(const RunConfig& cfg, int world, int rank);
 
 }  // namespace shardscope
