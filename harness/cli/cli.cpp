@@ -13,6 +13,7 @@
 #include <memory>
 #include <sstream>
 
+#include "harness/cli/plan.hpp"
 #include "harness/cli/sweep.hpp"
 #include "harness/comm/mpi_env.hpp"
 #include "harness/report/json_io.hpp"
@@ -376,12 +377,15 @@ int run_command(int argc, char** argv) {
 void usage() {
   std::cout << "usage: shardscope run [flags]     one job (start under mpirun -np W for W ranks)\n"
                "       shardscope sweep [flags]   the seed's experiment, or any list of runs\n"
+               "       shardscope plan [flags]    a sweep's closed forms, every rank, nothing run\n"
                "       shardscope <command> --help\n";
 }
 
 }  // namespace
 
-void check_run_args(const std::vector<std::string>& args) {
+void check_run_args(const std::vector<std::string>& args) { (void)parse_run_args(args); }
+
+RunConfig parse_run_args(const std::vector<std::string>& args) {
   CLI::App app{"shardscope run", "shardscope run"};
   RunFlags flags;
   add_run_flags(app, flags);
@@ -398,13 +402,13 @@ void check_run_args(const std::vector<std::string>& args) {
   } catch (const CLI::ParseError& e) {
     throw UsageError(parse_error_text(app, e));
   }
-  (void)to_config(flags, app);
+  return to_config(flags, app);
 }
 
 int cli_main(int argc, char** argv) {
   if (argc < 2) {
     usage();
-    error_line("missing command; allowed: run, sweep");
+    error_line("missing command; allowed: run, sweep, plan");
     return 2;
   }
   const std::string cmd = argv[1];
@@ -413,9 +417,10 @@ int cli_main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "run") return run_command(argc - 1, argv + 1);
-  if (cmd == "sweep") {
+  if (cmd == "sweep" || cmd == "plan") {
+    const std::vector<std::string> args(argv + 2, argv + argc);
     try {
-      return sweep_main(std::vector<std::string>(argv + 2, argv + argc), self_exe(argv[0]));
+      return cmd == "sweep" ? sweep_main(args, self_exe(argv[0])) : plan_main(args);
     } catch (const UsageError& e) {
       error_line(e.what());
       return 2;
@@ -425,7 +430,7 @@ int cli_main(int argc, char** argv) {
     }
   }
   usage();
-  error_line("unknown command '" + cmd + "'; allowed: run, sweep");
+  error_line("unknown command '" + cmd + "'; allowed: run, sweep, plan");
   return 2;
 }
 

@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "shardscope/config.hpp"
+
 namespace shardscope {
 // Runs `shardscope run|sweep ...`; returns the process exit code (0, 2 or 3).
 int cli_main(int argc, char** argv);
@@ -13,4 +15,7 @@ int cli_main(int argc, char** argv);
 // that a bad flag is exit 2, not a job "skipped". What only the run can tell (a split
 // that does not fit the world, M above the batch) is left to the run.
 void check_run_args(const std::vector<std::string>& args);
+
+// The same, returning the configuration those flags give.
+RunConfig parse_run_args(const std::vector<std::string>& args);
 }  // namespace shardscope

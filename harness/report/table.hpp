@@ -40,6 +40,8 @@ std::vector<std::vector<const nlohmann::json*>> group_runs(const std::vector<con
                                                            const nlohmann::json& doc);
 // "; steps 3, 2 timed" when every run agrees on steps and timed steps, else "".
 std::string steps_note(const std::vector<const nlohmann::json*>& runs);
+// A stage's layers: "0-3", or every chunk's when it holds several ("0-1,4-5").
+std::string stage_layers(const nlohmann::json& stage);
 // A short name for a run or skipped record: "zero3 W=4 1 layer/unit",
 // "1f1b S=2 M=8".
 std::string run_label(const nlohmann::json& run);

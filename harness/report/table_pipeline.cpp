@@ -55,14 +55,6 @@ std::string bubble_cell(const json& stage) {
          cells::percent(cells::at(stage, {"bubble_fraction_theory"}));
 }
 
-// All chunks' layer ranges when the stage holds several ("0-1,4-5"), else its range.
-std::string stage_layers(const json& stage) {
-  const json* chunks = cells::at(stage, {"chunks_layers"});
-  if (!chunks || !chunks->is_array() || chunks->size() < 2) return layers_cell(cells::at(stage, {"layers"}));
-  std::string out;
-  for (const json& range : *chunks) out += (out.empty() ? "" : ",") + layers_cell(&range);
-  return out;
-}
 
 void print_group(const std::vector<const json*>& runs, const json& doc, std::ostream& os) {
   const json& first = *runs.front();
@@ -105,6 +97,15 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
 }
 
 }  // namespace
+
+// All chunks' layer ranges when the stage holds several ("0-1,4-5"), else its range.
+std::string stage_layers(const json& stage) {
+  const json* chunks = cells::at(stage, {"chunks_layers"});
+  if (!chunks || !chunks->is_array() || chunks->size() < 2) return layers_cell(cells::at(stage, {"layers"}));
+  std::string out;
+  for (const json& range : *chunks) out += (out.empty() ? "" : ",") + layers_cell(&range);
+  return out;
+}
 
 void print_pipeline_tables(const std::vector<const json*>& runs, const json& doc, std::ostream& os) {
   for (const auto& group : group_runs(runs, doc)) print_group(group, doc, os);

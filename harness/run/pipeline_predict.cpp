@@ -134,9 +134,13 @@ class Bytes {
 }  // namespace
 
 std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& layout, int stage) {
+  return predict_peak_total(model, layout, stage, lower(layout.schedule).at(stage));
+}
+
+std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& layout, int stage,
+                                const StageProgram& program) {
   const Schedule& s = layout.schedule;
   const int M = layout.microbatches(), V = layout.vstages();
-  const StageProgram program = lower(s).at(stage);
   Bytes t(predict_resting_total(model, layout, stage));
   const bool holds_loss = stage_of_vstage(s, V - 1) == stage;
   std::int64_t x = 0, target = 0;

@@ -43,5 +43,9 @@ std::int64_t predict_resting_total(const ModelConfig& model, const PipelineLayou
 // act_in and the tape go at B (W when split). The peak is the max after every allocation;
 // the optimizer allocates nothing.
 std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& layout, int stage);
+// The same with the stage's lowered program given (lower(layout.schedule)[stage]): a
+// caller predicting every stage lowers the schedule once, not once per stage.
+std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& layout, int stage,
+                                const StageProgram& program);
 
 }  // namespace shardscope

@@ -80,6 +80,7 @@ class PipelineStage {
   int stage() const { return stage_; }
   bool holds_loss() const;  // the last virtual stage is here
   int vstage(int chunk) const { return vstage_of(layout_.schedule, stage_, chunk); }
+  const StageProgram& program() const { return program_; }
 
   // Measurements of the last step.
   const SavedTensors& saved() const { return saved_; }

@@ -27,6 +27,15 @@ nlohmann::json comm_json(const CommLedger& ledger, int world, bool emulated) {
   return j;
 }
 
+nlohmann::json prediction_json(const Prediction& p) {
+  return {{"resting_total", p.resting.total()},
+          {"resting", category_json(p.resting)},
+          {"peak_total", p.peak_total},
+          {"peak_phase", std::string(phase_name(p.peak_phase))},
+          {"peak_where", p.peak_where},
+          {"comm_bytes", p.comm_total()}};
+}
+
 nlohmann::json model_json(const ModelConfig& m) {
   return {{"layers", m.layers},
           {"width", m.width},

@@ -66,6 +66,8 @@ CommOptions choose_comm(const RunConfig& cfg, const std::string& backend, const 
   return o;
 }
 
+}  // namespace
+
 void validate_data_parallel(const RunConfig& cfg, int world) {
   if (cfg.strategy == "zero1" && world > cfg.model.param_tensors())
     throw UsageError("--strategy zero1 at world " + std::to_string(world) + " needs at least " +
@@ -75,6 +77,8 @@ void validate_data_parallel(const RunConfig& cfg, int world) {
     throw UsageError("--units " + std::to_string(cfg.layers_per_unit) + ": more layers per unit than --layers " +
                      std::to_string(cfg.model.layers) + "; use --units all for one root unit");
 }
+
+namespace {
 
 nlohmann::json run_data_parallel(const RunConfig& cfg, Backend& backend, Communicator& comm) {
   const int world = comm.world();
@@ -110,12 +114,7 @@ nlohmann::json run_data_parallel(const RunConfig& cfg, Backend& backend, Communi
                {"phase", std::string(phase_name(peak.phase))},
                {"where", strategy->describe(peak.place)},
                {"by_category", category_json(peak.by_category)}};
-  r["predicted"] = {{"resting_total", pred.resting.total()},
-                    {"resting", category_json(pred.resting)},
-                    {"peak_total", pred.peak_total},
-                    {"peak_phase", std::string(phase_name(pred.peak_phase))},
-                    {"peak_where", pred.peak_where},
-                    {"comm_bytes", pred.comm_total()}};
+  r["predicted"] = prediction_json(pred);
   add_allocator_figures(backend, r);
   r["comm"] = comm_json(comm.ledger(), world, comm.emulated());
   r["comm_bytes"] = comm.ledger().total_bytes();

@@ -12,6 +12,10 @@ namespace shardscope {
 // (exit 2) or RunError (exit 3).
 void run_job(RunConfig cfg, MpiSession& mpi);
 
+// Refuses (UsageError) what a data-parallel job of `world` ranks cannot run: zero1 with
+// fewer parameter tensors than ranks, more layers per unit than layers.
+void validate_data_parallel(const RunConfig& cfg, int world);
+
 // The whole-job document (schema shardscope/1) around a list of runs.
 nlohmann::json make_document(const nlohmann::json& runs, const std::string& backend,
                              const std::string& comm, bool emulated,

@@ -27,6 +27,34 @@ nlohmann::json layer_range(const PipelineLayout& layout, int vstage) {
 
 }  // namespace
 
+void add_stage_layers(const PipelineLayout& layout, int stage, nlohmann::json& record) {
+  const Schedule& sched = layout.schedule;
+  record["layers"] = layer_range(layout, vstage_of(sched, stage, 0));
+  if (layout.chunks() > 1) {
+    nlohmann::json all = nlohmann::json::array();
+    for (int c = 0; c < layout.chunks(); ++c) all.push_back(layer_range(layout, vstage_of(sched, stage, c)));
+    record["chunks_layers"] = all;
+  }
+}
+
+nlohmann::json stage_prediction_json(const ModelConfig& model, const PipelineLayout& layout, int s,
+                                     const StageProgram& program) {
+  const Schedule& sched = layout.schedule;
+  const SavedPrediction pred = predict_saved(model, layout, s);
+  return {{"peak_live_tensors", pred.peak_live_tensors},
+          {"peak_live_bytes", pred.peak_live_bytes},
+          {"total_tensors", pred.total_tensors},
+          {"before_first_backward", pred.before_first_backward},
+          {"resting_total", predict_resting_total(model, layout, s)},
+          {"peak_total", predict_peak_total(model, layout, s, program)},
+          // From F to B (DESIGN §4's theory), and until the last backward action, which
+          // is how long saved tensors stay (differs for zb-h1).
+          {"peak_live_microbatches", peak_live_microbatches(sched, s)},
+          {"peak_live_microbatches_theory", peak_live_microbatches_theory(sched, s)},
+          {"peak_held_microbatches", peak_held_microbatches(sched, s)},
+          {"peak_held_microbatches_theory", peak_held_microbatches_theory(sched, s)}};
+}
+
 void validate_pipeline(const RunConfig& cfg, int stages) { (void)make_pipeline_layout(cfg, stages); }
 
 nlohmann::json pipeline_header(const RunConfig& cfg, int stages) {
@@ -51,7 +79,7 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
   const PipelineLayout& layout = stage.layout();
   const Schedule& sched = layout.schedule;
   const int s = stage.stage();
-  const std::int64_t predicted_peak = predict_peak_total(cfg.model, layout, s);
+  const std::int64_t predicted_peak = predict_peak_total(cfg.model, layout, s, stage.program());
   check_memory(predicted_peak, backend, comm.rank());
   // Untracked host bookkeeping grows with the schedule (every stage's action list, its
   // lowering and validation) and with the saves this stage records per micro-batch and
@@ -89,33 +117,16 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
 
   const Tracker& tr = backend.tracker();
   const SavedTensors& saved = stage.saved();
-  const SavedPrediction pred = predict_saved(cfg.model, layout, s);
   nlohmann::json r;
   r["stage"] = s;
   r["rank"] = comm.rank();
   r["world"] = comm.world();
-  r["layers"] = layer_range(layout, stage.vstage(0));
-  if (layout.chunks() > 1) {
-    nlohmann::json all = nlohmann::json::array();
-    for (int c = 0; c < layout.chunks(); ++c) all.push_back(layer_range(layout, stage.vstage(c)));
-    r["chunks_layers"] = all;
-  }
+  add_stage_layers(layout, s, r);
   r["saved"] = {{"peak_live_tensors", saved.peak_live()},
                 {"peak_live_bytes", saved.peak_live_bytes()},
                 {"total_tensors", saved.total()},
                 {"before_first_backward", saved.before_first_backward()}};
-  r["predicted"] = {{"peak_live_tensors", pred.peak_live_tensors},
-                    {"peak_live_bytes", pred.peak_live_bytes},
-                    {"total_tensors", pred.total_tensors},
-                    {"before_first_backward", pred.before_first_backward},
-                    {"resting_total", predict_resting_total(cfg.model, layout, s)},
-                    {"peak_total", predict_peak_total(cfg.model, layout, s)},
-                    // From F to B (DESIGN §4's theory), and until the last backward
-                    // action, which is how long saved tensors stay (differs for zb-h1).
-                    {"peak_live_microbatches", peak_live_microbatches(sched, s)},
-                    {"peak_live_microbatches_theory", peak_live_microbatches_theory(sched, s)},
-                    {"peak_held_microbatches", peak_held_microbatches(sched, s)},
-                    {"peak_held_microbatches_theory", peak_held_microbatches_theory(sched, s)}};
+  r["predicted"] = stage_prediction_json(cfg.model, layout, s, stage.program());
   r["resting"] = category_json(tr.current());
   const PeakRecord& peak = tr.peak();
   r["peak"] = {{"total", peak.total},

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/run/pipeline_stage.hpp"
 #include "shardscope/backend.hpp"
 #include "shardscope/comm.hpp"
 #include "shardscope/config.hpp"
@@ -12,6 +13,14 @@ namespace shardscope {
 // Refuses what the schedule cannot run at `stages` (UsageError naming the flag).
 void validate_pipeline(const RunConfig& cfg, int stages);
 nlohmann::json pipeline_header(const RunConfig& cfg, int stages);
+// A stage record's "layers" ([first, last] of its first chunk) and, with chunks,
+// "chunks_layers" (every chunk's), added to `record`.
+void add_stage_layers(const PipelineLayout& layout, int stage, nlohmann::json& record);
+// A stage record's "predicted": saved tensors walked through its actions, resting and
+// peak bytes, and the live micro-batch counts with their theory (DESIGN §4).
+// `program` is the stage's lowered program (lower(layout.schedule)[stage]).
+nlohmann::json stage_prediction_json(const ModelConfig& model, const PipelineLayout& layout, int stage,
+                                     const StageProgram& program);
 // Runs the steps on this stage; returns the stage's record (DESIGN §7 "stages").
 nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& comm);
 // Takes the gathered stage records (one per stage), replays the schedule with each

@@ -1,0 +1,385 @@
+#include "harness/cli/plan.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <iostream>
+#include <optional>
+#include <utility>
+
+#include "harness/cli/cli.hpp"
+#include "harness/cli/sweep_plan.hpp"
+#include "harness/cli/sweep_results.hpp"
+#include "harness/report/cells.hpp"
+#include "harness/report/format.hpp"
+#include "harness/report/json_io.hpp"
+#include "harness/report/table.hpp"
+#include "harness/report/text_table.hpp"
+#include "harness/run/records.hpp"
+#include "harness/run/run.hpp"
+#include "harness/run/run_pipeline.hpp"
+#include "harness/strategies/partition.hpp"
+#include "shardscope/check.hpp"
+#include "shardscope/predict.hpp"
+#include "shardscope/schedule.hpp"
+
+namespace shardscope {
+namespace {
+
+using nlohmann::json;
+
+// Sweep flags that only mean something when jobs run, and why plan has none.
+const std::vector<std::pair<std::string, std::string>> kRunningFlags = {
+    {"--out", "plan writes no results folder; --json FILE writes the plan"},
+    {"--trace", "plan runs nothing, so there is no timeline to trace"},
+    {"--report", "plan runs nothing; the tables are its report"},
+    {"--csv", "plan runs nothing; --json FILE writes the plan"},
+    {"--emulate", "plan runs nothing; it predicts every rank of every world"},
+    {"--mpirun", "plan launches nothing"},
+    {"--oversubscribe", "plan launches nothing"},
+    {"--timeout", "plan launches nothing"}};
+
+// What the figures leave out, printed under the tables and kept in the document.
+constexpr const char* kNotCounted =
+    "Bytes are what shardscope's allocator hook counts: every tensor, buffer and workspace a "
+    "step allocates, equal on cpu and cuda (README \"GPU\"). Left out: what a process holds "
+    "outside that hook (on a GPU the CUDA context and NCCL's and cuBLAS's own buffers: 620,756,992 B "
+    "per process on one H200, measured), and allocator fragmentation. Leave room for them.";
+
+// Rows of one configuration's table before its ranks are summarised by their extremes.
+constexpr std::size_t kMaxRankRows = 8;
+
+}  // namespace
+
+PlanRequest parse_plan_args(const std::vector<std::string>& args) {
+  PlanRequest f;
+  f.command = "shardscope plan";
+  for (const std::string& a : args) f.command += " " + a;
+  bool json_given = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    const std::size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    for (const auto& [flag, why] : kRunningFlags)
+      if (name == flag) throw UsageError(name + ": not a plan flag: " + why);
+    if (name != "--json" && name != "--memory") {
+      f.sweep_args.push_back(arg);
+      continue;
+    }
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+      value = args[++i];
+    } else {
+      throw UsageError(name + ": needs a value");
+    }
+    if (value.empty()) throw UsageError(name + ": empty value");
+    if (name == "--json") {
+      if (json_given) throw UsageError("--json: given twice; give it once");
+      json_given = true;
+      f.json_path = value;
+    } else {
+      if (f.memory) throw UsageError("--memory: given twice; give it once");
+      f.memory = parse_memory_size(value);
+    }
+  }
+  return f;
+}
+
+namespace {
+
+json fits_json(const std::optional<std::int64_t>& memory, std::int64_t peak) {
+  return memory ? json(peak <= *memory) : json();
+}
+
+json plan_data_parallel(const RunConfig& cfg, int world, const std::optional<std::int64_t>& memory) {
+  validate_data_parallel(cfg, world);
+  const bool fsdp = cfg.strategy == "zero2" || cfg.strategy == "zero3";
+  json run;
+  run["kind"] = "data_parallel";
+  run["strategy"] = cfg.strategy;
+  run["world"] = world;
+  run["units"] = fsdp ? static_cast<int>(fsdp_units(cfg.model, cfg.layers_per_unit, world).size()) : 1;
+  run["layers_per_unit"] = (cfg.layers_per_unit == 0 || !fsdp) ? json("all") : json(cfg.layers_per_unit);
+  run["prefetch"] = cfg.prefetch;
+  run["ddp_bucket"] = cfg.ddp_bucket;
+  run["model"] = model_json(cfg.model);
+  json ranks = json::array();
+  const std::vector<Prediction> predicted = predict_data_parallel_ranks(cfg, world);
+  for (int r = 0; r < world; ++r)
+    ranks.push_back({{"rank", r}, {"predicted", prediction_json(predicted[r])},
+                     {"fits", fits_json(memory, predicted[r].peak_total)}});
+  run["ranks"] = std::move(ranks);
+  return run;
+}
+
+json plan_pipeline(const RunConfig& cfg, int stages, const std::optional<std::int64_t>& memory) {
+  const PipelineLayout layout = make_pipeline_layout(cfg, stages);
+  json run;
+  run["kind"] = "pipeline";
+  run["schedule"] = cfg.schedule;
+  run["world"] = stages;
+  run["microbatches"] = layout.microbatches();
+  run["chunks"] = layout.chunks();
+  run["model"] = model_json(cfg.model);
+  run["split"] = layout.split();
+  run["bubble_fraction_theory"] = bubble_theory(layout.schedule);
+  const std::vector<StageProgram> programs = lower(layout.schedule);
+  json list = json::array();
+  for (int s = 0; s < stages; ++s) {
+    json stage = {{"stage", s}, {"rank", s}};
+    add_stage_layers(layout, s, stage);
+    stage["predicted"] = stage_prediction_json(cfg.model, layout, s, programs[s]);
+    stage["fits"] = fits_json(memory, stage["predicted"]["peak_total"].get<std::int64_t>());
+    list.push_back(std::move(stage));
+  }
+  run["stages"] = std::move(list);
+  return run;
+}
+
+// ---- printing ---------------------------------------------------------------------------
+
+std::string bytes_cell(const json& v) { return cells::bytes(&v); }
+
+std::string times_4p(const json& v, const json& run) {
+  return cells::multiple(&v, cells::at(run, {"model", "param_bytes"}));
+}
+
+std::string fits_cell(const json& record, const json& plan) {
+  const json* memory = cells::at(plan, {"memory_bytes"});
+  const json* fits = cells::at(record, {"fits"});
+  std::int64_t mem = 0, peak = 0;
+  if (!fits || !fits->is_boolean() || !cells::as_int(memory, &mem) ||
+      !cells::as_int(cells::at(record, {"predicted", "peak_total"}), &peak))
+    return cells::kMissing;
+  return fits->get<bool>() ? "yes, " + format_bytes_short(mem - peak) + " spare"
+                           : "no, " + format_bytes_short(peak - mem) + " over";
+}
+
+std::int64_t peak_of(const json& rank) { return rank["predicted"]["peak_total"].get<std::int64_t>(); }
+
+// Ranks with the same figures, consecutive: [first, last] indexes into `ranks`.
+std::vector<std::pair<std::size_t, std::size_t>> rank_groups(const json& ranks) {
+  std::vector<std::pair<std::size_t, std::size_t>> groups;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (!groups.empty() && ranks[i]["predicted"] == ranks[groups.back().second]["predicted"])
+      groups.back().second = i;
+    else
+      groups.emplace_back(i, i);
+  }
+  return groups;
+}
+
+void print_data_parallel(const std::vector<const json*>& runs, const json& plan, std::ostream& os) {
+  const bool with_memory = !plan["memory_bytes"].is_null();
+  std::vector<std::string> headers = {"strategy", "W", "units", "ranks", "resting B", "× 4P", "peak B", "× 4P",
+                                      "peak at", "comm B/step"};
+  std::vector<Align> align = {Align::left,  Align::right, Align::left,  Align::left,  Align::right,
+                              Align::right, Align::right, Align::right, Align::left, Align::right};
+  if (with_memory) {
+    headers.push_back("fits in " + format_bytes_short(plan["memory_bytes"].get<std::int64_t>()));
+    align.push_back(Align::left);
+  }
+  TextTable table(headers, align);
+  std::vector<std::string> notes;
+  for (const json* run : runs) {
+    const json& ranks = (*run)["ranks"];
+    const auto groups = rank_groups(ranks);
+    auto add = [&](const json& rank, const std::string& who) {
+      const json& p = rank["predicted"];
+      std::vector<std::string> row = {cells::text(cells::at(*run, {"strategy"})), cells::text(cells::at(*run, {"world"})),
+                                      units_setting(*run), who, bytes_cell(p["resting_total"]),
+                                      times_4p(p["resting_total"], *run), bytes_cell(p["peak_total"]),
+                                      times_4p(p["peak_total"], *run),
+                                      cells::text(&p["peak_phase"]) + ", " + cells::text(&p["peak_where"]),
+                                      bytes_cell(p["comm_bytes"])};
+      if (with_memory) row.push_back(fits_cell(rank, plan));
+      table.add_row(std::move(row));
+    };
+    if (groups.size() <= kMaxRankRows) {
+      for (const auto& [first, last] : groups) {
+        const std::string who = groups.size() == 1 ? "all"
+                                : first == last    ? std::to_string(first)
+                                                   : std::to_string(first) + "-" + std::to_string(last);
+        add(ranks[first], who);
+      }
+      continue;
+    }
+    std::size_t high = 0, low = 0;
+    for (std::size_t i = 1; i < ranks.size(); ++i) {
+      if (peak_of(ranks[i]) > peak_of(ranks[high])) high = i;
+      if (peak_of(ranks[i]) < peak_of(ranks[low])) low = i;
+    }
+    add(ranks[high], std::to_string(high) + " (highest)");
+    add(ranks[low], std::to_string(low) + " (lowest)");
+    notes.push_back(run_label(*run) + ": " + std::to_string(groups.size()) +
+                    " groups of ranks with different figures; the highest and lowest peak shown (--json FILE "
+                    "lists every rank)");
+  }
+  table.print(os);
+  for (const std::string& n : notes) os << "  " << n << '\n';
+}
+
+void print_pipeline(const std::vector<const json*>& runs, const json& plan, std::ostream& os) {
+  const bool with_memory = !plan["memory_bytes"].is_null();
+  std::vector<std::string> headers = {"schedule", "S", "M", "chunks", "stage", "layers", "resting B", "peak B",
+                                      "× 4P", "saved: peak live tensors / B", "live μbatches", "bubble"};
+  std::vector<Align> align = {Align::left,  Align::right, Align::right, Align::right, Align::right, Align::left,
+                              Align::right, Align::right, Align::right, Align::right, Align::right, Align::right};
+  if (with_memory) {
+    headers.push_back("fits in " + format_bytes_short(plan["memory_bytes"].get<std::int64_t>()));
+    align.push_back(Align::left);
+  }
+  TextTable table(headers, align);
+  for (const json* run : runs) {
+    for (const json& stage : (*run)["stages"]) {
+      const json& p = stage["predicted"];
+      std::vector<std::string> row = {cells::text(cells::at(*run, {"schedule"})), cells::text(cells::at(*run, {"world"})),
+                                      cells::text(cells::at(*run, {"microbatches"})), cells::text(cells::at(*run, {"chunks"})),
+                                      cells::text(&stage["stage"]), stage_layers(stage), bytes_cell(p["resting_total"]),
+                                      bytes_cell(p["peak_total"]), times_4p(p["peak_total"], *run),
+                                      cells::text(&p["peak_live_tensors"]) + " / " + bytes_cell(p["peak_live_bytes"]),
+                                      cells::text(&p["peak_held_microbatches"]),
+                                      cells::percent(cells::at(*run, {"bubble_fraction_theory"}))};
+      if (with_memory) row.push_back(fits_cell(stage, plan));
+      table.add_row(std::move(row));
+    }
+  }
+  table.print(os);
+}
+
+}  // namespace
+
+std::int64_t parse_memory_size(const std::string& text) {
+  const std::string what = "--memory: '" + text + "'";
+  std::size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  const std::string number = text.substr(0, i);
+  std::string unit = text.substr(i);
+  if (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
+  const bool plain = !number.empty() && number.find('.') == std::string::npos;
+  const bool decimal = !number.empty() && std::count(number.begin(), number.end(), '.') == 1 &&
+                       number.front() != '.' && number.back() != '.';
+  if (!plain && !decimal)
+    throw UsageError(what + " is not a size; write e.g. 80GiB, 141GB, 512MiB or a byte count");
+  static const std::vector<std::pair<std::string, double>> kUnits = {
+      {"", 1.0},         {"b", 1.0},         {"kib", 0x1p10},    {"mib", 0x1p20},  {"gib", 0x1p30},
+      {"tib", 0x1p40},   {"kb", 1e3},        {"mb", 1e6},        {"gb", 1e9},      {"tb", 1e12}};
+  for (const char* ambiguous : {"k", "m", "g", "t"})
+    if (unit == ambiguous)
+      throw UsageError(what + " is ambiguous: write " + number + static_cast<char>(std::toupper(ambiguous[0])) +
+                       "iB (binary) or " + number + static_cast<char>(std::toupper(ambiguous[0])) + "B (decimal)");
+  const auto u = std::find_if(kUnits.begin(), kUnits.end(), [&](const auto& k) { return k.first == unit; });
+  if (u == kUnits.end())
+    throw UsageError(what + ": unknown unit; allowed: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB");
+  if (!plain && u->second == 1.0) throw UsageError(what + ": a byte count is a whole number");
+  const double bytes = std::stod(number) * u->second;
+  if (!(bytes >= 1.0)) throw UsageError(what + " is below one byte");
+  if (bytes > 0x1p62) throw UsageError(what + " is above the largest allowed, 4 EiB");
+  return static_cast<std::int64_t>(std::floor(bytes));
+}
+
+json make_plan(const PlanRequest& flags) {
+  const std::vector<SweepJob> jobs = plan_sweep(parse_sweep_args(flags.sweep_args));
+  // Every job's flags first, as a sweep checks them: a bad flag is exit 2, not a skip.
+  std::vector<RunConfig> configs;
+  for (const SweepJob& job : jobs) configs.push_back(parse_run_args(job.run_args));
+  json plans = json::array();
+  for (std::size_t n = 0; n < jobs.size(); ++n) {
+    try {
+      plans.push_back(jobs[n].kind == "pipeline" ? plan_pipeline(configs[n], jobs[n].world, flags.memory)
+                                                 : plan_data_parallel(configs[n], jobs[n].world, flags.memory));
+    } catch (const UsageError& e) {
+      plans.push_back(skipped_record(jobs[n], e.what()));
+    }
+  }
+  return {{"schema", "shardscope-plan/1"},
+          {"version", SHARDSCOPE_VERSION},
+          {"command", flags.command},
+          {"memory_bytes", flags.memory ? json(*flags.memory) : json()},
+          {"not_counted", kNotCounted},
+          {"plans", std::move(plans)}};
+}
+
+void print_plan(const json& plan, std::ostream& os) {
+  std::vector<const json*> data_parallel, pipeline, skipped;
+  for (const json& p : plan["plans"]) {
+    if (p.value("skipped", false)) skipped.push_back(&p);
+    else if (p["kind"] == "pipeline") pipeline.push_back(&p);
+    else data_parallel.push_back(&p);
+  }
+  const std::string memory = plan["memory_bytes"].is_null()
+                                 ? ""
+                                 : "; fits: peak within " + format_bytes(plan["memory_bytes"].get<std::int64_t>());
+  // One table per model (presets bring their own).
+  auto by_model = [](const std::vector<const json*>& runs) {
+    std::vector<std::vector<const json*>> groups;
+    for (const json* r : runs) {
+      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& grp) { return (*grp[0])["model"] == (*r)["model"]; });
+      if (g == groups.end()) groups.push_back({r});
+      else g->push_back(r);
+    }
+    return groups;
+  };
+  for (const auto& group : by_model(data_parallel)) {
+    os << "data parallel, predicted per rank: " << model_line((*group[0])["model"], true) << memory << "\n\n";
+    print_data_parallel(group, plan, os);
+    os << '\n';
+  }
+  for (const auto& group : by_model(pipeline)) {
+    os << "pipeline, predicted per stage: " << model_line((*group[0])["model"], false) << memory << "\n\n";
+    print_pipeline(group, plan, os);
+    os << '\n';
+  }
+  print_skipped(skipped, os);
+  // The note, wrapped at 96 columns.
+  std::string line;
+  for (std::size_t at = 0, end = 0; at < plan["not_counted"].get<std::string>().size(); at = end + 1) {
+    const std::string& note = plan["not_counted"].get_ref<const std::string&>();
+    end = std::min(note.find(' ', at), note.size());
+    const std::string word = note.substr(at, end - at);
+    if (!line.empty() && line.size() + 1 + word.size() > 96) {
+      os << line << '\n';
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  if (!line.empty()) os << line << '\n';
+}
+
+int plan_main(const std::vector<std::string>& args) {
+  if (sweep_wants_help(args)) {
+    std::cout << plan_usage();
+    return 0;
+  }
+  const PlanRequest request = parse_plan_args(args);
+  // The output path before the work, so that a refused plan has done nothing.
+  if (!request.json_path.empty()) check_writable(request.json_path, "--json FILE");
+  const json plan = make_plan(request);
+  print_plan(plan, std::cout);
+  if (!request.json_path.empty()) write_file_atomic(request.json_path, readable_json(plan) + "\n");
+  return 0;
+}
+
+std::string plan_usage() {
+  return "usage: shardscope plan [sweep flags] [run flags] [--memory SIZE] [--json FILE]\n"
+         "\n"
+         "Prints the closed forms (README \"Formulas\") of every rank of every configuration that\n"
+         "`shardscope sweep` with the same flags would run: bytes at rest and at the peak, where the\n"
+         "peak falls, communication per step, and per pipeline stage the saved activations. Nothing\n"
+         "runs and nothing is allocated, so any model a run accepts can be planned at any world size\n"
+         "(up to 65536), on any machine. Measured runs equal these figures to the byte (the tests).\n"
+         "\n"
+         "  --memory SIZE   say for every rank whether its peak fits in SIZE: 80GiB, 141GB, 512MiB or\n"
+         "                  bytes (\"80G\" is ambiguous and refused)\n"
+         "  --json FILE     write the plan (schema shardscope-plan/1) here, every rank listed\n"
+         "\n"
+         "Sweep flags: --worlds, --strategies, --schedules, --microbatches, --preset (see\n"
+         "`shardscope sweep --help`); with none, the seed's experiment. Every other flag is a `run`\n"
+         "flag (--layers 80 --width 8192 --batch 16 --units 1 ...). A configuration that cannot run\n"
+         "is listed as skipped with its reason.\n";
+}
+
+}  // namespace shardscope
