@@ -46,9 +46,6 @@ constexpr const char* kNotCounted =
     "outside that hook (on a GPU the CUDA context and NCCL's and cuBLAS's own buffers: 620,756,992 B "
     "per process on one H200, measured), and allocator fragmentation. Leave room for them.";
 
-// Rows of one configuration's table before its ranks are summarised by their extremes.
-constexpr std::size_t kMaxRankRows = 8;
-
 }  // namespace
 
 PlanRequest parse_plan_args(const std::vector<std::string>& args) {
@@ -157,8 +154,6 @@ std::string fits_cell(const json& record, const json& plan) {
                            : "no, " + format_bytes_short(peak - mem) + " over";
 }
 
-std::int64_t peak_of(const json& rank) { return rank["predicted"]["peak_total"].get<std::int64_t>(); }
-
 // Ranks with the same figures, consecutive: [first, last] indexes into `ranks`.
 std::vector<std::pair<std::size_t, std::size_t>> rank_groups(const json& ranks) {
   std::vector<std::pair<std::size_t, std::size_t>> groups;
@@ -182,7 +177,6 @@ void print_data_parallel(const std::vector<const json*>& runs, const json& plan,
     align.push_back(Align::left);
   }
   TextTable table(headers, align);
-  std::vector<std::string> notes;
   for (const json* run : runs) {
     const json& ranks = (*run)["ranks"];
     const auto groups = rank_groups(ranks);
@@ -197,28 +191,15 @@ void print_data_parallel(const std::vector<const json*>& runs, const json& plan,
       if (with_memory) row.push_back(fits_cell(rank, plan));
       table.add_row(std::move(row));
     };
-    if (groups.size() <= kMaxRankRows) {
-      for (const auto& [first, last] : groups) {
-        const std::string who = groups.size() == 1 ? "all"
-                                : first == last    ? std::to_string(first)
-                                                   : std::to_string(first) + "-" + std::to_string(last);
-        add(ranks[first], who);
-      }
-      continue;
+    // Same-sized layers give zero1 a few groups of ranks at most; every other strategy one.
+    for (const auto& [first, last] : groups) {
+      const std::string who = groups.size() == 1 ? "all"
+                              : first == last    ? std::to_string(first)
+                                                 : std::to_string(first) + "-" + std::to_string(last);
+      add(ranks[first], who);
     }
-    std::size_t high = 0, low = 0;
-    for (std::size_t i = 1; i < ranks.size(); ++i) {
-      if (peak_of(ranks[i]) > peak_of(ranks[high])) high = i;
-      if (peak_of(ranks[i]) < peak_of(ranks[low])) low = i;
-    }
-    add(ranks[high], std::to_string(high) + " (highest)");
-    add(ranks[low], std::to_string(low) + " (lowest)");
-    notes.push_back(run_label(*run) + ": " + std::to_string(groups.size()) +
-                    " groups of ranks with different figures; the highest and lowest peak shown (--json FILE "
-                    "lists every rank)");
   }
   table.print(os);
-  for (const std::string& n : notes) os << "  " << n << '\n';
 }
 
 void print_pipeline(const std::vector<const json*>& runs, const json& plan, std::ostream& os) {
@@ -358,8 +339,9 @@ int plan_main(const std::vector<std::string>& args) {
   // The output path before the work, so that a refused plan has done nothing.
   if (!request.json_path.empty()) check_writable(request.json_path, "--json FILE");
   const json plan = make_plan(request);
-  print_plan(plan, std::cout);
+  // The file first: a reader that closes stdout early (`plan | head`) must not cost it.
   if (!request.json_path.empty()) write_file_atomic(request.json_path, readable_json(plan) + "\n");
+  print_plan(plan, std::cout);
   return 0;
 }
 

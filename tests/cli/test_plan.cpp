@@ -1,0 +1,173 @@
+// `shardscope plan`: the closed forms of a sweep's configurations, nothing run. What it
+// prints for a configuration is what a run of it measures, to the byte; its refusals
+// are exit 2 with one line naming the flag, before anything is written.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/cli/plan.hpp"
+#include "shardscope/check.hpp"
+#include "support/shell.hpp"
+
+namespace shardscope {
+namespace {
+
+using nlohmann::json;
+using testing::env;
+using testing::first_line;
+using testing::shell;
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+class Plan : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    bin_ = env("SHARDSCOPE_BIN");
+    if (bin_.empty()) GTEST_SKIP() << "run through ctest (SHARDSCOPE_BIN unset)";
+    char tmpl[] = "/tmp/shardscope-plan-XXXXXX";
+    dir_ = mkdtemp(tmpl) ? tmpl : "";
+    ASSERT_FALSE(dir_.empty());
+  }
+  void TearDown() override {
+    if (!dir_.empty()) shell("rm -rf '" + dir_ + "'");
+  }
+  // `shardscope <command> <flags>` in dir_: the exit code; stdout in out_, stderr's first line in line_.
+  int shardscope(const std::string& command, const std::string& flags) {
+    const int rc = shell("cd '" + dir_ + "' && timeout 120 '" + bin_ + "' " + command + " " + flags + " > out.txt 2> err.txt");
+    std::ifstream in(dir_ + "/out.txt");
+    out_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    line_ = first_line(dir_ + "/err.txt");
+    return rc;
+  }
+  std::string bin_, dir_, out_, line_;
+};
+
+// Every rank and stage of an emulated sweep measures what plan predicted for it: resting
+// and peak totals, and per stage the saved activations.
+TEST_F(Plan, EveryRankOfASweepMeasuresWhatThePlanPredicted) {
+  const std::string flags =
+      "--strategies ddp,zero1,zero2,zero3 --schedules gpipe,1f1b,interleaved-1f1b,zb-h1 --worlds 2,3 "
+      "--microbatches 3,6 --chunks 2 --units 1 --layers 6 --width 24 --batch 12 --activation relu --loss mse";
+  ASSERT_EQ(shardscope("plan", flags + " --json plan.json"), 0) << line_;
+  ASSERT_EQ(shardscope("sweep", flags + " --emulate --steps 2 --out results"), 0) << line_;
+  const json plan = read_json(dir_ + "/plan.json");
+  const json measured = read_json(dir_ + "/results/shardscope.json");
+  EXPECT_EQ(plan["schema"], "shardscope-plan/1");
+  ASSERT_EQ(plan["plans"].size(), measured["runs"].size());
+  int ranks = 0, skipped = 0;
+  for (std::size_t n = 0; n < plan["plans"].size(); ++n) {
+    const json& p = plan["plans"][n];
+    const json& m = measured["runs"][n];
+    SCOPED_TRACE(m.dump().substr(0, 160));
+    EXPECT_EQ(p.value("skipped", false), m.value("skipped", false));
+    if (p.value("skipped", false)) {  // interleaved-1f1b at S = 2, M = 3
+      EXPECT_EQ(p["reason"], m["reason"]);
+      ++skipped;
+      continue;
+    }
+    const bool pipeline = p["kind"] == "pipeline";
+    const json& pr = p[pipeline ? "stages" : "ranks"];
+    const json& mr = m[pipeline ? "stages" : "ranks"];
+    ASSERT_EQ(pr.size(), mr.size());
+    for (std::size_t r = 0; r < pr.size(); ++r, ++ranks) {
+      EXPECT_EQ(pr[r]["predicted"]["resting_total"], mr[r]["resting"]["total"]) << "rank " << r;
+      EXPECT_EQ(pr[r]["predicted"]["peak_total"], mr[r]["peak"]["total"]) << "rank " << r;
+      EXPECT_TRUE(pr[r]["fits"].is_null());  // no --memory
+      if (pipeline) {
+        EXPECT_EQ(pr[r]["predicted"]["peak_live_bytes"], mr[r]["saved"]["peak_live_bytes"]) << "stage " << r;
+        EXPECT_EQ(pr[r]["layers"], mr[r]["layers"]) << "stage " << r;
+      } else {
+        EXPECT_EQ(pr[r]["predicted"]["peak_where"], mr[r]["peak"]["where"]) << "rank " << r;
+        EXPECT_EQ(pr[r]["predicted"]["comm_bytes"], mr[r]["comm_bytes"]) << "rank " << r;
+      }
+    }
+  }
+  // Data parallel: 4 strategies x (2 + 3 ranks). Pipelines: gpipe, 1f1b and zb-h1 at
+  // S = 2 and 3, M = 3 and 6; interleaved-1f1b where M is a multiple of S.
+  EXPECT_EQ(ranks, 4 * (2 + 3) + 3 * 2 * (2 + 3) + (2 + 3 + 3));
+  EXPECT_EQ(skipped, 1);
+  // The tables say the same.
+  EXPECT_NE(out_.find("skipped (the configuration cannot run)"), std::string::npos);
+}
+
+TEST_F(Plan, TheSeedsTablesAndAMemoryVerdict) {
+  ASSERT_EQ(shardscope("plan", "--memory 8MiB"), 0) << line_;
+  // ddp at rest: 16P + 4T = 8,421,440 B (the seed's table); its peak is above 8 MiB, zero3's
+  // with one unit per layer at W = 4 is not.
+  EXPECT_NE(out_.find("ddp       2  units=all     all    8,421,440  4.000  8,749,120  4.156  backward, layer 7"),
+            std::string::npos) << out_;
+  EXPECT_NE(out_.find("no, 352.06 KiB over"), std::string::npos) << out_;  // 8,749,120 - 8 MiB
+  EXPECT_NE(out_.find("yes, 4.93 MiB spare"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("fits in 8.00 MiB"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("pipeline, predicted per stage: 2 x 32, activation relu, loss mse"), std::string::npos);
+}
+
+// zero1's ranks differ when the tensors do not split evenly: consecutive ranks with the
+// same figures share a row, and the JSON lists every rank.
+TEST_F(Plan, UnevenZero1RanksAreGrouped) {
+  ASSERT_EQ(shardscope("plan", "--strategies zero1 --worlds 3 --layers 2 --width 8 --json p.json"), 0) << line_;
+  // Two weights (256 B each) to ranks 0 and 1, the two biases to rank 2.
+  EXPECT_NE(out_.find("  0-1        1,668  2.896   5,764  10.007  backward, layer 1"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("  2          1,288  2.236   5,384   9.347  backward, layer 1"), std::string::npos) << out_;
+  const json ranks = read_json(dir_ + "/p.json")["plans"][0]["ranks"];
+  ASSERT_EQ(ranks.size(), 3u);
+  EXPECT_EQ(ranks[2]["predicted"]["resting"]["optim"], 2 * (8 * 8 + 4));
+}
+
+TEST_F(Plan, RefusalsNameTheFlagAndWriteNothing) {
+  const struct {
+    const char* flags;
+    const char* line;
+  } cases[] = {
+      {"--out r", "shardscope: error: --out: not a plan flag: plan writes no results folder; --json FILE writes the plan"},
+      {"--emulate", "shardscope: error: --emulate: not a plan flag: plan runs nothing; it predicts every rank of every world"},
+      {"--memory 80G", "shardscope: error: --memory: '80G' is ambiguous: write 80GiB (binary) or 80GB (decimal)"},
+      {"--memory", "shardscope: error: --memory: needs a value"},
+      {"--memory 1GiB --memory 2GiB", "shardscope: error: --memory: given twice; give it once"},
+      {"--json a.json --json b.json", "shardscope: error: --json: given twice; give it once"},
+      {"--json dir/ --layers 4", "shardscope: error: --json FILE: cannot write 'dir/': it names a directory"},
+      {"--layers 0 --json p.json", "shardscope: error: --layers: '0' is not a positive integer"},
+      {"--strategies fsdp --json p.json", "shardscope: error: --strategies: 'fsdp' is not a strategy; allowed: ddp, zero1, zero2, zero3"},
+      {"--bogus --json p.json", "shardscope: error: unknown flag '--bogus' (shardscope run --help lists the flags)"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(shardscope("plan", c.flags), 2) << c.flags;
+    EXPECT_EQ(line_, c.line) << c.flags;
+    EXPECT_TRUE(out_.empty()) << c.flags;
+    EXPECT_FALSE(std::filesystem::exists(dir_ + "/p.json")) << c.flags;
+  }
+  EXPECT_EQ(shardscope("plan", "--help"), 0);
+  EXPECT_NE(out_.find("usage: shardscope plan"), std::string::npos);
+}
+
+TEST(PlanMemory, SizesInEveryUnitAndTheirRefusals) {
+  EXPECT_EQ(parse_memory_size("80GiB"), 80LL << 30);
+  EXPECT_EQ(parse_memory_size("80 gib"), 80LL << 30);
+  EXPECT_EQ(parse_memory_size("141GB"), 141'000'000'000LL);
+  EXPECT_EQ(parse_memory_size("0.5KiB"), 512);
+  EXPECT_EQ(parse_memory_size("1.5TB"), 1'500'000'000'000LL);
+  EXPECT_EQ(parse_memory_size("1073741824"), 1LL << 30);
+  EXPECT_EQ(parse_memory_size("4096B"), 4096);
+  for (const char* bad : {"", "GiB", "-1GiB", "1e9", "1.GiB", ".5GiB", "1..5GiB", "1.5", "1.5B", "0", "0.1B",
+                          "80G", "80 m", "80 PiB", "9999999999999999999999", "5EiB", "1GiB "}) {
+    std::string what;
+    try {
+      parse_memory_size(bad);
+    } catch (const UsageError& e) {
+      what = e.what();
+    }
+    EXPECT_EQ(what.rfind("--memory: '", 0), 0u) << "'" << bad << "' -> '" << what << "'";
+  }
+}
+
+}  // namespace
+}  // namespace shardscope
