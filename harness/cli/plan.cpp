@@ -205,9 +205,10 @@ void print_data_parallel(const std::vector<const json*>& runs, const json& plan,
 void print_pipeline(const std::vector<const json*>& runs, const json& plan, std::ostream& os) {
   const bool with_memory = !plan["memory_bytes"].is_null();
   std::vector<std::string> headers = {"schedule", "S", "M", "chunks", "stage", "layers", "resting B", "peak B",
-                                      "× 4P", "saved: peak live tensors / B", "live μbatches", "bubble"};
+                                      "× 4P", "saved: peak live tensors / B", "live μbatches", "p2p B/step", "bubble"};
   std::vector<Align> align = {Align::left,  Align::right, Align::right, Align::right, Align::right, Align::left,
-                              Align::right, Align::right, Align::right, Align::right, Align::right, Align::right};
+                              Align::right, Align::right, Align::right, Align::right, Align::right, Align::right,
+                              Align::right};
   if (with_memory) {
     headers.push_back("fits in " + format_bytes_short(plan["memory_bytes"].get<std::int64_t>()));
     align.push_back(Align::left);
@@ -221,7 +222,7 @@ void print_pipeline(const std::vector<const json*>& runs, const json& plan, std:
                                       cells::text(&stage["stage"]), stage_layers(stage), bytes_cell(p["resting_total"]),
                                       bytes_cell(p["peak_total"]), times_4p(p["peak_total"], *run),
                                       cells::text(&p["peak_live_tensors"]) + " / " + bytes_cell(p["peak_live_bytes"]),
-                                      cells::text(&p["peak_held_microbatches"]),
+                                      cells::text(&p["peak_held_microbatches"]), bytes_cell(p["comm_bytes"]),
                                       cells::percent(cells::at(*run, {"bubble_fraction_theory"}))};
       if (with_memory) row.push_back(fits_cell(stage, plan));
       table.add_row(std::move(row));

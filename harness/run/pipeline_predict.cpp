@@ -133,6 +133,19 @@ class Bytes {
 
 }  // namespace
 
+std::int64_t predict_p2p_bytes(const ModelConfig& model, const PipelineLayout& layout, int stage) {
+  const Schedule& s = layout.schedule;
+  const int V = layout.vstages();
+  std::int64_t neighbours = 0;
+  for (int c = 0; c < layout.chunks(); ++c) {
+    const int v = vstage_of(s, stage, c);
+    // A neighbour on this same stage (one stage, several chunks) is handed over in place.
+    neighbours += (v > 0 && stage_of_vstage(s, v - 1) != stage ? 1 : 0) +
+                  (v < V - 1 && stage_of_vstage(s, v + 1) != stage ? 1 : 0);
+  }
+  return neighbours * model.activation_bytes(model.batch);
+}
+
 std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& layout, int stage) {
   return predict_peak_total(model, layout, stage, lower(layout.schedule).at(stage));
 }

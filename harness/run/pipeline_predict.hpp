@@ -27,6 +27,14 @@ struct SavedPrediction {
 // and the loss's saves, and W the Linear inputs.
 SavedPrediction predict_saved(const ModelConfig& model, const PipelineLayout& layout, int stage);
 
+// Bytes the stage sends in one step, which equal the bytes it receives: for each of its
+// virtual stages, each micro-batch's activation to the next virtual stage (unless it is
+// the last) and its input gradient to the previous one (unless it is the first), the
+// same rows x width fp32 tensors coming the other way; a neighbour on the same stage (S =
+// 1 with chunks) takes them in place. Over all M micro-batches that is B x width x 4
+// bytes per neighbour and direction.
+std::int64_t predict_p2p_bytes(const ModelConfig& model, const PipelineLayout& layout, int stage);
+
 // Parameters, gradients and AdamW state (exp_avg, exp_avg_sq, a 4-byte step per
 // tensor) of the stage's layers: 16 P_own + 8 layers_own.
 std::int64_t predict_resting_total(const ModelConfig& model, const PipelineLayout& layout, int stage);
