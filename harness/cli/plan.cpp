@@ -18,7 +18,6 @@
 #include "harness/run/records.hpp"
 #include "harness/run/run.hpp"
 #include "harness/run/run_pipeline.hpp"
-#include "harness/strategies/partition.hpp"
 #include "shardscope/check.hpp"
 #include "shardscope/predict.hpp"
 #include "shardscope/schedule.hpp"
@@ -90,18 +89,15 @@ json fits_json(const std::optional<std::int64_t>& memory, std::int64_t peak) {
   return memory ? json(peak <= *memory) : json();
 }
 
+// A run's header without what only a run has (steps, timed steps, seed).
+json plan_header(json run) {
+  for (const char* key : {"steps", "timed_steps", "seed"}) run.erase(key);
+  return run;
+}
+
 json plan_data_parallel(const RunConfig& cfg, int world, const std::optional<std::int64_t>& memory) {
   validate_data_parallel(cfg, world);
-  const bool fsdp = cfg.strategy == "zero2" || cfg.strategy == "zero3";
-  json run;
-  run["kind"] = "data_parallel";
-  run["strategy"] = cfg.strategy;
-  run["world"] = world;
-  run["units"] = fsdp ? static_cast<int>(fsdp_units(cfg.model, cfg.layers_per_unit, world).size()) : 1;
-  run["layers_per_unit"] = (cfg.layers_per_unit == 0 || !fsdp) ? json("all") : json(cfg.layers_per_unit);
-  run["prefetch"] = cfg.prefetch;
-  run["ddp_bucket"] = cfg.ddp_bucket;
-  run["model"] = model_json(cfg.model);
+  json run = plan_header(data_parallel_header(cfg, world));
   json ranks = json::array();
   const std::vector<Prediction> predicted = predict_data_parallel_ranks(cfg, world);
   for (int r = 0; r < world; ++r)
@@ -113,14 +109,7 @@ json plan_data_parallel(const RunConfig& cfg, int world, const std::optional<std
 
 json plan_pipeline(const RunConfig& cfg, int stages, const std::optional<std::int64_t>& memory) {
   const PipelineLayout layout = make_pipeline_layout(cfg, stages);
-  json run;
-  run["kind"] = "pipeline";
-  run["schedule"] = cfg.schedule;
-  run["world"] = stages;
-  run["microbatches"] = layout.microbatches();
-  run["chunks"] = layout.chunks();
-  run["model"] = model_json(cfg.model);
-  run["split"] = layout.split();
+  json run = plan_header(pipeline_header(cfg, stages));
   run["bubble_fraction_theory"] = bubble_theory(layout.schedule);
   const std::vector<StageProgram> programs = lower(layout.schedule);
   json list = json::array();

@@ -126,14 +126,16 @@ nlohmann::json run_data_parallel(const RunConfig& cfg, Backend& backend, Communi
   return r;
 }
 
-nlohmann::json run_header(const RunConfig& cfg, int world, int units) {
+}  // namespace
+
+nlohmann::json data_parallel_header(const RunConfig& cfg, int world) {
+  const bool fsdp = cfg.strategy == "zero2" || cfg.strategy == "zero3";
   nlohmann::json run;
   run["kind"] = "data_parallel";
   run["strategy"] = cfg.strategy;
   run["world"] = world;
-  run["units"] = units;
+  run["units"] = fsdp ? static_cast<int>(fsdp_units(cfg.model, cfg.layers_per_unit, world).size()) : 1;
   // --units has no effect on ddp and zero1 (DESIGN §3): their one unit is the model.
-  const bool fsdp = cfg.strategy == "zero2" || cfg.strategy == "zero3";
   run["layers_per_unit"] = (cfg.layers_per_unit == 0 || !fsdp) ? nlohmann::json("all") : nlohmann::json(cfg.layers_per_unit);
   run["prefetch"] = cfg.prefetch;
   run["ddp_bucket"] = cfg.ddp_bucket;
@@ -144,8 +146,6 @@ nlohmann::json run_header(const RunConfig& cfg, int world, int units) {
   run["model"] = model_json(cfg.model);
   return run;
 }
-
-}  // namespace
 
 nlohmann::json make_document(const nlohmann::json& runs, const std::string& backend,
                              const std::string& comm, bool emulated, const nlohmann::json& provenance) {
@@ -224,8 +224,7 @@ void run_job(RunConfig cfg, MpiSession& mpi) {
     run = pipeline_header(cfg, world);
     rank_record = run_pipeline(cfg, *backend, *comm);
   } else {
-    const bool fsdp = cfg.strategy == "zero2" || cfg.strategy == "zero3";
-    run = run_header(cfg, world, fsdp ? static_cast<int>(fsdp_units(cfg.model, cfg.layers_per_unit, world).size()) : 1);
+    run = data_parallel_header(cfg, world);
     rank_record = run_data_parallel(cfg, *backend, *comm);
   }
   const std::string device = backend->device_description();

@@ -16,6 +16,10 @@ void run_job(RunConfig cfg, MpiSession& mpi);
 // fewer parameter tensors than ranks, more layers per unit than layers.
 void validate_data_parallel(const RunConfig& cfg, int world);
 
+// A data-parallel run's fields before its ranks (DESIGN §7): kind, strategy, world,
+// units, layers_per_unit, prefetch, ddp_bucket, bucket_mb, steps, timed_steps, seed, model.
+nlohmann::json data_parallel_header(const RunConfig& cfg, int world);
+
 // The whole-job document (schema shardscope/1) around a list of runs.
 nlohmann::json make_document(const nlohmann::json& runs, const std::string& backend,
                              const std::string& comm, bool emulated,
