@@ -98,12 +98,21 @@ json plan_header(json run) {
 json plan_data_parallel(const RunConfig& cfg, int world, const std::optional<std::int64_t>& memory) {
   validate_data_parallel(cfg, world);
   json run = plan_header(data_parallel_header(cfg, world));
-  json ranks = json::array();
+  // Consecutive ranks with the same figures share one entry: a world of 65,536 ranks
+  // stays a few lines (zero1's whole-tensor partition makes a few groups at most; every
+  // other strategy one).
+  json groups = json::array();
   const std::vector<Prediction> predicted = predict_data_parallel_ranks(cfg, world);
-  for (int r = 0; r < world; ++r)
-    ranks.push_back({{"rank", r}, {"predicted", prediction_json(predicted[r])},
-                     {"fits", fits_json(memory, predicted[r].peak_total)}});
-  run["ranks"] = std::move(ranks);
+  for (int r = 0; r < world; ++r) {
+    json p = prediction_json(predicted[r]);
+    if (!groups.empty() && groups.back()["predicted"] == p) {
+      groups.back()["last"] = r;
+      continue;
+    }
+    groups.push_back({{"first", r}, {"last", r}, {"predicted", std::move(p)},
+                      {"fits", fits_json(memory, predicted[r].peak_total)}});
+  }
+  run["rank_groups"] = std::move(groups);
   return run;
 }
 
@@ -143,18 +152,6 @@ std::string fits_cell(const json& record, const json& plan) {
                            : "no, " + format_bytes_short(peak - mem) + " over";
 }
 
-// Ranks with the same figures, consecutive: [first, last] indexes into `ranks`.
-std::vector<std::pair<std::size_t, std::size_t>> rank_groups(const json& ranks) {
-  std::vector<std::pair<std::size_t, std::size_t>> groups;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (!groups.empty() && ranks[i]["predicted"] == ranks[groups.back().second]["predicted"])
-      groups.back().second = i;
-    else
-      groups.emplace_back(i, i);
-  }
-  return groups;
-}
-
 void print_data_parallel(const std::vector<const json*>& runs, const json& plan, std::ostream& os) {
   const bool with_memory = !plan["memory_bytes"].is_null();
   std::vector<std::string> headers = {"strategy", "W", "units", "ranks", "resting B", "× 4P", "peak B", "× 4P",
@@ -167,25 +164,21 @@ void print_data_parallel(const std::vector<const json*>& runs, const json& plan,
   }
   TextTable table(headers, align);
   for (const json* run : runs) {
-    const json& ranks = (*run)["ranks"];
-    const auto groups = rank_groups(ranks);
-    auto add = [&](const json& rank, const std::string& who) {
-      const json& p = rank["predicted"];
+    const json& groups = (*run)["rank_groups"];
+    for (const json& group : groups) {
+      const json& p = group["predicted"];
+      const std::int64_t first = group["first"], last = group["last"];
+      const std::string who = groups.size() == 1 ? "all"
+                              : first == last    ? std::to_string(first)
+                                                 : std::to_string(first) + "-" + std::to_string(last);
       std::vector<std::string> row = {cells::text(cells::at(*run, {"strategy"})), cells::text(cells::at(*run, {"world"})),
                                       units_setting(*run), who, bytes_cell(p["resting_total"]),
                                       times_4p(p["resting_total"], *run), bytes_cell(p["peak_total"]),
                                       times_4p(p["peak_total"], *run),
                                       cells::text(&p["peak_phase"]) + ", " + cells::text(&p["peak_where"]),
                                       bytes_cell(p["comm_bytes"])};
-      if (with_memory) row.push_back(fits_cell(rank, plan));
+      if (with_memory) row.push_back(fits_cell(group, plan));
       table.add_row(std::move(row));
-    };
-    // Same-sized layers give zero1 a few groups of ranks at most; every other strategy one.
-    for (const auto& [first, last] : groups) {
-      const std::string who = groups.size() == 1 ? "all"
-                              : first == last    ? std::to_string(first)
-                                                 : std::to_string(first) + "-" + std::to_string(last);
-      add(ranks[first], who);
     }
   }
   table.print(os);
@@ -346,7 +339,7 @@ std::string plan_usage() {
          "\n"
          "  --memory SIZE   say for every rank whether its peak fits in SIZE: 80GiB, 141GB, 512MiB or\n"
          "                  bytes (\"80G\" is ambiguous and refused)\n"
-         "  --json FILE     write the plan (schema shardscope-plan/1) here, every rank listed\n"
+         "  --json FILE     write the plan (schema shardscope-plan/1) here\n"
          "\n"
          "Sweep flags: --worlds, --strategies, --schedules, --microbatches, --preset (see\n"
          "`shardscope sweep --help`); with none, the seed's experiment. Every other flag is a `run`\n"

@@ -75,8 +75,17 @@ TEST_F(Plan, EveryRankOfASweepMeasuresWhatThePlanPredicted) {
       continue;
     }
     const bool pipeline = p["kind"] == "pipeline";
-    const json& pr = p[pipeline ? "stages" : "ranks"];
     const json& mr = m[pipeline ? "stages" : "ranks"];
+    // A data-parallel plan lists groups of consecutive ranks: every rank in exactly one.
+    std::vector<json> pr;
+    if (pipeline) {
+      for (const json& stage : p["stages"]) pr.push_back(stage);
+    } else {
+      for (const json& g : p["rank_groups"]) {
+        ASSERT_EQ(g["first"].get<std::size_t>(), pr.size());
+        for (int r = g["first"]; r <= g["last"].get<int>(); ++r) pr.push_back(g);
+      }
+    }
     ASSERT_EQ(pr.size(), mr.size());
     for (std::size_t r = 0; r < pr.size(); ++r, ++ranks) {
       EXPECT_EQ(pr[r]["predicted"]["resting_total"], mr[r]["resting"]["total"]) << "rank " << r;
@@ -88,6 +97,7 @@ TEST_F(Plan, EveryRankOfASweepMeasuresWhatThePlanPredicted) {
         EXPECT_EQ(pr[r]["layers"], mr[r]["layers"]) << "stage " << r;
       } else {
         EXPECT_EQ(pr[r]["predicted"]["peak_where"], mr[r]["peak"]["where"]) << "rank " << r;
+        EXPECT_EQ(pr[r]["predicted"]["resting"], mr[r]["predicted"]["resting"]) << "rank " << r;
       }
     }
   }
@@ -112,15 +122,23 @@ TEST_F(Plan, TheSeedsTablesAndAMemoryVerdict) {
 }
 
 // zero1's ranks differ when the tensors do not split evenly: consecutive ranks with the
-// same figures share a row, and the JSON lists every rank.
+// same figures share a row, and an entry of the JSON's rank_groups.
 TEST_F(Plan, UnevenZero1RanksAreGrouped) {
   ASSERT_EQ(shardscope("plan", "--strategies zero1 --worlds 3 --layers 2 --width 8 --json p.json"), 0) << line_;
   // Two weights (256 B each) to ranks 0 and 1, the two biases to rank 2.
   EXPECT_NE(out_.find("  0-1        1,668  2.896   5,764  10.007  backward, layer 1"), std::string::npos) << out_;
   EXPECT_NE(out_.find("  2          1,288  2.236   5,384   9.347  backward, layer 1"), std::string::npos) << out_;
-  const json ranks = read_json(dir_ + "/p.json")["plans"][0]["ranks"];
-  ASSERT_EQ(ranks.size(), 3u);
-  EXPECT_EQ(ranks[2]["predicted"]["resting"]["optim"], 2 * (8 * 8 + 4));
+  const json groups = read_json(dir_ + "/p.json")["plans"][0]["rank_groups"];
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0]["first"], 0);
+  EXPECT_EQ(groups[0]["last"], 1);
+  EXPECT_EQ(groups[1]["first"], 2);
+  EXPECT_EQ(groups[1]["last"], 2);
+  EXPECT_EQ(groups[1]["predicted"]["resting"]["optim"], 2 * (8 * 8 + 4));  // two 8-wide biases: 8 B a value, a step each
+  // The largest world: still one entry per group.
+  ASSERT_EQ(shardscope("plan", "--strategies ddp,zero3 --worlds 65536 --layers 40000 --width 8 --json p.json"), 0)
+      << line_;
+  for (const json& plan : read_json(dir_ + "/p.json")["plans"]) EXPECT_EQ(plan["rank_groups"].size(), 1u);
 }
 
 TEST_F(Plan, RefusalsNameTheFlagAndWriteNothing) {
