@@ -47,6 +47,8 @@ void check_case(const Case& c, int world, int rank) {
   for (int k = 0; k < kCategoryCount; ++k)
     EXPECT_EQ(r.resting.bytes[k], p.resting.bytes[k]) << "resting " << kCategoryNames[k];
   EXPECT_EQ(r.peak.total, p.peak_total);
+  for (int k = 0; k < kCategoryCount; ++k)
+    EXPECT_EQ(r.peak.by_category.bytes[k], p.peak_by_category.bytes[k]) << "at the peak " << kCategoryNames[k];
   EXPECT_EQ(std::string(phase_name(r.peak.phase)), std::string(phase_name(p.peak_phase)));
   EXPECT_EQ(r.where, p.peak_where);
   for (int k = 0; k < kCollKindCount; ++k)

@@ -103,13 +103,13 @@ TEST(Table, DdpRestsAtFourTimesTheWeightsOnOneRow) {
   EXPECT_NE(ddp.find("all ranks"), std::string::npos) << ddp;
   EXPECT_NE(ddp.find("4,210,752"), std::string::npos) << ddp;
   EXPECT_EQ(ddp.find('!'), std::string::npos) << ddp;
-  // Identical ranks: one row in each of the two data-parallel tables.
-  EXPECT_EQ(count_lines_with(out, "ddp "), 2) << out;
+  // Identical ranks: one row in each of the three data-parallel tables.
+  EXPECT_EQ(count_lines_with(out, "ddp "), 3) << out;
 }
 
 TEST(Table, DifferingRanksGetTheirOwnRows) {
   const std::string out = render(document());
-  EXPECT_EQ(count_lines_with(out, "zero1"), 4) << out;  // 2 ranks x 2 tables
+  EXPECT_EQ(count_lines_with(out, "zero1"), 6) << out;  // 2 ranks x 3 tables
   const std::string r0 = line_with(out, "rank 0");
   const std::string r1 = line_with(out, "rank 1");
   EXPECT_NE(r0.find("6,316,064"), std::string::npos) << r0;
@@ -117,6 +117,32 @@ TEST(Table, DifferingRanksGetTheirOwnRows) {
   EXPECT_NE(r1.find("6,316,032"), std::string::npos) << r1;
   EXPECT_NE(r1.find("6,316,000 !"), std::string::npos) << r1;  // mismatched prediction
   EXPECT_EQ(line_with(out, "zero1").find("all ranks"), std::string::npos);
+}
+
+// What was live at the peak, per category, beside its prediction: only categories live
+// somewhere; a figure that differs is followed by "! predicted".
+TEST(Table, LiveAtThePeakByCategory) {
+  json doc = document();
+  for (json& run : doc["runs"]) {
+    if (run.value("kind", "") != "data_parallel") continue;
+    for (json& rank : run["ranks"]) {
+      rank["peak"]["by_category"] = {{"param", 2105344}, {"grad", 2105344}, {"activation", 262144}, {"temp", 65536}};
+      rank["predicted"]["peak_by_category"] = rank["peak"]["by_category"];
+    }
+  }
+  doc["runs"][1]["ranks"][1]["predicted"]["peak_by_category"]["temp"] = 32768;
+  const std::string out = render(doc);
+  const std::string title = line_with(out, "live at the peak");
+  ASSERT_FALSE(title.empty()) << out;
+  const std::string header = line_with(out.substr(out.find(title)), "strategy");
+  EXPECT_NE(header.find("activation"), std::string::npos) << header;
+  EXPECT_EQ(header.find("param_unsharded"), std::string::npos) << header;  // zero everywhere
+  EXPECT_EQ(header.find("optim"), std::string::npos) << header;
+  const std::string after = out.substr(out.find(title));
+  EXPECT_NE(line_with(after, "all ranks").find("262,144"), std::string::npos) << after;  // ddp
+  EXPECT_EQ(line_with(after, "all ranks").find('!'), std::string::npos) << after;
+  EXPECT_NE(line_with(after, "rank 1").find("65,536 ! 32,768"), std::string::npos) << after;
+  EXPECT_EQ(line_with(after, "rank 0").find('!'), std::string::npos) << after;
 }
 
 TEST(Table, PeakCommunicationAndTime) {

@@ -19,8 +19,17 @@
 namespace shardscope {
 namespace {
 
+// What a step holds beyond its resting bytes at one instant, by category: the batch,
+// mse's target, dy, dx, the loss scalar and unsaved outputs are temp; saved layer
+// outputs activation; gathered units param_unsharded; a unit's full gradient
+// grad_unsharded.
+struct Transient {
+  std::int64_t temp = 0, activation = 0, param_unsharded = 0, grad_unsharded = 0;
+  std::int64_t total() const { return temp + activation + param_unsharded + grad_unsharded; }
+};
+
 struct Candidate {
-  std::int64_t bytes;
+  Transient bytes;
   Phase phase;
   int layer;
 };
@@ -82,41 +91,50 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
   auto where = [&](int layer) {
     return fsdp ? "unit " + std::to_string(unit_of(layer)) : "layer " + std::to_string(layer);
   };
-  Candidate best{-1, Phase::setup, -1};
-  auto consider = [&](std::int64_t bytes, Phase phase, int layer) {
-    if (bytes > best.bytes) best = {bytes, phase, layer};  // the first instant of the maximum
+  Candidate best{{-1, 0, 0, 0}, Phase::setup, -1};
+  auto consider = [&](const Transient& bytes, Phase phase, int layer) {
+    if (bytes.total() > best.bytes.total()) best = {bytes, phase, layer};  // the first instant of the maximum
   };
-  // Forward: gathered params while layer i's output is allocated.
+  // Forward: gathered params while layer i's output is allocated; the model's last
+  // output is saved only when k = 1.
   for (int i = 0; i < L; ++i) {
     const int u = unit_of(i);
     const std::int64_t gathered = !fsdp ? 0 : zero3_multi ? f[u] : f_upto[u];
-    consider(X + t + (i + 1) * a + gathered, Phase::forward, i);
+    const std::int64_t unsaved = (i == L - 1 && k == 0) ? a : 0;
+    consider({X + t + unsaved, (i + 1) * a - unsaved, gathered, 0}, Phase::forward, i);
   }
   const std::int64_t gathered_end = fsdp && !zero3_multi ? f_upto[U - 1] : 0;  // still gathered after forward
-  consider(X + t + L * a + gathered_end + 4, Phase::forward, L - 1);              // loss scalar
-  consider(X + t + (L - 1 + k) * a + a + gathered_end, Phase::backward, L - 1);  // dy
+  const std::int64_t last_unsaved = k == 0 ? a : 0;
+  consider({X + t + last_unsaved + 4, (L - 1 + k) * a, gathered_end, 0}, Phase::forward, L - 1);  // loss scalar
+  consider({X + t + a, (L - 1 + k) * a, gathered_end, 0}, Phase::backward, L - 1);                // dy
   // Backward, per unit from the last: its top layer j still holds its output (the
-  // model's last layer only when k), plus dy, the gathered params, the full gradient
-  // and, when j > 0, the input gradient dx.
+  // model's last layer only when k), plus dy, the gathered params (and the prefetched
+  // unit below), the full gradient and, when j > 0, the input gradient dx.
   for (int u = U - 1; u >= 0; --u) {
     const int j = fsdp ? units[u].last_layer - 1 : L - 1;
     const std::int64_t outs = (j == L - 1) ? (L - 1 + k) : (j + 1);
-    std::int64_t g = 0;
+    Transient at{X + t + a, outs * a, 0, 0};
     if (fsdp) {
-      g = zero3_multi ? f[u] + (cfg.prefetch && u > 0 ? f[u - 1] : 0) : f_upto[u];
-      g += f[u];  // the unit's full flat gradient
+      at.param_unsharded = zero3_multi ? f[u] + (cfg.prefetch && u > 0 ? f[u - 1] : 0) : f_upto[u];
+      at.grad_unsharded = f[u];  // the unit's full flat gradient
     }
-    const std::int64_t base = X + t + outs * a + a + g;
-    consider(base, Phase::backward, j);
-    if (j > 0) consider(base + a, Phase::backward, j);
+    consider(at, Phase::backward, j);
+    at.temp += a;  // dx
+    if (j > 0) consider(at, Phase::backward, j);
   }
   p.peak_phase = best.phase;
   p.peak_where = where(best.layer);
 
   std::vector<Prediction> ranks(world, p);
   for (int r = 0; r < world; ++r) {
-    ranks[r].resting[Category::optim] = optim[r];
-    ranks[r].peak_total = ranks[r].resting.total() + best.bytes;
+    Prediction& rank = ranks[r];
+    rank.resting[Category::optim] = optim[r];
+    rank.peak_by_category = rank.resting;
+    rank.peak_by_category[Category::temp] += best.bytes.temp;
+    rank.peak_by_category[Category::activation] += best.bytes.activation;
+    rank.peak_by_category[Category::param_unsharded] += best.bytes.param_unsharded;
+    rank.peak_by_category[Category::grad_unsharded] += best.bytes.grad_unsharded;
+    rank.peak_total = rank.peak_by_category.total();
   }
   return ranks;
 }

@@ -31,6 +31,7 @@ nlohmann::json prediction_json(const Prediction& p) {
   return {{"resting_total", p.resting.total()},
           {"resting", category_json(p.resting)},
           {"peak_total", p.peak_total},
+          {"peak_by_category", category_json(p.peak_by_category)},
           {"peak_phase", std::string(phase_name(p.peak_phase))},
           {"peak_where", p.peak_where},
           {"comm_bytes", p.comm_total()}};

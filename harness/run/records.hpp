@@ -17,7 +17,7 @@ nlohmann::json category_json(const CategoryBytes& b);       // {"total", "param"
 nlohmann::json comm_json(const CommLedger& ledger, int world, bool emulated);  // per kind {calls, bytes, ms, busbw_gbps}
 nlohmann::json model_json(const ModelConfig& m);
 // A data-parallel rank's "predicted": {"resting_total", "resting" (per category),
-// "peak_total", "peak_phase", "peak_where", "comm_bytes"}.
+// "peak_total", "peak_by_category", "peak_phase", "peak_where", "comm_bytes"}.
 nlohmann::json prediction_json(const Prediction& p);
 // {"median", "min"} of the timed steps (all but the first), null when none were timed.
 nlohmann::json step_ms_json(const std::vector<double>& step_ms);

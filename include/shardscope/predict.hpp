@@ -16,6 +16,7 @@ namespace shardscope {
 struct Prediction {
   CategoryBytes resting;  // per category, bytes
   std::int64_t peak_total = 0;
+  CategoryBytes peak_by_category;  // what is live at the peak, per category
   Phase peak_phase = Phase::setup;
   std::string peak_where;
   std::array<std::int64_t, kCollKindCount> comm_bytes{};  // per step, nccl-tests' sizes

@@ -62,6 +62,7 @@ TEST(StrategiesMpi, TrainLikeOneRankAndMatchTheClosedForms) {
     const Prediction p = predict_data_parallel(cfg, world, rank);
     EXPECT_EQ(r.resting, p.resting);
     EXPECT_EQ(r.peak.total, p.peak_total);
+    EXPECT_EQ(r.peak.by_category, p.peak_by_category);
     for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
 
     // The same rank played alone with the fake communicator holds the same bytes.
