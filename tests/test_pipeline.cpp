@@ -39,6 +39,7 @@ struct Measured {
   std::int64_t resting = 0;
   CategoryBytes resting_by_category;
   std::int64_t peak_total = 0;
+  CategoryBytes peak_by_category;
   std::int64_t sent = 0, received = 0;
 };
 
@@ -57,6 +58,7 @@ Measured run_stage(const RunConfig& cfg, Backend& backend, Communicator& comm) {
   r.resting = backend.tracker().current_total();
   r.resting_by_category = backend.tracker().current();
   r.peak_total = backend.tracker().peak().total;
+  r.peak_by_category = backend.tracker().peak().by_category;
   r.sent = comm.ledger()[CollKind::send].bytes;
   r.received = comm.ledger()[CollKind::recv].bytes;
   return r;
@@ -150,6 +152,9 @@ TEST(pipeline, SavedTensorsEqualTheWalkOnEveryStage) {
               EXPECT_EQ(r.resting_by_category[Category::temp], 0);
               // The step's peak, walked over the lowered program with each buffer's size.
               EXPECT_EQ(r.peak_total, predict_peak_total(cfg.model, layout, s));
+              const CategoryBytes peak = predict_peak(cfg.model, layout, s, lower(layout.schedule).at(s));
+              for (int k = 0; k < kCategoryCount; ++k)
+                EXPECT_EQ(r.peak_by_category.bytes[k], peak.bytes[k]) << "at the peak " << kCategoryNames[k];
               // A step's point-to-point bytes, each way.
               EXPECT_EQ(r.sent, predict_p2p_bytes(cfg.model, layout, s));
               EXPECT_EQ(r.received, predict_p2p_bytes(cfg.model, layout, s));

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "harness/report/cells.hpp"
+#include "harness/report/text_table.hpp"
+#include "shardscope/category.hpp"
 
 namespace shardscope {
 namespace {
@@ -103,6 +105,42 @@ std::string steps_note(const std::vector<const json*>& runs) {
   std::string note = "; steps " + cells::text(&steps);
   if (!timed.is_null()) note += ", " + cells::text(&timed) + " timed";
   return note;
+}
+
+void print_live_at_peak(const std::vector<std::string>& head_names, const std::vector<LiveRow>& rows,
+                        std::ostream& os) {
+  std::vector<std::string> live;
+  for (const std::string_view c : kCategoryNames) {
+    const std::string name(c);
+    for (const LiveRow& row : rows) {
+      std::int64_t b = 0;
+      if (cells::as_int(cells::at(*row.record, {"peak", "by_category", name.c_str()}), &b) && b != 0) {
+        live.push_back(name);
+        break;
+      }
+    }
+  }
+  if (live.empty()) return;
+  std::vector<std::string> cols = head_names;
+  cols.insert(cols.end(), live.begin(), live.end());
+  std::vector<Align> align(cols.size(), Align::right);
+  std::fill(align.begin(), align.begin() + static_cast<std::ptrdiff_t>(head_names.size()), Align::left);
+  TextTable table(cols, align);
+  for (const LiveRow& row : rows) {
+    std::vector<std::string> line = row.head;
+    for (const std::string& c : live) {
+      const json* measured = cells::at(*row.record, {"peak", "by_category", c.c_str()});
+      const json* predicted = cells::at(*row.record, {"predicted", "peak_by_category", c.c_str()});
+      std::string cell = cells::bytes(measured);
+      if (predicted && measured && *predicted != *measured) cell += " ! " + cells::bytes(predicted);
+      line.push_back(std::move(cell));
+    }
+    table.add_row(std::move(line));
+  }
+  os << "  live at the peak, bytes per category (a figure that differs from its prediction is followed by\n"
+        "  \"! predicted\")\n";
+  table.print(os, 2);
+  os << '\n';
 }
 
 void print_skipped(const std::vector<const json*>& skipped, std::ostream& os) {

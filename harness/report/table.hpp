@@ -27,6 +27,18 @@ void print_pipeline_tables(const std::vector<const nlohmann::json*>& runs,
                            const nlohmann::json& doc, std::ostream& os);
 void print_skipped(const std::vector<const nlohmann::json*>& skipped, std::ostream& os);
 
+// A row of the "live at the peak" table: its leading cells, and the rank or stage record
+// whose peak.by_category and predicted.peak_by_category it shows.
+struct LiveRow {
+  std::vector<std::string> head;
+  const nlohmann::json* record;
+};
+// Prints what was live at each row's peak, per category (categories at zero on every
+// row left out; nothing when no row has a breakdown); a figure that differs from its
+// prediction is followed by "! predicted".
+void print_live_at_peak(const std::vector<std::string>& head_names, const std::vector<LiveRow>& rows,
+                        std::ostream& os);
+
 // "8 x 256, activation none, loss sum, batch 32/rank, P = 526,336 params,
 // 4P = 2,105,344 B" (pipeline runs: "batch 8" without "/rank").
 std::string model_line(const nlohmann::json& model, bool batch_per_rank);

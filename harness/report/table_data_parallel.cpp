@@ -219,36 +219,10 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
   peak.print(os, 2);
   os << '\n';
 
-  // What was live at the peak, by category: the "why" of the peak figure. Categories
-  // that are zero at every row's peak are left out.
-  std::vector<std::string> live;
-  for (const char* c : kCategories)
-    for (const Row& row : rows) {
-      std::int64_t b = 0;
-      if (cells::as_int(cells::at(*row.rank, {"peak", "by_category", c}), &b) && b != 0) {
-        live.push_back(c);
-        break;
-      }
-    }
-  if (live.empty()) return;
-  std::vector<std::string> live_cols = head;
-  live_cols.insert(live_cols.end(), live.begin(), live.end());
-  TextTable at_peak(live_cols, aligns(live_cols.size()));
-  for (const Row& row : rows) {
-    std::vector<std::string> line = row_head(row);
-    for (const std::string& c : live) {
-      const json* measured = cells::at(*row.rank, {"peak", "by_category", c.c_str()});
-      const json* predicted = cells::at(*row.rank, {"predicted", "peak_by_category", c.c_str()});
-      std::string cell = cells::bytes(measured);
-      if (predicted && measured && *predicted != *measured) cell += " ! " + cells::bytes(predicted);
-      line.push_back(std::move(cell));
-    }
-    at_peak.add_row(std::move(line));
-  }
-  os << "  live at the peak, bytes per category (a figure that differs from its prediction is followed by\n"
-        "  \"! predicted\")\n";
-  at_peak.print(os, 2);
-  os << '\n';
+  // What was live at the peak, by category: the "why" of the peak figure.
+  std::vector<LiveRow> live;
+  for (const Row& row : rows) live.push_back({row_head(row), row.rank});
+  print_live_at_peak(head, live, os);
 }
 
 }  // namespace

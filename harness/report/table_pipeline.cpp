@@ -94,6 +94,16 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
   }
   table.print(os, 2);
   os << '\n';
+
+  std::vector<LiveRow> live;
+  for (const json* run : runs)
+    if (const json* stages = cells::at(*run, {"stages"}); stages && stages->is_array())
+      for (const json& stage : *stages)
+        if (stage.is_object())
+          live.push_back({{cells::text(cells::at(*run, {"schedule"})), cells::text(cells::at(*run, {"microbatches"})),
+                           cells::text(cells::at(*run, {"chunks"})), cells::text(cells::at(stage, {"stage"}))},
+                          &stage});
+  print_live_at_peak({"schedule", "M", "chunks", "stage"}, live, os);
 }
 
 }  // namespace

@@ -92,14 +92,22 @@ SavedPrediction predict_saved(const ModelConfig& model, const PipelineLayout& la
   return walk.result();
 }
 
-std::int64_t predict_resting_total(const ModelConfig& model, const PipelineLayout& layout, int stage) {
+CategoryBytes predict_resting(const ModelConfig& model, const PipelineLayout& layout, int stage) {
   std::int64_t layers = 0;
   for (int c = 0; c < layout.chunks(); ++c) {
     const int k = vstage_of(layout.schedule, stage, c);
     layers += layout.end_layer(k) - layout.first_layer(k);
   }
-  // params + grads + exp_avg + exp_avg_sq, and a 4-byte step for each of 2 tensors a layer
-  return 16 * layers * model.layer_elems() + 8 * layers;
+  CategoryBytes b;
+  b[Category::param] = 4 * layers * model.layer_elems();
+  b[Category::grad] = 4 * layers * model.layer_elems();
+  // exp_avg + exp_avg_sq, and a 4-byte step for each of 2 tensors a layer
+  b[Category::optim] = 8 * layers * model.layer_elems() + 8 * layers;
+  return b;
+}
+
+std::int64_t predict_resting_total(const ModelConfig& model, const PipelineLayout& layout, int stage) {
+  return predict_resting(model, layout, stage).total();
 }
 
 namespace {
@@ -112,23 +120,31 @@ bool output_saved(const ModelConfig& m, int layer, int last) {
   return layer + 1 == m.layers && m.loss == Loss::mse;
 }
 
-// Running total of tracked bytes and its maximum.
+// A buffer the walk holds: its bytes and category (0 bytes: empty). Moving one (dy into
+// a zero-bubble dz, dx into a neighbour's grad_in) keeps its category.
+struct Held {
+  std::int64_t bytes = 0;
+  Category category = Category::temp;
+};
+
+// Running bytes per category, and what they were at the first instant of the maximum
+// total, as the tracker keeps its peak.
 class Bytes {
  public:
-  explicit Bytes(std::int64_t start) : cur_(start), peak_(start) {}
-  void alloc(std::int64_t& slot, std::int64_t b) {  // slot must be empty
-    slot = b;
-    cur_ += b;
-    peak_ = std::max(peak_, cur_);
+  explicit Bytes(const CategoryBytes& start) : cur_(start), peak_(start) {}
+  void alloc(Held& slot, std::int64_t b, Category c) {  // slot must be empty
+    slot = {b, c};
+    cur_[c] += b;
+    if (cur_.total() > peak_.total()) peak_ = cur_;
   }
-  void free(std::int64_t& slot) {
-    cur_ -= slot;
-    slot = 0;
+  void free(Held& slot) {
+    cur_[slot.category] -= slot.bytes;
+    slot.bytes = 0;
   }
-  std::int64_t peak() const { return peak_; }
+  const CategoryBytes& peak() const { return peak_; }
 
  private:
-  std::int64_t cur_, peak_;
+  CategoryBytes cur_, peak_;
 };
 
 }  // namespace
@@ -147,27 +163,33 @@ std::int64_t predict_p2p_bytes(const ModelConfig& model, const PipelineLayout& l
 }
 
 std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& layout, int stage) {
-  return predict_peak_total(model, layout, stage, lower(layout.schedule).at(stage));
+  return predict_peak(model, layout, stage, lower(layout.schedule).at(stage)).total();
 }
 
 std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& layout, int stage,
                                 const StageProgram& program) {
+  return predict_peak(model, layout, stage, program).total();
+}
+
+CategoryBytes predict_peak(const ModelConfig& model, const PipelineLayout& layout, int stage,
+                           const StageProgram& program) {
   const Schedule& s = layout.schedule;
   const int M = layout.microbatches(), V = layout.vstages();
-  Bytes t(predict_resting_total(model, layout, stage));
+  Bytes t(predict_resting(model, layout, stage));
   const bool holds_loss = stage_of_vstage(s, V - 1) == stage;
-  std::int64_t x = 0, target = 0;
-  if (stage_of_vstage(s, 0) == stage) t.alloc(x, model.activation_bytes(model.batch));
-  if (holds_loss && model.loss == Loss::mse) t.alloc(target, model.activation_bytes(model.batch));
+  Held x, target;
+  if (stage_of_vstage(s, 0) == stage) t.alloc(x, model.activation_bytes(model.batch), Category::temp);
+  if (holds_loss && model.loss == Loss::mse) t.alloc(target, model.activation_bytes(model.batch), Category::temp);
 
-  // PipelineStage::Slot and its Tape, in bytes (0: empty).
+  // PipelineStage::Slot and its Tape (0 bytes: empty): a received activation is saved by
+  // the first Linear (activation), a received gradient is a staging buffer (comm).
   struct Slot {
-    std::int64_t act_in = 0, grad_in = 0;
-    std::vector<std::int64_t> outputs, dz;
+    Held act_in, grad_in;
+    std::vector<Held> outputs, dz;
   };
   std::vector<Slot> slots(static_cast<std::size_t>(layout.chunks()) * M);
   auto slot = [&](int m, int chunk) -> Slot& { return slots[static_cast<std::size_t>(chunk) * M + m]; };
-  std::map<std::tuple<int, int, int>, std::int64_t> pending;  // (payload, m, vstage) -> owned bytes
+  std::map<std::tuple<int, int, int>, Held> pending;  // (payload, m, vstage) -> owned buffer
   auto key = [](Payload p, int m, int k) { return std::make_tuple(p == Payload::activation ? 0 : 1, m, k); };
 
   for (const ProgramStep& ps : program) {
@@ -180,9 +202,9 @@ std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& 
       }
       const std::int64_t b = model.activation_bytes(layout.rows[op.microbatch]);
       if (op.payload == Payload::activation)
-        t.alloc(slot(op.microbatch, chunk_of_vstage(s, op.vstage + 1)).act_in, b);
+        t.alloc(slot(op.microbatch, chunk_of_vstage(s, op.vstage + 1)).act_in, b, Category::activation);
       else
-        t.alloc(slot(op.microbatch, chunk_of_vstage(s, op.vstage - 1)).grad_in, b);
+        t.alloc(slot(op.microbatch, chunk_of_vstage(s, op.vstage - 1)).grad_in, b, Category::comm);
     }
     for (const auto& k : sent) {
       auto it = pending.find(k);
@@ -200,52 +222,53 @@ std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& 
     Slot& sl = slot(a.microbatch, a.chunk);
     switch (a.kind) {
       case ActionKind::F: {
-        sl.outputs.assign(static_cast<std::size_t>(n), 0);
-        for (int j = 0; j < n; ++j) t.alloc(sl.outputs[j], b);
+        sl.outputs.assign(static_cast<std::size_t>(n), Held{});
+        for (int j = 0; j < n; ++j)
+          t.alloc(sl.outputs[j], b, output_saved(model, first + j, last) ? Category::activation : Category::temp);
         if (k == V - 1) {
-          std::int64_t scalar = 0;
-          t.alloc(scalar, 4);  // the loss value
+          Held scalar;
+          t.alloc(scalar, 4, Category::temp);  // the loss value
           if (!output_saved(model, last - 1, last)) t.free(sl.outputs.back());
           t.free(scalar);
         } else if (stage_of_vstage(s, k + 1) != stage) {
-          std::int64_t owned = 0;
+          Held owned;
           if (!output_saved(model, last - 1, last)) std::swap(owned, sl.outputs.back());
           pending[key(Payload::activation, a.microbatch, k)] = owned;
         }
         break;
       }
       case ActionKind::B: {
-        std::int64_t dy = sl.grad_in;  // moved
-        sl.grad_in = 0;
+        Held dy = sl.grad_in;  // moved
+        sl.grad_in = Held{};
         if (k == V - 1) {  // the tape has the loss: dy = loss_gradient
-          std::int64_t g = 0;
-          t.alloc(g, b);
+          Held g;
+          t.alloc(g, b, Category::temp);
           t.free(dy);
           dy = g;
         }
         const bool input_requires_grad = k > 0;
-        std::int64_t dx_out = 0;
+        Held dx_out;
         if (s.split_backward) {
-          sl.dz.assign(static_cast<std::size_t>(n), 0);
+          sl.dz.assign(static_cast<std::size_t>(n), Held{});
           for (int j = n - 1; j >= 0; --j) {
             if (j == n - 1) t.free(sl.outputs[j]);
-            std::int64_t dx = 0;
-            if (j > 0 || input_requires_grad) t.alloc(dx, b);
+            Held dx;
+            if (j > 0 || input_requires_grad) t.alloc(dx, b, Category::temp);
             sl.dz[j] = dy;
             dy = dx;
           }
           dx_out = dy;
         } else {
           for (int j = n - 1; j >= 0; --j) {
-            std::int64_t dx = 0;
-            if (j > 0 || input_requires_grad) t.alloc(dx, b);
+            Held dx;
+            if (j > 0 || input_requires_grad) t.alloc(dx, b, Category::temp);
             t.free(dy);
             t.free(sl.outputs[j]);
             dy = dx;
           }
           dx_out = dy;
           t.free(sl.act_in);
-          for (std::int64_t& o : sl.outputs) t.free(o);
+          for (Held& o : sl.outputs) t.free(o);
           sl.outputs.clear();
         }
         if (k > 0) {
@@ -262,8 +285,8 @@ std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& 
           if (j > 0) t.free(sl.outputs[j - 1]);
         }
         t.free(sl.act_in);
-        for (std::int64_t& o : sl.outputs) t.free(o);
-        for (std::int64_t& d : sl.dz) t.free(d);
+        for (Held& o : sl.outputs) t.free(o);
+        for (Held& d : sl.dz) t.free(d);
         sl.outputs.clear();
         sl.dz.clear();
         break;

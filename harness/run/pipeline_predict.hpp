@@ -38,6 +38,8 @@ std::int64_t predict_p2p_bytes(const ModelConfig& model, const PipelineLayout& l
 // Parameters, gradients and AdamW state (exp_avg, exp_avg_sq, a 4-byte step per
 // tensor) of the stage's layers: 16 P_own + 8 layers_own.
 std::int64_t predict_resting_total(const ModelConfig& model, const PipelineLayout& layout, int stage);
+// The same per category: param and grad 4 P_own each, optim 8 P_own + 8 layers_own.
+CategoryBytes predict_resting(const ModelConfig& model, const PipelineLayout& layout, int stage);
 
 // The stage's peak tracked bytes in a step (the tracker's requested total), walked
 // symbolically over its lowered program in the executor's order, with each buffer's size
@@ -55,5 +57,10 @@ std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& 
 // caller predicting every stage lowers the schedule once, not once per stage.
 std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& layout, int stage,
                                 const StageProgram& program);
+// What the walk holds at its peak, per category (its total is predict_peak_total): the
+// batch, the target, unsaved outputs, the loss scalar and gradients computed here are
+// temp; saved outputs and received activations activation; received gradients comm.
+CategoryBytes predict_peak(const ModelConfig& model, const PipelineLayout& layout, int stage,
+                           const StageProgram& program);
 
 }  // namespace shardscope

@@ -47,6 +47,7 @@ nlohmann::json stage_prediction_json(const ModelConfig& model, const PipelineLay
           {"before_first_backward", pred.before_first_backward},
           {"resting_total", predict_resting_total(model, layout, s)},
           {"peak_total", predict_peak_total(model, layout, s, program)},
+          {"peak_by_category", category_json(predict_peak(model, layout, s, program))},
           // Sent, and as many received: p2p.sent_bytes, p2p.recv_bytes; comm_bytes is both.
           {"p2p_sent_bytes", predict_p2p_bytes(model, layout, s)},
           {"comm_bytes", 2 * predict_p2p_bytes(model, layout, s)},
