@@ -273,6 +273,7 @@ TEST(pipeline, RecordCarriesMeasuredAndPredicted) {
   EXPECT_EQ(r["predicted"]["peak_live_microbatches_theory"], 1);
   EXPECT_EQ(r["resting"]["total"], r["predicted"]["resting_total"]);
   EXPECT_EQ(r["peak"]["total"], r["predicted"]["peak_total"]);
+  EXPECT_EQ(r["peak"]["by_category"], r["predicted"]["peak_by_category"]);
   EXPECT_EQ(r["resting"]["total"], 16 * (32 * 32 + 32) + 8);
   EXPECT_EQ(r["action_ms"].size(), 16u);
   EXPECT_EQ(r["loss"].size(), 3u);
