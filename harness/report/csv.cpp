@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "harness/report/cells.hpp"
+#include "harness/report/table.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/timeline_view.hpp"
 #include "shardscope/check.hpp"
@@ -76,22 +77,6 @@ std::string comm_bytes(const json& rank) {
   return any ? std::to_string(sum) : std::string();
 }
 
-// "0-1" for [0, 1]; several chunks "0-1,4-5".
-std::string range(const json* layers) {
-  if (!layers || !layers->is_array()) return value(layers);
-  std::string out;
-  for (std::size_t i = 0; i < layers->size(); ++i) out += (i ? "-" : "") + value(&(*layers)[i]);
-  return out;
-}
-
-std::string stage_layers(const json& stage) {
-  const json* chunks = cells::at(stage, {"chunks_layers"});
-  if (!chunks || !chunks->is_array() || chunks->size() < 2) return range(cells::at(stage, {"layers"}));
-  std::string out;
-  for (const json& r : *chunks) out += (out.empty() ? "" : ",") + range(&r);
-  return out;
-}
-
 }  // namespace
 
 std::string csv_field(const std::string& text) {
@@ -105,7 +90,7 @@ std::string data_parallel_csv(const json& doc) {
   std::string out;
   add_row(out, {"world", "strategy", "units", "prefetch", "ddp_bucket", "rank", "category", "resting_bytes",
                 "peak_bytes_at_peak", "predicted_resting_bytes", "peak_total", "peak_phase", "peak_where",
-                "comm_bytes_per_step", "step_ms_median"});
+                "comm_bytes_per_step", "step_ms_median", "predicted_peak_bytes_at_peak"});
   for (const json* run : runs_of(doc, "data_parallel")) {
     const json* ranks = cells::at(*run, {"ranks"});
     if (!ranks || !ranks->is_array()) continue;
@@ -122,7 +107,8 @@ std::string data_parallel_csv(const json& doc) {
                       value(cells::at(rank, {"predicted", "resting", category})),
                       value(cells::at(rank, {"peak", "total"})), value(cells::at(rank, {"peak", "phase"})),
                       value(cells::at(rank, {"peak", "where"})), comm_bytes(rank),
-                      value(cells::at(rank, {"step_ms", "median"}))});
+                      value(cells::at(rank, {"step_ms", "median"})),
+                      value(cells::at(rank, {"predicted", "peak_by_category", category}))});
     }
   }
   return out;
@@ -133,7 +119,8 @@ std::string pipeline_csv(const json& doc) {
   add_row(out, {"schedule", "stages", "microbatches", "chunks", "stage", "layers", "saved_peak_live_tensors",
                 "saved_peak_live_bytes", "saved_total", "saved_before_first_backward", "predicted_peak_live_tensors",
                 "predicted_peak_live_bytes", "resting_total", "peak_total", "busy_ms", "step_ms_median",
-                "bubble_wall", "bubble_replayed", "bubble_theory"});
+                "bubble_wall", "bubble_replayed", "bubble_theory", "predicted_resting_total",
+                "predicted_peak_total", "p2p_bytes_per_step", "predicted_p2p_bytes_per_step"});
   for (const json* run : runs_of(doc, "pipeline")) {
     const json* stages = cells::at(*run, {"stages"});
     if (!stages || !stages->is_array()) continue;
@@ -151,7 +138,9 @@ std::string pipeline_csv(const json& doc) {
                     value(cells::at(st, {"peak", "total"})), value(cells::at(st, {"busy_ms"})),
                     value(cells::at(st, {"step_ms", "median"})), value(cells::at(st, {"bubble_fraction"})),
                     value(cells::at(st, {"bubble_fraction_replayed"})),
-                    value(cells::at(st, {"bubble_fraction_theory"}))});
+                    value(cells::at(st, {"bubble_fraction_theory"})),
+                    value(cells::at(st, {"predicted", "resting_total"})), value(cells::at(st, {"predicted", "peak_total"})),
+                    value(cells::at(st, {"comm_bytes"})), value(cells::at(st, {"predicted", "comm_bytes"}))});
     }
   }
   return out;
