@@ -149,6 +149,11 @@ for (strat, units, world, rank, backend), _, _ in jobs:
     if not (same and same_peak):
         problem(f"{label}: cuda bytes differ from cpu (resting {cr['resting']['total']:,} vs "
                 f"{pr['resting']['total']:,}, peak {cr['peak']['total']:,} vs {pr['peak']['total']:,})")
+    # What was live at the peak, per category, against the closed form's breakdown.
+    predicted_live = cr.get("predicted", {}).get("peak_by_category")
+    if predicted_live is not None and cr["peak"].get("by_category") != predicted_live:
+        problem(f"{label}: cuda peak by category {cr['peak'].get('by_category')} differs from the predicted "
+                f"{predicted_live}")
     pool = cr.get("pool") or {}
     if pool.get("used_current") != cr["rounded"]["resting_total"] or pool.get("used_high") != cr["rounded"]["peak_total"]:
         problem(f"{label}: pool {fmt(pool.get('used_current'))} / {fmt(pool.get('used_high'))} against tracker "
