@@ -214,6 +214,8 @@ for (sched, m, stage, backend), _, _ in pp_jobs:
     pp_same &= same
     if not same:
         problem(f"pipeline {sched} M={m} stage {stage}: cuda saved/resting/peak differ from cpu")
+    if cs["peak"].get("by_category") != cs.get("predicted", {}).get("peak_by_category", cs["peak"].get("by_category")):
+        problem(f"pipeline {sched} M={m} stage {stage}: cuda peak by category differs from the predicted")
     say(f"| {sched} | {m} | {stage} | {cs['saved']['peak_live_tensors']} / {ps['saved']['peak_live_tensors']} | "
         f"{cs['saved']['peak_live_bytes']:,} / {ps['saved']['peak_live_bytes']:,} | "
         f"{cs['resting']['total']:,} / {ps['resting']['total']:,} | {cs['peak']['total']:,} / {ps['peak']['total']:,} |")
