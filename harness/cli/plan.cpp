@@ -5,6 +5,7 @@
 #include <cmath>
 #include <iostream>
 #include <optional>
+#include <stdexcept>
 #include <utility>
 
 #include "harness/cli/cli.hpp"
@@ -239,7 +240,15 @@ std::int64_t parse_memory_size(const std::string& text) {
   if (u == kUnits.end())
     throw UsageError(what + ": unknown unit; allowed: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB");
   if (!plain && u->second == 1.0) throw UsageError(what + ": a byte count is a whole number");
-  const double bytes = std::stod(number) * u->second;
+  // Digits and one dot only: stod fails only out of range, far above the cap when the
+  // whole part has a non-zero digit, else far below one byte.
+  double bytes = 0.0;
+  try {
+    bytes = std::stod(number) * u->second;
+  } catch (const std::out_of_range&) {
+    const std::string whole = number.substr(0, number.find('.'));
+    bytes = whole.find_first_not_of('0') == std::string::npos ? 0.0 : HUGE_VAL;
+  }
   if (!(bytes >= 1.0)) throw UsageError(what + " is below one byte");
   if (bytes > 0x1p62) throw UsageError(what + " is above the largest allowed, 4 EiB");
   return static_cast<std::int64_t>(std::floor(bytes));

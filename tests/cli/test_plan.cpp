@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -175,8 +176,9 @@ TEST(PlanMemory, SizesInEveryUnitAndTheirRefusals) {
   EXPECT_EQ(parse_memory_size("1.5TB"), 1'500'000'000'000LL);
   EXPECT_EQ(parse_memory_size("1073741824"), 1LL << 30);
   EXPECT_EQ(parse_memory_size("4096B"), 4096);
-  for (const char* bad : {"", "GiB", "-1GiB", "1e9", "1.GiB", ".5GiB", "1..5GiB", "1.5", "1.5B", "0", "0.1B",
-                          "80G", "80 m", "80 PiB", "9999999999999999999999", "5EiB", "1GiB "}) {
+  for (const std::string& bad : std::vector<std::string>{"", "GiB", "-1GiB", "1e9", "1.GiB", ".5GiB", "1..5GiB", "1.5", "1.5B", "0", "0.1B",
+                          "80G", "80 m", "80 PiB", "9999999999999999999999", "5EiB", "1GiB ",
+                          std::string(400, '9'), "0." + std::string(400, '0') + "1KiB"}) {
     std::string what;
     try {
       parse_memory_size(bad);
