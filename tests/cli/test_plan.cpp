@@ -29,18 +29,8 @@ json read_json(const std::string& path) {
   return json::parse(in);
 }
 
-class Plan : public ::testing::Test {
+class Plan : public testing::BinaryTest {
  protected:
-  void SetUp() override {
-    bin_ = env("SHARDSCOPE_BIN");
-    if (bin_.empty()) GTEST_SKIP() << "run through ctest (SHARDSCOPE_BIN unset)";
-    char tmpl[] = "/tmp/shardscope-plan-XXXXXX";
-    dir_ = mkdtemp(tmpl) ? tmpl : "";
-    ASSERT_FALSE(dir_.empty());
-  }
-  void TearDown() override {
-    if (!dir_.empty()) shell("rm -rf '" + dir_ + "'");
-  }
   // `shardscope <command> <flags>` in dir_: the exit code; stdout in out_, stderr's first line in line_.
   int shardscope(const std::string& command, const std::string& flags) {
     const int rc = shell("cd '" + dir_ + "' && timeout 120 '" + bin_ + "' " + command + " " + flags + " > out.txt 2> err.txt");
@@ -49,7 +39,7 @@ class Plan : public ::testing::Test {
     line_ = first_line(dir_ + "/err.txt");
     return rc;
   }
-  std::string bin_, dir_, out_, line_;
+  std::string out_, line_;
 };
 
 // Every rank and stage of an emulated sweep measures what plan predicted for it: resting

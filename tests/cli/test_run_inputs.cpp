@@ -33,18 +33,8 @@ bool has_mpirun() {
 #endif
 }
 
-class RunInputs : public ::testing::Test {
+class RunInputs : public shardscope::testing::BinaryTest {
  protected:
-  void SetUp() override {
-    bin_ = env("SHARDSCOPE_BIN");
-    if (bin_.empty()) GTEST_SKIP() << "run through ctest (SHARDSCOPE_BIN unset)";
-    char tmpl[] = "/tmp/shardscope-inputs-XXXXXX";
-    dir_ = mkdtemp(tmpl) ? tmpl : "";
-    ASSERT_FALSE(dir_.empty());
-  }
-  void TearDown() override {
-    if (!dir_.empty()) shell("rm -rf '" + dir_ + "'");
-  }
   // Runs a small model with `flags` in dir_; returns the exit code, stderr's first line in *line.
   int run(const std::string& flags, std::string* line = nullptr) {
     const std::string err = dir_ + "/err.txt";
@@ -53,7 +43,6 @@ class RunInputs : public ::testing::Test {
     if (line) *line = first_line(err);
     return rc;
   }
-  std::string bin_, dir_;
 };
 
 TEST_F(RunInputs, AValueThatIsAFlagOrEmptyIsRefusedNamingTheOption) {

@@ -1,6 +1,8 @@
 // Small helpers for tests that drive the real binary through a shell.
 #pragma once
 
+#include <gtest/gtest.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -28,5 +30,22 @@ inline std::string first_line(const std::string& path) {
   std::getline(in, line);
   return line;
 }
+
+// A test that drives the shardscope binary (SHARDSCOPE_BIN, which ctest sets; skipped
+// without it) in a fresh folder of its own under /tmp, removed with its contents after.
+class BinaryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    bin_ = env("SHARDSCOPE_BIN");
+    if (bin_.empty()) GTEST_SKIP() << "run through ctest (SHARDSCOPE_BIN unset)";
+    char tmpl[] = "/tmp/shardscope-test-XXXXXX";
+    dir_ = mkdtemp(tmpl) ? tmpl : "";
+    ASSERT_FALSE(dir_.empty());
+  }
+  void TearDown() override {
+    if (!dir_.empty()) shell("rm -rf '" + dir_ + "'");
+  }
+  std::string bin_, dir_;
+};
 
 }  // namespace shardscope::testing
