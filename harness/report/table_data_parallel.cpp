@@ -188,7 +188,7 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
 
   std::vector<std::string> peak_cols = head;
   for (const char* c : {"peak B", "× 4P", "phase", "where", "predicted B", "comm B/step", "predicted",
-                        "main collective", "busbw GB/s", "step ms"})
+                        "main collective", "busbw GB/s", "comm ms", "step ms"})
     peak_cols.push_back(c);
   std::vector<Align> peak_align = aligns(peak_cols.size());
   peak_align[nhead + 2] = peak_align[nhead + 3] = peak_align[nhead + 7] = Align::left;
@@ -211,11 +211,13 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
     // An emulated collective moves no data: its bandwidth means nothing.
     const CommSummary timed = summarize_comm(*row.timing);
     line.push_back(comm.main_kind.empty() || emulated ? cells::kMissing : cells::fixed(timed.main_busbw, 2));
+    // The step's time inside collectives: meaningless too when emulated.
+    line.push_back(emulated ? cells::kMissing : cells::fixed(cells::at(*row.timing, {"comm_ms", "median"}), 3));
     line.push_back(cells::fixed(cells::at(*row.timing, {"step_ms", "median"}), 3));
     peak.add_row(std::move(line));
   }
-  os << "  peak during the step, communication per step, time (step ms: median; on a row for all ranks, the\n"
-        "  slowest rank's, with its busbw)\n";
+  os << "  peak during the step, communication per step, time (step ms, and comm ms of it inside collectives:\n"
+        "  medians; on a row for all ranks, the slowest rank's, with its busbw)\n";
   peak.print(os, 2);
   os << '\n';
 

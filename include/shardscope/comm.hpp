@@ -47,6 +47,11 @@ struct CommLedger {
     for (const auto& s : by_kind) t += s.bytes;
     return t;
   }
+  double total_ms() const {
+    double t = 0.0;
+    for (const auto& s : by_kind) t += s.ms;
+    return t;
+  }
 };
 
 // nccl-tests' bus-bandwidth factors: all-reduce 2(n-1)/n, reduce-scatter and
