@@ -53,7 +53,7 @@ Rows parse_csv(const std::string& text) {
 const std::vector<std::string> kDpHeader = {
     "world", "strategy", "units", "prefetch", "ddp_bucket", "rank", "category", "resting_bytes",
     "peak_bytes_at_peak", "predicted_resting_bytes", "peak_total", "peak_phase", "peak_where",
-    "comm_bytes_per_step", "step_ms_median", "predicted_peak_bytes_at_peak"};
+    "comm_bytes_per_step", "step_ms_median", "predicted_peak_bytes_at_peak", "comm_ms_median"};
 const std::vector<std::string> kPpHeader = {
     "schedule", "stages", "microbatches", "chunks", "stage", "layers", "saved_peak_live_tensors",
     "saved_peak_live_bytes", "saved_total", "saved_before_first_backward", "predicted_peak_live_tensors",
@@ -82,7 +82,7 @@ TEST(Csv, DataParallelOneRowPerRankAndCategory) {
   // zero2 rank 0, in category order.
   for (std::size_t c = 0; c < 8; ++c) EXPECT_EQ(rows[1 + c][6], testing::kReportCategories[c]);
   const std::vector<std::string> param_unsharded = {"2", "zero2", "1", "1", "", "0", "param_unsharded", "0", "8192",
-                                                    "0", "28288", "backward", "unit 3", "6144", "1.25", "8192"};
+                                                    "0", "28288", "backward", "unit 3", "6144", "1.25", "8192", "0.75"};
   EXPECT_EQ(rows[2], param_unsharded);
   EXPECT_EQ(rows[1 + 8][5], "1");                // zero2 rank 1
   EXPECT_EQ(rows[1 + 16][1], "zero3");           // zero3 rank 0

@@ -90,7 +90,7 @@ std::string data_parallel_csv(const json& doc) {
   std::string out;
   add_row(out, {"world", "strategy", "units", "prefetch", "ddp_bucket", "rank", "category", "resting_bytes",
                 "peak_bytes_at_peak", "predicted_resting_bytes", "peak_total", "peak_phase", "peak_where",
-                "comm_bytes_per_step", "step_ms_median", "predicted_peak_bytes_at_peak"});
+                "comm_bytes_per_step", "step_ms_median", "predicted_peak_bytes_at_peak", "comm_ms_median"});
   for (const json* run : runs_of(doc, "data_parallel")) {
     const json* ranks = cells::at(*run, {"ranks"});
     if (!ranks || !ranks->is_array()) continue;
@@ -108,7 +108,8 @@ std::string data_parallel_csv(const json& doc) {
                       value(cells::at(rank, {"peak", "total"})), value(cells::at(rank, {"peak", "phase"})),
                       value(cells::at(rank, {"peak", "where"})), comm_bytes(rank),
                       value(cells::at(rank, {"step_ms", "median"})),
-                      value(cells::at(rank, {"predicted", "peak_by_category", category}))});
+                      value(cells::at(rank, {"predicted", "peak_by_category", category})),
+                      value(cells::at(rank, {"comm_ms", "median"}))});
     }
   }
   return out;

@@ -86,7 +86,8 @@ inline json dp_rank_record(int rank, bool keep_gathered, bool with_timeline) {
             {"comm", {{"all_gather", {{"calls", 4}, {"bytes", 4096}, {"ms", 0.5}, {"busbw_gbps", 1.0}}},
                       {"reduce_scatter", {{"calls", 4}, {"bytes", 2048}, {"ms", 0.25}, {"busbw_gbps", 1.0}}}}},
             {"comm_bytes", 6144},
-            {"step_ms", {{"median", 1.25}, {"min", 1.0}}}};
+            {"step_ms", {{"median", 1.25}, {"min", 1.0}}},
+            {"comm_ms", {{"median", 0.75}, {"min", 0.5}}}};
   if (with_timeline) r["timeline"] = dp_timeline(keep_gathered, 4, 2048);
   return r;
 }
