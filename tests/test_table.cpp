@@ -145,6 +145,18 @@ TEST(Table, LiveAtThePeakByCategory) {
   EXPECT_EQ(line_with(after, "rank 0").find('!'), std::string::npos) << after;
 }
 
+// A stage's point-to-point bytes per step beside their prediction.
+TEST(Table, PipelineP2pBytesBesideTheirPrediction) {
+  json doc = document();
+  json& stage = doc["runs"][2]["stages"][0];
+  stage["comm_bytes"] = 2048;
+  stage["predicted"]["comm_bytes"] = 2048;
+  EXPECT_NE(line_with(render(doc), "1f1b").find(" 2,048 "), std::string::npos) << render(doc);
+  EXPECT_EQ(line_with(render(doc), "1f1b").find("2,048 !"), std::string::npos) << render(doc);
+  stage["predicted"]["comm_bytes"] = 1024;
+  EXPECT_NE(line_with(render(doc), "1f1b").find("2,048 ! 1,024"), std::string::npos) << render(doc);
+}
+
 TEST(Table, PeakCommunicationAndTime) {
   const std::string out = render(document());
   const std::string peak = line_with(out, "10,526,720");

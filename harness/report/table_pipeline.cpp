@@ -26,6 +26,15 @@ std::string layers_cell(const json* layers) {
   return out.empty() ? cells::kMissing : out;
 }
 
+// Bytes sent and received in a step; a prediction that differs follows as "! predicted".
+std::string p2p_cell(const json& stage) {
+  const json* measured = cells::at(stage, {"comm_bytes"});
+  const json* predicted = cells::at(stage, {"predicted", "comm_bytes"});
+  std::string cell = cells::bytes(measured);
+  if (measured && predicted && *measured != *predicted) cell += " ! " + cells::bytes(predicted);
+  return cell;
+}
+
 // "5 / 40 / 5": peak live / total / before the first backward.
 std::string saved_cell(const json& stage) {
   return cells::text(cells::at(stage, {"saved", "peak_live_tensors"})) + " / " +
@@ -64,10 +73,10 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
 
   TextTable table({"schedule", "M", "chunks", "stage", "rank", "layers", "saved: peak live / total / before 1st B",
                    "live act B", "predicted (tensors / B)", "resting B", "peak B",
-                   "predicted peak B", "bubble: wall / replayed / theory", "busy ms", "step ms"},
+                   "predicted peak B", "p2p B/step", "bubble: wall / replayed / theory", "busy ms", "step ms"},
                   {Align::left, Align::right, Align::right, Align::right, Align::right, Align::left, Align::right,
                    Align::right, Align::right, Align::right, Align::right, Align::right, Align::right, Align::right,
-                   Align::right});
+                   Align::right, Align::right});
   for (const json* run : runs) {
     const std::vector<std::string> head = {cells::text(cells::at(*run, {"schedule"})),
                                            cells::text(cells::at(*run, {"microbatches"})),
@@ -84,7 +93,7 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
               saved_cell(stage), cells::bytes(cells::at(stage, {"saved", "peak_live_bytes"})), predicted_cell(stage),
               cells::bytes(cells::at(stage, {"resting", "total"})), cells::bytes(cells::at(stage, {"peak", "total"})),
               cells::predicted_bytes(cells::at(stage, {"predicted", "peak_total"}), cells::at(stage, {"peak", "total"})),
-              bubble_cell(stage), cells::fixed(cells::at(stage, {"busy_ms"}), 3),
+              p2p_cell(stage), bubble_cell(stage), cells::fixed(cells::at(stage, {"busy_ms"}), 3),
               cells::fixed(cells::at(stage, {"step_ms", "median"}), 3)})
           row.push_back(std::move(cell));
         table.add_row(std::move(row));
