@@ -11,11 +11,8 @@
 #include "harness/cli/cli.hpp"
 #include "harness/cli/sweep_plan.hpp"
 #include "harness/cli/sweep_results.hpp"
-#include "harness/report/cells.hpp"
-#include "harness/report/format.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/table.hpp"
-#include "harness/report/text_table.hpp"
 #include "harness/run/records.hpp"
 #include "harness/run/run.hpp"
 #include "harness/run/run_pipeline.hpp"
@@ -134,86 +131,6 @@ json plan_pipeline(const RunConfig& cfg, int stages, const std::optional<std::in
   return run;
 }
 
-// ---- printing ---------------------------------------------------------------------------
-
-std::string bytes_cell(const json& v) { return cells::bytes(&v); }
-
-std::string times_4p(const json& v, const json& run) {
-  return cells::multiple(&v, cells::at(run, {"model", "param_bytes"}));
-}
-
-std::string fits_cell(const json& record, const json& plan) {
-  const json* memory = cells::at(plan, {"memory_bytes"});
-  const json* fits = cells::at(record, {"fits"});
-  std::int64_t mem = 0, peak = 0;
-  if (!fits || !fits->is_boolean() || !cells::as_int(memory, &mem) ||
-      !cells::as_int(cells::at(record, {"predicted", "peak_total"}), &peak))
-    return cells::kMissing;
-  return fits->get<bool>() ? "yes, " + format_bytes_short(mem - peak) + " spare"
-                           : "no, " + format_bytes_short(peak - mem) + " over";
-}
-
-void print_data_parallel(const std::vector<const json*>& runs, const json& plan, std::ostream& os) {
-  const bool with_memory = !plan["memory_bytes"].is_null();
-  std::vector<std::string> headers = {"strategy", "W", "units", "ranks", "resting B", "× 4P", "peak B", "× 4P",
-                                      "peak at", "comm B/step"};
-  std::vector<Align> align = {Align::left,  Align::right, Align::left,  Align::left,  Align::right,
-                              Align::right, Align::right, Align::right, Align::left, Align::right};
-  if (with_memory) {
-    headers.push_back("fits in " + format_bytes_short(plan["memory_bytes"].get<std::int64_t>()));
-    align.push_back(Align::left);
-  }
-  TextTable table(headers, align);
-  for (const json* run : runs) {
-    const json& groups = (*run)["rank_groups"];
-    for (const json& group : groups) {
-      const json& p = group["predicted"];
-      const std::int64_t first = group["first"], last = group["last"];
-      const std::string who = groups.size() == 1 ? "all"
-                              : first == last    ? std::to_string(first)
-                                                 : std::to_string(first) + "-" + std::to_string(last);
-      std::vector<std::string> row = {cells::text(cells::at(*run, {"strategy"})), cells::text(cells::at(*run, {"world"})),
-                                      units_setting(*run), who, bytes_cell(p["resting_total"]),
-                                      times_4p(p["resting_total"], *run), bytes_cell(p["peak_total"]),
-                                      times_4p(p["peak_total"], *run),
-                                      cells::text(&p["peak_phase"]) + ", " + cells::text(&p["peak_where"]),
-                                      bytes_cell(p["comm_bytes"])};
-      if (with_memory) row.push_back(fits_cell(group, plan));
-      table.add_row(std::move(row));
-    }
-  }
-  table.print(os);
-}
-
-void print_pipeline(const std::vector<const json*>& runs, const json& plan, std::ostream& os) {
-  const bool with_memory = !plan["memory_bytes"].is_null();
-  std::vector<std::string> headers = {"schedule", "S", "M", "chunks", "stage", "layers", "resting B", "peak B",
-                                      "× 4P", "saved: peak live tensors / B", "live μbatches", "p2p B/step", "bubble"};
-  std::vector<Align> align = {Align::left,  Align::right, Align::right, Align::right, Align::right, Align::left,
-                              Align::right, Align::right, Align::right, Align::right, Align::right, Align::right,
-                              Align::right};
-  if (with_memory) {
-    headers.push_back("fits in " + format_bytes_short(plan["memory_bytes"].get<std::int64_t>()));
-    align.push_back(Align::left);
-  }
-  TextTable table(headers, align);
-  for (const json* run : runs) {
-    for (const json& stage : (*run)["stages"]) {
-      const json& p = stage["predicted"];
-      std::vector<std::string> row = {cells::text(cells::at(*run, {"schedule"})), cells::text(cells::at(*run, {"world"})),
-                                      cells::text(cells::at(*run, {"microbatches"})), cells::text(cells::at(*run, {"chunks"})),
-                                      cells::text(&stage["stage"]), stage_layers(stage), bytes_cell(p["resting_total"]),
-                                      bytes_cell(p["peak_total"]), times_4p(p["peak_total"], *run),
-                                      cells::text(&p["peak_live_tensors"]) + " / " + bytes_cell(p["peak_live_bytes"]),
-                                      cells::text(&p["peak_held_microbatches"]), bytes_cell(p["comm_bytes"]),
-                                      cells::percent(cells::at(*run, {"bubble_fraction_theory"}))};
-      if (with_memory) row.push_back(fits_cell(stage, plan));
-      table.add_row(std::move(row));
-    }
-  }
-  table.print(os);
-}
-
 }  // namespace
 
 std::int64_t parse_memory_size(const std::string& text) {
@@ -274,52 +191,6 @@ json make_plan(const PlanRequest& flags) {
           {"memory_bytes", flags.memory ? json(*flags.memory) : json()},
           {"not_counted", kNotCounted},
           {"plans", std::move(plans)}};
-}
-
-void print_plan(const json& plan, std::ostream& os) {
-  std::vector<const json*> data_parallel, pipeline, skipped;
-  for (const json& p : plan["plans"]) {
-    if (p.value("skipped", false)) skipped.push_back(&p);
-    else if (p["kind"] == "pipeline") pipeline.push_back(&p);
-    else data_parallel.push_back(&p);
-  }
-  const std::string memory = plan["memory_bytes"].is_null()
-                                 ? ""
-                                 : "; fits: peak within " + format_bytes(plan["memory_bytes"].get<std::int64_t>());
-  // One table per model (presets bring their own).
-  auto by_model = [](const std::vector<const json*>& runs) {
-    std::vector<std::vector<const json*>> groups;
-    for (const json* r : runs) {
-      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& grp) { return (*grp[0])["model"] == (*r)["model"]; });
-      if (g == groups.end()) groups.push_back({r});
-      else g->push_back(r);
-    }
-    return groups;
-  };
-  for (const auto& group : by_model(data_parallel)) {
-    os << "data parallel, predicted per rank: " << model_line((*group[0])["model"], true) << memory << "\n\n";
-    print_data_parallel(group, plan, os);
-    os << '\n';
-  }
-  for (const auto& group : by_model(pipeline)) {
-    os << "pipeline, predicted per stage: " << model_line((*group[0])["model"], false) << memory << "\n\n";
-    print_pipeline(group, plan, os);
-    os << '\n';
-  }
-  print_skipped(skipped, os);
-  // The note, wrapped at 96 columns.
-  std::string line;
-  for (std::size_t at = 0, end = 0; at < plan["not_counted"].get<std::string>().size(); at = end + 1) {
-    const std::string& note = plan["not_counted"].get_ref<const std::string&>();
-    end = std::min(note.find(' ', at), note.size());
-    const std::string word = note.substr(at, end - at);
-    if (!line.empty() && line.size() + 1 + word.size() > 96) {
-      os << line << '\n';
-      line.clear();
-    }
-    line += (line.empty() ? "" : " ") + word;
-  }
-  if (!line.empty()) os << line << '\n';
 }
 
 int plan_main(const std::vector<std::string>& args) {

@@ -35,9 +35,6 @@ PlanRequest parse_plan_args(const std::vector<std::string>& args);
 // the sweep's or a run's flags are wrong.
 nlohmann::json make_plan(const PlanRequest& request);
 
-// Prints a plan document as tables.
-void print_plan(const nlohmann::json& plan, std::ostream& os);
-
 // `shardscope plan ...`: prints the tables, writes --json FILE; returns the exit code
 // (0, or 2 for bad usage).
 int plan_main(const std::vector<std::string>& args);

@@ -19,6 +19,9 @@ namespace shardscope {
 
 void print_tables(const nlohmann::json& doc, std::ostream& os);
 
+// A `shardscope plan` document (schema shardscope-plan/1) as tables (table_plan.cpp).
+void print_plan(const nlohmann::json& plan, std::ostream& os);
+
 // The parts print_tables is made of; `runs` all of one kind, `doc` for the top-level
 // backend, comm and emulated flag (a run's own fields take precedence).
 void print_data_parallel_tables(const std::vector<const nlohmann::json*>& runs,
