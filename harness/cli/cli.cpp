@@ -13,6 +13,7 @@
 #include <memory>
 #include <sstream>
 
+#include "harness/cli/compare.hpp"
 #include "harness/cli/plan.hpp"
 #include "harness/cli/sweep.hpp"
 #include "harness/comm/mpi_env.hpp"
@@ -378,6 +379,7 @@ void usage() {
   std::cout << "usage: shardscope run [flags]     one job (start under mpirun -np W for W ranks)\n"
                "       shardscope sweep [flags]   the seed's experiment, or any list of runs\n"
                "       shardscope plan [flags]    a sweep's closed forms, every rank, nothing run\n"
+               "       shardscope compare BASE.json NEW.json   two results side by side\n"
                "       shardscope <command> --help\n";
 }
 
@@ -408,7 +410,7 @@ RunConfig parse_run_args(const std::vector<std::string>& args) {
 int cli_main(int argc, char** argv) {
   if (argc < 2) {
     usage();
-    error_line("missing command; allowed: run, sweep, plan");
+    error_line("missing command; allowed: run, sweep, plan, compare");
     return 2;
   }
   const std::string cmd = argv[1];
@@ -417,9 +419,10 @@ int cli_main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "run") return run_command(argc - 1, argv + 1);
-  if (cmd == "sweep" || cmd == "plan") {
+  if (cmd == "sweep" || cmd == "plan" || cmd == "compare") {
     const std::vector<std::string> args(argv + 2, argv + argc);
     try {
+      if (cmd == "compare") return compare_main(args);
       return cmd == "sweep" ? sweep_main(args, self_exe(argv[0])) : plan_main(args);
     } catch (const UsageError& e) {
       error_line(e.what());
@@ -430,7 +433,7 @@ int cli_main(int argc, char** argv) {
     }
   }
   usage();
-  error_line("unknown command '" + cmd + "'; allowed: run, sweep, plan");
+  error_line("unknown command '" + cmd + "'; allowed: run, sweep, plan, compare");
   return 2;
 }
 

@@ -19,6 +19,9 @@ namespace shardscope {
 
 void print_tables(const nlohmann::json& doc, std::ostream& os);
 
+// A `shardscope compare` record (compare_documents) as a table (table_compare.cpp).
+void print_comparison(const nlohmann::json& comparison, std::ostream& os);
+
 // A `shardscope plan` document (schema shardscope-plan/1) as tables (table_plan.cpp).
 void print_plan(const nlohmann::json& plan, std::ostream& os);
 

@@ -1,0 +1,168 @@
+#include "harness/cli/compare.hpp"
+
+#include <algorithm>
+#include <iostream>
+#include <string>
+#include <utility>
+
+#include "harness/cli/sweep_plan.hpp"
+#include "harness/report/cells.hpp"
+#include "harness/report/json_io.hpp"
+#include "harness/report/table.hpp"
+#include "shardscope/category.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+namespace {
+
+using nlohmann::json;
+
+// What makes two runs the same configuration.
+json match_key(const json& run) {
+  json key = json::array();
+  for (const char* field : {"kind", "strategy", "schedule", "world", "layers_per_unit", "prefetch", "ddp_bucket",
+                            "bucket_mb", "microbatches", "chunks", "split", "model"})
+    key.push_back(run.value(field, json()));
+  return key;
+}
+
+bool is_skipped(const json& run) { return run.value("skipped", false); }
+
+const json& members(const json& run) {
+  static const json kNone = json::array();
+  const char* field = run.value("kind", "") == "pipeline" ? "stages" : "ranks";
+  return run.contains(field) && run[field].is_array() ? run[field] : kNone;
+}
+
+std::int64_t figure(const json& record, std::initializer_list<const char*> path) {
+  std::int64_t v = 0;
+  return cells::as_int(cells::at(record, path), &v) ? v : 0;
+}
+
+std::string signed_bytes(std::int64_t d) {
+  const std::string digits = cells::group_digits(d < 0 ? -d : d);
+  return (d < 0 ? "-" : "+") + digits + " B";
+}
+
+// Every byte figure of a rank or stage that differs between base and new, in words.
+json differences(const json& base, const json& fresh) {
+  json out = json::array();
+  auto compare = [&](const std::string& what, std::initializer_list<const char*> path) {
+    const json* a = cells::at(base, path);
+    const json* b = cells::at(fresh, path);
+    if (!a && !b) return;
+    if (!a || !b) {
+      out.push_back(what + ": only in " + (a ? "base" : "new"));
+      return;
+    }
+    if (*a == *b) return;
+    std::int64_t x = 0, y = 0;
+    if (cells::as_int(a, &x) && cells::as_int(b, &y)) out.push_back(what + " " + signed_bytes(y - x));
+    else out.push_back(what + " " + a->dump() + " -> " + b->dump());
+  };
+  for (const std::string_view c : kCategoryNames) {
+    const std::string name(c);
+    compare("resting " + name, {"resting", name.c_str()});
+  }
+  for (const std::string_view c : kCategoryNames) {
+    const std::string name(c);
+    compare("peak " + name, {"peak", "by_category", name.c_str()});
+  }
+  compare("peak", {"peak", "total"});
+  compare("comm", {"comm_bytes"});
+  // Saved-tensor counts are counts, not bytes.
+  if (const json* a = cells::at(base, {"saved", "peak_live_tensors"}), *b = cells::at(fresh, {"saved", "peak_live_tensors"});
+      a && b && *a != *b)
+    out.push_back("saved peak live tensors " + a->dump() + " -> " + b->dump());
+  compare("saved peak live", {"saved", "peak_live_bytes"});
+  return out;
+}
+
+json side(const json& record) {
+  return {{"resting", figure(record, {"resting", "total"})},
+          {"peak", figure(record, {"peak", "total"})},
+          {"step_ms", record.contains("step_ms") ? record["step_ms"].value("median", json()) : json()}};
+}
+
+json document_summary(const json& doc, const std::string& path) {
+  const json* git = cells::at(doc, {"provenance", "git"});
+  const json* host = cells::at(doc, {"provenance", "host"});
+  return {{"path", path}, {"backend", doc.value("backend", json())}, {"comm", doc.value("comm", json())},
+          {"emulated", doc.value("emulated", json())}, {"git", git ? *git : json()}, {"host", host ? *host : json()}};
+}
+
+json read_document(const std::string& path, const char* which) {
+  json doc;
+  try {
+    doc = read_json_file(path);
+  } catch (const RunError& e) {
+    throw UsageError(std::string(which) + ": " + e.what());
+  }
+  if (!doc.is_object() || doc.value("schema", json()) != "shardscope/1" || !doc.contains("runs") ||
+      !doc["runs"].is_array())
+    throw UsageError(std::string(which) + ": '" + path +
+                     "' is not a shardscope/1 result (a run's --json or a sweep's DIR/shardscope.json)");
+  return doc;
+}
+
+}  // namespace
+
+json compare_documents(const json& base, const std::string& base_path, const json& fresh,
+                       const std::string& new_path) {
+  json runs = json::array(), only_base = json::array(), only_new = json::array();
+  std::vector<bool> used(fresh["runs"].size(), false);
+  for (const json& b : base["runs"]) {
+    if (!b.is_object() || is_skipped(b)) continue;
+    const json key = match_key(b);
+    std::size_t n = 0;
+    while (n < fresh["runs"].size() &&
+           (used[n] || !fresh["runs"][n].is_object() || is_skipped(fresh["runs"][n]) ||
+            match_key(fresh["runs"][n]) != key))
+      ++n;
+    if (n == fresh["runs"].size()) {
+      only_base.push_back(run_label(b));
+      continue;
+    }
+    used[n] = true;
+    const json& f = fresh["runs"][n];
+    const char* id = b.value("kind", "") == "pipeline" ? "stage" : "rank";
+    json ranks = json::array();
+    for (const json& rb : members(b)) {
+      const json* rf = nullptr;
+      for (const json& candidate : members(f))
+        if (candidate.value(id, -1) == rb.value(id, -2)) rf = &candidate;
+      if (!rf) continue;  // an emulated run lists the one rank it played
+      ranks.push_back({{"rank", rb.value(id, -1)}, {"base", side(rb)}, {"new", side(*rf)},
+                       {"differs", differences(rb, *rf)}});
+    }
+    runs.push_back({{"label", run_label(b)}, {"kind", b.value("kind", "")}, {"model", b.value("model", json())},
+                    {"ranks", std::move(ranks)}});
+  }
+  for (std::size_t n = 0; n < fresh["runs"].size(); ++n)
+    if (!used[n] && fresh["runs"][n].is_object() && !is_skipped(fresh["runs"][n]))
+      only_new.push_back(run_label(fresh["runs"][n]));
+  return {{"base", document_summary(base, base_path)}, {"new", document_summary(fresh, new_path)},
+          {"runs", std::move(runs)}, {"only_in_base", std::move(only_base)}, {"only_in_new", std::move(only_new)}};
+}
+
+int compare_main(const std::vector<std::string>& args) {
+  if (sweep_wants_help(args)) {
+    std::cout << "usage: shardscope compare BASE.json NEW.json\n"
+                 "\n"
+                 "Sets two result documents (a run's --json, a sweep's DIR/shardscope.json) side by side:\n"
+                 "for every configuration both hold, every rank's resting and peak bytes (base, and the\n"
+                 "difference), each byte figure that differs by category, and the step time's ratio\n"
+                 "new / base. The same configuration on cpu and cuda, on two machines or at two commits\n"
+                 "holds the same bytes; what differs is listed.\n";
+    return 0;
+  }
+  if (args.size() != 2 || args[0].rfind("--", 0) == 0 || args[1].rfind("--", 0) == 0)
+    throw UsageError("compare: expected two result files, BASE.json NEW.json; got " + std::to_string(args.size()) +
+                     " argument" + (args.size() == 1 ? "" : "s") + " (shardscope compare --help)");
+  const json base = read_document(args[0], "BASE");
+  const json fresh = read_document(args[1], "NEW");
+  print_comparison(compare_documents(base, args[0], fresh, args[1]), std::cout);
+  return 0;
+}
+
+}  // namespace shardscope

@@ -1,0 +1,29 @@
+// `shardscope compare BASE.json NEW.json`: two result documents (shardscope/1) side by
+// side, run by run and rank by rank: the same configuration on two backends (cpu and
+// cuda), two machines or two commits. Bytes must agree to the byte where the code and
+// the model agree; what differs is listed per category, and step times are set as
+// ratios.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace shardscope {
+
+// The comparison record: {"base": {"path", "backend", "git", "host"}, "new": {...},
+// "runs": [{"label", "kind", "ranks": [{"rank", "base": {...}, "new": {...},
+// "differs": ["peak temp +32,768 B", ...]}]}], "only_in_base": [labels],
+// "only_in_new": [labels]}. Runs are matched by kind, strategy or schedule, world,
+// units, prefetch, DDP bucket, micro-batches, chunks and model; ranks (stages) by
+// number. Backend, communicator and emulation are what a comparison is for, so they
+// are not part of the match.
+nlohmann::json compare_documents(const nlohmann::json& base, const std::string& base_path,
+                                 const nlohmann::json& fresh, const std::string& new_path);
+
+// `shardscope compare ...`: prints the comparison; returns the exit code (0, or 2 when
+// a file is missing, unreadable or not a shardscope/1 document).
+int compare_main(const std::vector<std::string>& args);
+
+}  // namespace shardscope
