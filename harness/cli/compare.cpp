@@ -17,21 +17,30 @@ namespace {
 
 using nlohmann::json;
 
+// A document's field, whatever its type; null when absent (files are read as given:
+// a field of the wrong type must not end the comparison).
+json field(const json& j, const char* key) {
+  const json* v = cells::at(j, {key});
+  return v ? *v : json();
+}
+
+bool is_pipeline(const json& run) { return field(run, "kind") == "pipeline"; }
+
 // What makes two runs the same configuration.
 json match_key(const json& run) {
   json key = json::array();
-  for (const char* field : {"kind", "strategy", "schedule", "world", "layers_per_unit", "prefetch", "ddp_bucket",
-                            "bucket_mb", "microbatches", "chunks", "split", "model"})
-    key.push_back(run.value(field, json()));
+  for (const char* name : {"kind", "strategy", "schedule", "world", "layers_per_unit", "prefetch", "ddp_bucket",
+                           "bucket_mb", "microbatches", "chunks", "split", "model"})
+    key.push_back(field(run, name));
   return key;
 }
 
-bool is_skipped(const json& run) { return run.value("skipped", false); }
+bool comparable(const json& run) { return run.is_object() && field(run, "skipped") != true; }
 
 const json& members(const json& run) {
   static const json kNone = json::array();
-  const char* field = run.value("kind", "") == "pipeline" ? "stages" : "ranks";
-  return run.contains(field) && run[field].is_array() ? run[field] : kNone;
+  const json* list = cells::at(run, {is_pipeline(run) ? "stages" : "ranks"});
+  return list && list->is_array() ? *list : kNone;
 }
 
 std::int64_t figure(const json& record, std::initializer_list<const char*> path) {
@@ -81,14 +90,14 @@ json differences(const json& base, const json& fresh) {
 json side(const json& record) {
   return {{"resting", figure(record, {"resting", "total"})},
           {"peak", figure(record, {"peak", "total"})},
-          {"step_ms", record.contains("step_ms") ? record["step_ms"].value("median", json()) : json()}};
+          {"step_ms", field(field(record, "step_ms"), "median")}};
 }
 
 json document_summary(const json& doc, const std::string& path) {
   const json* git = cells::at(doc, {"provenance", "git"});
   const json* host = cells::at(doc, {"provenance", "host"});
-  return {{"path", path}, {"backend", doc.value("backend", json())}, {"comm", doc.value("comm", json())},
-          {"emulated", doc.value("emulated", json())}, {"git", git ? *git : json()}, {"host", host ? *host : json()}};
+  return {{"path", path}, {"backend", field(doc, "backend")}, {"comm", field(doc, "comm")},
+          {"emulated", field(doc, "emulated")}, {"git", git ? *git : json()}, {"host", host ? *host : json()}};
 }
 
 json read_document(const std::string& path, const char* which) {
@@ -98,8 +107,7 @@ json read_document(const std::string& path, const char* which) {
   } catch (const RunError& e) {
     throw UsageError(std::string(which) + ": " + e.what());
   }
-  if (!doc.is_object() || doc.value("schema", json()) != "shardscope/1" || !doc.contains("runs") ||
-      !doc["runs"].is_array())
+  if (field(doc, "schema") != "shardscope/1" || !field(doc, "runs").is_array())
     throw UsageError(std::string(which) + ": '" + path +
                      "' is not a shardscope/1 result (a run's --json or a sweep's DIR/shardscope.json)");
   return doc;
@@ -112,12 +120,10 @@ json compare_documents(const json& base, const std::string& base_path, const jso
   json runs = json::array(), only_base = json::array(), only_new = json::array();
   std::vector<bool> used(fresh["runs"].size(), false);
   for (const json& b : base["runs"]) {
-    if (!b.is_object() || is_skipped(b)) continue;
+    if (!comparable(b)) continue;
     const json key = match_key(b);
     std::size_t n = 0;
-    while (n < fresh["runs"].size() &&
-           (used[n] || !fresh["runs"][n].is_object() || is_skipped(fresh["runs"][n]) ||
-            match_key(fresh["runs"][n]) != key))
+    while (n < fresh["runs"].size() && (used[n] || !comparable(fresh["runs"][n]) || match_key(fresh["runs"][n]) != key))
       ++n;
     if (n == fresh["runs"].size()) {
       only_base.push_back(run_label(b));
@@ -125,22 +131,22 @@ json compare_documents(const json& base, const std::string& base_path, const jso
     }
     used[n] = true;
     const json& f = fresh["runs"][n];
-    const char* id = b.value("kind", "") == "pipeline" ? "stage" : "rank";
+    const char* id = is_pipeline(b) ? "stage" : "rank";
     json ranks = json::array();
     for (const json& rb : members(b)) {
+      const json number = field(rb, id);
+      if (!number.is_number_integer()) continue;
       const json* rf = nullptr;
       for (const json& candidate : members(f))
-        if (candidate.value(id, -1) == rb.value(id, -2)) rf = &candidate;
+        if (field(candidate, id) == number) rf = &candidate;
       if (!rf) continue;  // an emulated run lists the one rank it played
-      ranks.push_back({{"rank", rb.value(id, -1)}, {"base", side(rb)}, {"new", side(*rf)},
-                       {"differs", differences(rb, *rf)}});
+      ranks.push_back({{"rank", number}, {"base", side(rb)}, {"new", side(*rf)}, {"differs", differences(rb, *rf)}});
     }
-    runs.push_back({{"label", run_label(b)}, {"kind", b.value("kind", "")}, {"model", b.value("model", json())},
+    runs.push_back({{"label", run_label(b)}, {"kind", field(b, "kind")}, {"model", field(b, "model")},
                     {"ranks", std::move(ranks)}});
   }
   for (std::size_t n = 0; n < fresh["runs"].size(); ++n)
-    if (!used[n] && fresh["runs"][n].is_object() && !is_skipped(fresh["runs"][n]))
-      only_new.push_back(run_label(fresh["runs"][n]));
+    if (!used[n] && comparable(fresh["runs"][n])) only_new.push_back(run_label(fresh["runs"][n]));
   return {{"base", document_summary(base, base_path)}, {"new", document_summary(fresh, new_path)},
           {"runs", std::move(runs)}, {"only_in_base", std::move(only_base)}, {"only_in_new", std::move(only_new)}};
 }

@@ -83,6 +83,31 @@ TEST(Compare, ADocumentAgainstItselfIsIdentical) {
       << os.str();
 }
 
+// Files are read as given: fields of the wrong type are passed over, never a crash.
+TEST(Compare, FieldsOfTheWrongTypeArePassedOver) {
+  json odd = testing::report_document();
+  odd["runs"].push_back(5);
+  odd["runs"][0]["kind"] = 7;
+  odd["runs"][1]["skipped"] = "no";
+  odd["runs"][1]["ranks"][0]["rank"] = "zero";
+  odd["runs"][1]["ranks"][1]["step_ms"] = 3;
+  odd["runs"][1]["ranks"][1]["peak"] = "high";
+  odd["runs"][3]["ranks"] = "all of them";
+  const json base = testing::report_document();
+  json cmp;
+  ASSERT_NO_THROW(cmp = compare_documents(base, "a", odd, "b"));
+  std::ostringstream os;
+  ASSERT_NO_THROW(print_comparison(cmp, os));
+  // zero3 (one layer per unit), the first run compared: rank 0's number is a string in
+  // the new file (not matched), rank 1 compared.
+  const json& zero3 = cmp["runs"][0];
+  EXPECT_EQ(zero3["label"], "zero3 W=2 1 layer/unit");
+  ASSERT_EQ(zero3["ranks"].size(), 1u);
+  EXPECT_TRUE(zero3["ranks"][0]["new"]["step_ms"].is_null());
+  EXPECT_FALSE(zero3["ranks"][0]["differs"].empty());
+  EXPECT_EQ(cmp["only_in_base"], json::array({"zero2 W=2 1 layer/unit"}));  // its kind no longer matches
+}
+
 class CompareCli : public testing::BinaryTest {
  protected:
   int compare(const std::string& args) {
