@@ -376,10 +376,10 @@ int run_command(int argc, char** argv) {
 }
 
 void usage() {
-  std::cout << "usage: shardscope run [flags]     one job (start under mpirun -np W for W ranks)\n"
-               "       shardscope sweep [flags]   the seed's experiment, or any list of runs\n"
-               "       shardscope plan [flags]    a sweep's closed forms, every rank, nothing run\n"
-               "       shardscope compare BASE.json NEW.json   two results side by side\n"
+  std::cout << "usage: shardscope run [flags]          one job (start under mpirun -np W for W ranks)\n"
+               "       shardscope sweep [flags]        the seed's experiment, or any list of runs\n"
+               "       shardscope plan [flags]         a sweep's closed forms, every rank, nothing run\n"
+               "       shardscope compare BASE NEW     two result files side by side\n"
                "       shardscope <command> --help\n";
 }
 
