@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <unordered_map>
 #include <tuple>
 #include <vector>
 
@@ -11,8 +12,14 @@ namespace {
 
 // A tensor as the saved-tensor instrument tells them apart. Layer outputs are named by
 // their layer: a received activation is the sender's output (one copy per stage).
-enum class Kind { input, output, weight, target };
-using TensorId = std::tuple<Kind, int, int>;  // (kind, micro-batch, layer)
+enum class Kind : std::uint64_t { input, output, weight, target };
+// (kind, micro-batch, layer) packed in one word: M <= 10,000 and L <= 100,000 (the CLI's
+// caps) fit 24 bits each.
+using TensorId = std::uint64_t;
+TensorId tensor_id(Kind kind, int microbatch, int layer) {
+  return static_cast<std::uint64_t>(kind) << 48 | static_cast<std::uint64_t>(microbatch) << 24 |
+         static_cast<std::uint64_t>(layer);
+}
 
 class Walk {
  public:
@@ -42,7 +49,7 @@ class Walk {
     int refs = 0;
     std::int64_t bytes = 0;
   };
-  std::map<TensorId, Entry> live_;
+  std::unordered_map<TensorId, Entry> live_;
   int live_count_ = 0;
   std::int64_t live_bytes_ = 0;
   SavedPrediction p_;
@@ -72,14 +79,14 @@ SavedPrediction predict_saved(const ModelConfig& model, const PipelineLayout& la
         (until_w && s.split_backward ? mine.at_w : mine.at_b).push_back(id);
       };
       for (int i = first; i < last; ++i) {
-        const TensorId in = i == 0 ? TensorId{Kind::input, m, 0} : TensorId{Kind::output, m, i - 1};
+        const TensorId in = i == 0 ? tensor_id(Kind::input, m, 0) : tensor_id(Kind::output, m, i - 1);
         save(in, bytes, /*until_w*/ true);  // Linear: its input
-        if (i != 0) save({Kind::weight, m, i}, 0, false);  // and its weight, input requiring grad
-        if (model.activation == Activation::relu) save({Kind::output, m, i}, bytes, false);  // ReLU: output
+        if (i != 0) save(tensor_id(Kind::weight, m, i), 0, false);  // and its weight, input requiring grad
+        if (model.activation == Activation::relu) save(tensor_id(Kind::output, m, i), bytes, false);  // ReLU: output
       }
       if (k == V - 1 && model.loss == Loss::mse) {  // MSE: input and target
-        save({Kind::output, m, last - 1}, bytes, false);
-        save({Kind::target, m, 0}, bytes, false);
+        save(tensor_id(Kind::output, m, last - 1), bytes, false);
+        save(tensor_id(Kind::target, m, 0), bytes, false);
       }
     } else {
       if (!backward_seen) walk.result().before_first_backward = walk.result().total_tensors;
