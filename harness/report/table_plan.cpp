@@ -16,6 +16,18 @@ namespace {
 
 using nlohmann::json;
 
+// What the peak holds above the resting bytes: its transient categories (at rest every
+// transient is freed), e.g. "param_unsharded 2.00 GiB, grad_unsharded 256.00 MiB,
+// activation 2.50 MiB, temp 1.00 MiB".
+std::string above_rest(const json& predicted) {
+  std::string out;
+  for (const char* c : {"param_unsharded", "grad_unsharded", "activation", "comm", "temp"}) {
+    std::int64_t b = 0;
+    if (!cells::as_int(cells::at(predicted, {"peak_by_category", c}), &b) || b == 0) continue;
+    out += (out.empty() ? "" : ", ") + std::string(c) + " " + format_bytes_short(b);
+  }
+  return out.empty() ? cells::kMissing : out;
+}
 
 std::string bytes_cell(const json& v) { return cells::bytes(&v); }
 
@@ -37,9 +49,9 @@ std::string fits_cell(const json& record, const json& plan) {
 void print_data_parallel(const std::vector<const json*>& runs, const json& plan, std::ostream& os) {
   const bool with_memory = !plan["memory_bytes"].is_null();
   std::vector<std::string> headers = {"strategy", "W", "units", "ranks", "resting B", "× 4P", "peak B", "× 4P",
-                                      "peak at", "comm B/step"};
-  std::vector<Align> align = {Align::left,  Align::right, Align::left,  Align::left,  Align::right,
-                              Align::right, Align::right, Align::right, Align::left, Align::right};
+                                      "peak at", "comm B/step", "at the peak, above rest"};
+  std::vector<Align> align = {Align::left,  Align::right, Align::left,  Align::left,  Align::right, Align::right,
+                              Align::right, Align::right, Align::left, Align::right, Align::left};
   if (with_memory) {
     headers.push_back("fits in " + format_bytes_short(plan["memory_bytes"].get<std::int64_t>()));
     align.push_back(Align::left);
@@ -58,7 +70,7 @@ void print_data_parallel(const std::vector<const json*>& runs, const json& plan,
                                       times_4p(p["resting_total"], *run), bytes_cell(p["peak_total"]),
                                       times_4p(p["peak_total"], *run),
                                       cells::text(&p["peak_phase"]) + ", " + cells::text(&p["peak_where"]),
-                                      bytes_cell(p["comm_bytes"])};
+                                      bytes_cell(p["comm_bytes"]), above_rest(p)};
       if (with_memory) row.push_back(fits_cell(group, plan));
       table.add_row(std::move(row));
     }
@@ -69,10 +81,11 @@ void print_data_parallel(const std::vector<const json*>& runs, const json& plan,
 void print_pipeline(const std::vector<const json*>& runs, const json& plan, std::ostream& os) {
   const bool with_memory = !plan["memory_bytes"].is_null();
   std::vector<std::string> headers = {"schedule", "S", "M", "chunks", "stage", "layers", "resting B", "peak B",
-                                      "× 4P", "saved: peak live tensors / B", "live μbatches", "p2p B/step", "bubble"};
-  std::vector<Align> align = {Align::left,  Align::right, Align::right, Align::right, Align::right, Align::left,
-                              Align::right, Align::right, Align::right, Align::right, Align::right, Align::right,
-                              Align::right};
+                                      "× 4P", "saved: peak live tensors / B", "live μbatches", "p2p B/step", "bubble",
+                                      "at the peak, above rest"};
+  std::vector<Align> align = {Align::left,  Align::right, Align::right, Align::right, Align::right,
+                              Align::left,  Align::right, Align::right, Align::right, Align::right,
+                              Align::right, Align::right, Align::right, Align::left};
   if (with_memory) {
     headers.push_back("fits in " + format_bytes_short(plan["memory_bytes"].get<std::int64_t>()));
     align.push_back(Align::left);
@@ -87,7 +100,7 @@ void print_pipeline(const std::vector<const json*>& runs, const json& plan, std:
                                       bytes_cell(p["peak_total"]), times_4p(p["peak_total"], *run),
                                       cells::text(&p["peak_live_tensors"]) + " / " + bytes_cell(p["peak_live_bytes"]),
                                       cells::text(&p["peak_held_microbatches"]), bytes_cell(p["comm_bytes"]),
-                                      cells::percent(cells::at(*run, {"bubble_fraction_theory"}))};
+                                      cells::percent(cells::at(*run, {"bubble_fraction_theory"})), above_rest(p)};
       if (with_memory) row.push_back(fits_cell(stage, plan));
       table.add_row(std::move(row));
     }
