@@ -20,6 +20,7 @@
 #include "harness/cli/child_process.hpp"
 #include "harness/report/json_io.hpp"
 #include "support/png_check.hpp"
+#include "support/shell.hpp"
 
 namespace shardscope {
 namespace {
@@ -46,20 +47,13 @@ std::string find_chromium() {
   return {};
 }
 
-class ReportBrowser : public ::testing::Test {
+class ReportBrowser : public testing::BinaryTest {
  protected:
   void SetUp() override {
-    const char* bin = std::getenv("SHARDSCOPE_BIN");
-    if (!bin || !*bin) GTEST_SKIP() << "SHARDSCOPE_BIN is not set (run through ctest)";
-    bin_ = bin;
-    std::string templ = (fs::temp_directory_path() / "shardscope-browser-XXXXXX").string();
-    ASSERT_NE(mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
+    testing::BinaryTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     chromium_ = find_chromium();
     if (chromium_.empty()) chromium_ = install_chromium(&why_not_);
-  }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
   }
 
   // Runs argv with stdout/stderr to files under dir_; returns the exit code (-1: none).
@@ -153,7 +147,7 @@ class ReportBrowser : public ::testing::Test {
     }
   }
 
-  std::string bin_, dir_, chromium_, why_not_, out_, err_, dom_;
+  std::string chromium_, why_not_, out_, err_, dom_;
 };
 
 TEST_F(ReportBrowser, SmallSweepRendersEveryChart) {

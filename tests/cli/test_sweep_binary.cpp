@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "harness/cli/child_process.hpp"
+#include "support/shell.hpp"
 #include "harness/report/json_io.hpp"
 
 namespace shardscope {
@@ -18,19 +19,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class SweepBinary : public ::testing::Test {
+class SweepBinary : public testing::BinaryTest {
  protected:
-  void SetUp() override {
-    const char* bin = std::getenv("SHARDSCOPE_BIN");
-    if (!bin || !*bin) GTEST_SKIP() << "SHARDSCOPE_BIN is not set (run through ctest)";
-    bin_ = bin;
-    std::string templ = (fs::temp_directory_path() / "shardscope-sweep-bin-XXXXXX").string();
-    ASSERT_NE(mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
-  }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
-  }
   // Runs `shardscope sweep args...`; returns the exit code (-1 when it did not exit).
   int sweep(const std::vector<std::string>& args) {
     ChildSpec spec;
@@ -50,7 +40,7 @@ class SweepBinary : public ::testing::Test {
     s << in.rdbuf();
     return s.str();
   }
-  std::string bin_, dir_, out_, err_;
+  std::string out_, err_;
 };
 
 TEST_F(SweepBinary, HelpAndBadFlags) {

@@ -13,6 +13,7 @@
 #include "harness/cli/child_process.hpp"
 #include "harness/report/json_io.hpp"
 #include "support/trace_check.hpp"
+#include "support/shell.hpp"
 
 namespace shardscope {
 namespace {
@@ -23,19 +24,8 @@ using testing::trace_problems;
 using testing::trace_processes;
 using testing::trace_slice_names;
 
-class TraceCli : public ::testing::Test {
+class TraceCli : public testing::BinaryTest {
  protected:
-  void SetUp() override {
-    const char* bin = std::getenv("SHARDSCOPE_BIN");
-    if (!bin || !*bin) GTEST_SKIP() << "SHARDSCOPE_BIN is not set (run through ctest)";
-    bin_ = bin;
-    std::string templ = (fs::temp_directory_path() / "shardscope-trace-cli-XXXXXX").string();
-    ASSERT_NE(mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
-  }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
-  }
   // Runs argv; returns the exit code (-1 when it did not exit).
   int run(std::vector<std::string> argv) {
     ChildSpec spec;
@@ -55,7 +45,7 @@ class TraceCli : public ::testing::Test {
     const std::vector<std::string> problems = trace_problems(trace);
     EXPECT_TRUE(problems.empty()) << problems.size() << " problems, first: " << problems.front();
   }
-  std::string bin_, dir_, err_;
+  std::string err_;
 };
 
 const std::vector<std::string> kSmall = {"--layers", "4", "--width", "32", "--batch", "8", "--steps", "2"};
