@@ -110,7 +110,10 @@ json plan_data_parallel(const RunConfig& cfg, int world, const std::optional<std
     groups.push_back({{"first", r}, {"last", r}, {"predicted", std::move(p)},
                       {"fits", fits_json(memory, predicted[r].peak_total)}});
   }
+  std::int64_t highest = 0;
+  for (const Prediction& p : predicted) highest = std::max(highest, p.peak_total);
   run["rank_groups"] = std::move(groups);
+  run["fits_every_rank"] = fits_json(memory, highest);
   return run;
 }
 
@@ -120,14 +123,17 @@ json plan_pipeline(const RunConfig& cfg, int stages, const std::optional<std::in
   run["bubble_fraction_theory"] = bubble_theory(layout.schedule);
   const std::vector<StageProgram> programs = lower(layout.schedule);
   json list = json::array();
+  std::int64_t highest = 0;
   for (int s = 0; s < stages; ++s) {
     json stage = {{"stage", s}, {"rank", s}};
     add_stage_layers(layout, s, stage);
     stage["predicted"] = stage_prediction_json(cfg.model, layout, s, programs[s]);
     stage["fits"] = fits_json(memory, stage["predicted"]["peak_total"].get<std::int64_t>());
+    highest = std::max(highest, stage["predicted"]["peak_total"].get<std::int64_t>());
     list.push_back(std::move(stage));
   }
   run["stages"] = std::move(list);
+  run["fits_every_rank"] = fits_json(memory, highest);
   return run;
 }
 

@@ -46,6 +46,48 @@ std::string fits_cell(const json& record, const json& plan) {
                            : "no, " + format_bytes_short(peak - mem) + " over";
 }
 
+// "zero3 1 layer/unit", "zero2 units=all"; ddp and zero1 have no units.
+std::string data_parallel_name(const json& run) {
+  const std::string strategy = cells::text(cells::at(run, {"strategy"}));
+  return strategy == "ddp" || strategy == "zero1" ? strategy : strategy + " " + units_setting(run);
+}
+
+// With --memory: per configuration (strategy and units, or schedule, M and chunks),
+// the worlds planned at which every rank's peak fits and those at which one does not.
+void print_verdicts(const json& plan, std::ostream& os) {
+  if (plan["memory_bytes"].is_null()) return;
+  struct Family {
+    std::string name;
+    std::vector<std::string> fit, miss;
+  };
+  std::vector<Family> families;
+  for (const json& run : plan["plans"]) {
+    const json* fits = cells::at(run, {"fits_every_rank"});
+    if (!fits || !fits->is_boolean()) continue;
+    const bool pipeline = run["kind"] == "pipeline";
+    const std::string name =
+        pipeline ? cells::text(cells::at(run, {"schedule"})) + " M=" + cells::text(cells::at(run, {"microbatches"})) +
+                       (cells::text(cells::at(run, {"chunks"})) == "1" ? "" : " chunks=" + cells::text(cells::at(run, {"chunks"})))
+                 : data_parallel_name(run);
+    auto f = std::find_if(families.begin(), families.end(), [&](const Family& x) { return x.name == name; });
+    if (f == families.end()) f = families.insert(families.end(), Family{name, {}, {}});
+    (fits->get<bool>() ? f->fit : f->miss).push_back((pipeline ? "S=" : "W=") + cells::text(cells::at(run, {"world"})));
+  }
+  if (families.empty()) return;
+  auto join = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const std::string& x : v) out += (out.empty() ? "" : ", ") + x;
+    return out;
+  };
+  os << "every rank's peak within " << format_bytes_short(plan["memory_bytes"].get<std::int64_t>())
+     << ", among the worlds planned:\n";
+  TextTable table({"configuration", "fits at", "does not fit at"}, {Align::left, Align::left, Align::left});
+  for (const Family& f : families)
+    table.add_row({f.name, f.fit.empty() ? "none" : join(f.fit), f.miss.empty() ? "-" : join(f.miss)});
+  table.print(os);
+  os << '\n';
+}
+
 void print_data_parallel(const std::vector<const json*>& runs, const json& plan, std::ostream& os) {
   const bool with_memory = !plan["memory_bytes"].is_null();
   std::vector<std::string> headers = {"strategy", "W", "units", "ranks", "resting B", "× 4P", "peak B", "× 4P",
@@ -141,6 +183,7 @@ void print_plan(const json& plan, std::ostream& os) {
     os << '\n';
   }
   print_skipped(skipped, os);
+  print_verdicts(plan, os);
   // The note, wrapped at 96 columns.
   std::string line;
   for (std::size_t at = 0, end = 0; at < plan["not_counted"].get<std::string>().size(); at = end + 1) {

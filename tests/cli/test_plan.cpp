@@ -116,6 +116,12 @@ TEST_F(Plan, TheSeedsTablesAndAMemoryVerdict) {
             std::string::npos)
       << out_;
   EXPECT_NE(out_.find("pipeline, predicted per stage: 2 x 32, activation relu, loss mse"), std::string::npos);
+  // The verdict per configuration, over the worlds planned.
+  EXPECT_NE(out_.find("every rank's peak within 8.00 MiB, among the worlds planned:"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("  ddp                 none      W=2, W=4"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("  zero2 units=all     W=4       W=2"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("  zero3 1 layer/unit  W=2, W=4  -"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("  1f1b M=8            S=2       -"), std::string::npos) << out_;
 }
 
 // zero1's ranks differ when the tensors do not split evenly: consecutive ranks with the
