@@ -41,16 +41,18 @@ nlohmann::json stage_prediction_json(const ModelConfig& model, const PipelineLay
                                      const StageProgram& program) {
   const Schedule& sched = layout.schedule;
   const SavedPrediction pred = predict_saved(model, layout, s);
+  const CategoryBytes peak = predict_peak(model, layout, s, program);
+  const std::int64_t p2p = predict_p2p_bytes(model, layout, s);
   return {{"peak_live_tensors", pred.peak_live_tensors},
           {"peak_live_bytes", pred.peak_live_bytes},
           {"total_tensors", pred.total_tensors},
           {"before_first_backward", pred.before_first_backward},
           {"resting_total", predict_resting_total(model, layout, s)},
-          {"peak_total", predict_peak_total(model, layout, s, program)},
-          {"peak_by_category", category_json(predict_peak(model, layout, s, program))},
+          {"peak_total", peak.total()},
+          {"peak_by_category", category_json(peak)},
           // Sent, and as many received: p2p.sent_bytes, p2p.recv_bytes; comm_bytes is both.
-          {"p2p_sent_bytes", predict_p2p_bytes(model, layout, s)},
-          {"comm_bytes", 2 * predict_p2p_bytes(model, layout, s)},
+          {"p2p_sent_bytes", p2p},
+          {"comm_bytes", 2 * p2p},
           // From F to B (DESIGN §4's theory), and until the last backward action, which
           // is how long saved tensors stay (differs for zb-h1).
           {"peak_live_microbatches", peak_live_microbatches(sched, s)},
