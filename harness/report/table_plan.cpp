@@ -1,6 +1,7 @@
 // `shardscope plan`'s tables: one per model for data parallel (a row per group of ranks
-// with the same figures) and for pipelines (a row per stage), a memory verdict column
-// when the plan has one, the skipped configurations, and what the figures leave out.
+// with the same figures) and for pipelines (a row per stage), with a "fits" column when
+// the plan has a memory size; the skipped configurations; with a memory size, which
+// worlds each configuration fits at; and what the figures leave out.
 #include <algorithm>
 #include <ostream>
 #include <string>
