@@ -295,6 +295,12 @@ for strat, extra in CONFIGS:
     k = r["ranks"][0]
     say(f"| shardscope {strat} {' '.join(extra)} | {k['step_ms']['median']:.3f} | {k['step_ms']['min']:.3f} | "
         f"{k['resting']['total']:,} | {k['peak']['total']:,} |")
+    # A 2 GB model on the device: measured against the closed forms, to the byte.
+    pred = k.get("predicted", {})
+    if (k["resting"]["total"], k["peak"]["total"], k["peak"].get("by_category")) != (
+            pred.get("resting_total"), pred.get("peak_total"), pred.get("peak_by_category")):
+        problem(f"8 x 4096 {strat} {' '.join(extra)}: measured resting/peak {k['resting']['total']:,} / "
+                f"{k['peak']['total']:,} differ from the predicted {pred.get('resting_total')} / {pred.get('peak_total')}")
 try:
     t = subprocess.run([sys.executable, os.path.join(root, "bench", "torch_mlp.py"), "--device", "cuda", "--layers",
                         "8", "--width", "4096", "--batch", "64", "--steps", "21"], capture_output=True, text=True,
