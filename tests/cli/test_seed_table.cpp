@@ -141,6 +141,7 @@ TEST_F(SeedTable, BadInputExitsTwoWithOneLine) {
   std::getline(in, line);
   EXPECT_NE(line.find("predicted peak"), std::string::npos) << line;
   EXPECT_NE(line.find("MemAvailable"), std::string::npos) << line;
+  EXPECT_NE(line.find("`shardscope plan` predicts every rank of any world"), std::string::npos) << line;
 }
 
 }  // namespace
