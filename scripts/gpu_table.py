@@ -115,6 +115,26 @@ for strat, extra in CONFIGS:
                 tag = f"{strat}{''.join(extra).replace('--units', '-u')}-w{world}-r{rank}-{backend}"
                 jobs.append(((strat, " ".join(extra) or "-", world, rank, backend), args, tag))
 
+def check_predicted(record, label):
+    """A cuda rank or stage against the closed forms: resting, peak, and the peak per category."""
+    pred = record.get("predicted", {})
+    measured = (record["resting"]["total"], record["peak"]["total"], record["peak"].get("by_category"))
+    predicted = (pred.get("resting_total"), pred.get("peak_total"), pred.get("peak_by_category"))
+    if measured != predicted:
+        problem(f"{label}: measured resting / peak {measured[0]:,} / {measured[1]:,} (by category "
+                f"{measured[2]}) differ from the predicted {predicted[0]} / {predicted[1]} ({predicted[2]})")
+
+
+def pair_failed(c, p, row, label, cells):
+    """Says so (a table row starting with `row`, `cells` empty cells after the two errors, and a
+    problem naming `label`) when the cuda or the cpu run of a pair failed."""
+    if "error" not in c and "error" not in p:
+        return False
+    say(f"| {row} | {c.get('error', '')} | {p.get('error', '')} |" + " |" * cells)
+    problem(f"{label}: cuda {c.get('error', 'ok')}; cpu {p.get('error', 'ok')}")
+    return True
+
+
 def run_all(job_list, into):
     """Every (key, args, tag) of job_list, six at a time; results into `into` by key."""
     with cf.ThreadPoolExecutor(max_workers=6) as pool:
@@ -137,9 +157,7 @@ for (strat, units, world, rank, backend), _, _ in jobs:
     c = results[(strat, units, world, rank, "cuda")]
     p = results[(strat, units, world, rank, "cpu")]
     label = f"{strat} units {units} W={world} rank {rank}"
-    if "error" in c or "error" in p:
-        say(f"| {strat} | {units} | {world} | {rank} | {c.get('error', '')} | {p.get('error', '')} | | | | | | | | |")
-        problem(f"{label}: cuda {c.get('error', 'ok')}; cpu {p.get('error', 'ok')}")
+    if pair_failed(c, p, f"{strat} | {units} | {world} | {rank}", label, 8):
         all_same = False
         continue
     cr, pr = c["ranks"][0], p["ranks"][0]
@@ -149,11 +167,7 @@ for (strat, units, world, rank, backend), _, _ in jobs:
     if not (same and same_peak):
         problem(f"{label}: cuda bytes differ from cpu (resting {cr['resting']['total']:,} vs "
                 f"{pr['resting']['total']:,}, peak {cr['peak']['total']:,} vs {pr['peak']['total']:,})")
-    # What was live at the peak, per category, against the closed form's breakdown.
-    predicted_live = cr.get("predicted", {}).get("peak_by_category")
-    if predicted_live is not None and cr["peak"].get("by_category") != predicted_live:
-        problem(f"{label}: cuda peak by category {cr['peak'].get('by_category')} differs from the predicted "
-                f"{predicted_live}")
+    check_predicted(cr, label)
     pool = cr.get("pool") or {}
     if pool.get("used_current") != cr["rounded"]["resting_total"] or pool.get("used_high") != cr["rounded"]["peak_total"]:
         problem(f"{label}: pool {fmt(pool.get('used_current'))} / {fmt(pool.get('used_high'))} against tracker "
@@ -204,9 +218,7 @@ for (sched, m, stage, backend), _, _ in pp_jobs:
     if backend != "cuda":
         continue
     c, p = results[(sched, m, stage, "cuda")], results[(sched, m, stage, "cpu")]
-    if "error" in c or "error" in p:
-        say(f"| {sched} | {m} | {stage} | {c.get('error', '')} | {p.get('error', '')} | | |")
-        problem(f"pipeline {sched} M={m} stage {stage}: cuda {c.get('error', 'ok')}; cpu {p.get('error', 'ok')}")
+    if pair_failed(c, p, f"{sched} | {m} | {stage}", f"pipeline {sched} M={m} stage {stage}", 2):
         pp_same = False
         continue
     cs, ps = c["stages"][0], p["stages"][0]
@@ -214,8 +226,7 @@ for (sched, m, stage, backend), _, _ in pp_jobs:
     pp_same &= same
     if not same:
         problem(f"pipeline {sched} M={m} stage {stage}: cuda saved/resting/peak differ from cpu")
-    if cs["peak"].get("by_category") != cs.get("predicted", {}).get("peak_by_category", cs["peak"].get("by_category")):
-        problem(f"pipeline {sched} M={m} stage {stage}: cuda peak by category differs from the predicted")
+    check_predicted(cs, f"pipeline {sched} M={m} stage {stage}")
     say(f"| {sched} | {m} | {stage} | {cs['saved']['peak_live_tensors']} / {ps['saved']['peak_live_tensors']} | "
         f"{cs['saved']['peak_live_bytes']:,} / {ps['saved']['peak_live_bytes']:,} | "
         f"{cs['resting']['total']:,} / {ps['resting']['total']:,} | {cs['peak']['total']:,} / {ps['peak']['total']:,} |")
@@ -295,12 +306,7 @@ for strat, extra in CONFIGS:
     k = r["ranks"][0]
     say(f"| shardscope {strat} {' '.join(extra)} | {k['step_ms']['median']:.3f} | {k['step_ms']['min']:.3f} | "
         f"{k['resting']['total']:,} | {k['peak']['total']:,} |")
-    # A 2 GB model on the device: measured against the closed forms, to the byte.
-    pred = k.get("predicted", {})
-    if (k["resting"]["total"], k["peak"]["total"], k["peak"].get("by_category")) != (
-            pred.get("resting_total"), pred.get("peak_total"), pred.get("peak_by_category")):
-        problem(f"8 x 4096 {strat} {' '.join(extra)}: measured resting/peak {k['resting']['total']:,} / "
-                f"{k['peak']['total']:,} differ from the predicted {pred.get('resting_total')} / {pred.get('peak_total')}")
+    check_predicted(k, f"8 x 4096 {strat} {' '.join(extra)}")  # a 2 GB model, to the byte
 try:
     t = subprocess.run([sys.executable, os.path.join(root, "bench", "torch_mlp.py"), "--device", "cuda", "--layers",
                         "8", "--width", "4096", "--batch", "64", "--steps", "21"], capture_output=True, text=True,

@@ -164,21 +164,17 @@ OutDirLock::~OutDirLock() {
   ::close(fd_);
 }
 
-int remove_stale_scratch(const std::string& dir) {
+void remove_stale_scratch(const std::string& dir) {
   constexpr std::string_view kPrefix = ".runs-";
-  int removed = 0;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     const bool scratch_name =
         name.size() == kPrefix.size() + 6 && name.compare(0, kPrefix.size(), kPrefix) == 0 &&
         std::all_of(name.begin() + kPrefix.size(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); });
-    std::error_code type_ec;
-    if (!scratch_name || it->is_symlink(type_ec) || !it->is_directory(type_ec)) continue;
-    std::error_code rm_ec;
-    if (fs::remove_all(it->path(), rm_ec) != static_cast<std::uintmax_t>(-1) && !rm_ec) ++removed;
+    std::error_code type_ec, rm_ec;
+    if (scratch_name && !it->is_symlink(type_ec) && it->is_directory(type_ec)) fs::remove_all(it->path(), rm_ec);
   }
-  return removed;
 }
 
 ScratchDir::ScratchDir(const std::string& dir) {

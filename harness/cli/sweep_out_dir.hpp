@@ -45,9 +45,8 @@ class OutDirLock {
 // Removes what sweeps killed outright (SIGKILL) left in DIR: every folder named
 // .runs-XXXXXX (six letters or digits, the ScratchDir pattern; links and other names are
 // left alone). Call it holding DIR's OutDirLock: no other sweep can then be using one.
-// Returns how many were removed; one that cannot be removed is left, silently (the sweep
-// does not need it gone).
-int remove_stale_scratch(const std::string& dir);
+// One that cannot be removed is left, silently: the sweep does not need it gone.
+void remove_stale_scratch(const std::string& dir);
 
 // The sweep's own folder for its jobs' files, DIR/.runs-XXXXXX: a name no one else has,
 // so nothing of the user's or of another sweep is touched. Removed with everything in it
