@@ -186,9 +186,9 @@ void print_plan(const json& plan, std::ostream& os) {
   print_skipped(skipped, os);
   print_verdicts(plan, os);
   // The note, wrapped at 96 columns.
+  const std::string& note = plan["not_counted"].get_ref<const std::string&>();
   std::string line;
-  for (std::size_t at = 0, end = 0; at < plan["not_counted"].get<std::string>().size(); at = end + 1) {
-    const std::string& note = plan["not_counted"].get_ref<const std::string&>();
+  for (std::size_t at = 0, end = 0; at < note.size(); at = end + 1) {
     end = std::min(note.find(' ', at), note.size());
     const std::string word = note.substr(at, end - at);
     if (!line.empty() && line.size() + 1 + word.size() > 96) {
