@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -74,6 +75,67 @@ TEST_F(JsonIo, WriteIsWholeAndLeavesNoTemporary) {
   EXPECT_NE(st.st_mode & 0044, 0u) << "a result file should be readable like any other";
   EXPECT_THROW(write_file_atomic(dir_ + "/missing/r.json", "{}"), RunError);
   EXPECT_EQ(entries(), 1u);
+}
+
+TEST_F(JsonIo, AReplacedFileKeepsItsMode) {
+  const std::string path = dir_ + "/private.json";
+  std::ofstream(path) << "old";
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  write_file_atomic(path, "{}\n");
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u) << "a private file became readable to others";
+  ASSERT_EQ(chmod(path.c_str(), 0640), 0);
+  write_file_atomic(path, "{}\n");
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0640u);
+}
+
+// What the rename at the end would not be allowed to replace is refused before any work:
+// a file read-only to us, and another user's file in a sticky directory. Checked as
+// "nobody" in a child process when the tests run as root (root may replace anything).
+TEST_F(JsonIo, AFileWeMayNotReplaceIsRefusedUpFront) {
+  const uid_t nobody = 65534;
+  const bool as_root = geteuid() == 0;
+  ASSERT_EQ(chmod(dir_.c_str(), as_root ? 01777 : 0700), 0);
+  const std::string theirs = dir_ + "/theirs.json";
+  if (as_root) {  // root's, writable by anyone: only the sticky bit keeps others from replacing it
+    std::ofstream(theirs) << "{}";
+    ASSERT_EQ(chmod(theirs.c_str(), 0666), 0);
+  }
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (as_root && (setgid(nobody) != 0 || setuid(nobody) != 0)) _exit(10);
+    const std::string mine = dir_ + "/read-only.json";
+    { std::ofstream(mine) << "{}"; }
+    if (chmod(mine.c_str(), 0444) != 0) _exit(11);
+    int failures = 0;
+    if (usage_error(mine).find("it exists and is read-only to us (mode 0444)") == std::string::npos) failures |= 1;
+    try {
+      write_file_atomic(mine, "{}");
+      failures |= 2;
+    } catch (const RunError&) {
+    }
+    if (as_root && usage_error(theirs).find("belongs to another user in a sticky directory") == std::string::npos)
+      failures |= 4;
+    _exit(failures);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: read-only not refused by the check, 2: nor by the writer, "
+                                       "4: another user's file in a sticky directory not refused, "
+                                       "10/11: the child could not set itself up";
+  chmod(dir_.c_str(), 0700);
+}
+
+TEST(JsonText, ReplacesBytesThatAreNotUtf8) {
+  const nlohmann::json j = {{"command", "shardscope run --json 'r\xff.json'"}};
+  const std::string text = json_text(j);
+  EXPECT_NE(text.find("r\xef\xbf\xbd.json"), std::string::npos) << text;
+  EXPECT_EQ(nlohmann::json::parse(text)["command"], "shardscope run --json 'r\xef\xbf\xbd.json'");
+  EXPECT_EQ(nlohmann::json::parse(readable_json(j)), nlohmann::json::parse(text));
 }
 
 TEST_F(JsonIo, ReadErrorsNameTheFile) {

@@ -291,6 +291,30 @@ TEST(pipeline, RecordCarriesMeasuredAndPredicted) {
   EXPECT_TRUE(one[0]["bubble_fraction_replayed"].is_null());
 }
 
+// The wall-clock bubble: each stage's idle share of the latest stage's end, the
+// optimizer after the last action no part of it; null for one stage of a larger
+// (emulated) pipeline or for an untimed step.
+TEST(pipeline, WallBubbleFromEveryStagesEnd) {
+  nlohmann::json stages = nlohmann::json::array(
+      {{{"stage", 1}, {"world", 2}, {"busy_ms", 3.0}, {"actions_end_ms", 4.0}, {"bubble_fraction", nullptr}},
+       {{"stage", 0}, {"world", 2}, {"busy_ms", 2.0}, {"actions_end_ms", 5.0}, {"bubble_fraction", nullptr}}});
+  const nlohmann::json makespan = fill_wall_bubbles(stages);
+  ASSERT_TRUE(makespan.is_number());
+  EXPECT_DOUBLE_EQ(makespan.get<double>(), 5.0);
+  EXPECT_DOUBLE_EQ(stages[0]["bubble_fraction"].get<double>(), 1.0 - 3.0 / 5.0);
+  EXPECT_DOUBLE_EQ(stages[1]["bubble_fraction"].get<double>(), 1.0 - 2.0 / 5.0);
+
+  nlohmann::json one = nlohmann::json::array({stages[0]});  // one stage of two
+  one[0]["bubble_fraction"] = nullptr;
+  EXPECT_TRUE(fill_wall_bubbles(one).is_null());
+  EXPECT_TRUE(one[0]["bubble_fraction"].is_null());
+  nlohmann::json untimed = stages;
+  untimed[1]["actions_end_ms"] = nullptr;
+  untimed[0]["bubble_fraction"] = nullptr;
+  EXPECT_TRUE(fill_wall_bubbles(untimed).is_null());
+  EXPECT_TRUE(untimed[0]["bubble_fraction"].is_null());
+}
+
 TEST(pipeline, ReplayedBubbleFromActionTimes) {
   for (const std::string& schedule : {std::string("gpipe"), std::string("1f1b"), std::string("zb-h1")}) {
     const int S = 3, M = 6;

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -129,10 +130,12 @@ std::string parse_error_text(const CLI::App& app, const CLI::ParseError& e) {
   return text + " (shardscope run --help lists the flags)";
 }
 
-// The options of `run` that take a value, and a check CLI11 does not make: a value
-// that is empty, or that is the next flag (`--json --tf32` would write a file named
-// "--tf32"), is refused naming the option.
+// Checks of `run`'s options that CLI11 does not make, or words in its own way, so that
+// every refusal names the option and what it takes: a value that is missing, empty, or
+// is the next flag (`--json --tf32` would write a file named "--tf32"); a value given
+// to a switch (`--tf32=abc`); an option given twice.
 void check_option_values(const CLI::App& app, const std::vector<std::string>& args) {
+  std::map<std::string, int> seen;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.rfind("--", 0) != 0) continue;
@@ -144,12 +147,18 @@ void check_option_values(const CLI::App& app, const std::vector<std::string>& ar
     } catch (const CLI::OptionNotFound&) {
       continue;  // CLI11 names unknown flags itself
     }
-    if (opt->get_expected_min() == 0) continue;  // a switch (--tf32)
+    if (++seen[name] == 2)
+      throw UsageError(name + ": given more than once; give it once (" + opt->get_description() + ")");
+    if (opt->get_expected_min() == 0) {  // a switch (--tf32)
+      if (eq != std::string::npos)
+        throw UsageError(name + ": takes no value, got '" + a.substr(eq + 1) + "'; " + opt->get_description());
+      continue;
+    }
     if (eq != std::string::npos) {
       if (eq + 1 == a.size()) throw UsageError(name + ": empty value; " + opt->get_description());
       continue;
     }
-    if (i + 1 == args.size()) continue;  // CLI11: "<name> requires an argument"
+    if (i + 1 == args.size()) throw UsageError(name + ": needs a value; " + opt->get_description());
     const std::string& v = args[i + 1];
     if (v.empty()) throw UsageError(name + ": empty value; " + opt->get_description());
     if (v.rfind("--", 0) == 0)
@@ -255,6 +264,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
                           {"--trace", c.trace_path},
                           {"--csv", c.csv_dir.empty() ? "" : c.csv_dir + "/data_parallel.csv"},
                           {"--csv", c.csv_dir.empty() ? "" : c.csv_dir + "/pipeline.csv"}});
+  check_folders_apart({{"--csv DIR", c.csv_dir}}, {{"--json FILE", c.json_path}, {"--trace FILE", c.trace_path}});
   return c;
 }
 

@@ -67,7 +67,7 @@ json differences(const json& base, const json& fresh) {
     if (*a == *b) return;
     std::int64_t x = 0, y = 0;
     if (cells::as_int(a, &x) && cells::as_int(b, &y)) out.push_back(what + " " + signed_bytes(y - x));
-    else out.push_back(what + " " + a->dump() + " -> " + b->dump());
+    else out.push_back(what + " " + json_text(*a) + " -> " + json_text(*b));
   };
   for (const std::string_view c : kCategoryNames) {
     const std::string name(c);
@@ -82,7 +82,7 @@ json differences(const json& base, const json& fresh) {
   // Saved-tensor counts are counts, not bytes.
   if (const json* a = cells::at(base, {"saved", "peak_live_tensors"}), *b = cells::at(fresh, {"saved", "peak_live_tensors"});
       a && b && *a != *b)
-    out.push_back("saved peak live tensors " + a->dump() + " -> " + b->dump());
+    out.push_back("saved peak live tensors " + json_text(*a) + " -> " + json_text(*b));
   compare("saved peak live", {"saved", "peak_live_bytes"});
   return out;
 }

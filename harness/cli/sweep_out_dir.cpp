@@ -59,25 +59,6 @@ std::vector<fs::path> check_dir_usable(const std::string& dir, const std::string
   return made;
 }
 
-// `path` as check_distinct_outputs compares paths: absolute, what exists of it resolved
-// (links, "..", "."), normal, without a trailing '/'.
-fs::path resolved_path(const std::string& path) {
-  std::error_code ec;
-  fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
-  if (ec) p = absolute_path(path);
-  p = p.lexically_normal();
-  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
-  return p;
-}
-
-// Whether `inner` is `outer` or lies below it (both resolved).
-bool is_within(const fs::path& inner, const fs::path& outer) {
-  auto i = inner.begin();
-  for (auto o = outer.begin(); o != outer.end(); ++o, ++i)
-    if (i == inner.end() || *i != *o) return false;
-  return true;
-}
-
 // Every output the sweep writes names its own file (check_distinct_outputs), and no
 // folder the sweep writes in (--out DIR, --csv DIR) is, or lies inside, the path of one
 // of those files: the folder would take the file's place, or the file the folder's.
@@ -95,19 +76,7 @@ void check_outputs_apart(const SweepOptions& opts) {
   files.emplace_back("--trace", opts.trace);
   files.emplace_back("--report", opts.report);
   check_distinct_outputs(files);
-  for (const auto& [dir_flag, dir] : {std::pair<std::string, std::string>{"--out DIR", opts.out},
-                                      std::pair<std::string, std::string>{"--csv DIR", opts.csv}}) {
-    if (dir.empty()) continue;
-    const fs::path folder = resolved_path(dir);
-    for (const auto& [file_flag, file] : files) {
-      if (file.empty()) continue;
-      const fs::path target = resolved_path(file);
-      if (!is_within(folder, target)) continue;
-      throw UsageError(dir_flag + ": '" + dir + "' " +
-                       (folder == target ? "is the file " : "lies inside '" + file + "', the file ") + file_flag +
-                       " writes: give each its own");
-    }
-  }
+  check_folders_apart({{"--out DIR", opts.out}, {"--csv DIR", opts.csv}}, files);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "harness/report/json_io.hpp"
+
 namespace shardscope::cells {
 
 const nlohmann::json* at(const nlohmann::json& j, std::initializer_list<const char*> path) {
@@ -83,7 +85,7 @@ std::string text(const nlohmann::json* v) {
   if (v->is_number_integer()) return std::to_string(v->get<std::int64_t>());
   if (v->is_number()) return fixed(v, 3);
   if (v->is_boolean()) return v->get<bool>() ? "true" : "false";
-  return v->dump();
+  return json_text(*v);
 }
 
 std::string predicted_bytes(const nlohmann::json* predicted, const nlohmann::json* measured) {

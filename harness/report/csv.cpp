@@ -22,7 +22,7 @@ constexpr const char* kEol = "\r\n";
 // anything missing or null as "".
 std::string value(const json* v) {
   if (!v || v->is_null()) return {};
-  if (v->is_number_integer()) return v->dump();
+  if (v->is_number_integer()) return json_text(*v);
   if (v->is_number_float()) {
     char buf[48];
     std::snprintf(buf, sizeof buf, "%.9g", v->get<double>());
@@ -30,7 +30,7 @@ std::string value(const json* v) {
   }
   if (v->is_string()) return v->get<std::string>();
   if (v->is_boolean()) return v->get<bool>() ? "true" : "false";
-  return v->dump();
+  return json_text(*v);
 }
 
 void add_row(std::string& out, const std::vector<std::string>& fields) {

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -30,6 +31,26 @@ std::string directory_of(const std::string& path) {
 std::string base_name_of(const std::string& path) {
   const std::size_t slash = path.find_last_of('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// `path` as outputs are compared: absolute, what exists of it resolved (links, "..",
+// "."), normal, without a trailing '/'.
+std::filesystem::path resolved_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec) p = fs::path(path);
+  p = p.lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();  // "dir/" -> "dir"
+  return p;
+}
+
+// Whether `inner` is `outer` or lies below it (both resolved).
+bool is_within(const std::filesystem::path& inner, const std::filesystem::path& outer) {
+  auto i = inner.begin();
+  for (auto o = outer.begin(); o != outer.end(); ++o, ++i)
+    if (i == inner.end() || *i != *o) return false;
+  return true;
 }
 
 // Creates "<dir>/.<name>.XXXXXX" and returns its descriptor (-1 and errno on failure).
@@ -82,7 +103,33 @@ std::string write_target(const std::string& path, std::string* reason) {
     *reason = "it exists and is not a regular file (a device, FIFO or socket); shardscope writes regular files";
     return {};
   }
+  // The rename would replace a file we may not write: refuse, as `>` in a shell would.
+  if (::faccessat(AT_FDCWD, target.c_str(), W_OK, AT_EACCESS) != 0 && errno == EACCES) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    *reason = std::string("it exists and is read-only to us (mode ") + mode + "): make it writable or remove it";
+    return {};
+  }
+  // In a sticky directory (/tmp) only the file's or the directory's owner may replace
+  // it, which the rename at the end would find out after the run.
+  struct stat dir {};
+  const uid_t me = ::geteuid();
+  if (me != 0 && st.st_uid != me && ::stat(directory_of(target).c_str(), &dir) == 0 &&
+      (dir.st_mode & S_ISVTX) != 0 && dir.st_uid != me) {
+    *reason = "it belongs to another user in a sticky directory ('" + directory_of(target) +
+              "'), where only its owner may replace it";
+    return {};
+  }
   return target;
+}
+
+// The mode a new result file gets: the replaced file's, else 0666 minus the umask.
+mode_t result_file_mode(const std::string& target) {
+  struct stat st {};
+  if (::stat(target.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return st.st_mode & 07777;
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  return 0666 & ~mask;
 }
 
 volatile std::sig_atomic_t g_writing = 0;   // a result file is being written
@@ -123,7 +170,7 @@ bool flat(const nlohmann::json& j) {
 
 void append_readable(const nlohmann::json& j, int indent, std::string& out) {
   if (!j.is_structured() || j.empty()) {
-    out += j.dump();
+    out += json_text(j);
     return;
   }
   const bool object = j.is_object();
@@ -141,7 +188,7 @@ void append_readable(const nlohmann::json& j, int indent, std::string& out) {
       out += pad;
     }
     if (object) {
-      out += nlohmann::json(it.key()).dump();
+      out += json_text(nlohmann::json(it.key()));
       out += ": ";
     }
     append_readable(*it, indent + 2, out);
@@ -154,6 +201,10 @@ void append_readable(const nlohmann::json& j, int indent, std::string& out) {
 }
 
 }  // namespace
+
+std::string json_text(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 std::string readable_json(const nlohmann::json& j) {
   std::string out;
@@ -190,17 +241,30 @@ bool writing_result_file() noexcept { return g_writing != 0; }
 void defer_signal(int sig) noexcept { g_deferred = sig; }
 
 void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
-  namespace fs = std::filesystem;
-  std::vector<std::pair<std::string, std::string>> seen;  // flag, canonical path
+  std::vector<std::pair<std::string, std::filesystem::path>> seen;  // flag, resolved path
   for (const auto& [flag, path] : outputs) {
     if (path.empty()) continue;
-    std::error_code ec;
-    std::string canon = fs::weakly_canonical(fs::absolute(path, ec), ec).lexically_normal().string();
-    if (ec) canon = fs::path(path).lexically_normal().string();
+    const std::filesystem::path resolved = resolved_path(path);
     for (const auto& [other, other_path] : seen)
-      if (other_path == canon)
+      if (other_path == resolved)
         throw UsageError(other + " and " + flag + " name the same file '" + path + "': give each its own");
-    seen.emplace_back(flag, canon);
+    seen.emplace_back(flag, resolved);
+  }
+}
+
+void check_folders_apart(const std::vector<std::pair<std::string, std::string>>& folders,
+                         const std::vector<std::pair<std::string, std::string>>& files) {
+  for (const auto& [dir_flag, dir] : folders) {
+    if (dir.empty()) continue;
+    const std::filesystem::path folder = resolved_path(dir);
+    for (const auto& [file_flag, file] : files) {
+      if (file.empty()) continue;
+      const std::filesystem::path target = resolved_path(file);
+      if (!is_within(folder, target)) continue;
+      throw UsageError(dir_flag + ": '" + dir + "' " +
+                       (folder == target ? "is the file " : "lies inside '" + file + "', the file ") + file_flag +
+                       " writes: give each its own");
+    }
   }
 }
 
@@ -218,10 +282,9 @@ void write_file_atomic(const std::string& where, const std::string& content) {
     ::unlink(temp.c_str());
     throw RunError("cannot write '" + path + "': " + step + ": " + std::strerror(err));
   };
-  // mkstemp makes the file 0600; a result file should read like any other.
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  if (::fchmod(fd, 0666 & ~mask) != 0) fail("chmod");
+  // mkstemp makes the file 0600; a result file reads like the one it replaces, or like
+  // any new file.
+  if (::fchmod(fd, result_file_mode(path)) != 0) fail("chmod");
   if (!write_all(fd, content.data(), content.size())) fail("write");
   if (::fsync(fd) != 0) fail("fsync");
   if (::close(fd) != 0) {

@@ -12,8 +12,10 @@ namespace shardscope {
 
 // Checks, before any work, that `path` can be written: its directory exists, is a
 // directory and lets us create a file there (probed with a temporary that is removed
-// at once), and `path` is new or a regular file (a symbolic link counts as the file it
-// points to; a directory, device, FIFO or socket is refused). Creates nothing permanent.
+// at once), and `path` is new or a regular file we may replace (a symbolic link counts
+// as the file it points to; a directory, device, FIFO or socket is refused, and so is a
+// file read-only to us, or another user's in a sticky directory such as /tmp). Creates
+// nothing permanent.
 // Throws UsageError("<flag>: cannot write '<path>': <reason>"), flag "--json FILE"
 // unless the caller names another (the sweep says "--out DIR").
 void check_writable(const std::string& path, const std::string& flag = "--json FILE");
@@ -22,6 +24,13 @@ void check_writable(const std::string& path, const std::string& flag = "--json F
 // one written: `outputs` holds (flag, path) pairs, paths compared after making them
 // absolute and resolving what exists of them (links, "..", "."). Empty paths are skipped.
 void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
+
+// Refuses (UsageError) a folder outputs are written in (`folders`: flag, path) that is,
+// or lies inside, the path of an output file (`files`: flag, path): the folder would
+// take the file's place, or the file the folder's. Paths compared as above; empty ones
+// are skipped.
+void check_folders_apart(const std::vector<std::pair<std::string, std::string>>& folders,
+                         const std::vector<std::pair<std::string, std::string>>& files);
 
 // For signal handlers (async-signal-safe): while a result file is being written, a
 // handler that would end the process calls defer_signal(sig) and returns instead;
@@ -34,10 +43,15 @@ void defer_signal(int sig) noexcept;
 // Writes `content` to a temporary file in the same directory, fsyncs it and renames
 // it over `path` (over the file a symbolic link there points to), so readers see the
 // old file or the whole new one. SIGINT, SIGTERM, SIGHUP and SIGQUIT are held off
-// meanwhile, so no signal leaves a temporary behind. The new file gets mode 0666 minus
-// the umask. Refuses what check_writable refuses. On failure removes the temporary and
+// meanwhile, so no signal leaves a temporary behind. The new file gets the replaced
+// file's mode, or 0666 minus the umask when there was none. Refuses what check_writable refuses. On failure removes the temporary and
 // throws RunError("cannot write '<path>': <reason>").
 void write_file_atomic(const std::string& path, const std::string& content);
+
+// `j` on one line, as nlohmann's dump() writes it, except that a string that is not
+// valid UTF-8 (a file name in a command line, say) has its bad bytes replaced by U+FFFD
+// instead of throwing: every JSON text shardscope writes goes through here.
+std::string json_text(const nlohmann::json& j);
 
 // A document as people (and diffs) read it: objects and arrays indented two spaces per
 // level, except that an array or object holding only scalars (numbers, strings,

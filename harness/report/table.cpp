@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "harness/report/cells.hpp"
+#include "harness/report/json_io.hpp"
 #include "harness/report/text_table.hpp"
 #include "shardscope/category.hpp"
 
@@ -83,7 +84,7 @@ std::vector<std::vector<const json*>> group_runs(const std::vector<const json*>&
       const json* v = setup_field(*run, doc, field);
       key.push_back(v ? *v : json());
     }
-    const std::string text = key.dump();
+    const std::string text = json_text(key);
     const auto it = std::find(keys.begin(), keys.end(), text);
     if (it == keys.end()) {
       keys.push_back(text);

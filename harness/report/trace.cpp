@@ -185,7 +185,7 @@ json trace_document(const json& doc) {
 }
 
 void write_trace_file(const std::string& path, const json& doc) {
-  write_file_atomic(path, trace_document(doc).dump() + "\n");
+  write_file_atomic(path, json_text(trace_document(doc)) + "\n");
 }
 
 }  // namespace shardscope

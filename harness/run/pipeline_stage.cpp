@@ -162,6 +162,8 @@ float PipelineStage::step() {
   peak_where_ = "step start";
   peak_comm_bytes_ = tracker.current()[Category::comm];
   action_ms_.clear();
+  step_start_ = std::chrono::steady_clock::now();
+  actions_end_ms_ = 0.0;
   ScopedRange range(backend_, "step");
 
   const ModelConfig& m = cfg_.model;
@@ -340,6 +342,7 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
   backend_.synchronize();
   const auto t1 = std::chrono::steady_clock::now();
   action_ms_.push_back({a, std::chrono::duration<double, std::milli>(t1 - t0).count()});
+  actions_end_ms_ = std::chrono::duration<double, std::milli>(t1 - step_start_).count();
   note_peak(before, what);
   return loss;
 }

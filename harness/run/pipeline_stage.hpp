@@ -9,6 +9,7 @@
 // sum to the full-batch loss (mse: rows/B; sum: 1), so gradients equal the batch's.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -85,6 +86,9 @@ class PipelineStage {
   // Measurements of the last step.
   const SavedTensors& saved() const { return saved_; }
   const std::vector<ActionTiming>& action_ms() const { return action_ms_; }
+  // From the step's start to the end of this stage's last action (0 before any): the
+  // stage's share of the pipeline's wall-clock makespan, the optimizer left out.
+  double actions_end_ms() const { return actions_end_ms_; }
   std::int64_t peak_comm_bytes() const { return peak_comm_bytes_; }
   const std::string& peak_where() const { return peak_where_; }
 
@@ -153,6 +157,8 @@ class PipelineStage {
   std::vector<Slot> slots_;
   std::map<Key, Pending> pending_;
   std::vector<ActionTiming> action_ms_;
+  std::chrono::steady_clock::time_point step_start_;
+  double actions_end_ms_ = 0.0;
   std::int64_t peak_comm_bytes_ = 0;
   std::string peak_where_;
 };

@@ -238,14 +238,17 @@ void run_job(RunConfig cfg, MpiSession& mpi) {
 #ifdef SHARDSCOPE_WITH_NCCL
   if (backend_name == "cuda") nccl_text = nccl_version_text();
 #endif
-  const std::vector<std::string> all = gather_strings_to_root(rank_record.dump());
+  const std::vector<std::string> all = gather_strings_to_root(json_text(rank_record));
   if (mpi.rank() != 0) return;
 
   nlohmann::json list = nlohmann::json::array();
   for (const std::string& s : all) list.push_back(nlohmann::json::parse(s));
   if (all.empty()) list.push_back(rank_record);
   run[cfg.pipeline() ? "stages" : "ranks"] = list;
-  if (cfg.pipeline()) run["replayed_makespan_ms"] = fill_replayed_bubbles(cfg, run["stages"]);
+  if (cfg.pipeline()) {
+    run["wall_makespan_ms"] = comm->emulated() ? nlohmann::json(nullptr) : fill_wall_bubbles(run["stages"]);
+    run["replayed_makespan_ms"] = fill_replayed_bubbles(cfg, run["stages"]);
+  }
   run["backend"] = backend_name;
   run["comm"] = comm->name();
   run["emulated"] = comm->emulated();

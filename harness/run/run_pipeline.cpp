@@ -156,19 +156,39 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
                        {"chunk", t.action.chunk},
                        {"ms", t.ms}});
   }
-  r["busy_ms"] = busy;
+  // Action times are the last step's. With one step that step is the warm-up, which
+  // nothing reports as a time (DESIGN §6): busy, bubbles and action times are null then.
+  const bool timed = step_ms.size() >= 2;
+  r["busy_ms"] = timed ? nlohmann::json(busy) : nlohmann::json(nullptr);
   r["step_ms"] = step_ms_json(step_ms);
   r["step_ms_all"] = step_ms;
-  const double last_step = step_ms.empty() ? 0.0 : step_ms.back();
-  // Wall-clock idleness means nothing for an emulated stage (its peers never ran).
-  r["bubble_fraction"] = last_step > 0.0 && !comm.emulated() ? nlohmann::json(1.0 - busy / last_step)
-                                                              : nlohmann::json(nullptr);
+  // The wall-clock bubble needs every stage's end (fill_wall_bubbles, once all stages
+  // are gathered); it means nothing for an emulated stage, whose peers never ran.
+  r["actions_end_ms"] = timed ? nlohmann::json(stage.actions_end_ms()) : nlohmann::json(nullptr);
+  r["bubble_fraction"] = nullptr;
   r["bubble_fraction_replayed"] = nullptr;  // fill_replayed_bubbles, once all stages are gathered
   r["bubble_fraction_theory"] = bubble_theory(sched);
-  r["action_ms"] = actions;
+  r["action_ms"] = timed ? actions : nlohmann::json(nullptr);
   r["loss"] = stage.holds_loss() ? nlohmann::json(losses) : nlohmann::json(nullptr);
   if (tr.recording()) r["timeline"] = timeline_json(tr.timeline());
   return r;
+}
+
+nlohmann::json fill_wall_bubbles(nlohmann::json& stages) {
+  if (!stages.is_array() || stages.empty()) return nullptr;
+  const int S = static_cast<int>(stages.size());
+  double makespan = 0.0;
+  for (const auto& st : stages) {
+    // One stage of a larger (emulated) pipeline, or an untimed stage: nothing to say.
+    if (!st.is_object() || st.value("world", S) != S) return nullptr;
+    const auto end = st.find("actions_end_ms");
+    const auto busy = st.find("busy_ms");
+    if (end == st.end() || !end->is_number() || busy == st.end() || !busy->is_number()) return nullptr;
+    makespan = std::max(makespan, end->get<double>());
+  }
+  if (makespan <= 0.0) return nullptr;
+  for (auto& st : stages) st["bubble_fraction"] = 1.0 - st["busy_ms"].get<double>() / makespan;
+  return makespan;
 }
 
 nlohmann::json fill_replayed_bubbles(const RunConfig& cfg, nlohmann::json& stages) {

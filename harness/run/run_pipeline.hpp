@@ -30,4 +30,12 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
 // returns null.
 nlohmann::json fill_replayed_bubbles(const RunConfig& cfg, nlohmann::json& stages);
 
+// Takes the gathered stage records and writes every stage's wall-clock
+// "bubble_fraction": 1 − busy_ms / makespan, the makespan being the latest
+// "actions_end_ms" of any stage (each measured from the step's start, which a barrier
+// aligns across ranks), so the optimizer, which is no part of the schedule, is no part
+// of the bubble. Returns the makespan in ms; null, leaving the records as they are, when
+// they are not the whole pipeline or not timed (one step: the warm-up).
+nlohmann::json fill_wall_bubbles(nlohmann::json& stages);
+
 }  // namespace shardscope

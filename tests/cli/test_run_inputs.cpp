@@ -16,6 +16,8 @@
 #include <fstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "support/shell.hpp"
 
 namespace {
@@ -124,6 +126,46 @@ TEST_F(RunInputs, OutputsMustBeRegularFilesAndDistinct) {
   EXPECT_EQ(run("--json same.json --trace ./same.json", &line), 2);
   EXPECT_NE(line.find("name the same file"), std::string::npos) << line;
   EXPECT_NE(access((dir_ + "/same.json").c_str(), F_OK), 0);
+  // A file named as the --csv folder, or lying inside it: refused before the run, and
+  // no folder made (it used to train, make b.json/ and then fail to write b.json).
+  EXPECT_EQ(run("--json b.json --csv b.json", &line), 2);
+  EXPECT_NE(line.find("--csv DIR: 'b.json' is the file --json FILE writes"), std::string::npos) << line;
+  EXPECT_EQ(run("--trace t.json --csv t.json/csv", &line), 2);
+  EXPECT_NE(line.find("lies inside 't.json', the file --trace FILE writes"), std::string::npos) << line;
+  EXPECT_NE(access((dir_ + "/b.json").c_str(), F_OK), 0);
+  EXPECT_NE(access((dir_ + "/t.json").c_str(), F_OK), 0);
+}
+
+TEST_F(RunInputs, AnOptionTwiceOrASwitchWithAValueIsRefusedNamingIt) {
+  const struct {
+    const char* flags;
+    const char* line;
+  } cases[] = {{"--steps 2 --steps 3", "--steps: given more than once; give it once"},
+               {"--steps=2 --steps 3", "--steps: given more than once"},
+               {"--tf32 --tf32", "--tf32: given more than once"},
+               {"--tf32=abc", "--tf32: takes no value, got 'abc'"},
+               {"--tf32=", "--tf32: takes no value"},
+               {"--tf32=-1", "--tf32: takes no value"},
+               {"--steps", "--steps: needs a value"}};
+  for (const auto& c : cases) {
+    std::string line;
+    EXPECT_EQ(run(c.flags, &line), 2) << c.flags;
+    EXPECT_EQ(line.rfind(std::string("shardscope: error: ") + c.line, 0), 0u) << c.flags << ": " << line;
+  }
+}
+
+// A file name is bytes: one that is not UTF-8 still gets its file, and the JSON that
+// quotes the command line stays valid (the bad byte becomes U+FFFD there).
+TEST_F(RunInputs, AFileNameThatIsNotUtf8StillGivesValidJson) {
+  ASSERT_EQ(run("--json ok.json --trace 't\xff.json'"), 0);
+  const std::string odd = dir_ + "/t\xff.json";
+  ASSERT_EQ(access(odd.c_str(), F_OK), 0);
+  std::ifstream trace(odd);
+  EXPECT_TRUE(nlohmann::json::accept(trace));
+  std::ifstream in(dir_ + "/ok.json");
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  EXPECT_NE(doc["provenance"]["command"].get<std::string>().find("t\xef\xbf\xbd.json"), std::string::npos)
+      << doc["provenance"]["command"];
 }
 
 TEST_F(RunInputs, ARefusedRunCreatesNoDirectory) {

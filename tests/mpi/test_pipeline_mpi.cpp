@@ -141,7 +141,13 @@ TEST(PipelineMpi, RecordsAndReplayedBubble) {
   for (int r = 0; r < w.size; ++r) stages.push_back(nlohmann::json::parse(all.substr(displs[r], lens[r])));
   const nlohmann::json makespan = fill_replayed_bubbles(cfg, stages);
   ASSERT_TRUE(makespan.is_number());
+  const nlohmann::json wall = fill_wall_bubbles(stages);
+  ASSERT_TRUE(wall.is_number());
   for (const auto& st : stages) {
+    // The actions end inside the step; the wall bubble is the stage's idle share of it.
+    EXPECT_LE(st["actions_end_ms"].get<double>(), st["step_ms_all"].back().get<double>());
+    EXPECT_LE(st["actions_end_ms"].get<double>(), wall.get<double>());
+    EXPECT_DOUBLE_EQ(st["bubble_fraction"].get<double>(), 1.0 - st["busy_ms"].get<double>() / wall.get<double>());
     ASSERT_TRUE(st["bubble_fraction_replayed"].is_number());
     EXPECT_GE(st["bubble_fraction_replayed"].get<double>(), 0.0);
     EXPECT_LT(st["bubble_fraction_replayed"].get<double>(), 1.0);
