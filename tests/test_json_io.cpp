@@ -130,6 +130,30 @@ TEST_F(JsonIo, AFileWeMayNotReplaceIsRefusedUpFront) {
   chmod(dir_.c_str(), 0700);
 }
 
+// compare and the sweep read result files: anything but a regular file is refused at
+// once (a FIFO would block forever, a device never end), and so is nesting no file of
+// ours has, which recursive walks of the parsed document could not survive.
+TEST_F(JsonIo, OnlyARegularFileOfSaneDepthIsRead) {
+  auto read_error = [](const std::string& path) -> std::string {
+    try {
+      (void)read_json_file(path);
+    } catch (const RunError& e) {
+      return e.what();
+    }
+    return "(read)";
+  };
+  ASSERT_EQ(mkfifo((dir_ + "/fifo").c_str(), 0644), 0);
+  EXPECT_EQ(read_error(dir_ + "/fifo"), "cannot read '" + dir_ + "/fifo': it is not a regular file (a device, FIFO or socket)");
+  EXPECT_EQ(read_error(dir_), "cannot read '" + dir_ + "': it is a directory");
+  EXPECT_NE(read_error("/dev/zero").find("not a regular file"), std::string::npos);
+  const std::string deep = dir_ + "/deep.json";
+  std::ofstream(deep) << "{\"a\": " << std::string(300, '[') << std::string(300, ']') << "}";
+  EXPECT_EQ(read_error(deep), "'" + deep + "' nests arrays and objects 301 deep; shardscope's files nest at most 256");
+  // Brackets inside strings are text, not nesting.
+  std::ofstream(deep) << "{\"a\": \"" << std::string(300, '[') << "\\\"\"}";
+  EXPECT_EQ(read_error(deep), "(read)");
+}
+
 TEST(JsonText, ReplacesBytesThatAreNotUtf8) {
   const nlohmann::json j = {{"command", "shardscope run --json 'r\xff.json'"}};
   const std::string text = json_text(j);

@@ -150,6 +150,13 @@ TEST(SweepPlan, BadFlagsAreRefusedNamingTheFlag) {
   EXPECT_EQ(usage_error({"--preset", "seed"}), "--preset: 'seed' is not a preset; allowed: seed-dp, seed-pp");
   EXPECT_EQ(usage_error({"--microbatches", "two"}), "--microbatches: 'two' is not a positive integer");
   EXPECT_EQ(usage_error({"--timeout", "-5"}), "--timeout: '-5' is not a positive integer");
+  EXPECT_EQ(usage_error({"--timeout", "1000000000"}), "--timeout: 1000000000 is above the largest allowed, 604800 s (a week)");
+  EXPECT_EQ(usage_error({"--schedules", "1f1b", "--microbatches", "1000000000"}),
+            "--microbatches: 1000000000 is above the largest allowed, 10000");
+  // The sweep's own one-value flags once each; lists and presets add up.
+  EXPECT_EQ(usage_error({"--out", "a", "--out", "b"}), "--out: given more than once; give it once");
+  EXPECT_EQ(usage_error({"--timeout", "5", "--timeout=6"}), "--timeout: given more than once; give it once");
+  EXPECT_EQ(usage_error({"--emulate", "--emulate"}), "--emulate: given more than once; give it once");
   EXPECT_EQ(usage_error({"--strategy", "zero3"}), "--strategy: use --strategies in a sweep");
   EXPECT_EQ(usage_error({"--schedule", "1f1b"}), "--schedule: use --schedules in a sweep");
   EXPECT_NE(usage_error({"--json", "x.json"}).find("--out DIR"), std::string::npos);
@@ -251,11 +258,11 @@ TEST(SweepPlan, AFlagThatReachesNoJobIsRefused) {
 
 TEST(SweepPlan, WorldSizesAreCappedAndListsHoldEachItemOnce) {
   EXPECT_EQ(usage_error({"--worlds", "65536", "--strategies", "ddp"}), "");
-  EXPECT_EQ(usage_error({"--worlds", "65537"}), "--worlds: 65537 is above the largest world size allowed, 65536");
+  EXPECT_EQ(usage_error({"--worlds", "65537"}), "--worlds: 65537 is above the largest allowed, 65536 ranks");
   EXPECT_EQ(usage_error({"--worlds", "2,999999999"}),
-            "--worlds: 999999999 is above the largest world size allowed, 65536");
+            "--worlds: 999999999 is above the largest allowed, 65536 ranks");
   EXPECT_EQ(usage_error({"--worlds", "99999999999999999999"}),
-            "--worlds: 99999999999999999999 is above the largest world size allowed, 65536");
+            "--worlds: 99999999999999999999 is above the largest allowed, 65536 ranks");
   EXPECT_EQ(usage_error({"--worlds", "2,2"}), "--worlds: 2 is given twice; give each once");
   EXPECT_EQ(usage_error({"--worlds", "4", "--worlds=4"}), "--worlds: 4 is given twice; give each once");
   EXPECT_EQ(usage_error({"--strategies", "ddp,zero1,ddp"}), "--strategies: 'ddp' is given twice; give each once");

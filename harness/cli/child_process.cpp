@@ -1,7 +1,7 @@
 #include "harness/cli/child_process.hpp"
 
 #include <fcntl.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,6 +70,65 @@ int terminate_group(pid_t pid) {
   return status;
 }
 
+// Passes errno to the parent through `report` and exits 127 (async-signal-safe).
+[[noreturn]] void child_fail(int report) {
+  const int e = errno;
+  (void)!::write(report, &e, sizeof e);
+  ::_exit(127);
+}
+
+// The child's side of spawn(), between fork and exec: only async-signal-safe calls.
+[[noreturn]] void become_child(char* const argv[], char* const envp[], const char* out, const char* err, int report,
+                               pid_t parent) {
+  // Ends with the sweep, however the sweep ends (even SIGKILL, which it cannot catch):
+  // mpirun passes SIGTERM on to its ranks, a lone rank stops on it.
+  if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) child_fail(report);
+  if (::getppid() != parent) ::_exit(127);  // the sweep died before prctl took hold
+  if (::setpgid(0, 0) != 0) child_fail(report);          // a new group led by the child
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig : kInterrupts) ::sigaction(sig, &dfl, nullptr);
+  ::sigaction(SIGPIPE, &dfl, nullptr);  // the sweep ignores it
+  const int in = ::open("/dev/null", O_RDONLY);
+  const int o = ::open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int e = ::open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (in < 0 || o < 0 || e < 0) child_fail(report);
+  if (::dup2(in, STDIN_FILENO) < 0 || ::dup2(o, STDOUT_FILENO) < 0 || ::dup2(e, STDERR_FILENO) < 0) child_fail(report);
+  ::execve(argv[0], argv, envp);
+  child_fail(report);
+}
+
+// Starts argv[0] with `envp`, stdin from /dev/null, stdout and stderr to the files, in
+// a process group of its own, and set to get SIGTERM when this process dies. Returns its
+// pid; throws RunError when it cannot be started (the child's errno, passed back through
+// a close-on-exec pipe, which exec closes on success).
+pid_t spawn(std::vector<char*>& argv, std::vector<char*>& envp, const std::string& out, const std::string& err) {
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) throw RunError(std::string("pipe: ") + std::strerror(errno));
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int e = errno;
+    ::close(report[0]);
+    ::close(report[1]);
+    throw RunError("cannot start '" + std::string(argv[0]) + "': fork: " + std::strerror(e));
+  }
+  if (pid == 0) become_child(argv.data(), envp.data(), out.c_str(), err.c_str(), report[1], parent);
+  ::close(report[1]);
+  int child_errno = 0;
+  ssize_t n = 0;
+  while ((n = ::read(report[0], &child_errno, sizeof child_errno)) < 0 && errno == EINTR) {
+  }
+  ::close(report[0]);
+  if (n > 0) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    throw RunError("cannot start '" + std::string(argv[0]) + "': " + std::strerror(child_errno));
+  }
+  return pid;
+}
+
 }  // namespace
 
 InterruptGuard::InterruptGuard() {
@@ -101,34 +160,12 @@ ChildResult run_child(const ChildSpec& spec) {
     stopped.signal = g_interrupt;
     return stopped;
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, spec.stdout_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, spec.stderr_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setpgroup(&attr, 0);  // a new group led by the child
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  for (int sig : kInterrupts) sigaddset(&defaults, sig);
-  sigaddset(&defaults, SIGPIPE);  // the sweep ignores it
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF);
-
   std::vector<std::string> argv = spec.argv;
   std::vector<std::string> env = child_environment(spec.extra_env);
   std::vector<char*> c_argv = c_strings(argv);
   std::vector<char*> c_env = c_strings(env);
   const auto start = std::chrono::steady_clock::now();
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, c_argv[0], &actions, &attr, c_argv.data(), c_env.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) throw RunError("cannot start '" + spec.argv[0] + "': " + std::strerror(rc));
-
+  const pid_t pid = spawn(c_argv, c_env, spec.stdout_path, spec.stderr_path);
   ChildResult result;
   const auto deadline = start + std::chrono::seconds(spec.timeout_s);
   int status = 0;

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 
@@ -35,17 +36,6 @@ bool all_digits(const std::string& v) {
   return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
 }
 
-// Digits only (no sign, no spaces), 1 to `most`; the message names the flag's own cap
-// and, when given, why there is one.
-int parse_positive(const std::string& flag, const std::string& v, int most = 1'000'000'000,
-                   const std::string& why = "") {
-  if (!all_digits(v) || v.find_first_not_of('0') == std::string::npos)
-    throw UsageError(flag + ": '" + v + "' is not a positive integer");
-  const std::size_t first = v.find_first_not_of('0');
-  if (v.size() - first > 10 || std::stoll(v.substr(first)) > most)
-    throw UsageError(flag + ": " + v + " is above the largest allowed, " + std::to_string(most) + why);
-  return static_cast<int>(std::stoll(v.substr(first)));
-}
 
 int parse_bounded(const std::string& flag, const std::string& v, int most) {
   return parse_positive(flag, v, most, " (byte counts must fit in 64 bits)");
@@ -395,6 +385,15 @@ void usage() {
 
 }  // namespace
 
+int parse_positive(const std::string& flag, const std::string& v, int most, const std::string& why) {
+  if (!all_digits(v) || v.find_first_not_of('0') == std::string::npos)
+    throw UsageError(flag + ": '" + v + "' is not a positive integer");
+  const std::size_t first = v.find_first_not_of('0');
+  if (v.size() - first > 10 || std::stoll(v.substr(first)) > most)
+    throw UsageError(flag + ": " + v + " is above the largest allowed, " + std::to_string(most) + why);
+  return static_cast<int>(std::stoll(v.substr(first)));
+}
+
 void check_run_args(const std::vector<std::string>& args) { (void)parse_run_args(args); }
 
 RunConfig parse_run_args(const std::vector<std::string>& args) {
@@ -417,7 +416,10 @@ RunConfig parse_run_args(const std::vector<std::string>& args) {
   return to_config(flags, app);
 }
 
-int cli_main(int argc, char** argv) {
+namespace {
+
+// The command's own work; cli_main adds the check of standard output.
+int dispatch(int argc, char** argv) {
   if (argc < 2) {
     usage();
     error_line("missing command; allowed: run, sweep, plan, compare");
@@ -445,6 +447,22 @@ int cli_main(int argc, char** argv) {
   usage();
   error_line("unknown command '" + cmd + "'; allowed: run, sweep, plan, compare");
   return 2;
+}
+
+}  // namespace
+
+int cli_main(int argc, char** argv) {
+  const int rc = dispatch(argc, argv);
+  // Tables that never reached their reader (a full disk, a closed pipe's EPIPE with
+  // SIGPIPE ignored) are a failure, not a success with nothing said.
+  errno = 0;
+  std::cout.flush();
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    error_line("cannot write the tables to standard output" +
+               std::string(errno != 0 ? std::string(": ") + std::strerror(errno) : std::string()));
+    return rc == 0 ? 3 : rc;
+  }
+  return rc;
 }
 
 }  // namespace shardscope

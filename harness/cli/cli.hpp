@@ -18,4 +18,10 @@ void check_run_args(const std::vector<std::string>& args);
 
 // The same, returning the configuration those flags give.
 RunConfig parse_run_args(const std::vector<std::string>& args);
+
+// A count flag's value: digits only (no sign, no spaces), 1 to `most`; throws
+// UsageError naming the flag, and for a value above `most` the cap and, when given, why
+// there is one (`why` follows the cap: " ranks", " (byte counts must fit in 64 bits)").
+int parse_positive(const std::string& flag, const std::string& v, int most = 1'000'000'000,
+                   const std::string& why = "");
 }  // namespace shardscope

@@ -152,9 +152,9 @@ std::int64_t parse_memory_size(const std::string& text) {
                        number.front() != '.' && number.back() != '.';
   if (!plain && !decimal)
     throw UsageError(what + " is not a size; write e.g. 80GiB, 141GB, 512MiB or a byte count");
-  static const std::vector<std::pair<std::string, double>> kUnits = {
-      {"", 1.0},         {"b", 1.0},         {"kib", 0x1p10},    {"mib", 0x1p20},  {"gib", 0x1p30},
-      {"tib", 0x1p40},   {"kb", 1e3},        {"mb", 1e6},        {"gb", 1e9},      {"tb", 1e12}};
+  static const std::vector<std::pair<std::string, std::int64_t>> kUnits = {
+      {"", 1},           {"b", 1},           {"kib", 1LL << 10}, {"mib", 1LL << 20}, {"gib", 1LL << 30},
+      {"tib", 1LL << 40}, {"kb", 1'000},     {"mb", 1'000'000},  {"gb", 1'000'000'000}, {"tb", 1'000'000'000'000}};
   for (const char* ambiguous : {"k", "m", "g", "t"})
     if (unit == ambiguous)
       throw UsageError(what + " is ambiguous: write " + number + static_cast<char>(std::toupper(ambiguous[0])) +
@@ -162,19 +162,22 @@ std::int64_t parse_memory_size(const std::string& text) {
   const auto u = std::find_if(kUnits.begin(), kUnits.end(), [&](const auto& k) { return k.first == unit; });
   if (u == kUnits.end())
     throw UsageError(what + ": unknown unit; allowed: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB");
-  if (!plain && u->second == 1.0) throw UsageError(what + ": a byte count is a whole number");
-  // Digits and one dot only: stod fails only out of range, far above the cap when the
-  // whole part has a non-zero digit, else far below one byte.
-  double bytes = 0.0;
-  try {
-    bytes = std::stod(number) * u->second;
-  } catch (const std::out_of_range&) {
-    const std::string whole = number.substr(0, number.find('.'));
-    bytes = whole.find_first_not_of('0') == std::string::npos ? 0.0 : HUGE_VAL;
-  }
-  if (!(bytes >= 1.0)) throw UsageError(what + " is below one byte");
-  if (bytes > 0x1p62) throw UsageError(what + " is above the largest allowed, 4 EiB");
-  return static_cast<std::int64_t>(std::floor(bytes));
+  if (!plain && u->second == 1) throw UsageError(what + ": a byte count is a whole number");
+  // In integers, so that every byte count is exact: whole × unit + ⌊fraction × unit⌋.
+  // Fraction digits past the 18th move the result by less than 2^40 / 10^18 of a byte.
+  constexpr std::int64_t kCap = std::int64_t{1} << 62;
+  const std::string whole = number.substr(0, number.find('.'));
+  const std::string fraction = plain ? "" : number.substr(number.find('.') + 1, 18);
+  const std::size_t first = whole.find_first_not_of('0');
+  const std::string digits = first == std::string::npos ? "0" : whole.substr(first);
+  if (digits.size() > 19) throw UsageError(what + " is above the largest allowed, 4 EiB");
+  const unsigned __int128 w = std::stoull(digits);
+  unsigned __int128 f = fraction.empty() ? 0 : std::stoull(fraction), scale = 1;
+  for (std::size_t k = 0; k < fraction.size(); ++k) scale *= 10;
+  const unsigned __int128 bytes = w * static_cast<unsigned __int128>(u->second) + f * u->second / scale;
+  if (bytes < 1) throw UsageError(what + " is below one byte");
+  if (bytes > static_cast<unsigned __int128>(kCap)) throw UsageError(what + " is above the largest allowed, 4 EiB");
+  return static_cast<std::int64_t>(bytes);
 }
 
 json make_plan(const PlanRequest& flags) {

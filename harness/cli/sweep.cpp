@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -64,7 +65,7 @@ class JobRunner {
     argv.insert(argv.end(), {self_exe_, "run"});
     argv.insert(argv.end(), job.run_args.begin(), job.run_args.end());
     argv.insert(argv.end(), {"--json", base + ".json"});
-    return attempt(job, argv, base, -1);
+    return attempt(job, argv, base, -1, opts_.timeout_s);
   }
 
  private:
@@ -72,6 +73,8 @@ class JobRunner {
   JobOutcome run_emulated(const SweepJob& job, const std::string& base) const {
     std::vector<json> docs;
     json provenance;
+    // --timeout bounds the job, all its ranks together, as it bounds an mpirun job.
+    const auto job_start = std::chrono::steady_clock::now();
     for (int r = 0; r < job.world; ++r) {
       if (const int sig = InterruptGuard::received()) {  // the rest of the job is not started
         JobOutcome stopped;
@@ -79,12 +82,22 @@ class JobRunner {
         stopped.error = job.label + ": interrupted by " + signal_text(sig) + " before rank " + std::to_string(r);
         return stopped;
       }
+      const double used = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count();
+      const int left = opts_.timeout_s - static_cast<int>(used);
+      if (left <= 0) {
+        JobOutcome late;
+        late.status = JobOutcome::Status::failed;
+        late.error = job.label + ": timed out after " + std::to_string(opts_.timeout_s) + " s with " +
+                     std::to_string(r) + " of its " + std::to_string(job.world) +
+                     " emulated ranks done (--timeout bounds the whole job)";
+        return late;
+      }
       const std::string rank_base = base + "." + std::to_string(r);
       std::vector<std::string> argv = {self_exe_, "run"};
       argv.insert(argv.end(), job.run_args.begin(), job.run_args.end());
       argv.insert(argv.end(), {"--emulate", std::to_string(job.world) + ":" + std::to_string(r), "--json",
                                rank_base + ".json"});
-      JobOutcome one = attempt(job, argv, rank_base, r);
+      JobOutcome one = attempt(job, argv, rank_base, r, left);
       if (one.status != JobOutcome::Status::done) return one;
       if (r == 0) provenance = one.provenance;
       docs.push_back(std::move(one.document));
@@ -100,10 +113,11 @@ class JobRunner {
     return merged;
   }
 
-  // One process: its result document, or why there is none.
+  // One process, stopped after `timeout_s` (what is left of the job's --timeout): its
+  // result document, or why there is none.
   JobOutcome attempt(const SweepJob& job, const std::vector<std::string>& argv, const std::string& base,
-                     int known_rank) const {
-    ChildSpec spec{argv, base + ".log", base + ".err", env_, opts_.timeout_s};
+                     int known_rank, int timeout_s) const {
+    ChildSpec spec{argv, base + ".log", base + ".err", env_, timeout_s};
     const ChildResult r = run_child(spec);
     JobOutcome out;
     const std::string err = read_text(spec.stderr_path);
@@ -250,7 +264,7 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
     const std::filesystem::path old_log = std::filesystem::path(opts.out) / kFailedJobLog;
     if (std::filesystem::is_regular_file(old_log, ec)) std::filesystem::remove(old_log, ec);
   }
-  if (!opts.csv.empty()) prepare_csv_dir(opts.csv);
+  if (!opts.csv.empty()) check_csv_dir(opts.csv);
   std::vector<json> runs;
   json first_provenance;
   std::string error, failed_label, failed_stderr;
@@ -290,9 +304,10 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
   const std::string error_line = keep_failed_output(error, failed_label, failed_stderr, opts.out);
   const json doc = sweep_document(runs, first_provenance, command, opts.emulate, jobs.size(), error);
   write_file_atomic(json_path, readable_json(doc) + "\n");
+  // The CSV folder first: it is made now, and a --trace or --report may lie inside it.
+  if (!opts.csv.empty()) write_csv_files(doc, opts.csv);
   if (!opts.trace.empty()) write_trace_file(opts.trace, doc);
   if (!opts.report.empty()) write_file_atomic(opts.report, render_html_report(doc, command));
-  if (!opts.csv.empty()) write_csv_files(doc, opts.csv);
   std::cout << '\n';
   print_tables(doc, std::cout);
   std::cout << "results: " << json_path << (error.empty() ? "\n" : " (incomplete: a run failed)\n");

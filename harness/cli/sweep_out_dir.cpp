@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness/report/csv.hpp"
 #include "harness/report/json_io.hpp"
 #include "shardscope/check.hpp"
 
@@ -23,45 +24,31 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// `path` absolute and normal, without a trailing '/': how paths are compared here.
-fs::path absolute_path(const std::string& path) {
-  std::error_code ec;
-  fs::path p = fs::absolute(path, ec);
-  if (ec) p = path;
-  p = p.lexically_normal();
-  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();  // "dir/" -> "dir"
-  return p;
-}
-
-// Checks, creating nothing, that directory `dir` (of `flag`) is one we can write
-// `probe_file` in, or one that can be made: its nearest existing ancestor is a directory
-// that takes a new folder (probed with a temporary one, removed at once). Returns the
-// folders that would be made, from the outermost.
-std::vector<fs::path> check_dir_usable(const std::string& dir, const std::string& flag,
-                                        const std::string& probe_file) {
-  std::error_code ec;
-  if (fs::exists(dir, ec)) {
-    if (!fs::is_directory(dir, ec)) throw UsageError(flag + ": '" + dir + "' exists and is not a directory");
-    check_writable((fs::path(dir) / probe_file).string(), flag);
-    return {};
-  }
-  std::vector<fs::path> made;
-  fs::path up = absolute_path(dir);
-  while (up.has_relative_path() && !fs::exists(up, ec)) {
-    made.insert(made.begin(), up);
-    up = up.parent_path();
-  }
-  auto fail = [&](const std::string& why) { throw UsageError(flag + ": cannot create '" + dir + "': " + why); };
-  if (!fs::is_directory(up, ec)) fail("'" + up.string() + "' is not a directory");
-  std::string probe = (up / ".shardscope-probe-XXXXXX").string();
-  if (::mkdtemp(probe.data()) == nullptr) fail(std::string(std::strerror(errno)) + " in '" + up.string() + "'");
-  ::rmdir(probe.c_str());
-  return made;
-}
-
 // Every output the sweep writes names its own file (check_distinct_outputs), and no
 // folder the sweep writes in (--out DIR, --csv DIR) is, or lies inside, the path of one
 // of those files: the folder would take the file's place, or the file the folder's.
+// A sweep's scratch folder in --out DIR: ".runs-" and mkdtemp's six characters.
+bool is_scratch_name(const std::string& name) {
+  constexpr std::string_view kPrefix = ".runs-";
+  return name.size() == kPrefix.size() + 6 && name.compare(0, kPrefix.size(), kPrefix) == 0 &&
+         std::all_of(name.begin() + kPrefix.size(), name.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; });
+}
+
+// The next sweep into --out DIR removes every scratch folder there (what a sweep killed
+// outright left): an output inside one would be lost, so it is refused.
+void check_outside_scratch(const SweepOptions& opts) {
+  const fs::path out = resolved_path(opts.out);
+  for (const auto& [flag, path] : {std::pair{"--trace FILE", opts.trace}, std::pair{"--report FILE", opts.report},
+                                   std::pair{"--csv DIR", opts.csv}}) {
+    if (path.empty()) continue;
+    const fs::path rel = resolved_path(path).lexically_relative(out);
+    if (rel.empty() || !is_scratch_name(rel.begin()->string())) continue;
+    throw UsageError(std::string(flag) + ": '" + path + "' lies in '" + (fs::path(opts.out) / *rel.begin()).string() +
+                     "', a sweep's scratch folder, which every sweep into --out DIR removes: write it elsewhere");
+  }
+}
+
 void check_outputs_apart(const SweepOptions& opts) {
   const fs::path out(opts.out);
   std::vector<std::pair<std::string, std::string>> files = {
@@ -77,20 +64,21 @@ void check_outputs_apart(const SweepOptions& opts) {
   files.emplace_back("--report", opts.report);
   check_distinct_outputs(files);
   check_folders_apart({{"--out DIR", opts.out}, {"--csv DIR", opts.csv}}, files);
+  check_outside_scratch(opts);
 }
 
 }  // namespace
 
 void check_sweep_outputs(const SweepOptions& opts) {
   check_outputs_apart(opts);
-  std::vector<fs::path> to_make = check_dir_usable(opts.out, "--out DIR", "shardscope.json");
+  std::vector<fs::path> to_make = check_dir_usable(opts.out, "--out DIR", {"shardscope.json"});
   if (!opts.csv.empty()) {
-    const std::vector<fs::path> csv = check_dir_usable(opts.csv, "--csv DIR", "data_parallel.csv");
+    const std::vector<fs::path> csv = check_dir_usable(opts.csv, "--csv DIR", csv_file_names());
     to_make.insert(to_make.end(), csv.begin(), csv.end());
   }
   for (const auto& [path, flag] : {std::pair{opts.trace, "--trace FILE"}, std::pair{opts.report, "--report FILE"}}) {
     if (path.empty()) continue;
-    const fs::path file = absolute_path(path);
+    const fs::path file = resolved_path(path);
     const bool folder_made = std::find(to_make.begin(), to_make.end(), file.parent_path()) != to_make.end();
     if (!folder_made || path.back() == '/') check_writable(path, flag);
   }
@@ -134,15 +122,11 @@ OutDirLock::~OutDirLock() {
 }
 
 void remove_stale_scratch(const std::string& dir) {
-  constexpr std::string_view kPrefix = ".runs-";
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const bool scratch_name =
-        name.size() == kPrefix.size() + 6 && name.compare(0, kPrefix.size(), kPrefix) == 0 &&
-        std::all_of(name.begin() + kPrefix.size(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); });
     std::error_code type_ec, rm_ec;
-    if (scratch_name && !it->is_symlink(type_ec) && it->is_directory(type_ec)) fs::remove_all(it->path(), rm_ec);
+    if (is_scratch_name(it->path().filename().string()) && !it->is_symlink(type_ec) && it->is_directory(type_ec))
+      fs::remove_all(it->path(), rm_ec);
   }
 }
 

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 
+#include "harness/cli/cli.hpp"
 #include "harness/report/table.hpp"
 #include "shardscope/check.hpp"
 
@@ -25,6 +27,10 @@ const Flags kSeedPpFlags = {{"--layers", "2"},       {"--width", "32"}, {"--batc
 // The largest world size --worlds takes: beyond any machine this tool profiles, and far
 // below what would make `mpirun -np W` a fork bomb.
 constexpr int kMaxWorld = 65'536;
+// Micro-batches per pipeline run, as `run --microbatches` caps them.
+constexpr int kMaxMicrobatches = 10'000;
+// A job's time limit: a week is beyond any job worth waiting for.
+constexpr int kMaxTimeoutS = 604'800;
 
 // `run` flags that shape one family only (run refuses them in the other): a sweep passes
 // each to the jobs it applies to, so one sweep can mix both families.
@@ -57,22 +63,8 @@ std::vector<std::string> split_list(const std::string& flag, const std::string& 
   return items;
 }
 
-int positive_int(const std::string& flag, const std::string& v) {
-  const bool digits = !v.empty() && v.size() <= 9 && std::all_of(v.begin(), v.end(), [](char c) {
-    return c >= '0' && c <= '9';
-  });
-  if (!digits || std::stoi(v) <= 0) throw UsageError(flag + ": '" + v + "' is not a positive integer");
-  return std::stoi(v);
-}
-
 // A --worlds item: a positive integer up to kMaxWorld.
-int world_size(const std::string& v) {
-  const bool digits = !v.empty() && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
-  const std::size_t first = v.find_first_not_of('0');
-  if (digits && first != std::string::npos && (v.size() - first > 9 || std::stoi(v) > kMaxWorld))
-    throw UsageError("--worlds: " + v + " is above the largest world size allowed, " + std::to_string(kMaxWorld));
-  return positive_int("--worlds", v);
-}
+int world_size(const std::string& v) { return parse_positive("--worlds", v, kMaxWorld, " ranks"); }
 
 // Refuses an item a list already holds: "--worlds: 2 is given twice".
 template <typename T>
@@ -150,6 +142,14 @@ SweepJob make_job(json config, std::vector<std::string> run_args) {
   return job;
 }
 
+// The sweep's own flags that hold one value (or none); every flag it does not own is a
+// run flag, passed on to each job.
+bool is_single_sweep_flag(const std::string& name) {
+  static const std::set<std::string> single = {"--out", "--trace", "--report", "--csv", "--emulate",
+                                               "--mpirun", "--oversubscribe", "--timeout"};
+  return single.count(name) > 0;
+}
+
 }  // namespace
 
 bool sweep_wants_help(const std::vector<std::string>& args) {
@@ -158,6 +158,7 @@ bool sweep_wants_help(const std::vector<std::string>& args) {
 
 SweepOptions parse_sweep_args(const std::vector<std::string>& args) {
   SweepOptions o;
+  std::set<std::string> seen;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (!is_long_flag(arg))
@@ -174,6 +175,11 @@ SweepOptions parse_sweep_args(const std::vector<std::string>& args) {
     auto no_value = [&] {
       if (inline_value) throw UsageError(name + ": takes no value");
     };
+    // The sweep's own flags that take one value, as run's: once each, so that a second
+    // --out is not quietly taken over the first. Lists (--worlds, --strategies, ...)
+    // and --preset add up instead.
+    if (is_single_sweep_flag(name) && !seen.insert(name).second)
+      throw UsageError(name + ": given more than once; give it once");
     if (name == "--worlds") {
       for (const std::string& w : split_list(name, value())) {
         const int world = world_size(w);
@@ -194,7 +200,7 @@ SweepOptions parse_sweep_args(const std::vector<std::string>& args) {
       }
     } else if (name == "--microbatches") {
       for (const std::string& m : split_list(name, value())) {
-        const int count = positive_int(name, m);
+        const int count = parse_positive(name, m, kMaxMicrobatches);
         check_new(name, o.microbatches, count, std::to_string(count));
         o.microbatches.push_back(count);
       }
@@ -228,7 +234,7 @@ SweepOptions parse_sweep_args(const std::vector<std::string>& args) {
       no_value();
       o.oversubscribe = true;
     } else if (name == "--timeout") {
-      o.timeout_s = positive_int(name, value());
+      o.timeout_s = parse_positive(name, value(), kMaxTimeoutS, " s (a week)");
     } else {
       for (const auto& [owned, instead] : kOwnedRunFlags)
         if (name == owned) throw UsageError(name + ": " + instead);

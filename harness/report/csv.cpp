@@ -147,17 +147,20 @@ std::string pipeline_csv(const json& doc) {
   return out;
 }
 
-void prepare_csv_dir(const std::string& dir) {
+const std::vector<std::string>& csv_file_names() {
+  static const std::vector<std::string> names = {"data_parallel.csv", "pipeline.csv"};
+  return names;
+}
+
+void check_csv_dir(const std::string& dir) {
   if (dir.empty()) throw UsageError("--csv DIR: needs a directory");
-  std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
-    throw UsageError("--csv DIR: '" + dir + "' exists and is not a directory");
-  fs::create_directories(dir, ec);
-  if (ec) throw UsageError("--csv DIR: cannot create '" + dir + "': " + ec.message());
-  check_writable((fs::path(dir) / "data_parallel.csv").string(), "--csv DIR");
+  (void)check_dir_usable(dir, "--csv DIR", csv_file_names());
 }
 
 void write_csv_files(const json& doc, const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw RunError("cannot create '" + dir + "' for --csv: " + ec.message());
   write_file_atomic((fs::path(dir) / "data_parallel.csv").string(), data_parallel_csv(doc));
   write_file_atomic((fs::path(dir) / "pipeline.csv").string(), pipeline_csv(doc));
 }

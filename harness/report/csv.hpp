@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -21,11 +22,16 @@ std::string csv_field(const std::string& text);
 std::string data_parallel_csv(const nlohmann::json& doc);
 std::string pipeline_csv(const nlohmann::json& doc);
 
-// Before any work: creates DIR when missing and checks that files can be written there.
-// Throws UsageError("--csv DIR: ...") otherwise.
-void prepare_csv_dir(const std::string& dir);
+// The files written in DIR: data_parallel.csv and pipeline.csv.
+const std::vector<std::string>& csv_file_names();
 
-// Writes DIR/data_parallel.csv and DIR/pipeline.csv, each atomically (json_io.hpp).
+// Before any work, creating nothing: DIR is a directory where both files can be written,
+// or one that can be made (json_io.hpp: check_dir_usable). Throws UsageError("--csv
+// DIR: ...") otherwise.
+void check_csv_dir(const std::string& dir);
+
+// Makes DIR when missing and writes DIR/data_parallel.csv and DIR/pipeline.csv, each
+// atomically (json_io.hpp).
 void write_csv_files(const nlohmann::json& doc, const std::string& dir);
 
 }  // namespace shardscope

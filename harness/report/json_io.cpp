@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -33,24 +34,38 @@ std::string base_name_of(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-// `path` as outputs are compared: absolute, what exists of it resolved (links, "..",
-// "."), normal, without a trailing '/'.
-std::filesystem::path resolved_path(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
-  if (ec) p = fs::path(path);
-  p = p.lexically_normal();
-  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();  // "dir/" -> "dir"
-  return p;
-}
-
 // Whether `inner` is `outer` or lies below it (both resolved).
 bool is_within(const std::filesystem::path& inner, const std::filesystem::path& outer) {
   auto i = inner.begin();
   for (auto o = outer.begin(); o != outer.end(); ++o, ++i)
     if (i == inner.end() || *i != *o) return false;
   return true;
+}
+
+// Deeper than any file shardscope writes (about 8 levels) by far, and shallow enough
+// that recursive walks of a parsed document (comparison, printing) cannot exhaust the
+// stack on a hostile one.
+constexpr std::size_t kMaxJsonDepth = 256;
+
+// How deep arrays and objects nest in JSON text, strings skipped (a linear scan; the
+// parser checks everything else).
+std::size_t nesting_depth(const std::string& text) {
+  std::size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
 }
 
 // Creates "<dir>/.<name>.XXXXXX" and returns its descriptor (-1 and errno on failure).
@@ -240,6 +255,39 @@ bool writing_result_file() noexcept { return g_writing != 0; }
 
 void defer_signal(int sig) noexcept { g_deferred = sig; }
 
+std::filesystem::path resolved_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  if (ec) p = fs::path(path);
+  p = p.lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();  // "dir/" -> "dir"
+  return p;
+}
+
+std::vector<std::filesystem::path> check_dir_usable(const std::string& dir, const std::string& flag,
+                                                    const std::vector<std::string>& files) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    if (!fs::is_directory(dir, ec)) throw UsageError(flag + ": '" + dir + "' exists and is not a directory");
+    for (const std::string& file : files) check_writable((fs::path(dir) / file).string(), flag);
+    return {};
+  }
+  std::vector<fs::path> made;
+  fs::path up = resolved_path(dir);
+  while (up.has_relative_path() && !fs::exists(up, ec)) {
+    made.insert(made.begin(), up);
+    up = up.parent_path();
+  }
+  auto fail = [&](const std::string& why) { throw UsageError(flag + ": cannot create '" + dir + "': " + why); };
+  if (!fs::is_directory(up, ec)) fail("'" + up.string() + "' is not a directory");
+  std::string probe = (up / ".shardscope-probe-XXXXXX").string();
+  if (::mkdtemp(probe.data()) == nullptr) fail(std::string(std::strerror(errno)) + " in '" + up.string() + "'");
+  ::rmdir(probe.c_str());
+  return made;
+}
+
 void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
   std::vector<std::pair<std::string, std::filesystem::path>> seen;  // flag, resolved path
   for (const auto& [flag, path] : outputs) {
@@ -306,13 +354,24 @@ void write_file_atomic(const std::string& where, const std::string& content) {
 }
 
 nlohmann::json read_json_file(const std::string& path) {
+  // Only a regular file: a FIFO would block the read forever, a device never end.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw RunError("cannot read '" + path + "': " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw RunError("cannot read '" + path + "': it is a directory");
+  if (!S_ISREG(st.st_mode))
+    throw RunError("cannot read '" + path + "': it is not a regular file (a device, FIFO or socket)");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw RunError("cannot read '" + path + "': " + std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) throw RunError("cannot read '" + path + "': read failed");
+  const std::string doc = text.str();
+  const std::size_t depth = nesting_depth(doc);
+  if (depth > kMaxJsonDepth)
+    throw RunError("'" + path + "' nests arrays and objects " + std::to_string(depth) + " deep; shardscope's files nest at most " +
+                   std::to_string(kMaxJsonDepth));
   try {
-    return nlohmann::json::parse(text.str());
+    return nlohmann::json::parse(doc);
   } catch (const nlohmann::json::parse_error& e) {
     throw RunError("'" + path + "' is not valid JSON: " + e.what());
   }

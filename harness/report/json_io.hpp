@@ -2,6 +2,7 @@
 // name in every error.
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,17 @@ namespace shardscope {
 // Throws UsageError("<flag>: cannot write '<path>': <reason>"), flag "--json FILE"
 // unless the caller names another (the sweep says "--out DIR").
 void check_writable(const std::string& path, const std::string& flag = "--json FILE");
+
+// `path` as outputs are compared: absolute, what exists of it resolved (links, "..",
+// "."), normal, without a trailing '/'.
+std::filesystem::path resolved_path(const std::string& path);
+
+// Checks, creating nothing, that directory `dir` (of `flag`) is one we can write each
+// of `files` in (check_writable), or one that can be made: its nearest existing
+// ancestor is a directory that takes a new folder (probed with a temporary one, removed
+// at once). Returns the folders that would be made (resolved_path), outermost first.
+std::vector<std::filesystem::path> check_dir_usable(const std::string& dir, const std::string& flag,
+                                                    const std::vector<std::string>& files);
 
 // Refuses (UsageError) two outputs that name one file, which would leave only the last
 // one written: `outputs` holds (flag, path) pairs, paths compared after making them
@@ -59,7 +71,8 @@ std::string json_text(const nlohmann::json& j);
 // the rank timelines of a sweep this is about a third of nlohmann's dump(2).
 std::string readable_json(const nlohmann::json& j);
 
-// Parses a JSON file. Throws RunError naming the file when it cannot be read or parsed.
+// Parses a JSON file. Throws RunError naming the file when it is not a regular file,
+// cannot be read or parsed, or nests deeper than any file shardscope writes (256 levels).
 nlohmann::json read_json_file(const std::string& path);
 
 }  // namespace shardscope

@@ -167,7 +167,7 @@ void check_output_paths(const RunConfig& cfg, const MpiSession& mpi) {
     try {
       if (!cfg.json_path.empty()) check_writable(cfg.json_path);
       if (!cfg.trace_path.empty()) check_writable(cfg.trace_path, "--trace FILE");
-      if (!cfg.csv_dir.empty()) prepare_csv_dir(cfg.csv_dir);
+      if (!cfg.csv_dir.empty()) check_csv_dir(cfg.csv_dir);
     } catch (const UsageError& e) {
       refusal = e.what();
     }

@@ -176,6 +176,14 @@ TEST(PlanMemory, SizesInEveryUnitAndTheirRefusals) {
   EXPECT_EQ(parse_memory_size("141GB"), 141'000'000'000LL);
   EXPECT_EQ(parse_memory_size("0.5KiB"), 512);
   EXPECT_EQ(parse_memory_size("1.5TB"), 1'500'000'000'000LL);
+  // Exact to the byte, in integers (a double would round these).
+  EXPECT_EQ(parse_memory_size("9007199254740993"), 9'007'199'254'740'993LL);
+  EXPECT_EQ(parse_memory_size("123456789012345679"), 123'456'789'012'345'679LL);
+  EXPECT_EQ(parse_memory_size("4611686018427387904"), 4'611'686'018'427'387'904LL);
+  EXPECT_EQ(parse_memory_size("0.0000001GiB"), 107);
+  EXPECT_EQ(parse_memory_size("0.99999999999999999999999KiB"), 1023);
+  EXPECT_THROW(parse_memory_size("4611686018427387905"), UsageError);  // 4 EiB + 1
+  EXPECT_THROW(parse_memory_size("99999999999999999999"), UsageError);
   EXPECT_EQ(parse_memory_size("1073741824"), 1LL << 30);
   EXPECT_EQ(parse_memory_size("4096B"), 4096);
   for (const std::string& bad : std::vector<std::string>{"", "GiB", "-1GiB", "1e9", "1.GiB", ".5GiB", "1..5GiB", "1.5", "1.5B", "0", "0.1B",

@@ -89,7 +89,7 @@ TEST_F(SweepBinary, ABadRunFlagIsBadUsageOfTheSweep) {
   EXPECT_EQ(out_.find("skipped"), std::string::npos) << out_;
   EXPECT_FALSE(fs::exists(out));
   EXPECT_EQ(sweep({"--worlds", "999999999", "--out", out}), 2);
-  EXPECT_EQ(err_, "shardscope: error: --worlds: 999999999 is above the largest world size allowed, 65536\n");
+  EXPECT_EQ(err_, "shardscope: error: --worlds: 999999999 is above the largest allowed, 65536 ranks\n");
   EXPECT_FALSE(fs::exists(out));
 }
 

@@ -35,8 +35,9 @@ using Args = std::vector<std::string>;
 
 // Behaviour by environment: FAKE_SKIP=<strategy|schedule> exits 2, FAKE_FAIL=<name>
 // exits 3 on rank FAKE_FAIL_RANK (default 0), FAKE_KILL=<name> kills itself with SIGKILL
-// on that rank, FAKE_HANG=<name> sleeps. Every invocation appends its arguments to
-// FAKE_LOG. Under mpirun only rank 0 writes.
+// on that rank, FAKE_HANG=<name> sleeps (its pid in FAKE_PIDFILE.sh, its sleeper's in
+// FAKE_PIDFILE), FAKE_SLOW=<seconds> sleeps that long before writing. Every invocation
+// appends its arguments to FAKE_LOG. Under mpirun only rank 0 writes.
 const char* kFakeRun = R"SH(#!/bin/sh
 echo "$*" >> "$FAKE_LOG"
 json= ; strategy= ; schedule= ; emulate= ; micro=0 ; units=all
@@ -63,7 +64,8 @@ if [ "$name" = "$FAKE_FAIL" ] && [ "$rank" = "${FAKE_FAIL_RANK:-0}" ]; then
   echo "shardscope: error: rank $rank: out of memory: needs 9 B, has 8 B" >&2; exit 3
 fi
 if [ "$name" = "$FAKE_KILL" ] && [ "$rank" = "${FAKE_FAIL_RANK:-0}" ]; then kill -9 $$; fi
-if [ "$name" = "$FAKE_HANG" ]; then sleep 30 & echo $! > "$FAKE_PIDFILE"; wait; exit 0; fi
+if [ "$name" = "$FAKE_HANG" ]; then echo $$ > "$FAKE_PIDFILE.sh"; sleep 30 & echo $! > "$FAKE_PIDFILE"; wait; exit 0; fi
+[ -z "$FAKE_SLOW" ] || sleep "$FAKE_SLOW"
 [ "$rank" = 0 ] || [ -n "$emulate" ] || exit 0
 entries=""
 r=$first
@@ -641,6 +643,68 @@ TEST_F(SweepFake, OutputsThatNameOneFileAreRefusedBeforeAnything) {
   EXPECT_EQ(names_in(out_), (std::vector<std::string>{"data_parallel.csv", "pipeline.csv", "shardscope.html",
                                                        "shardscope.json", "trace.json"}));
 }
+
+// --timeout bounds an emulated job, all its ranks together (each rank is its own
+// process, run one after another), as it bounds an mpirun job.
+TEST_F(SweepFake, ATimeoutBoundsAnEmulatedJobsRanksTogether) {
+  set("FAKE_SLOW", "0.4");
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(sweep({"--emulate", "--strategies", "ddp", "--worlds", "16", "--timeout", "1"}), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));  // 16 ranks take 6.4 s
+  EXPECT_NE(stderr_.find("shardscope: error: ddp W=16: timed out after 1 s with "), std::string::npos) << stderr_;
+  EXPECT_NE(stderr_.find(" of its 16 emulated ranks done (--timeout bounds the whole job)"), std::string::npos)
+      << stderr_;
+}
+
+// A sweep killed outright (SIGKILL: nothing to catch) takes its job's process with it:
+// mpirun, which passes SIGTERM on to its ranks, or an emulated rank.
+TEST_F(SweepFake, AKilledSweepTakesItsJobWithIt) {
+  set("FAKE_HANG", "ddp");
+  const pid_t sweep_pid = sweep_in_child({"--emulate", "--strategies", "ddp", "--worlds", "1"}, out_);
+  ASSERT_TRUE(wait_for_hang());
+  const pid_t job = std::stoi(log("hang.pid.sh"));
+  kill(sweep_pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(sweep_pid, &status, 0), sweep_pid);
+  bool gone = false;
+  for (int i = 0; i < 150 && !gone; ++i) {
+    std::ifstream st("/proc/" + std::to_string(job) + "/status");
+    std::string line;
+    while (std::getline(st, line) && line.rfind("State:", 0) != 0) {
+    }
+    gone = !st || line.find("Z (zombie)") != std::string::npos;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(std::stoi(log("hang.pid")), SIGKILL);  // the job's own child is the job's to stop
+  EXPECT_TRUE(gone) << "the job (pid " << job << ") outlived its sweep";
+}
+
+// Every sweep into --out DIR removes the scratch folders there: an output inside one is
+// refused before anything runs, and what the folder holds is left alone. So is a --csv
+// folder whose second file could not be written.
+TEST_F(SweepFake, OutputsInAScratchFolderOrAnUnwritableCsvAreRefusedUpFront) {
+  fs::create_directories(out_ + "/.runs-qqqqqq");
+  std::ofstream(out_ + "/.runs-qqqqqq/precious.txt") << "mine";
+  auto refusal = [&](Args args) -> std::string {
+    args.insert(args.end(), {"--strategies", "ddp", "--worlds", "1", "--out", out_});
+    try {
+      sweep_main(args, fake_run_);
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  EXPECT_EQ(refusal({"--report", out_ + "/.runs-qqqqqq/r.html"}),
+            "--report FILE: '" + out_ + "/.runs-qqqqqq/r.html' lies in '" + out_ +
+                "/.runs-qqqqqq', a sweep's scratch folder, which every sweep into --out DIR removes: write it elsewhere");
+  EXPECT_NE(refusal({"--csv", out_ + "/.runs-abcdef"}).find("--csv DIR: "), std::string::npos);
+  EXPECT_NE(refusal({"--trace", out_ + "/.runs-qqqqqq/sub/t.json"}).find("a sweep's scratch folder"), std::string::npos);
+  EXPECT_EQ(log("results/.runs-qqqqqq/precious.txt"), "mine");
+  fs::create_directories(dir_ + "/csv/pipeline.csv");
+  EXPECT_EQ(refusal({"--csv", dir_ + "/csv"}), "--csv DIR: cannot write '" + dir_ + "/csv/pipeline.csv': it is a directory");
+  EXPECT_EQ(log("run.log"), "");
+}
+
 
 }  // namespace
 }  // namespace shardscope
