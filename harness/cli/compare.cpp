@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <iostream>
+#include <map>
+#include <set>
 #include <string>
 #include <utility>
 
+#include "harness/cli/compare_input.hpp"
 #include "harness/cli/sweep_plan.hpp"
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
@@ -17,8 +20,8 @@ namespace {
 
 using nlohmann::json;
 
-// A document's field, whatever its type; null when absent (files are read as given:
-// a field of the wrong type must not end the comparison).
+// A document's field; null when absent (check_compare_input has checked the types of
+// what compare reads, so absent is the one surprise left).
 json field(const json& j, const char* key) {
   const json* v = cells::at(j, {key});
   return v ? *v : json();
@@ -41,11 +44,6 @@ const json& members(const json& run) {
   static const json kNone = json::array();
   const json* list = cells::at(run, {is_pipeline(run) ? "stages" : "ranks"});
   return list && list->is_array() ? *list : kNone;
-}
-
-std::int64_t figure(const json& record, std::initializer_list<const char*> path) {
-  std::int64_t v = 0;
-  return cells::as_int(cells::at(record, path), &v) ? v : 0;
 }
 
 std::string signed_bytes(std::int64_t d) {
@@ -73,6 +71,7 @@ json differences(const json& base, const json& fresh) {
     const std::string name(c);
     compare("resting " + name, {"resting", name.c_str()});
   }
+  compare("resting", {"resting", "total"});
   for (const std::string_view c : kCategoryNames) {
     const std::string name(c);
     compare("peak " + name, {"peak", "by_category", name.c_str()});
@@ -87,11 +86,52 @@ json differences(const json& base, const json& fresh) {
   return out;
 }
 
+// Null where the record has no figure: the table shows "-", not 0 and a difference.
 json side(const json& record) {
-  return {{"resting", figure(record, {"resting", "total"})},
-          {"peak", figure(record, {"peak", "total"})},
+  return {{"resting", field(field(record, "resting"), "total")},
+          {"peak", field(field(record, "peak"), "total")},
           {"step_ms", field(field(record, "step_ms"), "median")}};
 }
+
+// "8x256 b32": what tells two models apart at a glance; with `detailed` their
+// activation and loss too, for models alike in shape.
+std::string model_tag(const json& model, bool detailed) {
+  std::string tag = cells::text(cells::at(model, {"layers"})) + "x" + cells::text(cells::at(model, {"width"})) +
+                    " b" + cells::text(cells::at(model, {"batch"}));
+  if (detailed)
+    tag += " " + cells::text(cells::at(model, {"activation"})) + " " + cells::text(cells::at(model, {"loss"}));
+  return tag;
+}
+
+// Run labels name no model, as a sweep runs one; files from different models would
+// list "ddp W=2 units=all" as only in base and again as only in new. A label shared by
+// runs of different models gets the model (", model 8x256 b32").
+class RunLabels {
+ public:
+  RunLabels(const json& base, const json& fresh) {
+    std::map<std::string, std::set<json>> models_of;  // plain label -> models
+    std::map<std::string, std::set<json>> models_by_tag;
+    for (const json* doc : {&base, &fresh})
+      for (const json& run : (*doc)["runs"])
+        if (comparable(run)) {
+          models_of[run_label(run)].insert(field(run, "model"));
+          models_by_tag[model_tag(field(run, "model"), false)].insert(field(run, "model"));
+        }
+    for (const auto& [label, models] : models_of)
+      if (models.size() > 1) ambiguous_.insert(label);
+    for (const auto& entry : models_by_tag) detailed_ = detailed_ || entry.second.size() > 1;
+  }
+
+  std::string operator()(const json& run) const {
+    std::string label = run_label(run);
+    if (ambiguous_.count(label)) label += ", model " + model_tag(field(run, "model"), detailed_);
+    return label;
+  }
+
+ private:
+  std::set<std::string> ambiguous_;
+  bool detailed_ = false;  // two models differ in activation or loss only
+};
 
 json document_summary(const json& doc, const std::string& path) {
   const json* git = cells::at(doc, {"provenance", "git"});
@@ -110,6 +150,7 @@ json read_document(const std::string& path, const char* which) {
   if (field(doc, "schema") != "shardscope/1" || !field(doc, "runs").is_array())
     throw UsageError(std::string(which) + ": '" + path +
                      "' is not a shardscope/1 result (a run's --json or a sweep's DIR/shardscope.json)");
+  check_compare_input(doc, path);
   return doc;
 }
 
@@ -119,6 +160,7 @@ json compare_documents(const json& base, const std::string& base_path, const jso
                        const std::string& new_path) {
   json runs = json::array(), only_base = json::array(), only_new = json::array();
   std::vector<bool> used(fresh["runs"].size(), false);
+  const RunLabels label(base, fresh);
   for (const json& b : base["runs"]) {
     if (!comparable(b)) continue;
     const json key = match_key(b);
@@ -126,7 +168,7 @@ json compare_documents(const json& base, const std::string& base_path, const jso
     while (n < fresh["runs"].size() && (used[n] || !comparable(fresh["runs"][n]) || match_key(fresh["runs"][n]) != key))
       ++n;
     if (n == fresh["runs"].size()) {
-      only_base.push_back(run_label(b));
+      only_base.push_back(label(b));
       continue;
     }
     used[n] = true;
@@ -135,18 +177,17 @@ json compare_documents(const json& base, const std::string& base_path, const jso
     json ranks = json::array();
     for (const json& rb : members(b)) {
       const json number = field(rb, id);
-      if (!number.is_number_integer()) continue;
       const json* rf = nullptr;
       for (const json& candidate : members(f))
         if (field(candidate, id) == number) rf = &candidate;
       if (!rf) continue;  // an emulated run lists the one rank it played
       ranks.push_back({{"rank", number}, {"base", side(rb)}, {"new", side(*rf)}, {"differs", differences(rb, *rf)}});
     }
-    runs.push_back({{"label", run_label(b)}, {"kind", field(b, "kind")}, {"model", field(b, "model")},
+    runs.push_back({{"label", label(b)}, {"kind", field(b, "kind")}, {"model", field(b, "model")},
                     {"ranks", std::move(ranks)}});
   }
   for (std::size_t n = 0; n < fresh["runs"].size(); ++n)
-    if (!used[n] && comparable(fresh["runs"][n])) only_new.push_back(run_label(fresh["runs"][n]));
+    if (!used[n] && comparable(fresh["runs"][n])) only_new.push_back(label(fresh["runs"][n]));
   return {{"base", document_summary(base, base_path)}, {"new", document_summary(fresh, new_path)},
           {"runs", std::move(runs)}, {"only_in_base", std::move(only_base)}, {"only_in_new", std::move(only_new)}};
 }
@@ -159,10 +200,15 @@ int compare_main(const std::vector<std::string>& args) {
                  "for every configuration both hold, every rank's resting and peak bytes (base, and the\n"
                  "difference), each byte figure that differs by category, and the step time's ratio\n"
                  "new / base. The same configuration on cpu and cuda, on two machines or at two commits\n"
-                 "holds the same bytes; what differs is listed.\n";
+                 "holds the same bytes; what differs is listed. Every run is checked first: a field\n"
+                 "compare reads that is missing or wrong (a byte count that is not a whole number from\n"
+                 "0 to 2^63 - 1, say) is exit 2, naming the file, the run and the field.\n";
     return 0;
   }
-  if (args.size() != 2 || args[0].rfind("--", 0) == 0 || args[1].rfind("--", 0) == 0)
+  // compare has no flags but --help: a misspelt one is named, not counted as a file.
+  for (const std::string& a : args)
+    if (a.rfind("--", 0) == 0) throw UsageError("compare: unknown flag '" + a + "' (shardscope compare --help)");
+  if (args.size() != 2)
     throw UsageError("compare: expected two result files, BASE.json NEW.json; got " + std::to_string(args.size()) +
                      " argument" + (args.size() == 1 ? "" : "s") + " (shardscope compare --help)");
   const json base = read_document(args[0], "BASE");

@@ -18,12 +18,15 @@ namespace shardscope {
 // "only_in_new": [labels]}. Runs are matched by kind, strategy or schedule, world,
 // units, prefetch, DDP bucket, micro-batches, chunks and model; ranks (stages) by
 // number. Backend, communicator and emulation are what a comparison is for, so they
-// are not part of the match.
+// are not part of the match. A label that runs of different models share gets the
+// model ("ddp W=2 units=all, model 8x256 b32"). Expects documents that
+// check_compare_input accepted (compare_input.hpp).
 nlohmann::json compare_documents(const nlohmann::json& base, const std::string& base_path,
                                  const nlohmann::json& fresh, const std::string& new_path);
 
 // `shardscope compare ...`: prints the comparison; returns the exit code (0, or 2 when
-// a file is missing, unreadable or not a shardscope/1 document).
+// a file is missing, unreadable, not a shardscope/1 document or refused by
+// check_compare_input, or an argument is an unknown flag).
 int compare_main(const std::vector<std::string>& args);
 
 }  // namespace shardscope

@@ -1,6 +1,7 @@
 // `shardscope compare`'s table: one row for a configuration whose ranks all hold the same
 // bytes, the same in both documents (step time of the slowest rank), else a row per rank
-// or stage; then the configurations only one document holds, and a summary.
+// or stage; then the configurations only one document holds, and a summary. With no
+// row to show, a line says so instead of a header over nothing.
 #include <algorithm>
 #include <cstdio>
 #include <ostream>
@@ -61,9 +62,13 @@ void print_comparison(const json& cmp, std::ostream& os) {
                    Align::right, Align::right, Align::left});
   int same = 0, differ = 0;
   std::vector<double> ratios;
+  std::vector<std::string> no_common_rank;
   for (const json& run : cmp["runs"]) {
     const json& ranks = run["ranks"];
-    if (ranks.empty()) continue;
+    if (ranks.empty()) {  // emulated runs that each played a different rank
+      no_common_rank.push_back(cells::text(cells::at(run, {"label"})));
+      continue;
+    }
     // The two documents agree on this configuration's bytes; and its ranks hold the same
     // bytes as each other, so that one row can show them all.
     const bool agree = std::all_of(ranks.begin(), ranks.end(), [](const json& r) { return r["differs"].empty(); });
@@ -91,8 +96,11 @@ void print_comparison(const json& cmp, std::ostream& os) {
     }
     for (const json& r : ranks) add(r, cells::text(cells::at(r, {"rank"})), step_of(r, "base"), step_of(r, "new"));
   }
-  table.print(os, 2);
+  if (!table.empty()) table.print(os, 2);
+  else if (cmp["runs"].empty()) os << "no configuration is in both files\n";
+  else os << "no rank or stage is in both files\n";
   os << '\n';
+  for (const std::string& label : no_common_rank) os << "  in both, no rank or stage in common: " << label << '\n';
   for (const auto& [field, which] : {std::pair{"only_in_base", "base"}, std::pair{"only_in_new", "new"}})
     for (const json& label : cmp[field]) os << "  only in " << which << ": " << label.get<std::string>() << '\n';
   os << "configurations compared: " << same + differ << "; bytes identical in " << same << ", different in "

@@ -1,16 +1,22 @@
 // `shardscope compare`: two result documents matched configuration by configuration and
 // rank by rank; every byte figure that differs is named with its difference, and step
-// times are set as ratios. Bad inputs are exit 2 with one line naming the file.
+// times are set as ratios. Bad inputs are exit 2 with one line naming the file, and for
+// a document's content the run and the field.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "harness/cli/compare.hpp"
+#include "harness/cli/compare_input.hpp"
 #include "harness/report/table.hpp"
+#include "shardscope/check.hpp"
 #include "support/report_doc.hpp"
 #include "support/shell.hpp"
 
@@ -83,29 +89,208 @@ TEST(Compare, ADocumentAgainstItselfIsIdentical) {
       << os.str();
 }
 
-// Files are read as given: fields of the wrong type are passed over, never a crash.
-TEST(Compare, FieldsOfTheWrongTypeArePassedOver) {
-  json odd = testing::report_document();
-  odd["runs"].push_back(5);
-  odd["runs"][0]["kind"] = 7;
-  odd["runs"][1]["skipped"] = "no";
-  odd["runs"][1]["ranks"][0]["rank"] = "zero";
-  odd["runs"][1]["ranks"][1]["step_ms"] = 3;
-  odd["runs"][1]["ranks"][1]["peak"] = "high";
-  odd["runs"][3]["ranks"] = "all of them";
+// check_compare_input's refusal of `doc` read from 'a.json'; "" when it accepts it.
+std::string refusal(const json& doc) {
+  try {
+    check_compare_input(doc, "a.json");
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// What run and sweep write is accepted: the report document holds a skipped record
+// (a configuration and a reason, no model, no ranks); step times are null when no step
+// was timed; figures a record lacks are optional.
+TEST(CompareInput, AcceptsWhatRunAndSweepWrite) {
+  json doc = testing::report_document();
+  ASSERT_EQ(doc["runs"][6]["skipped"], true);
+  EXPECT_EQ(refusal(doc), "");
+  doc["runs"][0]["ranks"][0]["step_ms"] = nullptr;
+  doc["runs"][0]["ranks"][1]["step_ms"]["median"] = nullptr;
+  doc["runs"][1]["ranks"][0]["peak"].erase("total");
+  doc["runs"][1]["ranks"][0].erase("comm_bytes");
+  doc["runs"][1]["ranks"][1]["resting"]["total"] = std::numeric_limits<std::int64_t>::max();  // the largest count
+  doc["runs"][0].erase("prefetch");
+  doc["runs"].push_back({{"kind", "data_parallel"}, {"skipped", true}, {"strategy", "zero3"}, {"world", 8}});
+  doc["runs"].push_back({{"skipped", false}, {"kind", "pipeline"}, {"schedule", "zb-h1"}, {"world", 2},
+                         {"model", {{"layers", 2}, {"width", 8}, {"batch", 4}}}, {"stages", json::array()}});
+  EXPECT_EQ(refusal(doc), "");
+}
+
+// The QA cases: a run without a kind, or with no more than one, was listed as "only in
+// base: data parallel".
+TEST(CompareInput, RefusesARunWithoutItsKindOrName) {
+  json doc = testing::report_document();
+  doc["runs"][0] = json::object();
+  EXPECT_EQ(refusal(doc), "'a.json': runs[0]: kind is missing; expected \"data_parallel\" or \"pipeline\"");
+  doc["runs"][0] = {{"kind", "tensor_parallel"}};
+  EXPECT_EQ(refusal(doc), "'a.json': runs[0]: kind is \"tensor_parallel\", not \"data_parallel\" or \"pipeline\"");
+  doc["runs"][0] = {{"kind", "data_parallel"}};
+  EXPECT_EQ(refusal(doc), "'a.json': runs[0]: strategy is missing; expected a strategy name");
+  doc["runs"][0] = {{"skipped", false}, {"strategy", "ddp"}};  // only a skipped record is passed over
+  EXPECT_EQ(refusal(doc), "'a.json': runs[0]: kind is missing; expected \"data_parallel\" or \"pipeline\"");
+  doc["runs"][0] = {{"kind", "pipeline"}, {"schedule", "gpipe"}, {"world", "two"}};
+  EXPECT_EQ(refusal(doc), "'a.json': runs[0]: world is \"two\", not a positive integer");
+  doc = testing::report_document();
+  doc["runs"][4].erase("model");
+  EXPECT_EQ(refusal(doc), "'a.json': runs[4] (gpipe S=2 M=2 chunks=1): model is missing; expected an object "
+                          "(layers, width, batch, ...)");
+  doc = testing::report_document();
+  doc["runs"][6]["skipped"] = "yes";
+  EXPECT_EQ(refusal(doc), "'a.json': runs[6]: skipped is \"yes\", not true or false");
+}
+
+TEST(CompareInput, RefusesARunOrRankThatIsNotAnObject) {
+  json doc = testing::report_document();
+  doc["runs"].push_back(5);
+  EXPECT_EQ(refusal(doc), "'a.json': runs[7] is 5, not a run (an object)");
+  doc = testing::report_document();
+  doc["runs"][3]["ranks"] = "all of them";
+  EXPECT_EQ(refusal(doc), "'a.json': runs[3] (ddp W=4 units=all): ranks is \"all of them\", not an array of rank "
+                          "records");
+  doc = testing::report_document();
+  doc["runs"][4]["stages"][1] = json::array({1, 2});
+  EXPECT_EQ(refusal(doc), "'a.json': runs[4] (gpipe S=2 M=2 chunks=1): stages[1] is [1,2], not a stage record "
+                          "(an object)");
+  doc = testing::report_document();
+  doc["runs"][1]["ranks"][1]["peak"] = "high";
+  EXPECT_EQ(refusal(doc), "'a.json': runs[1] (zero3 W=2 1 layer/unit): ranks[1].peak is \"high\", not an object");
+}
+
+// "x" was read as 0 and shown as a difference of minus the other file's bytes.
+TEST(CompareInput, RefusesAByteCountOfTheWrongType) {
+  json doc = testing::report_document();
+  doc["runs"][0]["ranks"][1]["resting"]["total"] = "x";
+  EXPECT_EQ(refusal(doc), "'a.json': runs[0] (zero2 W=2 1 layer/unit): ranks[1].resting.total is \"x\", not a byte "
+                          "count");
+  doc = testing::report_document();
+  doc["runs"][4]["stages"][0]["saved"]["peak_live_tensors"] = true;
+  EXPECT_EQ(refusal(doc), "'a.json': runs[4] (gpipe S=2 M=2 chunks=1): stages[0].saved.peak_live_tensors is true, "
+                          "not a count");
+  doc = testing::report_document();
+  doc["runs"][2]["ranks"][0]["rank"] = "zero";
+  EXPECT_EQ(refusal(doc), "'a.json': runs[2] (zero3 W=2 units=all): ranks[0].rank is \"zero\", not a rank number");
+  doc = testing::report_document();
+  doc["runs"][2]["ranks"][1]["step_ms"]["median"] = "fast";
+  EXPECT_EQ(refusal(doc), "'a.json': runs[2] (zero3 W=2 units=all): ranks[1].step_ms.median is \"fast\", not a "
+                          "time in ms (a number >= 0)");
+}
+
+// nlohmann keeps 2^70 (and 1.5) as a double, 2^63 as unsigned: a figure is read into
+// int64, so 2^70 printed a difference of "--9,223,372,036,854,737,904".
+TEST(CompareInput, RefusesADoubleOrTooLargeByteCount) {
+  const std::string at = "'a.json': runs[3] (ddp W=4 units=all): ranks[2].peak.by_category.temp is ";
+  json doc = testing::report_document();
+  json& temp = doc["runs"][3]["ranks"][2]["peak"]["by_category"]["temp"];
+  temp = json::parse("1180591620717411303424");
+  ASSERT_TRUE(temp.is_number_float());
+  EXPECT_EQ(refusal(doc), at + "1.1805916207174113e+21, not a byte count (beyond 2^63 - 1)");
+  temp = json::parse("9223372036854775808");
+  ASSERT_TRUE(temp.is_number_unsigned());
+  EXPECT_EQ(refusal(doc), at + "9223372036854775808, not a byte count (beyond 2^63 - 1)");
+  temp = 1.5;
+  EXPECT_EQ(refusal(doc), at + "1.5, not a byte count (not an integer)");
+  temp = 2048.0;  // whole, but not written as a byte count is
+  EXPECT_EQ(refusal(doc), at + "2048.0, not a byte count (not an integer)");
+  temp = 2048;
+  EXPECT_EQ(refusal(doc), "");
+}
+
+TEST(CompareInput, RefusesANegativeCount) {
+  json doc = testing::report_document();
+  doc["runs"][5]["stages"][1]["peak"]["total"] = -19464;
+  EXPECT_EQ(refusal(doc), "'a.json': runs[5] (gpipe S=2 M=2 chunks=1): stages[1].peak.total is -19464, not a byte "
+                          "count (negative)");
+  doc = testing::report_document();
+  doc["runs"][0]["ranks"][0]["comm_bytes"] = -0.5;
+  EXPECT_EQ(refusal(doc), "'a.json': runs[0] (zero2 W=2 1 layer/unit): ranks[0].comm_bytes is -0.5, not a byte "
+                          "count (negative)");
+  doc = testing::report_document();
+  doc["runs"][0]["ranks"][0]["step_ms"]["median"] = -1.0;
+  EXPECT_EQ(refusal(doc), "'a.json': runs[0] (zero2 W=2 1 layer/unit): ranks[0].step_ms.median is -1.0, not a time "
+                          "in ms (a number >= 0)");
+}
+
+// Ranks are matched by number: one given twice would match whichever came last.
+TEST(CompareInput, RefusesARankNumberGivenTwice) {
+  json doc = testing::report_document();
+  doc["runs"][3]["ranks"][3]["rank"] = 1;
+  EXPECT_EQ(refusal(doc), "'a.json': runs[3] (ddp W=4 units=all): ranks[3].rank is 1, not a rank number no other "
+                          "record has");
+}
+
+// A figure one record lacks is shown as "-", not as 0 with a difference.
+TEST(Compare, AnAbsentFigureIsShownAsMissing) {
   const json base = testing::report_document();
-  json cmp;
-  ASSERT_NO_THROW(cmp = compare_documents(base, "a", odd, "b"));
+  json fresh = testing::report_document();
+  fresh["runs"][3]["ranks"][0]["resting"].erase("total");
+  fresh["runs"][3]["ranks"][1]["resting"]["total"] = 20000;  // its categories still say 16,000
+  const json cmp = compare_documents(base, "a", fresh, "b");
+  const json& ddp = cmp["runs"][3];
+  ASSERT_EQ(ddp["label"], "ddp W=4 units=all");
+  EXPECT_TRUE(ddp["ranks"][0]["new"]["resting"].is_null());
+  EXPECT_EQ(ddp["ranks"][0]["differs"], json::array({"resting: only in base"}));
+  // A total that differs is named even where no category does.
+  EXPECT_EQ(ddp["ranks"][1]["differs"], json::array({"resting +4,000 B"}));
   std::ostringstream os;
-  ASSERT_NO_THROW(print_comparison(cmp, os));
-  // zero3 (one layer per unit), the first run compared: rank 0's number is a string in
-  // the new file (not matched), rank 1 compared.
-  const json& zero3 = cmp["runs"][0];
-  EXPECT_EQ(zero3["label"], "zero3 W=2 1 layer/unit");
-  ASSERT_EQ(zero3["ranks"].size(), 1u);
-  EXPECT_TRUE(zero3["ranks"][0]["new"]["step_ms"].is_null());
-  EXPECT_FALSE(zero3["ranks"][0]["differs"].empty());
-  EXPECT_EQ(cmp["only_in_base"], json::array({"zero2 W=2 1 layer/unit"}));  // its kind no longer matches
+  print_comparison(cmp, os);
+  // Rank 0's row: label, rank, resting B (base), its difference, peak B (base).
+  std::istringstream lines(os.str());
+  std::string line;
+  while (std::getline(lines, line) && line.rfind("  ddp W=4 units=all       0 ", 0) != 0) {
+  }
+  std::istringstream words(line);
+  std::vector<std::string> cell(7);
+  for (std::string& c : cell) words >> c;
+  EXPECT_EQ(cell, std::vector<std::string>({"ddp", "W=4", "units=all", "0", "16,000", "-", "28,288"})) << os.str();
+}
+
+// Emulated runs list the one rank each played: matched, with no rank to set side by side.
+TEST(Compare, ARunWithNoRankInBothIsNamed) {
+  json base = testing::report_document(), fresh = testing::report_document();
+  base["runs"] = json::array({base["runs"][3]});
+  fresh["runs"] = json::array({fresh["runs"][3]});
+  json& kept = base["runs"][0]["ranks"];
+  kept.erase(kept.begin() + 1, kept.end());  // rank 0
+  fresh["runs"][0]["ranks"].erase(0);        // ranks 1 to 3
+  std::ostringstream os;
+  print_comparison(compare_documents(base, "a", fresh, "b"), os);
+  EXPECT_EQ(os.str().find("configuration  rank"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("\nno rank or stage is in both files\n\n  in both, no rank or stage in common: ddp W=4 "
+                          "units=all\nconfigurations compared: 0;"),
+            std::string::npos)
+      << os.str();
+}
+
+// Labels name no model: two files of different models showed "only in base: ddp W=2
+// units=all" and "only in new: ddp W=2 units=all". A shared label gets the model.
+TEST(Compare, LabelsNameTheModelWhereRunsDifferInIt) {
+  const json base = testing::report_document();
+  json fresh = testing::report_document();
+  for (json& run : fresh["runs"])
+    if (run.contains("model")) run["model"]["width"] = 64;
+  const json cmp = compare_documents(base, "a", fresh, "b");
+  EXPECT_TRUE(cmp["runs"].empty());
+  ASSERT_EQ(cmp["only_in_base"].size(), 6u);
+  EXPECT_EQ(cmp["only_in_base"][0], "zero2 W=2 1 layer/unit, model 4x16 b8");
+  EXPECT_EQ(cmp["only_in_new"][0], "zero2 W=2 1 layer/unit, model 4x64 b8");
+  EXPECT_EQ(cmp["only_in_new"][4], "gpipe S=2 M=2 chunks=1, model 2x64 b8");
+  std::ostringstream os;
+  print_comparison(cmp, os);
+  // No header over an empty table: a line says why.
+  EXPECT_EQ(os.str().find("configuration  rank"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("\nno configuration is in both files\n"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("only in new: zero3 W=2 units=all, model 4x64 b8\n"), std::string::npos) << os.str();
+
+  // Models alike in shape are told apart by activation and loss; runs of one model
+  // keep their plain label.
+  fresh = testing::report_document();
+  fresh["runs"][3]["model"]["activation"] = "relu";
+  const json one = compare_documents(base, "a", fresh, "b");
+  EXPECT_EQ(one["only_in_base"], json::array({"ddp W=4 units=all, model 4x16 b8 none sum"}));
+  EXPECT_EQ(one["only_in_new"], json::array({"ddp W=4 units=all, model 4x16 b8 relu sum"}));
+  EXPECT_EQ(one["runs"][0]["label"], "zero2 W=2 1 layer/unit");
 }
 
 class CompareCli : public testing::BinaryTest {
@@ -134,6 +319,28 @@ TEST_F(CompareCli, BadInputsNameTheFile) {
   EXPECT_EQ(compare("good.json plan.json"), 2);
   EXPECT_EQ(line_, "shardscope: error: NEW: 'plan.json' is not a shardscope/1 result (a run's --json or a "
                    "sweep's DIR/shardscope.json)");
+}
+
+// A document whose content is refused: exit 2, nothing printed, one line on stderr
+// naming the file, the run and the field.
+TEST_F(CompareCli, ARefusedDocumentIsOneLine) {
+  json bad = testing::report_document();
+  bad["runs"][3]["ranks"][1]["peak"]["total"] = json::parse("1180591620717411303424");
+  std::ofstream(dir_ + "/good.json") << testing::report_document().dump();
+  std::ofstream(dir_ + "/bad.json") << bad.dump();
+  EXPECT_EQ(compare("good.json bad.json"), 2);
+  EXPECT_EQ(line_, "shardscope: error: 'bad.json': runs[3] (ddp W=4 units=all): ranks[1].peak.total is "
+                   "1.1805916207174113e+21, not a byte count (beyond 2^63 - 1)");
+  EXPECT_EQ(testing::shell("test $(wc -l < '" + dir_ + "/err.txt') -eq 1 && test ! -s '" + dir_ + "/out.txt'"), 0);
+}
+
+// compare has no flag but --help: a misspelt one is named, not counted as a file.
+TEST_F(CompareCli, AnUnknownFlagIsNamed) {
+  std::ofstream(dir_ + "/good.json") << testing::report_document().dump();
+  EXPECT_EQ(compare("--foo good.json good.json"), 2);
+  EXPECT_EQ(line_, "shardscope: error: compare: unknown flag '--foo' (shardscope compare --help)");
+  EXPECT_EQ(compare("good.json good.json --json=x"), 2);
+  EXPECT_EQ(line_, "shardscope: error: compare: unknown flag '--json=x' (shardscope compare --help)");
 }
 
 }  // namespace
