@@ -85,7 +85,7 @@ TEST(StrategiesEmulated, MeasuredEqualsPredictedEveryRank) {
   int checked = 0;
   for (const Case& c : cases)
     for (int world = 1; world <= 4; ++world) {
-      if (c.strategy == "zero1" && world > c.model.param_tensors()) continue;
+      // zero1 with more ranks than tensors (model `one` at W = 3, 4): some ranks own nothing.
       if (c.layers_per_unit > c.model.layers) continue;
       for (int rank = 0; rank < world; ++rank) {
         check_case(c, world, rank);

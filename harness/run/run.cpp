@@ -69,11 +69,10 @@ CommOptions choose_comm(const RunConfig& cfg, const std::string& backend, const 
 }  // namespace
 
 void validate_data_parallel(const RunConfig& cfg, int world) {
-  if (cfg.strategy == "zero1" && world > cfg.model.param_tensors())
-    throw UsageError("--strategy zero1 at world " + std::to_string(world) + " needs at least " +
-                     std::to_string(world) + " parameter tensors to partition; the model has " +
-                     std::to_string(cfg.model.param_tensors()) + " (2 per layer)");
-  if (cfg.layers_per_unit > cfg.model.layers)
+  (void)world;
+  // --units shapes zero2 and zero3 only (DESIGN §3: accepted, no effect, elsewhere).
+  const bool sharded = cfg.strategy == "zero2" || cfg.strategy == "zero3";
+  if (sharded && cfg.layers_per_unit > cfg.model.layers)
     throw UsageError("--units " + std::to_string(cfg.layers_per_unit) + ": more layers per unit than --layers " +
                      std::to_string(cfg.model.layers) + "; use --units all for one root unit");
 }
