@@ -89,6 +89,11 @@ TEST_F(JsonIo, AReplacedFileKeepsItsMode) {
   write_file_atomic(path, "{}\n");
   ASSERT_EQ(stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0640u);
+  // Data never inherits setuid, setgid or sticky bits.
+  ASSERT_EQ(chmod(path.c_str(), 06755), 0);
+  write_file_atomic(path, "{}\n");
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0755u);
 }
 
 // What the rename at the end would not be allowed to replace is refused before any work:

@@ -1,6 +1,7 @@
 #include "harness/cli/child_process.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -78,22 +79,27 @@ int terminate_group(pid_t pid) {
 }
 
 // The child's side of spawn(), between fork and exec: only async-signal-safe calls.
+// Every signal is blocked on entry (`old_mask` is the sweep's own mask), so none can
+// reach the sweep's handlers here; a SIGTERM from the parent's death stays pending until
+// the mask is restored just before exec, and then ends the child.
 [[noreturn]] void become_child(char* const argv[], char* const envp[], const char* out, const char* err, int report,
-                               pid_t parent) {
-  // Ends with the sweep, however the sweep ends (even SIGKILL, which it cannot catch):
-  // mpirun passes SIGTERM on to its ranks, a lone rank stops on it.
-  if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) child_fail(report);
-  if (::getppid() != parent) ::_exit(127);  // the sweep died before prctl took hold
-  if (::setpgid(0, 0) != 0) child_fail(report);          // a new group led by the child
+                               pid_t parent, const sigset_t* old_mask) {
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   for (int sig : kInterrupts) ::sigaction(sig, &dfl, nullptr);
   ::sigaction(SIGPIPE, &dfl, nullptr);  // the sweep ignores it
-  const int in = ::open("/dev/null", O_RDONLY);
-  const int o = ::open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  const int e = ::open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // Ends with the sweep, however the sweep ends (even SIGKILL, which it cannot catch):
+  // mpirun passes SIGTERM on to its ranks, a lone rank stops on it.
+  if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) child_fail(report);
+  if (::getppid() != parent) ::_exit(127);        // the sweep died before prctl took hold
+  if (::setpgid(0, 0) != 0) child_fail(report);   // a new group led by the child
+  // Opened close-on-exec: dup2 gives 0, 1 and 2 without the flag, the originals go.
+  const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const int o = ::open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int e = ::open(err, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (in < 0 || o < 0 || e < 0) child_fail(report);
   if (::dup2(in, STDIN_FILENO) < 0 || ::dup2(o, STDOUT_FILENO) < 0 || ::dup2(e, STDERR_FILENO) < 0) child_fail(report);
+  ::sigprocmask(SIG_SETMASK, old_mask, nullptr);
   ::execve(argv[0], argv, envp);
   child_fail(report);
 }
@@ -106,14 +112,20 @@ pid_t spawn(std::vector<char*>& argv, std::vector<char*>& envp, const std::strin
   int report[2];
   if (::pipe2(report, O_CLOEXEC) != 0) throw RunError(std::string("pipe: ") + std::strerror(errno));
   const pid_t parent = ::getpid();
+  // As glibc's posix_spawn does: no signal is delivered between fork and the child's
+  // reset of its handlers (see become_child).
+  sigset_t all, old_mask;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old_mask);
   const pid_t pid = ::fork();
+  if (pid == 0) become_child(argv.data(), envp.data(), out.c_str(), err.c_str(), report[1], parent, &old_mask);
+  const int fork_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   if (pid < 0) {
-    const int e = errno;
     ::close(report[0]);
     ::close(report[1]);
-    throw RunError("cannot start '" + std::string(argv[0]) + "': fork: " + std::strerror(e));
+    throw RunError("cannot start '" + std::string(argv[0]) + "': fork: " + std::strerror(fork_errno));
   }
-  if (pid == 0) become_child(argv.data(), envp.data(), out.c_str(), err.c_str(), report[1], parent);
   ::close(report[1]);
   int child_errno = 0;
   ssize_t n = 0;
@@ -167,7 +179,8 @@ ChildResult run_child(const ChildSpec& spec) {
   const auto start = std::chrono::steady_clock::now();
   const pid_t pid = spawn(c_argv, c_env, spec.stdout_path, spec.stderr_path);
   ChildResult result;
-  const auto deadline = start + std::chrono::seconds(spec.timeout_s);
+  const auto deadline =
+      start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(spec.timeout_s));
   int status = 0;
   while (true) {
     const pid_t done = ::waitpid(pid, &status, WNOHANG);

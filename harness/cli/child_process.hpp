@@ -13,7 +13,7 @@ struct ChildSpec {
   std::string stdout_path;              // created or truncated
   std::string stderr_path;
   std::vector<std::string> extra_env;   // "NAME=value", added unless NAME is already set
-  int timeout_s = 600;
+  double timeout_s = 600.0;            // seconds, may be fractional (what is left of a job's)
 };
 
 struct ChildResult {

@@ -2,6 +2,7 @@
 // (DESIGN §6): 0 done, 2 bad usage or configuration, 3 a run failed.
 #include "harness/cli/cli.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -453,11 +454,14 @@ int dispatch(int argc, char** argv) {
 
 int cli_main(int argc, char** argv) {
   const int rc = dispatch(argc, argv);
-  // Tables that never reached their reader (a full disk, a closed pipe's EPIPE with
-  // SIGPIPE ignored) are a failure, not a success with nothing said.
+  // Tables that could not be written (a full disk, /dev/full) are a failure, not a
+  // success with nothing said. A pipe or socket whose reader left (`| head`) is not: the
+  // reader chose to stop, and the result files are whole.
   errno = 0;
   std::cout.flush();
-  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+  struct stat out {};
+  const bool reader_may_leave = ::fstat(STDOUT_FILENO, &out) == 0 && (S_ISFIFO(out.st_mode) || S_ISSOCK(out.st_mode));
+  if ((!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) && !reader_may_leave) {
     error_line("cannot write the tables to standard output" +
                std::string(errno != 0 ? std::string(": ") + std::strerror(errno) : std::string()));
     return rc == 0 ? 3 : rc;

@@ -163,18 +163,20 @@ std::int64_t parse_memory_size(const std::string& text) {
   if (u == kUnits.end())
     throw UsageError(what + ": unknown unit; allowed: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB");
   if (!plain && u->second == 1) throw UsageError(what + ": a byte count is a whole number");
-  // In integers, so that every byte count is exact: whole × unit + ⌊fraction × unit⌋.
-  // Fraction digits past the 18th move the result by less than 2^40 / 10^18 of a byte.
+  // In integers, so that every byte count is exact: whole × unit + ⌊0.fraction × unit⌋,
+  // the floor taken digit by digit from the right (acc = ⌊(d × unit + acc) / 10⌋ stays
+  // below unit, so nothing overflows however many digits there are).
   constexpr std::int64_t kCap = std::int64_t{1} << 62;
   const std::string whole = number.substr(0, number.find('.'));
-  const std::string fraction = plain ? "" : number.substr(number.find('.') + 1, 18);
+  const std::string fraction = plain ? "" : number.substr(number.find('.') + 1);
   const std::size_t first = whole.find_first_not_of('0');
   const std::string digits = first == std::string::npos ? "0" : whole.substr(first);
   if (digits.size() > 19) throw UsageError(what + " is above the largest allowed, 4 EiB");
-  const unsigned __int128 w = std::stoull(digits);
-  unsigned __int128 f = fraction.empty() ? 0 : std::stoull(fraction), scale = 1;
-  for (std::size_t k = 0; k < fraction.size(); ++k) scale *= 10;
-  const unsigned __int128 bytes = w * static_cast<unsigned __int128>(u->second) + f * u->second / scale;
+  const unsigned __int128 unit_bytes = static_cast<unsigned __int128>(u->second);
+  unsigned __int128 part = 0;
+  for (auto d = fraction.rbegin(); d != fraction.rend(); ++d)
+    part = (static_cast<unsigned __int128>(*d - '0') * unit_bytes + part) / 10;
+  const unsigned __int128 bytes = static_cast<unsigned __int128>(std::stoull(digits)) * unit_bytes + part;
   if (bytes < 1) throw UsageError(what + " is below one byte");
   if (bytes > static_cast<unsigned __int128>(kCap)) throw UsageError(what + " is above the largest allowed, 4 EiB");
   return static_cast<std::int64_t>(bytes);

@@ -37,6 +37,7 @@ struct JobOutcome {
   std::string reason;      // skipped: why the configuration cannot run
   std::string error;       // failed: one line, without "shardscope: error: "
   std::string stderr_text; // failed: the failing process's stderr, for DIR/failed-job.log
+  bool timed_out = false;   // failed: stopped at its time limit
 };
 
 std::string read_text(const std::string& path) {
@@ -83,21 +84,22 @@ class JobRunner {
         return stopped;
       }
       const double used = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count();
-      const int left = opts_.timeout_s - static_cast<int>(used);
-      if (left <= 0) {
-        JobOutcome late;
-        late.status = JobOutcome::Status::failed;
-        late.error = job.label + ": timed out after " + std::to_string(opts_.timeout_s) + " s with " +
-                     std::to_string(r) + " of its " + std::to_string(job.world) +
-                     " emulated ranks done (--timeout bounds the whole job)";
-        return late;
-      }
+      const double left = opts_.timeout_s - used;
+      auto timed_out = [&](JobOutcome out) {
+        out.status = JobOutcome::Status::failed;
+        out.error = job.label + ": timed out after " + std::to_string(opts_.timeout_s) + " s with " +
+                    std::to_string(r) + " of its " + std::to_string(job.world) +
+                    " emulated ranks done (--timeout bounds the whole job)";
+        return out;
+      };
+      if (left <= 0.0) return timed_out(JobOutcome{});
       const std::string rank_base = base + "." + std::to_string(r);
       std::vector<std::string> argv = {self_exe_, "run"};
       argv.insert(argv.end(), job.run_args.begin(), job.run_args.end());
       argv.insert(argv.end(), {"--emulate", std::to_string(job.world) + ":" + std::to_string(r), "--json",
                                rank_base + ".json"});
       JobOutcome one = attempt(job, argv, rank_base, r, left);
+      if (one.timed_out) return timed_out(std::move(one));
       if (one.status != JobOutcome::Status::done) return one;
       if (r == 0) provenance = one.provenance;
       docs.push_back(std::move(one.document));
@@ -116,7 +118,7 @@ class JobRunner {
   // One process, stopped after `timeout_s` (what is left of the job's --timeout): its
   // result document, or why there is none.
   JobOutcome attempt(const SweepJob& job, const std::vector<std::string>& argv, const std::string& base,
-                     int known_rank, int timeout_s) const {
+                     int known_rank, double timeout_s) const {
     ChildSpec spec{argv, base + ".log", base + ".err", env_, timeout_s};
     const ChildResult r = run_child(spec);
     JobOutcome out;
@@ -149,6 +151,7 @@ class JobRunner {
     // `known_rank` (emulated) or rank 0 (W = 1).
     const bool launcher = argv[0] == mpirun_;
     const int rank = launcher ? -1 : known_rank >= 0 ? known_rank : 0;
+    out.timed_out = r.end == ChildResult::End::timed_out;
     if (r.end == ChildResult::End::timed_out || r.end == ChildResult::End::interrupted) {
       // What stderr says last is not the cause. An emulated rank runs alone: the others
       // have finished or not started.

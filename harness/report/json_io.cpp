@@ -138,10 +138,11 @@ std::string write_target(const std::string& path, std::string* reason) {
   return target;
 }
 
-// The mode a new result file gets: the replaced file's, else 0666 minus the umask.
+// The mode a new result file gets: the replaced file's permissions (never its setuid,
+// setgid or sticky bits: this is data), else 0666 minus the umask.
 mode_t result_file_mode(const std::string& target) {
   struct stat st {};
-  if (::stat(target.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return st.st_mode & 07777;
+  if (::stat(target.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return st.st_mode & 0777;
   const mode_t mask = ::umask(0);
   ::umask(mask);
   return 0666 & ~mask;
@@ -354,18 +355,25 @@ void write_file_atomic(const std::string& where, const std::string& content) {
 }
 
 nlohmann::json read_json_file(const std::string& path) {
-  // Only a regular file: a FIFO would block the read forever, a device never end.
+  // Only a regular file: a FIFO would block the read forever, a device never end. Opened
+  // without blocking and then checked, so that nothing swapped in meanwhile can block.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw RunError("cannot read '" + path + "': " + std::strerror(errno));
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw RunError("cannot read '" + path + "': " + std::strerror(errno));
-  if (S_ISDIR(st.st_mode)) throw RunError("cannot read '" + path + "': it is a directory");
-  if (!S_ISREG(st.st_mode))
-    throw RunError("cannot read '" + path + "': it is not a regular file (a device, FIFO or socket)");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw RunError("cannot read '" + path + "': " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw RunError("cannot read '" + path + "': read failed");
-  const std::string doc = text.str();
+  std::string refusal;
+  if (::fstat(fd, &st) != 0) refusal = std::strerror(errno);
+  else if (S_ISDIR(st.st_mode)) refusal = "it is a directory";
+  else if (!S_ISREG(st.st_mode)) refusal = "it is not a regular file (a device, FIFO or socket)";
+  std::string doc;
+  char buf[1 << 16];
+  while (refusal.empty()) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) doc.append(buf, static_cast<std::size_t>(n));
+    else if (n == 0) break;
+    else if (errno != EINTR) refusal = std::string("read failed: ") + std::strerror(errno);
+  }
+  ::close(fd);
+  if (!refusal.empty()) throw RunError("cannot read '" + path + "': " + refusal);
   const std::size_t depth = nesting_depth(doc);
   if (depth > kMaxJsonDepth)
     throw RunError("'" + path + "' nests arrays and objects " + std::to_string(depth) + " deep; shardscope's files nest at most " +

@@ -58,7 +58,7 @@ class ReportBrowser : public testing::BinaryTest {
 
   // Runs argv with stdout/stderr to files under dir_; returns the exit code (-1: none).
   int run(const std::vector<std::string>& argv, int timeout_s, const std::vector<std::string>& env = {}) {
-    ChildSpec spec{argv, dir_ + "/stdout", dir_ + "/stderr", env, timeout_s};
+    ChildSpec spec{argv, dir_ + "/stdout", dir_ + "/stderr", env, static_cast<double>(timeout_s)};
     const ChildResult r = run_child(spec);
     out_ = read_file(spec.stdout_path);
     err_ = read_file(spec.stderr_path);

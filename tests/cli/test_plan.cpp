@@ -182,6 +182,8 @@ TEST(PlanMemory, SizesInEveryUnitAndTheirRefusals) {
   EXPECT_EQ(parse_memory_size("4611686018427387904"), 4'611'686'018'427'387'904LL);
   EXPECT_EQ(parse_memory_size("0.0000001GiB"), 107);
   EXPECT_EQ(parse_memory_size("0.99999999999999999999999KiB"), 1023);
+  EXPECT_EQ(parse_memory_size("0.000000000931322574615478515625GiB"), 1);  // 2^-30 GiB, every digit counts
+  EXPECT_EQ(parse_memory_size("1.000000000931322574615478515625GiB"), (1LL << 30) + 1);
   EXPECT_THROW(parse_memory_size("4611686018427387905"), UsageError);  // 4 EiB + 1
   EXPECT_THROW(parse_memory_size("99999999999999999999"), UsageError);
   EXPECT_EQ(parse_memory_size("1073741824"), 1LL << 30);

@@ -36,7 +36,8 @@ using Args = std::vector<std::string>;
 // Behaviour by environment: FAKE_SKIP=<strategy|schedule> exits 2, FAKE_FAIL=<name>
 // exits 3 on rank FAKE_FAIL_RANK (default 0), FAKE_KILL=<name> kills itself with SIGKILL
 // on that rank, FAKE_HANG=<name> sleeps (its pid in FAKE_PIDFILE.sh, its sleeper's in
-// FAKE_PIDFILE), FAKE_SLOW=<seconds> sleeps that long before writing. Every invocation
+// FAKE_PIDFILE), FAKE_SLOW=<seconds> sleeps that long before writing, FAKE_FDS=<file>
+// lists its open descriptors there. Every invocation
 // appends its arguments to FAKE_LOG. Under mpirun only rank 0 writes.
 const char* kFakeRun = R"SH(#!/bin/sh
 echo "$*" >> "$FAKE_LOG"
@@ -66,6 +67,7 @@ fi
 if [ "$name" = "$FAKE_KILL" ] && [ "$rank" = "${FAKE_FAIL_RANK:-0}" ]; then kill -9 $$; fi
 if [ "$name" = "$FAKE_HANG" ]; then echo $$ > "$FAKE_PIDFILE.sh"; sleep 30 & echo $! > "$FAKE_PIDFILE"; wait; exit 0; fi
 [ -z "$FAKE_SLOW" ] || sleep "$FAKE_SLOW"
+[ -z "$FAKE_FDS" ] || ls -l /proc/$$/fd > "$FAKE_FDS"
 [ "$rank" = 0 ] || [ -n "$emulate" ] || exit 0
 entries=""
 r=$first
@@ -647,13 +649,29 @@ TEST_F(SweepFake, OutputsThatNameOneFileAreRefusedBeforeAnything) {
 // --timeout bounds an emulated job, all its ranks together (each rank is its own
 // process, run one after another), as it bounds an mpirun job.
 TEST_F(SweepFake, ATimeoutBoundsAnEmulatedJobsRanksTogether) {
-  set("FAKE_SLOW", "0.4");
+  set("FAKE_SLOW", "0.45");
   const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(sweep({"--emulate", "--strategies", "ddp", "--worlds", "16", "--timeout", "1"}), 3);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));  // 16 ranks take 6.4 s
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));  // 16 ranks take 7.2 s
+  // Ranks 0 and 1 end by 0.9 s; rank 2 gets what is left of the second, not a whole one
+  // (which would let it finish, 3 of 16, at 1.35 s).
+  EXPECT_TRUE(stderr_.find("timed out after 1 s with 2 of its 16") != std::string::npos ||
+              stderr_.find("timed out after 1 s with 1 of its 16") != std::string::npos)
+      << stderr_;
   EXPECT_NE(stderr_.find("shardscope: error: ddp W=16: timed out after 1 s with "), std::string::npos) << stderr_;
   EXPECT_NE(stderr_.find(" of its 16 emulated ranks done (--timeout bounds the whole job)"), std::string::npos)
       << stderr_;
+}
+
+// A job's process holds its stdout and stderr files once each (descriptors 1 and 2),
+// nothing of the sweep's opening left behind.
+TEST_F(SweepFake, AJobInheritsOnlyItsOwnStdoutAndStderr) {
+  set("FAKE_FDS", dir_ + "/fds.txt");
+  ASSERT_EQ(sweep({"--strategies", "ddp", "--worlds", "1"}), 0) << stderr_;
+  const std::string fds = log("fds.txt");
+  std::size_t job_files = 0;
+  for (std::size_t at = fds.find(".runs-"); at != std::string::npos; at = fds.find(".runs-", at + 1)) ++job_files;
+  EXPECT_EQ(job_files, 2u) << fds;
 }
 
 // A sweep killed outright (SIGKILL: nothing to catch) takes its job's process with it:
