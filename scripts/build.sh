@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-cmake --preset default >/dev/null
+# The configure line that says what was found (cuda=, mpi=, blas=) stays in the log.
+cmake --preset default | { grep -E "^-- shardscope:|[Ww]arning" || true; }
 cmake --build --preset default -j "$(nproc)"

@@ -53,7 +53,9 @@ class ReportBrowser : public testing::BinaryTest {
     testing::BinaryTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
     chromium_ = find_chromium();
-    if (chromium_.empty()) chromium_ = install_chromium(&why_not_);
+    // scripts/test.sh installs it (scripts/deps.sh chromium) before ctest runs.
+    if (chromium_.empty())
+      why_not_ = "no chromium on PATH (scripts/test.sh installs it; or set SHARDSCOPE_CHROMIUM)";
   }
 
   // Runs argv with stdout/stderr to files under dir_; returns the exit code (-1: none).
@@ -63,32 +65,6 @@ class ReportBrowser : public testing::BinaryTest {
     out_ = read_file(spec.stdout_path);
     err_ = read_file(spec.stderr_path);
     return r.end == ChildResult::End::exited ? r.code : -1;
-  }
-
-  // apt-get install -y chromium (after apt-get update when the first try fails).
-  std::string install_chromium(std::string* why) {
-    if (::geteuid() != 0) {
-      *why = "chromium is not installed and the test does not run as root (apt-get install -y chromium)";
-      return {};
-    }
-    const std::string apt = find_executable("apt-get");
-    if (apt.empty()) {
-      *why = "chromium is not installed and there is no apt-get";
-      return {};
-    }
-    const std::vector<std::string> env = {"DEBIAN_FRONTEND=noninteractive"};
-    // Wait for another apt-get rather than fail on its lock.
-    const std::vector<std::string> install = {apt, "-o", "DPkg::Lock::Timeout=300", "install", "-y", "chromium"};
-    if (run(install, 900, env) != 0) {
-      run({apt, "-o", "DPkg::Lock::Timeout=300", "update"}, 300, env);
-      if (run(install, 900, env) != 0) {
-        *why = "apt-get install -y chromium failed: " + err_.substr(err_.size() > 400 ? err_.size() - 400 : 0);
-        return {};
-      }
-    }
-    const std::string path = find_chromium();
-    if (path.empty()) *why = "apt-get installed chromium, but no chromium is on PATH";
-    return path;
   }
 
   // Renders `html` (an absolute path) to dir_/out.png and its DOM to dom_.
