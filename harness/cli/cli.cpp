@@ -265,6 +265,9 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
 // written: their writer holds these signals off until the rename is done.
 char g_interrupt_line[128];
 std::size_t g_interrupt_length = 0;
+// After the signal's name: under mpirun, where SIGTERM also comes from mpirun when
+// another rank has died, a word on where to look.
+const char* g_interrupt_suffix = "";
 
 extern "C" void on_run_interrupt(int sig) {
   if (writing_result_file()) {  // the writer raises it again once the file is whole
@@ -272,11 +275,13 @@ extern "C" void on_run_interrupt(int sig) {
     return;
   }
   if (g_interrupt_length == 0) ::_exit(128 + sig);  // not the rank that speaks
-  char line[192];
+  char line[384];
   std::size_t n = 0;
   for (std::size_t i = 0; i < g_interrupt_length && n < sizeof(line) - 16; ++i) line[n++] = g_interrupt_line[i];
   const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "SIGQUIT";
   for (const char* c = name; *c != '\0'; ++c) line[n++] = *c;
+  if (sig == SIGTERM)
+    for (const char* c = g_interrupt_suffix; *c != '\0' && n < sizeof(line) - 1; ++c) line[n++] = *c;
   line[n++] = '\n';
   (void)!::write(STDERR_FILENO, line, n);
   ::_exit(128 + sig);
@@ -284,9 +289,12 @@ extern "C" void on_run_interrupt(int sig) {
 
 // Under mpirun every rank gets the signal; rank 0 alone says so, the others just exit.
 // An emulated process speaks for the one rank it plays.
-void say_when_interrupted(int rank, bool speaks) {
+void say_when_interrupted(int rank, bool speaks, bool under_launcher = false) {
   std::snprintf(g_interrupt_line, sizeof(g_interrupt_line), "shardscope: error: rank %d: interrupted by ", rank);
   g_interrupt_length = speaks ? std::strlen(g_interrupt_line) : 0;
+  g_interrupt_suffix = under_launcher ? " (mpirun sends it to every rank when one has failed: its own message names "
+                                        "that rank)"
+                                      : "";
   struct sigaction sa {};
   sa.sa_handler = on_run_interrupt;
   sigemptyset(&sa.sa_mask);
@@ -311,7 +319,7 @@ int run_command(int argc, char** argv) {
   }
   MpiSession& mpi = *session;
   const bool multi = mpi.world() > 1;
-  say_when_interrupted(mpi.rank(), mpi.rank() == 0);
+  say_when_interrupted(mpi.rank(), mpi.rank() == 0, multi);
 
   // Every rank parses its flags, then the ranks agree on the outcome before anything
   // else: a rank whose flags fail (or ask for --help) must not leave the others waiting

@@ -68,6 +68,15 @@ TEST(DeadRank, KilledRankEndsTheSweepWithExit3NamingIt) {
   EXPECT_LT(seconds, 10.0);
   const std::string err = read_file(dir + "/stderr");
   EXPECT_NE(err.find("shardscope: error: rank 1"), std::string::npos) << err;
+  // Rank 0, stopped by mpirun's SIGTERM, does not pass for the culprit: its line says
+  // where the SIGTERM came from.
+  const std::string log = read_file(dir + "/out/failed-job.log");
+  EXPECT_NE(log.find("mpirun noticed that process rank 1"), std::string::npos) << log;
+  if (log.find("rank 0: interrupted by SIGTERM") != std::string::npos) {
+    EXPECT_NE(log.find("rank 0: interrupted by SIGTERM (mpirun sends it to every rank when one has failed"),
+              std::string::npos)
+        << log;
+  }
   EXPECT_EQ(find_rank(marker, 0), -1) << "rank 0 was left behind";
   EXPECT_EQ(std::system(("rm -rf '" + dir + "'").c_str()), 0);
 }
