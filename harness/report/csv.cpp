@@ -152,9 +152,9 @@ const std::vector<std::string>& csv_file_names() {
   return names;
 }
 
-void check_csv_dir(const std::string& dir) {
+std::vector<fs::path> check_csv_dir(const std::string& dir) {
   if (dir.empty()) throw UsageError("--csv DIR: needs a directory");
-  (void)check_dir_usable(dir, "--csv DIR", csv_file_names());
+  return check_dir_usable(dir, "--csv DIR", csv_file_names());
 }
 
 void write_csv_files(const json& doc, const std::string& dir) {

@@ -8,6 +8,7 @@
 // are printed with 9 significant digits.
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -26,9 +27,9 @@ std::string pipeline_csv(const nlohmann::json& doc);
 const std::vector<std::string>& csv_file_names();
 
 // Before any work, creating nothing: DIR is a directory where both files can be written,
-// or one that can be made (json_io.hpp: check_dir_usable). Throws UsageError("--csv
-// DIR: ...") otherwise.
-void check_csv_dir(const std::string& dir);
+// or one that can be made (json_io.hpp: check_dir_usable). Returns the folders that
+// writing will make, outermost first. Throws UsageError("--csv DIR: ...") otherwise.
+std::vector<std::filesystem::path> check_csv_dir(const std::string& dir);
 
 // Makes DIR when missing and writes DIR/data_parallel.csv and DIR/pipeline.csv, each
 // atomically (json_io.hpp).

@@ -1,6 +1,8 @@
 #include "harness/run/run.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 
 #ifdef SHARDSCOPE_WITH_CUDA
@@ -164,9 +166,14 @@ void check_output_paths(const RunConfig& cfg, const MpiSession& mpi) {
   std::string refusal;
   if (mpi.rank() == 0) {
     try {
-      if (!cfg.json_path.empty()) check_writable(cfg.json_path);
-      if (!cfg.trace_path.empty()) check_writable(cfg.trace_path, "--trace FILE");
-      if (!cfg.csv_dir.empty()) check_csv_dir(cfg.csv_dir);
+      // The CSV folder first: a --json or --trace inside a folder it will make is fine.
+      const std::vector<std::filesystem::path> made =
+          cfg.csv_dir.empty() ? std::vector<std::filesystem::path>{} : check_csv_dir(cfg.csv_dir);
+      for (const auto& [path, flag] : {std::pair{cfg.json_path, "--json FILE"}, std::pair{cfg.trace_path, "--trace FILE"}}) {
+        if (path.empty()) continue;
+        const std::filesystem::path parent = resolved_path(path).parent_path();
+        if (std::find(made.begin(), made.end(), parent) == made.end() || path.back() == '/') check_writable(path, flag);
+      }
     } catch (const UsageError& e) {
       refusal = e.what();
     }
@@ -256,9 +263,10 @@ void run_job(RunConfig cfg, MpiSession& mpi) {
                                      comm->emulated(),
                                      provenance(cfg.command_line, device, cuda_text, nccl_text));
   print_tables(doc, std::cout);
+  // The CSV folder first: it is made now, and --json or --trace may lie inside it.
+  if (!cfg.csv_dir.empty()) write_csv_files(doc, cfg.csv_dir);
   if (!cfg.json_path.empty()) write_file_atomic(cfg.json_path, readable_json(doc) + "\n");
   if (!cfg.trace_path.empty()) write_trace_file(cfg.trace_path, doc);
-  if (!cfg.csv_dir.empty()) write_csv_files(doc, cfg.csv_dir);
 }
 
 }  // namespace shardscope

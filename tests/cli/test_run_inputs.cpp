@@ -168,6 +168,18 @@ TEST_F(RunInputs, AFileNameThatIsNotUtf8StillGivesValidJson) {
       << doc["provenance"]["command"];
 }
 
+// A --json or --trace inside the --csv folder a run is about to make is fine, as in a
+// sweep; one in a folder nothing makes is refused before the run.
+TEST_F(RunInputs, OutputsMayLieInTheCsvFolderTheRunMakes) {
+  ASSERT_EQ(run("--csv made --trace made/t.json --json made/r.json"), 0);
+  for (const char* f : {"made/t.json", "made/r.json", "made/data_parallel.csv", "made/pipeline.csv"})
+    EXPECT_EQ(access((dir_ + "/" + f).c_str(), F_OK), 0) << f;
+  std::string line;
+  EXPECT_EQ(run("--csv made2 --json made2/sub/r.json", &line), 2);
+  EXPECT_NE(line.find("directory 'made2/sub' does not exist"), std::string::npos) << line;
+  EXPECT_NE(access((dir_ + "/made2").c_str(), F_OK), 0);
+}
+
 TEST_F(RunInputs, ARefusedRunCreatesNoDirectory) {
   std::string line;
   EXPECT_EQ(run("--schedule gpipe --microbatches 9 --csv newdir/csv", &line), 2);
