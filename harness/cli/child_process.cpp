@@ -218,7 +218,7 @@ std::string describe(const ChildResult& r, int timeout_s) {
     case ChildResult::End::timed_out:
       return "timed out after " + std::to_string(timeout_s) + " s";
     case ChildResult::End::interrupted:
-      return r.signal > 0 ? "interrupted by " + signal_text(r.signal) : "interrupted";
+      return r.signal > 0 ? "interrupted by " + interrupt_text(r.signal) : "interrupted";
   }
   return "ended";
 }
@@ -226,6 +226,16 @@ std::string describe(const ChildResult& r, int timeout_s) {
 std::string signal_text(int signal) {
   const char* name = strsignal(signal);
   return "signal " + std::to_string(signal) + (name ? std::string(" (") + name + ")" : "");
+}
+
+std::string interrupt_text(int signal) {
+  switch (signal) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    default: return signal_text(signal);
+  }
 }
 
 std::string find_executable(const std::string& name) {

@@ -51,11 +51,15 @@ class InterruptGuard {
 ChildResult run_child(const ChildSpec& spec);
 
 // "exited with code 3", "killed by signal 9 (Killed)", "timed out after 600 s",
-// "interrupted by signal 1 (Hangup)".
+// "interrupted by SIGHUP".
 std::string describe(const ChildResult& r, int timeout_s);
 
 // "signal 2 (Interrupt)".
 std::string signal_text(int signal);
+
+// The name of a signal that interrupts a sweep, as `run` says it: "SIGINT", "SIGTERM",
+// "SIGHUP", "SIGQUIT" (any other as signal_text).
+std::string interrupt_text(int signal);
 
 // The first executable `name` on PATH ("" when none); a name with a '/' is returned
 // as it is when executable.

@@ -80,7 +80,7 @@ class JobRunner {
       if (const int sig = InterruptGuard::received()) {  // the rest of the job is not started
         JobOutcome stopped;
         stopped.status = JobOutcome::Status::failed;
-        stopped.error = job.label + ": interrupted by " + signal_text(sig) + " before rank " + std::to_string(r);
+        stopped.error = job.label + ": interrupted by " + interrupt_text(sig) + " before rank " + std::to_string(r);
         return stopped;
       }
       const double used = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count();
@@ -243,7 +243,7 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
   const InterruptGuard interrupts;
   check_sweep_outputs(opts);
   if (const int sig = InterruptGuard::received())  // nothing made yet: nothing to write
-    throw RunError("interrupted by " + signal_text(sig) + " before any job started");
+    throw RunError("interrupted by " + interrupt_text(sig) + " before any job started");
   std::vector<std::string> words = {"shardscope", "sweep"};
   words.insert(words.end(), args.begin(), args.end());
   std::vector<const char*> argv;
@@ -277,7 +277,7 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
     for (std::size_t n = 0; n < jobs.size(); ++n) {
       const SweepJob& job = jobs[n];
       if (const int sig = InterruptGuard::received()) {
-        error = "interrupted by " + signal_text(sig) + " before " + job.label;
+        error = "interrupted by " + interrupt_text(sig) + " before " + job.label;
         break;
       }
       std::cout << "[" << n + 1 << "/" << jobs.size() << "] " << job.label << ": " << std::flush;
