@@ -5,16 +5,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
-#include <cstring>
-
-#include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
+
+#include <CLI/CLI.hpp>
 
 #include "harness/cli/compare.hpp"
 #include "harness/cli/plan.hpp"
@@ -198,7 +201,18 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
     std::size_t used = 0;
     double mb = -1;
     if (!f.bucket_mb.empty() && f.bucket_mb.find_first_not_of("0123456789.") == std::string::npos) {
-      try { mb = std::stod(f.bucket_mb, &used); } catch (...) { used = 0; }
+      try {
+        mb = std::stod(f.bucket_mb, &used);
+      } catch (const std::out_of_range&) {
+        // Digits and one dot out of a double's range: far above the cap, or a positive
+        // value below the smallest double (0.000...01), which is a cap below any tensor.
+        const bool one_dot = std::count(f.bucket_mb.begin(), f.bucket_mb.end(), '.') <= 1 && f.bucket_mb != ".";
+        const std::string whole = f.bucket_mb.substr(0, f.bucket_mb.find('.'));
+        used = one_dot ? f.bucket_mb.size() : 0;
+        mb = whole.find_first_not_of('0') != std::string::npos ? HUGE_VAL : std::numeric_limits<double>::denorm_min();
+      } catch (...) {
+        used = 0;
+      }
     }
     if (used != f.bucket_mb.size() || !(mb >= 0))
       throw UsageError("--bucket-mb: '" + f.bucket_mb + "' is not a number >= 0 (MiB, e.g. 25)");

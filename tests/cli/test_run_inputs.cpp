@@ -79,6 +79,19 @@ TEST_F(RunInputs, NumbersAreDigitsOnlyAndBounded) {
   }
 }
 
+// A bucket cap below the smallest double is still a number >= 0: a cap below any
+// tensor, one bucket per tensor (it was refused as "not a number").
+TEST_F(RunInputs, ABucketCapBelowTheSmallestDoubleIsOneBucketPerTensor) {
+  const std::string tiny = "0." + std::string(400, '0') + "1";
+  ASSERT_EQ(run("--bucket-mb " + tiny + " --json r.json"), 0);
+  std::ifstream in(dir_ + "/r.json");
+  const nlohmann::json rank = nlohmann::json::parse(in)["runs"][0]["ranks"][0];
+  EXPECT_EQ(rank["comm"]["all_reduce"]["calls"], 8);  // 4 layers, 2 tensors each
+  std::string line;
+  EXPECT_EQ(run("--bucket-mb 1" + std::string(400, '0'), &line), 2);
+  EXPECT_NE(line.find("is above the largest allowed, 1000000 MiB"), std::string::npos) << line;
+}
+
 TEST_F(RunInputs, HugePipelinesAreRefusedAtOnce) {
   // Each of these once built a schedule of billions of actions (memory, minutes).
   const char* huge[] = {"--layers 100000 --batch 10000000 --schedule gpipe --emulate 65536:0",
