@@ -208,14 +208,43 @@ TEST(Timeline, JsonHasTheDocumentedShape) {
   EXPECT_EQ(j["memory"][2], nlohmann::json({j["memory"][2][0], 64, 0, 0, 0, 0, 64, 0, 0}));
   EXPECT_EQ(j["memory"][5], nlohmann::json({j["memory"][5][0], 64, 0, 0, 16, 0, 0, 0, 0}));
   for (const auto& row : j["memory"]) ASSERT_EQ(row.size(), static_cast<std::size_t>(kCategoryCount) + 1);
-  // Marks only where the phase or place changes: forward layer 3, then backward unit 1.
-  ASSERT_EQ(j["marks"].size(), 2u);
-  EXPECT_EQ(j["marks"][0][1], "forward");
-  EXPECT_EQ(j["marks"][0][2], "layer 3");
-  EXPECT_EQ(j["marks"][1][1], "backward");
-  EXPECT_EQ(j["marks"][1][2], "unit 1");
-  EXPECT_EQ(j["marks"][1][0], j["memory"][5][0]);
+  // Marks where the phase or place changes, from the start (setup, at 0): forward
+  // layer 3, then backward unit 1, each when it was marked.
+  ASSERT_EQ(j["marks"].size(), 3u);
+  EXPECT_EQ(j["marks"][0], nlohmann::json({0.0, "setup", "-"}));
+  EXPECT_EQ(j["marks"][1][1], "forward");
+  EXPECT_EQ(j["marks"][1][2], "layer 3");
+  EXPECT_EQ(j["marks"][2][1], "backward");
+  EXPECT_EQ(j["marks"][2][2], "unit 1");
+  EXPECT_LE(j["marks"][1][0].get<double>(), j["memory"][1][0].get<double>());
+  EXPECT_LE(j["marks"][2][0].get<double>(), j["memory"][5][0].get<double>());
+  EXPECT_GE(j["marks"][2][0].get<double>(), j["memory"][4][0].get<double>());
+  EXPECT_EQ(j["dropped_marks"], 0);
   EXPECT_TRUE(j["spans"].is_array());
+}
+
+// A phase that allocates nothing (the fused AdamW update) is still on the timeline, and
+// marking the same phase and place again adds nothing.
+TEST(Timeline, APhaseWithoutAllocationsIsMarked) {
+  CpuBackend be;
+  be.tracker().set_recording(true);
+  be.tracker().mark(Phase::backward, {PlaceKind::layer, 0});
+  { Buffer a = be.alloc(Category::activation, 8); }
+  be.tracker().mark(Phase::optimizer);
+  be.tracker().mark(Phase::optimizer);
+  const auto& marks = be.tracker().timeline().marks();
+  ASSERT_EQ(marks.size(), 3u);  // setup, backward layer 0, optimizer
+  EXPECT_EQ(marks.back().phase, Phase::optimizer);
+  EXPECT_GE(marks.back().t_ns, be.tracker().timeline().samples().back().t_ns);
+}
+
+// Marks are bounded like spans: past the limit the older half goes, and is counted.
+TEST(Timeline, MarksAreBounded) {
+  Timeline t(4, 8);
+  for (int i = 0; i < 100; ++i) t.mark(i % 2 ? Phase::forward : Phase::backward, {PlaceKind::layer, i});
+  EXPECT_LE(t.marks().size(), 8u);
+  EXPECT_EQ(t.dropped_marks() + static_cast<std::int64_t>(t.marks().size()), 100);
+  EXPECT_EQ(t.marks().back().place.index, 99);
 }
 
 // ---- recording never changes what is measured ------------------------------------------

@@ -21,12 +21,14 @@ Timeline::Timeline(std::size_t sample_limit, std::size_t span_limit)
       span_limit_(std::max<std::size_t>(span_limit, 2)),
       origin_ns_(steady_ns()) {}
 
-void Timeline::restart(const CategoryBytes& state) {
+void Timeline::restart(const CategoryBytes& state, Phase phase, const Place& place) {
   origin_ns_ = steady_ns();
   start_state_ = state;
   samples_.clear();
   spans_.clear();
   open_.clear();
+  marks_.assign(1, PhaseMark{0, phase, place});
+  dropped_marks_ = 0;
   events_ = 0;
   merged_ = 0;
   dropped_spans_ = 0;
@@ -63,6 +65,16 @@ void Timeline::coalesce() {
   }
   for (; i < n; ++i) samples_[out++] = samples_[i];  // the unpaired one, and the last
   samples_.resize(out);
+}
+
+void Timeline::mark(Phase phase, const Place& place) {
+  if (!marks_.empty() && marks_.back().phase == phase && marks_.back().place == place) return;
+  if (marks_.size() >= span_limit_) {
+    const std::size_t drop = marks_.size() / 2;
+    marks_.erase(marks_.begin(), marks_.begin() + static_cast<std::ptrdiff_t>(drop));
+    dropped_marks_ += static_cast<std::int64_t>(drop);
+  }
+  marks_.push_back({now_ns(), phase, place});
 }
 
 void Timeline::push_span(const char* name, std::int64_t bytes) {

@@ -99,15 +99,12 @@ nlohmann::json timeline_json(const Timeline& t, const std::function<std::string(
   nlohmann::json memory = nlohmann::json::array();
   nlohmann::json marks = nlohmann::json::array();
   memory.push_back(memory_row(0, t.start_state()));
-  const TimelineSample* prev = nullptr;
-  for (const TimelineSample& s : t.samples()) {
-    memory.push_back(memory_row(s.t_ns, s.bytes));
-    if (prev == nullptr || prev->phase != s.phase || !(prev->place == s.place))
-      marks.push_back({ms(s.t_ns), std::string(phase_name(s.phase)), describe(s.place)});
-    prev = &s;
-  }
+  for (const TimelineSample& s : t.samples()) memory.push_back(memory_row(s.t_ns, s.bytes));
+  for (const PhaseMark& m : t.marks())
+    marks.push_back({ms(m.t_ns), std::string(phase_name(m.phase)), describe(m.place)});
   j["memory"] = std::move(memory);
   j["marks"] = std::move(marks);
+  j["dropped_marks"] = t.dropped_marks();
   // Spans end in completion order; a reader wants them by start, parents first.
   const std::vector<TimelineSpan>& spans = t.spans();
   std::vector<std::size_t> order(spans.size());

@@ -12,7 +12,8 @@
 // Past the sample limit, adjacent pairs of samples are merged, the one with the larger
 // total kept (the earlier on a tie), halving the count: the peak survives every merge,
 // older parts of the run get coarser, and the latest sample is always the current
-// state. Past the span limit, the older half of the finished spans is dropped.
+// state. Past the span limit, the older half of the finished spans (or of the marks)
+// is dropped.
 #pragma once
 
 #include <cstddef>
@@ -30,6 +31,14 @@ struct TimelineSample {
   CategoryBytes bytes;       // current bytes per category after the event
   std::int64_t delta = 0;    // the event's signed bytes: + alloc, - free
   Category category = Category::temp;
+  Phase phase = Phase::setup;
+  Place place;
+};
+
+// Where the caller's marked phase or place changed (Tracker::mark), whether or not
+// memory moved then: the optimizer's fused update allocates nothing, yet is a phase.
+struct PhaseMark {
+  std::int64_t t_ns = 0;
   Phase phase = Phase::setup;
   Place place;
 };
@@ -52,12 +61,16 @@ class Timeline {
                     std::size_t span_limit = kDefaultSpanLimit);
 
   // Forgets everything and starts the clock now; `state` is the bytes held at this
-  // instant (the first row of the rendered memory series).
-  void restart(const CategoryBytes& state);
+  // instant (the first row of the rendered memory series), `phase` and `place` what is
+  // under way (the first mark, at 0).
+  void restart(const CategoryBytes& state, Phase phase = Phase::setup, const Place& place = {});
 
   // One event; `after` is the tracker's state once the event is counted. Out of line
   // (timeline.cpp): a clock read and an append, amortised O(1) with coalescing.
   void record(Category c, std::int64_t delta, const CategoryBytes& after, Phase phase, const Place& place);
+
+  // What the caller does from now on; recorded when it differs from the last mark.
+  void mark(Phase phase, const Place& place);
 
   void push_span(const char* name, std::int64_t bytes);
   void pop_span();  // ignored when no span is open
@@ -69,6 +82,10 @@ class Timeline {
   const std::vector<TimelineSample>& samples() const { return samples_; }
   // Finished spans in the order they ended (parents after their children).
   const std::vector<TimelineSpan>& spans() const { return spans_; }
+  // Changes of phase or place in time order; past `span_limit` marks the older half is
+  // dropped, as for spans.
+  const std::vector<PhaseMark>& marks() const { return marks_; }
+  std::int64_t dropped_marks() const { return dropped_marks_; }
   std::size_t open_spans() const { return open_.size(); }
   std::int64_t events() const { return events_; }          // recorded since restart()
   std::int64_t merged_events() const { return merged_; }   // events folded into a neighbour
@@ -87,6 +104,8 @@ class Timeline {
   std::vector<TimelineSample> samples_;
   std::vector<TimelineSpan> spans_;
   std::vector<TimelineSpan> open_;
+  std::vector<PhaseMark> marks_;
+  std::int64_t dropped_marks_ = 0;
   std::int64_t events_ = 0;
   std::int64_t merged_ = 0;
   std::int64_t dropped_spans_ = 0;

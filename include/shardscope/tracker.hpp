@@ -46,10 +46,11 @@ class Tracker {
     if (recording_) timeline_.record(c, -bytes, current_, phase_, place_);
   }
 
-  // Marks what the caller is doing; recorded with a new peak.
+  // Marks what the caller is doing; recorded with a new peak, and on the timeline.
   void mark(Phase phase, Place place = {}) {
     phase_ = phase;
     place_ = place;
+    if (recording_) timeline_.mark(phase, place);
   }
   Phase phase() const { return phase_; }
   Place place() const { return place_; }
@@ -70,7 +71,7 @@ class Tracker {
   // Timeline recording, off by default (runs turn it on: --timeline on). Turning it on
   // restarts the timeline: its clock starts now, from the current state.
   void set_recording(bool on) {
-    if (on && !recording_) timeline_.restart(current_);
+    if (on && !recording_) timeline_.restart(current_, phase_, place_);
     recording_ = on;
   }
   bool recording() const { return recording_; }
