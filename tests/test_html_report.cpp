@@ -125,6 +125,12 @@ TEST(HtmlReport, EscapesEveryText) {
   EXPECT_NE(html.find("host a&lt;b"), std::string::npos);
   EXPECT_NE(html.find("--out &#39;a&amp;b&#39; &lt;x&gt;"), std::string::npos);
   EXPECT_EQ(html::escape("<&>\"'"), "&lt;&amp;&gt;&quot;&#39;");
+  // The page says UTF-8: well-formed sequences pass, anything else becomes U+FFFD.
+  EXPECT_EQ(html::escape("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"), "caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+  EXPECT_EQ(html::escape("r\xFF.json"), "r\xEF\xBF\xBD.json");
+  EXPECT_EQ(html::escape("\xC0\xAF<"), "\xEF\xBF\xBD\xEF\xBF\xBD&lt;");  // an overlong '/'
+  EXPECT_EQ(html::escape("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
+  EXPECT_EQ(html::escape("\xE2\x82"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // cut short
 }
 
 TEST(HtmlReport, TablesAndAnIncompleteSweepAreShown) {

@@ -11,7 +11,8 @@
 
 namespace shardscope::html {
 
-// & < > " ' as character references.
+// & < > " ' as character references, and every byte that is not part of well-formed
+// UTF-8 as U+FFFD (the page declares UTF-8; a file name in a command line may not be).
 std::string escape(std::string_view text);
 
 // A coordinate: one decimal, no trailing ".0" ("12", "12.5", "-3.2").
