@@ -149,10 +149,13 @@ std::string caption(const Panel& p) {
     c += " · " + escape(units_setting(run));
   if (p.rank) c += " · rank " + escape(cells::text(cells::at(*p.rank, {"rank"})));
   c += escape(ranks_note(p.ranks));
-  if (!p.view.memory.empty())
-    c += " · " + cells::group_digits(static_cast<std::int64_t>(p.view.memory.size())) + " events";
+  if (!p.view.memory.empty())  // the first row is the state at the start, not an event
+    c += " · " + cells::group_digits(static_cast<std::int64_t>(p.view.memory.size()) - 1) + " events";
   if (p.view.coalesced)
     c += " · <span class=\"warn\">coalesced: " + cells::group_digits(p.view.merged_events) + " events merged</span>";
+  if (p.view.dropped_spans > 0 || p.view.dropped_marks > 0)
+    c += " · <span class=\"warn\">the oldest " + cells::group_digits(p.view.dropped_spans) + " ranges and " +
+         cells::group_digits(p.view.dropped_marks) + " phase marks dropped</span>";
   return c;
 }
 

@@ -180,8 +180,15 @@ std::string pipeline_charts(const std::vector<const json*>& runs) {
       out += std::string(" · <span class=\"warn\">") + (alone ? "emulated stages" : "no timeline recorded") +
              "</span>: the measured action times (action_ms) replayed with free messages";
     out += "</figcaption>";
+    // Why there is no chart: an untimed run (its one step is the warm-up, which nothing
+    // reports), emulated stages without action times to replay, or no timeline at all.
+    const json* timed = cells::at(*run, {"timed_steps"});
+    const bool untimed = timed && timed->is_number_integer() && timed->get<std::int64_t>() == 0;
+    const char* why_none = untimed ? "no timed step: with --steps 1 the only step is the warm-up"
+                           : alone ? "no action times to replay"
+                                   : "no timeline recorded";
     out += g.source != GanttLayout::Source::none && g.to_ms > g.from_ms ? gantt_svg(rows, g, label)
-                                                                         : none_svg("gantt", "no timeline recorded");
+                                                                         : none_svg("gantt", why_none);
 
     // Activations over the Gantt's window when it was measured; else over each stage's
     // last step from its own start (emulated stages ran alone), or the whole run.

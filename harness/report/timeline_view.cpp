@@ -60,6 +60,8 @@ TimelineView read_timeline(const json& record) {
   view.present = true;
   view.coalesced = tl->value("coalesced", json(false)) == json(true);
   view.merged_events = static_cast<std::int64_t>(number_or(tl->value("merged_events", json(0)), 0.0));
+  view.dropped_spans = static_cast<std::int64_t>(number_or(tl->value("dropped_spans", json(0)), 0.0));
+  view.dropped_marks = static_cast<std::int64_t>(number_or(tl->value("dropped_marks", json(0)), 0.0));
   const std::vector<int> map = column_map(*tl);
   if (const auto mem = tl->find("memory"); mem != tl->end() && mem->is_array()) {
     view.memory.reserve(mem->size());

@@ -40,6 +40,8 @@ struct TimelineView {
   bool present = false;          // the record has a "timeline" object
   bool coalesced = false;        // the tracker merged events past its limit
   std::int64_t merged_events = 0;
+  std::int64_t dropped_spans = 0;  // the oldest spans and marks the tracker let go past its limit
+  std::int64_t dropped_marks = 0;
   std::vector<TimelineSample> memory;  // in the record's order (time order)
   std::vector<TimelineMark> marks;
   std::vector<TimelineSpan> spans;
