@@ -98,6 +98,21 @@ TEST_F(TraceTest, RunJobWritesAValidTraceOfItsRank) {
       EXPECT_EQ(e["args"].size(), static_cast<std::size_t>(kCategoryCount));
     }
   EXPECT_EQ(counters, timeline["memory"].size());
+  // The peak marker is the record's peak, inside the last step (each step resets the
+  // peak; the warm-up reaches the same bytes first).
+  const json& rank = doc["runs"][0]["ranks"][0];
+  double last_step_ms = -1.0;
+  for (const auto& s : timeline["spans"])
+    if (s["name"] == "step") last_step_ms = std::max(last_step_ms, s["start_ms"].get<double>());
+  ASSERT_GT(last_step_ms, 0.0);
+  int markers = 0;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "i") {
+      ++markers;
+      EXPECT_EQ(e["args"]["bytes"], rank["peak"]["total"]);
+      EXPECT_GE(e["ts"].get<double>(), last_step_ms * 1000.0 - 1e-3);
+    }
+  EXPECT_EQ(markers, 1);
 }
 
 TEST_F(TraceTest, EmulatedRanksMergedAsTheSweepDoesGiveOneProcessPerRank) {

@@ -88,14 +88,33 @@ void add_spans(const json& spans, std::int64_t pid, json& events) {
 // Counter events in row order (the timeline's rows are in time order; a row earlier
 // than its predecessor, which a well-formed timeline never has, is clamped so every
 // counter track stays monotonic).
-void add_memory(const json& timeline, std::int64_t pid, json& events) {
+// The start of the record's last "step" span, in ns (-1 when it has none).
+std::int64_t last_step_start_ns(const json& timeline) {
+  std::int64_t start = -1;
+  const json* spans = cells::at(timeline, {"spans"});
+  if (!spans || !spans->is_array()) return start;
+  for (const json& s : *spans) {
+    double t = 0.0;
+    if (s.is_object() && s.value("name", std::string()) == "step" && number(s, "start_ms", &t))
+      start = std::max(start, ms_to_ns(t));
+  }
+  return start;
+}
+
+// The instant `peak N B` marks: the first of the last step at the record's measured peak
+// (what the JSON and the report call the peak: each step resets it), else, when the
+// record says nothing usable, the first at the highest total of the whole run.
+void add_memory(const json& timeline, const json& record, std::int64_t pid, json& events) {
   const json* cats = cells::at(timeline, {"categories"});
   const json* rows = cells::at(timeline, {"memory"});
   if (!cats || !cats->is_array() || !rows || !rows->is_array()) return;
   const std::size_t n = cats->size();
+  const json* measured = cells::at(record, {"peak", "total"});
+  const std::int64_t step_ns = last_step_start_ns(timeline);
+  const bool by_record = measured && measured->is_number_integer() && step_ns >= 0;
   std::int64_t last_ns = 0;
-  std::int64_t peak = -1;
-  std::int64_t peak_ns = 0;
+  std::int64_t peak = -1, peak_ns = 0;        // the highest total of the run, first instant
+  std::int64_t matched = -1, matched_ns = 0;  // the record's peak in the last step
   for (const json& row : *rows) {
     if (!row.is_array() || row.size() != n + 1 || !row[0].is_number()) continue;
     const std::int64_t t = std::max(ms_to_ns(row[0].get<double>()), last_ns);
@@ -115,6 +134,14 @@ void add_memory(const json& timeline, std::int64_t pid, json& events) {
       peak = total;
       peak_ns = t;
     }
+    if (by_record && matched < 0 && t >= step_ns && total == measured->get<std::int64_t>()) {
+      matched = total;
+      matched_ns = t;
+    }
+  }
+  if (matched >= 0) {
+    peak = matched;
+    peak_ns = matched_ns;
   }
   if (peak >= 0)
     events.push_back({{"name", "peak " + cells::group_digits(peak) + " B"},
@@ -175,7 +202,7 @@ json trace_document(const json& doc) {
         events.push_back(metadata("process_sort_index", pid, {{"sort_index", order++}}));
         events.push_back(metadata("thread_name", pid, {{"name", "ranges"}}));
         if (const json* spans = cells::at(*timeline, {"spans"})) add_spans(*spans, pid, events);
-        add_memory(*timeline, pid, events);
+        add_memory(*timeline, record, pid, events);
       }
     }
   }
