@@ -65,7 +65,10 @@ std::string run_label(const json& run) {
   label += name ? cells::text(name) : (pipeline ? "pipeline" : "data parallel");
   if (const json* w = cells::at(run, {"world"})) label += (pipeline ? " S=" : " W=") + cells::text(w);
   if (!pipeline) {
-    if (const json* k = cells::at(run, {"layers_per_unit"})) label += " " + units_label(k);
+    // Units shape zero2 and zero3 only (ddp and zero1 accept --units to no effect).
+    const std::string strategy = name ? cells::text(name) : std::string();
+    if (const json* k = cells::at(run, {"layers_per_unit"}); k && strategy != "ddp" && strategy != "zero1")
+      label += " " + units_label(k);
   } else {
     if (const json* m = cells::at(run, {"microbatches"})) label += " M=" + cells::text(m);
     if (const json* v = cells::at(run, {"chunks"})) label += " chunks=" + cells::text(v);

@@ -147,7 +147,7 @@ TEST(CompareInput, RefusesARunOrRankThatIsNotAnObject) {
   EXPECT_EQ(refusal(doc), "'a.json': runs[7] is 5, not a run (an object)");
   doc = testing::report_document();
   doc["runs"][3]["ranks"] = "all of them";
-  EXPECT_EQ(refusal(doc), "'a.json': runs[3] (ddp W=4 units=all): ranks is \"all of them\", not an array of rank "
+  EXPECT_EQ(refusal(doc), "'a.json': runs[3] (ddp W=4): ranks is \"all of them\", not an array of rank "
                           "records");
   doc = testing::report_document();
   doc["runs"][4]["stages"][1] = json::array({1, 2});
@@ -180,7 +180,7 @@ TEST(CompareInput, RefusesAByteCountOfTheWrongType) {
 // nlohmann keeps 2^70 (and 1.5) as a double, 2^63 as unsigned: a figure is read into
 // int64, so 2^70 printed a difference of "--9,223,372,036,854,737,904".
 TEST(CompareInput, RefusesADoubleOrTooLargeByteCount) {
-  const std::string at = "'a.json': runs[3] (ddp W=4 units=all): ranks[2].peak.by_category.temp is ";
+  const std::string at = "'a.json': runs[3] (ddp W=4): ranks[2].peak.by_category.temp is ";
   json doc = testing::report_document();
   json& temp = doc["runs"][3]["ranks"][2]["peak"]["by_category"]["temp"];
   temp = json::parse("1180591620717411303424");
@@ -216,7 +216,7 @@ TEST(CompareInput, RefusesANegativeCount) {
 TEST(CompareInput, RefusesARankNumberGivenTwice) {
   json doc = testing::report_document();
   doc["runs"][3]["ranks"][3]["rank"] = 1;
-  EXPECT_EQ(refusal(doc), "'a.json': runs[3] (ddp W=4 units=all): ranks[3].rank is 1, not a rank number no other "
+  EXPECT_EQ(refusal(doc), "'a.json': runs[3] (ddp W=4): ranks[3].rank is 1, not a rank number no other "
                           "record has");
 }
 
@@ -228,7 +228,7 @@ TEST(Compare, AnAbsentFigureIsShownAsMissing) {
   fresh["runs"][3]["ranks"][1]["resting"]["total"] = 20000;  // its categories still say 16,000
   const json cmp = compare_documents(base, "a", fresh, "b");
   const json& ddp = cmp["runs"][3];
-  ASSERT_EQ(ddp["label"], "ddp W=4 units=all");
+  ASSERT_EQ(ddp["label"], "ddp W=4");
   EXPECT_TRUE(ddp["ranks"][0]["new"]["resting"].is_null());
   EXPECT_EQ(ddp["ranks"][0]["differs"], json::array({"resting: only in base"}));
   // A total that differs is named even where no category does.
@@ -238,12 +238,12 @@ TEST(Compare, AnAbsentFigureIsShownAsMissing) {
   // Rank 0's row: label, rank, resting B (base), its difference, peak B (base).
   std::istringstream lines(os.str());
   std::string line;
-  while (std::getline(lines, line) && line.rfind("  ddp W=4 units=all       0 ", 0) != 0) {
+  while (std::getline(lines, line) && line.rfind("  ddp W=4                 0 ", 0) != 0) {
   }
   std::istringstream words(line);
-  std::vector<std::string> cell(7);
+  std::vector<std::string> cell(6);
   for (std::string& c : cell) words >> c;
-  EXPECT_EQ(cell, std::vector<std::string>({"ddp", "W=4", "units=all", "0", "16,000", "-", "28,288"})) << os.str();
+  EXPECT_EQ(cell, std::vector<std::string>({"ddp", "W=4", "0", "16,000", "-", "28,288"})) << os.str();
 }
 
 // Emulated runs list the one rank each played: matched, with no rank to set side by side.
@@ -257,14 +257,14 @@ TEST(Compare, ARunWithNoRankInBothIsNamed) {
   std::ostringstream os;
   print_comparison(compare_documents(base, "a", fresh, "b"), os);
   EXPECT_EQ(os.str().find("configuration  rank"), std::string::npos) << os.str();
-  EXPECT_NE(os.str().find("\nno rank or stage is in both files\n\n  in both, no rank or stage in common: ddp W=4 "
-                          "units=all\nconfigurations compared: 0;"),
+  EXPECT_NE(os.str().find("\nno rank or stage is in both files\n\n  in both, no rank or stage in common: ddp W=4"
+                          "\nconfigurations compared: 0;"),
             std::string::npos)
       << os.str();
 }
 
 // Labels name no model: two files of different models showed "only in base: ddp W=2
-// units=all" and "only in new: ddp W=2 units=all". A shared label gets the model.
+// " and "only in new: ddp W=2". A shared label gets the model.
 TEST(Compare, LabelsNameTheModelWhereRunsDifferInIt) {
   const json base = testing::report_document();
   json fresh = testing::report_document();
@@ -288,8 +288,8 @@ TEST(Compare, LabelsNameTheModelWhereRunsDifferInIt) {
   fresh = testing::report_document();
   fresh["runs"][3]["model"]["activation"] = "relu";
   const json one = compare_documents(base, "a", fresh, "b");
-  EXPECT_EQ(one["only_in_base"], json::array({"ddp W=4 units=all, model 4x16 b8 none sum"}));
-  EXPECT_EQ(one["only_in_new"], json::array({"ddp W=4 units=all, model 4x16 b8 relu sum"}));
+  EXPECT_EQ(one["only_in_base"], json::array({"ddp W=4, model 4x16 b8 none sum"}));
+  EXPECT_EQ(one["only_in_new"], json::array({"ddp W=4, model 4x16 b8 relu sum"}));
   EXPECT_EQ(one["runs"][0]["label"], "zero2 W=2 1 layer/unit");
 }
 
@@ -329,7 +329,7 @@ TEST_F(CompareCli, ARefusedDocumentIsOneLine) {
   std::ofstream(dir_ + "/good.json") << testing::report_document().dump();
   std::ofstream(dir_ + "/bad.json") << bad.dump();
   EXPECT_EQ(compare("good.json bad.json"), 2);
-  EXPECT_EQ(line_, "shardscope: error: 'bad.json': runs[3] (ddp W=4 units=all): ranks[1].peak.total is "
+  EXPECT_EQ(line_, "shardscope: error: 'bad.json': runs[3] (ddp W=4): ranks[1].peak.total is "
                    "1.1805916207174113e+21, not a byte count (beyond 2^63 - 1)");
   EXPECT_EQ(testing::shell("test $(wc -l < '" + dir_ + "/err.txt') -eq 1 && test ! -s '" + dir_ + "/out.txt'"), 0);
 }
