@@ -2,6 +2,7 @@
 // category, the predicted totals marked.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -117,7 +118,15 @@ std::string data_parallel_bars(const std::vector<const json*>& runs) {
     const std::string label = run_label(run);
     svg.begin_group("class=\"run\" data-run=\"" + escape(label) + "\"");
     double bx = x + (cluster_w - per_rank * ranks.size()) / 2.0 + 4.0;
+    // Rank labels that would overlap (many ranks, narrow bars) are thinned to every k-th
+    // (each bar's tooltip still names its rank): "r63" at the small font is about 6.3 px
+    // a character.
+    const std::size_t widest = ("r" + (ranks.empty() ? std::string() : ranks.back().rank)).size();
+    const std::size_t every =
+        std::max<std::size_t>(1, static_cast<std::size_t>(std::ceil((6.3 * widest + 4.0) / per_rank)));
+    std::size_t j = 0;
     for (const RankBars& rb : ranks) {
+      const bool labelled = j++ % every == 0;
       const std::string who = label + ", rank " + rb.rank;
       int which = 0;
       for (const Bar* b : {&rb.resting, &rb.peak}) {
@@ -143,7 +152,7 @@ std::string data_parallel_bars(const std::vector<const json*>& runs) {
         svg.end_group();
         svg.text(bar_x + bar_w / 2, y0 + 11, peak ? "P" : "R", "class=\"tiny\" text-anchor=\"middle\"");
       }
-      svg.text(bx + bar_w + 1, y0 + 23, "r" + rb.rank, "class=\"small\" text-anchor=\"middle\"");
+      if (labelled) svg.text(bx + bar_w + 1, y0 + 23, "r" + rb.rank, "class=\"small\" text-anchor=\"middle\"");
       bx += per_rank;
     }
     const double cx = x + cluster_w / 2;
