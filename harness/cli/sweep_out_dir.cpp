@@ -78,9 +78,7 @@ void check_sweep_outputs(const SweepOptions& opts) {
   }
   for (const auto& [path, flag] : {std::pair{opts.trace, "--trace FILE"}, std::pair{opts.report, "--report FILE"}}) {
     if (path.empty()) continue;
-    const fs::path file = resolved_path(path);
-    const bool folder_made = std::find(to_make.begin(), to_make.end(), file.parent_path()) != to_make.end();
-    if (!folder_made || path.back() == '/') check_writable(path, flag);
+    check_writable_in(path, flag, to_make);
   }
 }
 

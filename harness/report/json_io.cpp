@@ -287,6 +287,11 @@ std::vector<std::filesystem::path> check_dir_usable(const std::string& dir, cons
   return made;
 }
 
+void check_writable_in(const std::string& path, const std::string& flag, const std::vector<std::filesystem::path>& made) {
+  const bool folder_made = std::find(made.begin(), made.end(), resolved_path(path).parent_path()) != made.end();
+  if (!folder_made || path.empty() || path.back() == '/') check_writable(path, flag);
+}
+
 void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs) {
   std::vector<std::pair<std::string, std::filesystem::path>> seen;  // flag, resolved path
   for (const auto& [flag, path] : outputs) {

@@ -32,6 +32,11 @@ std::filesystem::path resolved_path(const std::string& path);
 std::vector<std::filesystem::path> check_dir_usable(const std::string& dir, const std::string& flag,
                                                     const std::vector<std::string>& files);
 
+// check_writable(path, flag), unless the file's folder is one of `made`, the folders a
+// run will make before writing it (check_dir_usable's answer): probing one that does
+// not exist yet would fail, and making it was checked already.
+void check_writable_in(const std::string& path, const std::string& flag, const std::vector<std::filesystem::path>& made);
+
 // Refuses (UsageError) two outputs that name one file, which would leave only the last
 // one written: `outputs` holds (flag, path) pairs, paths compared after making them
 // absolute and resolving what exists of them (links, "..", "."). Empty paths are skipped.

@@ -1,6 +1,5 @@
 #include "harness/run/run.hpp"
 
-#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -169,11 +168,8 @@ void check_output_paths(const RunConfig& cfg, const MpiSession& mpi) {
       // The CSV folder first: a --json or --trace inside a folder it will make is fine.
       const std::vector<std::filesystem::path> made =
           cfg.csv_dir.empty() ? std::vector<std::filesystem::path>{} : check_csv_dir(cfg.csv_dir);
-      for (const auto& [path, flag] : {std::pair{cfg.json_path, "--json FILE"}, std::pair{cfg.trace_path, "--trace FILE"}}) {
-        if (path.empty()) continue;
-        const std::filesystem::path parent = resolved_path(path).parent_path();
-        if (std::find(made.begin(), made.end(), parent) == made.end() || path.back() == '/') check_writable(path, flag);
-      }
+      if (!cfg.json_path.empty()) check_writable_in(cfg.json_path, "--json FILE", made);
+      if (!cfg.trace_path.empty()) check_writable_in(cfg.trace_path, "--trace FILE", made);
     } catch (const UsageError& e) {
       refusal = e.what();
     }
