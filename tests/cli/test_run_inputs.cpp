@@ -47,7 +47,7 @@ class RunInputs : public shardscope::testing::BinaryTest {
   }
 };
 
-TEST_F(RunInputs, AValueThatIsAFlagOrEmptyIsRefusedNamingTheOption) {
+TEST_F(RunInputs, AMissingEmptyRepeatedOrUnwantedValueIsRefusedNamingTheOption) {
   const struct {
     const char* flags;
     const char* names;
@@ -57,7 +57,15 @@ TEST_F(RunInputs, AValueThatIsAFlagOrEmptyIsRefusedNamingTheOption) {
                {"--json ''", "--json: empty value"},
                {"--comm ''", "--comm: empty value"},
                {"--backend=", "--backend: empty value"},
-               {"--schedule gpipe --split ''", "--split: empty value"}};
+               {"--schedule gpipe --split ''", "--split: empty value"},
+               // An option given twice, a value given to the switch, a value missing at the end.
+               {"--steps 2 --steps 3", "--steps: given more than once; give it once"},
+               {"--steps=2 --steps 3", "--steps: given more than once"},
+               {"--tf32 --tf32", "--tf32: given more than once"},
+               {"--tf32=abc", "--tf32: takes no value, got 'abc'"},
+               {"--tf32=", "--tf32: takes no value"},
+               {"--tf32=-1", "--tf32: takes no value"},
+               {"--steps", "--steps: needs a value"}};
   for (const auto& c : cases) {
     std::string line;
     EXPECT_EQ(run(c.flags, &line), 2) << c.flags;
@@ -147,24 +155,6 @@ TEST_F(RunInputs, OutputsMustBeRegularFilesAndDistinct) {
   EXPECT_NE(line.find("lies inside 't.json', the file --trace FILE writes"), std::string::npos) << line;
   EXPECT_NE(access((dir_ + "/b.json").c_str(), F_OK), 0);
   EXPECT_NE(access((dir_ + "/t.json").c_str(), F_OK), 0);
-}
-
-TEST_F(RunInputs, AnOptionTwiceOrASwitchWithAValueIsRefusedNamingIt) {
-  const struct {
-    const char* flags;
-    const char* line;
-  } cases[] = {{"--steps 2 --steps 3", "--steps: given more than once; give it once"},
-               {"--steps=2 --steps 3", "--steps: given more than once"},
-               {"--tf32 --tf32", "--tf32: given more than once"},
-               {"--tf32=abc", "--tf32: takes no value, got 'abc'"},
-               {"--tf32=", "--tf32: takes no value"},
-               {"--tf32=-1", "--tf32: takes no value"},
-               {"--steps", "--steps: needs a value"}};
-  for (const auto& c : cases) {
-    std::string line;
-    EXPECT_EQ(run(c.flags, &line), 2) << c.flags;
-    EXPECT_EQ(line.rfind(std::string("shardscope: error: ") + c.line, 0), 0u) << c.flags << ": " << line;
-  }
 }
 
 // A file name is bytes: one that is not UTF-8 still gets its file, and the JSON that
