@@ -31,14 +31,31 @@ std::int64_t max_total(const Timeline& t) {
   return m;
 }
 
+// The mark in force at `t_ns`: an event's phase and place.
+const PhaseMark& mark_in_force(const Timeline& t, std::int64_t t_ns) {
+  const PhaseMark* in_force = &t.marks().front();
+  for (const PhaseMark& m : t.marks())
+    if (m.t_ns <= t_ns) in_force = &m;
+  return *in_force;
+}
+
+// Waits for the timeline's clock to move past its last sample, so that a mark made next
+// is strictly later than every event before it (two clock reads can return one ns).
+void after_last_sample(const Timeline& t) {
+  while (!t.samples().empty() && t.now_ns() <= t.samples().back().t_ns) {
+  }
+}
+
 TEST(Timeline, RecordsEveryAllocAndFreeWithCategoryBytesAndPlace) {
   Tracker t;
   t.on_alloc(Category::param, 1000, 1024);  // before recording: the start state
   t.set_recording(true);
   t.mark(Phase::forward, {PlaceKind::layer, 0});
   t.on_alloc(Category::activation, 300, 320);
+  after_last_sample(t.timeline());
   t.mark(Phase::forward, {PlaceKind::layer, 1});
   t.on_alloc(Category::temp, 500, 512);
+  after_last_sample(t.timeline());
   t.mark(Phase::backward, {PlaceKind::unit, 2});
   t.on_free(Category::temp, 500, 512);
   t.on_free(Category::activation, 300, 320);
@@ -63,10 +80,10 @@ TEST(Timeline, RecordsEveryAllocAndFreeWithCategoryBytesAndPlace) {
     EXPECT_GE(s.t_ns, last_t) << "steady clock: times never go back";
     last_t = s.t_ns;
   }
-  EXPECT_EQ(tl.samples()[1].phase, Phase::forward);
-  EXPECT_EQ(tl.samples()[1].place, (Place{PlaceKind::layer, 1}));
-  EXPECT_EQ(tl.samples()[2].phase, Phase::backward);
-  EXPECT_EQ(tl.samples()[2].place, (Place{PlaceKind::unit, 2}));
+  EXPECT_EQ(mark_in_force(tl, tl.samples()[1].t_ns).phase, Phase::forward);
+  EXPECT_EQ(mark_in_force(tl, tl.samples()[1].t_ns).place, (Place{PlaceKind::layer, 1}));
+  EXPECT_EQ(mark_in_force(tl, tl.samples()[2].t_ns).phase, Phase::backward);
+  EXPECT_EQ(mark_in_force(tl, tl.samples()[2].t_ns).place, (Place{PlaceKind::unit, 2}));
   EXPECT_EQ(integrate(tl), t.current());
   EXPECT_EQ(max_total(tl), t.peak().total);
   EXPECT_EQ(tl.samples().back().bytes, t.current());

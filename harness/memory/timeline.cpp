@@ -36,15 +36,12 @@ void Timeline::restart(const CategoryBytes& state, Phase phase, const Place& pla
 
 std::int64_t Timeline::now_ns() const { return steady_ns() - origin_ns_; }
 
-void Timeline::record(Category c, std::int64_t delta, const CategoryBytes& after, Phase phase,
-                      const Place& place) {
+void Timeline::record(Category c, std::int64_t delta, const CategoryBytes& after) {
   TimelineSample& s = samples_.emplace_back();
   s.t_ns = now_ns();
   s.bytes = after;
   s.delta = delta;
   s.category = c;
-  s.phase = phase;
-  s.place = place;
   ++events_;
   if (samples_.size() >= sample_limit_) coalesce();
 }

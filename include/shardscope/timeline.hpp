@@ -1,6 +1,7 @@
 // A rank's memory timeline (issue 6): every tracked allocation and free with its time,
-// category, signed bytes and the phase/place marked at that moment, plus the profiler
-// ranges (spans) the code pushes. Filled by the Tracker when recording is on; rendered
+// category and signed bytes, every change of the marked phase/place (the phase of an
+// event is the mark in force at its time), plus the profiler ranges (spans) the code
+// pushes. Filled by the Tracker when recording is on; rendered
 // by harness/run/records.cpp (the rank record's "timeline") and harness/report/trace.cpp
 // (Chrome trace events).
 //
@@ -31,8 +32,6 @@ struct TimelineSample {
   CategoryBytes bytes;       // current bytes per category after the event
   std::int64_t delta = 0;    // the event's signed bytes: + alloc, - free
   Category category = Category::temp;
-  Phase phase = Phase::setup;
-  Place place;
 };
 
 // Where the caller's marked phase or place changed (Tracker::mark), whether or not
@@ -67,7 +66,7 @@ class Timeline {
 
   // One event; `after` is the tracker's state once the event is counted. Out of line
   // (timeline.cpp): a clock read and an append, amortised O(1) with coalescing.
-  void record(Category c, std::int64_t delta, const CategoryBytes& after, Phase phase, const Place& place);
+  void record(Category c, std::int64_t delta, const CategoryBytes& after);
 
   // What the caller does from now on; recorded when it differs from the last mark.
   void mark(Phase phase, const Place& place);

@@ -36,14 +36,14 @@ class Tracker {
     ++live_allocations_;
     if (rounded_current_ > rounded_peak_) rounded_peak_ = rounded_current_;
     if (current_total_ > peak_.total) capture_peak();
-    if (recording_) timeline_.record(c, bytes, current_, phase_, place_);
+    if (recording_) timeline_.record(c, bytes, current_);
   }
   void on_free(Category c, std::int64_t bytes, std::int64_t rounded_bytes) {
     current_[c] -= bytes;
     current_total_ -= bytes;
     rounded_current_ -= rounded_bytes;
     --live_allocations_;
-    if (recording_) timeline_.record(c, -bytes, current_, phase_, place_);
+    if (recording_) timeline_.record(c, -bytes, current_);
   }
 
   // Marks what the caller is doing; recorded with a new peak, and on the timeline.
