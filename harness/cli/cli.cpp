@@ -23,6 +23,7 @@
 #include "harness/cli/plan.hpp"
 #include "harness/cli/sweep.hpp"
 #include "harness/comm/mpi_env.hpp"
+#include "harness/report/csv.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/provenance.hpp"
 #include "harness/run/run.hpp"
@@ -265,10 +266,10 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   if (app.count("--csv") > 0 && f.csv.empty()) throw UsageError("--csv: needs a directory");
   c.csv_dir = f.csv;
   c.allow_tf32 = f.tf32;
-  check_distinct_outputs({{"--json", c.json_path},
-                          {"--trace", c.trace_path},
-                          {"--csv", c.csv_dir.empty() ? "" : c.csv_dir + "/data_parallel.csv"},
-                          {"--csv", c.csv_dir.empty() ? "" : c.csv_dir + "/pipeline.csv"}});
+  std::vector<std::pair<std::string, std::string>> outputs = {{"--json", c.json_path}, {"--trace", c.trace_path}};
+  if (!c.csv_dir.empty())
+    for (const std::string& path : csv_paths(c.csv_dir)) outputs.emplace_back("--csv", path);
+  check_distinct_outputs(outputs);
   check_folders_apart({{"--csv DIR", c.csv_dir}}, {{"--json FILE", c.json_path}, {"--trace FILE", c.trace_path}});
   return c;
 }

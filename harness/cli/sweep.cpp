@@ -267,7 +267,6 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
     const std::filesystem::path old_log = std::filesystem::path(opts.out) / kFailedJobLog;
     if (std::filesystem::is_regular_file(old_log, ec)) std::filesystem::remove(old_log, ec);
   }
-  if (!opts.csv.empty()) check_csv_dir(opts.csv);
   std::vector<json> runs;
   json first_provenance;
   std::string error, failed_label, failed_stderr;

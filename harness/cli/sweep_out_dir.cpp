@@ -57,8 +57,7 @@ void check_outputs_apart(const SweepOptions& opts) {
       {"--out (its failed-job log)", (out / kFailedJobLog).string()},
   };
   if (!opts.csv.empty()) {
-    files.emplace_back("--csv", (fs::path(opts.csv) / "data_parallel.csv").string());
-    files.emplace_back("--csv", (fs::path(opts.csv) / "pipeline.csv").string());
+    for (const std::string& path : csv_paths(opts.csv)) files.emplace_back("--csv", path);
   }
   files.emplace_back("--trace", opts.trace);
   files.emplace_back("--report", opts.report);
@@ -73,7 +72,7 @@ void check_sweep_outputs(const SweepOptions& opts) {
   check_outputs_apart(opts);
   std::vector<fs::path> to_make = check_dir_usable(opts.out, "--out DIR", {"shardscope.json"});
   if (!opts.csv.empty()) {
-    const std::vector<fs::path> csv = check_dir_usable(opts.csv, "--csv DIR", csv_file_names());
+    const std::vector<fs::path> csv = check_csv_dir(opts.csv);
     to_make.insert(to_make.end(), csv.begin(), csv.end());
   }
   for (const auto& [path, flag] : {std::pair{opts.trace, "--trace FILE"}, std::pair{opts.report, "--report FILE"}}) {

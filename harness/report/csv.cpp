@@ -152,6 +152,12 @@ const std::vector<std::string>& csv_file_names() {
   return names;
 }
 
+std::vector<std::string> csv_paths(const std::string& dir) {
+  std::vector<std::string> paths;
+  for (const std::string& name : csv_file_names()) paths.push_back((fs::path(dir) / name).string());
+  return paths;
+}
+
 std::vector<fs::path> check_csv_dir(const std::string& dir) {
   if (dir.empty()) throw UsageError("--csv DIR: needs a directory");
   return check_dir_usable(dir, "--csv DIR", csv_file_names());
@@ -161,8 +167,9 @@ void write_csv_files(const json& doc, const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw RunError("cannot create '" + dir + "' for --csv: " + ec.message());
-  write_file_atomic((fs::path(dir) / "data_parallel.csv").string(), data_parallel_csv(doc));
-  write_file_atomic((fs::path(dir) / "pipeline.csv").string(), pipeline_csv(doc));
+  const std::vector<std::string> paths = csv_paths(dir);
+  write_file_atomic(paths[0], data_parallel_csv(doc));
+  write_file_atomic(paths[1], pipeline_csv(doc));
 }
 
 }  // namespace shardscope

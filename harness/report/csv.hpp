@@ -23,8 +23,9 @@ std::string csv_field(const std::string& text);
 std::string data_parallel_csv(const nlohmann::json& doc);
 std::string pipeline_csv(const nlohmann::json& doc);
 
-// The files written in DIR: data_parallel.csv and pipeline.csv.
+// The files written in DIR: data_parallel.csv and pipeline.csv; and their paths in DIR.
 const std::vector<std::string>& csv_file_names();
+std::vector<std::string> csv_paths(const std::string& dir);
 
 // Before any work, creating nothing: DIR is a directory where both files can be written,
 // or one that can be made (json_io.hpp: check_dir_usable). Returns the folders that
