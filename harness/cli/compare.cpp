@@ -104,7 +104,7 @@ std::string model_tag(const json& model, bool detailed) {
 }
 
 // Run labels name no model, as a sweep runs one; files from different models would
-// list "ddp W=2 units=all" as only in base and again as only in new. A label shared by
+// list "zero2 W=2 units=all" as only in base and again as only in new. A label shared by
 // runs of different models gets the model (", model 8x256 b32").
 class RunLabels {
  public:

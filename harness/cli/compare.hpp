@@ -19,7 +19,7 @@ namespace shardscope {
 // units, prefetch, DDP bucket, micro-batches, chunks and model; ranks (stages) by
 // number. Backend, communicator and emulation are what a comparison is for, so they
 // are not part of the match. A label that runs of different models share gets the
-// model ("ddp W=2 units=all, model 8x256 b32"). Expects documents that
+// model ("zero2 W=2 units=all, model 8x256 b32"). Expects documents that
 // check_compare_input accepted (compare_input.hpp).
 nlohmann::json compare_documents(const nlohmann::json& base, const std::string& base_path,
                                  const nlohmann::json& fresh, const std::string& new_path);

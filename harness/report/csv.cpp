@@ -56,13 +56,6 @@ std::vector<const json*> runs_of(const json& doc, const std::string& kind) {
   return out;
 }
 
-// What applies to a strategy, as the tables print it: units and prefetch to zero2 and
-// zero3, the DDP bucket to ddp and zero1 (which runs under DDP).
-bool uses_units(const json& run) {
-  const json* s = cells::at(run, {"strategy"});
-  return !s || !s->is_string() || (s->get<std::string>() != "ddp" && s->get<std::string>() != "zero1");
-}
-
 // Communication bytes per step: the rank's comm_bytes, else the sum over kinds.
 std::string comm_bytes(const json& rank) {
   if (const json* b = cells::at(rank, {"comm_bytes"})) return value(b);

@@ -44,11 +44,6 @@ Bar make_bar(const json* figures, const json* total, const json* predicted) {
   return b;
 }
 
-bool uses_units(const json& run) {
-  const json* s = cells::at(run, {"strategy"});
-  return !s || !s->is_string() || (s->get<std::string>() != "ddp" && s->get<std::string>() != "zero1");
-}
-
 std::string bar_tip(const std::string& who, const char* what, const Bar& b) {
   std::string tip = who + ", " + what + ": " + cells::group_digits(b.total) + " B";
   if (b.has_predicted) tip += " (predicted " + cells::group_digits(b.predicted) + " B)";

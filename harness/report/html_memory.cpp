@@ -144,9 +144,7 @@ std::string panel_svg(const Panel& p, double ymax_ticks, const std::vector<doubl
 std::string caption(const Panel& p) {
   const json& run = *p.run;
   std::string c = "<b>" + escape(cells::text(cells::at(run, {"strategy"}))) + "</b>";
-  const json* s = cells::at(run, {"strategy"});
-  if (!s || !s->is_string() || (s->get<std::string>() != "ddp" && s->get<std::string>() != "zero1"))
-    c += " · " + escape(units_setting(run));
+  if (uses_units(run)) c += " · " + escape(units_setting(run));
   if (p.rank) c += " · rank " + escape(cells::text(cells::at(*p.rank, {"rank"})));
   c += escape(ranks_note(p.ranks));
   if (!p.view.memory.empty())  // the first row is the state at the start, not an event

@@ -58,6 +58,11 @@ std::string setup_line(const json& run, const json& doc) {
   return line;
 }
 
+bool uses_units(const json& run) {
+  const json* s = cells::at(run, {"strategy"});
+  return !s || !s->is_string() || (s->get<std::string>() != "ddp" && s->get<std::string>() != "zero1");
+}
+
 std::string run_label(const json& run) {
   std::string label;
   const bool pipeline = is_pipeline(run);
@@ -65,10 +70,7 @@ std::string run_label(const json& run) {
   label += name ? cells::text(name) : (pipeline ? "pipeline" : "data parallel");
   if (const json* w = cells::at(run, {"world"})) label += (pipeline ? " S=" : " W=") + cells::text(w);
   if (!pipeline) {
-    // Units shape zero2 and zero3 only (ddp and zero1 accept --units to no effect).
-    const std::string strategy = name ? cells::text(name) : std::string();
-    if (const json* k = cells::at(run, {"layers_per_unit"}); k && strategy != "ddp" && strategy != "zero1")
-      label += " " + units_label(k);
+    if (const json* k = cells::at(run, {"layers_per_unit"}); k && uses_units(run)) label += " " + units_label(k);
   } else {
     if (const json* m = cells::at(run, {"microbatches"})) label += " M=" + cells::text(m);
     if (const json* v = cells::at(run, {"chunks"})) label += " chunks=" + cells::text(v);

@@ -124,13 +124,6 @@ std::vector<std::string> extra_categories(const std::vector<Row>& rows) {
   return names;
 }
 
-// What a strategy uses: units and prefetch matter to zero2/zero3 only, the DDP bucket
-// to ddp and zero1 (which runs under DDP); elsewhere the cell says "-".
-bool uses_units(const json& run) {
-  const json* s = cells::at(run, {"strategy"});
-  return !s || !s->is_string() || (s->get<std::string>() != "ddp" && s->get<std::string>() != "zero1");
-}
-
 void print_group(const std::vector<const json*>& runs, const json& doc, std::ostream& os) {
   const json& first = *runs.front();
   const json& model = first.contains("model") ? first["model"] : kEmpty;

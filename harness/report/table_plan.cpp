@@ -50,7 +50,7 @@ std::string fits_cell(const json& record, const json& plan) {
 // "zero3 1 layer/unit", "zero2 units=all"; ddp and zero1 have no units.
 std::string data_parallel_name(const json& run) {
   const std::string strategy = cells::text(cells::at(run, {"strategy"}));
-  return strategy == "ddp" || strategy == "zero1" ? strategy : strategy + " " + units_setting(run);
+  return uses_units(run) ? strategy + " " + units_setting(run) : strategy;
 }
 
 // With --memory: per configuration (strategy and units, or schedule, M and chunks),
