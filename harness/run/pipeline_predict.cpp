@@ -173,11 +173,6 @@ std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& 
   return predict_peak(model, layout, stage, lower(layout.schedule).at(stage)).total();
 }
 
-std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& layout, int stage,
-                                const StageProgram& program) {
-  return predict_peak(model, layout, stage, program).total();
-}
-
 CategoryBytes predict_peak(const ModelConfig& model, const PipelineLayout& layout, int stage,
                            const StageProgram& program) {
   const Schedule& s = layout.schedule;

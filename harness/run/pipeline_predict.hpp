@@ -53,10 +53,6 @@ CategoryBytes predict_resting(const ModelConfig& model, const PipelineLayout& la
 // act_in and the tape go at B (W when split). The peak is the max after every allocation;
 // the optimizer allocates nothing.
 std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& layout, int stage);
-// The same with the stage's lowered program given (lower(layout.schedule)[stage]): a
-// caller predicting every stage lowers the schedule once, not once per stage.
-std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& layout, int stage,
-                                const StageProgram& program);
 // What the walk holds at its peak, per category (its total is predict_peak_total): the
 // batch, the target, unsaved outputs, the loss scalar and gradients computed here are
 // temp; saved outputs and received activations activation; received gradients comm.

@@ -85,7 +85,10 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
   const PipelineLayout& layout = stage.layout();
   const Schedule& sched = layout.schedule;
   const int s = stage.stage();
-  const std::int64_t predicted_peak = predict_peak_total(cfg.model, layout, s, stage.program());
+  // The closed forms once: their peak walk is what the memory check compares, and what
+  // the record prints beside the measured figures.
+  const nlohmann::json predicted = stage_prediction_json(cfg.model, layout, s, stage.program());
+  const std::int64_t predicted_peak = predicted["peak_total"].get<std::int64_t>();
   check_memory(predicted_peak, backend, comm.rank());
   // Untracked host bookkeeping grows with the schedule (every stage's action list, its
   // lowering and validation) and with the saves this stage records per micro-batch and
@@ -132,7 +135,7 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
                 {"peak_live_bytes", saved.peak_live_bytes()},
                 {"total_tensors", saved.total()},
                 {"before_first_backward", saved.before_first_backward()}};
-  r["predicted"] = stage_prediction_json(cfg.model, layout, s, stage.program());
+  r["predicted"] = predicted;
   r["resting"] = category_json(tr.current());
   const PeakRecord& peak = tr.peak();
   r["peak"] = {{"total", peak.total},
