@@ -228,14 +228,19 @@ std::string signal_text(int signal) {
   return "signal " + std::to_string(signal) + (name ? std::string(" (") + name + ")" : "");
 }
 
-std::string interrupt_text(int signal) {
+const char* interrupt_name(int signal) noexcept {
   switch (signal) {
     case SIGINT: return "SIGINT";
     case SIGTERM: return "SIGTERM";
     case SIGHUP: return "SIGHUP";
     case SIGQUIT: return "SIGQUIT";
-    default: return signal_text(signal);
+    default: return nullptr;
   }
+}
+
+std::string interrupt_text(int signal) {
+  const char* name = interrupt_name(signal);
+  return name != nullptr ? name : signal_text(signal);
 }
 
 std::string find_executable(const std::string& name) {

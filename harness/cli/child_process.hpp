@@ -57,8 +57,11 @@ std::string describe(const ChildResult& r, int timeout_s);
 // "signal 2 (Interrupt)".
 std::string signal_text(int signal);
 
-// The name of a signal that interrupts a sweep, as `run` says it: "SIGINT", "SIGTERM",
-// "SIGHUP", "SIGQUIT" (any other as signal_text).
+// The name of an interrupting signal: "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT"; nullptr
+// for any other. Async-signal-safe (run's handler uses it).
+const char* interrupt_name(int signal) noexcept;
+
+// The same for messages: any other signal as signal_text.
 std::string interrupt_text(int signal);
 
 // The first executable `name` on PATH ("" when none); a name with a '/' is returned

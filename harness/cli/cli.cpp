@@ -19,6 +19,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "harness/cli/child_process.hpp"
 #include "harness/cli/compare.hpp"
 #include "harness/cli/plan.hpp"
 #include "harness/cli/sweep.hpp"
@@ -293,7 +294,8 @@ extern "C" void on_run_interrupt(int sig) {
   char line[384];
   std::size_t n = 0;
   for (std::size_t i = 0; i < g_interrupt_length && n < sizeof(line) - 16; ++i) line[n++] = g_interrupt_line[i];
-  const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "SIGQUIT";
+  const char* name = interrupt_name(sig);  // only these four are handled here
+  if (name == nullptr) name = "a signal";
   for (const char* c = name; *c != '\0'; ++c) line[n++] = *c;
   if (sig == SIGTERM)
     for (const char* c = g_interrupt_suffix; *c != '\0' && n < sizeof(line) - 1; ++c) line[n++] = *c;

@@ -1,6 +1,5 @@
 #include "harness/cli/compare.hpp"
 
-#include <algorithm>
 #include <iostream>
 #include <map>
 #include <set>

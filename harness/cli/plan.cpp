@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <iostream>
 #include <optional>
-#include <stdexcept>
 #include <utility>
 
 #include "harness/cli/cli.hpp"
@@ -94,7 +92,7 @@ json plan_header(json run) {
 }
 
 json plan_data_parallel(const RunConfig& cfg, int world, const std::optional<std::int64_t>& memory) {
-  validate_data_parallel(cfg, world);
+  validate_data_parallel(cfg);
   json run = plan_header(data_parallel_header(cfg, world));
   // Consecutive ranks with the same figures share one entry: a world of 65,536 ranks
   // stays a few lines (zero1's whole-tensor partition makes a few groups at most; every

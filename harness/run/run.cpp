@@ -69,8 +69,7 @@ CommOptions choose_comm(const RunConfig& cfg, const std::string& backend, const 
 
 }  // namespace
 
-void validate_data_parallel(const RunConfig& cfg, int world) {
-  (void)world;
+void validate_data_parallel(const RunConfig& cfg) {
   // --units shapes zero2 and zero3 only (DESIGN §3: accepted, no effect, elsewhere).
   const bool sharded = cfg.strategy == "zero2" || cfg.strategy == "zero3";
   if (sharded && cfg.layers_per_unit > cfg.model.layers)
@@ -205,7 +204,7 @@ void run_job(RunConfig cfg, MpiSession& mpi) {
   if (cfg.pipeline())
     validate_pipeline(cfg, world);
   else
-    validate_data_parallel(cfg, world);
+    validate_data_parallel(cfg);
   check_output_paths(cfg, mpi);
 
   std::unique_ptr<Backend> backend;

@@ -12,10 +12,10 @@ namespace shardscope {
 // (exit 2) or RunError (exit 3).
 void run_job(RunConfig cfg, MpiSession& mpi);
 
-// Refuses (UsageError) what a data-parallel job of `world` ranks cannot run: zero2 or
+// Refuses (UsageError) what a data-parallel job cannot run at any world: zero2 or
 // zero3 with more layers per unit than layers. (zero1 with more ranks than parameter
 // tensors runs, as torch's ZeroRedundancyOptimizer does: some ranks own nothing.)
-void validate_data_parallel(const RunConfig& cfg, int world);
+void validate_data_parallel(const RunConfig& cfg);
 
 // A data-parallel run's fields before its ranks (DESIGN §7): kind, strategy, world,
 // units, layers_per_unit, prefetch, ddp_bucket, bucket_mb, steps, timed_steps, seed, model.
