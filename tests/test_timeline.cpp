@@ -288,7 +288,7 @@ Measured run_strategy(const RunConfig& cfg, int world, int rank, bool record, Ti
   }
   if (out) *out = be.tracker().timeline();
   const Tracker& t = be.tracker();
-  return {t.current(), t.peak(), strategy->describe(t.peak().place), comm->ledger().total_bytes()};
+  return {t.current(), t.peak(), describe_place(t.peak().place), comm->ledger().total_bytes()};
 }
 
 TEST(Timeline, RecordingDoesNotChangeTheBytesMeasured) {

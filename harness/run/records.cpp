@@ -88,7 +88,7 @@ nlohmann::json memory_row(std::int64_t t_ns, const CategoryBytes& b) {
 
 }  // namespace
 
-nlohmann::json timeline_json(const Timeline& t, const std::function<std::string(const Place&)>& describe) {
+nlohmann::json timeline_json(const Timeline& t) {
   nlohmann::json j;
   j["unit"] = "ms since the run started";
   j["coalesced"] = t.coalesced();
@@ -101,7 +101,7 @@ nlohmann::json timeline_json(const Timeline& t, const std::function<std::string(
   memory.push_back(memory_row(0, t.start_state()));
   for (const TimelineSample& s : t.samples()) memory.push_back(memory_row(s.t_ns, s.bytes));
   for (const PhaseMark& m : t.marks())
-    marks.push_back({ms(m.t_ns), std::string(phase_name(m.phase)), describe(m.place)});
+    marks.push_back({ms(m.t_ns), std::string(phase_name(m.phase)), describe_place(m.place)});
   j["memory"] = std::move(memory);
   j["marks"] = std::move(marks);
   j["dropped_marks"] = t.dropped_marks();

@@ -1,7 +1,6 @@
 // Measurement records rendered as the JSON of DESIGN §7.
 #pragma once
 
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -33,7 +32,6 @@ void add_allocator_figures(Backend& backend, nlohmann::json& record);
 //    "marks": [[t_ms, phase, place], ...]  (where the marked phase/place changes),
 //    "spans": [{"name", "start_ms", "end_ms", "depth", "bytes" (collectives and p2p
 //              only)}, ...]  (by start; a parent before its children), "dropped_spans"}
-nlohmann::json timeline_json(const Timeline& timeline,
-                             const std::function<std::string(const Place&)>& describe = describe_place);
+nlohmann::json timeline_json(const Timeline& timeline);
 
 }  // namespace shardscope

@@ -112,7 +112,7 @@ nlohmann::json run_data_parallel(const RunConfig& cfg, Backend& backend, Communi
   const PeakRecord& peak = tr.peak();
   r["peak"] = {{"total", peak.total},
                {"phase", std::string(phase_name(peak.phase))},
-               {"where", strategy->describe(peak.place)},
+               {"where", describe_place(peak.place)},
                {"by_category", category_json(peak.by_category)}};
   r["predicted"] = prediction_json(pred);
   add_allocator_figures(backend, r);
@@ -124,7 +124,7 @@ nlohmann::json run_data_parallel(const RunConfig& cfg, Backend& backend, Communi
   r["comm_ms_all"] = comm_ms;
   r["loss"] = losses;
   if (tr.recording())
-    r["timeline"] = timeline_json(tr.timeline(), [&](const Place& p) { return strategy->describe(p); });
+    r["timeline"] = timeline_json(tr.timeline());
   return r;
 }
 

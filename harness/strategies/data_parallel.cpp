@@ -4,8 +4,6 @@
 
 namespace shardscope {
 
-std::string Strategy::describe(const Place& place) const { return describe_place(place); }
-
 DataParallelStrategy::DataParallelStrategy(const StrategyContext& ctx)
     : cfg_(ctx.cfg), backend_(ctx.backend), comm_(ctx.comm), mlp_(ctx.backend, ctx.cfg.model, saved_) {}
 

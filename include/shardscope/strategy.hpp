@@ -39,8 +39,6 @@ class Strategy {
   virtual HostState gather_state() = 0;
   // U: how many units parameters are gathered in (1 for ddp and zero1).
   virtual int units() const { return 1; }
-  // Describes a Place recorded by the tracker ("unit 0", "layer 3").
-  virtual std::string describe(const Place& place) const;
 };
 
 std::unique_ptr<Strategy> make_strategy(const StrategyContext& ctx);

@@ -38,7 +38,7 @@ inline DpResult run_dp(const RunConfig& cfg, Backend& backend, Communicator& com
   }
   r.resting = backend.tracker().current();
   r.peak = backend.tracker().peak();
-  r.where = strategy->describe(r.peak.place);
+  r.where = describe_place(r.peak.place);
   r.ledger = comm.ledger();
   if (gather) r.state = strategy->gather_state();
   return r;
