@@ -26,8 +26,6 @@ json field(const json& j, const char* key) {
   return v ? *v : json();
 }
 
-bool is_pipeline(const json& run) { return field(run, "kind") == "pipeline"; }
-
 // What makes two runs the same configuration.
 json match_key(const json& run) {
   json key = json::array();
@@ -37,7 +35,7 @@ json match_key(const json& run) {
   return key;
 }
 
-bool comparable(const json& run) { return run.is_object() && field(run, "skipped") != true; }
+bool comparable(const json& run) { return run.is_object() && !is_skipped(run); }
 
 const json& members(const json& run) {
   static const json kNone = json::array();

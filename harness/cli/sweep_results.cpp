@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "harness/report/provenance.hpp"
+#include "harness/report/table.hpp"
 #include "harness/run/run_pipeline.hpp"
 #include "shardscope/check.hpp"
 
@@ -14,8 +15,6 @@ namespace shardscope {
 namespace {
 
 using nlohmann::json;
-
-bool is_skipped(const json& run) { return run.value("skipped", false) == true; }
 
 // The runs' common value of `key`, "mixed" when they differ, `none` when no run has it.
 json common_value(const std::vector<json>& runs, const char* key, const json& none) {

@@ -12,17 +12,6 @@ namespace {
 
 using nlohmann::json;
 
-bool is_pipeline(const json& run) {
-  if (const json* kind = cells::at(run, {"kind"}); kind && kind->is_string())
-    return kind->get<std::string>() == "pipeline";
-  return run.contains("stages") || run.contains("schedule");
-}
-
-bool is_skipped(const json& run) {
-  const json* s = cells::at(run, {"skipped"});
-  return s && s->is_boolean() && s->get<bool>();
-}
-
 // The run's own field, else the document's.
 const json* setup_field(const json& run, const json& doc, const char* key) {
   if (const json* v = cells::at(run, {key})) return v;
@@ -56,6 +45,17 @@ std::string setup_line(const json& run, const json& doc) {
   if (emulated && emulated->is_boolean() && emulated->get<bool>())
     line += ", emulated (times are compute only)";
   return line;
+}
+
+bool is_pipeline(const json& run) {
+  if (const json* kind = cells::at(run, {"kind"}); kind && kind->is_string())
+    return kind->get<std::string>() == "pipeline";
+  return run.contains("stages") || run.contains("schedule");
+}
+
+bool is_skipped(const json& run) {
+  const json* s = cells::at(run, {"skipped"});
+  return s && s->is_boolean() && s->get<bool>();
 }
 
 bool uses_units(const json& run) {

@@ -65,7 +65,7 @@ void print_verdicts(const json& plan, std::ostream& os) {
   for (const json& run : plan["plans"]) {
     const json* fits = cells::at(run, {"fits_every_rank"});
     if (!fits || !fits->is_boolean()) continue;
-    const bool pipeline = run["kind"] == "pipeline";
+    const bool pipeline = is_pipeline(run);
     const std::string name =
         pipeline ? cells::text(cells::at(run, {"schedule"})) + " M=" + cells::text(cells::at(run, {"microbatches"})) +
                        (cells::text(cells::at(run, {"chunks"})) == "1" ? "" : " chunks=" + cells::text(cells::at(run, {"chunks"})))
@@ -156,8 +156,8 @@ void print_pipeline(const std::vector<const json*>& runs, const json& plan, std:
 void print_plan(const json& plan, std::ostream& os) {
   std::vector<const json*> data_parallel, pipeline, skipped;
   for (const json& p : plan["plans"]) {
-    if (p.value("skipped", false)) skipped.push_back(&p);
-    else if (p["kind"] == "pipeline") pipeline.push_back(&p);
+    if (is_skipped(p)) skipped.push_back(&p);
+    else if (is_pipeline(p)) pipeline.push_back(&p);
     else data_parallel.push_back(&p);
   }
   const std::string memory = plan["memory_bytes"].is_null()

@@ -9,6 +9,7 @@
 
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
+#include "harness/report/table.hpp"
 
 namespace shardscope {
 namespace {
@@ -156,7 +157,7 @@ void add_memory(const json& timeline, const json& record, std::int64_t pid, json
 }  // namespace
 
 std::string trace_process_name(const json& run, const json& record) {
-  const bool pipeline = run.contains("stages") || run.value("kind", std::string()) == "pipeline";
+  const bool pipeline = is_pipeline(run);
   std::string name;
   if (pipeline) {
     name = field_text(run, "schedule") + " S=" + field_text(run, "world");
