@@ -43,11 +43,6 @@ const json& members(const json& run) {
   return list && list->is_array() ? *list : kNone;
 }
 
-std::string signed_bytes(std::int64_t d) {
-  const std::string digits = cells::group_digits(d < 0 ? -d : d);
-  return (d < 0 ? "-" : "+") + digits + " B";
-}
-
 // Every byte figure of a rank or stage that differs between base and new, in words.
 json differences(const json& base, const json& fresh) {
   json out = json::array();
@@ -61,7 +56,7 @@ json differences(const json& base, const json& fresh) {
     }
     if (*a == *b) return;
     std::int64_t x = 0, y = 0;
-    if (cells::as_int(a, &x) && cells::as_int(b, &y)) out.push_back(what + " " + signed_bytes(y - x));
+    if (cells::as_int(a, &x) && cells::as_int(b, &y)) out.push_back(what + " " + cells::signed_digits(y - x) + " B");
     else out.push_back(what + " " + json_text(*a) + " -> " + json_text(*b));
   };
   for (const std::string_view c : kCategoryNames) {

@@ -50,6 +50,8 @@ std::string group_digits(std::int64_t n) {
   return out;
 }
 
+std::string signed_digits(std::int64_t n) { return (n >= 0 ? "+" : "") + group_digits(n); }
+
 std::string bytes(const nlohmann::json* v) {
   std::int64_t n = 0;
   return as_int(v, &n) ? group_digits(n) : kMissing;

@@ -22,6 +22,8 @@ bool as_double(const nlohmann::json* v, double* out);
 
 // "8,421,440".
 std::string group_digits(std::int64_t n);
+// A difference with its sign: "+32,768", "-1,024", "+0".
+std::string signed_digits(std::int64_t n);
 // A byte count with thousands separators, or "-".
 std::string bytes(const nlohmann::json* v);
 // bytes / base with 3 decimals ("4.000"), or "-" when either is missing or base is 0.

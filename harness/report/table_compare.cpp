@@ -21,8 +21,7 @@ std::string delta(const json& rank, const char* field) {
   std::int64_t a = 0, b = 0;
   if (!cells::as_int(cells::at(rank, {"base", field}), &a) || !cells::as_int(cells::at(rank, {"new", field}), &b))
     return cells::kMissing;
-  if (a == b) return "=";
-  return (b > a ? "+" : "-") + cells::group_digits(b > a ? b - a : a - b);
+  return a == b ? "=" : cells::signed_digits(b - a);
 }
 
 double step_of(const json& rank, const char* which) {
