@@ -52,6 +52,12 @@ std::string group_digits(std::int64_t n) {
 
 std::string signed_digits(std::int64_t n) { return (n >= 0 ? "+" : "") + group_digits(n); }
 
+std::string measured_bytes(const nlohmann::json* measured, const nlohmann::json* predicted) {
+  std::string cell = bytes(measured);
+  if (measured && predicted && *measured != *predicted) cell += " ! " + bytes(predicted);
+  return cell;
+}
+
 std::string bytes(const nlohmann::json* v) {
   std::int64_t n = 0;
   return as_int(v, &n) ? group_digits(n) : kMissing;

@@ -26,6 +26,8 @@ std::string group_digits(std::int64_t n);
 std::string signed_digits(std::int64_t n);
 // A byte count with thousands separators, or "-".
 std::string bytes(const nlohmann::json* v);
+// The measured bytes, followed by " ! <predicted>" when a prediction differs from them.
+std::string measured_bytes(const nlohmann::json* measured, const nlohmann::json* predicted);
 // bytes / base with 3 decimals ("4.000"), or "-" when either is missing or base is 0.
 std::string multiple(const nlohmann::json* v, const nlohmann::json* base);
 // A number with `decimals` places, or "-".

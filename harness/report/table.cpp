@@ -135,11 +135,8 @@ void print_live_at_peak(const std::vector<std::string>& head_names, const std::v
   for (const LiveRow& row : rows) {
     std::vector<std::string> line = row.head;
     for (const std::string& c : live) {
-      const json* measured = cells::at(*row.record, {"peak", "by_category", c.c_str()});
-      const json* predicted = cells::at(*row.record, {"predicted", "peak_by_category", c.c_str()});
-      std::string cell = cells::bytes(measured);
-      if (predicted && measured && *predicted != *measured) cell += " ! " + cells::bytes(predicted);
-      line.push_back(std::move(cell));
+      line.push_back(cells::measured_bytes(cells::at(*row.record, {"peak", "by_category", c.c_str()}),
+                                           cells::at(*row.record, {"predicted", "peak_by_category", c.c_str()})));
     }
     table.add_row(std::move(line));
   }

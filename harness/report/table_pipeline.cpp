@@ -28,11 +28,7 @@ std::string layers_cell(const json* layers) {
 
 // Bytes sent and received in a step; a prediction that differs follows as "! predicted".
 std::string p2p_cell(const json& stage) {
-  const json* measured = cells::at(stage, {"comm_bytes"});
-  const json* predicted = cells::at(stage, {"predicted", "comm_bytes"});
-  std::string cell = cells::bytes(measured);
-  if (measured && predicted && *measured != *predicted) cell += " ! " + cells::bytes(predicted);
-  return cell;
+  return cells::measured_bytes(cells::at(stage, {"comm_bytes"}), cells::at(stage, {"predicted", "comm_bytes"}));
 }
 
 // "5 / 40 / 5": peak live / total / before the first backward.
