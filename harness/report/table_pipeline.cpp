@@ -73,6 +73,7 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
                   {Align::left, Align::right, Align::right, Align::right, Align::right, Align::left, Align::right,
                    Align::right, Align::right, Align::right, Align::right, Align::right, Align::right, Align::right,
                    Align::right, Align::right});
+  std::vector<LiveRow> live;  // the second table's rows: the same runs and stages
   for (const json* run : runs) {
     const std::vector<std::string> head = {cells::text(cells::at(*run, {"schedule"})),
                                            cells::text(cells::at(*run, {"microbatches"})),
@@ -93,6 +94,7 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
               cells::fixed(cells::at(stage, {"step_ms", "median"}), 3)})
           row.push_back(std::move(cell));
         table.add_row(std::move(row));
+        live.push_back({{head[0], head[1], head[2], cells::text(cells::at(stage, {"stage"}))}, &stage});
       }
     }
     if (!any) table.add_row(head);  // a run that reported no stages still shows
@@ -100,14 +102,6 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
   table.print(os, 2);
   os << '\n';
 
-  std::vector<LiveRow> live;
-  for (const json* run : runs)
-    if (const json* stages = cells::at(*run, {"stages"}); stages && stages->is_array())
-      for (const json& stage : *stages)
-        if (stage.is_object())
-          live.push_back({{cells::text(cells::at(*run, {"schedule"})), cells::text(cells::at(*run, {"microbatches"})),
-                           cells::text(cells::at(*run, {"chunks"})), cells::text(cells::at(stage, {"stage"}))},
-                          &stage});
   print_live_at_peak({"schedule", "M", "chunks", "stage"}, live, os);
 }
 
