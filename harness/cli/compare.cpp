@@ -152,13 +152,15 @@ json compare_documents(const json& base, const std::string& base_path, const jso
                        const std::string& new_path) {
   json runs = json::array(), only_base = json::array(), only_new = json::array();
   std::vector<bool> used(fresh["runs"].size(), false);
+  // The new file's keys once (null: not comparable), not once per run of the base.
+  std::vector<json> new_keys;
+  for (const json& f : fresh["runs"]) new_keys.push_back(comparable(f) ? match_key(f) : json());
   const RunLabels label(base, fresh);
   for (const json& b : base["runs"]) {
     if (!comparable(b)) continue;
     const json key = match_key(b);
     std::size_t n = 0;
-    while (n < fresh["runs"].size() && (used[n] || !comparable(fresh["runs"][n]) || match_key(fresh["runs"][n]) != key))
-      ++n;
+    while (n < new_keys.size() && (used[n] || new_keys[n].is_null() || new_keys[n] != key)) ++n;
     if (n == fresh["runs"].size()) {
       only_base.push_back(label(b));
       continue;
@@ -166,14 +168,15 @@ json compare_documents(const json& base, const std::string& base_path, const jso
     used[n] = true;
     const json& f = fresh["runs"][n];
     const char* id = is_pipeline(b) ? "stage" : "rank";
+    std::map<json, const json*> new_members;  // by rank or stage number (checked distinct)
+    for (const json& candidate : members(f)) new_members[field(candidate, id)] = &candidate;
     json ranks = json::array();
     for (const json& rb : members(b)) {
       const json number = field(rb, id);
-      const json* rf = nullptr;
-      for (const json& candidate : members(f))
-        if (field(candidate, id) == number) rf = &candidate;
-      if (!rf) continue;  // an emulated run lists the one rank it played
-      ranks.push_back({{"rank", number}, {"base", side(rb)}, {"new", side(*rf)}, {"differs", differences(rb, *rf)}});
+      const auto rf = new_members.find(number);
+      if (rf == new_members.end()) continue;  // an emulated run lists the one rank it played
+      ranks.push_back({{"rank", number}, {"base", side(rb)}, {"new", side(*rf->second)},
+                       {"differs", differences(rb, *rf->second)}});
     }
     runs.push_back({{"label", label(b)}, {"kind", field(b, "kind")}, {"model", field(b, "model")},
                     {"ranks", std::move(ranks)}});
