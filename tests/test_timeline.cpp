@@ -10,7 +10,7 @@
 
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/run/records.hpp"
-#include "harness/run/run_pipeline.hpp"
+#include "harness/pipeline/run_pipeline.hpp"
 #include "shardscope/timeline.hpp"
 #include "shardscope/tracker.hpp"
 #include "support/pipeline_configs.hpp"

@@ -13,7 +13,7 @@
 #include "harness/report/table.hpp"
 #include "harness/run/records.hpp"
 #include "harness/run/run.hpp"
-#include "harness/run/run_pipeline.hpp"
+#include "harness/pipeline/run_pipeline.hpp"
 #include "shardscope/check.hpp"
 #include "shardscope/predict.hpp"
 #include "shardscope/schedule.hpp"

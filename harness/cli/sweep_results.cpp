@@ -4,7 +4,7 @@
 
 #include "harness/report/provenance.hpp"
 #include "harness/report/table.hpp"
-#include "harness/run/run_pipeline.hpp"
+#include "harness/pipeline/run_pipeline.hpp"
 #include "shardscope/check.hpp"
 
 #ifndef SHARDSCOPE_VERSION

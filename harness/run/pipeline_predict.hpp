@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "harness/run/pipeline_stage.hpp"
+#include "harness/pipeline/pipeline_stage.hpp"
 #include "shardscope/config.hpp"
 
 namespace shardscope {

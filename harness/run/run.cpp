@@ -19,7 +19,7 @@
 #include "harness/run/memory_check.hpp"
 #include "harness/run/records.hpp"
 #include "harness/strategies/partition.hpp"
-#include "harness/run/run_pipeline.hpp"
+#include "harness/pipeline/run_pipeline.hpp"
 #include "shardscope/check.hpp"
 #include "shardscope/predict.hpp"
 #include "shardscope/strategy.hpp"

@@ -12,8 +12,8 @@
 
 #include "harness/comm/fake_comm.hpp"
 #include "harness/run/pipeline_predict.hpp"
-#include "harness/run/pipeline_stage.hpp"
-#include "harness/run/run_pipeline.hpp"
+#include "harness/pipeline/pipeline_stage.hpp"
+#include "harness/pipeline/run_pipeline.hpp"
 #include "shardscope/comm.hpp"
 #include "support/pipeline_configs.hpp"
 #include "support/dp_harness.hpp"

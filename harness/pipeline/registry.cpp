@@ -2,7 +2,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/schedules/generators.hpp"
+#include "harness/pipeline/generators.hpp"
 #include "shardscope/check.hpp"
 #include "shardscope/schedule.hpp"
 

@@ -1,4 +1,4 @@
-// Internal to harness/schedules: the lowering with its failure explained instead of
+// Internal to harness/pipeline: the lowering with its failure explained instead of
 // thrown, so that validate() can report a schedule that cannot run as a message.
 #pragma once
 

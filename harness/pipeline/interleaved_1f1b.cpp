@@ -20,7 +20,7 @@
 // warm-up is valid there too (the validator proves it) and keeps the memory formula.
 #include <algorithm>
 
-#include "harness/schedules/generators.hpp"
+#include "harness/pipeline/generators.hpp"
 
 namespace shardscope::schedules {
 

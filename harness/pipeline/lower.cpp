@@ -18,7 +18,7 @@
 // Megatron's interleaved code does by sending an iteration's outputs together.
 #include <algorithm>
 
-#include "harness/schedules/lower.hpp"
+#include "harness/pipeline/lower.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {

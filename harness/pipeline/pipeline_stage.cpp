@@ -1,4 +1,4 @@
-#include "harness/run/pipeline_stage.hpp"
+#include "harness/pipeline/pipeline_stage.hpp"
 
 #include <algorithm>
 #include <chrono>

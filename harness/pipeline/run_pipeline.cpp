@@ -1,6 +1,6 @@
 // Pipeline runs (DESIGN §4, §7): validation, the run header, one stage's record, and
 // the replayed bubbles filled in once every stage's record is gathered.
-#include "harness/run/run_pipeline.hpp"
+#include "harness/pipeline/run_pipeline.hpp"
 
 #include "harness/run/memory_check.hpp"
 
@@ -10,7 +10,7 @@
 #include <tuple>
 
 #include "harness/run/pipeline_predict.hpp"
-#include "harness/run/pipeline_stage.hpp"
+#include "harness/pipeline/pipeline_stage.hpp"
 #include "harness/run/records.hpp"
 #include "shardscope/check.hpp"
 #include "shardscope/schedule.hpp"

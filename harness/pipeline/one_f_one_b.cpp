@@ -8,7 +8,7 @@
 // advantage over GPipe, at the same bubble (S-1)/(M+S-1).
 #include <algorithm>
 
-#include "harness/schedules/generators.hpp"
+#include "harness/pipeline/generators.hpp"
 
 namespace shardscope::schedules {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/schedules/lower.hpp"
+#include "harness/pipeline/lower.hpp"
 #include "shardscope/schedule.hpp"
 
 namespace shardscope {

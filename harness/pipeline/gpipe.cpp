@@ -4,7 +4,7 @@
 // runs them. (torchgpipe ran backward in reverse; with uniform action times the
 // makespan, the bubble (S-1)/(M+S-1) and the peak of M live micro-batches are the
 // same either way, and forward order keeps every p2p channel in micro-batch order.)
-#include "harness/schedules/generators.hpp"
+#include "harness/pipeline/generators.hpp"
 
 namespace shardscope::schedules {
 

@@ -18,7 +18,7 @@
 // 3M+2S-2, a bubble of (2S-2)/(3M+2S-2) instead.
 #include <algorithm>
 
-#include "harness/schedules/generators.hpp"
+#include "harness/pipeline/generators.hpp"
 
 namespace shardscope::schedules {
 

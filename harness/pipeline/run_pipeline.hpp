@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/run/pipeline_stage.hpp"
+#include "harness/pipeline/pipeline_stage.hpp"
 #include "shardscope/backend.hpp"
 #include "shardscope/comm.hpp"
 #include "shardscope/config.hpp"
