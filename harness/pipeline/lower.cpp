@@ -48,7 +48,7 @@ std::vector<Dep> deps_of(const Schedule& s, const Action& a, int k) {
 }
 
 std::string describe(Payload p, int m, int vstage) {
-  return std::string(p == Payload::activation ? "activation" : "gradient") + "(m=" + std::to_string(m) +
+  return std::string(payload_name(p)) + "(m=" + std::to_string(m) +
          ", vstage " + std::to_string(vstage) + ")";
 }
 

@@ -86,8 +86,7 @@ PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages) {
 }
 
 std::string describe_action(const Action& a, int chunks) {
-  const char* kind = a.kind == ActionKind::F ? "F" : a.kind == ActionKind::B ? "B" : "W";
-  std::string out = std::string(kind) + "(m=" + str(a.microbatch);
+  std::string out = std::string(action_name(a.kind)) + "(m=" + str(a.microbatch);
   if (chunks > 1) out += ", chunk " + str(a.chunk);
   return out + ")";
 }
@@ -227,7 +226,7 @@ void PipelineStage::run_group(const ProgramStep& ps) {
     if (op.is_send) {
       auto it = pending_.find(key);
       SHARDSCOPE_REQUIRE(it != pending_.end(), "pipeline stage " + str(stage_) + ": nothing to send for " +
-                                                   (op.payload == Payload::activation ? "activation" : "gradient") +
+                                                   payload_name(op.payload) +
                                                    "(m=" + str(op.microbatch) + ", vstage " + str(op.vstage) + ")");
       ops.push_back({true, const_cast<float*>(it->second.data), it->second.count, op.peer});
       sent.push_back(key);

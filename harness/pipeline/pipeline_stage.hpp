@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "harness/model/adam_state.hpp"
 #include "harness/model/mlp.hpp"
 #include "harness/model/saved_tensors.hpp"
-#include "harness/strategies/replicated.hpp"
 #include "shardscope/backend.hpp"
 #include "shardscope/comm.hpp"
 #include "shardscope/config.hpp"

@@ -75,9 +75,17 @@ Schedule make_schedule(const std::string& name, int stages, int microbatches, in
   return s;
 }
 
+const char* action_name(ActionKind kind) {
+  static const char* const kNames[] = {"F", "B", "W"};  // indexed by ActionKind
+  return kNames[static_cast<int>(kind)];
+}
+
+const char* payload_name(Payload payload) {
+  return payload == Payload::activation ? "activation" : "gradient";
+}
+
 std::string to_string(const Action& a) {
-  const char* kind = a.kind == ActionKind::F ? "F" : a.kind == ActionKind::B ? "B" : "W";
-  return std::string(kind) + "(m=" + std::to_string(a.microbatch) + ", chunk " +
+  return std::string(action_name(a.kind)) + "(m=" + std::to_string(a.microbatch) + ", chunk " +
          std::to_string(a.chunk) + ")";
 }
 

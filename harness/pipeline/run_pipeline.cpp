@@ -19,8 +19,6 @@ namespace shardscope {
 
 namespace {
 
-const char* kind_name(ActionKind k) { return k == ActionKind::F ? "F" : k == ActionKind::B ? "B" : "W"; }
-
 nlohmann::json layer_range(const PipelineLayout& layout, int vstage) {
   return nlohmann::json::array({layout.first_layer(vstage), layout.end_layer(vstage) - 1});
 }
@@ -154,7 +152,7 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
   nlohmann::json actions = nlohmann::json::array();
   for (const ActionTiming& t : stage.action_ms()) {
     busy += t.ms;
-    actions.push_back({{"action", kind_name(t.action.kind)},
+    actions.push_back({{"action", action_name(t.action.kind)},
                        {"microbatch", t.action.microbatch},
                        {"chunk", t.action.chunk},
                        {"ms", t.ms}});
@@ -218,9 +216,9 @@ nlohmann::json fill_replayed_bubbles(const RunConfig& cfg, nlohmann::json& stage
   }
   for (int st = 0; st < S; ++st)
     for (const Action& a : sched.actions[st])
-      if (!ms.count({st, kind_name(a.kind)[0], a.microbatch, a.chunk})) return nullptr;
+      if (!ms.count({st, action_name(a.kind)[0], a.microbatch, a.chunk})) return nullptr;
   const ReplayResult r = replay(sched, [&](int st, const Action& a) {
-    return ms.at({st, kind_name(a.kind)[0], a.microbatch, a.chunk});
+    return ms.at({st, action_name(a.kind)[0], a.microbatch, a.chunk});
   });
   for (int st = 0; st < S; ++st) {
     (*by_stage[st])["bubble_fraction_replayed"] = r.bubble_fraction[st];

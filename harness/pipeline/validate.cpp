@@ -18,7 +18,7 @@ namespace {
 std::string str(int i) { return std::to_string(i); }
 
 std::string describe(const P2p& op) {
-  return std::string(op.payload == Payload::activation ? "activation" : "gradient") +
+  return std::string(payload_name(op.payload)) +
          "(m=" + str(op.microbatch) + ", vstage " + str(op.vstage) + ")";
 }
 

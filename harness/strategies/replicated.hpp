@@ -6,16 +6,10 @@
 
 #include <vector>
 
+#include "harness/model/adam_state.hpp"
 #include "harness/strategies/data_parallel.hpp"
 
 namespace shardscope {
-
-// AdamW state of one parameter tensor (or flat shard): torch's layout.
-struct AdamState {
-  Buffer exp_avg;     // same shape as the parameter, optim
-  Buffer exp_avg_sq;  // same shape as the parameter, optim
-  Buffer step;        // one fp32 scalar (4 bytes), optim
-};
 
 class ReplicatedStrategy : public DataParallelStrategy {
  public:
@@ -46,7 +40,6 @@ class ReplicatedStrategy : public DataParallelStrategy {
   std::vector<std::pair<std::int64_t, std::int64_t>> buckets_;  // (offset, count) in reduce order
 };
 
-AdamState make_adam_state(Backend& backend, std::size_t count);
 std::vector<std::pair<std::int64_t, std::int64_t>> ddp_buckets(const ModelConfig& m, double bucket_mb);
 
 }  // namespace shardscope

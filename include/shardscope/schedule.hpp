@@ -20,6 +20,10 @@ namespace shardscope {
 // weight-gradient half (zero-bubble schedules). Without split_backward, B does both.
 enum class ActionKind { F, B, W };
 
+// The one spelling of each kind ("F", "B", "W"): lists, records, errors and the
+// replayed bubble's parser all use it.
+const char* action_name(ActionKind kind);
+
 struct Action {
   ActionKind kind;
   int microbatch;  // 0..M-1
@@ -60,6 +64,9 @@ std::string to_string(const Action& a);
 // ---- lowering: per-stage programs with explicit point-to-point groups ----------------
 
 enum class Payload { activation, gradient };
+
+// "activation", "gradient"
+const char* payload_name(Payload payload);
 
 // One op of a p2p group. `vstage` is the virtual stage that PRODUCED the payload: the
 // activation of F(m, k) is labelled k (its consumer runs F(m, k+1)); the input gradient

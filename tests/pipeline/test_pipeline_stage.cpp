@@ -324,7 +324,7 @@ TEST(pipeline, ReplayedBubbleFromActionTimes) {
     for (int s = S - 1; s >= 0; --s) {  // any order
       nlohmann::json actions = nlohmann::json::array();
       for (const Action& a : sched.actions[s])
-        actions.push_back({{"action", a.kind == ActionKind::F ? "F" : a.kind == ActionKind::B ? "B" : "W"},
+        actions.push_back({{"action", action_name(a.kind)},
                            {"microbatch", a.microbatch},
                            {"chunk", a.chunk},
                            {"ms", 1.0}});
