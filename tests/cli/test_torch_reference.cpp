@@ -1,5 +1,5 @@
-// PyTorch's own CPU allocator, measured (tests/reference/torch-1.13-cpu.json, a copy of
-// ../shared/reference/): every strategy's resting bytes per rank, torch's default DDP
+// PyTorch's own CPU allocator, measured (tests/reference/torch-1.13-cpu.json, the tests'
+// own copy of the reference figures): every strategy's resting bytes per rank, torch's default DDP
 // bucket included, reproduced to the byte through the real binary, each rank emulated.
 #include <gtest/gtest.h>
 
