@@ -68,7 +68,7 @@ TEST(HtmlReport, OneRestingAndOnePeakBarPerRankPerRunWithPredictedMarks) {
     EXPECT_NE(clusters[i].find("peak: backward"), std::string::npos) << clusters[i];
     EXPECT_NE(clusters[i].find("at unit 3"), std::string::npos);
   }
-  EXPECT_NE(clusters[0].find("data-run=\"zero2 W=2 1 layer/unit\""), std::string::npos);
+  EXPECT_NE(clusters[0].find("data-run=\"zero2 W=2 units=1\""), std::string::npos);
   EXPECT_NE(clusters[2].find("data-run=\"zero3 W=2 units=all\""), std::string::npos);
   // Category colours and the legend of all eight categories.
   for (const char* c : kTimelineCategories)
@@ -78,7 +78,7 @@ TEST(HtmlReport, OneRestingAndOnePeakBarPerRankPerRunWithPredictedMarks) {
 
 TEST(HtmlReport, MemoryChartsPerDistinctRankElseNoTimeline) {
   const std::string html = render_html_report(report_document(), "x");
-  // zero2 and zero3 (1 layer/unit): both ranks alike, one chart each; the root-unit
+  // zero2 and zero3 (units=1): both ranks alike, one chart each; the root-unit
   // zero3 and ddp runs recorded no timeline.
   EXPECT_EQ(count(html, "<svg class=\"memory\""), 2);
   EXPECT_EQ(count(html, "<svg class=\"memory none\""), 2);

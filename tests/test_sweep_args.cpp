@@ -48,8 +48,8 @@ TEST(SweepPlan, NoArgumentsRunsTheSeedsExperiment) {
   EXPECT_EQ(jobs[0].world, 2);
   EXPECT_EQ(jobs[0].kind, "data_parallel");
   const std::vector<std::string> l = labels(jobs);
-  const std::vector<std::string> first_world = {"ddp W=2", "zero1 W=2", "zero2 W=2 units=all", "zero2 W=2 1 layer/unit",
-                                                "zero3 W=2 units=all", "zero3 W=2 1 layer/unit"};
+  const std::vector<std::string> first_world = {"ddp W=2", "zero1 W=2", "zero2 W=2 units=all", "zero2 W=2 units=1",
+                                                "zero3 W=2 units=all", "zero3 W=2 units=1"};
   EXPECT_EQ(std::vector<std::string>(l.begin(), l.begin() + 6), first_world);
   EXPECT_EQ(jobs[6].world, 4);
   EXPECT_EQ(l[12], "gpipe S=2 M=2");
@@ -91,12 +91,12 @@ TEST(SweepPlan, ExplicitUnitsReplaceTheUnitComparison) {
     else  // --units has no effect on ddp and zero1: their label does not claim one
       EXPECT_FALSE(job.config.contains("layers_per_unit")) << job.label;
   }
-  EXPECT_EQ(jobs[3].label, "zero3 W=4 2 layers/unit");
+  EXPECT_EQ(jobs[3].label, "zero3 W=4 units=2");
 }
 
 TEST(SweepPlan, StrategiesAloneRunDataParallelWithoutPresetValues) {
   const std::vector<SweepJob> jobs = plan_sweep(Args{"--strategies", "ddp,zero3"});
-  EXPECT_EQ(labels(jobs), (std::vector<std::string>{"ddp W=2", "zero3 W=2", "ddp W=4", "zero3 W=4"}));
+  EXPECT_EQ(labels(jobs), (std::vector<std::string>{"ddp W=2", "zero3 W=2 units=1", "ddp W=4", "zero3 W=4 units=1"}));
   EXPECT_EQ(jobs[1].run_args, (Args{"--strategy", "zero3"}));
 }
 
@@ -116,8 +116,8 @@ TEST(SweepPlan, PresetsChooseTheirFamilies) {
   EXPECT_EQ(plan_sweep(Args{"--preset", "seed-dp", "--preset", "seed-pp"}).size(), 18u);
   // A preset's list replaced by an explicit one.
   const std::vector<SweepJob> jobs = plan_sweep(Args{"--preset", "seed-dp", "--strategies", "zero2"});
-  EXPECT_EQ(labels(jobs), (std::vector<std::string>{"zero2 W=2 units=all", "zero2 W=2 1 layer/unit",
-                                                    "zero2 W=4 units=all", "zero2 W=4 1 layer/unit"}));
+  EXPECT_EQ(labels(jobs), (std::vector<std::string>{"zero2 W=2 units=all", "zero2 W=2 units=1",
+                                                    "zero2 W=4 units=all", "zero2 W=4 units=1"}));
   EXPECT_TRUE(contains_pair(jobs[0].run_args, "--layers", "8"));
 }
 
@@ -224,7 +224,7 @@ TEST(SweepPlan, EachFamilysFlagsReachOnlyItsJobs) {
   const std::vector<SweepJob> jobs = plan_sweep(Args{
       "--worlds", "2", "--strategies", "zero2", "--schedules", "zb-h1,interleaved-1f1b", "--chunks", "2", "--split=1,1",
       "--units", "1", "--prefetch", "0", "--ddp-bucket", "copy", "--bucket-mb=1", "--layers", "4"});
-  ASSERT_EQ(labels(jobs), (std::vector<std::string>{"zero2 W=2 1 layer/unit", "zb-h1 S=2", "interleaved-1f1b S=2 chunks=2"}));
+  ASSERT_EQ(labels(jobs), (std::vector<std::string>{"zero2 W=2 units=1", "zb-h1 S=2", "interleaved-1f1b S=2 chunks=2"}));
   for (const char* dp : {"--units", "--prefetch", "--ddp-bucket", "--bucket-mb"}) {
     EXPECT_TRUE(has_flag(jobs[0], dp)) << dp;
     EXPECT_FALSE(has_flag(jobs[1], dp)) << dp;

@@ -67,11 +67,14 @@ std::string self_exe(const char* argv0) {
 struct RunFlags {
   std::string layers = "8", width = "256", batch = "32", steps = "3", seed = "0";
   std::string activation = "none", loss = "sum";
-  std::string strategy = "ddp", schedule, units = "all", prefetch = "1";
+  // One layer per unit, as FSDP's per-layer wrap policy and DeepSpeed shard; "all" is
+  // the root unit alone (torch FSDP without a wrap policy).
+  std::string strategy = "ddp", schedule, units = "1", prefetch = "1";
   std::string microbatches, chunks = "1", split;
   std::string backend, comm, emulate, json, trace, timeline = "on", csv;
   std::string ddp_bucket = "view", bucket_mb = "0";
-  bool tf32 = false;
+  std::string bytes = "binary";
+  bool tf32 = false, wide = false;
 };
 
 void add_run_flags(CLI::App& app, RunFlags& f) {
@@ -84,7 +87,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--seed", f.seed, "seed of data and initial parameters (default 0)")->type_name("N");
   app.add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | zero3 (default ddp)")->type_name("NAME");
   app.add_option("--schedule", f.schedule, "gpipe | 1f1b | interleaved-1f1b | zb-h1 (a pipeline run)")->type_name("NAME");
-  app.add_option("--units", f.units, "layers per unit for zero2/zero3: K or all (default all)")->type_name("K|all");
+  app.add_option("--units", f.units, "layers per unit for zero2/zero3: K, or all for one root unit (default 1)")->type_name("K|all");
   app.add_option("--prefetch", f.prefetch, "0 | 1: gather the next unit during backward (default 1)")->type_name("0|1");
   app.add_option("--microbatches", f.microbatches, "pipeline micro-batches M (default: stages)")->type_name("M");
   app.add_option("--chunks", f.chunks, "model chunks per stage for interleaved-1f1b (default 1)")->type_name("V");
@@ -99,6 +102,8 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--ddp-bucket", f.ddp_bucket, "view | copy: copy keeps torch's separate flat bucket (default view)")->type_name("view|copy");
   app.add_option("--bucket-mb", f.bucket_mb, "DDP bucket cap in MiB (0 = one flat bucket)")->type_name("MIB");
   app.add_flag("--tf32", f.tf32, "allow TF32 GEMMs on cuda");
+  app.add_option("--bytes", f.bytes, kBytesHelp)->type_name("binary|exact");
+  app.add_flag("--wide", f.wide, kWideHelp);
 }
 
 std::vector<int> parse_list(const std::string& flag, const std::string& v) {
@@ -112,16 +117,37 @@ std::vector<int> parse_list(const std::string& flag, const std::string& v) {
   return out;
 }
 
+// The long names of the options `app` takes ("--layers", ..., "--help").
+std::vector<std::string> option_names(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::Option* opt : app.get_options())
+    for (const std::string& name : opt->get_lnames()) names.push_back("--" + name);
+  return names;
+}
+
 // CLI11's message for a parse error, except for arguments it does not know, which it
-// lists back to front: those are named one by one, in the order given.
-std::string parse_error_text(const CLI::App& app, const CLI::ParseError& e) {
+// lists back to front: those are named one by one, in the order given, each with the
+// closest flag of `run` or of the command that passed them on (`also_known`).
+std::string parse_error_text(const CLI::App& app, const CLI::ParseError& e,
+                             const std::vector<std::string>& also_known = {}) {
   if (dynamic_cast<const CLI::ExtrasError*>(&e) == nullptr) return e.what();
   std::vector<std::string> extra = app.remaining();
   if (extra.empty()) return e.what();
+  std::vector<std::string> known = option_names(app);
+  known.insert(known.end(), also_known.begin(), also_known.end());
   std::string text;
+  bool after_unknown_flag = false;
   for (const std::string& a : extra) {
+    const bool flag = a.rfind("-", 0) == 0;
+    // A word right after an unknown flag is that flag's value, not an argument of its own.
+    if (!flag && after_unknown_flag) {
+      after_unknown_flag = false;
+      continue;
+    }
+    after_unknown_flag = flag && a.find('=') == std::string::npos;
     if (!text.empty()) text += ", ";
-    text += (a.rfind("-", 0) == 0 ? "unknown flag '" : "unexpected argument '") + a + "'";
+    if (flag) text += "unknown flag '" + a + "'" + did_you_mean(a, known);
+    else text += "unexpected argument '" + a + "'";
   }
   return text + " (shardscope run --help lists the flags)";
 }
@@ -237,6 +263,8 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   }
   c.chunks = parse_positive("--chunks", f.chunks, 1'000);
   if (!f.split.empty()) c.split = parse_list("--split", f.split);
+  c.wide_tables = f.wide;
+  c.exact_bytes = exact_bytes_value(f.bytes);
   if (!f.backend.empty() && f.backend != "cpu" && f.backend != "cuda")
     throw UsageError("--backend: unknown '" + f.backend + "'; allowed: cpu, cuda");
   c.backend = f.backend;
@@ -406,7 +434,8 @@ void usage() {
                "       shardscope sweep [flags]        the seed's experiment, or any list of runs\n"
                "       shardscope plan [flags]         a sweep's closed forms, every rank, nothing run\n"
                "       shardscope compare BASE NEW     two result files side by side\n"
-               "       shardscope <command> --help\n";
+               "       shardscope <command> --help\n"
+               "       shardscope --version            the version and the git commit built from\n";
 }
 
 }  // namespace
@@ -420,9 +449,53 @@ int parse_positive(const std::string& flag, const std::string& v, int most, cons
   return static_cast<int>(std::stoll(v.substr(first)));
 }
 
-void check_run_args(const std::vector<std::string>& args) { (void)parse_run_args(args); }
+std::string did_you_mean(const std::string& given, const std::vector<std::string>& known) {
+  const std::string name = given.substr(0, given.find('='));
+  // Edit distance between two flag names: insertions, deletions, substitutions and swaps
+  // of neighbours ("--hlep") each count one.
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+    for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+    for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i)
+      for (std::size_t j = 1; j <= b.size(); ++j) {
+        d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+          d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    return d[a.size()][b.size()];
+  };
+  // Close means a third of the name or less changed (at least one edit), or the name is
+  // the start of exactly one flag ("--micro" for "--microbatches").
+  const std::size_t letters = name.size() > 2 ? name.size() - 2 : name.size();
+  std::size_t best = std::max<std::size_t>(1, letters / 3) + 1;
+  std::string closest;
+  std::vector<std::string> starting;
+  for (const std::string& k : known) {
+    if (k == name) continue;
+    if (letters >= 3 && k.rfind(name, 0) == 0 &&
+        std::find(starting.begin(), starting.end(), k) == starting.end())
+      starting.push_back(k);
+    const std::size_t d = distance(name, k);
+    if (d < best) {
+      best = d;
+      closest = k;
+    }
+  }
+  if (closest.empty() && starting.size() == 1) closest = starting.front();
+  return closest.empty() ? "" : "; did you mean " + closest + "?";
+}
 
-RunConfig parse_run_args(const std::vector<std::string>& args) {
+bool exact_bytes_value(const std::string& v) {
+  if (v != "binary" && v != "exact") throw UsageError("--bytes: unknown '" + v + "'; allowed: binary, exact");
+  return v == "exact";
+}
+
+void check_run_args(const std::vector<std::string>& args, const std::vector<std::string>& also_known) {
+  (void)parse_run_args(args, also_known);
+}
+
+RunConfig parse_run_args(const std::vector<std::string>& args, const std::vector<std::string>& also_known) {
   CLI::App app{"shardscope run", "shardscope run"};
   RunFlags flags;
   add_run_flags(app, flags);
@@ -437,7 +510,7 @@ RunConfig parse_run_args(const std::vector<std::string>& args) {
   } catch (const CLI::CallForHelp&) {
     throw UsageError("--help is not a flag a sweep passes to its runs");
   } catch (const CLI::ParseError& e) {
-    throw UsageError(parse_error_text(app, e));
+    throw UsageError(parse_error_text(app, e, also_known));
   }
   return to_config(flags, app);
 }
@@ -456,6 +529,10 @@ int dispatch(int argc, char** argv) {
     usage();
     return 0;
   }
+  if (cmd == "--version" || cmd == "version") {
+    std::cout << "shardscope " << SHARDSCOPE_VERSION << " (git " << build_commit() << ")\n";
+    return 0;
+  }
   if (cmd == "run") return run_command(argc - 1, argv + 1);
   if (cmd == "sweep" || cmd == "plan" || cmd == "compare") {
     const std::vector<std::string> args(argv + 2, argv + argc);
@@ -471,7 +548,11 @@ int dispatch(int argc, char** argv) {
     }
   }
   usage();
-  error_line("unknown command '" + cmd + "'; allowed: run, sweep, plan, compare");
+  if (cmd.rfind("-", 0) == 0)
+    error_line("unknown flag '" + cmd + "'" + did_you_mean(cmd, {"--help", "--version"}) +
+               "; a command comes first: run, sweep, plan, compare");
+  else
+    error_line("unknown command '" + cmd + "'; allowed: run, sweep, plan, compare");
   return 2;
 }
 

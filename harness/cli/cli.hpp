@@ -14,10 +14,25 @@ int cli_main(int argc, char** argv);
 // UsageError naming the flag. A sweep calls it for every job before launching any, so
 // that a bad flag is exit 2, not a job "skipped". What only the run can tell (a split
 // that does not fit the world, M above the batch) is left to the run.
-void check_run_args(const std::vector<std::string>& args);
+// `also_known`: the flags of the command that passes these on (a sweep's, a plan's), so
+// that an unknown flag is told the closest of either.
+void check_run_args(const std::vector<std::string>& args, const std::vector<std::string>& also_known = {});
 
 // The same, returning the configuration those flags give.
-RunConfig parse_run_args(const std::vector<std::string>& args);
+RunConfig parse_run_args(const std::vector<std::string>& args, const std::vector<std::string>& also_known = {});
+
+// "; did you mean --worlds?" naming the flag of `known` closest to `given` (a third of
+// its letters or fewer changed, or the one flag it begins), or "" when none is close.
+std::string did_you_mean(const std::string& given, const std::vector<std::string>& known);
+
+// `--bytes binary|exact` of run, sweep, plan and compare: true for exact; throws
+// UsageError naming the flag otherwise.
+bool exact_bytes_value(const std::string& v);
+
+// The help texts of the table flags every printing command shares.
+inline constexpr const char* kBytesHelp =
+    "binary | exact: bytes in tables as 2.01 MiB (three figures) or 2,105,344 (default binary)";
+inline constexpr const char* kWideHelp = "tables with every column, each prediction in full (wider than 120)";
 
 // A count flag's value: digits only (no sign, no spaces), 1 to `most`; throws
 // UsageError naming the flag, and for a value above `most` the cap and, when given, why

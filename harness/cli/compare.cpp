@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "harness/cli/cli.hpp"
 #include "harness/cli/compare_input.hpp"
 #include "harness/cli/sweep_plan.hpp"
 #include "harness/report/cells.hpp"
@@ -202,7 +203,9 @@ int compare_main(const std::vector<std::string>& args) {
   }
   // compare has no flags but --help: a misspelt one is named, not counted as a file.
   for (const std::string& a : args)
-    if (a.rfind("--", 0) == 0) throw UsageError("compare: unknown flag '" + a + "' (shardscope compare --help)");
+    if (a.rfind("--", 0) == 0)
+      throw UsageError("compare: unknown flag '" + a + "'" + did_you_mean(a, {"--help", "--fail-on-diff", "--bytes", "--wide"}) +
+                       " (shardscope compare --help)");
   if (args.size() != 2)
     throw UsageError("compare: expected two result files, BASE.json NEW.json; got " + std::to_string(args.size()) +
                      " argument" + (args.size() == 1 ? "" : "s") + " (shardscope compare --help)");

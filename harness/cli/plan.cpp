@@ -184,7 +184,9 @@ json make_plan(const PlanRequest& flags) {
   const std::vector<SweepJob> jobs = plan_sweep(parse_sweep_args(flags.sweep_args));
   // Every job's flags first, as a sweep checks them: a bad flag is exit 2, not a skip.
   std::vector<RunConfig> configs;
-  for (const SweepJob& job : jobs) configs.push_back(parse_run_args(job.run_args));
+  std::vector<std::string> known = sweep_flag_names();
+  known.insert(known.end(), {"--json", "--memory"});
+  for (const SweepJob& job : jobs) configs.push_back(parse_run_args(job.run_args, known));
   json plans = json::array();
   for (std::size_t n = 0; n < jobs.size(); ++n) {
     try {

@@ -24,6 +24,9 @@ const Flags kSeedDpFlags = {{"--layers", "8"},       {"--width", "256"}, {"--bat
 const Flags kSeedPpFlags = {{"--layers", "2"},       {"--width", "32"}, {"--batch", "8"},
                             {"--activation", "relu"}, {"--loss", "mse"}, {"--steps", "2"}};
 
+// `run --units` when none is given: one layer per unit.
+const std::string kDefaultUnits = "1";
+
 // The largest world size --worlds takes: beyond any machine this tool profiles, and far
 // below what would make `mpirun -np W` a fork bomb.
 constexpr int kMaxWorld = 65'536;
@@ -145,12 +148,19 @@ SweepJob make_job(json config, std::vector<std::string> run_args) {
 // The sweep's own flags that hold one value (or none); every flag it does not own is a
 // run flag, passed on to each job.
 bool is_single_sweep_flag(const std::string& name) {
-  static const std::set<std::string> single = {"--out", "--trace", "--report", "--csv", "--emulate",
-                                               "--mpirun", "--oversubscribe", "--timeout"};
+  static const std::set<std::string> single = {"--out",           "--trace",   "--report", "--csv",
+                                               "--emulate",       "--mpirun",  "--bytes",  "--wide",
+                                               "--oversubscribe", "--timeout"};
   return single.count(name) > 0;
 }
 
 }  // namespace
+
+std::vector<std::string> sweep_flag_names() {
+  return {"--worlds", "--strategies", "--schedules", "--microbatches", "--preset", "--out",     "--trace",
+          "--report", "--csv",        "--emulate",   "--mpirun",       "--oversubscribe",        "--timeout",
+          "--bytes",  "--wide",       "--help"};
+}
 
 bool sweep_wants_help(const std::vector<std::string>& args) {
   return std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "--help" || a == "-h"; });
@@ -235,6 +245,11 @@ SweepOptions parse_sweep_args(const std::vector<std::string>& args) {
       o.oversubscribe = true;
     } else if (name == "--timeout") {
       o.timeout_s = parse_positive(name, value(), kMaxTimeoutS, " s (a week)");
+    } else if (name == "--bytes") {  // the tables' own, never passed on
+      o.exact_bytes = exact_bytes_value(value());
+    } else if (name == "--wide") {
+      no_value();
+      o.wide = true;
     } else {
       for (const auto& [owned, instead] : kOwnedRunFlags)
         if (name == owned) throw UsageError(name + ": " + instead);
@@ -284,8 +299,8 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
           if (!u.empty()) {
             args.insert(args.end(), {"--units", u});
             config["layers_per_unit"] = units_value(u);
-          } else if (units && (s == "zero2" || s == "zero3")) {  // no effect on ddp and zero1
-            config["layers_per_unit"] = units_value(*units);
+          } else if (s == "zero2" || s == "zero3") {  // no effect on ddp and zero1
+            config["layers_per_unit"] = units_value(units ? *units : kDefaultUnits);
           }
           if (auto p = pass_value(o, "--prefetch")) config["prefetch"] = units_value(*p);
           if (auto b = pass_value(o, "--ddp-bucket")) config["ddp_bucket"] = *b;
@@ -353,6 +368,9 @@ std::string sweep_usage() {
          "  --mpirun PATH        the launcher (default: mpirun on PATH)\n"
          "  --oversubscribe      pass --oversubscribe to mpirun (on anyway when W > cores)\n"
          "  --timeout SECONDS    per job (default 600); a job over it is killed and fails\n"
+         "  --bytes binary|exact the tables' bytes as 2.01 MiB (default) or 2,105,344 (the JSON\n"
+         "                       and CSV always hold exact bytes)\n"
+         "  --wide               the tables with every column, each prediction in full\n"
          "\n"
          "Every other flag is a `run` flag (--layers 8 --width 256 --units 1 --backend cpu ...)\n"
          "and reaches every job it applies to: --units, --prefetch, --ddp-bucket and --bucket-mb\n"

@@ -30,6 +30,8 @@ struct SweepOptions {
   std::string mpirun;                    // --mpirun PATH; empty: `mpirun` on PATH
   bool oversubscribe = false;            // --oversubscribe (also on when W > cores)
   int timeout_s = 600;                   // --timeout SECONDS, per job
+  bool exact_bytes = false;              // --bytes exact: the tables' bytes to the byte
+  bool wide = false;                     // --wide: the tables with every column
   std::vector<PassFlag> pass;            // every other flag: a `run` flag, in order
 };
 
@@ -40,7 +42,7 @@ struct SweepJob {
   std::vector<std::string> run_args;  // after "run"; the sweep adds --json (and --emulate W:r)
   nlohmann::json config;              // kind, strategy|schedule, world, layers_per_unit,
                                       // microbatches, ... and "args": run_args
-  std::string label;                  // "zero3 W=4 1 layer/unit", "1f1b S=2 M=8"
+  std::string label;                  // "zero3 W=4 units=1", "1f1b S=2 M=8"
 };
 
 // Parses everything after `sweep`. Throws UsageError naming the flag and what is
@@ -60,6 +62,9 @@ SweepOptions parse_sweep_args(const std::vector<std::string>& args);
 // are not checked here (check_run_args does, in the sweep).
 std::vector<SweepJob> plan_sweep(const SweepOptions& opts);
 std::vector<SweepJob> plan_sweep(const std::vector<std::string>& args);
+
+// The sweep's own flags ("--worlds", ...): what an unknown flag may have meant.
+std::vector<std::string> sweep_flag_names();
 
 // True when `args` asks for help (-h, --help): answered before anything is checked.
 bool sweep_wants_help(const std::vector<std::string>& args);

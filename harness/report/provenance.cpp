@@ -94,9 +94,11 @@ std::string cpu_description() {
   return model + " (" + std::to_string(cores) + (cores == 1 ? " core)" : " cores)");
 }
 
+std::string build_commit() { return SHARDSCOPE_GIT; }
+
 nlohmann::json provenance(const std::string& command_line, const std::string& gpu,
                           const std::string& cuda, const std::string& nccl) {
-  return {{"git", SHARDSCOPE_GIT},
+  return {{"git", build_commit()},
           {"command", command_line},
           {"host", host_name()},
           {"cpu", cpu_description()},

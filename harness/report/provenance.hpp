@@ -16,6 +16,10 @@ namespace shardscope {
 nlohmann::json provenance(const std::string& command_line, const std::string& gpu,
                           const std::string& cuda, const std::string& nccl);
 
+// The commit CMake saw at configure time ("unknown" outside a git checkout): what
+// provenance's "git" holds and `shardscope --version` prints.
+std::string build_commit();
+
 // The command line as one string, each argument quoted for a POSIX shell when it
 // needs to be ("shardscope run --layers 8 --json 'my results.json'").
 // "AMD EPYC 7B13 (2 cores)": /proc/cpuinfo's model name and the logical core count.

@@ -18,10 +18,9 @@ const json* setup_field(const json& run, const json& doc, const char* key) {
   return cells::at(doc, {key});
 }
 
+// As `run --units` takes it: "units=1", "units=all" (the trace names processes so too).
 std::string units_label(const json* layers_per_unit) {
   if (!layers_per_unit) return {};
-  std::int64_t k = 0;
-  if (cells::as_int(layers_per_unit, &k)) return std::to_string(k) + (k == 1 ? " layer/unit" : " layers/unit");
   return "units=" + cells::text(layers_per_unit);
 }
 

@@ -50,7 +50,8 @@ void print_live_at_peak(const std::vector<std::string>& head_names, const std::v
 std::string model_line(const nlohmann::json& model, bool batch_per_rank);
 // "backend cpu, comm mpi" plus ", emulated (times are compute only)" when emulated.
 std::string setup_line(const nlohmann::json& run, const nlohmann::json& doc);
-// "units=all", "1 layer/unit", "2 layers/unit" from layers_per_unit; "-" when absent.
+// "units=1", "units=all", "units=2" from layers_per_unit, as `--units` takes it; "-"
+// when absent.
 std::string units_setting(const nlohmann::json& run);
 // Runs grouped by world, model, backend, comm and emulated flag, in order of first
 // appearance: the runs one table compares.
@@ -60,7 +61,7 @@ std::vector<std::vector<const nlohmann::json*>> group_runs(const std::vector<con
 std::string steps_note(const std::vector<const nlohmann::json*>& runs);
 // A stage's layers: "0-3", or every chunk's when it holds several ("0-1,4-5").
 std::string stage_layers(const nlohmann::json& stage);
-// A short name for a run or skipped record: "zero3 W=4 1 layer/unit",
+// A short name for a run or skipped record: "zero3 W=4 units=1",
 // "1f1b S=2 M=8".
 std::string run_label(const nlohmann::json& run);
 // A pipeline run (its "kind", else a "stages" or "schedule" field), and a sweep's record

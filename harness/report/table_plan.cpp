@@ -47,7 +47,7 @@ std::string fits_cell(const json& record, const json& plan) {
                            : "no, " + format_bytes_short(peak - mem) + " over";
 }
 
-// "zero3 1 layer/unit", "zero2 units=all"; ddp and zero1 have no units.
+// "zero3 units=1", "zero2 units=all"; ddp and zero1 have no units.
 std::string data_parallel_name(const json& run) {
   const std::string strategy = cells::text(cells::at(run, {"strategy"}));
   return uses_units(run) ? strategy + " " + units_setting(run) : strategy;

@@ -57,6 +57,8 @@ struct RunConfig {
   std::string json_path;
   std::string trace_path;   // --trace FILE: Chrome trace-event JSON, written by rank 0
   std::string csv_dir;      // --csv DIR: data_parallel.csv, pipeline.csv, written by rank 0
+  bool wide_tables = false; // --wide: the tables with every column
+  bool exact_bytes = false; // --bytes exact: bytes in the tables to the byte
   std::string command_line;
 
   bool pipeline() const { return !schedule.empty(); }

@@ -53,7 +53,7 @@ TEST(Compare, MatchesConfigurationsAndNamesWhatDiffers) {
   EXPECT_EQ(cmp["only_in_base"], json::array({"zero3 W=2 units=all"}));
   EXPECT_TRUE(cmp["only_in_new"].empty());
   const json& zero3 = cmp["runs"][1];
-  EXPECT_EQ(zero3["label"], "zero3 W=2 1 layer/unit");
+  EXPECT_EQ(zero3["label"], "zero3 W=2 units=1");
   ASSERT_EQ(zero3["ranks"].size(), 2u);
   EXPECT_TRUE(zero3["ranks"][0]["differs"].empty());
   EXPECT_EQ(zero3["ranks"][1]["differs"], json::array({"peak temp +32,768 B", "peak +32,768 B"}));
@@ -69,7 +69,7 @@ TEST(Compare, MatchesConfigurationsAndNamesWhatDiffers) {
   // The differing configuration gets a row per rank; the others one row.
   EXPECT_NE(text.find("peak temp +32,768 B; peak +32,768 B"), std::string::npos) << text;
   EXPECT_NE(text.find("+32,768"), std::string::npos) << text;
-  EXPECT_NE(text.find("zero2 W=2 1 layer/unit  all"), std::string::npos) << text;
+  EXPECT_NE(text.find("zero2 W=2 units=1       all"), std::string::npos) << text;
   EXPECT_NE(text.find("only in base: zero3 W=2 units=all"), std::string::npos) << text;
   EXPECT_NE(text.find("configurations compared: 5; bytes identical in 4, different in 1; step time new/base: "
                       "median 2.000 (2.000 to 2.000)"),
@@ -155,14 +155,14 @@ TEST(CompareInput, RefusesARunOrRankThatIsNotAnObject) {
                           "(an object)");
   doc = testing::report_document();
   doc["runs"][1]["ranks"][1]["peak"] = "high";
-  EXPECT_EQ(refusal(doc), "'a.json': runs[1] (zero3 W=2 1 layer/unit): ranks[1].peak is \"high\", not an object");
+  EXPECT_EQ(refusal(doc), "'a.json': runs[1] (zero3 W=2 units=1): ranks[1].peak is \"high\", not an object");
 }
 
 // "x" was read as 0 and shown as a difference of minus the other file's bytes.
 TEST(CompareInput, RefusesAByteCountOfTheWrongType) {
   json doc = testing::report_document();
   doc["runs"][0]["ranks"][1]["resting"]["total"] = "x";
-  EXPECT_EQ(refusal(doc), "'a.json': runs[0] (zero2 W=2 1 layer/unit): ranks[1].resting.total is \"x\", not a byte "
+  EXPECT_EQ(refusal(doc), "'a.json': runs[0] (zero2 W=2 units=1): ranks[1].resting.total is \"x\", not a byte "
                           "count");
   doc = testing::report_document();
   doc["runs"][4]["stages"][0]["saved"]["peak_live_tensors"] = true;
@@ -204,11 +204,11 @@ TEST(CompareInput, RefusesANegativeCount) {
                           "count (negative)");
   doc = testing::report_document();
   doc["runs"][0]["ranks"][0]["comm_bytes"] = -0.5;
-  EXPECT_EQ(refusal(doc), "'a.json': runs[0] (zero2 W=2 1 layer/unit): ranks[0].comm_bytes is -0.5, not a byte "
+  EXPECT_EQ(refusal(doc), "'a.json': runs[0] (zero2 W=2 units=1): ranks[0].comm_bytes is -0.5, not a byte "
                           "count (negative)");
   doc = testing::report_document();
   doc["runs"][0]["ranks"][0]["step_ms"]["median"] = -1.0;
-  EXPECT_EQ(refusal(doc), "'a.json': runs[0] (zero2 W=2 1 layer/unit): ranks[0].step_ms.median is -1.0, not a time "
+  EXPECT_EQ(refusal(doc), "'a.json': runs[0] (zero2 W=2 units=1): ranks[0].step_ms.median is -1.0, not a time "
                           "in ms (a number >= 0)");
 }
 
@@ -273,8 +273,8 @@ TEST(Compare, LabelsNameTheModelWhereRunsDifferInIt) {
   const json cmp = compare_documents(base, "a", fresh, "b");
   EXPECT_TRUE(cmp["runs"].empty());
   ASSERT_EQ(cmp["only_in_base"].size(), 6u);
-  EXPECT_EQ(cmp["only_in_base"][0], "zero2 W=2 1 layer/unit, model 4x16 b8");
-  EXPECT_EQ(cmp["only_in_new"][0], "zero2 W=2 1 layer/unit, model 4x64 b8");
+  EXPECT_EQ(cmp["only_in_base"][0], "zero2 W=2 units=1, model 4x16 b8");
+  EXPECT_EQ(cmp["only_in_new"][0], "zero2 W=2 units=1, model 4x64 b8");
   EXPECT_EQ(cmp["only_in_new"][4], "gpipe S=2 M=2 chunks=1, model 2x64 b8");
   std::ostringstream os;
   print_comparison(cmp, os);
@@ -290,7 +290,7 @@ TEST(Compare, LabelsNameTheModelWhereRunsDifferInIt) {
   const json one = compare_documents(base, "a", fresh, "b");
   EXPECT_EQ(one["only_in_base"], json::array({"ddp W=4, model 4x16 b8 none sum"}));
   EXPECT_EQ(one["only_in_new"], json::array({"ddp W=4, model 4x16 b8 relu sum"}));
-  EXPECT_EQ(one["runs"][0]["label"], "zero2 W=2 1 layer/unit");
+  EXPECT_EQ(one["runs"][0]["label"], "zero2 W=2 units=1");
 }
 
 class CompareCli : public testing::BinaryTest {
