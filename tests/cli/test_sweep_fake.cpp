@@ -41,7 +41,7 @@ using Args = std::vector<std::string>;
 // appends its arguments to FAKE_LOG. Under mpirun only rank 0 writes.
 const char* kFakeRun = R"SH(#!/bin/sh
 echo "$*" >> "$FAKE_LOG"
-json= ; strategy= ; schedule= ; emulate= ; micro=0 ; units=all
+json= ; strategy= ; schedule= ; emulate= ; micro=0 ; units=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --json) json=$2; shift ;;
@@ -237,7 +237,7 @@ TEST_F(SweepFake, EmulatedRanksAreMergedAndSkippedConfigurationsRecorded) {
   EXPECT_EQ(zero2["skipped"], true);
   EXPECT_EQ(zero2["strategy"], "zero2");
   EXPECT_EQ(zero2["world"], 2);
-  EXPECT_EQ(zero2["reason"], "--units all: not for zero2");
+  EXPECT_EQ(zero2["reason"], "--units 1: not for zero2");
   const json& pipe = doc["runs"][2];
   ASSERT_EQ(pipe["stages"].size(), 2u);
   EXPECT_EQ(pipe["stages"][1]["stage"], 1);
@@ -249,7 +249,7 @@ TEST_F(SweepFake, EmulatedRanksAreMergedAndSkippedConfigurationsRecorded) {
   EXPECT_NE(runs.find("--strategy ddp --steps 1 --emulate 2:0 --json"), std::string::npos);
   // Tables and where the JSON went, not the runs' own output.
   EXPECT_NE(stdout_.find("8,421,440"), std::string::npos) << stdout_;
-  EXPECT_NE(stdout_.find("zero2 W=2: --units all: not for zero2"), std::string::npos) << stdout_;
+  EXPECT_NE(stdout_.find("zero2 W=2 units=1: --units 1: not for zero2"), std::string::npos) << stdout_;
   EXPECT_NE(stdout_.find(out_ + "/shardscope.json"), std::string::npos);
   EXPECT_EQ(stdout_.find("the run's own table"), std::string::npos);
   expect_only_the_result();
@@ -332,7 +332,7 @@ TEST_F(SweepFake, RealMpirunSkipsAndFails) {
   ASSERT_EQ(doc["runs"].size(), 2u) << doc.dump(1);
   EXPECT_EQ(doc["runs"][0]["ranks"].size(), 2u);
   EXPECT_EQ(doc["runs"][1]["skipped"], true);
-  EXPECT_EQ(doc["runs"][1]["reason"], "--units all: not for zero2");
+  EXPECT_EQ(doc["runs"][1]["reason"], "--units 1: not for zero2");
 }
 
 TEST_F(SweepFake, BadUsageIsRefusedBeforeAnythingRuns) {
