@@ -135,6 +135,51 @@ TEST_F(JsonIo, AFileWeMayNotReplaceIsRefusedUpFront) {
   chmod(dir_.c_str(), 0700);
 }
 
+// A link someone else planted in a sticky, world-writable directory (/tmp) is not
+// followed (the kernel's protected_symlinks would not follow it either): root writing
+// sticky/link.json never replaces the file the link points to. Our own link is followed.
+TEST_F(JsonIo, AnotherUsersLinkInAStickyDirectoryIsNotFollowed) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give a link to another user";
+  const uid_t nobody = 65534;
+  const std::string sticky = dir_ + "/sticky", target = dir_ + "/roots.json";
+  ASSERT_TRUE(fs::create_directory(sticky));
+  ASSERT_EQ(chmod(sticky.c_str(), 01777), 0);
+  std::ofstream(target) << "root's";
+  fs::create_symlink(target, sticky + "/link.json");
+  ASSERT_EQ(lchown((sticky + "/link.json").c_str(), nobody, nobody), 0);
+  EXPECT_EQ(usage_error(sticky + "/link.json"),
+            "--json FILE: cannot write '" + sticky + "/link.json': it is a symbolic link of another user's (uid 65534) "
+            "in a sticky, world-writable directory ('" + sticky + "'), which shardscope does not follow: remove it "
+            "or write elsewhere");
+  EXPECT_THROW(write_file_atomic(sticky + "/link.json", "{}\n"), RunError);
+  std::ifstream in(target);
+  std::string text;
+  std::getline(in, text);
+  EXPECT_EQ(text, "root's");
+  // Ours, or in a folder that is not sticky: followed.
+  fs::create_symlink(target, sticky + "/mine.json");
+  write_file_atomic(sticky + "/mine.json", "{}\n");
+  EXPECT_TRUE(fs::is_symlink(sticky + "/mine.json"));
+  ASSERT_EQ(chmod(sticky.c_str(), 0777), 0);
+  EXPECT_EQ(usage_error(sticky + "/link.json"), "");
+}
+
+// Root replacing a user's private file leaves it the user's: same owner, group and mode.
+TEST_F(JsonIo, RootReplacingAUsersFileKeepsTheUsersAccess) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to write another user's file";
+  const uid_t nobody = 65534;
+  const std::string path = dir_ + "/theirs.json";
+  std::ofstream(path) << "old";
+  ASSERT_EQ(chown(path.c_str(), nobody, nobody), 0);
+  ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+  write_file_atomic(path, "{}\n");
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, nobody);
+  EXPECT_EQ(st.st_gid, nobody);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+}
+
 // compare and the sweep read result files: anything but a regular file is refused at
 // once (a FIFO would block forever, a device never end), and so is nesting no file of
 // ours has, which recursive walks of the parsed document could not survive.

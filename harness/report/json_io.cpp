@@ -99,6 +99,19 @@ std::string write_target(const std::string& path, std::string* reason) {
   if (::lstat(path.c_str(), &st) != 0) return path;  // a new file
   std::string target = path;
   if (S_ISLNK(st.st_mode)) {
+    // In a sticky, world-writable directory (/tmp) anyone may plant a link where we are
+    // told to write: follow it only when its owner is us or the directory's owner, as the
+    // kernel's protected_symlinks does for open(). We resolve the link ourselves and
+    // rename onto its target, which the kernel's check never sees.
+    struct stat dir {};
+    const uid_t me = ::geteuid();
+    if (st.st_uid != me && ::stat(directory_of(path).c_str(), &dir) == 0 && (dir.st_mode & S_ISVTX) != 0 &&
+        (dir.st_mode & S_IWOTH) != 0 && st.st_uid != dir.st_uid) {
+      *reason = "it is a symbolic link of another user's (uid " + std::to_string(st.st_uid) +
+                ") in a sticky, world-writable directory ('" + directory_of(path) +
+                "'), which shardscope does not follow: remove it or write elsewhere";
+      return {};
+    }
     char* real = ::realpath(path.c_str(), nullptr);
     if (real == nullptr) {
       *reason = "it is a symbolic link to a missing file";
@@ -136,14 +149,22 @@ std::string write_target(const std::string& path, std::string* reason) {
   return target;
 }
 
-// The mode a new result file gets: the replaced file's permissions (never its setuid,
-// setgid or sticky bits: this is data), else 0666 minus the umask.
-mode_t result_file_mode(const std::string& target) {
+// Gives the new file at `fd` the replaced file's owner, group and permissions (never its
+// setuid, setgid or sticky bits: this is data), or 0666 minus the umask when there was
+// none: root replacing a user's 0600 file leaves it the user's. An owner we may not give
+// (we are not root) is kept as it is, and then the group too when we may not give it.
+bool take_over_access(int fd, const std::string& target) {
   struct stat st {};
-  if (::stat(target.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return st.st_mode & 0777;
+  if (::stat(target.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    struct stat mine {};
+    if (::fstat(fd, &mine) == 0 && (mine.st_uid != st.st_uid || mine.st_gid != st.st_gid) &&
+        ::fchown(fd, st.st_uid, st.st_gid) != 0)
+      (void)::fchown(fd, static_cast<uid_t>(-1), st.st_gid);
+    return ::fchmod(fd, st.st_mode & 0777) == 0;
+  }
   const mode_t mask = ::umask(0);
   ::umask(mask);
-  return 0666 & ~mask;
+  return ::fchmod(fd, 0666 & ~mask) == 0;
 }
 
 volatile std::sig_atomic_t g_writing = 0;   // a result file is being written
@@ -334,9 +355,9 @@ void write_file_atomic(const std::string& where, const std::string& content) {
     ::unlink(temp.c_str());
     throw RunError("cannot write '" + path + "': " + step + ": " + std::strerror(err));
   };
-  // mkstemp makes the file 0600; a result file reads like the one it replaces, or like
-  // any new file.
-  if (::fchmod(fd, result_file_mode(path)) != 0) fail("chmod");
+  // mkstemp makes the file 0600 and ours; a result file belongs to, and reads like, the
+  // one it replaces, or reads like any new file.
+  if (!take_over_access(fd, path)) fail("chmod");
   if (!write_all(fd, content.data(), content.size())) fail("write");
   if (::fsync(fd) != 0) fail("fsync");
   if (::close(fd) != 0) {

@@ -14,8 +14,10 @@ namespace shardscope {
 // Checks, before any work, that `path` can be written: its directory exists, is a
 // directory and lets us create a file there (probed with a temporary that is removed
 // at once), and `path` is new or a regular file we may replace (a symbolic link counts
-// as the file it points to; a directory, device, FIFO or socket is refused, and so is a
-// file read-only to us, or another user's in a sticky directory such as /tmp). Creates
+// as the file it points to, unless it is another user's in a sticky, world-writable
+// directory such as /tmp and not the directory owner's: such a link is refused, as the
+// kernel's protected_symlinks would; a directory, device, FIFO or socket is refused, and
+// so is a file read-only to us, or another user's in a sticky directory). Creates
 // nothing permanent.
 // Throws UsageError("<flag>: cannot write '<path>': <reason>"), flag "--json FILE"
 // unless the caller names another (the sweep says "--out DIR").
@@ -61,7 +63,8 @@ void defer_signal(int sig) noexcept;
 // it over `path` (over the file a symbolic link there points to), so readers see the
 // old file or the whole new one. SIGINT, SIGTERM, SIGHUP and SIGQUIT are held off
 // meanwhile, so no signal leaves a temporary behind. The new file gets the replaced
-// file's mode, or 0666 minus the umask when there was none. Refuses what check_writable refuses. On failure removes the temporary and
+// file's mode, owner and group (as far as we may give them: root replacing a user's
+// file leaves it the user's), or 0666 minus the umask when there was none. Refuses what check_writable refuses. On failure removes the temporary and
 // throws RunError("cannot write '<path>': <reason>").
 void write_file_atomic(const std::string& path, const std::string& content);
 
