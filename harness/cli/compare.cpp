@@ -11,6 +11,7 @@
 #include "harness/cli/sweep_plan.hpp"
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
+#include "harness/report/json_read.hpp"
 #include "harness/report/table.hpp"
 #include "shardscope/category.hpp"
 #include "shardscope/check.hpp"
@@ -143,6 +144,7 @@ json read_document(const std::string& path, const char* which) {
   if (field(doc, "schema") != "shardscope/1" || !field(doc, "runs").is_array())
     throw UsageError(std::string(which) + ": '" + path +
                      "' is not a shardscope/1 result (a run's --json or a sweep's DIR/shardscope.json)");
+  make_printable(doc);  // its strings are only ever shown: no control character reaches the terminal
   check_compare_input(doc, path);
   return doc;
 }

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "harness/report/json_read.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {
@@ -402,11 +403,7 @@ nlohmann::json read_json_file(const std::string& path) {
   if (depth > kMaxJsonDepth)
     throw RunError("'" + path + "' nests arrays and objects " + std::to_string(depth) + " deep; shardscope's files nest at most " +
                    std::to_string(kMaxJsonDepth));
-  try {
-    return nlohmann::json::parse(doc);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw RunError("'" + path + "' is not valid JSON: " + e.what());
-  }
+  return parse_json_text(doc, path);
 }
 
 }  // namespace shardscope

@@ -80,7 +80,8 @@ std::string json_text(const nlohmann::json& j);
 std::string readable_json(const nlohmann::json& j);
 
 // Parses a JSON file. Throws RunError naming the file when it is not a regular file,
-// cannot be read or parsed, or nests deeper than any file shardscope writes (256 levels).
+// cannot be read or parsed (naming the field too: parse_json_text), or nests deeper than
+// any file shardscope writes (256 levels).
 nlohmann::json read_json_file(const std::string& path);
 
 }  // namespace shardscope
