@@ -1,6 +1,8 @@
 // host_memory_available (the memory a run can have, DESIGN §6) and format_bytes.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -81,6 +83,47 @@ const char* kMountinfoV1 =
     "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
     "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
     "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+
+// What is mapped now (VmSize), read here independently of the code under test.
+std::int64_t vm_size() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmSize:", 0) == 0) return std::stoll(line.substr(7)) * 1024;
+  return -1;
+}
+
+// Under an address-space limit (ulimit -v) what is left is the limit less what is mapped
+// and, with OpenBLAS, less the 128 MiB buffer it maps at its first call: a run that fits
+// beside what is mapped but not beside that buffer is refused, where OpenBLAS would
+// otherwise retry its allocation forever. Checked in a child: the limit is for good.
+TEST(HostMemory, TheAddressSpaceLimitLeavesRoomForOpenBlasBuffer) {
+#ifndef SHARDSCOPE_WITH_BLAS
+  GTEST_SKIP() << "built without OpenBLAS";
+#else
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::int64_t mapped = vm_size();
+    const rlimit cap{static_cast<rlim_t>(mapped + 300 * kMiB), static_cast<rlim_t>(mapped + 300 * kMiB)};
+    if (mapped <= 0 || setrlimit(RLIMIT_AS, &cap) != 0) _exit(10);
+    int failures = 0;
+    HostMemory hm = host_memory_available();
+    // 300 MiB less the buffer; what the call itself maps (a few pages) may come off too.
+    if (hm.available > 172 * kMiB || hm.available < 160 * kMiB) failures |= 1;
+    if (hm.how.find(" mapped and 128.00 MiB for OpenBLAS's buffer: ") == std::string::npos) failures |= 2;
+    const rlimit tight{static_cast<rlim_t>(mapped + 100 * kMiB), static_cast<rlim_t>(mapped + 300 * kMiB)};
+    if (setrlimit(RLIMIT_AS, &tight) != 0) _exit(11);
+    if (host_memory_available().available != 0) failures |= 4;
+    _exit(failures);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the limit less VmSize less 128 MiB is not what is left, 2: the message does "
+                                       "not name the buffer, 4: 100 MiB of room was not 0 for a 128 MiB buffer, "
+                                       "10/11: the child could not set its limit";
+#endif
+}
 
 TEST(HostMemory, CgroupV2LimitBelowMemAvailable) {
   FakeRoot r;

@@ -15,6 +15,17 @@
 namespace shardscope {
 namespace {
 
+// OpenBLAS maps one buffer at its first call (blas_memory_alloc): BUFFER_SIZE, fixed when
+// OpenBLAS is built, 128 MiB for x86_64 (OpenBLAS 0.3.21 here: VmSize grows by exactly
+// 134,217,728 B at the first sgemm, with one thread as the CPU backend sets). When the
+// address-space limit leaves less, OpenBLAS retries forever at 100 % CPU: it is counted
+// before anything runs, as mapped already.
+#ifdef SHARDSCOPE_WITH_BLAS
+constexpr std::int64_t kBlasBufferBytes = std::int64_t{128} << 20;
+#else
+constexpr std::int64_t kBlasBufferBytes = 0;
+#endif
+
 // cgroup v1 writes "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 with 4 KiB
 // pages); anything this large is no limit.
 constexpr std::int64_t kNoLimit = std::int64_t{1} << 60;
@@ -235,9 +246,11 @@ HostMemory host_memory_available() {
     const std::int64_t limit =
         as.rlim_cur > static_cast<rlim_t>(INT64_MAX) ? INT64_MAX : static_cast<std::int64_t>(as.rlim_cur);
     const std::int64_t mapped = read_key("/proc/self/status", "VmSize").value_or(0);
-    const std::int64_t free = std::max<std::int64_t>(0, limit - mapped);
+    const std::int64_t free = std::max<std::int64_t>(0, limit - mapped - kBlasBufferBytes);
     out.how += ", address-space limit (ulimit -v) " + format_bytes_short(limit) + " with " +
-               format_bytes_short(mapped) + " mapped: " + format_bytes_short(free) + " free";
+               format_bytes_short(mapped) + " mapped";
+    if (kBlasBufferBytes > 0) out.how += " and " + format_bytes_short(kBlasBufferBytes) + " for OpenBLAS's buffer";
+    out.how += ": " + format_bytes_short(free) + " free";
     out.available = std::min(out.available, free);
   }
   return out;

@@ -16,6 +16,9 @@ struct HostMemory {
 // this process's cgroup to the root, less that cgroup's usage plus its reclaimable page
 // cache (inactive_file)). cgroup v2 (memory.max, memory.current) is used when its memory
 // controller is enabled, else cgroup v1 (memory.limit_in_bytes, memory.usage_in_bytes).
+// host_memory_available() also bounds it by the address-space limit (ulimit -v, RLIMIT_AS)
+// less what is mapped (VmSize) and, in a build with OpenBLAS, less the 128 MiB buffer
+// OpenBLAS maps at its first call (which it would otherwise retry forever).
 HostMemory host_memory_available();
 
 // The same, reading every file under `root` ("/proc/meminfo" becomes root + "/proc/meminfo",
