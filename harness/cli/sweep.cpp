@@ -220,7 +220,30 @@ void check_job_args(const std::vector<SweepJob>& jobs, bool emulate) {
     std::vector<std::string> args = job.run_args;
     if (emulate) args.insert(args.end(), {"--emulate", std::to_string(job.world) + ":0"});
     args.insert(args.end(), {"--json", "job.json"});
-    check_run_args(args);
+    // `run` refuses --comm fake without --emulate only once it runs: every job would be
+    // recorded as skipped.
+    if (parse_run_args(args).comm == "fake" && !emulate)
+      throw UsageError("--comm fake: needs --emulate (each rank its own process on the fake communicator)");
+  }
+}
+
+// The sweep's results file: DIR/shardscope.json, unless the sweep is incomplete and that
+// file holds complete results, which an interrupted or failed sweep never replaces: then
+// DIR/shardscope.partial.json beside it.
+std::string results_path(const std::string& json_path, const std::string& partial_path, bool complete) {
+  return complete || !holds_complete_results(json_path) ? json_path : partial_path;
+}
+
+// Runs `write`; its failure is kept in `errors` (after any earlier one) instead of
+// ending the sweep before the other files are written. True when it succeeded.
+template <typename Write>
+bool write_keeping_error(std::vector<std::string>& errors, Write write) {
+  try {
+    write();
+    return true;
+  } catch (const std::exception& e) {
+    errors.emplace_back(e.what());
+    return false;
   }
 }
 
@@ -305,20 +328,41 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
   }  // the job folder is gone before anything is printed
   const std::string error_line = keep_failed_output(error, failed_label, failed_stderr, opts.out);
   const json doc = sweep_document(runs, first_provenance, command, opts.emulate, jobs.size(), error);
-  write_file_atomic(json_path, readable_json(doc) + "\n");
+  // Every file that can be written is, whatever failed before it; the first failure is the
+  // one reported first (a job's, then a file's).
+  std::vector<std::string> errors;
+  if (!error.empty()) errors.push_back(error_line);
+  const std::string partial_path = (std::filesystem::path(opts.out) / kPartialResults).string();
+  const std::string results = results_path(json_path, partial_path, error.empty());
+  const bool results_written = write_keeping_error(errors, [&] {
+    write_file_atomic(results, readable_json(doc) + "\n");
+    std::error_code ec;  // an older sweep's partial results would read as this one's
+    if (results == json_path && std::filesystem::is_regular_file(partial_path, ec))
+      std::filesystem::remove(partial_path, ec);
+  });
   // The CSV folder first: it is made now, and a --trace or --report may lie inside it.
-  if (!opts.csv.empty()) write_csv_files(doc, opts.csv);
-  if (!opts.trace.empty()) write_trace_file(opts.trace, doc);
-  if (!opts.report.empty()) write_file_atomic(opts.report, render_html_report(doc, command));
+  const bool csv_written = !opts.csv.empty() && write_keeping_error(errors, [&] { write_csv_files(doc, opts.csv); });
+  const bool trace_written =
+      !opts.trace.empty() && write_keeping_error(errors, [&] { write_trace_file(opts.trace, doc); });
+  const bool report_written = !opts.report.empty() && write_keeping_error(errors, [&] {
+    write_file_atomic(opts.report, render_html_report(doc, command));
+  });
   std::cout << '\n';
   print_tables(doc, std::cout);
-  std::cout << "results: " << json_path << (error.empty() ? "\n" : " (incomplete: a run failed)\n");
-  if (!opts.trace.empty()) std::cout << "trace: " << opts.trace << '\n';
-  if (!opts.report.empty()) std::cout << "report: " << opts.report << '\n';
-  if (!opts.csv.empty()) std::cout << "csv: " << opts.csv << "/{data_parallel,pipeline}.csv\n";
-  if (!error.empty()) {
+  if (results_written) {
+    std::cout << "results: " << results;
+    if (results != json_path)
+      std::cout << " (incomplete; the complete results of an earlier sweep in " << json_path << " were kept)\n";
+    else
+      std::cout << (error.empty() ? "\n" : " (incomplete: a run failed)\n");
+  }
+  if (trace_written) std::cout << "trace: " << opts.trace << '\n';
+  if (report_written) std::cout << "report: " << opts.report << '\n';
+  if (csv_written) std::cout << "csv: " << opts.csv << "/{data_parallel,pipeline}.csv\n";
+  if (!errors.empty()) {
     std::cout << std::flush;
-    std::cerr << "shardscope: error: " << error_line << std::endl;
+    for (const std::string& e : errors) std::cerr << "shardscope: error: " << e << '\n';
+    std::cerr << std::flush;
     return 3;
   }
   return 0;

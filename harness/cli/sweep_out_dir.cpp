@@ -24,6 +24,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// In every scratch folder, locked (flock) by its sweep for the sweep's lifetime: a folder
+// is another sweep's to remove only when no one holds it.
+constexpr const char* kScratchLock = ".scratch.lock";
+
 // Every output the sweep writes names its own file (check_distinct_outputs), and no
 // folder the sweep writes in (--out DIR, --csv DIR) is, or lies inside, the path of one
 // of those files: the folder would take the file's place, or the file the folder's.
@@ -49,10 +53,24 @@ void check_outside_scratch(const SweepOptions& opts) {
   }
 }
 
+// --out DIR inside a scratch folder (DIR2/.runs-XXXXXX/...) would be removed, with the
+// sweep writing there, by the next sweep into DIR2: refused, whatever the folder holds.
+void check_out_outside_scratch(const SweepOptions& opts) {
+  fs::path up;
+  for (const fs::path& part : resolved_path(opts.out)) {
+    up /= part;
+    if (!is_scratch_name(part.string())) continue;
+    throw UsageError("--out DIR: '" + opts.out + "' is in '" + up.string() +
+                     "', named as a sweep's scratch folder (.runs-XXXXXX), which the next sweep into '" +
+                     up.parent_path().string() + "' removes: write it elsewhere");
+  }
+}
+
 void check_outputs_apart(const SweepOptions& opts) {
   const fs::path out(opts.out);
   std::vector<std::pair<std::string, std::string>> files = {
       {"--out", (out / "shardscope.json").string()},
+      {"--out (its partial results)", (out / kPartialResults).string()},
       {"--out (its lock)", (out / ".shardscope.lock").string()},
       {"--out (its failed-job log)", (out / kFailedJobLog).string()},
   };
@@ -64,13 +82,14 @@ void check_outputs_apart(const SweepOptions& opts) {
   check_distinct_outputs(files);
   check_folders_apart({{"--out DIR", opts.out}, {"--csv DIR", opts.csv}}, files);
   check_outside_scratch(opts);
+  check_out_outside_scratch(opts);
 }
 
 }  // namespace
 
 void check_sweep_outputs(const SweepOptions& opts) {
   check_outputs_apart(opts);
-  std::vector<fs::path> to_make = check_dir_usable(opts.out, "--out DIR", {"shardscope.json"});
+  std::vector<fs::path> to_make = check_dir_usable(opts.out, "--out DIR", {"shardscope.json", kPartialResults});
   if (!opts.csv.empty()) {
     const std::vector<fs::path> csv = check_csv_dir(opts.csv);
     to_make.insert(to_make.end(), csv.begin(), csv.end());
@@ -122,8 +141,18 @@ void remove_stale_scratch(const std::string& dir) {
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code type_ec, rm_ec;
-    if (is_scratch_name(it->path().filename().string()) && !it->is_symlink(type_ec) && it->is_directory(type_ec))
-      fs::remove_all(it->path(), rm_ec);
+    if (!is_scratch_name(it->path().filename().string()) || it->is_symlink(type_ec) || !it->is_directory(type_ec))
+      continue;
+    const std::string lock = (it->path() / kScratchLock).string();
+    const int fd = ::open(lock.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+      // No lock file: not a sweep's folder, or one killed before it made its lock (then
+      // it is empty, and rmdir removes only an empty folder).
+      ::rmdir(it->path().c_str());
+      continue;
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) fs::remove_all(it->path(), rm_ec);  // its sweep is gone
+    ::close(fd);
   }
 }
 
@@ -132,11 +161,22 @@ ScratchDir::ScratchDir(const std::string& dir) {
   if (::mkdtemp(templ.data()) == nullptr)
     throw RunError("cannot create a folder in '" + dir + "': " + std::strerror(errno));
   path_ = templ;
+  // Close-on-exec: the lock goes with this process, not with a job it could not stop.
+  const std::string lock = (fs::path(path_) / kScratchLock).string();
+  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (lock_fd_ < 0 || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+    throw RunError("cannot lock '" + lock + "': " + std::strerror(err));
+  }
 }
 
 ScratchDir::~ScratchDir() {
   std::error_code ec;
   fs::remove_all(path_, ec);
+  ::close(lock_fd_);
 }
 
 }  // namespace shardscope

@@ -13,13 +13,20 @@ namespace shardscope {
 // user since the sweep itself prints one error line.
 inline constexpr const char* kFailedJobLog = "failed-job.log";
 
+// DIR/shardscope.partial.json: where an incomplete (interrupted or failed) sweep writes
+// what it finished when DIR/shardscope.json holds complete results, which it never replaces.
+inline constexpr const char* kPartialResults = "shardscope.partial.json";
+
 // Checks, creating nothing, that no two outputs name one file (DIR/shardscope.json,
-// DIR/.shardscope.lock, DIR/failed-job.log, the two CSVs, --trace, --report; compared
-// with "..", "." and links resolved) and that neither --out DIR nor --csv DIR is, or
+// DIR/shardscope.partial.json, DIR/.shardscope.lock, DIR/failed-job.log, the two CSVs,
+// --trace, --report; compared with "..", "." and links resolved) and that neither --out
+// DIR nor --csv DIR is, or
 // lies inside, one of those files; that --out DIR and --csv DIR exist as folders we can
 // write in or can be made (their nearest existing ancestor takes a new folder); and that
 // the --trace and --report files can be written, in a folder that exists or that --out
-// or --csv will make. Throws UsageError naming the flags.
+// or --csv will make; that --out DIR does not lie in a folder named as a sweep's scratch
+// folder (.runs-XXXXXX), which a sweep into the folder above would remove. Throws
+// UsageError naming the flags.
 void check_sweep_outputs(const SweepOptions& opts);
 
 // Makes --out DIR (checked by check_sweep_outputs); returns DIR/shardscope.json.
@@ -43,14 +50,18 @@ class OutDirLock {
 };
 
 // Removes what sweeps killed outright (SIGKILL) left in DIR: every folder named
-// .runs-XXXXXX (six letters or digits, the ScratchDir pattern; links and other names are
-// left alone). Call it holding DIR's OutDirLock: no other sweep can then be using one.
-// One that cannot be removed is left, silently: the sweep does not need it gone.
+// .runs-XXXXXX (six letters or digits, the ScratchDir pattern) whose lock file
+// (.runs-XXXXXX/.scratch.lock) we can lock, so that no running sweep's folder goes, and
+// an empty one (a sweep killed before it made its lock). Links, other names and folders
+// without a lock file that hold something are left alone. Call it holding DIR's
+// OutDirLock. One that cannot be removed is left, silently: the sweep does not need it gone.
 void remove_stale_scratch(const std::string& dir);
 
 // The sweep's own folder for its jobs' files, DIR/.runs-XXXXXX: a name no one else has,
-// so nothing of the user's or of another sweep is touched. Removed with everything in it
-// however the sweep ends, short of SIGKILL. Throws RunError when it cannot be made.
+// so nothing of the user's or of another sweep is touched. Holds a lock on the file
+// .scratch.lock inside for its lifetime (see remove_stale_scratch). Removed with
+// everything in it however the sweep ends, short of SIGKILL. Throws RunError when it
+// cannot be made.
 class ScratchDir {
  public:
   explicit ScratchDir(const std::string& dir);
@@ -61,6 +72,7 @@ class ScratchDir {
 
  private:
   std::string path_;
+  int lock_fd_ = -1;
 };
 
 }  // namespace shardscope

@@ -1,7 +1,10 @@
 #include "harness/cli/sweep_results.hpp"
 
 #include <algorithm>
+#include <filesystem>
 
+#include "harness/report/json_io.hpp"
+#include "harness/report/cells.hpp"
 #include "harness/report/provenance.hpp"
 #include "harness/report/table.hpp"
 #include "harness/pipeline/run_pipeline.hpp"
@@ -102,6 +105,21 @@ std::vector<json> merge_emulated_ranks(const std::vector<json>& docs) {
     if (run.contains("stages")) replay_emulated_pipeline(run);
   }
   return merged;
+}
+
+bool holds_complete_results(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  json doc;
+  try {
+    doc = read_json_file(path);
+  } catch (const RunError&) {
+    return false;
+  }
+  if (!doc.is_object() || doc.value("schema", json()) != "shardscope/1") return false;
+  const json* sweep = cells::at(doc, {"sweep"});
+  const json* complete = sweep && sweep->is_object() ? cells::at(*sweep, {"complete"}) : nullptr;
+  return !(complete && *complete == false);
 }
 
 json skipped_record(const SweepJob& job, const std::string& reason) {

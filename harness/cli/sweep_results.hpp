@@ -11,6 +11,11 @@
 
 namespace shardscope {
 
+// Whether the file at `path` holds complete results: a shardscope/1 document that is not
+// a sweep's incomplete one ("sweep": {"complete": false}). A missing, unreadable or
+// malformed file holds none.
+bool holds_complete_results(const std::string& path);
+
 // The runs of one job's document, each stamped with the document's backend, comm and
 // emulated flag where the run lacks them (a sweep can mix them). Throws RunError when
 // the document is not shardscope/1 or has no runs list.

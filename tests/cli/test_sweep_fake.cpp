@@ -23,6 +23,7 @@
 
 #include "harness/cli/child_process.hpp"
 #include "harness/cli/sweep.hpp"
+#include "harness/cli/sweep_out_dir.hpp"
 #include "harness/report/json_io.hpp"
 #include "shardscope/check.hpp"
 
@@ -36,7 +37,8 @@ using Args = std::vector<std::string>;
 // Behaviour by environment: FAKE_SKIP=<strategy|schedule> exits 2, FAKE_FAIL=<name>
 // exits 3 on rank FAKE_FAIL_RANK (default 0), FAKE_KILL=<name> kills itself with SIGKILL
 // on that rank, FAKE_HANG=<name> sleeps (its pid in FAKE_PIDFILE.sh, its sleeper's in
-// FAKE_PIDFILE), FAKE_SLOW=<seconds> sleeps that long before writing, FAKE_FDS=<file>
+// FAKE_PIDFILE), FAKE_SLOW=<seconds> sleeps that long before writing, FAKE_RMDIR=<path>
+// removes that path before writing, FAKE_FDS=<file>
 // lists its open descriptors there. Every invocation
 // appends its arguments to FAKE_LOG. Under mpirun only rank 0 writes.
 const char* kFakeRun = R"SH(#!/bin/sh
@@ -67,6 +69,7 @@ fi
 if [ "$name" = "$FAKE_KILL" ] && [ "$rank" = "${FAKE_FAIL_RANK:-0}" ]; then kill -9 $$; fi
 if [ "$name" = "$FAKE_HANG" ]; then echo $$ > "$FAKE_PIDFILE.sh"; sleep 30 & echo $! > "$FAKE_PIDFILE"; wait; exit 0; fi
 [ -z "$FAKE_SLOW" ] || sleep "$FAKE_SLOW"
+[ -z "$FAKE_RMDIR" ] || rm -rf "$FAKE_RMDIR"
 [ -z "$FAKE_FDS" ] || ls -l /proc/$$/fd > "$FAKE_FDS"
 [ "$rank" = 0 ] || [ -n "$emulate" ] || exit 0
 entries=""
@@ -726,6 +729,127 @@ TEST_F(SweepFake, OutputsInAScratchFolderOrAnUnwritableCsvAreRefusedUpFront) {
   fs::create_directories(dir_ + "/csv/pipeline.csv");
   EXPECT_EQ(refusal({"--csv", dir_ + "/csv"}), "--csv DIR: cannot write '" + dir_ + "/csv/pipeline.csv': it is a directory");
   EXPECT_EQ(log("run.log"), "");
+}
+
+
+// A sweep writing into DIR/.runs-abc123 would lose it all to the next sweep into DIR: such
+// an --out is refused. A sweep removes only scratch folders no running sweep holds, and
+// never a folder of the user's that has a scratch folder's name.
+TEST_F(SweepFake, ASweepNeverRemovesAnotherSweepsFolder) {
+  const Args ddp = {"--strategies", "ddp", "--worlds", "1"};
+  Args inside = ddp;
+  inside.insert(inside.end(), {"--out", out_ + "/.runs-abc123"});
+  try {
+    sweep_main(inside, fake_run_);
+    ADD_FAILURE() << "--out in a scratch folder was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--out DIR: '" + out_ + "/.runs-abc123' is in '"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("which the next sweep into '" + out_ + "' removes"), std::string::npos)
+        << e.what();
+  }
+  Args deeper = ddp;
+  deeper.insert(deeper.end(), {"--out", out_ + "/.runs-abc123/sub"});
+  EXPECT_THROW(sweep_main(deeper, fake_run_), UsageError);
+  EXPECT_FALSE(fs::exists(out_)) << "a refused sweep makes nothing";
+
+  fs::create_directories(out_ + "/.runs-mine01");
+  std::ofstream(out_ + "/.runs-mine01/precious.txt") << "mine";
+  fs::create_directories(out_ + "/.runs-empty1");
+  {
+    const ScratchDir running(out_);  // another sweep's, still running
+    std::ofstream(running.path() + "/0.json") << "{}";
+    remove_stale_scratch(out_);
+    EXPECT_TRUE(fs::exists(running.path() + "/0.json")) << "a held scratch folder was removed";
+  }
+  EXPECT_EQ(log("results/.runs-mine01/precious.txt"), "mine");
+  EXPECT_FALSE(fs::exists(out_ + "/.runs-empty1")) << "an empty one is what a killed sweep left";
+  ASSERT_EQ(sweep(ddp), 0) << stderr_;
+  EXPECT_EQ(names_in(out_), (std::vector<std::string>{".runs-mine01", "shardscope.json"}));
+}
+
+
+// An interrupted or failed sweep never writes over complete results: what it finished
+// goes beside them, named as partial, and it says so. The next complete sweep takes the
+// results' place and the partial file goes.
+TEST_F(SweepFake, AnIncompleteSweepNeverReplacesCompleteResults) {
+  ASSERT_EQ(sweep({"--strategies", "ddp", "--worlds", "1"}), 0) << stderr_;
+  const std::string complete = log("results/shardscope.json");
+  ASSERT_EQ(result()["sweep"]["complete"], true);
+
+  set("FAKE_HANG", "zero1");
+  const pid_t pid = sweep_in_child({"--strategies", "zero3,zero1", "--worlds", "1"}, out_);
+  ASSERT_TRUE(wait_for_hang());
+  kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3);
+  EXPECT_EQ(log("results/shardscope.json"), complete) << "complete results were replaced";
+  const json partial = read_json_file(out_ + "/shardscope.partial.json");
+  ASSERT_EQ(partial["runs"].size(), 1u);
+  EXPECT_EQ(partial["runs"][0]["strategy"], "zero3");
+  EXPECT_EQ(partial["sweep"]["complete"], false);
+  EXPECT_NE(log("child.stdout").find("results: " + out_ + "/shardscope.partial.json (incomplete; the complete "
+                                     "results of an earlier sweep in " + out_ + "/shardscope.json were kept)"),
+            std::string::npos)
+      << log("child.stdout");
+  EXPECT_NE(log("child.stderr").find("interrupted by SIGINT"), std::string::npos) << log("child.stderr");
+
+  // A failure, like an interrupt, keeps them; an incomplete file is no complete result.
+  unsetenv("FAKE_HANG");
+  set("FAKE_FAIL", "zero1");
+  EXPECT_EQ(sweep({"--strategies", "ddp,zero1", "--worlds", "1"}), 3);
+  EXPECT_EQ(log("results/shardscope.json"), complete);
+  EXPECT_EQ(read_json_file(out_ + "/shardscope.partial.json")["runs"][0]["strategy"], "ddp");
+
+  unsetenv("FAKE_FAIL");
+  ASSERT_EQ(sweep({"--strategies", "zero1", "--worlds", "1"}), 0) << stderr_;
+  EXPECT_EQ(result()["runs"][0]["strategy"], "zero1");
+  EXPECT_FALSE(fs::exists(out_ + "/shardscope.partial.json")) << "an older sweep's partial results were left";
+  EXPECT_NE(stdout_.find("results: " + out_ + "/shardscope.json\n"), std::string::npos) << stdout_;
+
+  // With no complete results there, an incomplete sweep writes shardscope.json as before.
+  set("FAKE_FAIL", "zero1");
+  EXPECT_EQ(sweep({"--strategies", "zero1", "--worlds", "1"}), 3);
+  fs::remove(out_ + "/shardscope.json");
+  std::ofstream(out_ + "/shardscope.json") << R"({"schema": "shardscope/1", "runs": [], "sweep": {"complete": false}})";
+  EXPECT_EQ(sweep({"--strategies", "ddp,zero1", "--worlds", "1"}), 3);
+  EXPECT_EQ(result()["runs"].size(), 1u);
+  EXPECT_FALSE(fs::exists(out_ + "/shardscope.partial.json"));
+}
+
+// `run --comm fake` without --emulate is refused (exit 2); a sweep of such runs is refused
+// too, before anything runs, not run with every job recorded as skipped.
+TEST_F(SweepFake, TheFakeCommunicatorNeedsEmulate) {
+  try {
+    sweep_main({"--strategies", "ddp", "--worlds", "1", "--comm", "fake", "--out", out_}, fake_run_);
+    ADD_FAILURE() << "accepted";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()), "--comm fake: needs --emulate (each rank its own process on the fake communicator)");
+  }
+  EXPECT_FALSE(fs::exists(out_));
+  EXPECT_EQ(log("run.log"), "");
+  EXPECT_EQ(sweep({"--strategies", "ddp", "--worlds", "2", "--comm", "fake", "--emulate"}), 0) << stderr_;
+}
+
+// A file that cannot be written at the end does not hide a failed job's error, which is
+// reported first, nor keep the files after it from being written.
+TEST_F(SweepFake, AFailedWriteHidesNeitherTheJobsErrorNorTheOtherFiles) {
+  set("FAKE_FAIL", "zero1");
+  fs::create_directories(dir_ + "/gone");
+  set("FAKE_RMDIR", dir_ + "/gone");  // passes the check up front, is gone at the end
+  const std::string report = dir_ + "/r.html";
+  EXPECT_EQ(sweep({"--strategies", "ddp,zero1", "--worlds", "1", "--trace", dir_ + "/gone/t.json", "--report",
+                   report}),
+            3);
+  const std::string first = "shardscope: error: rank 0: out of memory: needs 9 B, has 8 B (zero1 W=1; its output: ";
+  EXPECT_EQ(stderr_.rfind(first, 0), 0u) << stderr_;
+  EXPECT_NE(stderr_.find("\nshardscope: error: cannot write '" + dir_ + "/gone/t.json"), std::string::npos) << stderr_;
+  EXPECT_TRUE(fs::exists(report)) << "the report after the failed trace was not written";
+  EXPECT_NE(stdout_.find("report: " + report), std::string::npos) << stdout_;
+  EXPECT_EQ(stdout_.find("trace: "), std::string::npos) << stdout_;
+  EXPECT_EQ(result()["sweep"]["complete"], false);
 }
 
 
