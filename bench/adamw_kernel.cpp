@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "bench/bench_common.hpp"
-#include "harness/report/provenance.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/model/data.hpp"
+#include "harness/run/provenance.hpp"
 #include "kernels/host_ops.hpp"
 #include "shardscope/config.hpp"
 

@@ -31,10 +31,10 @@
 #include <vector>
 
 #include "bench/bench_common.hpp"
-#include "harness/report/provenance.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/comm/self_comm.hpp"
 #include "harness/model/data.hpp"
+#include "harness/run/provenance.hpp"
 #include "harness/strategies/replicated.hpp"
 #include "kernels/host_ops.hpp"
 #include "shardscope/strategy.hpp"
@@ -82,7 +82,7 @@ struct Figures {
 RunConfig seed_config(int steps) {
   RunConfig c;
   c.model = ModelConfig{};  // 8 x 256, none, sum, batch 32
-  c.strategy = "ddp";
+  c.strategy = StrategyKind::ddp;
   c.backend = "cpu";
   c.comm = "self";
   c.steps = steps;

@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "bench/bench_common.hpp"
-#include "harness/report/provenance.hpp"
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/comm/mpi_env.hpp"
+#include "harness/run/provenance.hpp"
 #include "shardscope/check.hpp"
 #include "shardscope/predict.hpp"
 #include "shardscope/strategy.hpp"
@@ -83,7 +83,7 @@ Row measure(const Variant& v, Backend& backend, Communicator& comm, int steps, i
   row.v = v;
   RunConfig cfg;
   cfg.model = ModelConfig{};  // 8 x 256, none, sum, batch 32
-  cfg.strategy = v.strategy;
+  cfg.strategy = parse_strategy(v.strategy);
   cfg.layers_per_unit = v.layers_per_unit;
   cfg.backend = "cpu";
   cfg.comm = "mpi";

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "bench/bench_common.hpp"
-#include "harness/report/provenance.hpp"
 #include "harness/backends/cpu_backend.hpp"
+#include "harness/run/provenance.hpp"
 #include "shardscope/tracker.hpp"
 
 namespace {

@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "shardscope/backend.hpp"
+#include "shardscope/kernel_args.hpp"
 
 namespace shardscope::cuda_ops {
 

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "harness/memory/host_memory.hpp"
-#include "harness/report/format.hpp"
+#include "shardscope/format.hpp"
 
 namespace shardscope {
 namespace {

@@ -71,7 +71,7 @@ TEST(HtmlReport, OneRestingAndOnePeakBarPerRankPerRunWithPredictedMarks) {
   EXPECT_NE(clusters[0].find("data-run=\"zero2 W=2 units=1\""), std::string::npos);
   EXPECT_NE(clusters[2].find("data-run=\"zero3 W=2 units=all\""), std::string::npos);
   // Category colours and the legend of all eight categories.
-  for (const char* c : kTimelineCategories)
+  for (const char* c : kCategoryNames)
     EXPECT_NE(html.find(std::string("</i>") + c + "</span>"), std::string::npos) << c;
   EXPECT_NE(html.find(html::category_color(1)), std::string::npos);  // param_unsharded is drawn
 }

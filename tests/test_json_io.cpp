@@ -12,7 +12,7 @@
 #include <string>
 
 #include "harness/report/json_io.hpp"
-#include "harness/report/provenance.hpp"
+#include "harness/run/provenance.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {

@@ -47,7 +47,7 @@ TEST(Partition, Zero1RanksTogetherHoldTheWholeOptimizerState) {
   RunConfig cfg;
   cfg.model.layers = 100'000;
   cfg.model.width = 1'000;
-  cfg.strategy = "zero1";
+  cfg.strategy = StrategyKind::zero1;
   const int world = 65'536;
   const std::vector<Prediction> ranks = predict_data_parallel_ranks(cfg, world);
   ASSERT_EQ(ranks.size(), static_cast<std::size_t>(world));
@@ -75,7 +75,7 @@ TEST(Partition, OneLayerUnitsOfAHundredThousandLayers) {
   cfg.model.layers = 100'000;
   cfg.model.width = 100;
   cfg.model.batch = 10;
-  cfg.strategy = "zero2";
+  cfg.strategy = StrategyKind::zero2;
   cfg.layers_per_unit = 1;
   const int world = 4;
   const Prediction p = predict_data_parallel(cfg, world, 3);

@@ -35,7 +35,7 @@ void check_case(const Case& c, int world, int rank) {
   RunConfig cfg;
   cfg.model = c.model;
   cfg.steps = 2;
-  cfg.strategy = c.strategy;
+  cfg.strategy = parse_strategy(c.strategy);
   cfg.layers_per_unit = c.layers_per_unit;
   cfg.prefetch = c.prefetch;
   cfg.ddp_bucket = c.bucket;
@@ -101,7 +101,7 @@ TEST(StrategiesEmulated, Zero3BelowZero2OnlyWithSmallUnits) {
   auto peak = [](const std::string& s, int k) {
     RunConfig cfg = testing::seed_config();
     cfg.steps = 2;
-    cfg.strategy = s;
+    cfg.strategy = parse_strategy(s);
     cfg.layers_per_unit = k;
     CpuBackend backend;
     auto comm = make_fake_communicator(4, 0, &backend);
@@ -140,7 +140,7 @@ TEST(StrategiesEmulated, EmulatedRanksComputeFiniteLosses) {
         cfg.model.batch = 3;
         cfg.model.loss = Loss::mse;
         cfg.steps = 3;
-        cfg.strategy = strategy;
+        cfg.strategy = parse_strategy(strategy);
         cfg.layers_per_unit = k;
         for (int rank = 0; rank < world; ++rank) {
           PoisonedCpuBackend backend;

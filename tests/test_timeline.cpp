@@ -298,7 +298,7 @@ TEST(Timeline, RecordingDoesNotChangeTheBytesMeasured) {
       cfg.model.layers = 4;
       cfg.model.width = 32;
       cfg.model.batch = 4;
-      cfg.strategy = strategy;
+      cfg.strategy = parse_strategy(strategy);
       cfg.layers_per_unit = units;
       SCOPED_TRACE(strategy + " units " + std::to_string(units));
       Timeline tl;

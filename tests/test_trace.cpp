@@ -1,4 +1,4 @@
-// The trace printer (harness/report/trace.hpp) on real in-process runs: run_job writes a
+// The trace printer (harness/report/trace.hpp) on real in-process runs: a run writes a
 // valid Chrome trace (required fields, monotonic counters, nested slices, a named process
 // per rank), the emulated ranks of a job merged as the sweep merges them give one process
 // per rank, and the slices name step, forward, backward, layers, units, each collective
@@ -10,17 +10,20 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "harness/cli/run_outputs.hpp"
 #include "harness/cli/sweep_plan.hpp"
 #include "harness/cli/sweep_results.hpp"
 #include "harness/comm/mpi_env.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/trace.hpp"
 #include "harness/run/run.hpp"
+#include "shardscope/category.hpp"
 #include "shardscope/check.hpp"
 #include "support/pipeline_configs.hpp"
 #include "support/trace_check.hpp"
@@ -51,7 +54,7 @@ class TraceTest : public ::testing::Test {
     if (!dir_.empty()) std::system(("rm -rf '" + dir_ + "'").c_str());
   }
 
-  // One emulated rank of a small model through run_job, as `shardscope run` runs it.
+  // One emulated rank of a small model, as `shardscope run` runs it.
   json run_rank(RunConfig cfg, int world, int rank, const std::string& tag) {
     cfg.emulate_world = world;
     cfg.emulate_rank = rank;
@@ -59,7 +62,7 @@ class TraceTest : public ::testing::Test {
     cfg.json_path = dir_ + "/" + tag + ".json";
     cfg.trace_path = dir_ + "/" + tag + ".trace.json";
     cfg.command_line = "shardscope run " + tag;
-    run_job(cfg, *mpi_);
+    run_and_write(cfg, *mpi_, std::cout);
     return read_json_file(cfg.json_path);
   }
 
@@ -72,7 +75,7 @@ RunConfig small_dp(const std::string& strategy, int layers_per_unit) {
   cfg.model.layers = 4;
   cfg.model.width = 16;
   cfg.model.batch = 4;
-  cfg.strategy = strategy;
+  cfg.strategy = parse_strategy(strategy);
   cfg.layers_per_unit = layers_per_unit;
   cfg.steps = 2;
   return cfg;
@@ -181,7 +184,7 @@ TEST_F(TraceTest, TimelineOffWritesNoTimelineAndRunsWithoutItAddNothing) {
   cfg.emulate_world = 2;
   cfg.emulate_rank = 0;
   cfg.json_path = dir_ + "/off.json";
-  run_job(cfg, *mpi_);
+  run_and_write(cfg, *mpi_, std::cout);
   const json doc = read_json_file(cfg.json_path);
   EXPECT_FALSE(doc["runs"][0]["ranks"][0].contains("timeline"));
   const json trace = trace_document(doc);

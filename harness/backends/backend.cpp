@@ -8,8 +8,8 @@
 #include <utility>
 
 #include "harness/backends/cpu_backend.hpp"
-#include "harness/report/format.hpp"
 #include "shardscope/check.hpp"
+#include "shardscope/format.hpp"
 
 #ifdef SHARDSCOPE_WITH_CUDA
 #include "harness/backends/cuda_backend.hpp"

@@ -22,12 +22,13 @@
 #include "harness/cli/child_process.hpp"
 #include "harness/cli/compare.hpp"
 #include "harness/cli/plan.hpp"
+#include "harness/cli/run_outputs.hpp"
 #include "harness/cli/sweep.hpp"
 #include "harness/comm/mpi_env.hpp"
+#include "harness/common/signals_held.hpp"
 #include "harness/report/csv.hpp"
 #include "harness/report/json_io.hpp"
-#include "harness/report/provenance.hpp"
-#include "harness/run/run.hpp"
+#include "harness/run/provenance.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {
@@ -215,9 +216,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   const bool has_schedule = app.count("--schedule") > 0;
   if (has_schedule && app.count("--strategy") > 0)
     throw UsageError("--strategy and --schedule: a run is either data parallel or a pipeline, not both");
-  c.strategy = f.strategy;
-  if (c.strategy != "ddp" && c.strategy != "zero1" && c.strategy != "zero2" && c.strategy != "zero3")
-    throw UsageError("--strategy: unknown '" + f.strategy + "'; allowed: ddp, zero1, zero2, zero3");
+  c.strategy = parse_strategy(f.strategy);
   c.layers_per_unit = f.units == "all" ? 0 : parse_positive("--units (K or all)", f.units, 100'000);
   if (f.prefetch != "0" && f.prefetch != "1") throw UsageError("--prefetch: '" + f.prefetch + "'; allowed: 0, 1");
   c.prefetch = f.prefetch == "1";
@@ -414,7 +413,7 @@ int run_command(int argc, char** argv) {
   }
   if (cfg.emulate_world > 0) say_when_interrupted(cfg.emulate_rank, true);  // the rank it plays
   try {
-    run_job(cfg, mpi);
+    run_and_write(cfg, mpi, std::cout);
     return 0;
   } catch (const UsageError& e) {
     // Every rank checks the configuration the same way, so all exit here together.

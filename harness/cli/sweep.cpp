@@ -18,9 +18,9 @@
 #include "harness/report/csv.hpp"
 #include "harness/report/html_report.hpp"
 #include "harness/report/json_io.hpp"
-#include "harness/report/provenance.hpp"
 #include "harness/report/table.hpp"
 #include "harness/report/trace.hpp"
+#include "harness/run/provenance.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {

@@ -7,6 +7,7 @@
 #include "harness/cli/cli.hpp"
 #include "harness/report/table.hpp"
 #include "shardscope/check.hpp"
+#include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
 namespace {
@@ -14,7 +15,7 @@ namespace {
 using nlohmann::json;
 using Flags = std::vector<std::pair<std::string, std::string>>;  // preset flags: name, value
 
-const std::vector<std::string> kStrategies = {"ddp", "zero1", "zero2", "zero3"};
+const std::vector<std::string> kStrategies(kStrategyNames.begin(), kStrategyNames.end());
 const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"};
 const std::vector<std::string> kPresets = {"seed-dp", "seed-pp"};
 
@@ -289,9 +290,10 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
     const std::optional<std::string> units = pass_value(o, "--units");
     for (int w : worlds) {
       for (const std::string& s : strategies) {
+        const bool sharded = shards_by_unit(parse_strategy(s, "--strategies"));
         // seed-dp compares the root unit with one unit per layer, where zero2 and zero3 differ.
         std::vector<std::string> unit_settings = {""};
-        if (dp_preset && !has_pass(o, "--units") && (s == "zero2" || s == "zero3")) unit_settings = {"all", "1"};
+        if (dp_preset && !has_pass(o, "--units") && sharded) unit_settings = {"all", "1"};
         for (const std::string& u : unit_settings) {
           json config = {{"kind", "data_parallel"}, {"strategy", s}, {"world", w}};
           std::vector<std::string> args = {"--strategy", s};
@@ -299,7 +301,7 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
           if (!u.empty()) {
             args.insert(args.end(), {"--units", u});
             config["layers_per_unit"] = units_value(u);
-          } else if (s == "zero2" || s == "zero3") {  // no effect on ddp and zero1
+          } else if (sharded) {  // no effect on ddp and zero1
             config["layers_per_unit"] = units_value(units ? *units : kDefaultUnits);
           }
           if (auto p = pass_value(o, "--prefetch")) config["prefetch"] = units_value(*p);

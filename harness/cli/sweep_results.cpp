@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "harness/report/json_io.hpp"
-#include "harness/report/cells.hpp"
-#include "harness/report/provenance.hpp"
-#include "harness/report/table.hpp"
 #include "harness/pipeline/run_pipeline.hpp"
+#include "harness/report/cells.hpp"
+#include "harness/report/json_io.hpp"
+#include "harness/report/table.hpp"
+#include "harness/run/provenance.hpp"
 #include "shardscope/check.hpp"
 
 #ifndef SHARDSCOPE_VERSION

@@ -10,7 +10,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "harness/report/format.hpp"
+#include "shardscope/format.hpp"
 
 namespace shardscope {
 namespace {

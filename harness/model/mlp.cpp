@@ -1,6 +1,5 @@
 #include "harness/model/mlp.hpp"
 
-#include <cstdio>
 #include <string>
 
 #include "shardscope/check.hpp"
@@ -8,20 +7,8 @@
 namespace shardscope {
 namespace {
 
-class Range {
- public:
-  Range(Backend& b, const char* what, int layer) : b_(b) {
-    char name[64];
-    std::snprintf(name, sizeof(name), "%s layer %d", what, layer);
-    b_.range_push(name);
-  }
-  ~Range() { b_.range_pop(); }
-  Range(const Range&) = delete;
-  Range& operator=(const Range&) = delete;
-
- private:
-  Backend& b_;
-};
+// A layer's profiler range: "forward layer 3".
+std::string layer_range(const char* what, int layer) { return std::string(what) + " layer " + std::to_string(layer); }
 
 }  // namespace
 
@@ -57,7 +44,7 @@ Tape Mlp::forward(int first, int last, const float* input, int rows, bool input_
     {
       // The layer's range closes before the hooks' work (a zero3 reshard), so a unit's
       // range (opened and closed by the hooks) nests around its layers'.
-      Range range(backend_, "forward", i);
+      ScopedRange range(backend_, layer_range("forward", i).c_str());
       // (rows, width) fp32: activation when saved for backward, temp otherwise
       out = backend_.alloc(output_saved(i, last) ? Category::activation : Category::temp,
                            static_cast<std::size_t>(rows) * w);
@@ -121,7 +108,7 @@ Buffer Mlp::backward(Tape& tape, Buffer dy, LayerAccess& access, float beta) {
     access.before_backward(i);
     Buffer dx;
     {
-      Range range(backend_, "backward", i);  // closes before the hooks' reduce-scatter
+      ScopedRange range(backend_, layer_range("backward", i).c_str());  // closes before the hooks' reduce-scatter
       Buffer& out = tape.outputs[i - tape.first];
       if (model_.activation == Activation::relu) {
         backend_.relu_backward(dy.data(), out.data(), dy.count());
@@ -159,7 +146,7 @@ Buffer Mlp::backward_input(Tape& tape, Buffer dy, LayerAccess& access) {
   for (int i = tape.last - 1; i >= tape.first; --i) {
     backend_.tracker().mark(Phase::backward, {PlaceKind::layer, i});
     access.before_backward(i);
-    Range range(backend_, "backward-input", i);
+    ScopedRange range(backend_, layer_range("backward-input", i).c_str());
     Buffer& out = tape.outputs[i - tape.first];
     if (model_.activation == Activation::relu) {
       backend_.relu_backward(dy.data(), out.data(), dy.count());
@@ -187,7 +174,7 @@ void Mlp::backward_weight(Tape& tape, LayerAccess& access, float beta) {
   for (int i = tape.last - 1; i >= tape.first; --i) {
     backend_.tracker().mark(Phase::backward, {PlaceKind::layer, i});
     {
-      Range range(backend_, "backward-weight", i);
+      ScopedRange range(backend_, layer_range("backward-weight", i).c_str());
       const float* in = layer_input(tape, i);
       Buffer& dz = tape.dz[i - tape.first];
       backend_.gemm(Trans::yes, Trans::no, w, w, rows, 1.0f, dz.data(), w, in, w, beta,

@@ -38,8 +38,8 @@ struct Candidate {
 
 std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int world) {
   const ModelConfig& m = cfg.model;
-  const std::string& s = cfg.strategy;
-  const bool fsdp = s == "zero2" || s == "zero3";
+  const StrategyKind s = cfg.strategy;
+  const bool fsdp = shards_by_unit(s);
   const std::int64_t P = m.params();
   const int L = m.layers;
   // What every rank holds alike; only zero1's optimizer state differs by rank.
@@ -50,14 +50,14 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
   if (!fsdp) {
     p.resting[Category::param] = 4 * P;
     p.resting[Category::grad] = 4 * P + (cfg.ddp_bucket == "copy" ? 4 * P : 0);
-    if (s == "ddp") {
+    if (s == StrategyKind::ddp) {
       std::fill(optim.begin(), optim.end(), 8 * P + 4 * m.param_tensors());  // exp_avg, exp_avg_sq, step
     } else {
       const std::vector<int> owner = zero1_owners(m, world);
       for (int t = 0; t < m.param_tensors(); ++t) optim[owner[t]] += 8 * m.tensor_elems(t) + 4;
     }
     p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 4 * P;
-    if (s == "zero1") p.comm_bytes[static_cast<int>(CollKind::broadcast)] = 4 * P;
+    if (s == StrategyKind::zero1) p.comm_bytes[static_cast<int>(CollKind::broadcast)] = 4 * P;
   }
   const std::vector<Unit> units = fsdp_units(m, cfg.layers_per_unit, world);
   const int U = fsdp ? static_cast<int>(units.size()) : 1;
@@ -74,7 +74,7 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
     }
     std::fill(optim.begin(), optim.end(), unit_optim);
     const std::int64_t sum_f = f_upto[U - 1];
-    const bool reshard = s == "zero3" && U > 1;
+    const bool reshard = s == StrategyKind::zero3 && U > 1;
     p.comm_bytes[static_cast<int>(CollKind::all_gather)] = reshard ? 2 * sum_f : sum_f;
     p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)] = sum_f;
   }
@@ -84,7 +84,7 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
   const std::int64_t X = a;
   const std::int64_t t = m.loss == Loss::mse ? a : 0;
   const std::int64_t k = (m.activation == Activation::relu || m.loss == Loss::mse) ? 1 : 0;
-  const bool zero3_multi = s == "zero3" && U > 1;
+  const bool zero3_multi = s == StrategyKind::zero3 && U > 1;
   // Units hold K layers each (the last what is left): a layer's unit is a division.
   const int per_unit = fsdp ? units[0].last_layer - units[0].first_layer : L;
   auto unit_of = [&](int layer) { return std::min(layer / per_unit, U - 1); };

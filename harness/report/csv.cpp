@@ -90,7 +90,7 @@ std::string data_parallel_csv(const json& doc) {
     const bool units = uses_units(*run);
     for (const json& rank : *ranks) {
       if (!rank.is_object()) continue;
-      for (const char* category : kTimelineCategories)
+      for (const char* category : kCategoryNames)
         add_row(out, {value(cells::at(*run, {"world"})), value(cells::at(*run, {"strategy"})),
                       units ? value(cells::at(*run, {"layers_per_unit"})) : "",
                       units ? value(cells::at(*run, {"prefetch"})) : "",

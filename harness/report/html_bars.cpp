@@ -17,7 +17,7 @@ namespace {
 
 using nlohmann::json;
 
-// One bar: bytes per category (kTimelineCategories order), its total, the prediction.
+// One bar: bytes per category (kCategoryNames order), its total, the prediction.
 struct Bar {
   std::array<std::int64_t, 8> bytes{};
   std::int64_t total = 0;
@@ -35,8 +35,8 @@ std::int64_t int_at(const json& j, std::initializer_list<const char*> path) {
 Bar make_bar(const json* figures, const json* total, const json* predicted) {
   Bar b;
   std::int64_t sum = 0;
-  for (std::size_t i = 0; i < kTimelineCategories.size(); ++i) {
-    b.bytes[i] = figures ? int_at(*figures, {kTimelineCategories[i]}) : 0;
+  for (std::size_t i = 0; i < kCategoryNames.size(); ++i) {
+    b.bytes[i] = figures ? int_at(*figures, {kCategoryNames[i]}) : 0;
     sum += b.bytes[i];
   }
   if (!cells::as_int(total, &b.total)) b.total = sum;
@@ -49,7 +49,7 @@ std::string bar_tip(const std::string& who, const char* what, const Bar& b) {
   if (b.has_predicted) tip += " (predicted " + cells::group_digits(b.predicted) + " B)";
   for (std::size_t i = 0; i < b.bytes.size(); ++i)
     if (b.bytes[i] != 0)
-      tip += std::string("\n") + kTimelineCategories[i] + ": " + cells::group_digits(b.bytes[i]) + " B";
+      tip += std::string("\n") + kCategoryNames[i] + ": " + cells::group_digits(b.bytes[i]) + " B";
   return tip;
 }
 

@@ -95,7 +95,7 @@ std::string panel_svg(const Panel& p, double ymax_ticks, const std::vector<doubl
       last_y = y;
     }
     d += "H" + num(X(t_end)) + "V" + num(y0) + "Z";
-    svg.path(d, category_color(k), std::string("class=\"area\" data-category=\"") + kTimelineCategories[k] + "\"");
+    svg.path(d, category_color(k), std::string("class=\"area\" data-category=\"") + kCategoryNames[k] + "\"");
   }
 
   // The measured peak (the first instant of the largest total in the last step, the

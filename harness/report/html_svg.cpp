@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "harness/report/format.hpp"
 #include "harness/report/timeline_view.hpp"
+#include "shardscope/format.hpp"
 
 namespace shardscope::html {
 namespace {
@@ -215,7 +215,7 @@ std::string Svg::str() const {
 
 std::string category_legend() {
   std::string out = "<div class=\"legend\">";
-  for (std::size_t i = 0; i < kTimelineCategories.size(); ++i) out += swatch(category_color(i), kTimelineCategories[i]);
+  for (std::size_t i = 0; i < kCategoryNames.size(); ++i) out += swatch(category_color(i), kCategoryNames[i]);
   out += "<span class=\"key\"><b class=\"tick\"></b>predicted</span></div>";
   return out;
 }

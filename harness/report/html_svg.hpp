@@ -18,7 +18,7 @@ std::string escape(std::string_view text);
 // A coordinate: one decimal, no trailing ".0" ("12", "12.5", "-3.2").
 std::string num(double v);
 
-// Fill colour of category i of kTimelineCategories (sharded and unsharded share a hue).
+// Fill colour of category i of kCategoryNames (sharded and unsharded share a hue).
 const char* category_color(std::size_t i);
 // Fill of a pipeline action: 'F', 'B', 'W'.
 const char* action_color(char kind);

@@ -1,19 +1,18 @@
 #include "harness/report/json_io.hpp"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
 
+#include "harness/common/signals_held.hpp"
 #include "harness/report/json_read.hpp"
 #include "shardscope/check.hpp"
 
@@ -168,36 +167,6 @@ bool take_over_access(int fd, const std::string& target) {
   return ::fchmod(fd, 0666 & ~mask) == 0;
 }
 
-volatile std::sig_atomic_t g_writing = 0;   // a result file is being written
-volatile std::sig_atomic_t g_deferred = 0;  // a signal that came meanwhile
-
-// Holds off SIGINT, SIGTERM, SIGHUP and SIGQUIT for its lifetime: a signal that arrives
-// while a result file is written takes effect once the file is whole (or its temporary
-// removed), never in between. In this thread through the mask; in any other thread
-// through the handlers, which defer (see writing_result_file).
-class SignalsHeld {
- public:
-  SignalsHeld() {
-    sigset_t set;
-    sigemptyset(&set);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&set, sig);
-    pthread_sigmask(SIG_BLOCK, &set, &old_);
-    g_writing = 1;
-  }
-  ~SignalsHeld() {
-    g_writing = 0;
-    const int deferred = g_deferred;
-    g_deferred = 0;
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);  // a signal blocked here arrives now
-    if (deferred != 0) std::raise(deferred);
-  }
-  SignalsHeld(const SignalsHeld&) = delete;
-  SignalsHeld& operator=(const SignalsHeld&) = delete;
-
- private:
-  sigset_t old_;
-};
-
 bool flat(const nlohmann::json& j) {
   for (const auto& v : j)
     if (v.is_structured()) return false;
@@ -238,10 +207,6 @@ void append_readable(const nlohmann::json& j, int indent, std::string& out) {
 
 }  // namespace
 
-std::string json_text(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
 std::string readable_json(const nlohmann::json& j) {
   std::string out;
   append_readable(j, 0, out);
@@ -271,10 +236,6 @@ void check_writable(const std::string& path, const std::string& flag) {
   ::close(fd);
   ::unlink(probe.c_str());
 }
-
-bool writing_result_file() noexcept { return g_writing != 0; }
-
-void defer_signal(int sig) noexcept { g_deferred = sig; }
 
 std::filesystem::path resolved_path(const std::string& path) {
   namespace fs = std::filesystem;

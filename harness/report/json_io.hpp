@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/common/json_text.hpp"  // json_text, which every writer here uses
+
 namespace shardscope {
 
 // Checks, before any work, that `path` can be written: its directory exists, is a
@@ -51,14 +53,6 @@ void check_distinct_outputs(const std::vector<std::pair<std::string, std::string
 void check_folders_apart(const std::vector<std::pair<std::string, std::string>>& folders,
                          const std::vector<std::pair<std::string, std::string>>& files);
 
-// For signal handlers (async-signal-safe): while a result file is being written, a
-// handler that would end the process calls defer_signal(sig) and returns instead;
-// write_file_atomic raises the signal again once the file is whole (or its temporary
-// removed). A mask alone is not enough: it holds only in the writing thread, and a
-// process-directed signal may land on any other (OpenBLAS's, MPI's).
-bool writing_result_file() noexcept;
-void defer_signal(int sig) noexcept;
-
 // Writes `content` to a temporary file in the same directory, fsyncs it and renames
 // it over `path` (over the file a symbolic link there points to), so readers see the
 // old file or the whole new one. SIGINT, SIGTERM, SIGHUP and SIGQUIT are held off
@@ -67,11 +61,6 @@ void defer_signal(int sig) noexcept;
 // file leaves it the user's), or 0666 minus the umask when there was none. Refuses what check_writable refuses. On failure removes the temporary and
 // throws RunError("cannot write '<path>': <reason>").
 void write_file_atomic(const std::string& path, const std::string& content);
-
-// `j` on one line, as nlohmann's dump() writes it, except that a string that is not
-// valid UTF-8 (a file name in a command line, say) has its bad bytes replaced by U+FFFD
-// instead of throwing: every JSON text shardscope writes goes through here.
-std::string json_text(const nlohmann::json& j);
 
 // A document as people (and diffs) read it: objects and arrays indented two spaces per
 // level, except that an array or object holding only scalars (numbers, strings,

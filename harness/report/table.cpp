@@ -1,11 +1,13 @@
 #include "harness/report/table.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/text_table.hpp"
 #include "shardscope/category.hpp"
+#include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
 namespace {
@@ -59,7 +61,8 @@ bool is_skipped(const json& run) {
 
 bool uses_units(const json& run) {
   const json* s = cells::at(run, {"strategy"});
-  return !s || !s->is_string() || (s->get<std::string>() != "ddp" && s->get<std::string>() != "zero1");
+  const std::optional<StrategyKind> kind = s && s->is_string() ? find_strategy(s->get<std::string>()) : std::nullopt;
+  return !kind || shards_by_unit(*kind);
 }
 
 std::string run_label(const json& run) {

@@ -8,14 +8,13 @@
 #include "harness/report/cells.hpp"
 #include "harness/report/table.hpp"
 #include "harness/report/text_table.hpp"
+#include "shardscope/category.hpp"
 
 namespace shardscope {
 namespace {
 
 using nlohmann::json;
 
-constexpr std::array<const char*, 8> kCategories = {
-    "param", "param_unsharded", "grad", "grad_unsharded", "optim", "activation", "comm", "temp"};
 constexpr std::array<const char*, 6> kCollectives = {
     "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv"};
 
@@ -117,7 +116,7 @@ std::vector<std::string> extra_categories(const std::vector<Row>& rows) {
       }
     }
   };
-  for (const char* c : kCategories) consider(c);
+  for (const char* c : kCategoryNames) consider(c);
   for (const Row& row : rows)
     if (const json* resting = cells::at(*row.rank, {"resting"}); resting && resting->is_object())
       for (const auto& item : resting->items()) consider(item.key());

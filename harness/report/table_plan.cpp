@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "harness/report/cells.hpp"
-#include "harness/report/format.hpp"
 #include "harness/report/table.hpp"
 #include "harness/report/text_table.hpp"
+#include "shardscope/format.hpp"
 
 namespace shardscope {
 namespace {

@@ -15,18 +15,18 @@ std::int64_t bytes_or_zero(const json& v) {
   return 0;
 }
 
-// Column i of a memory row (after t) -> index in kTimelineCategories, -1 when unknown.
+// Column i of a memory row (after t) -> index in kCategoryNames, -1 when unknown.
 std::vector<int> column_map(const json& timeline) {
   std::vector<int> map;
   const auto it = timeline.find("categories");
   if (it == timeline.end() || !it->is_array()) {
-    for (std::size_t i = 0; i < kTimelineCategories.size(); ++i) map.push_back(static_cast<int>(i));
+    for (std::size_t i = 0; i < kCategoryNames.size(); ++i) map.push_back(static_cast<int>(i));
     return map;
   }
   for (const json& name : *it) {
     int found = -1;
-    for (std::size_t i = 0; i < kTimelineCategories.size(); ++i)
-      if (name.is_string() && name.get<std::string>() == kTimelineCategories[i]) found = static_cast<int>(i);
+    for (std::size_t i = 0; i < kCategoryNames.size(); ++i)
+      if (name.is_string() && name.get<std::string>() == kCategoryNames[i]) found = static_cast<int>(i);
     map.push_back(found);
   }
   return map;

@@ -10,15 +10,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardscope/category.hpp"
+
 namespace shardscope {
 
-// The tracker's categories, in the order the reports stack them (DESIGN §1).
-inline constexpr std::array<const char*, 8> kTimelineCategories = {
-    "param", "param_unsharded", "grad", "grad_unsharded", "optim", "activation", "comm", "temp"};
-
 struct TimelineSample {
-  double t_ms = 0.0;                     // ms since the run started
-  std::array<std::int64_t, 8> bytes{};   // per category, kTimelineCategories order, after the event
+  double t_ms = 0.0;  // ms since the run started
+  std::array<std::int64_t, kCategoryCount> bytes{};  // per category, kCategoryNames order, after the event
   std::int64_t total() const;
 };
 

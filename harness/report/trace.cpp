@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <vector>
 
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/table.hpp"
+#include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
 namespace {
@@ -167,7 +169,7 @@ std::string trace_process_name(const json& run, const json& record) {
   } else {
     const std::string strategy = field_text(run, "strategy");
     name = strategy + " W=" + field_text(run, "world");
-    if (strategy == "zero2" || strategy == "zero3") {
+    if (const std::optional<StrategyKind> kind = find_strategy(strategy); kind && shards_by_unit(*kind)) {
       name += " units=" + field_text(run, "layers_per_unit");
       if (run.value("prefetch", 1) == 0) name += " prefetch=0";
     }

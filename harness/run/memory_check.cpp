@@ -3,8 +3,8 @@
 #include <string>
 
 #include "harness/memory/host_memory.hpp"
-#include "harness/report/format.hpp"
 #include "shardscope/check.hpp"
+#include "shardscope/format.hpp"
 
 namespace shardscope {
 

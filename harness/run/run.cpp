@@ -1,8 +1,6 @@
 #include "harness/run/run.hpp"
 
 #include <chrono>
-#include <filesystem>
-#include <iostream>
 
 #ifdef SHARDSCOPE_WITH_CUDA
 #include "harness/backends/cuda_backend.hpp"
@@ -10,16 +8,13 @@
 #ifdef SHARDSCOPE_WITH_NCCL
 #include "harness/comm/nccl_comm.hpp"
 #endif
+#include "harness/common/json_text.hpp"
 #include "harness/model/data.hpp"
-#include "harness/report/csv.hpp"
-#include "harness/report/json_io.hpp"
-#include "harness/report/provenance.hpp"
-#include "harness/report/table.hpp"
-#include "harness/report/trace.hpp"
+#include "harness/pipeline/run_pipeline.hpp"
 #include "harness/run/memory_check.hpp"
+#include "harness/run/provenance.hpp"
 #include "harness/run/records.hpp"
 #include "harness/strategies/partition.hpp"
-#include "harness/pipeline/run_pipeline.hpp"
 #include "shardscope/check.hpp"
 #include "shardscope/predict.hpp"
 #include "shardscope/strategy.hpp"
@@ -71,8 +66,7 @@ CommOptions choose_comm(const RunConfig& cfg, const std::string& backend, const 
 
 void validate_data_parallel(const RunConfig& cfg) {
   // --units shapes zero2 and zero3 only (DESIGN §3: accepted, no effect, elsewhere).
-  const bool sharded = cfg.strategy == "zero2" || cfg.strategy == "zero3";
-  if (sharded && cfg.layers_per_unit > cfg.model.layers)
+  if (shards_by_unit(cfg.strategy) && cfg.layers_per_unit > cfg.model.layers)
     throw UsageError("--units " + std::to_string(cfg.layers_per_unit) + ": more layers per unit than --layers " +
                      std::to_string(cfg.model.layers) + "; use --units all for one root unit");
 }
@@ -131,10 +125,10 @@ nlohmann::json run_data_parallel(const RunConfig& cfg, Backend& backend, Communi
 }  // namespace
 
 nlohmann::json data_parallel_header(const RunConfig& cfg, int world) {
-  const bool fsdp = cfg.strategy == "zero2" || cfg.strategy == "zero3";
+  const bool fsdp = shards_by_unit(cfg.strategy);
   nlohmann::json run;
   run["kind"] = "data_parallel";
-  run["strategy"] = cfg.strategy;
+  run["strategy"] = std::string(strategy_name(cfg.strategy));
   run["world"] = world;
   run["units"] = fsdp ? static_cast<int>(fsdp_units(cfg.model, cfg.layers_per_unit, world).size()) : 1;
   // --units has no effect on ddp and zero1 (DESIGN §3): their one unit is the model.
@@ -158,25 +152,6 @@ nlohmann::json make_document(const nlohmann::json& runs, const std::string& back
 
 namespace {
 
-// Only rank 0 writes the outputs, so only it can check their paths; every rank must
-// then learn its verdict, or the others would wait forever in the next collective.
-void check_output_paths(const RunConfig& cfg, const MpiSession& mpi) {
-  std::string refusal;
-  if (mpi.rank() == 0) {
-    try {
-      // The CSV folder first: a --json or --trace inside a folder it will make is fine.
-      const std::vector<std::filesystem::path> made =
-          cfg.csv_dir.empty() ? std::vector<std::filesystem::path>{} : check_csv_dir(cfg.csv_dir);
-      if (!cfg.json_path.empty()) check_writable_in(cfg.json_path, "--json FILE", made);
-      if (!cfg.trace_path.empty()) check_writable_in(cfg.trace_path, "--trace FILE", made);
-    } catch (const UsageError& e) {
-      refusal = e.what();
-    }
-  }
-  broadcast_string(refusal, 0);
-  if (!refusal.empty()) throw UsageError(refusal);
-}
-
 // A refusal that only some ranks meet (what a rank sees of its machine) must end every
 // rank, or the others would wait forever in the next collective: the lowest refusing
 // rank's reason goes to all, and every rank throws it.
@@ -193,20 +168,23 @@ void agree_on_refusal(const std::string& refusal, const MpiSession& mpi) {
 // The flags are the same on every rank (run_command made sure before calling), so every
 // refusal that follows from them alone comes on every rank at once; what depends on a
 // rank's machine is agreed explicitly.
-void run_job(RunConfig cfg, MpiSession& mpi) {
-  const std::string backend_name = choose_backend(cfg);
-  if (!all_ranks_equal(backend_name))
+JobSetup prepare_job(const RunConfig& cfg, const MpiSession& mpi) {
+  JobSetup setup;
+  setup.backend = choose_backend(cfg);
+  if (!all_ranks_equal(setup.backend))
     throw UsageError("the ranks of this job do not all see a GPU: pass --backend cpu or --backend cuda");
-  const CommOptions comm_opt = choose_comm(cfg, backend_name, mpi);
-  const int world = comm_opt.kind == "fake" ? comm_opt.emulate_world : mpi.world();
-  // The configuration first (every rank alike, no collective), then the output paths
-  // (rank 0 checks, every rank learns the verdict): a refused run creates nothing.
+  setup.comm = choose_comm(cfg, setup.backend, mpi);
+  setup.world = setup.comm.kind == "fake" ? setup.comm.emulate_world : mpi.world();
   if (cfg.pipeline())
-    validate_pipeline(cfg, world);
+    validate_pipeline(cfg, setup.world);
   else
     validate_data_parallel(cfg);
-  check_output_paths(cfg, mpi);
+  return setup;
+}
 
+std::optional<nlohmann::json> run_job(const RunConfig& cfg, const JobSetup& setup, MpiSession& mpi) {
+  const std::string& backend_name = setup.backend;
+  const int world = setup.world;
   std::unique_ptr<Backend> backend;
   std::string refusal;
   try {
@@ -216,7 +194,7 @@ void run_job(RunConfig cfg, MpiSession& mpi) {
   }
   agree_on_refusal(refusal, mpi);
   if (backend_name == "cuda" && cfg.allow_tf32) backend->set_allow_tf32(true);
-  std::unique_ptr<Communicator> comm = make_communicator(comm_opt, backend.get());
+  std::unique_ptr<Communicator> comm = make_communicator(setup.comm, backend.get());
   // The run's start, the origin of every timeline: right after a barrier, so the ranks
   // of one job share it (to the barrier's skew).
   comm->barrier();
@@ -240,7 +218,7 @@ void run_job(RunConfig cfg, MpiSession& mpi) {
   if (backend_name == "cuda") nccl_text = nccl_version_text();
 #endif
   const std::vector<std::string> all = gather_strings_to_root(json_text(rank_record));
-  if (mpi.rank() != 0) return;
+  if (mpi.rank() != 0) return std::nullopt;
 
   nlohmann::json list = nlohmann::json::array();
   for (const std::string& s : all) list.push_back(nlohmann::json::parse(s));
@@ -254,14 +232,8 @@ void run_job(RunConfig cfg, MpiSession& mpi) {
   run["comm"] = comm->name();
   run["emulated"] = comm->emulated();
   if (comm->emulated()) run["rank"] = cfg.emulate_rank;
-  nlohmann::json doc = make_document(nlohmann::json::array({run}), backend_name, comm->name(),
-                                     comm->emulated(),
-                                     provenance(cfg.command_line, device, cuda_text, nccl_text));
-  print_tables(doc, std::cout);
-  // The CSV folder first: it is made now, and --json or --trace may lie inside it.
-  if (!cfg.csv_dir.empty()) write_csv_files(doc, cfg.csv_dir);
-  if (!cfg.json_path.empty()) write_file_atomic(cfg.json_path, readable_json(doc) + "\n");
-  if (!cfg.trace_path.empty()) write_trace_file(cfg.trace_path, doc);
+  return make_document(nlohmann::json::array({run}), backend_name, comm->name(), comm->emulated(),
+                       provenance(cfg.command_line, device, cuda_text, nccl_text));
 }
 
 }  // namespace shardscope

@@ -1,16 +1,34 @@
 // `shardscope run`: one job in which this process is one rank (DESIGN §6).
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include <nlohmann/json.hpp>
 
 #include "harness/comm/mpi_env.hpp"
+#include "shardscope/comm.hpp"
 #include "shardscope/config.hpp"
 
 namespace shardscope {
 
-// Runs the job; on rank 0 prints the table and writes --json. Throws UsageError
-// (exit 2) or RunError (exit 3).
-void run_job(RunConfig cfg, MpiSession& mpi);
+// What a job runs on, chosen before anything is made.
+struct JobSetup {
+  std::string backend;  // "cpu" or "cuda"
+  CommOptions comm;
+  int world = 1;  // the job's ranks (the emulated world under --emulate)
+};
+
+// Chooses the backend and the communicator, and refuses (UsageError) a configuration
+// the job cannot run, before anything is made. Every rank calls it: the ranks agree on
+// the backend, then refuse alike (the refusals follow from the flags alone).
+JobSetup prepare_job(const RunConfig& cfg, const MpiSession& mpi);
+
+// Runs the job: measures, and on rank 0 returns the job's document (schema
+// shardscope/1, make_document); the other ranks get nothing. Prints nothing and writes
+// no file: the caller renders the document. Throws UsageError (exit 2) or RunError
+// (exit 3).
+std::optional<nlohmann::json> run_job(const RunConfig& cfg, const JobSetup& setup, MpiSession& mpi);
 
 // Refuses (UsageError) what a data-parallel job cannot run at any world: zero2 or
 // zero3 with more layers per unit than layers. (zero1 with more ranks than parameter

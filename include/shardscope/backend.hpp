@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "shardscope/category.hpp"
+#include "shardscope/kernel_args.hpp"
 #include "shardscope/tracker.hpp"
 
 namespace shardscope {
@@ -42,29 +43,6 @@ class Buffer {
   float* data_ = nullptr;
   std::size_t count_ = 0;
   Category category_ = Category::temp;
-};
-
-enum class Activation : std::uint8_t { none, relu };
-enum class Loss : std::uint8_t { sum, mse };
-enum class Trans : std::uint8_t { no, yes };
-
-// torch.optim.AdamW's defaults, kept in double as torch keeps them (Python floats).
-struct AdamWHyper {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
-};
-
-// One parameter tensor (or shard) for the multi-tensor AdamW: all pointers hold n floats.
-struct AdamWTensor {
-  float* param;
-  const float* grad;
-  float* exp_avg;
-  float* exp_avg_sq;
-  std::size_t n;
-  int step;  // the step number after increment (1 on the first update)
 };
 
 // The CUDA pool's own counters (cudaMemPoolGetAttribute), in bytes.
@@ -174,7 +152,8 @@ class Backend {
   std::vector<Staging> staging_;
 };
 
-// RAII range: marks a profiler range (and a timeline span) for the scope.
+// RAII range: marks a profiler range (and a timeline span) for the scope. The one range
+// class: the model's layers, the strategies' steps and the pipeline's actions use it.
 class ScopedRange {
  public:
   ScopedRange(Backend& b, const char* name, std::int64_t bytes = -1) : b_(b) { b_.range_push(name, bytes); }

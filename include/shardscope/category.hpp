@@ -21,7 +21,9 @@ enum class Category : std::uint8_t {
 
 inline constexpr int kCategoryCount = 8;
 
-inline constexpr std::array<std::string_view, kCategoryCount> kCategoryNames = {
+// The categories' names, in Category's order: the JSON's keys, the CSV's rows, the
+// timeline's columns and the order every table and chart stacks them in.
+inline constexpr std::array<const char*, kCategoryCount> kCategoryNames = {
     "param", "param_unsharded", "grad", "grad_unsharded",
     "optim", "activation",      "comm", "temp"};
 

@@ -6,7 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "shardscope/backend.hpp"
+#include "shardscope/kernel_args.hpp"
+#include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
 
@@ -34,7 +35,7 @@ struct RunConfig {
   std::uint64_t seed = 0;
 
   // Data parallel (when `schedule` is empty).
-  std::string strategy = "ddp";
+  StrategyKind strategy = StrategyKind::ddp;
   int layers_per_unit = 0;  // --units K; 0 = "all" (one root unit)
   int prefetch = 1;
   std::string ddp_bucket = "view";  // view | copy

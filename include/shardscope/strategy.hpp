@@ -41,7 +41,7 @@ class Strategy {
   virtual int units() const { return 1; }
 };
 
+// The strategy cfg.strategy names (harness/strategies/registry.cpp).
 std::unique_ptr<Strategy> make_strategy(const StrategyContext& ctx);
-const std::vector<std::string>& strategy_names();
 
 }  // namespace shardscope

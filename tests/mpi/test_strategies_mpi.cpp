@@ -42,7 +42,7 @@ TEST(StrategiesMpi, TrainLikeOneRankAndMatchTheClosedForms) {
     cfg.model.loss = s.loss;
     cfg.steps = 3;
     cfg.seed = 11;
-    cfg.strategy = s.strategy;
+    cfg.strategy = parse_strategy(s.strategy);
     cfg.layers_per_unit = s.layers_per_unit;
     cfg.prefetch = s.prefetch;
     SCOPED_TRACE(s.strategy + " layers=" + std::to_string(s.layers) + " units=" + std::to_string(s.layers_per_unit) +

@@ -1,4 +1,4 @@
-#include "harness/report/provenance.hpp"
+#include "harness/run/provenance.hpp"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "harness/report/format.hpp"
+#include "shardscope/format.hpp"
 
 #include <array>
 #include <cstdio>
