@@ -82,7 +82,7 @@ class CudaBackend final : public Backend {
   static constexpr std::int64_t kWorkspaceBytes = 4 << 20;
   std::int64_t workspace_bytes() const { return kWorkspaceBytes; }
 
-  int device() const { return device_; }
+  int device() const override { return device_; }
   cudaStream_t stream() const { return stream_; }
   cudaMemPool_t pool() const { return pool_; }
 

@@ -57,33 +57,42 @@ int world_size() {
   if (mpi_active()) MPI_Comm_size(MPI_COMM_WORLD, &n);
   return n;
 }
+// The rank among the ranks that share this node's memory, in world-rank order (a
+// collective over MPI_COMM_WORLD).
+int node_rank(int rank) {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  int local = 0;
+  const int rc = MPI_Comm_rank(node, &local);
+  MPI_CHECK(MPI_Comm_free(&node));
+  MPI_CHECK(rc);
+  return local;
+}
 #endif
 
 }  // namespace
 
 LaunchInfo detect_launch() {
-  LaunchInfo info{false, 1, 0, 0};
+  LaunchInfo info{false, 1, 0};
   struct Family {
-    std::initializer_list<const char*> size, rank, local;
+    std::initializer_list<const char*> size, rank;
   };
   // Open MPI, MPICH/Hydra, PMIx, Slurm: the first family whose rank variable is set
   // describes the launch. Slurm's SLURM_NTASKS is also set in a batch script that did
   // not go through srun; SLURM_STEP_NUM_TASKS, set per srun step, is preferred.
   const Family families[] = {
-      {{"OMPI_COMM_WORLD_SIZE"}, {"OMPI_COMM_WORLD_RANK"}, {"OMPI_COMM_WORLD_LOCAL_RANK"}},
-      {{"PMI_SIZE"}, {"PMI_RANK"}, {"MPI_LOCALRANKID"}},
-      {{}, {"PMIX_RANK"}, {}},
-      {{"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}, {"SLURM_PROCID"}, {"SLURM_LOCALID"}},
+      {{"OMPI_COMM_WORLD_SIZE"}, {"OMPI_COMM_WORLD_RANK"}},
+      {{"PMI_SIZE"}, {"PMI_RANK"}},
+      {{}, {"PMIX_RANK"}},
+      {{"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}, {"SLURM_PROCID"}},
   };
   for (const Family& f : families) {
     int rank = first_env_int(f.rank);
     if (rank < 0) continue;
     int world = f.size.size() == 0 ? -1 : first_env_int(f.size);
-    int local = f.local.size() == 0 ? -1 : first_env_int(f.local);
     info.under_launcher = true;
     info.rank = rank;
     info.world = world < 0 ? 0 : world;
-    info.local_rank = local < 0 ? 0 : local;
     if (info.world > 0 && info.rank >= info.world)
       throw UsageError("launcher environment: rank " + std::to_string(rank) +
                        " is not below the world size " + std::to_string(world));
@@ -130,7 +139,6 @@ MpiSession::MpiSession(int* argc, char*** argv, bool force) {
   launch_ = detect_launch();
   // world 0: the launcher gave a rank but not the size; assume several ranks.
   bool multi = launch_.under_launcher && (launch_.world != 1);
-  local_rank_ = launch_.local_rank;
 #ifdef SHARDSCOPE_WITH_MPI
   if (mpi_active()) {
     active_ = true;  // adopted: someone else initialised MPI and will finalise it
@@ -144,6 +152,7 @@ MpiSession::MpiSession(int* argc, char*** argv, bool force) {
   if (active_) {
     rank_ = world_rank();
     world_ = world_size();
+    local_rank_ = node_rank(rank_);
   }
 #else
   (void)argc;

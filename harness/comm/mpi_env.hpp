@@ -11,19 +11,21 @@
 
 namespace shardscope {
 
-// What the launcher (mpirun, mpiexec, srun) put in the environment.
+// What the launcher (mpirun, mpiexec, srun) put in the environment: enough to decide
+// whether to start MPI. The rank on this node is not read here: launchers' variables
+// for it mislead (under `srun --mpi=pmix` PMIX_RANK is set and SLURM_LOCALID is not
+// read before it, so every rank would take GPU 0); MpiSession asks MPI instead.
 struct LaunchInfo {
   bool under_launcher;  // a launcher's rank variable is set
   int world;            // ranks in the job: 1 when not launched; 0 when the launcher
                         // gives a rank but not the size (PMIx alone)
   int rank;             // 0 when not launched
-  int local_rank;       // rank on this node (selects the GPU); 0 when unknown
 };
 
-// Reads, first found wins: Open MPI (OMPI_COMM_WORLD_SIZE / _RANK / _LOCAL_RANK),
-// MPICH/Hydra (PMI_SIZE / PMI_RANK, MPI_LOCALRANKID), PMIx (PMIX_RANK), Slurm
-// (SLURM_STEP_NUM_TASKS or SLURM_NTASKS / SLURM_PROCID / SLURM_LOCALID).
-// Throws UsageError when a variable is set but is not a non-negative integer.
+// Reads, first found wins: Open MPI (OMPI_COMM_WORLD_SIZE / _RANK), MPICH/Hydra
+// (PMI_SIZE / PMI_RANK), PMIx (PMIX_RANK), Slurm (SLURM_STEP_NUM_TASKS or SLURM_NTASKS /
+// SLURM_PROCID). Throws UsageError when a variable is set but is not a non-negative
+// integer.
 LaunchInfo detect_launch();
 
 // MPI for the lifetime of the object. The constructor initialises MPI
@@ -44,6 +46,9 @@ class MpiSession {
   bool active() const { return active_; }  // MPI is initialised and usable
   int rank() const { return rank_; }
   int world() const { return world_; }
+  // This process's rank among the job's ranks on its node (shared memory), which
+  // selects its GPU: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) ordered by world rank,
+  // whatever the launcher's variables say; 0 without MPI.
   int local_rank() const { return local_rank_; }
   const LaunchInfo& launch() const { return launch_; }
 
@@ -51,7 +56,7 @@ class MpiSession {
   [[noreturn]] void abort(int code) const;
 
  private:
-  LaunchInfo launch_{false, 1, 0, 0};
+  LaunchInfo launch_{false, 1, 0};
   bool active_ = false;
   bool owns_ = false;  // this session called MPI_Init_thread
   int rank_ = 0;

@@ -209,6 +209,10 @@ std::optional<nlohmann::json> run_job(const RunConfig& cfg, const JobSetup& setu
     run = data_parallel_header(cfg, world);
     rank_record = run_data_parallel(cfg, *backend, *comm);
   }
+  // Where the rank ran: its rank on the node, which picks its GPU, and that GPU's index
+  // (null on cpu).
+  rank_record["local_rank"] = mpi.local_rank();
+  rank_record["device"] = backend->device() >= 0 ? nlohmann::json(backend->device()) : nlohmann::json(nullptr);
   const std::string device = backend->device_description();
   std::string cuda_text, nccl_text;  // library versions, for provenance (cuda runs only)
 #ifdef SHARDSCOPE_WITH_CUDA

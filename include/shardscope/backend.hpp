@@ -126,6 +126,8 @@ class Backend {
   virtual void set_allow_tf32(bool /*allow*/) {}
   // Free device memory in bytes (cudaMemGetInfo); -1 on host backends.
   virtual std::int64_t device_free_bytes() { return -1; }
+  // The device index this backend runs on (cudaSetDevice's); -1 on host backends (cpu).
+  virtual int device() const { return -1; }
   // A line naming the device, for provenance ("NVIDIA H200, CUDA 13.0, driver ..."); empty on cpu.
   virtual std::string device_description() const { return {}; }
 

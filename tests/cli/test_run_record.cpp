@@ -1,5 +1,5 @@
 // A data-parallel run's record, through the binary: the time of each step, and the part
-// of it spent inside collectives.
+// of it spent inside collectives; where each rank ran (its rank on the node, its device).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,6 +41,41 @@ TEST_F(RunRecord, CommTimeIsPartOfEveryStep) {
   std::ifstream out(dir_ + "/out.txt");
   const std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("comm ms  step ms"), std::string::npos) << text;
+}
+
+TEST_F(RunRecord, SaysWhereItsRankRan) {
+  ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ +
+                  "' run --backend cpu --layers 2 --width 8 --batch 4 --steps 1 --json r.json > out.txt 2> err.txt"),
+            0);
+  std::ifstream in(dir_ + "/r.json");
+  const json rank = json::parse(in)["runs"][0]["ranks"][0];
+  EXPECT_EQ(rank["local_rank"], 0);
+  EXPECT_TRUE(rank.contains("device") && rank["device"].is_null()) << rank.value("device", json("absent"));
+}
+
+// Under mpirun the rank on the node comes from MPI, not from launcher variables that
+// mislead. Without Open MPI's own variables, a launch reads as srun --mpi=pmix's:
+// PMIX_RANK (the world rank) and SLURM_LOCALID, here 0 on every rank; read as the
+// local rank, they put both ranks on GPU 0. The two ranks share this node: 0 and 1.
+TEST_F(RunRecord, LocalRankComesFromMpiNotFromLauncherVariables) {
+#ifndef SHARDSCOPE_WITH_MPI
+  GTEST_SKIP() << "no MPI in this build";
+#else
+  if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
+  ASSERT_EQ(shell("cd '" + dir_ + "' && timeout -k 5 60 mpirun --oversubscribe -np 2 -x SLURM_LOCALID=0"
+                  " env -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u OMPI_COMM_WORLD_LOCAL_RANK"
+                  " sh -c 'test -n \"$PMIX_RANK\" && exec \"$0\" \"$@\"' '" + bin_ +
+                  "' run --backend cpu --layers 2 --width 8 --batch 4 --steps 1 --json r.json > out.txt 2> err.txt"),
+            0) << "PMIX_RANK unset under mpirun, or the run failed";
+  std::ifstream in(dir_ + "/r.json");
+  const json ranks = json::parse(in)["runs"][0]["ranks"];
+  ASSERT_EQ(ranks.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks[r]["rank"], r);
+    EXPECT_EQ(ranks[r]["local_rank"], r);
+    EXPECT_TRUE(ranks[r]["device"].is_null());
+  }
+#endif
 }
 
 }  // namespace

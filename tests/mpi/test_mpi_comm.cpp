@@ -17,9 +17,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/random_data.hpp"
@@ -419,6 +421,29 @@ TEST(MpiHelpers, SessionAdoptsAnInitialisedMpi) {
   }
   EXPECT_TRUE(mpi_active());  // the session did not finalise what it did not initialise
   EXPECT_EQ(all_reduce_max(1), 1);
+}
+
+// The rank on this node comes from MPI (MPI_COMM_TYPE_SHARED, in world-rank order), not
+// from launcher variables that say otherwise. These tests run every rank on one node,
+// so it equals the world rank.
+TEST(MpiHelpers, SessionTakesTheLocalRankFromMpi) {
+  const char* names[] = {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"};
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    saved.emplace_back(n, v ? std::optional<std::string>(v) : std::nullopt);
+    setenv(n, "0", 1);  // every rank told it is the node's first
+  }
+  {
+    MpiSession s(nullptr, nullptr);
+    EXPECT_EQ(s.local_rank(), mpi_rank());
+  }
+  for (const auto& [n, v] : saved) {
+    if (v)
+      setenv(n.c_str(), v->c_str(), 1);
+    else
+      unsetenv(n.c_str());
+  }
 }
 
 }  // namespace
