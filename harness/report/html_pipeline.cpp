@@ -17,7 +17,7 @@ namespace {
 using nlohmann::json;
 
 constexpr double kWidth = 1000, kLeft = 76, kRight = 96, kRowH = 20, kRowGap = 6, kTop = 8, kActH = 84;
-constexpr std::size_t kActivation = 5;  // kTimelineCategories[5]
+constexpr std::size_t kActivation = static_cast<std::size_t>(Category::activation);  // its column in a sample
 
 struct StageRow {
   const json* record = nullptr;
