@@ -116,18 +116,21 @@ json plan_data_parallel(const RunConfig& cfg, int world, const std::optional<std
 }
 
 json plan_pipeline(const RunConfig& cfg, int stages, const std::optional<std::int64_t>& memory) {
+  const PipelineShape shape = pipeline_shape(cfg, stages);
+  // The lists (bounded by pipeline_shape's cap on forward actions) give the live
+  // micro-batch counts beside their formulas; the bytes are closed forms.
   const PipelineLayout layout = make_pipeline_layout(cfg, stages);
   json run = plan_header(pipeline_header(cfg, stages));
   run["bubble_fraction_theory"] = bubble_theory(layout.schedule);
-  const std::vector<StageProgram> programs = lower(layout.schedule);
   json list = json::array();
   std::int64_t highest = 0;
   for (int s = 0; s < stages; ++s) {
     json stage = {{"stage", s}, {"rank", s}};
     add_stage_layers(layout, s, stage);
-    stage["predicted"] = stage_prediction_json(cfg.model, layout, s, programs[s]);
-    stage["fits"] = fits_json(memory, stage["predicted"]["peak_total"].get<std::int64_t>());
-    highest = std::max(highest, stage["predicted"]["peak_total"].get<std::int64_t>());
+    const StageForms forms = stage_forms(shape, s, &layout);
+    stage["predicted"] = stage_prediction_json(forms, layout.schedule, s);
+    stage["fits"] = fits_json(memory, forms.peak.total());
+    highest = std::max(highest, forms.peak.total());
     list.push_back(std::move(stage));
   }
   run["stages"] = std::move(list);

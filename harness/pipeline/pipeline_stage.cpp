@@ -33,9 +33,8 @@ int pipeline_microbatches(const RunConfig& cfg, int stages) {
   return cfg.microbatches > 0 ? cfg.microbatches : stages;
 }
 
-PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages) {
+PipelineShape pipeline_shape(const RunConfig& cfg, int stages) {
   const int M = pipeline_microbatches(cfg, stages);
-  PipelineLayout layout;
   const int B = cfg.model.batch, L = cfg.model.layers, v = cfg.chunks;
   if (M > B)
     throw UsageError("--microbatches " + str(M) + (cfg.microbatches > 0 ? "" : " (default: one per stage)") +
@@ -68,16 +67,24 @@ PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages) {
                        " layers (one per virtual stage)");
     split = tensor_split_sizes(L, static_cast<int>(V));
   }
-  // Every stage's action list is built and validated; keep that to seconds.
+  // A run builds and validates every stage's action list; keep that to seconds.
   constexpr long long kMostForwards = 200'000;
   if (V * M > kMostForwards)
     throw UsageError("a pipeline of " + shape + " and " + str(M) + " micro-batches has " + std::to_string(V * M) +
                      " forward actions, above the largest allowed, " + std::to_string(kMostForwards) +
                      " (fewer --microbatches or stages)");
+  check_schedule(cfg.schedule, stages, M, v);
+  return {cfg.model, cfg.schedule, stages, M, v, std::move(split)};
+}
+
+PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages) {
+  const PipelineShape shape = pipeline_shape(cfg, stages);
+  const int M = shape.microbatches;
+  PipelineLayout layout;
   layout.schedule = make_schedule(cfg.schedule, stages, M, cfg.chunks);
   layout.bounds.assign(1, 0);
-  for (int n : split) layout.bounds.push_back(layout.bounds.back() + n);
-  layout.rows = tensor_split_sizes(B, M);
+  for (int n : shape.split) layout.bounds.push_back(layout.bounds.back() + n);
+  layout.rows = tensor_split_sizes(cfg.model.batch, M);
   layout.row_offset.assign(1, 0);
   for (int m = 0; m + 1 < M; ++m) layout.row_offset.push_back(layout.row_offset.back() + layout.rows[m]);
   const ValidationResult check = validate(layout.schedule);

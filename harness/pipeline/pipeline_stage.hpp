@@ -20,6 +20,7 @@
 #include "harness/model/adam_state.hpp"
 #include "harness/model/mlp.hpp"
 #include "harness/model/saved_tensors.hpp"
+#include "harness/predict/pipeline_forms.hpp"
 #include "shardscope/backend.hpp"
 #include "shardscope/comm.hpp"
 #include "shardscope/config.hpp"
@@ -49,8 +50,13 @@ struct PipelineLayout {
 // M = cfg.microbatches, or S when 0.
 int pipeline_microbatches(const RunConfig& cfg, int stages);
 
-// Builds and checks everything validate_pipeline refuses (UsageError naming the flag);
-// RunError when the schedule fails its own validator (a bug).
+// What the closed forms read, after every check a pipeline run makes of its flags
+// (UsageError naming the flag), without building the schedule's lists: linear in the
+// virtual stages.
+PipelineShape pipeline_shape(const RunConfig& cfg, int stages);
+
+// pipeline_shape's checks, then the schedule's lists, validated (RunError when they fail
+// their own validator: a bug).
 PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages);
 
 // One action's measured compute time.

@@ -38,7 +38,9 @@ std::vector<std::string> schedule_names() {
   return names;
 }
 
-Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks) {
+namespace {
+
+const Entry& checked_entry(const std::string& name, int stages, int microbatches, int chunks) {
   const Entry* entry = nullptr;
   for (const auto& e : kSchedules)
     if (name == e.name) entry = &e;
@@ -64,7 +66,17 @@ Schedule make_schedule(const std::string& name, int stages, int microbatches, in
                        " needs --microbatches to be a multiple of the stage count (S=" +
                        std::to_string(stages) + ", M=" + std::to_string(microbatches) + ")");
   }
+  return *entry;
+}
 
+}  // namespace
+
+void check_schedule(const std::string& name, int stages, int microbatches, int chunks) {
+  (void)checked_entry(name, stages, microbatches, chunks);
+}
+
+Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks) {
+  const Entry* entry = &checked_entry(name, stages, microbatches, chunks);
   Schedule s;
   s.name = entry->name;
   s.stages = stages;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "harness/run/pipeline_predict.hpp"
@@ -35,74 +36,82 @@ void add_stage_layers(const PipelineLayout& layout, int stage, nlohmann::json& r
   }
 }
 
-nlohmann::json stage_prediction_json(const ModelConfig& model, const PipelineLayout& layout, int s,
-                                     const StageProgram& program) {
-  const Schedule& sched = layout.schedule;
-  const SavedPrediction pred = predict_saved(model, layout, s);
-  const CategoryBytes peak = predict_peak(model, layout, s, program);
-  const std::int64_t p2p = predict_p2p_bytes(model, layout, s);
-  return {{"peak_live_tensors", pred.peak_live_tensors},
-          {"peak_live_bytes", pred.peak_live_bytes},
-          {"total_tensors", pred.total_tensors},
-          {"before_first_backward", pred.before_first_backward},
-          {"resting_total", predict_resting_total(model, layout, s)},
-          {"peak_total", peak.total()},
-          {"peak_by_category", category_json(peak)},
+StageForms stage_forms(const PipelineShape& shape, int s, const PipelineLayout* layout) {
+  StageForms forms = predict_pipeline_stage(shape, s);
+  if (shape.schedule == "interleaved-1f1b") {
+    SHARDSCOPE_REQUIRE(layout != nullptr, "stage_forms: interleaved-1f1b's peak needs the layout");
+    forms.peak = predict_peak(shape.model, *layout, s, lower(layout->schedule).at(s), forms.resting);
+  }
+  return forms;
+}
+
+nlohmann::json stage_prediction_json(const StageForms& forms, const Schedule& sched, int s) {
+  return {{"peak_live_tensors", forms.saved.peak_live_tensors},
+          {"peak_live_bytes", forms.saved.peak_live_bytes},
+          {"total_tensors", forms.saved.total_tensors},
+          {"before_first_backward", forms.saved.before_first_backward},
+          {"resting_total", forms.resting.total()},
+          {"peak_total", forms.peak.total()},
+          {"peak_by_category", category_json(forms.peak)},
           // Sent, and as many received: p2p.sent_bytes, p2p.recv_bytes; comm_bytes is both.
-          {"p2p_sent_bytes", p2p},
-          {"comm_bytes", 2 * p2p},
+          {"p2p_sent_bytes", forms.p2p_sent_bytes},
+          {"comm_bytes", 2 * forms.p2p_sent_bytes},
           // From F to B (DESIGN §4's theory), and until the last backward action, which
-          // is how long saved tensors stay (differs for zb-h1).
+          // is how long saved tensors stay (differs for zb-h1): counted on the
+          // schedule's lists beside their formulas.
           {"peak_live_microbatches", peak_live_microbatches(sched, s)},
           {"peak_live_microbatches_theory", peak_live_microbatches_theory(sched, s)},
           {"peak_held_microbatches", peak_held_microbatches(sched, s)},
           {"peak_held_microbatches_theory", peak_held_microbatches_theory(sched, s)}};
 }
 
-void validate_pipeline(const RunConfig& cfg, int stages) { (void)make_pipeline_layout(cfg, stages); }
+void validate_pipeline(const RunConfig& cfg, int stages) { (void)pipeline_shape(cfg, stages); }
 
 nlohmann::json pipeline_header(const RunConfig& cfg, int stages) {
-  const PipelineLayout layout = make_pipeline_layout(cfg, stages);
+  const PipelineShape shape = pipeline_shape(cfg, stages);
   nlohmann::json run;
   run["kind"] = "pipeline";
   run["schedule"] = cfg.schedule;
   run["world"] = stages;
-  run["microbatches"] = layout.microbatches();
-  run["chunks"] = layout.chunks();
+  run["microbatches"] = shape.microbatches;
+  run["chunks"] = shape.chunks;
   run["steps"] = cfg.steps;
   run["timed_steps"] = cfg.steps > 1 ? cfg.steps - 1 : 0;
   run["seed"] = cfg.seed;
   run["model"] = model_json(cfg.model);
-  run["split"] = layout.split();
-  run["microbatch_rows"] = layout.rows;
+  run["split"] = shape.split;
+  run["microbatch_rows"] = tensor_split_sizes(cfg.model.batch, shape.microbatches);
   return run;
 }
 
 nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& comm) {
-  PipelineStage stage(cfg, backend, comm);
-  const PipelineLayout& layout = stage.layout();
-  const Schedule& sched = layout.schedule;
-  const int s = stage.stage();
-  // The closed forms once: their peak walk is what the memory check compares, and what
-  // the record prints beside the measured figures.
-  const nlohmann::json predicted = stage_prediction_json(cfg.model, layout, s, stage.program());
-  const std::int64_t predicted_peak = predicted["peak_total"].get<std::int64_t>();
+  const int s = comm.rank();
+  // The closed forms first, from the flags alone: the memory check compares their peak
+  // before the stage builds its schedule, program or anything of the model's size.
+  const PipelineShape shape = pipeline_shape(cfg, comm.world());
+  std::optional<PipelineLayout> layout_for_walk;
+  if (shape.schedule == "interleaved-1f1b") layout_for_walk = make_pipeline_layout(cfg, comm.world());
+  const StageForms forms = stage_forms(shape, s, layout_for_walk ? &*layout_for_walk : nullptr);
+  const std::int64_t predicted_peak = forms.peak.total();
   check_memory(predicted_peak, backend, comm.rank());
   // Untracked host bookkeeping grows with the schedule (every stage's action list, its
-  // lowering and validation) and with the saves this stage records per micro-batch and
-  // layer. Per-unit figures measured on x86-64 (README "Command line"), rounded up.
-  const std::int64_t M = layout.microbatches(), forwards = static_cast<std::int64_t>(sched.stages) * sched.chunks * M;
+  // lowering and validation) and with what the executor keeps per live micro-batch and
+  // layer (tapes, saved-tensor entries). Per-unit figures measured on x86-64 (README
+  // "Command line"), rounded up.
+  const std::int64_t M = shape.microbatches, forwards = static_cast<std::int64_t>(shape.stages) * shape.chunks * M;
   std::int64_t stage_layers = 0;
-  for (int c = 0; c < layout.chunks(); ++c) {
-    const int v = vstage_of(sched, s, c);
-    stage_layers += layout.end_layer(v) - layout.first_layer(v);
-  }
-  const std::int64_t stage_forwards = static_cast<std::int64_t>(sched.chunks) * M;
+  for (int c = 0; c < shape.chunks; ++c) stage_layers += shape.split[static_cast<std::size_t>(c) * shape.stages + s];
+  const std::int64_t stage_forwards = static_cast<std::int64_t>(shape.chunks) * M;
   const std::int64_t bookkeeping = 6'144 * stage_forwards + 256 * M * stage_layers + 512 * forwards;
   if (backend.device_free_bytes() < 0)
     check_host_memory(predicted_peak + bookkeeping, comm.rank(), "predicted peak plus estimated schedule bookkeeping");
   else
     check_host_memory(bookkeeping, comm.rank(), "estimated schedule bookkeeping on the host");
+
+  PipelineStage stage(cfg, backend, comm);
+  const PipelineLayout& layout = stage.layout();
+  const Schedule& sched = layout.schedule;
+  const nlohmann::json predicted = stage_prediction_json(forms, sched, s);
   {
     ScopedRange range(backend, "setup");
     stage.setup();

@@ -16,11 +16,12 @@ nlohmann::json pipeline_header(const RunConfig& cfg, int stages);
 // A stage record's "layers" ([first, last] of its first chunk) and, with chunks,
 // "chunks_layers" (every chunk's), added to `record`.
 void add_stage_layers(const PipelineLayout& layout, int stage, nlohmann::json& record);
-// A stage record's "predicted": saved tensors walked through its actions, resting and
-// peak bytes, and the live micro-batch counts with their theory (DESIGN §4).
-// `program` is the stage's lowered program (lower(layout.schedule)[stage]).
-nlohmann::json stage_prediction_json(const ModelConfig& model, const PipelineLayout& layout, int stage,
-                                     const StageProgram& program);
+// Stage s's closed forms (harness/predict/pipeline_forms). interleaved-1f1b's peak is
+// still walked over the stage's lowered program, which needs `layout` (null otherwise).
+StageForms stage_forms(const PipelineShape& shape, int s, const PipelineLayout* layout);
+// A stage record's "predicted": the closed forms, and the live micro-batch counts of the
+// schedule's lists with their theory (DESIGN §4).
+nlohmann::json stage_prediction_json(const StageForms& forms, const Schedule& sched, int s);
 // Runs the steps on this stage; returns the stage's record (DESIGN §7 "stages").
 nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& comm);
 // Takes the gathered stage records (one per stage), replays the schedule with each

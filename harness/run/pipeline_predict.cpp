@@ -2,120 +2,10 @@
 
 #include <algorithm>
 #include <map>
-#include <unordered_map>
 #include <tuple>
 #include <vector>
 
 namespace shardscope {
-
-namespace {
-
-// A tensor as the saved-tensor instrument tells them apart. Layer outputs are named by
-// their layer: a received activation is the sender's output (one copy per stage).
-enum class Kind : std::uint64_t { input, output, weight, target };
-// (kind, micro-batch, layer) packed in one word: M <= 10,000 and L <= 100,000 (the CLI's
-// caps) fit 24 bits each.
-using TensorId = std::uint64_t;
-TensorId tensor_id(Kind kind, int microbatch, int layer) {
-  return static_cast<std::uint64_t>(kind) << 48 | static_cast<std::uint64_t>(microbatch) << 24 |
-         static_cast<std::uint64_t>(layer);
-}
-
-class Walk {
- public:
-  void save(const TensorId& id, std::int64_t bytes) {
-    Entry& e = live_[id];
-    if (e.refs++ == 0) {
-      e.bytes = bytes;
-      live_bytes_ += bytes;
-    }
-    ++live_count_;
-    ++p_.total_tensors;
-    p_.peak_live_tensors = std::max(p_.peak_live_tensors, live_count_);
-    p_.peak_live_bytes = std::max(p_.peak_live_bytes, live_bytes_);
-  }
-  void release(const TensorId& id) {
-    Entry& e = live_[id];
-    --live_count_;
-    if (--e.refs == 0) {
-      live_bytes_ -= e.bytes;
-      live_.erase(id);
-    }
-  }
-  SavedPrediction& result() { return p_; }
-
- private:
-  struct Entry {
-    int refs = 0;
-    std::int64_t bytes = 0;
-  };
-  std::unordered_map<TensorId, Entry> live_;
-  int live_count_ = 0;
-  std::int64_t live_bytes_ = 0;
-  SavedPrediction p_;
-};
-
-}  // namespace
-
-SavedPrediction predict_saved(const ModelConfig& model, const PipelineLayout& layout, int stage) {
-  const Schedule& s = layout.schedule;
-  const int M = layout.microbatches(), V = layout.vstages();
-  // What F(m, chunk) saved, by the action that releases it.
-  struct Saves {
-    std::vector<TensorId> at_b, at_w;
-  };
-  std::vector<Saves> saves(static_cast<std::size_t>(layout.chunks()) * M);
-  Walk walk;
-  bool backward_seen = false;
-  for (const Action& a : s.actions.at(stage)) {
-    Saves& mine = saves[static_cast<std::size_t>(a.chunk) * M + a.microbatch];
-    const int m = a.microbatch;
-    if (a.kind == ActionKind::F) {
-      const int k = vstage_of(s, stage, a.chunk);
-      const int first = layout.first_layer(k), last = layout.end_layer(k);
-      const std::int64_t bytes = model.activation_bytes(layout.rows[m]);
-      auto save = [&](const TensorId& id, std::int64_t b, bool until_w) {
-        walk.save(id, b);
-        (until_w && s.split_backward ? mine.at_w : mine.at_b).push_back(id);
-      };
-      for (int i = first; i < last; ++i) {
-        const TensorId in = i == 0 ? tensor_id(Kind::input, m, 0) : tensor_id(Kind::output, m, i - 1);
-        save(in, bytes, /*until_w*/ true);  // Linear: its input
-        if (i != 0) save(tensor_id(Kind::weight, m, i), 0, false);  // and its weight, input requiring grad
-        if (model.activation == Activation::relu) save(tensor_id(Kind::output, m, i), bytes, false);  // ReLU: output
-      }
-      if (k == V - 1 && model.loss == Loss::mse) {  // MSE: input and target
-        save(tensor_id(Kind::output, m, last - 1), bytes, false);
-        save(tensor_id(Kind::target, m, 0), bytes, false);
-      }
-    } else {
-      if (!backward_seen) walk.result().before_first_backward = walk.result().total_tensors;
-      backward_seen = true;
-      for (const TensorId& id : a.kind == ActionKind::B ? mine.at_b : mine.at_w) walk.release(id);
-      (a.kind == ActionKind::B ? mine.at_b : mine.at_w).clear();
-    }
-  }
-  if (!backward_seen) walk.result().before_first_backward = walk.result().total_tensors;
-  return walk.result();
-}
-
-CategoryBytes predict_resting(const ModelConfig& model, const PipelineLayout& layout, int stage) {
-  std::int64_t layers = 0;
-  for (int c = 0; c < layout.chunks(); ++c) {
-    const int k = vstage_of(layout.schedule, stage, c);
-    layers += layout.end_layer(k) - layout.first_layer(k);
-  }
-  CategoryBytes b;
-  b[Category::param] = 4 * layers * model.layer_elems();
-  b[Category::grad] = 4 * layers * model.layer_elems();
-  // exp_avg + exp_avg_sq, and a 4-byte step for each of 2 tensors a layer
-  b[Category::optim] = 8 * layers * model.layer_elems() + 8 * layers;
-  return b;
-}
-
-std::int64_t predict_resting_total(const ModelConfig& model, const PipelineLayout& layout, int stage) {
-  return predict_resting(model, layout, stage).total();
-}
 
 namespace {
 
@@ -156,28 +46,11 @@ class Bytes {
 
 }  // namespace
 
-std::int64_t predict_p2p_bytes(const ModelConfig& model, const PipelineLayout& layout, int stage) {
-  const Schedule& s = layout.schedule;
-  const int V = layout.vstages();
-  std::int64_t neighbours = 0;
-  for (int c = 0; c < layout.chunks(); ++c) {
-    const int v = vstage_of(s, stage, c);
-    // A neighbour on this same stage (one stage, several chunks) is handed over in place.
-    neighbours += (v > 0 && stage_of_vstage(s, v - 1) != stage ? 1 : 0) +
-                  (v < V - 1 && stage_of_vstage(s, v + 1) != stage ? 1 : 0);
-  }
-  return neighbours * model.activation_bytes(model.batch);
-}
-
-std::int64_t predict_peak_total(const ModelConfig& model, const PipelineLayout& layout, int stage) {
-  return predict_peak(model, layout, stage, lower(layout.schedule).at(stage)).total();
-}
-
 CategoryBytes predict_peak(const ModelConfig& model, const PipelineLayout& layout, int stage,
-                           const StageProgram& program) {
+                           const StageProgram& program, const CategoryBytes& resting) {
   const Schedule& s = layout.schedule;
   const int M = layout.microbatches(), V = layout.vstages();
-  Bytes t(predict_resting(model, layout, stage));
+  Bytes t(resting);
   const bool holds_loss = stage_of_vstage(s, V - 1) == stage;
   Held x, target;
   if (stage_of_vstage(s, 0) == stage) t.alloc(x, model.activation_bytes(model.batch), Category::temp);

@@ -57,6 +57,8 @@ std::vector<std::string> schedule_names();
 // --chunks >= 2 (one chunk is 1f1b: use that name; nothing is quietly downgraded) and
 // M a multiple of S.
 Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks);
+// The same checks, without building the lists.
+void check_schedule(const std::string& name, int stages, int microbatches, int chunks);
 
 // "F(m=3, chunk 1)"
 std::string to_string(const Action& a);

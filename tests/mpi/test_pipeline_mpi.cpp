@@ -1,7 +1,7 @@
 // Pipelines over MPI at the world this binary was started with (W = 2, 3, 4 from ctest;
 // W = the stage count): every schedule trains like one rank on the full batch (each
 // stage's gradients, parameters and AdamW state equal the matching slice of the
-// non-pipelined reference), saved tensors equal the walk's prediction on every stage,
+// non-pipelined reference), saved tensors and resting bytes equal the closed forms on every stage,
 // a stage played alone with the fake communicator holds the real stage's bytes, and at
 // W = 2 the seed's last-stage numbers come out.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "harness/comm/fake_comm.hpp"
-#include "harness/run/pipeline_predict.hpp"
+#include "harness/predict/pipeline_forms.hpp"
 #include "harness/pipeline/pipeline_stage.hpp"
 #include "harness/pipeline/run_pipeline.hpp"
 #include "shardscope/comm.hpp"
@@ -93,12 +93,15 @@ TEST(PipelineMpi, EveryStageTrainsLikeTheFullBatch) {
               0.0)
               << "exp_avg_sq of chunk " << ch << " at " << at;
         }
-        const SavedPrediction p = predict_saved(cfg.model, stage.layout(), w.rank);
-        EXPECT_EQ(stage.saved().peak_live(), p.peak_live_tensors);
-        EXPECT_EQ(stage.saved().peak_live_bytes(), p.peak_live_bytes);
-        EXPECT_EQ(stage.saved().total(), p.total_tensors);
-        EXPECT_EQ(stage.saved().before_first_backward(), p.before_first_backward);
-        EXPECT_EQ(backend.tracker().current_total(), predict_resting_total(cfg.model, stage.layout(), w.rank));
+        const StageForms p = predict_pipeline_stage(pipeline_shape(cfg, S), w.rank);
+        EXPECT_EQ(stage.saved().peak_live(), p.saved.peak_live_tensors);
+        EXPECT_EQ(stage.saved().peak_live_bytes(), p.saved.peak_live_bytes);
+        EXPECT_EQ(stage.saved().total(), p.saved.total_tensors);
+        EXPECT_EQ(stage.saved().before_first_backward(), p.saved.before_first_backward);
+        EXPECT_EQ(backend.tracker().current_total(), p.resting.total());
+        if (c.schedule != "interleaved-1f1b") {
+          EXPECT_EQ(backend.tracker().peak().by_category, p.peak);
+        }
 
         // The same stage played alone with the fake communicator holds the same bytes.
         CpuBackend backend2;

@@ -1,8 +1,9 @@
 // Pipeline stages in one process (DESIGN §4): S = 1 with the self communicator (every
 // schedule, numerics against one rank on the full batch), and every stage of S = 2..4
-// played alone with the fake communicator: the saved-tensor counts and bytes and the
-// step's peak total measured equal the walks' predictions exactly, and the seed's
-// last-stage numbers come out.
+// played alone with the fake communicator: the saved-tensor counts and bytes, the
+// resting bytes, the step's peak per category and the p2p bytes measured equal the
+// closed forms (harness/predict/pipeline_forms) exactly, and the seed's last-stage
+// numbers come out.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -11,7 +12,6 @@
 #include <vector>
 
 #include "harness/comm/fake_comm.hpp"
-#include "harness/run/pipeline_predict.hpp"
 #include "harness/pipeline/pipeline_stage.hpp"
 #include "harness/pipeline/run_pipeline.hpp"
 #include "shardscope/check.hpp"
@@ -117,7 +117,7 @@ TEST(pipeline, SeedLastStageMatchesTheReference) {
 
 // ---- measured == predicted, every stage ------------------------------------------------
 
-TEST(pipeline, SavedTensorsEqualTheWalkOnEveryStage) {
+TEST(pipeline, MeasuredEqualsTheClosedFormsOnEveryStage) {
   const std::vector<ModelConfig> models = {model_of(9, 8, 8, Activation::relu, Loss::mse),
                                            model_of(9, 8, 8, Activation::none, Loss::sum),
                                            model_of(8, 6, 8, Activation::none, Loss::mse),
@@ -130,6 +130,7 @@ TEST(pipeline, SavedTensorsEqualTheWalkOnEveryStage) {
           for (int v : {1, 2}) {
             if (!schedule_fits(schedule, S, M, v)) continue;
             const RunConfig cfg = pipeline_config(schedule, M, v, model);
+            const PipelineShape shape = pipeline_shape(cfg, S);
             const PipelineLayout layout = make_pipeline_layout(cfg, S);
             for (int s = 0; s < S; ++s) {
               SCOPED_TRACE(schedule + " S=" + std::to_string(S) + " s=" + std::to_string(s) + " M=" +
@@ -140,24 +141,24 @@ TEST(pipeline, SavedTensorsEqualTheWalkOnEveryStage) {
               auto comm = S == 1 ? make_communicator(CommOptions{"self", 0, 0}, &backend)
                                  : make_fake_communicator(S, s, &backend);
               const Measured r = run_stage(cfg, backend, *comm);
-              const SavedPrediction p = predict_saved(cfg.model, layout, s);
-              EXPECT_EQ(r.peak_live, p.peak_live_tensors);
-              EXPECT_EQ(r.peak_bytes, p.peak_live_bytes);
-              EXPECT_EQ(r.total, p.total_tensors);
-              EXPECT_EQ(r.before_first_backward, p.before_first_backward);
+              const StageForms p = stage_forms(shape, s, &layout);
+              ASSERT_GT(r.peak_total, r.resting);
+              EXPECT_EQ(r.peak_live, p.saved.peak_live_tensors);
+              EXPECT_EQ(r.peak_bytes, p.saved.peak_live_bytes);
+              EXPECT_EQ(r.total, p.saved.total_tensors);
+              EXPECT_EQ(r.before_first_backward, p.saved.before_first_backward);
               // At rest: params, grads, AdamW state of its layers; every transient freed.
-              EXPECT_EQ(r.resting, predict_resting_total(cfg.model, layout, s));
+              EXPECT_EQ(r.resting_by_category, p.resting);
               EXPECT_EQ(r.resting_by_category[Category::activation], 0);
               EXPECT_EQ(r.resting_by_category[Category::comm], 0);
               EXPECT_EQ(r.resting_by_category[Category::temp], 0);
-              // The step's peak, walked over the lowered program with each buffer's size.
-              EXPECT_EQ(r.peak_total, predict_peak_total(cfg.model, layout, s));
-              const CategoryBytes peak = predict_peak(cfg.model, layout, s, lower(layout.schedule).at(s));
+              // The step's peak, at its first instant, per category.
+              EXPECT_EQ(r.peak_total, p.peak.total());
               for (int k = 0; k < kCategoryCount; ++k)
-                EXPECT_EQ(r.peak_by_category.bytes[k], peak.bytes[k]) << "at the peak " << kCategoryNames[k];
+                EXPECT_EQ(r.peak_by_category.bytes[k], p.peak.bytes[k]) << "at the peak " << kCategoryNames[k];
               // A step's point-to-point bytes, each way.
-              EXPECT_EQ(r.sent, predict_p2p_bytes(cfg.model, layout, s));
-              EXPECT_EQ(r.received, predict_p2p_bytes(cfg.model, layout, s));
+              EXPECT_EQ(r.sent, p.p2p_sent_bytes);
+              EXPECT_EQ(r.received, p.p2p_sent_bytes);
               ++checked;
             }
           }

@@ -1,0 +1,393 @@
+// Closed forms for one pipeline stage (docs/pipeline-formulas.md writes them out).
+//
+// Symbols. S stages, stage s; v chunks; V = S·v virtual stages, k = c·S + s for chunk c;
+// n_k layers in virtual stage k, its first layer f_k; M micro-batches of r_m rows
+// (q = B / M, e = B % M, r_m = q + 1 for m < e, else q; R(h) = Σ_{m<h} r_m = h·q +
+// min(h, e)); a_m = 4·width·r_m bytes, one (r_m, width) fp32 activation.
+//
+// The executor (harness/pipeline/pipeline_stage.cpp) is not read here: these forms
+// follow the schedules' definitions (harness/pipeline/gpipe.cpp ...) and the Mlp's
+// allocation order, and the tests hold them equal to what the executor measures.
+#include "harness/predict/pipeline_forms.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+namespace {
+
+using i64 = std::int64_t;
+
+enum class Kind { gpipe, one_f_one_b, interleaved, zb_h1 };
+
+Kind kind_of(const std::string& name) {
+  if (name == "gpipe") return Kind::gpipe;
+  if (name == "1f1b") return Kind::one_f_one_b;
+  if (name == "interleaved-1f1b") return Kind::interleaved;
+  if (name == "zb-h1") return Kind::zb_h1;
+  throw UsageError("--schedule: no closed forms for '" + name + "'");
+}
+
+// Rows of torch.tensor_split(B, M): sizes differ by at most one, larger first.
+struct Rows {
+  i64 M = 1, q = 0, e = 0, row_bytes = 0;  // row_bytes = 4·width
+  i64 rows(i64 m) const { return q + (m < e ? 1 : 0); }
+  // R(h) = Σ_{m<h} r_m, h clamped to [0, M]
+  i64 before(i64 h) const {
+    h = std::clamp<i64>(h, 0, M);
+    return h * q + std::min(h, e);
+  }
+  i64 a(i64 m) const { return m < 0 || m >= M ? 0 : row_bytes * rows(m); }        // a_m
+  i64 sum(i64 lo, i64 hi) const { return lo >= hi ? 0 : row_bytes * (before(hi) - before(lo)); }  // Σ_{lo<=m<hi} a_m
+};
+
+// One virtual stage as this stage runs it.
+struct Piece {
+  int k = 0;           // virtual stage
+  i64 n = 0;           // layers
+  bool first = false;  // k == 0: its input is the batch, which needs no gradient
+  bool last = false;   // k == V-1: it computes the loss
+  bool ls = false;     // its last output is saved (relu, or the model's last layer under mse)
+  bool recv_act = false, send_act = false;    // activation in from k-1 / out to k+1 on another stage
+  bool recv_grad = false, send_grad = false;  // gradient in from k+1 / out to k-1 on another stage
+  // Saves of one F (counts) and their distinct bytes in rows of width·4 (DESIGN §2):
+  // every layer's Linear input and, when the input needs a gradient, its weight (0
+  // bytes); relu: every output; the loss under mse: its input and target.
+  i64 saves = 0, save_rows = 0;
+};
+
+struct Ctx {
+  const PipelineShape& sh;
+  int s, S, M, v, V;
+  bool relu, mse;
+  Rows rows;
+  std::vector<Piece> pieces;  // by chunk
+};
+
+Ctx make_ctx(const PipelineShape& sh, int s) {
+  Ctx c{sh, s, sh.stages, sh.microbatches, sh.chunks, sh.stages * sh.chunks,
+        sh.model.activation == Activation::relu, sh.model.loss == Loss::mse, {}, {}};
+  SHARDSCOPE_REQUIRE(static_cast<int>(sh.split.size()) == c.V && s >= 0 && s < c.S && c.M >= 1 &&
+                         c.M <= sh.model.batch,
+                     "pipeline forms: an unchecked shape");
+  c.rows.M = c.M;
+  c.rows.q = sh.model.batch / c.M;
+  c.rows.e = sh.model.batch % c.M;
+  c.rows.row_bytes = 4 * static_cast<i64>(sh.model.width);
+  auto stage_of = [&](int k) { return k % c.S; };
+  for (int ch = 0; ch < c.v; ++ch) {
+    Piece p;
+    p.k = ch * c.S + s;
+    p.n = sh.split[p.k];
+    p.first = p.k == 0;
+    p.last = p.k == c.V - 1;
+    p.ls = c.relu || (p.last && c.mse);
+    p.recv_act = !p.first && stage_of(p.k - 1) != s;
+    p.send_act = !p.last && stage_of(p.k + 1) != s;
+    p.recv_grad = p.send_act;
+    p.send_grad = p.recv_act;
+    const bool loss_saves = p.last && c.mse;
+    p.saves = p.n + (p.n - (p.first ? 1 : 0)) + (c.relu ? p.n : 0) + (loss_saves ? 2 : 0);
+    // input + the n-1 outputs the next Linear saves + the last output (relu or mse) + target
+    p.save_rows = p.n + (p.ls ? 1 : 0) + (loss_saves ? 1 : 0);
+    c.pieces.push_back(p);
+  }
+  return c;
+}
+
+// ---- resting and p2p ------------------------------------------------------------------
+
+CategoryBytes resting(const Ctx& c) {
+  i64 layers = 0;
+  for (const Piece& p : c.pieces) layers += p.n;
+  const i64 per_layer = c.sh.model.layer_elems();
+  CategoryBytes b;
+  b[Category::param] = 4 * layers * per_layer;
+  b[Category::grad] = 4 * layers * per_layer;
+  // exp_avg + exp_avg_sq, and a 4-byte step for each of a layer's 2 tensors
+  b[Category::optim] = 8 * layers * per_layer + 8 * layers;
+  return b;
+}
+
+// Each micro-batch's activation goes to the next virtual stage and its input gradient
+// to the previous one, when those live on another stage: over the M micro-batches,
+// B·width·4 bytes per neighbour and direction.
+i64 p2p_sent(const Ctx& c) {
+  i64 neighbours = 0;
+  for (const Piece& p : c.pieces) neighbours += (p.send_act ? 1 : 0) + (p.send_grad ? 1 : 0);
+  return neighbours * c.rows.sum(0, c.M);
+}
+
+// ---- saved tensors --------------------------------------------------------------------
+//
+// Saves only grow during an F and only shrink during a B or W, so both peaks are at the
+// end of some F: the pairs (micro-batch, chunk) whose F has run and whose B has not
+// hold all their saves; with a split backward (zb-h1) a pair between B and W still
+// holds its n Linear inputs (n saves, n·a_m bytes).
+
+SavedForms saved_one_chunk(const Ctx& c, Kind kind) {
+  const Piece& p = c.pieces[0];
+  const i64 M = c.M, s = c.s;
+  const i64 D = p.save_rows * c.rows.row_bytes;  // bytes per row of one pair's saves
+  SavedForms f;
+  f.total_tensors = (M * p.saves);
+  // F's before the first B: gpipe all M; 1f1b and zb-h1 the warm-up min(S-s-1, M) and one more.
+  const i64 w = kind == Kind::gpipe ? M : std::min<i64>(c.S - s - 1, M);
+  const i64 h = std::min(w + 1, M);
+  f.before_first_backward = (h * p.saves);
+  if (kind != Kind::zb_h1 || w == M) {
+    // A window of h consecutive micro-batches is live after each F; the first, 0..h-1,
+    // holds the largest rows.
+    f.peak_live_tensors = (h * p.saves);
+    f.peak_live_bytes = D / c.rows.row_bytes * c.rows.sum(0, h);
+    return f;
+  }
+  // zb-h1: at the end of F(w+b), b = 0..M-1-w, pairs b..w+b are whole and pairs
+  // max(0, b-s)..b-1 wait for their W (W(j) follows B(j+s)). The count grows with b up
+  // to b = s; past it both windows slide towards smaller rows, so b <= min(s, M-1-w).
+  const i64 top = std::min<i64>(s, M - 1 - w);
+  f.peak_live_tensors = ((w + 1) * p.saves + top * p.n);
+  for (i64 b = 0; b <= top; ++b)
+    f.peak_live_bytes = std::max(f.peak_live_bytes, p.save_rows * c.rows.sum(b, w + b + 1) + p.n * c.rows.sum(0, b));
+  return f;
+}
+
+// Interleaved 1F1B: the stage's j-th forward is chunk (j mod S·v) / S of micro-batch
+// (j / (S·v))·S + j mod S, its j-th backward the same with the chunk reversed; W_s =
+// min(2(S-s-1) + (v-1)·S, v·M) forwards run before the first backward, then F and B
+// alternate. So after forward j and the j - W_s backwards before it, chunk c holds
+// micro-batches [b_c, a_c): a_c(j) = S·⌊(j+1)/(S·v)⌋ + clamp((j+1) mod S·v - c·S, 0, S),
+// b_c the same of the backward count with v-1-c for c. One round (S·v forwards) later
+// every window has moved S micro-batches on: the same count, rows no larger; before
+// W_s the windows only grow. So the peaks are in j = W_s .. W_s + S·v - 1.
+// On one stage (S = 1) with relu, chunk c's input is chunk c-1's saved output: one
+// tensor, counted once while both hold it.
+struct Windows {
+  const Ctx& c;
+  std::vector<i64> a, b;  // per chunk: forwards done / backwards done (micro-batches)
+  i64 count = 0, bytes = 0;
+
+  explicit Windows(const Ctx& ctx) : c(ctx), a(ctx.v, 0), b(ctx.v, 0) {}
+  bool shared() const { return c.S == 1 && c.relu; }
+  // Bytes of chunk ch's boundary tensors held twice (its input, chunk ch-1's output).
+  i64 overlap(int ch) const {
+    if (!shared() || ch < 1 || ch >= c.v) return 0;
+    return c.rows.sum(std::max(b[ch], b[ch - 1]), std::min(a[ch], a[ch - 1]));
+  }
+  void move(std::vector<i64>& end, int ch, i64 to, int sign) {
+    const Piece& p = c.pieces[ch];
+    bytes += overlap(ch) + overlap(ch + 1);
+    count += sign * (to - end[ch]) * p.saves;
+    bytes += sign * p.save_rows * (sign > 0 ? c.rows.sum(end[ch], to) : c.rows.sum(end[ch], to));
+    end[ch] = to;
+    bytes -= overlap(ch) + overlap(ch + 1);
+  }
+};
+
+i64 round_count(i64 done, int ch, int S, int v) {  // how many of chunk ch's among `done`
+  const i64 round = static_cast<i64>(S) * v;
+  return S * (done / round) + std::clamp<i64>(done % round - static_cast<i64>(ch) * S, 0, S);
+}
+
+SavedForms saved_interleaved(const Ctx& c) {
+  const i64 S = c.S, v = c.v, M = c.M, total = v * M;
+  const i64 warm = std::min<i64>(2 * (S - c.s - 1) + (v - 1) * S, total);
+  SavedForms f;
+  for (const Piece& p : c.pieces) f.total_tensors += (M * p.saves);
+  Windows w(c);
+  auto at_forward = [&](i64 j) {  // windows after forward j (j+1 forwards, max(0, j-warm) backwards)
+    const i64 backs = std::max<i64>(0, j - warm);
+    for (int ch = 0; ch < v; ++ch) {
+      const i64 to_a = round_count(j + 1, ch, c.S, c.v);
+      if (to_a != w.a[ch]) w.move(w.a, ch, to_a, +1);
+      const i64 to_b = round_count(backs, c.v - 1 - ch, c.S, c.v);
+      if (to_b != w.b[ch]) w.move(w.b, ch, to_b, -1);
+    }
+  };
+  at_forward(std::min(warm, total - 1));
+  f.before_first_backward = (w.count);
+  for (i64 j = std::min(warm, total - 1); j <= std::min(total - 1, warm + S * v - 1); ++j) {
+    at_forward(j);
+    f.peak_live_tensors = std::max(f.peak_live_tensors, (w.count));
+    f.peak_live_bytes = std::max(f.peak_live_bytes, w.bytes);
+  }
+  return f;
+}
+
+// ---- the peak -------------------------------------------------------------------------
+//
+// The tracker keeps the first instant of the step's maximum. Instants where bytes can
+// be highest, in time order: a p2p group's receives (before the sends it completes are
+// freed), and inside an action the last of its allocations before it frees. Each is a
+// formula of the micro-batch index; between the indices where a window's end or a
+// named micro-batch crosses e (rows drop from q+1 to q) it is linear, so its maximum
+// over a phase is at a phase end or beside such a crossing: those indices are visited.
+
+// Bytes above the step's base at one instant.
+struct Moment {
+  i64 activation = 0, temp = 0, comm = 0;
+};
+
+class Peak {
+ public:
+  explicit Peak(const CategoryBytes& base) : base_(base), best_(base) {}
+  void visit(const Moment& m) {
+    CategoryBytes b = base_;
+    b[Category::activation] += m.activation;
+    b[Category::temp] += m.temp;
+    b[Category::comm] += m.comm;
+    if (b.total() > best_.total()) best_ = b;
+  }
+  const CategoryBytes& best() const { return best_; }
+
+ private:
+  CategoryBytes base_, best_;
+};
+
+// Indices j in [lo, hi] where some r_{j+o} or R(j+o) changes slope, for each offset o,
+// with the phase's ends, the indices `at` where its formula changes, and their
+// neighbours.
+std::vector<i64> breakpoints(i64 lo, i64 hi, i64 e, std::initializer_list<i64> offsets,
+                             std::initializer_list<i64> at = {}) {
+  std::set<i64> out;
+  if (lo > hi) return {};
+  auto add = [&](i64 j) {
+    for (i64 d = -1; d <= 1; ++d)
+      if (j + d >= lo && j + d <= hi) out.insert(j + d);
+  };
+  add(lo);
+  add(hi);
+  for (i64 j : at) add(j);
+  for (i64 o : offsets) add(e - o);
+  return {out.begin(), out.end()};
+}
+
+// GPipe and 1F1B on one chunk. Stage s runs w forwards (gpipe: all M; 1f1b: min(S-s-1,
+// M)), then F(w+t), B(t) for t = 0..M-w-1, then the remaining B's. Each action's
+// output is sent in the group before the stage's next action (the consumer runs it in
+// the same unit-time round), so one pending send at most.
+//   held by a pair between its F and its B: a_m·h, h = [received] + (n-1) + [ls]
+//     (its received input, the outputs its layers saved), activation;
+//   pending after F(m): a_m if the last output goes out unsaved (no relu), temp;
+//   pending after B(m): a_m (its input gradient) unless k = 0, temp.
+// Instants:
+//   group before F(m): held + pending + a_m received (activation);
+//   F(m): held + a_m·([received] + n) (its outputs; the unsaved last one temp) + 4 (the
+//     loss scalar, last stage);
+//   group before B(m): held (with m) + pending + a_m received gradient (comm);
+//   B(m): held (with m) + dy (received, comm; or the loss gradient, temp) + the first dx
+//     (temp, unless n = 1 on the first stage).
+CategoryBytes peak_one_f_one_b(const Ctx& c, i64 w, const CategoryBytes& base) {
+  const Piece& p = c.pieces[0];
+  const Rows& r = c.rows;
+  const i64 M = c.M;
+  const i64 h = (p.recv_act ? 1 : 0) + (p.n - 1) + (p.ls ? 1 : 0);
+  auto pending_f = [&](i64 m) { return p.send_act && !c.relu ? r.a(m) : 0; };
+  auto pending_b = [&](i64 m) { return p.send_grad ? r.a(m) : 0; };
+  Peak peak(base);
+  auto forward = [&](i64 m, i64 lo, i64 hi, i64 pending) {
+    const i64 held = h * r.sum(lo, hi);
+    peak.visit({held + (p.recv_act ? r.a(m) : 0), pending, 0});
+    peak.visit({held + r.a(m) * ((p.recv_act ? 1 : 0) + p.n - 1 + (p.ls ? 1 : 0)),
+                (p.ls ? 0 : r.a(m)) + (p.last ? 4 : 0), 0});
+  };
+  auto backward = [&](i64 m, i64 lo, i64 hi, i64 pending) {
+    const i64 held = h * r.sum(lo, hi);
+    const i64 dy_comm = p.recv_grad ? r.a(m) : 0;
+    peak.visit({held, pending, dy_comm});
+    const i64 dx = p.n > 1 || !p.first ? r.a(m) : 0;
+    peak.visit({held, (p.last ? r.a(m) : 0) + dx, dy_comm});
+  };
+  for (i64 j : breakpoints(0, w - 1, r.e, {0, -1})) forward(j, 0, j, j > 0 ? pending_f(j - 1) : 0);
+  for (i64 t : breakpoints(0, M - w - 1, r.e, {0, -1, w, w + 1})) {
+    forward(w + t, t, w + t, t > 0 ? pending_b(t - 1) : pending_f(w - 1));
+    backward(t, t, w + t + 1, pending_f(w + t));
+  }
+  for (i64 j : breakpoints(M - w, M - 1, r.e, {0, -1}))
+    backward(j, j, M, j > M - w || M - w > 0 ? pending_b(j - 1) : pending_f(M - 1));
+  return peak.best();
+}
+
+// ZB-H1 on one chunk. Stage s runs w = min(S-s-1, M) forwards, then for b = 0..M-1:
+// F(w+b) while any is left, B(b), and W(b-s) once b >= s; then the last W's. B computes
+// only the input gradient and keeps each layer's dz for W, which frees them.
+//   whole pair (F done, B not): as 1F1B, a_m·h activation;
+//   half pair (B done, W not): a_m·([received] + n-1) activation (its input, the outputs
+//     W still reads), n dz: the first is dy (comm when received, else the loss
+//     gradient, temp), n-1 temp;
+//   pending: F's unsaved output until the next action's group; B's input gradient until
+//     the next action's group, or past a W the next F's when F follows that W (its
+//     consumer, stage s-1's B, runs in that F's round).
+// Instants: groups and F(m) as in 1F1B; B(m): its dy (the received one is in the
+// group's figure), then, after freeing its saved last output, n-1+[k > 0] input
+// gradients (temp) kept to its end; W allocates nothing.
+CategoryBytes peak_zb_h1(const Ctx& c, const CategoryBytes& base) {
+  const Piece& p = c.pieces[0];
+  const Rows& r = c.rows;
+  const i64 M = c.M, s = c.s, w = std::min<i64>(c.S - s - 1, M);
+  const i64 h = (p.recv_act ? 1 : 0) + (p.n - 1) + (p.ls ? 1 : 0);
+  const i64 half_act = (p.recv_act ? 1 : 0) + p.n - 1, half_comm = p.recv_grad ? 1 : 0,
+            half_temp = p.n - half_comm;
+  auto pending_f = [&](i64 m) { return p.send_act && !c.relu ? r.a(m) : 0; };
+  auto pending_b = [&](i64 m) { return p.send_grad ? r.a(m) : 0; };
+  Peak peak(base);
+  // Held by the whole pairs [lo, hi) and the half pairs [hlo, b).
+  auto held = [&](i64 lo, i64 hi, i64 hlo, i64 b) {
+    return Moment{h * r.sum(lo, hi) + half_act * r.sum(hlo, b), half_temp * r.sum(hlo, b),
+                  half_comm * r.sum(hlo, b)};
+  };
+  auto forward = [&](i64 m, Moment held_now, i64 pending) {
+    peak.visit({held_now.activation + (p.recv_act ? r.a(m) : 0), held_now.temp + pending, held_now.comm});
+    peak.visit({held_now.activation + r.a(m) * ((p.recv_act ? 1 : 0) + p.n - 1 + (p.ls ? 1 : 0)),
+                held_now.temp + (p.ls ? 0 : r.a(m)) + (p.last ? 4 : 0), held_now.comm});
+  };
+  auto backward = [&](i64 m, Moment held_now, i64 pending) {
+    const i64 dy_comm = p.recv_grad ? r.a(m) : 0, dy_temp = p.last ? r.a(m) : 0;
+    peak.visit({held_now.activation, held_now.temp + pending, held_now.comm + dy_comm});
+    peak.visit({held_now.activation, held_now.temp + dy_temp, held_now.comm + dy_comm});
+    const i64 dx = (p.n - 1 + (p.first ? 0 : 1)) * r.a(m);
+    peak.visit({held_now.activation - (p.ls ? r.a(m) : 0), held_now.temp + dy_temp + dx, held_now.comm + dy_comm});
+  };
+  for (i64 j : breakpoints(0, w - 1, r.e, {0, -1})) forward(j, held(0, j, 0, 0), pending_f(j - 1));
+  for (i64 b : breakpoints(0, M - 1, r.e, {0, -1, w, w + 1, -s}, {s, M - w})) {
+    const i64 hlo = std::max<i64>(0, b - s);
+    const bool f_runs = w + b < M;
+    if (f_runs) forward(w + b, held(b, w + b, hlo, b), b == 0 ? pending_f(w - 1) : pending_b(b - 1));
+    // Before B(b): F(w+b)'s output; else B(b-1)'s gradient unless a W came after it
+    // (then that W's group sent it); B(0) of a stage with no steady state follows F(M-1).
+    const i64 pending = f_runs ? pending_f(w + b) : b == 0 ? pending_f(M - 1) : b - 1 >= s ? 0 : pending_b(b - 1);
+    backward(b, held(b, f_runs ? w + b + 1 : M, hlo, b), pending);
+  }
+  return peak.best();
+}
+
+}  // namespace
+
+StageForms predict_pipeline_stage(const PipelineShape& shape, int stage) {
+  const Ctx c = make_ctx(shape, stage);
+  const Kind kind = kind_of(shape.schedule);
+  StageForms out;
+  out.resting = resting(c);
+  out.p2p_sent_bytes = p2p_sent(c);
+  out.saved = kind == Kind::interleaved ? saved_interleaved(c) : saved_one_chunk(c, kind);
+  // The step's base: the batch (B, width) on the first virtual stage's stage, mse's
+  // target (B, width) on the last's, both temp, held through the whole schedule.
+  CategoryBytes base = out.resting;
+  const i64 batch_bytes = c.rows.sum(0, c.M);
+  if (c.s == 0) base[Category::temp] += batch_bytes;
+  if ((c.V - 1) % c.S == c.s && c.mse) base[Category::temp] += batch_bytes;
+  switch (kind) {
+    case Kind::gpipe: out.peak = peak_one_f_one_b(c, c.M, base); break;
+    case Kind::one_f_one_b: out.peak = peak_one_f_one_b(c, std::min(c.S - c.s - 1, c.M), base); break;
+    case Kind::zb_h1: out.peak = peak_zb_h1(c, base); break;
+    // No closed form yet: its p2p sends wait for the consumer's unit-time round, which
+    // this file does not model; stage_forms (harness/pipeline/run_pipeline.cpp) fills
+    // the peak from a walk of the stage's lowered program (harness/run/pipeline_predict).
+    case Kind::interleaved: out.peak = base; break;
+  }
+  return out;
+}
+
+}  // namespace shardscope

@@ -1,0 +1,51 @@
+// Closed forms of what one pipeline stage holds and moves in a step (DESIGN §2, §4;
+// docs/pipeline-formulas.md writes them out). Each is a formula of the model's shape,
+// the schedule, S, M, v and the micro-batch sizes, evaluated in O(S·v + V) time and
+// memory: no action list, no lowered program and nothing of size M × layers is built,
+// so a plan of any size answers at once and a run checks its memory before it builds
+// anything, and measured == predicted checks the executor against independent code.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardscope/category.hpp"
+#include "shardscope/config.hpp"
+
+namespace shardscope {
+
+// What the forms read: the model, the schedule's name and its S, M, v, and the layers
+// of each virtual stage (V = S·v entries; virtual stage k lives on stage k % S as its
+// chunk k / S). Micro-batch m has rows r_m of torch.tensor_split(B, M): q = B / M,
+// e = B % M, r_m = q + 1 for m < e, else q.
+struct PipelineShape {
+  ModelConfig model;
+  std::string schedule;  // gpipe, 1f1b, interleaved-1f1b, zb-h1
+  int stages = 1;        // S
+  int microbatches = 1;  // M
+  int chunks = 1;        // v
+  std::vector<int> split;  // layers per virtual stage
+};
+
+// The saved-tensor instrument's figures (DESIGN §2).
+struct SavedForms {
+  std::int64_t peak_live_tensors = 0;
+  std::int64_t peak_live_bytes = 0;  // distinct tensors: a tensor saved twice counts once
+  std::int64_t total_tensors = 0;
+  std::int64_t before_first_backward = 0;
+};
+
+struct StageForms {
+  SavedForms saved;
+  CategoryBytes resting;  // params, grads, AdamW state of the stage's layers
+  CategoryBytes peak;     // the tracker's first instant of the step's maximum, per category
+  std::int64_t p2p_sent_bytes = 0;  // one step; as many are received
+};
+
+// Stage `stage` (0 <= stage < S) of `shape`, which the caller has checked
+// (pipeline_shape in harness/pipeline/ refuses what cannot run). interleaved-1f1b's
+// `peak` is only its base (resting, batch and target): see stage_forms.
+StageForms predict_pipeline_stage(const PipelineShape& shape, int stage);
+
+}  // namespace shardscope

@@ -1,0 +1,137 @@
+// The pipeline closed forms (harness/predict/pipeline_forms) against the executor:
+// many seeded random configurations (S, M, v, split, batch, width, activation, loss,
+// schedule; uneven micro-batches and uneven splits included), every stage played alone
+// with the fake communicator, every figure the stage record predicts held equal to what
+// the executor measures. Then the forms at sizes no executor could run, answered at once.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "harness/backends/cpu_backend.hpp"
+#include "harness/comm/fake_comm.hpp"
+#include "harness/pipeline/pipeline_stage.hpp"
+#include "harness/pipeline/run_pipeline.hpp"
+#include "harness/predict/pipeline_forms.hpp"
+#include "support/pipeline_configs.hpp"
+
+namespace shardscope {
+namespace {
+
+using testing::model_of;
+
+struct Drawn {
+  RunConfig cfg;
+  int stages = 1;
+  std::string label;
+};
+
+// One random configuration that the schedule can run.
+Drawn draw(std::mt19937& rng) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const std::vector<std::string> names = schedule_names();
+  Drawn d;
+  d.stages = pick(1, 5);
+  const std::string schedule = names[static_cast<std::size_t>(pick(0, static_cast<int>(names.size()) - 1))];
+  const bool interleaved = schedule == "interleaved-1f1b";
+  const int v = interleaved ? pick(2, 3) : 1;
+  const int M = interleaved ? d.stages * pick(1, 3) : pick(1, 10);
+  const int B = M + pick(0, 2 * M + 3);  // every remainder B % M comes up
+  const int V = d.stages * v;
+  const int L = V + pick(0, 6);
+  const ModelConfig model = model_of(L, pick(1, 5), B, pick(0, 1) ? Activation::relu : Activation::none,
+                                     pick(0, 1) ? Loss::mse : Loss::sum);
+  d.cfg = testing::pipeline_config(schedule, M, v, model, pick(1, 2), 3);
+  if (pick(0, 1)) {  // an uneven split: each virtual stage 1 layer, the rest anywhere
+    d.cfg.split.assign(static_cast<std::size_t>(V), 1);
+    for (int extra = L - V; extra > 0; --extra) ++d.cfg.split[static_cast<std::size_t>(pick(0, V - 1))];
+  }
+  d.label = schedule + " S=" + std::to_string(d.stages) + " M=" + std::to_string(M) + " v=" + std::to_string(v) +
+            " B=" + std::to_string(B) + " L=" + std::to_string(L) + " width=" + std::to_string(model.width) +
+            (model.activation == Activation::relu ? " relu" : " none") + (model.loss == Loss::mse ? " mse" : " sum");
+  if (!d.cfg.split.empty()) {
+    d.label += " split=";
+    for (int n : d.cfg.split) d.label += std::to_string(n) + ",";
+  }
+  return d;
+}
+
+TEST(PipelineForms, EqualTheExecutorOnRandomConfigurations) {
+  std::mt19937 rng(20261201);
+  int stages_checked = 0, uneven_rows = 0, uneven_split = 0;
+  for (int n = 0; n < 1500; ++n) {
+    const Drawn d = draw(rng);
+    SCOPED_TRACE(d.label);
+    const PipelineShape shape = pipeline_shape(d.cfg, d.stages);
+    const PipelineLayout layout = make_pipeline_layout(d.cfg, d.stages);
+    uneven_rows += d.cfg.model.batch % shape.microbatches != 0;
+    uneven_split += !d.cfg.split.empty();
+    for (int s = 0; s < d.stages; ++s) {
+      SCOPED_TRACE("stage " + std::to_string(s));
+      CpuBackend backend;
+      auto comm = d.stages == 1 ? make_communicator(CommOptions{"self", 0, 0}, &backend)
+                                : make_fake_communicator(d.stages, s, &backend);
+      PipelineStage stage(d.cfg, backend, *comm);
+      stage.setup();
+      for (int i = 0; i < d.cfg.steps; ++i) {
+        stage.prepare_batch(i);
+        stage.step();
+      }
+      const StageForms p = stage_forms(shape, s, &layout);
+      const Tracker& tr = backend.tracker();
+      ASSERT_GT(stage.saved().total(), 0);
+      ASSERT_GT(tr.peak().total, tr.current_total());
+      EXPECT_EQ(stage.saved().peak_live(), p.saved.peak_live_tensors);
+      EXPECT_EQ(stage.saved().peak_live_bytes(), p.saved.peak_live_bytes);
+      EXPECT_EQ(stage.saved().total(), p.saved.total_tensors);
+      EXPECT_EQ(stage.saved().before_first_backward(), p.saved.before_first_backward);
+      EXPECT_EQ(tr.current(), p.resting);
+      EXPECT_EQ(tr.peak().total, p.peak.total());
+      for (int k = 0; k < kCategoryCount; ++k)
+        EXPECT_EQ(tr.peak().by_category.bytes[k], p.peak.bytes[k]) << "at the peak " << kCategoryNames[k];
+      EXPECT_EQ(comm->ledger()[CollKind::send].bytes, p.p2p_sent_bytes);
+      EXPECT_EQ(comm->ledger()[CollKind::recv].bytes, p.p2p_sent_bytes);
+      ++stages_checked;
+    }
+  }
+  EXPECT_GT(stages_checked, 3000);
+  EXPECT_GT(uneven_rows, 400);
+  EXPECT_GT(uneven_split, 400);
+}
+
+// Sizes no executor could hold (issue: a walk over micro-batches × layers took 23 GB):
+// the forms answer in milliseconds, and their figures are the schedules' formulas.
+TEST(PipelineForms, AnswerAtOnceForAnySize) {
+  PipelineShape shape;
+  shape.model = model_of(100'000, 1'000'000, 10'000'000, Activation::relu, Loss::mse);
+  shape.stages = 2;
+  shape.microbatches = 10'000;
+  shape.split = {50'000, 50'000};
+  const std::int64_t a = 4LL * 1'000'000 * 1'000;  // one micro-batch's activation, bytes
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
+    shape.schedule = schedule;
+    for (int s = 0; s < 2; ++s) {
+      const StageForms f = predict_pipeline_stage(shape, s);
+      // Stage 0: each layer saves its input, weight (not layer 0) and ReLU output: 3n - 1
+      // tensors, n + 1 distinct activations (its inputs and its last output).
+      const std::int64_t held = std::string(schedule) == "gpipe" ? 10'000 : 2 - s;
+      if (s == 0) {
+        EXPECT_EQ(f.saved.total_tensors, 10'000LL * (3 * 50'000 - 1)) << schedule;
+        EXPECT_EQ(f.saved.peak_live_bytes, held * (50'000 + 1) * a) << schedule;
+      }
+      EXPECT_GT(f.peak.total(), f.resting.total()) << schedule;
+    }
+  }
+  shape.schedule = "interleaved-1f1b";
+  shape.chunks = 2;
+  shape.split = {25'000, 25'000, 25'000, 25'000};
+  for (int s = 0; s < 2; ++s) EXPECT_GT(predict_pipeline_stage(shape, s).saved.peak_live_tensors, 0);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(ms, 200.0);
+}
+
+}  // namespace
+}  // namespace shardscope
