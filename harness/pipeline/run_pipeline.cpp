@@ -10,7 +10,7 @@
 #include <optional>
 #include <tuple>
 
-#include "harness/run/pipeline_predict.hpp"
+#include "harness/pipeline/peak_walk.hpp"
 #include "harness/pipeline/pipeline_stage.hpp"
 #include "harness/run/records.hpp"
 #include "shardscope/check.hpp"
@@ -40,7 +40,7 @@ StageForms stage_forms(const PipelineShape& shape, int s, const PipelineLayout* 
   StageForms forms = predict_pipeline_stage(shape, s);
   if (shape.schedule == "interleaved-1f1b") {
     SHARDSCOPE_REQUIRE(layout != nullptr, "stage_forms: interleaved-1f1b's peak needs the layout");
-    forms.peak = predict_peak(shape.model, *layout, s, lower(layout->schedule).at(s), forms.resting);
+    forms.peak = walk_peak(shape.model, *layout, s, lower(layout->schedule).at(s), forms.resting);
   }
   return forms;
 }

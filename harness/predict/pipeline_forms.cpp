@@ -384,7 +384,7 @@ StageForms predict_pipeline_stage(const PipelineShape& shape, int stage) {
     case Kind::zb_h1: out.peak = peak_zb_h1(c, base); break;
     // No closed form yet: its p2p sends wait for the consumer's unit-time round, which
     // this file does not model; stage_forms (harness/pipeline/run_pipeline.cpp) fills
-    // the peak from a walk of the stage's lowered program (harness/run/pipeline_predict).
+    // the peak from a walk of the stage's lowered program (harness/pipeline/peak_walk).
     case Kind::interleaved: out.peak = base; break;
   }
   return out;

@@ -1,7 +1,8 @@
 // Pipelines of any size are predicted by closed forms in bounded memory: a run that
 // cannot fit is refused by the memory check at once (exit 3, both figures), before it
 // builds anything of the model's size or of micro-batches × layers, and `plan` answers
-// under a 4 GB address-space cap (a walk over micro-batches × layers once took 23 GB).
+// under a 4 GB address-space cap (a walk over micro-batches × layers once took 23 GB;
+// interleaved-1f1b's, 7.8 GB).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -46,6 +47,15 @@ TEST_F(PipelineBounds, AModelThatCannotFitIsRefusedAtOnce) {
   // rows of width 1e6 fp32 (4e9 B) each: about 2e18 B, beside what the process can have.
   EXPECT_NE(line_.find(" exceeds the memory this process can have, "), std::string::npos) << line_;
   EXPECT_NE(line_.find("EiB"), std::string::npos) << line_;
+  // interleaved-1f1b's peak is walked over its program, one summary per micro-batch and
+  // chunk: as quick, in as little memory.
+  EXPECT_EQ(timed("run --layers 100000 --width 1000000 --batch 10000000 --activation relu --loss mse "
+                  "--schedule interleaved-1f1b --chunks 2 --microbatches 10000 --emulate 2:0",
+                  &seconds),
+            3)
+      << line_;
+  EXPECT_LT(seconds, 1.0);
+  EXPECT_EQ(line_.rfind("shardscope: error: rank 0: predicted peak ", 0), 0u) << line_;
 }
 
 TEST_F(PipelineBounds, APlanOfAnySizeAnswersUnderAnAddressSpaceCap) {
@@ -68,6 +78,13 @@ TEST_F(PipelineBounds, APlanOfAnySizeAnswersUnderAnAddressSpaceCap) {
   EXPECT_EQ(p["peak_live_tensors"], 10000LL * 99999);
   EXPECT_EQ(p["peak_live_bytes"], 50000LL * 10000 * 4);  // every input, 1 row of width 1 each
   EXPECT_GT(p["peak_total"].get<long long>(), p["resting_total"].get<long long>());
+
+  ASSERT_EQ(timed("plan --layers 100000 --width 1 --batch 10000 --schedules interleaved-1f1b --chunks 2 "
+                  "--worlds 2 --microbatches 10000",
+                  &seconds),
+            0)
+      << line_;
+  EXPECT_LT(seconds, 5.0);
 }
 
 }  // namespace
