@@ -18,6 +18,7 @@
 
 #include "harness/cli/run_outputs.hpp"
 #include "harness/cli/sweep_plan.hpp"
+#include "harness/cli/timeline_spill.hpp"
 #include "harness/cli/sweep_results.hpp"
 #include "harness/comm/mpi_env.hpp"
 #include "harness/report/json_io.hpp"
@@ -190,6 +191,59 @@ TEST_F(TraceTest, TimelineOffWritesNoTimelineAndRunsWithoutItAddNothing) {
   const json trace = trace_document(doc);
   EXPECT_TRUE(trace["traceEvents"].empty());
   EXPECT_TRUE(trace_problems(trace).empty());
+}
+
+// The sweep keeps its ranks' timelines on disk (TimelineSpill) and writes its results
+// and trace one record at a time: the same bytes as the whole document's, without ever
+// holding more than one record's timeline.
+TEST_F(TraceTest, TheSweepWritesResultsAndTraceOneRecordAtATime) {
+  std::vector<json> docs;
+  for (int r = 0; r < 2; ++r) docs.push_back(run_rank(small_dp("zero3", 1), 2, r, "rank" + std::to_string(r)));
+  std::vector<json> runs = merge_emulated_ranks(docs);
+  SweepJob skipped;
+  skipped.kind = "data_parallel";
+  skipped.config = {{"kind", "data_parallel"}, {"strategy", "zero1"}, {"world", 64}};
+  runs.insert(runs.begin() + 1, skipped_record(skipped, "too few tensors"));
+  const json pipe = run_rank(
+      testing::pipeline_config("1f1b", 2, 1, testing::model_of(2, 8, 4, Activation::relu, Loss::mse), 2, 0), 2, 1, "stage1");
+  for (const json& run : runs_of_document(pipe, "stage1")) runs.push_back(run);
+  const json doc = sweep_document(runs, docs[0]["provenance"], "shardscope sweep", true, 3, "");
+  const std::string results = readable_json(doc) + "\n", trace = json_text(trace_document(doc)) + "\n";
+
+  json light = doc;
+  TimelineSpill spill(dir_ + "/timelines");
+  spill.take(light);
+  EXPECT_EQ(light.dump().find("\"timeline\""), std::string::npos) << "a timeline was left in memory";
+  EXPECT_GT(spill.bytes(), 0);
+  int restored = 0;
+  const auto whole_record = [&](const json& record) {
+    ++restored;
+    return spill.restore(record);
+  };
+  std::string text;
+  std::size_t largest = 0;
+  const TextSink sink = [&](std::string_view piece) {
+    text += piece;
+    largest = std::max(largest, piece.size());
+  };
+  write_results_text(light, whole_record, sink);
+  EXPECT_EQ(text, results);
+  EXPECT_EQ(restored, 3) << "two ranks and a stage, each once";
+  EXPECT_LT(largest, results.size() / 2) << "written in one piece, not a record at a time";
+  text.clear();
+  write_trace_text(light, whole_record, sink);
+  EXPECT_EQ(text, trace);
+  text.clear();
+  write_results_text(doc, [](const json& record) { return record; }, sink);  // nothing spilled: as it is
+  EXPECT_EQ(text, results);
+  EXPECT_EQ(spill.restore_run(light["runs"][0]), doc["runs"][0]);
+  // No runs, or runs without records, are written as readable_json writes them.
+  for (const json& other : {sweep_document({}, docs[0]["provenance"], "shardscope sweep", true, 0, ""),
+                            json{{"runs", {{{"kind", "pipeline"}, {"stages", json::array()}}}}}}) {
+    text.clear();
+    write_results_text(other, [](const json& record) { return record; }, sink);
+    EXPECT_EQ(text, readable_json(other) + "\n");
+  }
 }
 
 TEST(Trace, ProcessNamesSayRunAndRank) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -15,6 +16,9 @@
 #include "harness/cli/job_errors.hpp"
 #include "harness/cli/sweep_out_dir.hpp"
 #include "harness/cli/sweep_results.hpp"
+#include "harness/cli/timeline_spill.hpp"
+#include "harness/memory/host_memory.hpp"
+#include "harness/report/cells.hpp"
 #include "harness/report/csv.hpp"
 #include "harness/report/html_report.hpp"
 #include "harness/report/json_io.hpp"
@@ -22,6 +26,7 @@
 #include "harness/report/trace.hpp"
 #include "harness/run/provenance.hpp"
 #include "shardscope/check.hpp"
+#include "shardscope/format.hpp"
 
 namespace shardscope {
 namespace {
@@ -49,8 +54,11 @@ std::string read_text(const std::string& path) {
 
 class JobRunner {
  public:
-  JobRunner(const SweepOptions& opts, std::string self_exe, std::string mpirun, std::string scratch)
-      : opts_(opts), self_exe_(std::move(self_exe)), mpirun_(std::move(mpirun)), scratch_(std::move(scratch)) {
+  // Every job's timelines go to `spill` as its result is read.
+  JobRunner(const SweepOptions& opts, std::string self_exe, std::string mpirun, std::string scratch,
+            TimelineSpill& spill)
+      : opts_(opts), self_exe_(std::move(self_exe)), mpirun_(std::move(mpirun)), scratch_(std::move(scratch)),
+        spill_(spill) {
     if (::geteuid() == 0) env_ = {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"};
   }
 
@@ -128,6 +136,7 @@ class JobRunner {
     if (exited && r.code == 0) {
       try {
         out.document = read_json_file(base + ".json");
+        spill_.take(out.document);  // the sweep holds no rank's timeline until it writes
         out.runs = runs_of_document(out.document, base + ".json");
         out.provenance = out.document.value("provenance", json());
         return out;
@@ -171,6 +180,7 @@ class JobRunner {
   std::string self_exe_;
   std::string mpirun_;
   std::string scratch_;
+  TimelineSpill& spill_;
   std::vector<std::string> env_;
 };
 
@@ -247,6 +257,25 @@ bool write_keeping_error(std::vector<std::string>& errors, Write write) {
   }
 }
 
+// The report draws every rank's timeline at once: the document with all of them back,
+// after checking that they fit. Parsed, a timeline takes about 7 times its text (6.9
+// measured for one at its limits: 3,161,846 B of text, 21,943,536 B parsed).
+json whole_document(const json& doc, const TimelineSpill& spill) {
+  constexpr std::int64_t kParsedPerTextByte = 7;
+  const std::int64_t needed = spill.bytes() * kParsedPerTextByte;
+  const HostMemory host = host_memory_available();
+  if (needed > host.available)
+    throw RunError("--report: the report draws every rank's timeline at once, about " + format_bytes(needed) +
+                   " in memory (" + format_bytes(spill.bytes()) + " of timelines as text), more than the " +
+                   format_bytes(host.available) + " this process can have (" + host.how +
+                   "); it was not written: fewer ranks, fewer --steps or --timeline off make it fit");
+  json whole = doc;
+  const json* runs = cells::at(doc, {"runs"});
+  for (std::size_t i = 0; runs && runs->is_array() && i < runs->size(); ++i)
+    whole["runs"][i] = spill.restore_run((*runs)[i]);
+  return whole;
+}
+
 }  // namespace
 
 int sweep_main(const std::vector<std::string>& args, const std::string& self_exe) {
@@ -293,9 +322,11 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
   std::vector<json> runs;
   json first_provenance;
   std::string error, failed_label, failed_stderr;
+  // The jobs' folder, and the timelines on disk until the files are written.
+  const ScratchDir scratch(opts.out);
+  TimelineSpill spill(scratch.path() + "/timelines");
   {
-    const ScratchDir scratch(opts.out);
-    const JobRunner runner(opts, exe, mpirun, scratch.path());
+    const JobRunner runner(opts, exe, mpirun, scratch.path(), spill);
     for (std::size_t n = 0; n < jobs.size(); ++n) {
       const SweepJob& job = jobs[n];
       if (const int sig = InterruptGuard::received()) {
@@ -325,7 +356,7 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
         break;
       }
     }
-  }  // the job folder is gone before anything is printed
+  }
   const std::string error_line = keep_failed_output(error, failed_label, failed_stderr, opts.out);
   const json doc = sweep_document(runs, first_provenance, command, opts.emulate, jobs.size(), error);
   // Every file that can be written is, whatever failed before it; the first failure is the
@@ -334,18 +365,21 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
   if (!error.empty()) errors.push_back(error_line);
   const std::string partial_path = (std::filesystem::path(opts.out) / kPartialResults).string();
   const std::string results = results_path(json_path, partial_path, error.empty());
+  // doc holds no timeline: each record gets its own back as it is written, one at a time.
+  const auto whole_record = [&](const json& record) { return spill.restore(record); };
   const bool results_written = write_keeping_error(errors, [&] {
-    write_file_atomic(results, readable_json(doc) + "\n");
+    write_file_atomic_streamed(results, [&](const TextSink& sink) { write_results_text(doc, whole_record, sink); });
     std::error_code ec;  // an older sweep's partial results would read as this one's
     if (results == json_path && std::filesystem::is_regular_file(partial_path, ec))
       std::filesystem::remove(partial_path, ec);
   });
   // The CSV folder first: it is made now, and a --trace or --report may lie inside it.
   const bool csv_written = !opts.csv.empty() && write_keeping_error(errors, [&] { write_csv_files(doc, opts.csv); });
-  const bool trace_written =
-      !opts.trace.empty() && write_keeping_error(errors, [&] { write_trace_file(opts.trace, doc); });
+  const bool trace_written = !opts.trace.empty() && write_keeping_error(errors, [&] {
+    write_file_atomic_streamed(opts.trace, [&](const TextSink& sink) { write_trace_text(doc, whole_record, sink); });
+  });
   const bool report_written = !opts.report.empty() && write_keeping_error(errors, [&] {
-    write_file_atomic(opts.report, render_html_report(doc, command));
+    write_file_atomic(opts.report, render_html_report(whole_document(doc, spill), command));
   });
   std::cout << '\n';
   print_tables(doc, std::cout);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
+#include <string_view>
 
 #include "harness/pipeline/run_pipeline.hpp"
 #include "harness/report/cells.hpp"
@@ -144,6 +146,67 @@ json sweep_document(const std::vector<json>& runs, const json& first_provenance,
           {"provenance", prov},
           {"runs", runs},
           {"sweep", sweep}};
+}
+
+namespace {
+
+// `text` with `shift` more spaces after every newline: readable_json's indentation only
+// adds, so a value written alone and shifted is the value written in place.
+void emit_shifted(std::string_view text, int shift, const TextSink& sink) {
+  const std::string pad(static_cast<std::size_t>(shift), ' ');
+  std::string out;
+  out.reserve(text.size() + text.size() / 8);
+  for (const char c : text) {
+    out += c;
+    if (c == '\n') out += pad;
+  }
+  sink(out);
+}
+
+// readable_json(obj), shifted, with obj[key] (an array of `count` objects) written item by
+// item: emit_item(j, shift) writes item j at the shift it is given.
+void emit_with_array(const json& obj, const std::string& key, int shift, std::size_t count,
+                     const std::function<void(std::size_t, int)>& emit_item, const TextSink& sink) {
+  if (count == 0) {
+    emit_shifted(readable_json(obj), shift, sink);
+    return;
+  }
+  json rest = obj;
+  rest[key] = json::array();
+  const std::string text = readable_json(rest);
+  const std::string slot = "\n  \"" + key + "\": []";  // a key of obj's own, indented 2
+  const std::size_t at = text.find(slot);
+  if (at == std::string::npos) throw RunError("the results have no \"" + key + "\" list to write");
+  emit_shifted(std::string_view(text).substr(0, at + slot.size() - 1), shift, sink);  // up to the '['
+  const std::string item_pad(static_cast<std::size_t>(shift + 4), ' ');
+  for (std::size_t j = 0; j < count; ++j) {
+    sink((j == 0 ? "\n" : ",\n") + item_pad);
+    emit_item(j, shift + 4);
+  }
+  sink("\n" + std::string(static_cast<std::size_t>(shift + 2), ' ') + "]");
+  emit_shifted(std::string_view(text).substr(at + slot.size()), shift, sink);
+}
+
+}  // namespace
+
+void write_results_text(const json& doc, const std::function<json(const json&)>& whole_record, const TextSink& sink) {
+  const json* runs = cells::at(doc, {"runs"});
+  const std::size_t count = runs && runs->is_array() ? runs->size() : 0;
+  emit_with_array(doc, "runs", 0, count, [&](std::size_t i, int shift) {
+    const json& run = (*runs)[i];
+    const char* key = run.is_object() && run.contains("stages") ? "stages" : "ranks";
+    const json* records = run.is_object() ? cells::at(run, {key}) : nullptr;
+    const bool objects = records && records->is_array() &&
+                         std::all_of(records->begin(), records->end(), [](const json& r) { return r.is_object(); });
+    if (!objects) {  // as it is: a list of scalars would go on one line
+      emit_shifted(readable_json(run), shift, sink);
+      return;
+    }
+    emit_with_array(run, key, shift, records->size(), [&](std::size_t j, int record_shift) {
+      emit_shifted(readable_json(whole_record((*records)[j])), record_shift, sink);
+    }, sink);
+  }, sink);
+  sink("\n");
 }
 
 }  // namespace shardscope

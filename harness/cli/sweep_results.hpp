@@ -2,12 +2,14 @@
 // merged into one run, skipped records, and the merged shardscope/1 document.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "harness/cli/sweep_plan.hpp"
+#include "harness/report/json_io.hpp"
 
 namespace shardscope {
 
@@ -41,5 +43,11 @@ nlohmann::json skipped_record(const SweepJob& job, const std::string& reason);
 nlohmann::json sweep_document(const std::vector<nlohmann::json>& runs, const nlohmann::json& first_provenance,
                               const std::string& command, bool emulate, std::size_t jobs,
                               const std::string& error);
+
+// The text readable_json(doc) + "\n" would be, handed to `sink` one rank or stage record
+// at a time, each as `whole_record` gives it (itself, or with its timeline brought back
+// from disk): only one record's timeline is in memory at once.
+void write_results_text(const nlohmann::json& doc,
+                        const std::function<nlohmann::json(const nlohmann::json&)>& whole_record, const TextSink& sink);
 
 }  // namespace shardscope

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <string_view>
 #include <vector>
 
 #include "harness/common/signals_held.hpp"
@@ -304,6 +306,10 @@ void check_folders_apart(const std::vector<std::pair<std::string, std::string>>&
 }
 
 void write_file_atomic(const std::string& where, const std::string& content) {
+  write_file_atomic_streamed(where, [&](const TextSink& sink) { sink(content); });
+}
+
+void write_file_atomic_streamed(const std::string& where, const std::function<void(const TextSink&)>& produce) {
   std::string reason;
   const std::string path = write_target(where, &reason);
   if (path.empty()) throw RunError("cannot write '" + where + "': " + reason);
@@ -320,7 +326,16 @@ void write_file_atomic(const std::string& where, const std::string& content) {
   // mkstemp makes the file 0600 and ours; a result file belongs to, and reads like, the
   // one it replaces, or reads like any new file.
   if (!take_over_access(fd, path)) fail("chmod");
-  if (!write_all(fd, content.data(), content.size())) fail("write");
+  try {
+    produce([&](std::string_view piece) {
+      if (!write_all(fd, piece.data(), piece.size()))
+        throw RunError("cannot write '" + path + "': write: " + std::strerror(errno));
+    });
+  } catch (...) {  // a failed write, or what the producer threw: no temporary is left
+    ::close(fd);
+    ::unlink(temp.c_str());
+    throw;
+  }
   if (::fsync(fd) != 0) fail("fsync");
   if (::close(fd) != 0) {
     const int err = errno;

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -61,6 +63,14 @@ void check_folders_apart(const std::vector<std::pair<std::string, std::string>>&
 // file leaves it the user's), or 0666 minus the umask when there was none. Refuses what check_writable refuses. On failure removes the temporary and
 // throws RunError("cannot write '<path>': <reason>").
 void write_file_atomic(const std::string& path, const std::string& content);
+
+// Takes each piece of the file's text, in order.
+using TextSink = std::function<void(std::string_view)>;
+
+// write_file_atomic with the content given piece by piece: `produce` hands each piece to
+// the sink it gets, and only the piece in hand need be in memory. What `produce` throws
+// (after the temporary is removed) goes on to the caller; the file is then untouched.
+void write_file_atomic_streamed(const std::string& path, const std::function<void(const TextSink&)>& produce);
 
 // A document as people (and diffs) read it: objects and arrays indented two spaces per
 // level, except that an array or object holding only scalars (numbers, strings,

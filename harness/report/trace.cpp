@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <set>
 #include <vector>
@@ -180,42 +181,85 @@ std::string trace_process_name(const json& run, const json& record) {
   return name;
 }
 
+namespace {
+
+// The records of a run that go into the trace: its ranks or stages; none when skipped.
+const json* traced_records(const json& run) {
+  if (!run.is_object() || run.value("skipped", false) == true) return nullptr;
+  const json* records = cells::at(run, {run.contains("stages") ? "stages" : "ranks"});
+  return records && records->is_array() ? records : nullptr;
+}
+
+// The events of one record of run `i` (process name, spans, memory), after those of the
+// records before it.
+void add_record_events(const json& run, const json& record, std::size_t i, PidAllocator& pids, std::int64_t& order,
+                       json& events) {
+  const json* timeline = record.is_object() ? cells::at(record, {"timeline"}) : nullptr;
+  if (!timeline || !timeline->is_object()) return;
+  std::int64_t rank = -1;  // none: the allocator gives a free pid
+  for (const char* key : {"rank", "stage"})
+    if (const auto it = record.find(key); it != record.end() && it->is_number_integer()) {
+      rank = it->get<std::int64_t>();
+      break;
+    }
+  const std::int64_t pid = pids.take(i, rank);
+  events.push_back(metadata("process_name", pid, {{"name", trace_process_name(run, record)}}));
+  events.push_back(metadata("process_sort_index", pid, {{"sort_index", order++}}));
+  events.push_back(metadata("thread_name", pid, {{"name", "ranges"}}));
+  if (const json* spans = cells::at(*timeline, {"spans"})) add_spans(*spans, pid, events);
+  add_memory(*timeline, record, pid, events);
+}
+
+json other_data(const json& doc) {
+  json other = {{"generator", "shardscope"}, {"schema", doc.value("schema", json())}};
+  if (const json* command = cells::at(doc, {"provenance", "command"})) other["command"] = *command;
+  return other;
+}
+
+std::size_t run_count(const json& doc) {
+  const json* runs = cells::at(doc, {"runs"});
+  return runs && runs->is_array() ? runs->size() : 0;
+}
+
+}  // namespace
+
 json trace_document(const json& doc) {
   json events = json::array();
   PidAllocator pids;
   std::int64_t order = 0;  // processes listed in the document's order, whatever their pids
-  const json* runs = cells::at(doc, {"runs"});
-  if (runs && runs->is_array()) {
-    for (std::size_t i = 0; i < runs->size(); ++i) {
-      const json& run = (*runs)[i];
-      if (!run.is_object() || run.value("skipped", false) == true) continue;
-      const json* records = cells::at(run, {run.contains("stages") ? "stages" : "ranks"});
-      if (!records || !records->is_array()) continue;
-      for (const json& record : *records) {
-        const json* timeline = record.is_object() ? cells::at(record, {"timeline"}) : nullptr;
-        if (!timeline || !timeline->is_object()) continue;
-        std::int64_t rank = -1;  // none: the allocator gives a free pid
-        for (const char* key : {"rank", "stage"})
-          if (const auto it = record.find(key); it != record.end() && it->is_number_integer()) {
-            rank = it->get<std::int64_t>();
-            break;
-          }
-        const std::int64_t pid = pids.take(i, rank);
-        events.push_back(metadata("process_name", pid, {{"name", trace_process_name(run, record)}}));
-        events.push_back(metadata("process_sort_index", pid, {{"sort_index", order++}}));
-        events.push_back(metadata("thread_name", pid, {{"name", "ranges"}}));
-        if (const json* spans = cells::at(*timeline, {"spans"})) add_spans(*spans, pid, events);
-        add_memory(*timeline, record, pid, events);
+  for (std::size_t i = 0; i < run_count(doc); ++i) {
+    const json& run = doc["runs"][i];
+    if (const json* records = traced_records(run))
+      for (const json& record : *records) add_record_events(run, record, i, pids, order, events);
+  }
+  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", other_data(doc)}};
+}
+
+void write_trace_text(const json& doc, const std::function<json(const json&)>& whole_record, const TextSink& sink) {
+  // As json_text(trace_document(doc)) writes it: keys in order, events one record at a time.
+  sink("{\"displayTimeUnit\":\"ms\",\"otherData\":" + json_text(other_data(doc)) + ",\"traceEvents\":[");
+  PidAllocator pids;
+  std::int64_t order = 0;
+  bool first = true;
+  for (std::size_t i = 0; i < run_count(doc); ++i) {
+    const json& run = doc["runs"][i];
+    const json* records = traced_records(run);
+    for (std::size_t j = 0; records && j < records->size(); ++j) {
+      json events = json::array();
+      add_record_events(run, whole_record((*records)[j]), i, pids, order, events);
+      for (const json& event : events) {
+        sink((first ? "" : ",") + json_text(event));
+        first = false;
       }
     }
   }
-  json other = {{"generator", "shardscope"}, {"schema", doc.value("schema", json())}};
-  if (const json* command = cells::at(doc, {"provenance", "command"})) other["command"] = *command;
-  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(other)}};
+  sink("]}\n");
 }
 
 void write_trace_file(const std::string& path, const json& doc) {
-  write_file_atomic(path, json_text(trace_document(doc)) + "\n");
+  write_file_atomic_streamed(path, [&](const TextSink& sink) {
+    write_trace_text(doc, [](const json& record) { return record; }, sink);
+  });
 }
 
 }  // namespace shardscope

@@ -17,9 +17,12 @@
 // Times are each run's own ms since its start (every run starts at 0).
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "harness/report/json_io.hpp"
 
 namespace shardscope {
 
@@ -31,7 +34,13 @@ nlohmann::json trace_document(const nlohmann::json& doc);
 // " (emulated)" when the run was), for a run and one of its rank or stage records.
 std::string trace_process_name(const nlohmann::json& run, const nlohmann::json& record);
 
-// Renders trace_document(doc) and writes it whole or not at all (write_file_atomic).
+// The text of trace_document(doc) (json_text, then a newline), handed to `sink` one rank
+// or stage record's events at a time, each record as `whole_record` gives it (itself, or
+// with its timeline brought back from disk): one record's events are in memory at once.
+void write_trace_text(const nlohmann::json& doc,
+                      const std::function<nlohmann::json(const nlohmann::json&)>& whole_record, const TextSink& sink);
+
+// Writes the trace of `doc` whole or not at all (write_file_atomic_streamed).
 void write_trace_file(const std::string& path, const nlohmann::json& doc);
 
 }  // namespace shardscope
