@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """shardscope's resting and peak bytes beside PyTorch's, allocation by allocation.
 
-PyTorch runs the model of DESIGN §2 (L x (Linear(w, w) + ReLU), MSE against ones,
+PyTorch runs the model of docs/design.md §2 (L x (Linear(w, w) + ReLU), MSE against ones,
 torch.optim.AdamW with its defaults) on CPU under gloo, one process per rank, wrapped
-as each strategy's torch counterpart (DESIGN §3). Two logs, from the model's
+as each strategy's torch counterpart (docs/design.md §3). Two logs, from the model's
 construction to the end of the third step, per rank:
   c10's CPU allocator, with FLAGS_caffe2_report_cpu_memory_usage set, logs every
   allocation and free on every thread with its running total; with marks written
@@ -16,7 +16,7 @@ construction to the end of the third step, per rank:
   the step ("persistent") and each allocation made in the step, by the innermost op
   that made it. When the two logs disagree, the table says so.
 shardscope runs the same configuration with `--emulate W:r` for every rank (memory is
-exact when emulated, DESIGN §5) and prints its peak by category. Both sides, and the
+exact when emulated, docs/design.md §5) and prints its peak by category. Both sides, and the
 difference, are printed per configuration and rank.
 
 Usage: bench/torch_peaks.py [--worlds 2,4] [--configs NAME,...] [--json FILE]

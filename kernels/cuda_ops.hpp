@@ -1,4 +1,4 @@
-// CUDA kernels of the CUDA backend (DESIGN §5): the same math and signatures as the host
+// CUDA kernels of the CUDA backend (docs/design.md §5): the same math and signatures as the host
 // reference (kernels/host_ops.hpp), plus the stream to enqueue on. Every function is
 // asynchronous; each launch is followed by a cudaGetLastError check (CUDA_CHECK_LAUNCH)
 // and throws RunError on failure. All pointers are device pointers; row-major fp32.

@@ -1,5 +1,5 @@
 // Element-wise math written once, used by the CPU backend and by the CUDA kernels
-// (DESIGN §5). Under a plain C++ compiler the CUDA attributes are defined away.
+// (docs/design.md §5). Under a plain C++ compiler the CUDA attributes are defined away.
 #pragma once
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// host_memory_available (the memory a run can have, DESIGN §6) and format_bytes.
+// host_memory_available (the memory a run can have, docs/design.md §6) and format_bytes.
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>

@@ -120,7 +120,7 @@ TEST(Mlp, SavedTensorsFollowAutograd) {
   EXPECT_EQ(saved.live_bytes(), 0);
 }
 
-// The seed model on one rank (DESIGN §2, issue "Foundation"): 8,421,440 bytes at rest.
+// The seed model on one rank (docs/design.md §2, issue "Foundation"): 8,421,440 bytes at rest.
 TEST(SingleRank, SeedModelRestsAtTheSeedsBytes) {
   RunConfig cfg = testing::seed_config();
   CpuBackend backend;

@@ -1,5 +1,5 @@
 // How the sharded strategies split the model, and the per-rank closed forms at the
-// sizes `shardscope plan` accepts (DESIGN §3).
+// sizes `shardscope plan` accepts (docs/design.md §3).
 #include <gtest/gtest.h>
 
 #include <algorithm>

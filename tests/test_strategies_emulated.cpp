@@ -1,6 +1,6 @@
 // Every rank of every strategy, played one at a time with the fake communicator:
 // resting bytes per category, the peak (total, phase, place) and the bytes handed to
-// collectives equal the closed forms, to the byte (DESIGN §3).
+// collectives equal the closed forms, to the byte (docs/design.md §3).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -95,7 +95,7 @@ TEST(StrategiesEmulated, MeasuredEqualsPredictedEveryRank) {
   EXPECT_GT(checked, 300);
 }
 
-// DESIGN §3: with one layer per unit ZeRO-3's peak is below ZeRO-2's at W = 4 for
+// docs/design.md §3: with one layer per unit ZeRO-3's peak is below ZeRO-2's at W = 4 for
 // the seed model; with the root unit they coincide, at rest and at peak.
 TEST(StrategiesEmulated, Zero3BelowZero2OnlyWithSmallUnits) {
   auto peak = [](const std::string& s, int k) {

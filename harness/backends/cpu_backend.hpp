@@ -1,4 +1,4 @@
-// The CPU backend (DESIGN §5): host memory through the tracking allocator, GEMM by
+// The CPU backend (docs/design.md §5): host memory through the tracking allocator, GEMM by
 // OpenBLAS's cblas_sgemm on one thread per rank (plain loops without OpenBLAS), and
 // the element-wise math of kernels/host_ops.hpp.
 #pragma once

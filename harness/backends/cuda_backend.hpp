@@ -1,4 +1,4 @@
-// The CUDA backend (DESIGN §5): one device, one non-blocking stream and one memory pool
+// The CUDA backend (docs/design.md §5): one device, one non-blocking stream and one memory pool
 // per rank; every tracked allocation comes from that pool in stream order.
 //
 // Memory accounting: after a stream sync, the pool's UsedMemCurrent equals the tracker's

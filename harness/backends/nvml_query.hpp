@@ -1,5 +1,5 @@
 // The few NVML figures the CUDA backend reports: this process's device memory (for
-// "memory outside the pool", DESIGN §5) and the driver version (provenance).
+// "memory outside the pool", docs/design.md §5) and the driver version (provenance).
 //
 // NVML is loaded at run time (dlopen of libnvidia-ml.so.1, which the driver installs),
 // so the build needs neither nvml.h nor the stub library, and a machine without NVML

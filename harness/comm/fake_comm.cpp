@@ -1,7 +1,7 @@
 // `--comm fake` (`--emulate W:r`): one process plays rank r of a world of W. The public
 // calls (comm.cpp) record exactly what a real rank r records, since the ledger depends
 // only on the counts and the world; memory is exact while numerics and times are not
-// (DESIGN §5). No data comes from the other ranks, which are taken to contribute zeros:
+// (docs/design.md §5). No data comes from the other ranks, which are taken to contribute zeros:
 // a receive buffer gets this rank's own part (its slot of an all-gather, its slice of a
 // reduce-scatter) and zeros elsewhere, so that the emulated rank computes on defined,
 // finite values instead of whatever the allocator handed out.

@@ -1,4 +1,4 @@
-// `--comm fake` (`--emulate W:r`): one process plays rank r of a world of W (DESIGN §5).
+// `--comm fake` (`--emulate W:r`): one process plays rank r of a world of W (docs/design.md §5).
 #pragma once
 
 #include <memory>

@@ -1,4 +1,4 @@
-// `--comm mpi`: collectives and p2p over a duplicate of MPI_COMM_WORLD (DESIGN §5).
+// `--comm mpi`: collectives and p2p over a duplicate of MPI_COMM_WORLD (docs/design.md §5).
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// The process's place in a job (DESIGN §5, §6): what the launcher says, MPI's lifetime,
+// The process's place in a job (docs/design.md §5, §6): what the launcher says, MPI's lifetime,
 // and the few MPI helpers the run command needs to agree across ranks.
 //
 // Everything here compiles without MPI: a build without SHARDSCOPE_WITH_MPI gets

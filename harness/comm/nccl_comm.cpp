@@ -1,4 +1,4 @@
-// `--comm nccl`: collectives and p2p by NCCL on the CUDA backend's stream (DESIGN §5).
+// `--comm nccl`: collectives and p2p by NCCL on the CUDA backend's stream (docs/design.md §5).
 // The Communicator base class times each call (syncing the backend before and after)
 // and keeps the ledger; this file only enqueues the NCCL operations.
 #include "harness/comm/nccl_comm.hpp"

@@ -1,4 +1,4 @@
-// The NCCL communicator (DESIGN §5): device buffers, collectives on the CUDA backend's
+// The NCCL communicator (docs/design.md §5): device buffers, collectives on the CUDA backend's
 // stream, one GPU per rank by local rank. Rank 0's ncclUniqueId is broadcast over
 // MPI_COMM_WORLD; a build without MPI (or a run without a launcher) is world 1.
 //

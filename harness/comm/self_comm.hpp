@@ -1,4 +1,4 @@
-// `--comm self`: the communicator of a world of one (DESIGN §5).
+// `--comm self`: the communicator of a world of one (docs/design.md §5).
 #pragma once
 
 #include <memory>

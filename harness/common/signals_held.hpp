@@ -1,4 +1,4 @@
-// Result files are whole or absent (DESIGN §6), even when a signal comes while one is
+// Result files are whole or absent (docs/design.md §6), even when a signal comes while one is
 // written: the writer holds the interrupting signals off for the write, and the
 // process's handlers (the CLI's) defer a signal that lands meanwhile on another thread.
 #pragma once

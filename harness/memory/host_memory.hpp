@@ -1,4 +1,4 @@
-// How much host memory a run can have (DESIGN §6): before allocating, a run compares its
+// How much host memory a run can have (docs/design.md §6): before allocating, a run compares its
 // predicted peak with this figure and refuses with exit 3 naming both.
 #pragma once
 

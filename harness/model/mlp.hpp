@@ -3,7 +3,7 @@
 // Each layer is Linear(width, width) with bias, then the activation. Activations are
 // (rows, width) fp32, row-major; a weight is (out, in) as torch stores it, so
 // y = x W^T + b. What autograd would save is recorded in a SavedTensors instrument,
-// and every buffer is allocated with the category DESIGN §1 gives it.
+// and every buffer is allocated with the category docs/design.md §1 gives it.
 #pragma once
 
 #include <vector>

@@ -1,4 +1,4 @@
-// The saved-tensor instrument (DESIGN §2): counts what autograd would save for
+// The saved-tensor instrument (docs/design.md §2): counts what autograd would save for
 // backward. A save of tensor `id` adds one to the live count; the bytes of distinct
 // tensors are counted once however many times they are saved (a weight reference
 // saves zero bytes).

@@ -1,4 +1,4 @@
-// Closed forms for ddp, zero1, zero2 and zero3 (see README "Formulas").
+// Closed forms for ddp, zero1, zero2 and zero3 (docs/formulas.md).
 //
 // Symbols: P parameters, T parameter tensors, a = B * width * 4 bytes (one layer's
 // output), X = a (the batch), t = a for mse's target (else 0), k = 1 when the last

@@ -1,4 +1,4 @@
-// Flat CSV files of a shardscope/1 document (`--csv DIR`, README "CSV"): one per run
+// Flat CSV files of a shardscope/1 document (`--csv DIR`, columns in docs/json.md, "CSV"): one per run
 // kind, every row complete on its own, for spreadsheets and data frames.
 //   data_parallel.csv: one row per run x rank x category (8 per rank);
 //   pipeline.csv:      one row per run x stage.

@@ -1,4 +1,4 @@
-// The check DESIGN §6 asks of every run before it allocates.
+// The check docs/design.md §6 asks of every run before it allocates.
 #pragma once
 
 #include <cstdint>

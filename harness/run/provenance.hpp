@@ -1,4 +1,4 @@
-// Where a result came from (DESIGN §7 "provenance"): commit, command, machine, libraries.
+// Where a result came from (docs/design.md §7 "provenance"): commit, command, machine, libraries.
 #pragma once
 
 #include <string>

@@ -1,4 +1,4 @@
-// `shardscope run`: one job in which this process is one rank (DESIGN §6).
+// `shardscope run`: one job in which this process is one rank (docs/design.md §6).
 #pragma once
 
 #include <optional>
@@ -35,7 +35,7 @@ std::optional<nlohmann::json> run_job(const RunConfig& cfg, const JobSetup& setu
 // tensors runs, as torch's ZeroRedundancyOptimizer does: some ranks own nothing.)
 void validate_data_parallel(const RunConfig& cfg);
 
-// A data-parallel run's fields before its ranks (DESIGN §7): kind, strategy, world,
+// A data-parallel run's fields before its ranks (docs/design.md §7): kind, strategy, world,
 // units, layers_per_unit, prefetch, ddp_bucket, bucket_mb, steps, timed_steps, seed, model.
 nlohmann::json data_parallel_header(const RunConfig& cfg, int world);
 

@@ -1,4 +1,4 @@
-// How the sharded strategies split the model (DESIGN §3), shared by the strategies
+// How the sharded strategies split the model (docs/design.md §3), shared by the strategies
 // and by the closed-form predictions.
 #pragma once
 

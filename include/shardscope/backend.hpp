@@ -1,4 +1,4 @@
-// The Backend: where tensors live and how the math runs (DESIGN §5).
+// The Backend: where tensors live and how the math runs (docs/design.md §5).
 //
 // Strategies and schedules talk only to this interface (and to a Communicator), never
 // to CUDA or BLAS directly. Every allocation goes through `alloc`, which records it

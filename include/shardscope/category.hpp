@@ -1,4 +1,4 @@
-// Memory categories (DESIGN §1): every tracked allocation carries exactly one.
+// Memory categories (docs/design.md §1): every tracked allocation carries exactly one.
 #pragma once
 
 #include <array>

@@ -1,4 +1,4 @@
-// Communicators behind one interface (DESIGN §5): self, mpi, nccl, fake.
+// Communicators behind one interface (docs/design.md §5): self, mpi, nccl, fake.
 //
 // The public calls are non-virtual: they time the backend-specific `do_*` and record
 // calls, payload bytes and milliseconds in the rank's ledger. Payload bytes follow

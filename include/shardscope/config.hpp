@@ -1,4 +1,4 @@
-// Everything a run is told on the command line (DESIGN §6), as one plain record
+// Everything a run is told on the command line (docs/design.md §6), as one plain record
 // passed down explicitly (no configuration globals).
 #pragma once
 

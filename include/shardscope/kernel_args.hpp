@@ -1,4 +1,4 @@
-// The arguments of the math every backend runs (DESIGN §5): the kernels (kernels/) and
+// The arguments of the math every backend runs (docs/design.md §5): the kernels (kernels/) and
 // the Backend interface both take them, and a model's configuration names its activation
 // and loss with them. Nothing here allocates or knows a backend.
 #pragma once

@@ -1,5 +1,5 @@
-// Closed forms for what a run should measure, all in one place (DESIGN §3, §4).
-// The README's "Formulas" section writes out the same expressions.
+// Closed forms for what a run should measure, all in one place (docs/design.md §3, §4).
+// docs/formulas.md writes out the same expressions.
 #pragma once
 
 #include <array>

@@ -1,4 +1,4 @@
-// Data-parallel strategies behind one small interface (DESIGN §3). A new strategy is
+// Data-parallel strategies behind one small interface (docs/design.md §3). A new strategy is
 // one file in harness/strategies/ plus one line in registry.cpp.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The data-parallel strategies (DESIGN §3), each named once: the command line, the JSON
+// The data-parallel strategies (docs/design.md §3), each named once: the command line, the JSON
 // ("strategy") and every table spell them as kStrategyNames does.
 #pragma once
 

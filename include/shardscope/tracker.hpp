@@ -1,4 +1,4 @@
-// The memory tracker: every allocation of a rank goes through it (DESIGN §1, §5).
+// The memory tracker: every allocation of a rank goes through it (docs/design.md §1, §5).
 //
 // It keeps current and peak bytes per category and in total, the breakdown by
 // category at the instant of the peak, and the phase and place the caller marked at

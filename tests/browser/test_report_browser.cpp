@@ -148,7 +148,7 @@ TEST_F(ReportBrowser, SmallSweepRendersEveryChart) {
   expect_painted(2000);
 }
 
-// The README's command, as a user types it in an empty folder.
+// The report command of docs/cli.md, as a user types it in an empty folder.
 TEST_F(ReportBrowser, SeedSweepReport) {
 #ifndef SHARDSCOPE_WITH_MPI
   GTEST_SKIP() << "this build has no MPI: multi-rank jobs cannot start";

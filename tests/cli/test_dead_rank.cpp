@@ -1,5 +1,5 @@
 // A rank killed mid-run ends the whole sweep within seconds with exit 3, the line
-// `shardscope: error:` naming the rank, and no process left behind (DESIGN §6).
+// `shardscope: error:` naming the rank, and no process left behind (docs/design.md §6).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // A tiny NVTX tool linked into the CUDA test binary, to prove that the backend emits
-// its ranges (DESIGN §5) without Nsight Systems.
+// its ranges (docs/design.md §5) without Nsight Systems.
 //
 // NVTX3 looks for a tool on the first NVTX call: NVTX_INJECTION64_PATH first, then a
 // statically linked one through the C symbol InitializeInjectionNvtx2_fnptr (nvtxInit.h,

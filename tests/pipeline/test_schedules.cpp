@@ -1,4 +1,4 @@
-// Pipeline schedules (DESIGN §4): generated lists validate, memory and bubbles match the
+// Pipeline schedules (docs/design.md §4): generated lists validate, memory and bubbles match the
 // closed forms, the lowering is what the executor relies on, and broken schedules or
 // programs are rejected with messages that say where.
 #include <gtest/gtest.h>
@@ -108,7 +108,7 @@ TEST(Schedules, ReplayedBubbleMatchesTheory) {
     const double work = 3.0 * c.v * c.M;  // 3 units per (micro-batch, chunk)
     ASSERT_EQ(r.bubble_fraction.size(), static_cast<std::size_t>(c.S));
     double theory = bubble_theory(s);
-    if (c.name == "zb-h1" && c.M < c.S)  // the pipeline never fills: DESIGN's "about" is above
+    if (c.name == "zb-h1" && c.M < c.S)  // the pipeline never fills: docs/design.md's "about" is above
       theory = (2.0 * c.S - 1 - c.M) / (2.0 * c.M + 2 * c.S - 1);
     for (int st = 0; st < c.S; ++st) {
       EXPECT_DOUBLE_EQ(r.busy[st], work) << label(c);
