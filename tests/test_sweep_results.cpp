@@ -2,6 +2,10 @@
 // emulated pipeline's bubble replayed from its stages' measured action times.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -68,6 +72,28 @@ TEST(SweepResults, DataParallelRanksAreMergedAsTheyAre) {
   EXPECT_FALSE(runs[0].contains("rank")) << "the merged run holds every rank: no one rank played";
   EXPECT_EQ(runs[0]["emulated"], true);
   EXPECT_FALSE(runs[0].contains("replayed_makespan_ms"));
+}
+
+// What an incomplete sweep may not write over: a shardscope/1 document that is not a
+// sweep's incomplete one. Read without keeping the document.
+TEST(SweepResults, CompleteResultsAreToldFromPartialOrBrokenOnes) {
+  char tmpl[] = "/tmp/shardscope-complete-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/shardscope.json";
+  auto holds = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    return holds_complete_results(path);
+  };
+  EXPECT_TRUE(holds(R"({"schema": "shardscope/1", "runs": [], "sweep": {"jobs": 1, "complete": true}})"));
+  EXPECT_TRUE(holds(R"({"runs": [{"sweep": {"complete": false}}], "schema": "shardscope/1"})")) << "a run's own";
+  EXPECT_TRUE(holds(R"({"schema": "shardscope/1", "runs": [{"kind": "data_parallel"}]})")) << "a run's --json";
+  EXPECT_FALSE(holds(R"({"schema": "shardscope/1", "runs": [], "sweep": {"complete": false, "error": "x"}})"));
+  EXPECT_FALSE(holds(R"({"schema": "shardscope-plan/1", "plans": []})"));
+  EXPECT_FALSE(holds(R"(["schema", "shardscope/1"])"));
+  EXPECT_FALSE(holds("{ an older, broken file"));
+  std::filesystem::remove(path);
+  EXPECT_FALSE(holds_complete_results(path));
+  std::filesystem::remove_all(tmpl);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string_view>
 
@@ -109,19 +110,63 @@ std::vector<json> merge_emulated_ranks(const std::vector<json>& docs) {
   return merged;
 }
 
+namespace {
+
+// Reads a result file without keeping it (a sweep's results can be hundreds of MB, a
+// parsed copy many times that): whether the root is an object, its "schema" and its
+// "sweep"."complete", each when it is a string or a boolean.
+class CompletenessProbe {
+ public:
+  bool null() { return scalar(json()); }
+  bool boolean(bool v) { return scalar(v); }
+  bool number_integer(json::number_integer_t) { return scalar(json()); }
+  bool number_unsigned(json::number_unsigned_t) { return scalar(json()); }
+  bool number_float(json::number_float_t, const json::string_t&) { return scalar(json()); }
+  bool string(json::string_t& v) { return scalar(v); }
+  bool binary(json::binary_t&) { return scalar(json()); }
+  bool start_object(std::size_t) { return open(true); }
+  bool start_array(std::size_t) { return open(false); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(json::string_t& k) {
+    keys_.back() = k;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+
+  bool root_object = false;
+  json schema, complete;
+
+ private:
+  bool scalar(const json& v) {
+    if (keys_.size() == 1 && keys_[0] == "schema") schema = v;
+    if (keys_.size() == 2 && keys_[0] == "sweep" && keys_[1] == "complete" && in_object_.back()) complete = v;
+    return true;
+  }
+  bool open(bool object) {
+    if (keys_.empty()) root_object = object;
+    keys_.emplace_back();
+    in_object_.push_back(object);
+    return true;
+  }
+  bool close() {
+    keys_.pop_back();
+    in_object_.pop_back();
+    return true;
+  }
+  std::vector<std::string> keys_;  // per open level: its last key (empty in an array)
+  std::vector<bool> in_object_;
+};
+
+}  // namespace
+
 bool holds_complete_results(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return false;
-  json doc;
-  try {
-    doc = read_json_file(path);
-  } catch (const RunError&) {
-    return false;
-  }
-  if (!doc.is_object() || doc.value("schema", json()) != "shardscope/1") return false;
-  const json* sweep = cells::at(doc, {"sweep"});
-  const json* complete = sweep && sweep->is_object() ? cells::at(*sweep, {"complete"}) : nullptr;
-  return !(complete && *complete == false);
+  std::ifstream in(path, std::ios::binary);
+  CompletenessProbe probe;
+  if (!in || !json::sax_parse(in, &probe)) return false;
+  return probe.root_object && probe.schema == "shardscope/1" && probe.complete != false;
 }
 
 json skipped_record(const SweepJob& job, const std::string& reason) {
