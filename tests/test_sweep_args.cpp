@@ -44,7 +44,7 @@ TEST(SweepPlan, NoArgumentsRunsTheSeedsExperiment) {
   const std::vector<SweepJob> jobs = plan_sweep(Args{});
   ASSERT_EQ(jobs.size(), 18u);  // (ddp, zero1, 2 x zero2, 2 x zero3) x W = 2, 4; 2 schedules x M = 2, 4, 8
   EXPECT_EQ(jobs[0].run_args, (Args{"--strategy", "ddp", "--layers", "8", "--width", "256", "--batch", "32",
-                                    "--activation", "none", "--loss", "sum", "--steps", "3"}));
+                                    "--activation", "none", "--loss", "sum", "--steps", "11"}));
   EXPECT_EQ(jobs[0].world, 2);
   EXPECT_EQ(jobs[0].kind, "data_parallel");
   const std::vector<std::string> l = labels(jobs);
@@ -58,7 +58,7 @@ TEST(SweepPlan, NoArgumentsRunsTheSeedsExperiment) {
   EXPECT_EQ(jobs[3].config["layers_per_unit"], 1);
   EXPECT_EQ(jobs[2].config["layers_per_unit"], "all");
   EXPECT_EQ(jobs[17].run_args, (Args{"--schedule", "1f1b", "--microbatches", "8", "--layers", "2", "--width", "32",
-                                     "--batch", "8", "--activation", "relu", "--loss", "mse", "--steps", "2"}));
+                                     "--batch", "8", "--activation", "relu", "--loss", "mse", "--steps", "11"}));
   EXPECT_EQ(jobs[17].config["microbatches"], 8);
   EXPECT_EQ(jobs[17].config["args"], jobs[17].run_args);
 }

@@ -1,7 +1,9 @@
 // The text tables: key figures appear, multiples of 4P are right, differing ranks get
-// their own rows, missing fields print "-".
+// their own rows, missing fields print "-". Most tests read the wide, exact tables
+// (--wide --bytes exact: every column, every byte); the compact default is tested last.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -62,7 +64,15 @@ json document() {
           {"emulated", false}, {"runs", {ddp, zero1, pipe, skipped}}};
 }
 
+// --wide --bytes exact.
 std::string render(const json& doc) {
+  std::ostringstream os;
+  print_tables(doc, os, TableOptions{true, true});
+  return os.str();
+}
+
+// The default: fits 120 columns.
+std::string render_compact(const json& doc) {
   std::ostringstream os;
   print_tables(doc, os);
   return os.str();
@@ -103,13 +113,13 @@ TEST(Table, DdpRestsAtFourTimesTheWeightsOnOneRow) {
   EXPECT_NE(ddp.find("all ranks"), std::string::npos) << ddp;
   EXPECT_NE(ddp.find("4,210,752"), std::string::npos) << ddp;
   EXPECT_EQ(ddp.find('!'), std::string::npos) << ddp;
-  // Identical ranks: one row in each of the three data-parallel tables.
-  EXPECT_EQ(count_lines_with(out, "ddp "), 3) << out;
+  // Identical ranks: one row in each of the four data-parallel tables.
+  EXPECT_EQ(count_lines_with(out, "ddp "), 4) << out;
 }
 
 TEST(Table, DifferingRanksGetTheirOwnRows) {
   const std::string out = render(document());
-  EXPECT_EQ(count_lines_with(out, "zero1"), 6) << out;  // 2 ranks x 3 tables
+  EXPECT_EQ(count_lines_with(out, "zero1"), 8) << out;  // 2 ranks x 4 tables
   const std::string r0 = line_with(out, "rank 0");
   const std::string r1 = line_with(out, "rank 1");
   EXPECT_NE(r0.find("6,316,064"), std::string::npos) << r0;
@@ -151,10 +161,16 @@ TEST(Table, PipelineP2pBytesBesideTheirPrediction) {
   json& stage = doc["runs"][2]["stages"][0];
   stage["comm_bytes"] = 2048;
   stage["predicted"]["comm_bytes"] = 2048;
-  EXPECT_NE(line_with(render(doc), "1f1b").find(" 2,048 "), std::string::npos) << render(doc);
-  EXPECT_EQ(line_with(render(doc), "1f1b").find("2,048 !"), std::string::npos) << render(doc);
+  const std::string row = line_with(render(doc), "1f1b");  // p2p B/step is its last column
+  EXPECT_EQ(row.substr(row.size() - 6), " 2,048") << render(doc);
   stage["predicted"]["comm_bytes"] = 1024;
   EXPECT_NE(line_with(render(doc), "1f1b").find("2,048 ! 1,024"), std::string::npos) << render(doc);
+}
+
+// The line of the time table (the one after "time per step") holding `needle`.
+std::string time_row(const std::string& out, const std::string& needle) {
+  const std::size_t at = out.find("time per step");
+  return at == std::string::npos ? "" : line_with(out.substr(at), needle);
 }
 
 TEST(Table, PeakCommunicationAndTime) {
@@ -164,9 +180,20 @@ TEST(Table, PeakCommunicationAndTime) {
   EXPECT_NE(peak.find("5.000"), std::string::npos) << peak;  // 10,526,720 / 2,105,344
   EXPECT_NE(peak.find("backward"), std::string::npos);
   EXPECT_NE(peak.find("layer 7"), std::string::npos);
-  EXPECT_NE(peak.find("all_reduce"), std::string::npos);
-  EXPECT_NE(peak.find("2.10"), std::string::npos);
-  EXPECT_NE(peak.find("12.500"), std::string::npos);
+  EXPECT_NE(peak.find("2,105,344"), std::string::npos);  // communication per step
+  const std::string time = time_row(out, "ddp ");
+  ASSERT_FALSE(time.empty()) << out;
+  EXPECT_NE(time.find("all_reduce"), std::string::npos) << time;
+  EXPECT_NE(time.find("2.10"), std::string::npos);
+  // min, median and max of the step: max from step_ms_all when the record has no max.
+  EXPECT_NE(time.find("12.000  12.500    -"), std::string::npos) << time;
+  json doc = document();
+  for (json& rank : doc["runs"][0]["ranks"]) rank["step_ms_all"] = {99.0, 12.0, 12.5, 13.75};
+  EXPECT_NE(time_row(render(doc), "ddp ").find("12.000  12.500  13.750"), std::string::npos) << render(doc);
+  doc["runs"][0]["ranks"][0]["step_ms"]["max"] = 14.25;
+  doc["runs"][0]["ranks"][1]["step_ms"]["max"] = 14.25;
+  EXPECT_NE(time_row(render(doc), "ddp ").find("12.000  12.500  14.250"), std::string::npos) << render(doc);
+  EXPECT_NE(out.find("over 2 timed steps"), std::string::npos) << out;
 }
 
 TEST(Table, ARowForAllRanksShowsTheSlowestRanksTime) {
@@ -176,11 +203,11 @@ TEST(Table, ARowForAllRanksShowsTheSlowestRanksTime) {
   ddp["ranks"][1]["comm"]["all_reduce"]["busbw_gbps"] = 0.75;
   json doc = document();
   doc["runs"] = json::array({ddp});
-  const std::string peak = line_with(render(doc), "10,526,720");
-  ASSERT_NE(peak.find("all ranks"), std::string::npos) << peak;
-  EXPECT_NE(peak.find("31.250"), std::string::npos) << peak;
-  EXPECT_NE(peak.find("0.75"), std::string::npos) << peak;
-  EXPECT_EQ(peak.find("12.500"), std::string::npos) << peak;
+  const std::string time = time_row(render(doc), "ddp ");
+  ASSERT_NE(time.find("all ranks"), std::string::npos) << time;
+  EXPECT_NE(time.find("31.250"), std::string::npos) << time;
+  EXPECT_NE(time.find("0.75"), std::string::npos) << time;
+  EXPECT_EQ(time.find("12.500"), std::string::npos) << time;
 }
 
 TEST(Table, PipelineStageRowAndSkipped) {
@@ -193,7 +220,9 @@ TEST(Table, PipelineStageRowAndSkipped) {
   EXPECT_NE(stage.find(" 1-1 "), std::string::npos) << stage;
   EXPECT_NE(stage.find("384"), std::string::npos);
   EXPECT_NE(stage.find("5 / 384"), std::string::npos);
-  EXPECT_NE(stage.find("12.5% / 10.0% / 11.1%"), std::string::npos) << stage;
+  const std::string times = line_with(out.substr(out.find("bubble: wall")), "1f1b");
+  EXPECT_NE(times.find("12.5% / 10.0% / 11.1%"), std::string::npos) << out;
+  EXPECT_NE(times.find("0.250         1.250   1.500    -"), std::string::npos) << out;
   EXPECT_NE(stage.find("21,140"), std::string::npos);
   const std::size_t measured = stage.find("23,456"), predicted = stage.find("23,460 !");  // a wrong prediction
   ASSERT_NE(predicted, std::string::npos) << stage;
@@ -216,6 +245,77 @@ TEST(Table, MissingFieldsPrintDashesAndEmulatedIsSaid) {
   EXPECT_NE(peak_row.find("zero3"), std::string::npos) << out;
   EXPECT_EQ(out.find("7702"), std::string::npos) << "an emulated collective has no bandwidth";
   EXPECT_EQ(render(json::object()), "(no runs)\n");
+}
+
+// The default tables fit 120 columns: binary units, "=" for a prediction equal to its
+// figure and the prediction with " !" where it differs, settings every row shares said
+// once above the table; --wide brings the columns back.
+TEST(Table, CompactTablesFit120Columns) {
+  json doc = document();
+  doc["runs"].push_back(dp_run("zero3", {dp_rank(0, 526336, 526336, 1052676, 5327904),
+                                         dp_rank(1, 526336, 526336, 1052676, 5327904)}));
+  doc["runs"].back()["layers_per_unit"] = 1;
+  doc["runs"][0]["ddp_bucket"] = doc["runs"][1]["ddp_bucket"] = "view";
+  const std::string out = render_compact(doc);
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) EXPECT_LE(display_width(line), 120u) << line;
+  const std::string ddp = line_with(out, "ddp ");
+  EXPECT_NE(ddp.find("8.03 MiB"), std::string::npos) << ddp;  // 8,421,440 B
+  EXPECT_NE(ddp.find("4.02 MiB"), std::string::npos) << ddp;  // optim 4,210,752 B
+  EXPECT_EQ(ddp.find("8,421,440"), std::string::npos) << ddp;
+  EXPECT_EQ(ddp.substr(ddp.find_last_not_of(' ')), "=") << ddp;  // the prediction equals it
+  EXPECT_NE(line_with(out, "rank 1").find("6.02 MiB !"), std::string::npos) << out;  // 6,316,000: differs
+  const std::string zero3 = line_with(out, "zero3 ");
+  EXPECT_EQ(zero3.rfind("  zero3     1      all ranks", 0), 0u) << zero3;  // units as --units takes them
+  EXPECT_NE(out.find("prefetch 1 (zero2, zero3); DDP bucket view (ddp, zero1)"), std::string::npos) << out;
+  EXPECT_EQ(line_with(out, "strategy").find("prefetch"), std::string::npos) << out;
+  EXPECT_NE(out.find("Bytes: binary units (1 KiB = 1024 B)"), std::string::npos) << out;
+  EXPECT_NE(out.find("4P = 2.01 MiB"), std::string::npos) << out;
+  // The pipeline: chunks and rank said once, the step's spread in the time table.
+  EXPECT_NE(out.find("chunks 1; stage s runs on rank s"), std::string::npos) << out;
+  const std::string stage = line_with(out, "5 / 40 / 5");
+  EXPECT_NE(stage.find("  384 B  "), std::string::npos) << stage;
+  // 23,456 measured and 23,460 predicted both read 22.9 KiB: the mark tells them apart.
+  EXPECT_NE(stage.find("22.9 KiB  22.9 KiB !"), std::string::npos) << stage;
+  // --bytes exact alone: exact bytes, still compact.
+  std::ostringstream exact;
+  print_tables(doc, exact, TableOptions{true, false});
+  EXPECT_NE(line_with(exact.str(), "ddp ").find("8,421,440"), std::string::npos) << exact.str();
+  EXPECT_EQ(line_with(exact.str(), "strategy").find("prefetch"), std::string::npos) << exact.str();
+  // --wide: the prefetch and bucket columns, and the predictions in full.
+  const std::string wide = render(doc);
+  EXPECT_NE(line_with(wide, "strategy").find("prefetch"), std::string::npos) << wide;
+  const std::string wide_ddp = line_with(wide, "ddp ");
+  EXPECT_EQ(wide_ddp.substr(wide_ddp.size() - 9), "8,421,440") << wide;
+}
+
+// Ranks that outnumber the host's cores wait for one: a line says so above the times.
+TEST(Table, RanksBeyondTheCoresAreSaidAboveTheTimes) {
+  json doc = document();
+  doc["provenance"] = {{"cores", 2}};
+  EXPECT_EQ(render_compact(doc).find("ranks share"), std::string::npos);  // W = 2 on 2 cores
+  for (json& run : doc["runs"]) run["world"] = 4;
+  const std::string out = render_compact(doc);
+  const std::size_t note = out.find("4 ranks share 2 cores here");
+  ASSERT_NE(note, std::string::npos) << out;
+  EXPECT_LT(out.find("time per step"), note);
+  EXPECT_LT(note, out.find("main collective  busbw")) << out;
+  doc["emulated"] = true;  // emulated ranks run one at a time
+  EXPECT_EQ(render_compact(doc).find("ranks share"), std::string::npos);
+}
+
+TEST(Cells, BinaryBytesHaveThreeSignificantFigures) {
+  EXPECT_EQ(cells::binary_bytes(0), "0 B");
+  EXPECT_EQ(cells::binary_bytes(512), "512 B");
+  EXPECT_EQ(cells::binary_bytes(1023), "1023 B");
+  EXPECT_EQ(cells::binary_bytes(1024), "1.00 KiB");
+  EXPECT_EQ(cells::binary_bytes(2105344), "2.01 MiB");
+  EXPECT_EQ(cells::binary_bytes(16904), "16.5 KiB");
+  EXPECT_EQ(cells::binary_bytes(353452160), "337 MiB");
+  EXPECT_EQ(cells::binary_bytes(4448092164), "4.14 GiB");
+  EXPECT_EQ(cells::binary_bytes(1000 * 1024), "0.977 MiB");  // not "1000 KiB": four figures
+  EXPECT_EQ(cells::binary_bytes(-2048), "-2.00 KiB");
+  EXPECT_EQ(cells::binary_bytes(std::numeric_limits<std::int64_t>::min()), "-8.00 EiB");
 }
 
 TEST(TextTable, AlignsColumnsByCodePoints) {

@@ -66,7 +66,8 @@ std::string self_exe(const char* argv0) {
 // Flags of `run` (DESIGN §6). Numeric flags are taken as strings and checked here so
 // that every message names the flag and what is allowed.
 struct RunFlags {
-  std::string layers = "8", width = "256", batch = "32", steps = "3", seed = "0";
+  // Steps: one warm-up and ten timed, so that a time has a spread to print.
+  std::string layers = "8", width = "256", batch = "32", steps = "11", seed = "0";
   std::string activation = "none", loss = "sum";
   // One layer per unit, as FSDP's per-layer wrap policy and DeepSpeed shard; "all" is
   // the root unit alone (torch FSDP without a wrap policy).
@@ -84,7 +85,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--batch", f.batch, "rows per rank (data parallel) or per pipeline (default 32)")->type_name("N");
   app.add_option("--activation", f.activation, "none | relu (default none)")->type_name("none|relu");
   app.add_option("--loss", f.loss, "sum | mse (default sum)")->type_name("sum|mse");
-  app.add_option("--steps", f.steps, "optimizer steps; the first is warm-up (default 3)")->type_name("N");
+  app.add_option("--steps", f.steps, "optimizer steps; the first is warm-up (default 11: ten timed)")->type_name("N");
   app.add_option("--seed", f.seed, "seed of data and initial parameters (default 0)")->type_name("N");
   app.add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | zero3 (default ddp)")->type_name("NAME");
   app.add_option("--schedule", f.schedule, "gpipe | 1f1b | interleaved-1f1b | zb-h1 (a pipeline run)")->type_name("NAME");

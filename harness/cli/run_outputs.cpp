@@ -34,7 +34,7 @@ void check_run_outputs(const RunConfig& cfg, const MpiSession& mpi) {
 }
 
 void write_run_outputs(const nlohmann::json& doc, const RunConfig& cfg, std::ostream& out) {
-  print_tables(doc, out);
+  print_tables(doc, out, TableOptions{cfg.exact_bytes, cfg.wide_tables});
   // The CSV folder first: it is made now, and --json or --trace may lie inside it.
   if (!cfg.csv_dir.empty()) write_csv_files(doc, cfg.csv_dir);
   if (!cfg.json_path.empty()) write_file_atomic(cfg.json_path, readable_json(doc) + "\n");

@@ -333,7 +333,8 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
         error = "interrupted by " + interrupt_text(sig) + " before " + job.label;
         break;
       }
-      std::cout << "[" << n + 1 << "/" << jobs.size() << "] " << job.label << ": " << std::flush;
+      // Progress goes to stderr: stdout holds the tables alone.
+      std::cerr << "[" << n + 1 << "/" << jobs.size() << "] " << job.label << ": " << std::flush;
       JobOutcome outcome;
       try {
         outcome = runner.run(job, n);
@@ -344,12 +345,12 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
       if (outcome.status == JobOutcome::Status::done) {
         runs.insert(runs.end(), outcome.runs.begin(), outcome.runs.end());
         if (first_provenance.is_null()) first_provenance = outcome.provenance;
-        std::cout << "done" << std::endl;
+        std::cerr << "done" << std::endl;
       } else if (outcome.status == JobOutcome::Status::skipped) {
         runs.push_back(skipped_record(job, outcome.reason));
-        std::cout << "skipped: " << outcome.reason << std::endl;
+        std::cerr << "skipped: " << outcome.reason << std::endl;
       } else {
-        std::cout << "failed" << std::endl;
+        std::cerr << "failed" << std::endl;
         error = outcome.error;
         failed_label = job.label;
         failed_stderr = std::move(outcome.stderr_text);
@@ -381,8 +382,7 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
   const bool report_written = !opts.report.empty() && write_keeping_error(errors, [&] {
     write_file_atomic(opts.report, render_html_report(whole_document(doc, spill), command));
   });
-  std::cout << '\n';
-  print_tables(doc, std::cout);
+  print_tables(doc, std::cout, TableOptions{opts.exact_bytes, opts.wide});
   if (results_written) {
     std::cout << "results: " << results;
     if (results != json_path)

@@ -21,9 +21,9 @@ const std::vector<std::string> kPresets = {"seed-dp", "seed-pp"};
 
 // The seed's experiment (shared/reference/seed-3.13.json).
 const Flags kSeedDpFlags = {{"--layers", "8"},       {"--width", "256"}, {"--batch", "32"},
-                            {"--activation", "none"}, {"--loss", "sum"},  {"--steps", "3"}};
+                            {"--activation", "none"}, {"--loss", "sum"},  {"--steps", "11"}};
 const Flags kSeedPpFlags = {{"--layers", "2"},       {"--width", "32"}, {"--batch", "8"},
-                            {"--activation", "relu"}, {"--loss", "mse"}, {"--steps", "2"}};
+                            {"--activation", "relu"}, {"--loss", "mse"}, {"--steps", "11"}};
 
 // `run --units` when none is given: one layer per unit.
 const std::string kDefaultUnits = "1";
@@ -354,9 +354,9 @@ std::string sweep_usage() {
          "  --strategies LIST    data-parallel runs: ddp, zero1, zero2, zero3\n"
          "  --schedules LIST     pipeline runs: gpipe, 1f1b, interleaved-1f1b, zb-h1\n"
          "  --microbatches LIST  micro-batch counts of pipeline runs (default: one run at M = S)\n"
-         "  --preset NAME        seed-dp: 8 x 256, activation none, loss sum, batch 32, 3 steps,\n"
+         "  --preset NAME        seed-dp: 8 x 256, activation none, loss sum, batch 32, 11 steps,\n"
          "                       every strategy at W = 2 and 4, zero2/zero3 with --units all and 1;\n"
-         "                       seed-pp: 2 x 32, relu, mse, batch 8, 2 steps, gpipe and 1f1b at\n"
+         "                       seed-pp: 2 x 32, relu, mse, batch 8, 11 steps, gpipe and 1f1b at\n"
          "                       S = 2, M = 2, 4, 8. Repeatable.\n"
          "  --out DIR            where shardscope.json goes (default results/); one sweep at a time\n"
          "  --trace FILE         one Chrome trace-event JSON of every rank of every run\n"

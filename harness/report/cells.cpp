@@ -63,6 +63,53 @@ std::string bytes(const nlohmann::json* v) {
   return as_int(v, &n) ? group_digits(n) : kMissing;
 }
 
+std::string binary_bytes(std::int64_t n) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  const std::uint64_t mag = n < 0 ? ~static_cast<std::uint64_t>(n) + 1 : static_cast<std::uint64_t>(n);
+  const std::string sign = n < 0 ? "-" : "";
+  if (mag < 1024) return sign + std::to_string(mag) + " B";
+  double scaled = static_cast<double>(mag);
+  int unit = 0;
+  while (scaled >= 1024.0 && unit < 6) {
+    scaled /= 1024.0;
+    ++unit;
+  }
+  // 999.6 KiB would print as "1000 KiB": four figures; the next unit says it in three.
+  if (scaled >= 999.5 && unit < 6) {
+    scaled /= 1024.0;
+    ++unit;
+  }
+  const int decimals = scaled >= 99.95 ? 0 : scaled >= 9.995 ? 1 : scaled >= 0.9995 ? 2 : 3;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%s%.*f %s", sign.c_str(), decimals, scaled, kUnits[unit]);
+  return buf;
+}
+
+std::string bytes(std::int64_t n, const TableOptions& options) {
+  return options.exact_bytes ? group_digits(n) : binary_bytes(n);
+}
+
+std::string bytes(const nlohmann::json* v, const TableOptions& options) {
+  std::int64_t n = 0;
+  return as_int(v, &n) ? bytes(n, options) : kMissing;
+}
+
+std::string measured_bytes(const nlohmann::json* measured, const nlohmann::json* predicted,
+                           const TableOptions& options) {
+  std::string cell = bytes(measured, options);
+  if (measured && predicted && *measured != *predicted) cell += " ! " + bytes(predicted, options);
+  return cell;
+}
+
+std::string predicted_bytes(const nlohmann::json* predicted, const nlohmann::json* measured,
+                            const TableOptions& options) {
+  std::int64_t p = 0, m = 0;
+  if (!as_int(predicted, &p)) return kMissing;
+  const bool differs = as_int(measured, &m) && m != p;
+  if (!options.wide && as_int(measured, &m) && !differs) return kSame;
+  return bytes(p, options) + (differs ? " !" : "");
+}
+
 std::string multiple(const nlohmann::json* v, const nlohmann::json* base) {
   double a = 0.0, b = 0.0;
   if (!as_double(v, &a) || !as_double(base, &b) || b == 0.0) return kMissing;

@@ -139,7 +139,7 @@ std::string render_html_report(const json& doc, const std::string& command) {
   if (!data_parallel.empty()) out += data_parallel_section(data_parallel, doc) + "\n";
   if (!pipeline.empty()) out += pipeline_section(pipeline, doc) + "\n";
   std::ostringstream tables;
-  print_tables(doc, tables);
+  print_tables(doc, tables, TableOptions{true, true});  // a page has room for every byte
   out += "<h2 id=\"tables\">Tables</h2><pre class=\"tables\">" + escape(tables.str()) + "</pre>\n";
   out += "<p class=\"note\">Written by shardscope: one self-contained file (inline SVG, no scripts, no network). "
          "Hover a bar, an action or a peak marker for its exact figures.</p>\n</body></html>\n";

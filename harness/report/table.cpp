@@ -28,14 +28,15 @@ std::string units_label(const json* layers_per_unit) {
 
 }  // namespace
 
-std::string model_line(const json& model, bool batch_per_rank) {
+std::string model_line(const json& model, bool batch_per_rank, const TableOptions& options) {
   std::string line = cells::text(cells::at(model, {"layers"})) + " x " +
                      cells::text(cells::at(model, {"width"}));
   line += ", activation " + cells::text(cells::at(model, {"activation"}));
   line += ", loss " + cells::text(cells::at(model, {"loss"}));
   line += ", batch " + cells::text(cells::at(model, {"batch"})) + (batch_per_rank ? "/rank" : "");
   line += ", P = " + cells::bytes(cells::at(model, {"params"})) + " params";
-  line += ", 4P = " + cells::bytes(cells::at(model, {"param_bytes"})) + " B";
+  line += ", 4P = " + (options.exact_bytes ? cells::bytes(cells::at(model, {"param_bytes"})) + " B"
+                                           : cells::bytes(cells::at(model, {"param_bytes"}), options));
   return line;
 }
 
@@ -115,8 +116,41 @@ std::string steps_note(const std::vector<const json*>& runs) {
   return note;
 }
 
+std::vector<std::string> step_spread(const json& record) {
+  std::string max = cells::fixed(cells::at(record, {"step_ms", "max"}), 3);
+  // Files written before step_ms.max: the largest timed step (the first is warm-up).
+  const json* all = cells::at(record, {"step_ms_all"});
+  if (max == cells::kMissing && all && all->is_array() && all->size() >= 2) {
+    const json* largest = nullptr;
+    for (std::size_t i = 1; i < all->size(); ++i)
+      if ((*all)[i].is_number() && (!largest || (*all)[i].get<double>() > largest->get<double>())) largest = &(*all)[i];
+    max = cells::fixed(largest, 3);
+  }
+  return {cells::fixed(cells::at(record, {"step_ms", "min"}), 3), cells::fixed(cells::at(record, {"step_ms", "median"}), 3),
+          max};
+}
+
+std::string timed_steps_words(const std::vector<const json*>& runs) {
+  if (runs.empty()) return {};
+  const json timed = runs.front()->value("timed_steps", json());
+  for (const json* r : runs)
+    if (r->value("timed_steps", json()) != timed) return {};
+  std::int64_t n = 0;
+  if (!cells::as_int(&timed, &n)) return {};
+  return ", over " + std::to_string(n) + (n == 1 ? " timed step" : " timed steps");
+}
+
+std::string cores_note(const json& run, const json& doc) {
+  std::int64_t world = 0, cores = 0;
+  if (!cells::as_int(cells::at(run, {"world"}), &world) || !cells::as_int(cells::at(doc, {"provenance", "cores"}), &cores) ||
+      cores <= 0 || world <= cores)
+    return {};
+  return "  " + std::to_string(world) + " ranks share " + std::to_string(cores) + (cores == 1 ? " core" : " cores") +
+         " here: a rank waits for a core, so these times are longer than with a core per rank\n";
+}
+
 void print_live_at_peak(const std::vector<std::string>& head_names, const std::vector<LiveRow>& rows,
-                        std::ostream& os) {
+                        const TableOptions& options, std::ostream& os) {
   std::vector<std::string> live;
   for (const std::string_view c : kCategoryNames) {
     const std::string name(c);
@@ -138,12 +172,15 @@ void print_live_at_peak(const std::vector<std::string>& head_names, const std::v
     std::vector<std::string> line = row.head;
     for (const std::string& c : live) {
       line.push_back(cells::measured_bytes(cells::at(*row.record, {"peak", "by_category", c.c_str()}),
-                                           cells::at(*row.record, {"predicted", "peak_by_category", c.c_str()})));
+                                           cells::at(*row.record, {"predicted", "peak_by_category", c.c_str()}),
+                                           options));
     }
     table.add_row(std::move(line));
   }
   os << "  live at the peak, bytes per category (a figure that differs from its prediction is followed by\n"
         "  \"! predicted\")\n";
+  // The category names are the table's widest cells: their columns, not the figures, set
+  // the width.
   table.print(os, 2);
   os << '\n';
 }
@@ -158,7 +195,7 @@ void print_skipped(const std::vector<const json*>& skipped, std::ostream& os) {
   os << '\n';
 }
 
-void print_tables(const json& doc, std::ostream& os) {
+void print_tables(const json& doc, std::ostream& os, const TableOptions& options) {
   const json* runs = cells::at(doc, {"runs"});
   if (!runs || !runs->is_array() || runs->empty()) {
     os << "(no runs)\n";
@@ -174,9 +211,20 @@ void print_tables(const json& doc, std::ostream& os) {
     else
       data_parallel.push_back(&run);
   }
-  if (!data_parallel.empty()) print_data_parallel_tables(data_parallel, doc, os);
-  if (!pipeline.empty()) print_pipeline_tables(pipeline, doc, os);
+  if (!data_parallel.empty()) print_data_parallel_tables(data_parallel, doc, options, os);
+  if (!pipeline.empty()) print_pipeline_tables(pipeline, doc, options, os);
   print_skipped(skipped, os);
+  if (!data_parallel.empty() || !pipeline.empty()) os << bytes_footnote(options);
+}
+
+std::string bytes_footnote(const TableOptions& options, bool predictions) {
+  std::string note = options.exact_bytes ? "Bytes: exact (--bytes exact), as the JSON and CSV hold them."
+                                         : "Bytes: binary units (1 KiB = 1024 B), three significant figures; --bytes exact "
+                                           "prints them\nto the byte, as the JSON and CSV hold them.";
+  if (!options.wide)
+    note += predictions ? " \"=\": the prediction equals the measured figure. --wide: every column."
+                        : " --wide: every column.";
+  return note + "\n";
 }
 
 std::string units_setting(const json& run) {

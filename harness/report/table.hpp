@@ -15,22 +15,26 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/report/cells.hpp"
+
 namespace shardscope {
 
-void print_tables(const nlohmann::json& doc, std::ostream& os);
+// By default every line fits 120 columns: bytes in binary units, a setting all rows share
+// stated once above the table, "=" for a prediction equal to its measured figure.
+void print_tables(const nlohmann::json& doc, std::ostream& os, const TableOptions& options = {});
 
 // A `shardscope compare` record (compare_documents) as a table (table_compare.cpp).
-void print_comparison(const nlohmann::json& comparison, std::ostream& os);
+void print_comparison(const nlohmann::json& comparison, std::ostream& os, const TableOptions& options = {});
 
 // A `shardscope plan` document (schema shardscope-plan/1) as tables (table_plan.cpp).
-void print_plan(const nlohmann::json& plan, std::ostream& os);
+void print_plan(const nlohmann::json& plan, std::ostream& os, const TableOptions& options = {});
 
 // The parts print_tables is made of; `runs` all of one kind, `doc` for the top-level
 // backend, comm and emulated flag (a run's own fields take precedence).
 void print_data_parallel_tables(const std::vector<const nlohmann::json*>& runs,
-                                const nlohmann::json& doc, std::ostream& os);
+                                const nlohmann::json& doc, const TableOptions& options, std::ostream& os);
 void print_pipeline_tables(const std::vector<const nlohmann::json*>& runs,
-                           const nlohmann::json& doc, std::ostream& os);
+                           const nlohmann::json& doc, const TableOptions& options, std::ostream& os);
 void print_skipped(const std::vector<const nlohmann::json*>& skipped, std::ostream& os);
 
 // A row of the "live at the peak" table: its leading cells, and the rank or stage record
@@ -43,11 +47,23 @@ struct LiveRow {
 // row left out; nothing when no row has a breakdown); a figure that differs from its
 // prediction is followed by "! predicted".
 void print_live_at_peak(const std::vector<std::string>& head_names, const std::vector<LiveRow>& rows,
-                        std::ostream& os);
+                        const TableOptions& options, std::ostream& os);
+
+// A record's step times, ms: {min, median, max} of its timed steps ("-" when untimed).
+std::vector<std::string> step_spread(const nlohmann::json& record);
+// ", over 10 timed steps" when every run timed as many steps, else "".
+std::string timed_steps_words(const std::vector<const nlohmann::json*>& runs);
+// A line saying that the run's ranks outnumber the cores of the host that ran it
+// (provenance.cores), so its times include waiting for a core; "" otherwise.
+std::string cores_note(const nlohmann::json& run, const nlohmann::json& doc);
+// The line under the tables that says how bytes are written (and, with `predictions`,
+// what "=" in a predicted column means).
+std::string bytes_footnote(const TableOptions& options, bool predictions = true);
 
 // "8 x 256, activation none, loss sum, batch 32/rank, P = 526,336 params,
-// 4P = 2,105,344 B" (pipeline runs: "batch 8" without "/rank").
-std::string model_line(const nlohmann::json& model, bool batch_per_rank);
+// 4P = 2,105,344 B" (pipeline runs: "batch 8" without "/rank"); 4P in binary units
+// ("4P = 2.01 MiB") unless `options` ask for exact bytes.
+std::string model_line(const nlohmann::json& model, bool batch_per_rank, const TableOptions& options = {true, true});
 // "backend cpu, comm mpi" plus ", emulated (times are compute only)" when emulated.
 std::string setup_line(const nlohmann::json& run, const nlohmann::json& doc);
 // "units=1", "units=all", "units=2" from layers_per_unit, as `--units` takes it; "-"

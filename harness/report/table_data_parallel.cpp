@@ -123,31 +123,65 @@ std::vector<std::string> extra_categories(const std::vector<Row>& rows) {
   return names;
 }
 
-void print_group(const std::vector<const json*>& runs, const json& doc, std::ostream& os) {
+// The value of `key` that every run of `runs` for which `applies` holds shares ("1"), or
+// "" when they differ or none applies: a setting a compact table states once above it
+// instead of in a column.
+template <typename Applies>
+std::string shared_setting(const std::vector<const json*>& runs, const char* key, Applies applies) {
+  std::string shared;
+  for (const json* run : runs) {
+    if (!applies(*run)) continue;
+    const std::string v = cells::text(cells::at(*run, {key}));
+    if (!shared.empty() && v != shared) return {};
+    shared = v;
+  }
+  return shared;
+}
+
+void print_group(const std::vector<const json*>& runs, const json& doc, const TableOptions& options,
+                 std::ostream& os) {
   const json& first = *runs.front();
   const json& model = first.contains("model") ? first["model"] : kEmpty;
   const json* param_bytes = cells::at(model, {"param_bytes"});
   const json* emulated_field = cells::at(first, {"emulated"}) ? cells::at(first, {"emulated"}) : cells::at(doc, {"emulated"});
   const bool emulated = emulated_field && emulated_field->is_boolean() && emulated_field->get<bool>();
   os << "data parallel, W = " << cells::text(cells::at(first, {"world"})) << ": "
-     << model_line(model, true) << "; " << setup_line(first, doc) << steps_note(runs) << "\n\n";
+     << model_line(model, true, options) << "\n  " << setup_line(first, doc) << steps_note(runs) << "\n";
 
   std::vector<Row> rows;
-  bool any_bucket = false;
+  bool any_bucket = false, any_units = false;
   for (const json* run : runs) {
     for (Row& row : rows_of(*run)) rows.push_back(std::move(row));
-    any_bucket = any_bucket || cells::at(*run, {"ddp_bucket"}) != nullptr;
+    any_bucket = any_bucket || (cells::at(*run, {"ddp_bucket"}) != nullptr && !uses_units(*run));
+    any_units = any_units || uses_units(*run);
   }
-  std::vector<std::string> head = {"strategy", "units", "prefetch"};
-  if (any_bucket) head.push_back("bucket");
+  // Compact tables state a setting every row shares once, above them, not in a column.
+  const auto no_units = [](const json& run) { return !uses_units(run); };
+  const std::string prefetch = options.wide ? "" : shared_setting(runs, "prefetch", uses_units);
+  const std::string bucket = options.wide ? "" : shared_setting(runs, "ddp_bucket", no_units);
+  std::vector<std::string> settings;
+  if (any_units && !prefetch.empty()) settings.push_back("prefetch " + prefetch + " (zero2, zero3)");
+  if (any_bucket && !bucket.empty()) settings.push_back("DDP bucket " + bucket + " (ddp, zero1)");
+  if (any_units) settings.push_back("units: layers per unit (--units)");
+  if (!settings.empty()) {
+    os << "  ";
+    for (std::size_t i = 0; i < settings.size(); ++i) os << (i ? "; " : "") << settings[i];
+    os << '\n';
+  }
+  os << '\n';
+  const bool prefetch_column = options.wide || (any_units && prefetch.empty());
+  const bool bucket_column = any_bucket && (options.wide || bucket.empty());
+  std::vector<std::string> head = {"strategy", "units"};
+  if (prefetch_column) head.push_back("prefetch");
+  if (bucket_column) head.push_back("bucket");
   head.push_back("rank");
   const std::size_t nhead = head.size();
   auto row_head = [&](const Row& row) {
     const bool units = uses_units(*row.run);
     std::vector<std::string> out = {cells::text(cells::at(*row.run, {"strategy"})),
-                                    units ? units_setting(*row.run) : cells::kMissing,
-                                    units ? cells::text(cells::at(*row.run, {"prefetch"})) : cells::kMissing};
-    if (any_bucket) out.push_back(units ? cells::kMissing : cells::text(cells::at(*row.run, {"ddp_bucket"})));
+                                    units ? cells::text(cells::at(*row.run, {"layers_per_unit"})) : cells::kMissing};
+    if (prefetch_column) out.push_back(units ? cells::text(cells::at(*row.run, {"prefetch"})) : cells::kMissing);
+    if (bucket_column) out.push_back(units ? cells::kMissing : cells::text(cells::at(*row.run, {"ddp_bucket"})));
     out.push_back(row.label);
     return out;
   };
@@ -167,11 +201,11 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
     const json& r = *row.rank;
     std::vector<std::string> line = row_head(row);
     const json* total = cells::at(r, {"resting", "total"});
-    line.push_back(cells::bytes(total));
+    line.push_back(cells::bytes(total, options));
     line.push_back(cells::multiple(total, param_bytes));
-    for (const char* c : {"param", "grad", "optim"}) line.push_back(cells::bytes(cells::at(r, {"resting", c})));
-    for (const std::string& c : extra) line.push_back(cells::bytes(cells::at(r, {"resting", c.c_str()})));
-    line.push_back(cells::predicted_bytes(cells::at(r, {"predicted", "resting_total"}), total));
+    for (const char* c : {"param", "grad", "optim"}) line.push_back(cells::bytes(cells::at(r, {"resting", c}), options));
+    for (const std::string& c : extra) line.push_back(cells::bytes(cells::at(r, {"resting", c.c_str()}), options));
+    line.push_back(cells::predicted_bytes(cells::at(r, {"predicted", "resting_total"}), total, options));
     resting.add_row(std::move(line));
   }
   os << "  at rest (after the step), bytes per rank\n";
@@ -179,50 +213,66 @@ void print_group(const std::vector<const json*>& runs, const json& doc, std::ost
   os << '\n';
 
   std::vector<std::string> peak_cols = head;
-  for (const char* c : {"peak B", "× 4P", "phase", "where", "predicted B", "comm B/step", "predicted",
-                        "main collective", "busbw GB/s", "comm ms", "step ms"})
+  for (const char* c : {"peak B", "× 4P", "phase", "where", "predicted B", "comm B/step", "predicted"})
     peak_cols.push_back(c);
   std::vector<Align> peak_align = aligns(peak_cols.size());
-  peak_align[nhead + 2] = peak_align[nhead + 3] = peak_align[nhead + 7] = Align::left;
+  peak_align[nhead + 2] = peak_align[nhead + 3] = Align::left;
   TextTable peak(peak_cols, peak_align);
   for (const Row& row : rows) {
     const json& r = *row.rank;
     std::vector<std::string> line = row_head(row);
     const json* total = cells::at(r, {"peak", "total"});
-    line.push_back(cells::bytes(total));
+    line.push_back(cells::bytes(total, options));
     line.push_back(cells::multiple(total, param_bytes));
     line.push_back(cells::text(cells::at(r, {"peak", "phase"})));
     line.push_back(cells::text(cells::at(r, {"peak", "where"})));
-    line.push_back(cells::predicted_bytes(cells::at(r, {"predicted", "peak_total"}), total));
+    line.push_back(cells::predicted_bytes(cells::at(r, {"predicted", "peak_total"}), total, options));
     const CommSummary comm = summarize_comm(r);
     const json comm_bytes = comm.bytes;
     const json* measured = comm.any ? &comm_bytes : nullptr;
-    line.push_back(cells::bytes(measured));
-    line.push_back(cells::predicted_bytes(cells::at(r, {"predicted", "comm_bytes"}), measured));
-    line.push_back(comm.main_kind.empty() ? cells::kMissing : comm.main_kind);
-    // An emulated collective moves no data: its bandwidth means nothing.
-    const CommSummary timed = summarize_comm(*row.timing);
-    line.push_back(comm.main_kind.empty() || emulated ? cells::kMissing : cells::fixed(timed.main_busbw, 2));
-    // The step's time inside collectives: meaningless too when emulated.
-    line.push_back(emulated ? cells::kMissing : cells::fixed(cells::at(*row.timing, {"comm_ms", "median"}), 3));
-    line.push_back(cells::fixed(cells::at(*row.timing, {"step_ms", "median"}), 3));
+    line.push_back(cells::bytes(measured, options));
+    line.push_back(cells::predicted_bytes(cells::at(r, {"predicted", "comm_bytes"}), measured, options));
     peak.add_row(std::move(line));
   }
-  os << "  peak during the step, communication per step, time (step ms, and comm ms of it inside collectives:\n"
-        "  medians; on a row for all ranks, the slowest rank's, with its busbw)\n";
+  os << "  peak during the step, and communication per step (bytes sent and received by the rank)\n";
   peak.print(os, 2);
+  os << '\n';
+
+  std::vector<std::string> time_cols = head;
+  for (const char* c : {"main collective", "busbw GB/s", "comm ms", "step ms: min", "median", "max"})
+    time_cols.push_back(c);
+  std::vector<Align> time_align = aligns(time_cols.size());
+  time_align[nhead] = Align::left;
+  TextTable times(time_cols, time_align);
+  for (const Row& row : rows) {
+    std::vector<std::string> line = row_head(row);
+    const CommSummary comm = summarize_comm(*row.rank);
+    line.push_back(comm.main_kind.empty() ? cells::kMissing : comm.main_kind);
+    // An emulated collective moves no data: its bandwidth and time mean nothing.
+    const CommSummary timed = summarize_comm(*row.timing);
+    line.push_back(comm.main_kind.empty() || emulated ? cells::kMissing : cells::fixed(timed.main_busbw, 2));
+    line.push_back(emulated ? cells::kMissing : cells::fixed(cells::at(*row.timing, {"comm_ms", "median"}), 3));
+    for (std::string cell : step_spread(*row.timing)) line.push_back(std::move(cell));
+    times.add_row(std::move(line));
+  }
+  os << "  time per step in ms" << timed_steps_words(runs)
+     << ": the step's min, median and max (comm ms: the median step's\n"
+        "  time inside collectives; busbw: the main collective's); a row for all ranks shows the slowest rank\n";
+  if (!emulated) os << cores_note(first, doc);
+  times.print(os, 2);
   os << '\n';
 
   // What was live at the peak, by category: the "why" of the peak figure.
   std::vector<LiveRow> live;
   for (const Row& row : rows) live.push_back({row_head(row), row.rank});
-  print_live_at_peak(head, live, os);
+  print_live_at_peak(head, live, options, os);
 }
 
 }  // namespace
 
-void print_data_parallel_tables(const std::vector<const json*>& runs, const json& doc, std::ostream& os) {
-  for (const auto& group : group_runs(runs, doc)) print_group(group, doc, os);
+void print_data_parallel_tables(const std::vector<const json*>& runs, const json& doc, const TableOptions& options,
+                                std::ostream& os) {
+  for (const auto& group : group_runs(runs, doc)) print_group(group, doc, options, os);
 }
 
 }  // namespace shardscope

@@ -30,21 +30,64 @@ std::string above_rest(const json& predicted) {
   return out.empty() ? cells::kMissing : out;
 }
 
-std::string bytes_cell(const json& v) { return cells::bytes(&v); }
+std::string bytes_cell(const json& v, const TableOptions& options) { return cells::bytes(&v, options); }
 
 std::string times_4p(const json& v, const json& run) {
   return cells::multiple(&v, cells::at(run, {"model", "param_bytes"}));
 }
 
-std::string fits_cell(const json& record, const json& plan) {
+std::string fits_cell(const json& record, const json& plan, const TableOptions& options) {
   const json* memory = cells::at(plan, {"memory_bytes"});
   const json* fits = cells::at(record, {"fits"});
   std::int64_t mem = 0, peak = 0;
   if (!fits || !fits->is_boolean() || !cells::as_int(memory, &mem) ||
       !cells::as_int(cells::at(record, {"predicted", "peak_total"}), &peak))
     return cells::kMissing;
-  return fits->get<bool>() ? "yes, " + format_bytes_short(mem - peak) + " spare"
-                           : "no, " + format_bytes_short(peak - mem) + " over";
+  const std::int64_t margin = fits->get<bool>() ? mem - peak : peak - mem;
+  const std::string size = options.wide ? format_bytes_short(margin) : cells::bytes(margin, options);
+  return fits->get<bool>() ? "yes, " + size + " spare" : "no, " + size + " over";
+}
+
+std::string fits_header(const json& plan, const TableOptions& options) {
+  const std::int64_t memory = plan["memory_bytes"].get<std::int64_t>();
+  return "fits in " + (options.wide ? format_bytes_short(memory) : cells::binary_bytes(memory));
+}
+
+// A row of a plan's table: its leading cells and the predicted figures it shows.
+struct PlanRow {
+  std::vector<std::string> head;
+  const json* predicted;
+  std::string transfer;  // communication (data parallel) or p2p bytes per step
+};
+
+// Compact plans: what the peak holds above the resting bytes, a column per transient
+// category (those at zero on every row left out), then the bytes each step moves.
+void print_above_rest(const std::vector<std::string>& head_names, const std::vector<Align>& head_align,
+                      const std::vector<PlanRow>& rows, const std::string& transfer_name, const TableOptions& options,
+                      std::ostream& os) {
+  std::vector<std::string> live;
+  for (const char* c : {"param_unsharded", "grad_unsharded", "activation", "comm", "temp"})
+    for (const PlanRow& row : rows) {
+      std::int64_t b = 0;
+      if (cells::as_int(cells::at(*row.predicted, {"peak_by_category", c}), &b) && b != 0) {
+        live.emplace_back(c);
+        break;
+      }
+    }
+  std::vector<std::string> cols = head_names;
+  cols.insert(cols.end(), live.begin(), live.end());
+  cols.push_back(transfer_name);
+  std::vector<Align> align = head_align;
+  align.resize(cols.size(), Align::right);
+  TextTable table(cols, align);
+  for (const PlanRow& row : rows) {
+    std::vector<std::string> line = row.head;
+    for (const std::string& c : live) line.push_back(cells::bytes(cells::at(*row.predicted, {"peak_by_category", c.c_str()}), options));
+    line.push_back(row.transfer);
+    table.add_row(std::move(line));
+  }
+  os << "\n  at the peak, above rest, bytes per category; and the bytes a step moves\n";
+  table.print(os);
 }
 
 // "zero3 units=1", "zero2 units=all"; ddp and zero1 have no units.
@@ -89,17 +132,24 @@ void print_verdicts(const json& plan, std::ostream& os) {
   os << '\n';
 }
 
-void print_data_parallel(const std::vector<const json*>& runs, const json& plan, std::ostream& os) {
+void print_data_parallel(const std::vector<const json*>& runs, const json& plan, const TableOptions& options,
+                         std::ostream& os) {
   const bool with_memory = !plan["memory_bytes"].is_null();
-  std::vector<std::string> headers = {"strategy", "W", "units", "ranks", "resting B", "× 4P", "peak B", "× 4P",
-                                      "peak at", "comm B/step", "at the peak, above rest"};
-  std::vector<Align> align = {Align::left,  Align::right, Align::left,  Align::left,  Align::right, Align::right,
-                              Align::right, Align::right, Align::left, Align::right, Align::left};
+  const std::vector<std::string> head = {"strategy", "W", "units", "ranks"};
+  std::vector<std::string> headers = head;
+  for (const char* c : {"resting B", "× 4P", "peak B", "× 4P", "peak at"}) headers.push_back(c);
+  std::vector<Align> align = {Align::left,  Align::right, Align::left,  Align::left, Align::right,
+                              Align::right, Align::right, Align::right, Align::left};
+  if (options.wide) {
+    headers.insert(headers.end(), {"comm B/step", "at the peak, above rest"});
+    align.insert(align.end(), {Align::right, Align::left});
+  }
   if (with_memory) {
-    headers.push_back("fits in " + format_bytes_short(plan["memory_bytes"].get<std::int64_t>()));
+    headers.push_back(fits_header(plan, options));
     align.push_back(Align::left);
   }
   TextTable table(headers, align);
+  std::vector<PlanRow> rows;
   for (const json* run : runs) {
     const json& groups = (*run)["rank_groups"];
     for (const json& group : groups) {
@@ -109,51 +159,83 @@ void print_data_parallel(const std::vector<const json*>& runs, const json& plan,
                               : first == last    ? std::to_string(first)
                                                  : std::to_string(first) + "-" + std::to_string(last);
       std::vector<std::string> row = {cells::text(cells::at(*run, {"strategy"})), cells::text(cells::at(*run, {"world"})),
-                                      units_setting(*run), who, bytes_cell(p["resting_total"]),
-                                      times_4p(p["resting_total"], *run), bytes_cell(p["peak_total"]),
-                                      times_4p(p["peak_total"], *run),
-                                      cells::text(&p["peak_phase"]) + ", " + cells::text(&p["peak_where"]),
-                                      bytes_cell(p["comm_bytes"]), above_rest(p)};
-      if (with_memory) row.push_back(fits_cell(group, plan));
+                                      uses_units(*run) ? cells::text(cells::at(*run, {"layers_per_unit"})) : cells::kMissing,
+                                      who};
+      rows.push_back({row, &p, bytes_cell(p["comm_bytes"], options)});
+      for (std::string cell : {bytes_cell(p["resting_total"], options), times_4p(p["resting_total"], *run),
+                               bytes_cell(p["peak_total"], options), times_4p(p["peak_total"], *run),
+                               cells::text(&p["peak_phase"]) + ", " + cells::text(&p["peak_where"])})
+        row.push_back(std::move(cell));
+      if (options.wide) row.insert(row.end(), {bytes_cell(p["comm_bytes"], options), above_rest(p)});
+      if (with_memory) row.push_back(fits_cell(group, plan, options));
       table.add_row(std::move(row));
     }
   }
   table.print(os);
+  if (!options.wide)
+    print_above_rest(head, {Align::left, Align::right, Align::left, Align::left}, rows, "comm B/step", options, os);
 }
 
-void print_pipeline(const std::vector<const json*>& runs, const json& plan, std::ostream& os) {
+void print_pipeline(const std::vector<const json*>& runs, const json& plan, const TableOptions& options,
+                    std::ostream& os) {
   const bool with_memory = !plan["memory_bytes"].is_null();
-  std::vector<std::string> headers = {"schedule", "S", "M", "chunks", "stage", "layers", "resting B", "peak B",
-                                      "× 4P", "saved: peak live tensors / B", "live μbatches", "p2p B/step", "bubble",
-                                      "at the peak, above rest"};
-  std::vector<Align> align = {Align::left,  Align::right, Align::right, Align::right, Align::right,
-                              Align::left,  Align::right, Align::right, Align::right, Align::right,
-                              Align::right, Align::right, Align::right, Align::left};
+  // A compact table names the chunks above it when every run has the same.
+  bool chunks_column = options.wide;
+  for (const json* run : runs) chunks_column = chunks_column || (*run)["chunks"] != (*runs.front())["chunks"];
+  if (!chunks_column) os << "  chunks " << cells::text(cells::at(*runs.front(), {"chunks"})) << "\n";
+  std::vector<std::string> head = {"schedule", "S", "M"};
+  if (chunks_column) head.push_back("chunks");
+  head.push_back("stage");
+  std::vector<std::string> headers = head;
+  for (const char* c : {"layers", "resting B", "peak B", "× 4P"}) headers.push_back(c);
+  headers.push_back(options.wide ? "saved: peak live tensors / B" : "peak saved / B");
+  headers.push_back("live μbatches");
+  std::vector<Align> align(head.size(), Align::right);
+  align[0] = Align::left;
+  align.insert(align.end(), {Align::left, Align::right, Align::right, Align::right, Align::right, Align::right});
+  if (options.wide) {
+    headers.push_back("p2p B/step");
+    align.push_back(Align::right);
+  }
+  headers.push_back("bubble");
+  align.push_back(Align::right);
+  if (options.wide) {
+    headers.push_back("at the peak, above rest");
+    align.push_back(Align::left);
+  }
   if (with_memory) {
-    headers.push_back("fits in " + format_bytes_short(plan["memory_bytes"].get<std::int64_t>()));
+    headers.push_back(fits_header(plan, options));
     align.push_back(Align::left);
   }
   TextTable table(headers, align);
+  std::vector<PlanRow> rows;
   for (const json* run : runs) {
     for (const json& stage : (*run)["stages"]) {
       const json& p = stage["predicted"];
       std::vector<std::string> row = {cells::text(cells::at(*run, {"schedule"})), cells::text(cells::at(*run, {"world"})),
-                                      cells::text(cells::at(*run, {"microbatches"})), cells::text(cells::at(*run, {"chunks"})),
-                                      cells::text(&stage["stage"]), stage_layers(stage), bytes_cell(p["resting_total"]),
-                                      bytes_cell(p["peak_total"]), times_4p(p["peak_total"], *run),
-                                      cells::text(&p["peak_live_tensors"]) + " / " + bytes_cell(p["peak_live_bytes"]),
-                                      cells::text(&p["peak_held_microbatches"]), bytes_cell(p["comm_bytes"]),
-                                      cells::percent(cells::at(*run, {"bubble_fraction_theory"})), above_rest(p)};
-      if (with_memory) row.push_back(fits_cell(stage, plan));
+                                      cells::text(cells::at(*run, {"microbatches"}))};
+      if (chunks_column) row.push_back(cells::text(cells::at(*run, {"chunks"})));
+      row.push_back(cells::text(&stage["stage"]));
+      rows.push_back({row, &p, bytes_cell(p["comm_bytes"], options)});
+      for (std::string cell : {stage_layers(stage), bytes_cell(p["resting_total"], options),
+                               bytes_cell(p["peak_total"], options), times_4p(p["peak_total"], *run),
+                               cells::text(&p["peak_live_tensors"]) + " / " + bytes_cell(p["peak_live_bytes"], options),
+                               cells::text(&p["peak_held_microbatches"])})
+        row.push_back(std::move(cell));
+      if (options.wide) row.push_back(bytes_cell(p["comm_bytes"], options));
+      row.push_back(cells::percent(cells::at(*run, {"bubble_fraction_theory"})));
+      if (options.wide) row.push_back(above_rest(p));
+      if (with_memory) row.push_back(fits_cell(stage, plan, options));
       table.add_row(std::move(row));
     }
   }
   table.print(os);
+  if (!options.wide) print_above_rest(head, {Align::left}, rows, "p2p B/step", options, os);
 }
 
 }  // namespace
 
-void print_plan(const json& plan, std::ostream& os) {
+void print_plan(const json& plan, std::ostream& os, const TableOptions& options) {
   std::vector<const json*> data_parallel, pipeline, skipped;
   for (const json& p : plan["plans"]) {
     if (is_skipped(p)) skipped.push_back(&p);
@@ -162,7 +244,8 @@ void print_plan(const json& plan, std::ostream& os) {
   }
   const std::string memory = plan["memory_bytes"].is_null()
                                  ? ""
-                                 : "; fits: peak within " + format_bytes(plan["memory_bytes"].get<std::int64_t>());
+                                 : (options.wide ? "; " : "\n  ") + std::string("fits: peak within ") +
+                                       format_bytes(plan["memory_bytes"].get<std::int64_t>());
   // One table per model (presets bring their own).
   auto by_model = [](const std::vector<const json*>& runs) {
     std::vector<std::vector<const json*>> groups;
@@ -174,17 +257,18 @@ void print_plan(const json& plan, std::ostream& os) {
     return groups;
   };
   for (const auto& group : by_model(data_parallel)) {
-    os << "data parallel, predicted per rank: " << model_line((*group[0])["model"], true) << memory << "\n\n";
-    print_data_parallel(group, plan, os);
+    os << "data parallel, predicted per rank: " << model_line((*group[0])["model"], true, options) << memory << "\n\n";
+    print_data_parallel(group, plan, options, os);
     os << '\n';
   }
   for (const auto& group : by_model(pipeline)) {
-    os << "pipeline, predicted per stage: " << model_line((*group[0])["model"], false) << memory << "\n\n";
-    print_pipeline(group, plan, os);
+    os << "pipeline, predicted per stage: " << model_line((*group[0])["model"], false, options) << memory << "\n\n";
+    print_pipeline(group, plan, options, os);
     os << '\n';
   }
   print_skipped(skipped, os);
   print_verdicts(plan, os);
+  if (!data_parallel.empty() || !pipeline.empty()) os << bytes_footnote(options, false);
   // The note, wrapped at 96 columns.
   const std::string& note = plan["not_counted"].get_ref<const std::string&>();
   std::string line;

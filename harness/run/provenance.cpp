@@ -102,6 +102,9 @@ nlohmann::json provenance(const std::string& command_line, const std::string& gp
           {"command", command_line},
           {"host", host_name()},
           {"cpu", cpu_description()},
+          // Logical cores of this host: the tables say when a job's ranks outnumber them.
+          {"cores", std::thread::hardware_concurrency() > 0 ? nlohmann::json(std::thread::hardware_concurrency())
+                                                          : nlohmann::json(nullptr)},
           {"gpu", string_or_null(gpu)},
           {"blas", blas_description()},
           {"mpi", mpi_description()},

@@ -7,7 +7,8 @@
 
 namespace shardscope {
 
-// {"git", "command", "host", "cpu", "gpu", "blas", "mpi", "nccl", "cuda"}.
+// {"git", "command", "host", "cpu", "cores", "gpu", "blas", "mpi", "nccl", "cuda"}; cores:
+// the host's logical cores (null when unknown).
 // git: the commit CMake saw at configure time. cpu: /proc/cpuinfo's model name and the
 // logical core count. blas: openblas_get_config() when built with OpenBLAS, else
 // "none (loops)". mpi: the first line of MPI_Get_library_version when built with MPI

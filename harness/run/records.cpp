@@ -50,12 +50,12 @@ nlohmann::json model_json(const ModelConfig& m) {
 
 nlohmann::json step_ms_json(const std::vector<double>& step_ms) {
   // The first step is warm-up: with one step nothing is timed (DESIGN §7 keeps the object).
-  if (step_ms.size() < 2) return {{"median", nullptr}, {"min", nullptr}};
+  if (step_ms.size() < 2) return {{"median", nullptr}, {"min", nullptr}, {"max", nullptr}};
   std::vector<double> t(step_ms.begin() + 1, step_ms.end());
   std::sort(t.begin(), t.end());
   const std::size_t n = t.size();
   const double median = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-  return {{"median", median}, {"min", t.front()}};
+  return {{"median", median}, {"min", t.front()}, {"max", t.back()}};
 }
 
 void add_allocator_figures(Backend& backend, nlohmann::json& r) {

@@ -18,7 +18,7 @@ nlohmann::json model_json(const ModelConfig& m);
 // A data-parallel rank's "predicted": {"resting_total", "resting" (per category),
 // "peak_total", "peak_by_category", "peak_phase", "peak_where", "comm_bytes"}.
 nlohmann::json prediction_json(const Prediction& p);
-// {"median", "min"} of the timed steps (all but the first), null when none were timed.
+// {"median", "min", "max"} of the timed steps (all but the first), null when none were timed.
 nlohmann::json step_ms_json(const std::vector<double>& step_ms);
 // Adds "rounded" (the tracker's allocator-granular figures), "pool" (the CUDA pool's
 // counters, null on cpu) and "outside_pool_bytes" (null when unknown) to a rank record.

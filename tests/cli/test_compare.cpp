@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -62,7 +63,7 @@ TEST(Compare, MatchesConfigurationsAndNamesWhatDiffers) {
       EXPECT_DOUBLE_EQ(r["new"]["step_ms"].get<double>(), 2 * r["base"]["step_ms"].get<double>());
 
   std::ostringstream os;
-  print_comparison(cmp, os);
+  print_comparison(cmp, os, TableOptions{true, true});  // --bytes exact --wide
   const std::string text = os.str();
   EXPECT_NE(text.find("base: a.json (backend cpu, comm mpi, git abc, host h)"), std::string::npos) << text;
   EXPECT_NE(text.find("new:  b.json (backend cuda"), std::string::npos) << text;
@@ -87,6 +88,46 @@ TEST(Compare, ADocumentAgainstItselfIsIdentical) {
   EXPECT_NE(os.str().find("bytes identical in 6, different in 0; step time new/base: median 1.000"),
             std::string::npos)
       << os.str();
+}
+
+// Runs of one model left unpaired are set side by side across settings: ddp at W = 4
+// against zero3 at W = 2 (`compare ddp.json zero3.json`), ranks by number, the ranks W = 2
+// cannot have on the base side alone.
+TEST(Compare, PairsRunsOfOneModelAcrossSettings) {
+  json base = testing::report_document(), fresh = testing::report_document();
+  base["runs"] = json::array({base["runs"][3]});    // ddp W=4
+  fresh["runs"] = json::array({fresh["runs"][1]});  // zero3 W=2 units=1
+  fresh["runs"][0]["ranks"][0]["resting"]["total"] = 9000;
+  const json cmp = compare_documents(base, "ddp.json", fresh, "zero3.json");
+  EXPECT_TRUE(cmp["only_in_base"].empty());
+  EXPECT_TRUE(cmp["only_in_new"].empty());
+  ASSERT_EQ(cmp["runs"].size(), 1u);
+  const json& run = cmp["runs"][0];
+  EXPECT_EQ(run["label"], "ddp W=4 vs zero3 W=2 units=1");
+  EXPECT_EQ(run["across_settings"], true);
+  EXPECT_EQ(run["base_label"], "ddp W=4");
+  EXPECT_EQ(run["new_label"], "zero3 W=2 units=1");
+  ASSERT_EQ(run["ranks"].size(), 4u);
+  EXPECT_EQ(run["ranks"][0]["differs"][0], "resting -7,000 B");
+  EXPECT_EQ(run["ranks"][0]["differences"][0], json({{"what", "resting"}, {"base", 16000}, {"new", 9000}}));
+  EXPECT_EQ(run["ranks"][2]["differs"], json::array({"rank only in base"}));
+  EXPECT_TRUE(run["ranks"][2]["new"]["resting"].is_null());
+  EXPECT_TRUE(comparison_differs(cmp));
+  std::ostringstream os;
+  print_comparison(cmp, os);
+  const std::string text = os.str();
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) EXPECT_LE(line.size(), 120u) << line;
+  // Ranks 0, 1 and 2-3 each a row: base and new side by side, "=" where new equals base.
+  EXPECT_NE(text.find("  ddp W=4 vs zero3 W=2 units=1  0            15.6 KiB  8.79 KiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("  ddp W=4 vs zero3 W=2 units=1  1            15.6 KiB         ="), std::string::npos) << text;
+  EXPECT_NE(text.find("  ddp W=4 vs zero3 W=2 units=1  2-3          15.6 KiB         -"), std::string::npos) << text;
+  EXPECT_NE(text.find("ddp W=4 vs zero3 W=2 units=1, rank 0: resting -6.84 KiB"), std::string::npos) << text;
+  EXPECT_NE(text.find("ddp W=4 vs zero3 W=2 units=1, rank 2-3: rank only in base"), std::string::npos) << text;
+  EXPECT_NE(text.find("1 of them across settings"), std::string::npos) << text;
+  // The same configuration is still paired with its own first: zero3 with zero3.
+  base = testing::report_document();
+  EXPECT_FALSE(comparison_differs(compare_documents(base, "a", base, "a")));
 }
 
 // check_compare_input's refusal of `doc` read from 'a.json'; "" when it accepts it.
@@ -234,7 +275,7 @@ TEST(Compare, AnAbsentFigureIsShownAsMissing) {
   // A total that differs is named even where no category does.
   EXPECT_EQ(ddp["ranks"][1]["differs"], json::array({"resting +4,000 B"}));
   std::ostringstream os;
-  print_comparison(cmp, os);
+  print_comparison(cmp, os, TableOptions{true, true});  // --bytes exact --wide
   // Rank 0's row: label, rank, resting B (base), its difference, peak B (base).
   std::istringstream lines(os.str());
   std::string line;
@@ -332,6 +373,28 @@ TEST_F(CompareCli, ARefusedDocumentIsOneLine) {
   EXPECT_EQ(line_, "shardscope: error: 'bad.json': runs[3] (ddp W=4): ranks[1].peak.total is "
                    "1.1805916207174113e+21, not a byte count (beyond 2^63 - 1)");
   EXPECT_EQ(testing::shell("test $(wc -l < '" + dir_ + "/err.txt') -eq 1 && test ! -s '" + dir_ + "/out.txt'"), 0);
+}
+
+// --fail-on-diff: exit 1 when any byte figure differs (for CI), 0 when none does.
+TEST_F(CompareCli, FailOnDiffExitsOneWhenABytefigureDiffers) {
+  const json doc = testing::report_document();
+  json changed = doc;
+  changed["runs"][3]["ranks"][1]["peak"]["total"] = changed["runs"][3]["ranks"][1]["peak"]["total"].get<std::int64_t>() + 1;
+  std::ofstream(dir_ + "/a.json") << doc.dump();
+  std::ofstream(dir_ + "/b.json") << changed.dump();
+  EXPECT_EQ(compare("--fail-on-diff a.json a.json"), 0) << line_;
+  EXPECT_EQ(compare("--fail-on-diff a.json b.json"), 1) << line_;
+  EXPECT_EQ(compare("a.json b.json --fail-on-diff"), 1) << line_;
+  EXPECT_EQ(compare("a.json b.json"), 0) << line_;  // without the flag, a report
+  EXPECT_EQ(compare("--bytes exact --wide a.json b.json"), 0) << line_;
+  std::ifstream in(dir_ + "/out.txt");
+  const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(out.find("ddp W=4                 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("peak +1 B"), std::string::npos) << out;
+  EXPECT_EQ(compare("--bytes mib a.json a.json"), 2);
+  EXPECT_EQ(line_, "shardscope: error: --bytes: unknown 'mib'; allowed: binary, exact");
+  EXPECT_EQ(compare("--wide --wide a.json a.json"), 2);
+  EXPECT_EQ(line_, "shardscope: error: --wide: given more than once; give it once");
 }
 
 // compare has no flag but --help: a misspelt one is named, not counted as a file.

@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 
 #include "support/shell.hpp"
@@ -95,6 +96,21 @@ TEST_F(FirstMinutes, ZeroThreeDefaultsToOneLayerPerUnit) {
   const std::string run = read(dir_ + "/r.json");
   EXPECT_NE(run.find("\"layers_per_unit\": 1"), std::string::npos) << run;
   EXPECT_NE(run.find("\"units\": 3"), std::string::npos) << run;
+}
+
+// Ten timed steps by default (one warm-up), their spread in the JSON and the table, which
+// fits 120 columns.
+TEST_F(FirstMinutes, ARunTimesTenStepsAndPrintsTheirSpread) {
+  ASSERT_EQ(shardscope("run --layers 2 --width 8 --batch 2 --json r.json"), 0) << line_;
+  const std::string doc = read(dir_ + "/r.json");
+  EXPECT_NE(doc.find("\"steps\": 11"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("\"timed_steps\": 10"), std::string::npos) << doc;
+  EXPECT_NE(doc.find("\"max\": "), std::string::npos) << doc;
+  EXPECT_NE(out_.find("time per step in ms, over 10 timed steps"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("step ms: min  median"), std::string::npos) << out_;
+  std::istringstream lines(out_);
+  for (std::string line; std::getline(lines, line);) EXPECT_LE(line.size(), 120u) << line;
+  EXPECT_TRUE(err_.empty()) << err_;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -101,10 +102,10 @@ TEST_F(Plan, EveryRankOfASweepMeasuresWhatThePlanPredicted) {
 }
 
 TEST_F(Plan, TheSeedsTablesAndAMemoryVerdict) {
-  ASSERT_EQ(shardscope("plan", "--memory 8MiB"), 0) << line_;
+  ASSERT_EQ(shardscope("plan", "--memory 8MiB --wide --bytes exact"), 0) << line_;
   // ddp at rest: 16P + 4T = 8,421,440 B (the seed's table); its peak is above 8 MiB, zero3's
   // with one unit per layer at W = 4 is not.
-  EXPECT_NE(out_.find("ddp       2  units=all  all    8,421,440  4.000  8,749,120  4.156  backward, layer 7"),
+  EXPECT_NE(out_.find("ddp       2  -      all    8,421,440  4.000  8,749,120  4.156  backward, layer 7"),
             std::string::npos) << out_;
   EXPECT_NE(out_.find("no, 352.06 KiB over"), std::string::npos) << out_;  // 8,749,120 - 8 MiB
   EXPECT_NE(out_.find("yes, 4.93 MiB spare"), std::string::npos) << out_;
@@ -124,10 +125,27 @@ TEST_F(Plan, TheSeedsTablesAndAMemoryVerdict) {
   EXPECT_NE(out_.find("  1f1b M=8         S=2       -"), std::string::npos) << out_;
 }
 
+// By default the plan fits 120 columns: binary units, and what the peak holds above rest
+// in a table of its own, a column per category.
+TEST_F(Plan, TheDefaultTablesFit120Columns) {
+  ASSERT_EQ(shardscope("plan", "--memory 8MiB"), 0) << line_;
+  std::istringstream lines(out_);
+  for (std::string line; std::getline(lines, line);) EXPECT_LE(line.size(), 120u) << line;
+  EXPECT_NE(out_.find("  ddp       2  -      all     8.03 MiB  4.000  8.34 MiB  4.156  backward, layer 7  no, 352 KiB over"),
+            std::string::npos)
+      << out_;
+  // zero3, one layer per unit, W = 4: two gathered units, a unit's gradient, the saves.
+  EXPECT_NE(out_.find("  zero3     4  1      all            514 KiB         257 KiB     224 KiB  96.0 KiB     6.02 MiB"),
+            std::string::npos)
+      << out_;
+  EXPECT_NE(out_.find("Bytes: binary units (1 KiB = 1024 B)"), std::string::npos) << out_;
+}
+
 // zero1's ranks differ when the tensors do not split evenly: consecutive ranks with the
 // same figures share a row, and an entry of the JSON's rank_groups.
 TEST_F(Plan, UnevenZero1RanksAreGrouped) {
-  ASSERT_EQ(shardscope("plan", "--strategies zero1 --worlds 3 --layers 2 --width 8 --json p.json"), 0) << line_;
+  ASSERT_EQ(shardscope("plan", "--strategies zero1 --worlds 3 --layers 2 --width 8 --bytes exact --json p.json"), 0)
+      << line_;
   // Two weights (256 B each) to ranks 0 and 1, the two biases to rank 2.
   EXPECT_NE(out_.find("  0-1        1,668  2.896   5,764  10.007  backward, layer 1"), std::string::npos) << out_;
   EXPECT_NE(out_.find("  2          1,288  2.236   5,384   9.347  backward, layer 1"), std::string::npos) << out_;

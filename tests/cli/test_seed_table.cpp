@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "harness/report/text_table.hpp"
 #include "shardscope/backend.hpp"
 #include "support/shell.hpp"
 
@@ -48,7 +49,21 @@ TEST_F(SeedTable, DefaultSweepReproducesTheSeedsTablesByteForByte) {
   GTEST_SKIP() << "this build has no MPI: multi-rank jobs cannot start";
 #endif
   if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
-  ASSERT_EQ(shell("'" + bin_ + "' sweep --out '" + dir_ + "' > '" + dir_ + "/out.txt' 2>&1"), 0);
+  ASSERT_EQ(shell("'" + bin_ + "' sweep --out '" + dir_ + "' > '" + dir_ + "/out.txt' 2> '" + dir_ + "/err.txt'"), 0);
+  // stdout holds the tables, every line within 120 columns; the progress is on stderr.
+  {
+    std::ifstream out(dir_ + "/out.txt");
+    int lines = 0;
+    for (std::string line; std::getline(out, line); ++lines) {
+      EXPECT_LE(shardscope::display_width(line), 120u) << line;
+      EXPECT_NE(line.rfind("[", 0), 0u) << "a progress line on stdout: " << line;
+    }
+    EXPECT_GT(lines, 100);
+    std::ifstream err(dir_ + "/err.txt");
+    int progress = 0;
+    for (std::string line; std::getline(err, line);) progress += line.rfind("[", 0) == 0;
+    EXPECT_EQ(progress, 18);
+  }
   const nlohmann::json doc = load(dir_ + "/shardscope.json");
   const nlohmann::json ref = load(ref_dir_ + "/seed-3.13.json");
   ASSERT_EQ(doc["schema"], "shardscope/1");

@@ -31,7 +31,8 @@ class SweepBinary : public testing::BinaryTest {
     spec.timeout_s = 240;
     const ChildResult r = run_child(spec);
     out_ = read(spec.stdout_path);
-    err_ = read(spec.stderr_path);
+    progress_.clear();
+    err_ = testing::without_progress(read(spec.stderr_path), &progress_);
     return r.end == ChildResult::End::exited ? r.code : -1;
   }
   static std::string read(const std::string& path) {
@@ -41,6 +42,7 @@ class SweepBinary : public testing::BinaryTest {
     return s.str();
   }
   std::string out_, err_;
+  std::string progress_;  // the sweep's progress lines, from its stderr
 };
 
 TEST_F(SweepBinary, HelpAndBadFlags) {

@@ -26,6 +26,7 @@
 #include "harness/cli/sweep_out_dir.hpp"
 #include "harness/report/json_io.hpp"
 #include "shardscope/check.hpp"
+#include "support/shell.hpp"
 
 namespace shardscope {
 namespace {
@@ -139,18 +140,19 @@ class SweepFake : public ::testing::Test {
   // Runs the sweep with --out; stdout and stderr captured.
   int sweep(Args args) {
     args.insert(args.end(), {"--out", out_});
-    testing::internal::CaptureStdout();
-    testing::internal::CaptureStderr();
+    ::testing::internal::CaptureStdout();
+    ::testing::internal::CaptureStderr();
     int rc = -1;
     try {
       rc = sweep_main(args, fake_run_);
     } catch (...) {
-      stdout_ = testing::internal::GetCapturedStdout();
-      stderr_ = testing::internal::GetCapturedStderr();
+      stdout_ = ::testing::internal::GetCapturedStdout();
+      stderr_ = ::testing::internal::GetCapturedStderr();
       throw;
     }
-    stdout_ = testing::internal::GetCapturedStdout();
-    stderr_ = testing::internal::GetCapturedStderr();
+    stdout_ = ::testing::internal::GetCapturedStdout();
+    progress_.clear();
+    stderr_ = shardscope::testing::without_progress(::testing::internal::GetCapturedStderr(), &progress_);
     return rc;
   }
   json result() const { return read_json_file(out_ + "/shardscope.json"); }
@@ -216,6 +218,7 @@ class SweepFake : public ::testing::Test {
   }
 
   std::string dir_, out_, fake_run_, fake_mpirun_, stdout_, stderr_;
+  std::string progress_;  // the sweep's progress lines, from its stderr
   std::vector<std::string> set_;
 };
 
@@ -251,8 +254,13 @@ TEST_F(SweepFake, EmulatedRanksAreMergedAndSkippedConfigurationsRecorded) {
   EXPECT_NE(runs.find("--emulate 2:1"), std::string::npos);
   EXPECT_NE(runs.find("--strategy ddp --steps 1 --emulate 2:0 --json"), std::string::npos);
   // Tables and where the JSON went, not the runs' own output.
-  EXPECT_NE(stdout_.find("8,421,440"), std::string::npos) << stdout_;
+  EXPECT_NE(stdout_.find("8.03 MiB"), std::string::npos) << stdout_;  // 8,421,440 B
   EXPECT_NE(stdout_.find("zero2 W=2 units=1: --units 1: not for zero2"), std::string::npos) << stdout_;
+  // Progress on stderr, one line per job; stdout holds the tables alone.
+  EXPECT_EQ(progress_, "[1/3] ddp W=2: done\n[2/3] zero2 W=2 units=1: skipped: --units 1: not for zero2\n"
+                       "[3/3] 1f1b S=2 M=2: done\n");
+  EXPECT_EQ(stdout_.find("[1/3]"), std::string::npos) << stdout_;
+  EXPECT_TRUE(stderr_.empty()) << stderr_;
   EXPECT_NE(stdout_.find(out_ + "/shardscope.json"), std::string::npos);
   EXPECT_EQ(stdout_.find("the run's own table"), std::string::npos);
   expect_only_the_result();
@@ -344,9 +352,9 @@ TEST_F(SweepFake, BadUsageIsRefusedBeforeAnythingRuns) {
   EXPECT_THROW(sweep_main({"--mpirun", dir_ + "/none", "--strategies", "ddp", "--out", out_}, fake_run_), UsageError);
   EXPECT_THROW(sweep_main({"--worlds", "x"}, fake_run_), UsageError);
   EXPECT_EQ(log("run.log"), "");
-  testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStdout();
   EXPECT_EQ(sweep_main({"--help"}, fake_run_), 0);
-  EXPECT_NE(testing::internal::GetCapturedStdout().find("usage: shardscope sweep"), std::string::npos);
+  EXPECT_NE(::testing::internal::GetCapturedStdout().find("usage: shardscope sweep"), std::string::npos);
 }
 
 TEST_F(SweepFake, ReportAndCsvAreWrittenAlsoWhenASweepFails) {

@@ -31,6 +31,26 @@ inline std::string first_line(const std::string& path) {
   return line;
 }
 
+// A sweep's stderr without its progress lines ("[2/18] zero1 W=2: done"), which are
+// appended to `progress` when given: what is left is what the sweep says went wrong.
+inline std::string without_progress(const std::string& text, std::string* progress = nullptr) {
+  std::string rest;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t end = text.find('\n', at);
+    end = end == std::string::npos ? text.size() : end + 1;
+    const std::string line = text.substr(at, end - at);
+    const std::size_t slash = line.find('/'), close = line.find("] ");
+    const bool is_progress = line.size() > 1 && line[0] == '[' && slash != std::string::npos &&
+                             close != std::string::npos && slash < close &&
+                             line.find_first_not_of("0123456789/", 1) == close;
+    if (!is_progress) rest += line;
+    else if (progress) *progress += line;
+    at = end;
+  }
+  return rest;
+}
+
 // A test that drives the shardscope binary (SHARDSCOPE_BIN, which ctest sets; skipped
 // without it) in a fresh folder of its own under /tmp, removed with its contents after.
 class BinaryTest : public ::testing::Test {
