@@ -132,15 +132,15 @@ SavedForms saved_one_chunk(const Ctx& c, Kind kind) {
   const i64 M = c.M, s = c.s;
   const i64 D = p.save_rows * c.rows.row_bytes;  // bytes per row of one pair's saves
   SavedForms f;
-  f.total_tensors = (M * p.saves);
+  f.total_tensors = M * p.saves;
   // F's before the first B: gpipe all M; 1f1b and zb-h1 the warm-up min(S-s-1, M) and one more.
   const i64 w = kind == Kind::gpipe ? M : std::min<i64>(c.S - s - 1, M);
   const i64 h = std::min(w + 1, M);
-  f.before_first_backward = (h * p.saves);
+  f.before_first_backward = h * p.saves;
   if (kind != Kind::zb_h1 || w == M) {
     // A window of h consecutive micro-batches is live after each F; the first, 0..h-1,
     // holds the largest rows.
-    f.peak_live_tensors = (h * p.saves);
+    f.peak_live_tensors = h * p.saves;
     f.peak_live_bytes = D / c.rows.row_bytes * c.rows.sum(0, h);
     return f;
   }
@@ -148,7 +148,7 @@ SavedForms saved_one_chunk(const Ctx& c, Kind kind) {
   // max(0, b-s)..b-1 wait for their W (W(j) follows B(j+s)). The count grows with b up
   // to b = s; past it both windows slide towards smaller rows, so b <= min(s, M-1-w).
   const i64 top = std::min<i64>(s, M - 1 - w);
-  f.peak_live_tensors = ((w + 1) * p.saves + top * p.n);
+  f.peak_live_tensors = (w + 1) * p.saves + top * p.n;
   for (i64 b = 0; b <= top; ++b)
     f.peak_live_bytes = std::max(f.peak_live_bytes, p.save_rows * c.rows.sum(b, w + b + 1) + p.n * c.rows.sum(0, b));
   return f;
@@ -180,7 +180,7 @@ struct Windows {
     const Piece& p = c.pieces[ch];
     bytes += overlap(ch) + overlap(ch + 1);
     count += sign * (to - end[ch]) * p.saves;
-    bytes += sign * p.save_rows * (sign > 0 ? c.rows.sum(end[ch], to) : c.rows.sum(end[ch], to));
+    bytes += sign * p.save_rows * c.rows.sum(end[ch], to);
     end[ch] = to;
     bytes -= overlap(ch) + overlap(ch + 1);
   }
@@ -195,22 +195,26 @@ SavedForms saved_interleaved(const Ctx& c) {
   const i64 S = c.S, v = c.v, M = c.M, total = v * M;
   const i64 warm = std::min<i64>(2 * (S - c.s - 1) + (v - 1) * S, total);
   SavedForms f;
-  for (const Piece& p : c.pieces) f.total_tensors += (M * p.saves);
+  for (const Piece& p : c.pieces) f.total_tensors += M * p.saves;
   Windows w(c);
-  auto at_forward = [&](i64 j) {  // windows after forward j (j+1 forwards, max(0, j-warm) backwards)
-    const i64 backs = std::max<i64>(0, j - warm);
-    for (int ch = 0; ch < v; ++ch) {
-      const i64 to_a = round_count(j + 1, ch, c.S, c.v);
-      if (to_a != w.a[ch]) w.move(w.a, ch, to_a, +1);
-      const i64 to_b = round_count(backs, c.v - 1 - ch, c.S, c.v);
-      if (to_b != w.b[ch]) w.move(w.b, ch, to_b, -1);
+  // The windows after forward j0 (j0+1 forwards, max(0, j0-warm) backwards), then one
+  // forward (and past the warm-up one backward) at a time: O(v + S·v).
+  const i64 round = S * v, j0 = std::min(warm, total - 1);
+  for (int ch = 0; ch < c.v; ++ch) {
+    w.move(w.a, ch, round_count(j0 + 1, ch, c.S, c.v), +1);
+    w.move(w.b, ch, round_count(std::max<i64>(0, j0 - warm), c.v - 1 - ch, c.S, c.v), -1);
+  }
+  f.before_first_backward = w.count;
+  f.peak_live_tensors = w.count;
+  f.peak_live_bytes = w.bytes;
+  for (i64 j = j0 + 1; j <= std::min(total - 1, warm + round - 1); ++j) {
+    const int fc = static_cast<int>((j % round) / S);
+    w.move(w.a, fc, w.a[fc] + 1, +1);
+    if (j > warm) {  // backward j - warm - 1 ran before forward j
+      const int bc = static_cast<int>(v - 1 - ((j - warm - 1) % round) / S);
+      w.move(w.b, bc, w.b[bc] + 1, -1);
     }
-  };
-  at_forward(std::min(warm, total - 1));
-  f.before_first_backward = (w.count);
-  for (i64 j = std::min(warm, total - 1); j <= std::min(total - 1, warm + S * v - 1); ++j) {
-    at_forward(j);
-    f.peak_live_tensors = std::max(f.peak_live_tensors, (w.count));
+    f.peak_live_tensors = std::max(f.peak_live_tensors, w.count);
     f.peak_live_bytes = std::max(f.peak_live_bytes, w.bytes);
   }
   return f;

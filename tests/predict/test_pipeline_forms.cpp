@@ -129,6 +129,11 @@ TEST(PipelineForms, AnswerAtOnceForAnySize) {
   shape.chunks = 2;
   shape.split = {25'000, 25'000, 25'000, 25'000};
   for (int s = 0; s < 2; ++s) EXPECT_GT(predict_pipeline_stage(shape, s).saved.peak_live_tensors, 0);
+  // One layer per virtual stage: 50,000 chunks a stage, each window end moved once.
+  shape.chunks = 50'000;
+  shape.microbatches = 2;
+  shape.split.assign(100'000, 1);
+  for (int s = 0; s < 2; ++s) EXPECT_GT(predict_pipeline_stage(shape, s).saved.peak_live_tensors, 0);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(ms, 200.0);
 }
