@@ -1,4 +1,4 @@
-// One pipeline stage (DESIGN §4): the layers of its virtual stages with their
+// One pipeline stage (docs/design.md §4): the layers of its virtual stages with their
 // parameters, gradients and AdamW state, and the executor that runs its lowered
 // program (p2p groups + F/B/W actions) for one step.
 //

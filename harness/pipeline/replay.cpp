@@ -1,6 +1,6 @@
 // Replay: when would each action run if it took `duration` and messages were free?
 // Gives the bubble a schedule implies for given compute times, independent of how
-// many cores the ranks really had (DESIGN §4: "replayed" bubble).
+// many cores the ranks really had (docs/design.md §4: "replayed" bubble).
 #include <algorithm>
 #include <vector>
 

@@ -1,4 +1,4 @@
-// Pipeline runs (DESIGN §4, §7): validation, the run header, one stage's record, and
+// Pipeline runs (docs/design.md §4, §7): validation, the run header, one stage's record, and
 // the replayed bubbles filled in once every stage's record is gathered.
 #include "harness/pipeline/run_pipeline.hpp"
 
@@ -56,7 +56,7 @@ nlohmann::json stage_prediction_json(const StageForms& forms, const Schedule& sc
           // Sent, and as many received: p2p.sent_bytes, p2p.recv_bytes; comm_bytes is both.
           {"p2p_sent_bytes", forms.p2p_sent_bytes},
           {"comm_bytes", 2 * forms.p2p_sent_bytes},
-          // From F to B (DESIGN §4's theory), and until the last backward action, which
+          // From F to B (docs/design.md §4's theory), and until the last backward action, which
           // is how long saved tensors stay (differs for zb-h1): counted on the
           // schedule's lists beside their formulas.
           {"peak_live_microbatches", peak_live_microbatches(sched, s)},
@@ -167,7 +167,7 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
                        {"ms", t.ms}});
   }
   // Action times are the last step's. With one step that step is the warm-up, which
-  // nothing reports as a time (DESIGN §6): busy, bubbles and action times are null then.
+  // nothing reports as a time (docs/design.md §6): busy, bubbles and action times are null then.
   const bool timed = step_ms.size() >= 2;
   r["busy_ms"] = timed ? nlohmann::json(busy) : nlohmann::json(nullptr);
   r["step_ms"] = step_ms_json(step_ms);

@@ -1,4 +1,4 @@
-// Pipeline runs: one stage per rank, a schedule executed over p2p (DESIGN §4).
+// Pipeline runs: one stage per rank, a schedule executed over p2p (docs/design.md §4).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -20,9 +20,9 @@ void add_stage_layers(const PipelineLayout& layout, int stage, nlohmann::json& r
 // still walked over the stage's lowered program, which needs `layout` (null otherwise).
 StageForms stage_forms(const PipelineShape& shape, int s, const PipelineLayout* layout);
 // A stage record's "predicted": the closed forms, and the live micro-batch counts of the
-// schedule's lists with their theory (DESIGN §4).
+// schedule's lists with their theory (docs/design.md §4).
 nlohmann::json stage_prediction_json(const StageForms& forms, const Schedule& sched, int s);
-// Runs the steps on this stage; returns the stage's record (DESIGN §7 "stages").
+// Runs the steps on this stage; returns the stage's record (docs/design.md §7 "stages").
 nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& comm);
 // Takes the gathered stage records (one per stage), replays the schedule with each
 // action's measured ms ("action_ms") and writes every stage's "bubble_fraction_replayed"

@@ -1,4 +1,4 @@
-// Closed forms of DESIGN §4, and the measured live count they are checked against.
+// Closed forms of docs/design.md §4, and the measured live count they are checked against.
 #include <algorithm>
 
 #include "shardscope/check.hpp"

@@ -52,7 +52,7 @@ struct Piece {
   bool ls = false;     // its last output is saved (relu, or the model's last layer under mse)
   bool recv_act = false, send_act = false;    // activation in from k-1 / out to k+1 on another stage
   bool recv_grad = false, send_grad = false;  // gradient in from k+1 / out to k-1 on another stage
-  // Saves of one F (counts) and their distinct bytes in rows of width·4 (DESIGN §2):
+  // Saves of one F (counts) and their distinct bytes in rows of width·4 (docs/design.md §2):
   // every layer's Linear input and, when the input needs a gradient, its weight (0
   // bytes); relu: every output; the loss under mse: its input and target.
   i64 saves = 0, save_rows = 0;

@@ -1,4 +1,4 @@
-// Closed forms of what one pipeline stage holds and moves in a step (DESIGN §2, §4;
+// Closed forms of what one pipeline stage holds and moves in a step (docs/design.md §2, §4;
 // docs/pipeline-formulas.md writes them out). Each is a formula of the model's shape,
 // the schedule, S, M, v and the micro-batch sizes, evaluated in O(S·v + V) time and
 // memory: no action list, no lowered program and nothing of size M × layers is built,
@@ -28,7 +28,7 @@ struct PipelineShape {
   std::vector<int> split;  // layers per virtual stage
 };
 
-// The saved-tensor instrument's figures (DESIGN §2).
+// The saved-tensor instrument's figures (docs/design.md §2).
 struct SavedForms {
   std::int64_t peak_live_tensors = 0;
   std::int64_t peak_live_bytes = 0;  // distinct tensors: a tensor saved twice counts once
