@@ -109,39 +109,37 @@ std::vector<double> time_ddp_steps(const RunConfig& cfg, int warmup) {
 // ---- an instrumented twin of ddp: the same step, its parts timed -----------------------
 
 // Wraps the flat access and stamps the clock where forward ends and backward ends.
-class StampingAccess : public LayerAccess {
+class StampingAccess : public BlockAccess {
  public:
-  StampingAccess(LayerAccess& inner, int layers) : inner_(inner), layers_(layers) {}
-  const float* weight(int l) override { return inner_.weight(l); }
-  const float* bias(int l) override { return inner_.bias(l); }
-  float* weight_grad(int l) override { return inner_.weight_grad(l); }
-  float* bias_grad(int l) override { return inner_.bias_grad(l); }
-  void before_forward(int l) override {
-    if (l == 0) forward_begin = Clock::now();
+  StampingAccess(BlockAccess& inner, int blocks) : inner_(inner), blocks_(blocks) {}
+  const float* param(int b, int t) override { return inner_.param(b, t); }
+  float* grad(int b, int t) override { return inner_.grad(b, t); }
+  void before_forward(int b) override {
+    if (b == 0) forward_begin = Clock::now();
   }
-  void before_backward(int l) override {
+  void before_backward(int b) override {
     // Backward's first hook comes after the loss gradient: forward includes the loss.
-    if (l == layers_ - 1) backward_begin = Clock::now();
+    if (b == blocks_ - 1) backward_begin = Clock::now();
   }
-  void after_backward(int l) override {
-    if (l == 0) backward_end = Clock::now();
+  void after_backward(int b) override {
+    if (b == 0) backward_end = Clock::now();
   }
   Clock::time_point forward_begin, backward_begin, backward_end;
 
  private:
-  LayerAccess& inner_;
-  int layers_;
+  BlockAccess& inner_;
+  int blocks_;
 };
 
 class TimedDdp final : public ReplicatedStrategy {
  public:
   explicit TimedDdp(const StrategyContext& ctx)
-      : ReplicatedStrategy(ctx), stamps_(access_, ctx.cfg.model.layers) {}
+      : ReplicatedStrategy(ctx), stamps_(access_, model_->blocks()) {}
   Clock::time_point reduce_begin, optimizer_begin, optimizer_end;
   StampingAccess& stamps() { return stamps_; }
 
  protected:
-  LayerAccess& access() override { return stamps_; }
+  BlockAccess& access() override { return stamps_; }
   bool owns(int) const override { return true; }
   int owner(int) const override { return 0; }
   void reduce_gradients() override {

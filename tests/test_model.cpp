@@ -1,10 +1,14 @@
-// The MLP engine and single-rank training: gradients against a float64 reference,
-// saved-tensor counting as autograd counts, and the seed model's resting bytes.
+// The model interface and the MLP behind it, and single-rank training: the registry,
+// the MLP's blocks against the closed forms the predictions use, gradients against a
+// float64 reference (whole and zero-bubble backward), saved-tensor counting as autograd
+// counts, and the seed model's resting bytes.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "harness/comm/self_comm.hpp"
+#include "harness/strategies/partition.hpp"
+#include "shardscope/check.hpp"
 #include "support/dp_harness.hpp"
 
 namespace shardscope {
@@ -57,6 +61,122 @@ std::vector<double> reference_grads(const ModelConfig& m, const std::vector<floa
   return grads;
 }
 
+TEST(ModelRegistry, BuildsTheNamedModelAndRefusesOthersNamingTheFlag) {
+  ModelConfig m;
+  EXPECT_EQ(make_model(m)->blocks(), m.layers);
+  EXPECT_EQ(model_names_text(), "mlp");
+  m.name = "gpt3";
+  try {
+    make_model(m);
+    FAIL() << "an unknown model was built";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--model: unknown 'gpt3'; allowed: mlp"), std::string::npos) << e.what();
+  }
+}
+
+// The engine's layout of the MLP (blocks, tensors, offsets, partitions) is the one the
+// closed forms take from ModelConfig, so measured and predicted bytes describe the
+// same split of the same parameters.
+TEST(Mlp, BlocksAreLayersAsTheClosedFormsCountThem) {
+  for (int width : {1, 3, 256})
+    for (int layers : {1, 2, 7}) {
+      ModelConfig m;
+      m.layers = layers;
+      m.width = width;
+      const std::unique_ptr<Model> model = make_model(m);
+      ASSERT_EQ(model->blocks(), layers);
+      ASSERT_EQ(model->param_tensors(), m.param_tensors());
+      EXPECT_EQ(model->params(), m.params());
+      for (int t = 0; t < m.param_tensors(); ++t) {
+        EXPECT_EQ(model->tensor_elems(t), m.tensor_elems(t)) << t;
+        EXPECT_EQ(model->tensor_offset(t), tensor_offset(m, t)) << t;
+      }
+      for (int b = 0; b < layers; ++b) {
+        EXPECT_EQ(model->first_tensor(b), 2 * b);
+        EXPECT_EQ(model->block_elems(b), m.layer_elems());
+        EXPECT_EQ(model->block(b).name(), "layer " + std::to_string(b));
+        const std::vector<ParamSpec>& p = model->block(b).params();
+        ASSERT_EQ(p.size(), 2u);
+        EXPECT_EQ(p[0].name, "weight");
+        EXPECT_EQ(p[0].shape, (std::vector<std::int64_t>{width, width}));
+        EXPECT_EQ(p[1].name, "bias");
+        EXPECT_EQ(p[1].shape, (std::vector<std::int64_t>{width}));
+      }
+      for (int world : {1, 2, 3, 5}) {
+        EXPECT_EQ(zero1_owners(model->tensor_sizes(), world), zero1_owners(m, world));
+        for (int k : {0, 1, 2, 3}) {
+          const std::vector<Unit> a = fsdp_units(model->block_sizes(), k, world), b = fsdp_units(m, k, world);
+          ASSERT_EQ(a.size(), b.size());
+          for (std::size_t u = 0; u < a.size(); ++u) {
+            EXPECT_EQ(a[u].first_block, b[u].first_block);
+            EXPECT_EQ(a[u].last_block, b[u].last_block);
+            EXPECT_EQ(a[u].flat_offset, b[u].flat_offset);
+            EXPECT_EQ(a[u].padded, b[u].padded);
+          }
+        }
+      }
+    }
+}
+
+// A slice of the flat vector is the same numbers however it is cut (FSDP shards and
+// pipeline chunks start anywhere), zero past the end.
+TEST(Mlp, InitialParametersDoNotDependOnTheSlice) {
+  RunConfig cfg;
+  cfg.model.layers = 3;
+  cfg.model.width = 5;
+  cfg.seed = 11;
+  const std::unique_ptr<Model> model = make_model(cfg.model);
+  const std::int64_t P = model->params();
+  const std::vector<float> whole = model->init_flat_slice(cfg.seed, 0, P);
+  ASSERT_TRUE(any_nonzero(whole));
+  const float bound = 1.0f / std::sqrt(5.0f);
+  for (float x : whole) ASSERT_LE(std::fabs(x), bound);
+  for (std::int64_t begin : {0, 1, 29, 30, 31, 89}) {
+    const std::vector<float> part = model->init_flat_slice(cfg.seed, begin, 13);
+    for (std::int64_t i = 0; i < 13; ++i)
+      EXPECT_EQ(part[i], begin + i < P ? whole[begin + i] : 0.0f) << begin << " + " << i;
+  }
+}
+
+// The zero-bubble halves (B for every block, then W) give the whole backward's
+// gradients, and release every save and buffer.
+TEST(Mlp, SplitBackwardEqualsWholeBackward) {
+  for (auto act : {Activation::none, Activation::relu}) {
+    RunConfig cfg;
+    cfg.model.layers = 3;
+    cfg.model.width = 12;
+    cfg.model.batch = 5;
+    cfg.model.activation = act;
+    cfg.model.loss = Loss::mse;
+    const ModelConfig& m = cfg.model;
+    const std::unique_ptr<Model> model = make_model(m);
+    const std::vector<float> params = model->init_flat_slice(cfg.seed, 0, model->params());
+    const std::vector<float> x = batch_rows(cfg, 0, 0, 0, m.batch);
+    const std::vector<float> target(x.size(), 1.0f);
+    std::vector<float> whole(params.size()), split(params.size());
+    for (std::vector<float>* grads : {&whole, &split}) {
+      CpuBackend backend;
+      SavedTensors saved;
+      FlatAccess access(*model, const_cast<float*>(params.data()), grads->data());
+      ModelContext mc{backend, saved, access};
+      Tape tape = model->forward(mc, 0, model->blocks(), x.data(), m.batch, false);
+      model->loss_forward(mc, tape, target.data(), 1.0f);
+      if (grads == &whole) {
+        EXPECT_FALSE(model->backward(mc, tape, Buffer{}, 0.0f));
+      } else {
+        EXPECT_FALSE(model->backward_input(mc, tape, Buffer{}));
+        EXPECT_GT(saved.live(), 0);  // the Linear inputs wait for W
+        model->backward_weight(mc, tape, 0.0f);
+      }
+      tape = Tape{};
+      EXPECT_EQ(saved.live(), 0);
+      EXPECT_EQ(backend.tracker().current_total(), 0);
+    }
+    ASSERT_TRUE(any_nonzero(whole));
+    EXPECT_EQ(split, whole);
+  }
+}
+
 TEST(Mlp, GradientsMatchFloat64Reference) {
   for (auto act : {Activation::none, Activation::relu})
     for (auto loss : {Loss::sum, Loss::mse}) {
@@ -76,11 +196,12 @@ TEST(Mlp, GradientsMatchFloat64Reference) {
       ASSERT_TRUE(any_nonzero(x));
       CpuBackend backend;
       SavedTensors saved;
-      Mlp mlp(backend, m, saved);
-      FlatAccess access(m, params.data(), grads.data());
-      Tape tape = mlp.forward(0, m.layers, x.data(), m.batch, false, access);
-      mlp.loss_forward(tape, target.data(), 0.5f);
-      mlp.backward(tape, Buffer{}, access, 0.0f);
+      const std::unique_ptr<Model> mlp = make_model(m);
+      FlatAccess access(*mlp, params.data(), grads.data());
+      ModelContext mc{backend, saved, access};
+      Tape tape = mlp->forward(mc, 0, mlp->blocks(), x.data(), m.batch, false);
+      mlp->loss_forward(mc, tape, target.data(), 0.5f);
+      mlp->backward(mc, tape, Buffer{}, 0.0f);
       EXPECT_EQ(saved.live(), 0);
       EXPECT_EQ(backend.tracker().current_total(), 0);
       const std::vector<double> ref = reference_grads(m, params, x, m.batch, 0.5);
@@ -104,14 +225,15 @@ TEST(Mlp, SavedTensorsFollowAutograd) {
   std::vector<float> target(x.size(), 1.0f);
   CpuBackend backend;
   SavedTensors saved;
-  Mlp mlp(backend, m, saved);
-  FlatAccess access(m, params.data(), grads.data());
-  Tape tape = mlp.forward(0, m.layers, x.data(), m.batch, false, access);
-  mlp.loss_forward(tape, target.data(), 1.0f);
+  const std::unique_ptr<Model> mlp = make_model(m);
+  FlatAccess access(*mlp, params.data(), grads.data());
+  ModelContext mc{backend, saved, access};
+  Tape tape = mlp->forward(mc, 0, mlp->blocks(), x.data(), m.batch, false);
+  mlp->loss_forward(mc, tape, target.data(), 1.0f);
   const std::int64_t a = 32 * 256 * 4;
   EXPECT_EQ(saved.live(), 25);
   EXPECT_EQ(saved.live_bytes(), 10 * a);
-  mlp.backward(tape, Buffer{}, access, 0.0f);
+  mlp->backward(mc, tape, Buffer{}, 0.0f);
   EXPECT_EQ(saved.total(), 25);
   EXPECT_EQ(saved.before_first_backward(), 25);
   EXPECT_EQ(saved.peak_live(), 25);

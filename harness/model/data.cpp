@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "harness/model/model.hpp"
+
 namespace shardscope {
 namespace {
 
@@ -35,12 +37,10 @@ std::vector<float> batch_rows(const RunConfig& cfg, int step, int rank, int row_
   return out;
 }
 
-void init_tensor_slice(const RunConfig& cfg, int tensor, std::int64_t begin, std::int64_t count,
-                       float* out) {
-  const float bound = 1.0f / std::sqrt(static_cast<float>(cfg.model.width));
+void init_uniform_slice(std::uint64_t seed, int tensor, float bound, std::int64_t begin, std::int64_t count,
+                        float* out) {
   for (std::int64_t i = 0; i < count; ++i)
-    out[i] = bound * hashed_uniform(cfg.seed, kParamStream + tensor,
-                                    static_cast<std::uint64_t>(begin + i));
+    out[i] = bound * hashed_uniform(seed, kParamStream + tensor, static_cast<std::uint64_t>(begin + i));
 }
 
 std::int64_t tensor_offset(const ModelConfig& m, int t) {
@@ -48,17 +48,7 @@ std::int64_t tensor_offset(const ModelConfig& m, int t) {
 }
 
 std::vector<float> init_flat_slice(const RunConfig& cfg, std::int64_t begin, std::int64_t count) {
-  std::vector<float> out(static_cast<std::size_t>(count), 0.0f);
-  const ModelConfig& m = cfg.model;
-  const std::int64_t end = std::min(begin + count, m.params());
-  for (int t = 0; t < m.param_tensors() && begin < end; ++t) {
-    const std::int64_t t0 = tensor_offset(m, t);
-    const std::int64_t t1 = t0 + m.tensor_elems(t);
-    const std::int64_t lo = std::max(begin, t0);
-    const std::int64_t hi = std::min(end, t1);
-    if (lo < hi) init_tensor_slice(cfg, t, lo - t0, hi - lo, out.data() + (lo - begin));
-  }
-  return out;
+  return make_model(cfg.model)->init_flat_slice(cfg.seed, begin, count);
 }
 
 }  // namespace shardscope

@@ -17,13 +17,14 @@ float hashed_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t ind
 // (rows, width) values in [-1, 1).
 std::vector<float> batch_rows(const RunConfig& cfg, int step, int rank, int row_begin, int rows);
 
-// Elements [begin, begin + count) of parameter tensor `tensor` (torch order: weight 0,
-// bias 0, weight 1, ...), initialised like torch's Linear: uniform(-1/sqrt(in), 1/sqrt(in)).
-void init_tensor_slice(const RunConfig& cfg, int tensor, std::int64_t begin, std::int64_t count,
-                       float* out);
+// Elements [begin, begin + count) of parameter tensor `tensor` (its index in the
+// model's torch order), uniform in [-bound, bound).
+void init_uniform_slice(std::uint64_t seed, int tensor, float bound, std::int64_t begin, std::int64_t count,
+                        float* out);
 
 // Elements [begin, begin + count) of the model's flat parameter vector (tensors
-// concatenated in torch order); positions past the end (FSDP padding) are zero.
+// concatenated in torch order); positions past the end (FSDP padding) are zero. The
+// model cfg.model names initialises them (Model::init_flat_slice).
 std::vector<float> init_flat_slice(const RunConfig& cfg, std::int64_t begin, std::int64_t count);
 
 // Offset of tensor `t` in the flat parameter vector.

@@ -1,191 +1,159 @@
-#include "harness/model/mlp.hpp"
-
+// The MLP: L blocks of Linear(width, width) with bias, then the activation; the loss
+// (sum or mse) after the last. Activations are (rows, width) fp32, row-major; a weight
+// is (out, in) as torch stores it, so y = x W^T + b.
+#include <cmath>
+#include <memory>
 #include <string>
+#include <vector>
 
-#include "shardscope/check.hpp"
+#include "harness/model/model.hpp"
+#include "harness/model/models.hpp"
 
 namespace shardscope {
 namespace {
 
-// A layer's profiler range: "forward layer 3".
-std::string layer_range(const char* what, int layer) { return std::string(what) + " layer " + std::to_string(layer); }
+constexpr int kWeight = 0;  // tensor indices within the block
+constexpr int kBias = 1;
+
+class LinearBlock final : public Block {
+ public:
+  LinearBlock(int index, int width, Activation activation)
+      : name_("layer " + std::to_string(index)), width_(width), activation_(activation) {
+    // torch's Linear init: uniform(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
+    const float bound = 1.0f / std::sqrt(static_cast<float>(width));
+    params_ = {{"weight", {width, width}, bound}, {"bias", {width}, bound}};
+  }
+
+  std::string name() const override { return name_; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  std::int64_t output_elems(int rows) const override { return static_cast<std::int64_t>(rows) * width_; }
+  bool saves_input() const override { return true; }  // Linear saves its input
+  bool saves_output() const override { return activation_ == Activation::relu; }  // ReLU saves its output
+
+  Buffer forward(const BlockCall& c, const float* in, bool input_requires_grad, bool output_saved,
+                 BlockTape& /*tape*/) override {
+    const int w = width_;
+    // (rows, width) fp32: activation when saved for backward, temp otherwise
+    Buffer out = c.backend.alloc(output_saved ? Category::activation : Category::temp,
+                                 static_cast<std::size_t>(c.rows) * w);
+    c.backend.gemm(Trans::no, Trans::yes, c.rows, w, w, 1.0f, in, w, c.access.param(c.index, kWeight), w, 0.0f,
+                   out.data(), w);
+    c.backend.bias_activation(out.data(), c.access.param(c.index, kBias), c.rows, w, activation_);
+    // Autograd: Linear saves its input, and a reference to its weight when the input
+    // requires a gradient; ReLU saves its output.
+    const std::int64_t bytes = activation_bytes(c.rows);
+    c.saved.save(in, bytes);
+    if (input_requires_grad) c.saved.save(weight_id(), 0);
+    if (activation_ == Activation::relu) c.saved.save(out.data(), bytes);
+    return out;
+  }
+
+  Buffer backward(const BlockCall& c, const float* in, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                  BlockTape& /*tape*/) override {
+    const int w = width_;
+    activation_backward(c, out, dy);
+    // dW(out, in) = dy^T x ; db = column sums of dy
+    c.backend.gemm(Trans::yes, Trans::no, w, w, c.rows, 1.0f, dy.data(), w, in, w, beta,
+                   c.access.grad(c.index, kWeight), w);
+    c.backend.bias_grad(c.access.grad(c.index, kBias), dy.data(), c.rows, w, beta);
+    Buffer dx;
+    if (needs_dx) dx = input_gradient(c, dy);
+    c.saved.release(in);
+    dy.reset();
+    out.reset();
+    return dx;
+  }
+
+  Buffer backward_input(const BlockCall& c, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
+                        BlockTape& tape) override {
+    activation_backward(c, out, dy);
+    // The weight gradients need only the input and dz: the output can go.
+    if (free_output) out.reset();
+    Buffer dx;
+    if (needs_dx) dx = input_gradient(c, dy);
+    tape.held.clear();
+    tape.held.push_back(std::move(dy));  // dz, (rows, width) temp, until W
+    return dx;
+  }
+
+  void backward_weight(const BlockCall& c, const float* in, float beta, BlockTape& tape) override {
+    const int w = width_;
+    Buffer& dz = tape.held.at(0);
+    c.backend.gemm(Trans::yes, Trans::no, w, w, c.rows, 1.0f, dz.data(), w, in, w, beta,
+                   c.access.grad(c.index, kWeight), w);
+    c.backend.bias_grad(c.access.grad(c.index, kBias), dz.data(), c.rows, w, beta);
+    c.saved.release(in);
+    dz.reset();
+  }
+
+ private:
+  std::int64_t activation_bytes(int rows) const { return static_cast<std::int64_t>(rows) * width_ * 4; }
+  // A stable address that names the weight for saves (a reference holds no bytes).
+  const void* weight_id() const { return &weight_id_; }
+
+  // dz = dy * relu'(out) in place, releasing ReLU's save of the output.
+  void activation_backward(const BlockCall& c, const Buffer& out, Buffer& dy) const {
+    if (activation_ != Activation::relu) return;
+    c.backend.relu_backward(dy.data(), out.data(), dy.count());
+    c.saved.release(out.data());
+  }
+  // dx = dz W, (rows, width) temp; releases the weight reference.
+  Buffer input_gradient(const BlockCall& c, const Buffer& dz) const {
+    const int w = width_;
+    Buffer dx = c.backend.alloc(Category::temp, static_cast<std::size_t>(c.rows) * w);
+    c.backend.gemm(Trans::no, Trans::no, c.rows, w, w, 1.0f, dz.data(), w, c.access.param(c.index, kWeight), w,
+                   0.0f, dx.data(), w);
+    c.saved.release(weight_id());
+    return dx;
+  }
+
+  std::string name_;
+  int width_;
+  Activation activation_;
+  std::vector<ParamSpec> params_;
+  char weight_id_ = 0;
+};
+
+// sum: the sum of the output (its gradient is constant, nothing saved); mse: the mean
+// of (y - 1)^2, which saves its input and its target.
+class MlpLoss final : public ModelLoss {
+ public:
+  MlpLoss(int width, Loss kind) : width_(width), kind_(kind) {}
+
+  bool saves_input() const override { return kind_ == Loss::mse; }
+
+  void forward(Backend& backend, SavedTensors& saved, const float* y, const float* target, int rows, float scale,
+               float* value) override {
+    if (kind_ == Loss::mse) {
+      const std::int64_t bytes = static_cast<std::int64_t>(rows) * width_ * 4;
+      saved.save(y, bytes);
+      saved.save(target, bytes);
+    }
+    backend.loss(kind_, y, target, nullptr, value, rows, width_, scale);
+  }
+
+  Buffer backward(Backend& backend, SavedTensors& saved, const float* y, const float* target, int rows,
+                  float scale) override {
+    Buffer dy = backend.alloc(Category::temp, static_cast<std::size_t>(rows) * width_);  // (rows, width)
+    backend.loss(kind_, y, target, dy.data(), nullptr, rows, width_, scale);
+    if (kind_ == Loss::mse) {
+      saved.release(y);
+      saved.release(target);
+    }
+    return dy;
+  }
+
+ private:
+  int width_;
+  Loss kind_;
+};
 
 }  // namespace
 
-Mlp::Mlp(Backend& backend, const ModelConfig& model, SavedTensors& saved)
-    : backend_(backend), model_(model), saved_(saved), weight_ids_(model.layers) {}
-
-bool Mlp::output_saved(int layer, int last) const {
-  if (model_.activation == Activation::relu) return true;  // ReLU saves its output
-  if (layer + 1 < last) return true;                        // the next Linear saves its input
-  return layer + 1 == model_.layers && model_.loss == Loss::mse;  // MSE saves its input
-}
-
-const float* Mlp::layer_input(const Tape& tape, int layer) const {
-  return layer == tape.first ? tape.input : tape.outputs[layer - 1 - tape.first].data();
-}
-
-Tape Mlp::forward(int first, int last, const float* input, int rows, bool input_requires_grad,
-                  LayerAccess& access) {
-  Tape tape;
-  tape.first = first;
-  tape.last = last;
-  tape.rows = rows;
-  tape.input = input;
-  tape.input_requires_grad = input_requires_grad;
-  const int w = model_.width;
-  const std::int64_t bytes = model_.activation_bytes(rows);
-  const float* in = input;
-  bool in_requires_grad = input_requires_grad;
-  for (int i = first; i < last; ++i) {
-    backend_.tracker().mark(Phase::forward, {PlaceKind::layer, i});
-    access.before_forward(i);
-    Buffer out;
-    {
-      // The layer's range closes before the hooks' work (a zero3 reshard), so a unit's
-      // range (opened and closed by the hooks) nests around its layers'.
-      ScopedRange range(backend_, layer_range("forward", i).c_str());
-      // (rows, width) fp32: activation when saved for backward, temp otherwise
-      out = backend_.alloc(output_saved(i, last) ? Category::activation : Category::temp,
-                           static_cast<std::size_t>(rows) * w);
-      backend_.gemm(Trans::no, Trans::yes, rows, w, w, 1.0f, in, w, access.weight(i), w, 0.0f,
-                    out.data(), w);
-      backend_.bias_activation(out.data(), access.bias(i), rows, w, model_.activation);
-      // Autograd: Linear saves its input, and a reference to its weight when the input
-      // requires a gradient; ReLU saves its output.
-      saved_.save(in, bytes);
-      if (in_requires_grad) saved_.save(weight_id(i), 0);
-      if (model_.activation == Activation::relu) saved_.save(out.data(), bytes);
-    }
-    access.after_forward(i);
-    in = out.data();
-    in_requires_grad = true;
-    tape.outputs.push_back(std::move(out));
-  }
-  return tape;
-}
-
-float Mlp::loss_forward(Tape& tape, const float* target, float scale) {
-  SHARDSCOPE_REQUIRE(tape.last == model_.layers, "loss on a tape that does not end the model");
-  tape.has_loss = true;
-  tape.loss_scale = scale;
-  tape.target = target;
-  const std::int64_t bytes = model_.activation_bytes(tape.rows);
-  if (model_.loss == Loss::mse) {  // MSE saves its input and its target
-    saved_.save(tape.output(), bytes);
-    saved_.save(target, bytes);
-  }
-  Buffer value = backend_.alloc(Category::temp, 1);  // the loss scalar
-  backend_.loss(model_.loss, tape.output(), target, nullptr, value.data(), tape.rows,
-                model_.width, scale);
-  float host = 0.0f;
-  backend_.download(&host, value.data(), 1);
-  // An output nobody saved is not needed by backward (sum's gradient is constant).
-  if (!output_saved(tape.last - 1, tape.last)) tape.outputs.back().reset();
-  return host;
-}
-
-Buffer Mlp::loss_gradient(Tape& tape) {
-  backend_.tracker().mark(Phase::backward, {PlaceKind::layer, tape.last - 1});
-  Buffer dy = backend_.alloc(Category::temp, static_cast<std::size_t>(tape.rows) * model_.width);
-  const float* y = tape.outputs.back() ? tape.output() : nullptr;
-  backend_.loss(model_.loss, y, tape.target, dy.data(), nullptr, tape.rows, model_.width,
-                tape.loss_scale);
-  if (model_.loss == Loss::mse) {
-    saved_.release(tape.output());
-    saved_.release(tape.target);
-  }
-  return dy;
-}
-
-Buffer Mlp::backward(Tape& tape, Buffer dy, LayerAccess& access, float beta) {
-  saved_.begin_backward();
-  if (tape.has_loss) dy = loss_gradient(tape);
-  const int w = model_.width;
-  const int rows = tape.rows;
-  for (int i = tape.last - 1; i >= tape.first; --i) {
-    backend_.tracker().mark(Phase::backward, {PlaceKind::layer, i});
-    access.before_backward(i);
-    Buffer dx;
-    {
-      ScopedRange range(backend_, layer_range("backward", i).c_str());  // closes before the hooks' reduce-scatter
-      Buffer& out = tape.outputs[i - tape.first];
-      if (model_.activation == Activation::relu) {
-        backend_.relu_backward(dy.data(), out.data(), dy.count());
-        saved_.release(out.data());
-      }
-      const float* in = layer_input(tape, i);
-      // dW(out, in) = dy^T x ; db = column sums of dy
-      backend_.gemm(Trans::yes, Trans::no, w, w, rows, 1.0f, dy.data(), w, in, w, beta,
-                    access.weight_grad(i), w);
-      backend_.bias_grad(access.bias_grad(i), dy.data(), rows, w, beta);
-      const bool needs_dx = i > tape.first || tape.input_requires_grad;
-      if (needs_dx) {
-        dx = backend_.alloc(Category::temp, static_cast<std::size_t>(rows) * w);  // (rows, width)
-        backend_.gemm(Trans::no, Trans::no, rows, w, w, 1.0f, dy.data(), w, access.weight(i), w,
-                      0.0f, dx.data(), w);
-        saved_.release(weight_id(i));
-      }
-      saved_.release(in);
-      dy.reset();
-      out.reset();
-    }
-    access.after_backward(i);
-    dy = std::move(dx);
-  }
-  return dy;
-}
-
-Buffer Mlp::backward_input(Tape& tape, Buffer dy, LayerAccess& access) {
-  saved_.begin_backward();
-  if (tape.has_loss) dy = loss_gradient(tape);
-  const int w = model_.width;
-  const int rows = tape.rows;
-  tape.dz.clear();
-  tape.dz.resize(tape.last - tape.first);
-  for (int i = tape.last - 1; i >= tape.first; --i) {
-    backend_.tracker().mark(Phase::backward, {PlaceKind::layer, i});
-    access.before_backward(i);
-    ScopedRange range(backend_, layer_range("backward-input", i).c_str());
-    Buffer& out = tape.outputs[i - tape.first];
-    if (model_.activation == Activation::relu) {
-      backend_.relu_backward(dy.data(), out.data(), dy.count());
-      saved_.release(out.data());
-    }
-    // The output itself is no longer needed once the last layer's ReLU is done: the
-    // weight gradients need only each layer's input and dz.
-    if (i == tape.last - 1) out.reset();
-    Buffer dx;
-    if (i > tape.first || tape.input_requires_grad) {
-      dx = backend_.alloc(Category::temp, static_cast<std::size_t>(rows) * w);
-      backend_.gemm(Trans::no, Trans::no, rows, w, w, 1.0f, dy.data(), w, access.weight(i), w,
-                    0.0f, dx.data(), w);
-      saved_.release(weight_id(i));
-    }
-    tape.dz[i - tape.first] = std::move(dy);
-    dy = std::move(dx);
-  }
-  return dy;
-}
-
-void Mlp::backward_weight(Tape& tape, LayerAccess& access, float beta) {
-  const int w = model_.width;
-  const int rows = tape.rows;
-  for (int i = tape.last - 1; i >= tape.first; --i) {
-    backend_.tracker().mark(Phase::backward, {PlaceKind::layer, i});
-    {
-      ScopedRange range(backend_, layer_range("backward-weight", i).c_str());
-      const float* in = layer_input(tape, i);
-      Buffer& dz = tape.dz[i - tape.first];
-      backend_.gemm(Trans::yes, Trans::no, w, w, rows, 1.0f, dz.data(), w, in, w, beta,
-                    access.weight_grad(i), w);
-      backend_.bias_grad(access.bias_grad(i), dz.data(), rows, w, beta);
-      saved_.release(in);
-      dz.reset();
-      if (i > tape.first) tape.outputs[i - 1 - tape.first].reset();
-    }
-    access.after_backward(i);
-  }
+std::unique_ptr<Model> make_mlp(const ModelConfig& m) {
+  std::vector<std::unique_ptr<Block>> blocks;
+  for (int i = 0; i < m.layers; ++i) blocks.push_back(std::make_unique<LinearBlock>(i, m.width, m.activation));
+  return std::make_unique<Model>(std::move(blocks), std::make_unique<MlpLoss>(m.width, m.loss));
 }
 
 }  // namespace shardscope

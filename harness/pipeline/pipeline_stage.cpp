@@ -100,11 +100,12 @@ std::string describe_action(const Action& a, int chunks) {
 
 // ---- PipelineStage ------------------------------------------------------------------
 
-float* PipelineStage::Access::at(int layer, bool grad, std::int64_t within) {
+float* PipelineStage::Access::at(int block, int tensor, bool grad) {
   for (Chunk& c : chunks_)
-    if (layer >= c.first && layer < c.last)
-      return (grad ? c.grads.data() : c.params.data()) + (layer - c.first) * m_.layer_elems() + within;
-  throw RunError("pipeline stage: layer " + str(layer) + " is not held here");
+    if (block >= c.first && block < c.last)
+      return (grad ? c.grads.data() : c.params.data()) + model_.tensor_offset(model_.first_tensor(block) + tensor) -
+             model_.block_offset(c.first);
+  throw RunError("pipeline stage: block " + str(block) + " is not held here");
 }
 
 PipelineStage::PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm)
@@ -113,8 +114,8 @@ PipelineStage::PipelineStage(const RunConfig& cfg, Backend& backend, Communicato
       comm_(comm),
       layout_(make_pipeline_layout(cfg, comm.world())),
       stage_(comm.rank()),
-      mlp_(backend, cfg.model, saved_),
-      access_(cfg.model, chunks_) {
+      model_(make_model(cfg.model)),
+      access_(*model_, chunks_) {
   program_ = lower(layout_.schedule).at(stage_);
 }
 
@@ -123,7 +124,7 @@ bool PipelineStage::holds_loss() const {
 }
 
 void PipelineStage::setup() {
-  const ModelConfig& m = cfg_.model;
+  const Model& m = *model_;
   backend_.tracker().mark(Phase::setup);
   chunks_.clear();
   chunks_.resize(layout_.chunks());
@@ -132,13 +133,14 @@ void PipelineStage::setup() {
     const int k = vstage(c);
     ch.first = layout_.first_layer(k);
     ch.last = layout_.end_layer(k);
-    const std::size_t n = static_cast<std::size_t>((ch.last - ch.first) * m.layer_elems());
+    const std::int64_t begin = m.block_offset(ch.first);
+    const std::size_t n = static_cast<std::size_t>(m.block_offset(ch.last) - begin);
     ch.params = backend_.alloc(Category::param, n);
-    const std::vector<float> host = init_flat_slice(cfg_, ch.first * m.layer_elems(), static_cast<std::int64_t>(n));
+    const std::vector<float> host = m.init_flat_slice(cfg_.seed, begin, static_cast<std::int64_t>(n));
     backend_.upload(ch.params.data(), host.data(), n);
     ch.grads = backend_.alloc(Category::grad, n);
     backend_.fill(ch.grads.data(), 0.0f, n);
-    for (int t = 2 * ch.first; t < 2 * ch.last; ++t)
+    for (int t = m.first_tensor(ch.first); t < m.first_tensor(ch.last); ++t)
       ch.state.push_back(make_adam_state(backend_, static_cast<std::size_t>(m.tensor_elems(t))));
   }
   backend_.synchronize();
@@ -277,6 +279,7 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
   Slot& sl = slot(a.microbatch, a.chunk);
   Tracker& tracker = backend_.tracker();
   const std::string what = describe_action(a, layout_.chunks());
+  ModelContext mc{backend_, saved_, access_};
 
   tracker.mark(a.kind == ActionKind::F ? Phase::forward : Phase::backward, {PlaceKind::microbatch, a.microbatch});
   backend_.synchronize();
@@ -294,14 +297,14 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
       else
         input = sl.act_in.data();
       SHARDSCOPE_REQUIRE(input != nullptr, "pipeline stage " + str(stage_) + ": no input for " + what);
-      sl.tape = mlp_.forward(first, last, input, rows, /*input_requires_grad*/ k > 0, access_);
+      sl.tape = model_->forward(mc, first, last, input, rows, /*input_requires_grad*/ k > 0);
       if (k == V - 1) {
         const float scale = m.loss == Loss::mse ? static_cast<float>(rows) / static_cast<float>(m.batch) : 1.0f;
-        loss = mlp_.loss_forward(sl.tape, target ? target.data() + offset : nullptr, scale);
+        loss = model_->loss_forward(mc, sl.tape, target ? target.data() + offset : nullptr, scale);
       } else if (stage_of_vstage(s, k + 1) != stage_) {
         Pending p;
         p.count = count;
-        if (mlp_.output_saved(last - 1, last)) {
+        if (model_->output_saved(last - 1, last)) {
           p.data = sl.tape.output();  // saved here: lives on in the tape until B
         } else {
           p.owned = std::move(sl.tape.outputs.back());  // temp: freed once sent
@@ -316,9 +319,9 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
       SHARDSCOPE_REQUIRE(k == V - 1 || dy, "pipeline stage " + str(stage_) + ": no gradient for " + what);
       Buffer dx;
       if (s.split_backward) {
-        dx = mlp_.backward_input(sl.tape, std::move(dy), access_);
+        dx = model_->backward_input(mc, sl.tape, std::move(dy));
       } else {
-        dx = mlp_.backward(sl.tape, std::move(dy), access_, grads_written[a.chunk] ? 1.0f : 0.0f);
+        dx = model_->backward(mc, sl.tape, std::move(dy), grads_written[a.chunk] ? 1.0f : 0.0f);
         grads_written[a.chunk] = true;
         sl.act_in.reset();
         sl.tape = Tape{};
@@ -338,7 +341,7 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
       break;
     }
     case ActionKind::W: {
-      mlp_.backward_weight(sl.tape, access_, grads_written[a.chunk] ? 1.0f : 0.0f);
+      model_->backward_weight(mc, sl.tape, grads_written[a.chunk] ? 1.0f : 0.0f);
       grads_written[a.chunk] = true;
       sl.act_in.reset();
       sl.tape = Tape{};
@@ -354,12 +357,13 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
 }
 
 void PipelineStage::optimizer_step(int step) {
-  const ModelConfig& m = cfg_.model;
+  const Model& m = *model_;
   std::vector<AdamWTensor> list;
   for (Chunk& ch : chunks_) {
-    for (int t = 2 * ch.first; t < 2 * ch.last; ++t) {
-      AdamState& st = ch.state[t - 2 * ch.first];
-      const std::int64_t off = tensor_offset(m, t) - tensor_offset(m, 2 * ch.first);
+    const int t0 = m.first_tensor(ch.first);
+    for (int t = t0; t < m.first_tensor(ch.last); ++t) {
+      AdamState& st = ch.state[t - t0];
+      const std::int64_t off = m.tensor_offset(t) - m.tensor_offset(t0);
       backend_.fill(st.step.data(), static_cast<float>(step), 1);
       list.push_back({ch.params.data() + off, ch.grads.data() + off, st.exp_avg.data(), st.exp_avg_sq.data(),
                       static_cast<std::size_t>(m.tensor_elems(t)), step});

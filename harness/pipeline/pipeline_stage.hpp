@@ -1,9 +1,9 @@
-// One pipeline stage (docs/design.md §4): the layers of its virtual stages with their
+// One pipeline stage (docs/design.md §4): the blocks of its virtual stages with their
 // parameters, gradients and AdamW state, and the executor that runs its lowered
 // program (p2p groups + F/B/W actions) for one step.
 //
 // Layout. S stages, v chunks per stage, V = S*v virtual stages; virtual stage k holds
-// layers [bounds[k], bounds[k+1]) and lives on stage k % S as its chunk k / S. The
+// the model's blocks [bounds[k], bounds[k+1]) (the MLP's blocks are its layers) and lives on stage k % S as its chunk k / S. The
 // global batch of B rows is cut into M micro-batches like torch.tensor_split (sizes
 // differ by at most one, larger first). Micro-batch losses are scaled so that they
 // sum to the full-batch loss (mse: rows/B; sum: 1), so gradients equal the batch's.
@@ -12,13 +12,14 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "harness/model/adam_state.hpp"
-#include "harness/model/mlp.hpp"
+#include "harness/model/model.hpp"
 #include "harness/model/saved_tensors.hpp"
 #include "harness/predict/pipeline_forms.hpp"
 #include "shardscope/backend.hpp"
@@ -34,7 +35,7 @@ std::vector<int> tensor_split_sizes(int n, int parts);
 
 struct PipelineLayout {
   Schedule schedule;
-  std::vector<int> bounds;      // V + 1 layer boundaries
+  std::vector<int> bounds;      // V + 1 block boundaries
   std::vector<int> rows;        // per micro-batch
   std::vector<int> row_offset;  // per micro-batch, first row in the batch
 
@@ -44,7 +45,7 @@ struct PipelineLayout {
   int vstages() const { return virtual_stages(schedule); }
   int first_layer(int vstage) const { return bounds[vstage]; }
   int end_layer(int vstage) const { return bounds[vstage + 1]; }  // exclusive
-  std::vector<int> split() const;  // layers per virtual stage
+  std::vector<int> split() const;  // blocks per virtual stage
 };
 
 // M = cfg.microbatches, or S when 0.
@@ -75,7 +76,7 @@ class PipelineStage {
   PipelineStage(const PipelineStage&) = delete;
   PipelineStage& operator=(const PipelineStage&) = delete;
 
-  // Allocates and initialises parameters, gradients and AdamW state of its layers.
+  // Allocates and initialises parameters, gradients and AdamW state of its blocks.
   void setup();
   // Draws the global batch of step `index` on the host (outside the timed region).
   void prepare_batch(int index);
@@ -98,7 +99,7 @@ class PipelineStage {
   std::int64_t peak_comm_bytes() const { return peak_comm_bytes_; }
   const std::string& peak_where() const { return peak_where_; }
 
-  // Chunk state on the host, torch's flat order over the chunk's layers.
+  // Chunk state on the host, torch's flat order over the chunk's blocks.
   std::vector<float> download_params(int chunk) const;
   std::vector<float> download_grads(int chunk) const;
   std::vector<float> download_exp_avg(int chunk) const;
@@ -106,29 +107,27 @@ class PipelineStage {
 
  private:
   struct Chunk {
-    int first = 0;  // layers [first, last)
+    int first = 0;  // blocks [first, last)
     int last = 0;
-    Buffer params;  // flat over the chunk's layers, param
+    Buffer params;  // flat over the chunk's blocks (the model's flat vector's slice), param
     Buffer grads;   // same layout, grad
     std::vector<AdamState> state;  // per parameter tensor, torch order
   };
-  class Access : public LayerAccess {
+  class Access : public BlockAccess {
    public:
-    Access(const ModelConfig& m, std::vector<Chunk>& chunks) : m_(m), chunks_(chunks) {}
-    const float* weight(int l) override { return at(l, false, 0); }
-    const float* bias(int l) override { return at(l, false, m_.weight_elems()); }
-    float* weight_grad(int l) override { return at(l, true, 0); }
-    float* bias_grad(int l) override { return at(l, true, m_.weight_elems()); }
+    Access(const Model& model, std::vector<Chunk>& chunks) : model_(model), chunks_(chunks) {}
+    const float* param(int block, int tensor) override { return at(block, tensor, false); }
+    float* grad(int block, int tensor) override { return at(block, tensor, true); }
 
    private:
-    float* at(int layer, bool grad, std::int64_t within);
-    ModelConfig m_;
+    float* at(int block, int tensor, bool grad);
+    const Model& model_;
     std::vector<Chunk>& chunks_;
   };
   // What one (micro-batch, chunk) holds during a step.
   struct Slot {
     Tape tape;
-    Buffer act_in;   // received activation (saved by the first Linear)
+    Buffer act_in;   // received activation (saved by the first block)
     Buffer grad_in;  // received (or, on one stage, local) gradient of the output
   };
   // An output held until the group that sends it has completed.
@@ -153,7 +152,7 @@ class PipelineStage {
   int stage_;
   StageProgram program_;
   SavedTensors saved_;
-  Mlp mlp_;
+  std::unique_ptr<Model> model_;
   std::vector<Chunk> chunks_;
   Access access_;
   AdamWHyper hyper_;

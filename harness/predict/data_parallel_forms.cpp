@@ -86,7 +86,7 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
   const std::int64_t k = (m.activation == Activation::relu || m.loss == Loss::mse) ? 1 : 0;
   const bool zero3_multi = s == StrategyKind::zero3 && U > 1;
   // Units hold K layers each (the last what is left): a layer's unit is a division.
-  const int per_unit = fsdp ? units[0].last_layer - units[0].first_layer : L;
+  const int per_unit = fsdp ? units[0].last_block - units[0].first_block : L;
   auto unit_of = [&](int layer) { return std::min(layer / per_unit, U - 1); };
   auto where = [&](int layer) {
     return fsdp ? "unit " + std::to_string(unit_of(layer)) : "layer " + std::to_string(layer);
@@ -111,7 +111,7 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
   // model's last layer only when k), plus dy, the gathered params (and the prefetched
   // unit below), the full gradient and, when j > 0, the input gradient dx.
   for (int u = U - 1; u >= 0; --u) {
-    const int j = fsdp ? units[u].last_layer - 1 : L - 1;
+    const int j = fsdp ? units[u].last_block - 1 : L - 1;
     const std::int64_t outs = (j == L - 1) ? (L - 1 + k) : (j + 1);
     Transient at{X + t + a, outs * a, 0, 0};
     if (fsdp) {

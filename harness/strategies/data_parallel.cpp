@@ -5,7 +5,7 @@
 namespace shardscope {
 
 DataParallelStrategy::DataParallelStrategy(const StrategyContext& ctx)
-    : cfg_(ctx.cfg), backend_(ctx.backend), comm_(ctx.comm), mlp_(ctx.backend, ctx.cfg.model, saved_) {}
+    : cfg_(ctx.cfg), backend_(ctx.backend), comm_(ctx.comm), model_(make_model(ctx.cfg.model)) {}
 
 void DataParallelStrategy::prepare_batch(int index) {
   host_batch_ = batch_rows(cfg_, index, comm_.rank(), 0, cfg_.model.batch);
@@ -32,14 +32,15 @@ float DataParallelStrategy::step() {
 
   float loss = 0.0f;
   Tape tape;
+  ModelContext mc{backend_, saved_, access()};
   {
     ScopedRange r(backend_, "forward");
-    tape = mlp_.forward(0, cfg_.model.layers, x.data(), rows, false, access());
-    loss = mlp_.loss_forward(tape, target.data(), 1.0f);
+    tape = model_->forward(mc, 0, model_->blocks(), x.data(), rows, false);
+    loss = model_->loss_forward(mc, tape, target.data(), 1.0f);
   }
   {
     ScopedRange r(backend_, "backward");
-    mlp_.backward(tape, Buffer{}, access(), 0.0f);
+    model_->backward(mc, tape, Buffer{}, 0.0f);
   }
   x.reset();
   target.reset();
@@ -60,7 +61,7 @@ float DataParallelStrategy::step() {
 
 Buffer DataParallelStrategy::init_params(std::int64_t flat_begin, std::int64_t count) {
   Buffer b = backend_.alloc(Category::param, static_cast<std::size_t>(count));
-  const std::vector<float> host = init_flat_slice(cfg_, flat_begin, count);
+  const std::vector<float> host = model_->init_flat_slice(cfg_.seed, flat_begin, count);
   backend_.upload(b.data(), host.data(), host.size());
   return b;
 }

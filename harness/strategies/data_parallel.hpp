@@ -2,9 +2,10 @@
 // backward, gradient communication, optimizer) with hooks for what differs.
 #pragma once
 
+#include <memory>
 #include <vector>
 
-#include "harness/model/mlp.hpp"
+#include "harness/model/model.hpp"
 #include "harness/model/saved_tensors.hpp"
 #include "shardscope/strategy.hpp"
 
@@ -18,8 +19,8 @@ class DataParallelStrategy : public Strategy {
   const SavedTensors& saved() const { return saved_; }
 
  protected:
-  // The layer access the engine uses (gathers for ZeRO-2/3 happen in its hooks).
-  virtual LayerAccess& access() = 0;
+  // The block access the engine uses (gathers for ZeRO-2/3 happen in its hooks).
+  virtual BlockAccess& access() = 0;
   // After backward: make gradients the average over ranks (all-reduce, ...).
   virtual void reduce_gradients() = 0;
   // The optimizer on what this rank owns; `step` counts from 1.
@@ -35,7 +36,7 @@ class DataParallelStrategy : public Strategy {
   Backend& backend_;
   Communicator& comm_;
   SavedTensors saved_;
-  Mlp mlp_;
+  std::unique_ptr<Model> model_;  // the blocks and the loss cfg.model names
   AdamWHyper hyper_;
   int steps_done_ = 0;
 
@@ -43,17 +44,19 @@ class DataParallelStrategy : public Strategy {
   std::vector<float> host_batch_;
 };
 
-// Plain pointers into full (unsharded) flat parameter and gradient vectors.
-class FlatAccess : public LayerAccess {
+// Plain pointers into full (unsharded) flat parameter and gradient vectors, laid out
+// as the model's flat vector.
+class FlatAccess : public BlockAccess {
  public:
-  FlatAccess(const ModelConfig& m, float* params, float* grads) : m_(m), p_(params), g_(grads) {}
-  const float* weight(int l) override { return p_ + l * m_.layer_elems(); }
-  const float* bias(int l) override { return p_ + l * m_.layer_elems() + m_.weight_elems(); }
-  float* weight_grad(int l) override { return g_ + l * m_.layer_elems(); }
-  float* bias_grad(int l) override { return g_ + l * m_.layer_elems() + m_.weight_elems(); }
+  FlatAccess(const Model& model, float* params, float* grads) : model_(&model), p_(params), g_(grads) {}
+  const float* param(int block, int tensor) override { return p_ + offset(block, tensor); }
+  float* grad(int block, int tensor) override { return g_ + offset(block, tensor); }
 
  private:
-  ModelConfig m_;
+  std::int64_t offset(int block, int tensor) const {
+    return model_->tensor_offset(model_->first_tensor(block) + tensor);
+  }
+  const Model* model_;
   float* p_;
   float* g_;
 };

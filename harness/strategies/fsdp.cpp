@@ -4,16 +4,15 @@
 #include <cstdio>
 #include <string>
 
-#include "harness/model/data.hpp"
 
 namespace shardscope {
 
 FsdpStrategy::FsdpStrategy(const StrategyContext& ctx, bool full_shard)
     : DataParallelStrategy(ctx),
       full_shard_(full_shard),
-      units_(fsdp_units(ctx.cfg.model, ctx.cfg.layers_per_unit, ctx.comm.world())) {
+      units_(fsdp_units(model_->block_sizes(), ctx.cfg.layers_per_unit, ctx.comm.world())) {
   for (int u = 0; u < static_cast<int>(units_.size()); ++u)
-    for (int l = units_[u].first_layer; l < units_[u].last_layer; ++l) unit_of_layer_.push_back(u);
+    for (int b = units_[u].first_block; b < units_[u].last_block; ++b) unit_of_block_.push_back(u);
 }
 
 void FsdpStrategy::setup() {
@@ -28,7 +27,7 @@ void FsdpStrategy::setup() {
     std::vector<float> host(n, 0.0f);
     const std::int64_t real = std::clamp<std::int64_t>(unit.elems - begin, 0, unit.shard);
     if (real > 0) {
-      const std::vector<float> init = init_flat_slice(cfg_, unit.flat_offset + begin, real);
+      const std::vector<float> init = model_->init_flat_slice(cfg_.seed, unit.flat_offset + begin, real);
       std::copy(init.begin(), init.end(), host.begin());
     }
     backend_.upload(state_[u].shard.data(), host.data(), n);
@@ -37,18 +36,16 @@ void FsdpStrategy::setup() {
   }
 }
 
-std::int64_t FsdpStrategy::layer_offset(int layer) const {
-  return (layer - units_[unit_of_layer_[layer]].first_layer) * cfg_.model.layer_elems();
+std::int64_t FsdpStrategy::offset_in_unit(int block, int tensor) const {
+  return model_->tensor_offset(model_->first_tensor(block) + tensor) - units_[unit_of_block_[block]].flat_offset;
 }
 
-const float* FsdpStrategy::weight(int layer) {
-  return state_[unit_of_layer_[layer]].full.data() + layer_offset(layer);
+const float* FsdpStrategy::param(int block, int tensor) {
+  return state_[unit_of_block_[block]].full.data() + offset_in_unit(block, tensor);
 }
-const float* FsdpStrategy::bias(int layer) { return weight(layer) + cfg_.model.weight_elems(); }
-float* FsdpStrategy::weight_grad(int layer) {
-  return state_[unit_of_layer_[layer]].full_grad.data() + layer_offset(layer);
+float* FsdpStrategy::grad(int block, int tensor) {
+  return state_[unit_of_block_[block]].full_grad.data() + offset_in_unit(block, tensor);
 }
-float* FsdpStrategy::bias_grad(int layer) { return weight_grad(layer) + cfg_.model.weight_elems(); }
 
 void FsdpStrategy::gather(int u) {
   UnitState& s = state_[u];
@@ -60,33 +57,33 @@ void FsdpStrategy::gather(int u) {
 
 // A unit's range ("unit 3") spans its forward from the gather to the reshard, and its
 // backward from the gather (and the prefetch of the next unit) to the reduce-scatter;
-// its layers' ranges nest inside (Mlp closes a layer's range before the hooks run).
+// its blocks' ranges nest inside (the model closes a block's range before the hooks run).
 void FsdpStrategy::begin_unit_range(int u) {
   char name[32];
   std::snprintf(name, sizeof(name), "unit %d", u);
   backend_.range_push(name);
 }
 
-void FsdpStrategy::before_forward(int layer) {
-  const int u = unit_of_layer_[layer];
-  if (layer == units_[u].first_layer) {
+void FsdpStrategy::before_forward(int block) {
+  const int u = unit_of_block_[block];
+  if (block == units_[u].first_block) {
     begin_unit_range(u);
     gather(u);
   }
   backend_.tracker().mark(Phase::forward, {PlaceKind::unit, u});
 }
 
-void FsdpStrategy::after_forward(int layer) {
-  const int u = unit_of_layer_[layer];
-  if (layer + 1 != units_[u].last_layer) return;
+void FsdpStrategy::after_forward(int block) {
+  const int u = unit_of_block_[block];
+  if (block + 1 != units_[u].last_block) return;
   if (reshard_after_forward()) state_[u].full.reset();
   backend_.range_pop();
 }
 
-void FsdpStrategy::before_backward(int layer) {
-  const int u = unit_of_layer_[layer];
+void FsdpStrategy::before_backward(int block) {
+  const int u = unit_of_block_[block];
   backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
-  if (layer + 1 != units_[u].last_layer) return;  // only when the unit's backward begins
+  if (block + 1 != units_[u].last_block) return;  // only when the unit's backward begins
   begin_unit_range(u);
   gather(u);
   // BACKWARD_PRE prefetch: the next unit in backward order is gathered now, while
@@ -102,9 +99,9 @@ void FsdpStrategy::before_backward(int layer) {
   if (pad > 0) backend_.fill(s.full_grad.data() + units_[u].elems, 0.0f, static_cast<std::size_t>(pad));
 }
 
-void FsdpStrategy::after_backward(int layer) {
-  const int u = unit_of_layer_[layer];
-  if (layer != units_[u].first_layer) return;  // only when the unit's backward ends
+void FsdpStrategy::after_backward(int block) {
+  const int u = unit_of_block_[block];
+  if (block != units_[u].first_block) return;  // only when the unit's backward ends
   UnitState& s = state_[u];
   const std::size_t n = static_cast<std::size_t>(units_[u].shard);
   comm_.reduce_scatter_sum(s.full_grad.data(), s.grad_shard.data(), n);
@@ -125,9 +122,8 @@ void FsdpStrategy::optimizer_step(int step) {
 }
 
 HostState FsdpStrategy::gather_state() {
-  const ModelConfig& m = cfg_.model;
   HostState h;
-  for (auto* v : {&h.params, &h.grads, &h.exp_avg, &h.exp_avg_sq}) v->resize(static_cast<std::size_t>(m.params()));
+  for (auto* v : {&h.params, &h.grads, &h.exp_avg, &h.exp_avg_sq}) v->resize(static_cast<std::size_t>(model_->params()));
   for (std::size_t u = 0; u < units_.size(); ++u) {
     const Unit& unit = units_[u];
     const std::size_t n = static_cast<std::size_t>(unit.shard);

@@ -8,12 +8,12 @@
 
 namespace shardscope {
 
-std::vector<int> zero1_owners(const ModelConfig& model, int world) {
-  const int t_count = model.param_tensors();
+std::vector<int> zero1_owners(const std::vector<std::int64_t>& elems, int world) {
+  const int t_count = static_cast<int>(elems.size());
   std::vector<int> order(t_count);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return model.tensor_elems(a) > model.tensor_elems(b);
+    return elems[a] > elems[b];
   });
   // The least-loaded rank, ties to the lowest: the top of a min-heap on (load, rank),
   // so that a world of 65,536 ranks costs log W per tensor, not W.
@@ -25,25 +25,38 @@ std::vector<int> zero1_owners(const ModelConfig& model, int world) {
     auto [load, r] = least.top();
     least.pop();
     owner[t] = r;
-    least.push({load + model.tensor_elems(t), r});
+    least.push({load + elems[t], r});
   }
   return owner;
 }
 
-std::vector<Unit> fsdp_units(const ModelConfig& model, int layers_per_unit, int world) {
-  const int k = layers_per_unit <= 0 ? model.layers : layers_per_unit;
+std::vector<int> zero1_owners(const ModelConfig& model, int world) {
+  std::vector<std::int64_t> elems;
+  for (int t = 0; t < model.param_tensors(); ++t) elems.push_back(model.tensor_elems(t));
+  return zero1_owners(elems, world);
+}
+
+std::vector<Unit> fsdp_units(const std::vector<std::int64_t>& block_elems, int blocks_per_unit, int world) {
+  const int n = static_cast<int>(block_elems.size());
+  const int k = blocks_per_unit <= 0 ? n : blocks_per_unit;
   std::vector<Unit> units;
-  for (int first = 0; first < model.layers; first += k) {
+  std::int64_t offset = 0;
+  for (int first = 0; first < n; first += k) {
     Unit u;
-    u.first_layer = first;
-    u.last_layer = std::min(model.layers, first + k);
-    u.flat_offset = first * model.layer_elems();
-    u.elems = (u.last_layer - u.first_layer) * model.layer_elems();
+    u.first_block = first;
+    u.last_block = std::min(n, first + k);
+    u.flat_offset = offset;
+    for (int b = u.first_block; b < u.last_block; ++b) u.elems += block_elems[b];
     u.shard = (u.elems + world - 1) / world;
     u.padded = u.shard * world;
+    offset += u.elems;
     units.push_back(u);
   }
   return units;
+}
+
+std::vector<Unit> fsdp_units(const ModelConfig& model, int layers_per_unit, int world) {
+  return fsdp_units(std::vector<std::int64_t>(model.layers, model.layer_elems()), layers_per_unit, world);
 }
 
 }  // namespace shardscope

@@ -11,22 +11,27 @@ namespace shardscope {
 
 // ZeRO-1 as torch's ZeroRedundancyOptimizer: whole tensors, sorted by size
 // descending (stable), each to the least-loaded rank (ties to the lowest rank).
-// Returns the owner of each parameter tensor, in torch order.
+// Takes each parameter tensor's elements, in torch order; returns each one's owner.
+std::vector<int> zero1_owners(const std::vector<std::int64_t>& tensor_elems, int world);
+// The same for the MLP of `model` (its tensors: weight, bias, weight, ...).
 std::vector<int> zero1_owners(const ModelConfig& model, int world);
 
-// One FSDP flat parameter: layers [first_layer, last_layer), `elems` parameters
+// One FSDP flat parameter: blocks [first_block, last_block), `elems` parameters
 // starting at `flat_offset` of the model's flat vector, padded to `padded`
 // (a multiple of world); each rank owns `shard` = padded / world of them.
 struct Unit {
-  int first_layer = 0;
-  int last_layer = 0;
+  int first_block = 0;
+  int last_block = 0;
   std::int64_t flat_offset = 0;
   std::int64_t elems = 0;
   std::int64_t padded = 0;
   std::int64_t shard = 0;
 };
 
-// K layers per unit (the last takes what is left); K = 0 means one root unit.
+// K blocks per unit (the last takes what is left); K = 0 means one root unit. Takes
+// each block's parameter elements, in order.
+std::vector<Unit> fsdp_units(const std::vector<std::int64_t>& block_elems, int blocks_per_unit, int world);
+// The same for the MLP of `model` (its blocks: one Linear layer each).
 std::vector<Unit> fsdp_units(const ModelConfig& model, int layers_per_unit, int world);
 
 }  // namespace shardscope

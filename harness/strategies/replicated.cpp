@@ -1,13 +1,10 @@
 #include "harness/strategies/replicated.hpp"
 
-#include "harness/model/data.hpp"
-
 namespace shardscope {
 
 // Like torch DDP: whole tensors in reverse order, a bucket closes once it reaches
 // the cap; a cap of 0 means one bucket for everything.
-std::vector<std::pair<std::int64_t, std::int64_t>> ddp_buckets(const ModelConfig& m,
-                                                               double bucket_mb) {
+std::vector<std::pair<std::int64_t, std::int64_t>> ddp_buckets(const Model& m, double bucket_mb) {
   std::vector<std::pair<std::int64_t, std::int64_t>> out;
   if (bucket_mb <= 0.0) {
     out.emplace_back(0, m.params());
@@ -17,7 +14,7 @@ std::vector<std::pair<std::int64_t, std::int64_t>> ddp_buckets(const ModelConfig
   std::int64_t end = m.params();
   std::int64_t begin = end;
   for (int t = m.param_tensors() - 1; t >= 0; --t) {
-    begin = tensor_offset(m, t);
+    begin = m.tensor_offset(t);
     if (static_cast<double>(end - begin) * 4.0 >= cap || t == 0) {
       out.emplace_back(begin, end - begin);
       end = begin;
@@ -27,17 +24,17 @@ std::vector<std::pair<std::int64_t, std::int64_t>> ddp_buckets(const ModelConfig
 }
 
 ReplicatedStrategy::ReplicatedStrategy(const StrategyContext& ctx)
-    : DataParallelStrategy(ctx), access_(ctx.cfg.model, nullptr, nullptr) {}
+    : DataParallelStrategy(ctx), access_(*model_, nullptr, nullptr) {}
 
 float* ReplicatedStrategy::param(int t) const {
-  return params_.data() + tensor_offset(cfg_.model, t);
+  return params_.data() + model_->tensor_offset(t);
 }
 float* ReplicatedStrategy::grad(int t) const {
-  return grads_.data() + tensor_offset(cfg_.model, t);
+  return grads_.data() + model_->tensor_offset(t);
 }
 
 void ReplicatedStrategy::setup() {
-  const ModelConfig& m = cfg_.model;
+  const Model& m = *model_;
   backend_.tracker().mark(Phase::setup);
   params_ = init_params(0, m.params());
   grads_ = zeros(Category::grad, static_cast<std::size_t>(m.params()));
@@ -63,18 +60,18 @@ void ReplicatedStrategy::reduce_gradients() {
 
 void ReplicatedStrategy::update_owned(int step) {
   std::vector<AdamWTensor> list;
-  for (int t = 0; t < cfg_.model.param_tensors(); ++t) {
+  for (int t = 0; t < model_->param_tensors(); ++t) {
     if (!owns(t)) continue;
     AdamState& s = state_[t];
     backend_.fill(s.step.data(), static_cast<float>(step), 1);
     list.push_back({param(t), grad(t), s.exp_avg.data(), s.exp_avg_sq.data(),
-                    static_cast<std::size_t>(cfg_.model.tensor_elems(t)), step});
+                    static_cast<std::size_t>(model_->tensor_elems(t)), step});
   }
   if (!list.empty()) backend_.adamw(hyper_, list);
 }
 
 HostState ReplicatedStrategy::gather_state() {
-  const ModelConfig& m = cfg_.model;
+  const Model& m = *model_;
   HostState h;
   h.params = download(params_);
   h.grads = download(grads_);
@@ -89,7 +86,7 @@ HostState ReplicatedStrategy::gather_state() {
     }
     comm_.broadcast(tmp.data(), 2 * n, owner(t));
     const std::vector<float> both = download(tmp);
-    const std::int64_t off = tensor_offset(m, t);
+    const std::int64_t off = m.tensor_offset(t);
     std::copy(both.begin(), both.begin() + static_cast<std::ptrdiff_t>(n), h.exp_avg.begin() + off);
     std::copy(both.begin() + static_cast<std::ptrdiff_t>(n), both.end(), h.exp_avg_sq.begin() + off);
   }

@@ -18,7 +18,7 @@ class ReplicatedStrategy : public DataParallelStrategy {
   HostState gather_state() override;
 
  protected:
-  LayerAccess& access() override { return access_; }
+  BlockAccess& access() override { return access_; }
   void reduce_gradients() override;
   // Which tensors this rank keeps optimizer state for and updates.
   virtual bool owns(int tensor) const = 0;
@@ -40,6 +40,7 @@ class ReplicatedStrategy : public DataParallelStrategy {
   std::vector<std::pair<std::int64_t, std::int64_t>> buckets_;  // (offset, count) in reduce order
 };
 
-std::vector<std::pair<std::int64_t, std::int64_t>> ddp_buckets(const ModelConfig& m, double bucket_mb);
+// (offset, count) of each bucket in the flat vector, in reduce order.
+std::vector<std::pair<std::int64_t, std::int64_t>> ddp_buckets(const Model& m, double bucket_mb);
 
 }  // namespace shardscope

@@ -11,7 +11,7 @@ namespace {
 class Zero1 final : public ReplicatedStrategy {
  public:
   explicit Zero1(const StrategyContext& ctx)
-      : ReplicatedStrategy(ctx), owners_(zero1_owners(ctx.cfg.model, ctx.comm.world())) {}
+      : ReplicatedStrategy(ctx), owners_(zero1_owners(model_->tensor_sizes(), ctx.comm.world())) {}
 
  protected:
   bool owns(int t) const override { return owners_[t] == comm_.rank(); }
@@ -19,9 +19,9 @@ class Zero1 final : public ReplicatedStrategy {
   void optimizer_step(int step) override {
     update_owned(step);
     backend_.tracker().mark(Phase::communication);
-    for (int t = 0; t < cfg_.model.param_tensors(); ++t) {
+    for (int t = 0; t < model_->param_tensors(); ++t) {
       backend_.tracker().mark(Phase::communication, {PlaceKind::tensor, t});
-      comm_.broadcast(param(t), static_cast<std::size_t>(cfg_.model.tensor_elems(t)), owners_[t]);
+      comm_.broadcast(param(t), static_cast<std::size_t>(model_->tensor_elems(t)), owners_[t]);
     }
   }
 

@@ -12,6 +12,7 @@
 namespace shardscope {
 
 struct ModelConfig {
+  std::string name = "mlp";  // --model: the registry's entry (harness/model/registry.cpp)
   int layers = 8;
   int width = 256;
   int batch = 32;  // rows per rank (data parallel) or per pipeline (pipeline)

@@ -10,7 +10,7 @@
 
 #include "harness/backends/cpu_backend.hpp"
 #include "harness/model/data.hpp"
-#include "harness/model/mlp.hpp"
+#include "harness/model/model.hpp"
 #include "harness/strategies/data_parallel.hpp"
 #include "kernels/host_ops.hpp"
 #include "shardscope/predict.hpp"
@@ -50,13 +50,14 @@ inline HostState reference_training(const RunConfig& cfg, int world) {
   const ModelConfig& m = cfg.model;
   CpuBackend backend;
   SavedTensors saved;
-  Mlp mlp(backend, m, saved);
+  const std::unique_ptr<Model> model = make_model(m);
   HostState h;
   h.params = init_flat_slice(cfg, 0, m.params());
   h.grads.assign(static_cast<std::size_t>(m.params()), 0.0f);
   h.exp_avg.assign(h.grads.size(), 0.0f);
   h.exp_avg_sq.assign(h.grads.size(), 0.0f);
-  FlatAccess access(m, h.params.data(), h.grads.data());
+  FlatAccess access(*model, h.params.data(), h.grads.data());
+  ModelContext mc{backend, saved, access};
   const int rows = m.batch * world;
   for (int s = 0; s < cfg.steps; ++s) {
     std::vector<float> x;
@@ -66,9 +67,9 @@ inline HostState reference_training(const RunConfig& cfg, int world) {
     }
     std::vector<float> target(x.size(), 1.0f);
     saved.reset();
-    Tape tape = mlp.forward(0, m.layers, x.data(), rows, false, access);
-    mlp.loss_forward(tape, target.data(), m.loss == Loss::sum ? 1.0f / static_cast<float>(world) : 1.0f);
-    mlp.backward(tape, Buffer{}, access, 0.0f);
+    Tape tape = model->forward(mc, 0, model->blocks(), x.data(), rows, false);
+    model->loss_forward(mc, tape, target.data(), m.loss == Loss::sum ? 1.0f / static_cast<float>(world) : 1.0f);
+    model->backward(mc, tape, Buffer{}, 0.0f);
     std::vector<AdamWTensor> list;
     for (int t = 0; t < m.param_tensors(); ++t) {
       const std::int64_t off = tensor_offset(m, t);

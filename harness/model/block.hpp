@@ -1,0 +1,98 @@
+// One block of a model: the unit strategies shard (FSDP units are K blocks), pipelines
+// place (a stage holds a contiguous range of blocks) and the engine runs forward and
+// backward through. A model is an ordered sequence of blocks plus its loss (model.hpp).
+//
+// A block says which parameter tensors it has (names and torch shapes, in torch's
+// order), and runs its forward and backward on any Backend: it allocates what it makes
+// with the category docs/design.md §1 gives it, and records in the SavedTensors instrument what
+// torch's autograd would save for backward, releasing it as backward consumes it.
+// Activations are (rows, features) fp32, row-major.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/model/saved_tensors.hpp"
+#include "shardscope/backend.hpp"
+
+namespace shardscope {
+
+// One parameter tensor of a block.
+struct ParamSpec {
+  std::string name;                 // torch's name within the block: "weight", "bias"
+  std::vector<std::int64_t> shape;  // torch's shape: a Linear weight is (out, in)
+  float init_bound = 0.0f;          // initialised uniform in [-init_bound, init_bound)
+
+  std::int64_t elems() const;
+};
+
+// How a block reaches its parameters and gradient slots: tensor t of block b, in the
+// block's params() order. Strategies that gather parameters (ZeRO-2/3) do it in the
+// hooks, which the model calls around each block, before the pointers are asked for.
+class BlockAccess {
+ public:
+  virtual ~BlockAccess() = default;
+  virtual const float* param(int block, int tensor) = 0;
+  virtual float* grad(int block, int tensor) = 0;
+  virtual void before_forward(int /*block*/) {}
+  virtual void after_forward(int /*block*/) {}
+  virtual void before_backward(int /*block*/) {}
+  virtual void after_backward(int /*block*/) {}
+};
+
+// What a block's forward and backward run with: the backend, the instrument, the
+// parameters, and which block of the model it is.
+struct BlockCall {
+  Backend& backend;
+  SavedTensors& saved;
+  BlockAccess& access;
+  int index = 0;  // the block's position in the model
+  int rows = 0;
+};
+
+// What one block keeps from its forward for its backward, besides its input and its
+// output (the model's tape holds those): buffers it allocated and saved, and, between
+// the zero-bubble halves, what the weight half needs (the gradients at its weights).
+struct BlockTape {
+  std::vector<Buffer> held;
+};
+
+class Block {
+ public:
+  virtual ~Block() = default;
+
+  // Names the block in profiler ranges ("forward layer 3") and messages.
+  virtual std::string name() const = 0;
+  virtual const std::vector<ParamSpec>& params() const = 0;
+  // Elements of the block's output for `rows` input rows (its input has as many).
+  virtual std::int64_t output_elems(int rows) const = 0;
+  // Whether autograd saves the block's input (its first op does: a Linear does) and
+  // its output (its last op does: ReLU does). The model decides from these whether
+  // an output is an activation (someone saves it) or a temporary.
+  virtual bool saves_input() const = 0;
+  virtual bool saves_output() const = 0;
+
+  // Forward of call.rows rows: allocates and returns the output (category activation
+  // when `output_saved`, else temp) and records its saves. `input` is owned by the
+  // caller and lives until this block's backward has released it.
+  virtual Buffer forward(const BlockCall& call, const float* input, bool input_requires_grad,
+                         bool output_saved, BlockTape& tape) = 0;
+
+  // Whole backward: consumes `dy` (the gradient of the output) and the output's saves,
+  // writes the parameter gradients with `beta` (0 overwrite, 1 accumulate), releases
+  // every save, frees `dy` and `output`, and returns dx (temp) when `needs_dx`.
+  virtual Buffer backward(const BlockCall& call, const float* input, Buffer& output, Buffer dy,
+                          bool needs_dx, float beta, BlockTape& tape) = 0;
+
+  // Zero-bubble halves. B: returns the input gradient (when `needs_dx`) and keeps in
+  // `tape` what W needs; frees `output` once it is done with it when `free_output` (no
+  // later block of the segment takes it as input).
+  virtual Buffer backward_input(const BlockCall& call, Buffer& output, Buffer dy, bool needs_dx,
+                                bool free_output, BlockTape& tape) = 0;
+  // W: the parameter gradients from what B kept; releases the remaining saves and frees
+  // what B kept.
+  virtual void backward_weight(const BlockCall& call, const float* input, float beta, BlockTape& tape) = 0;
+};
+
+}  // namespace shardscope

@@ -1,0 +1,173 @@
+#include "harness/model/model.hpp"
+
+#include <algorithm>
+
+#include "harness/model/data.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+namespace {
+
+// A block's profiler range: "forward layer 3".
+std::string block_range(const char* what, const Block& block) { return std::string(what) + " " + block.name(); }
+
+}  // namespace
+
+std::int64_t ParamSpec::elems() const {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) n *= d;
+  return n;
+}
+
+Model::Model(std::vector<std::unique_ptr<Block>> blocks, std::unique_ptr<ModelLoss> loss)
+    : blocks_(std::move(blocks)), loss_(std::move(loss)) {
+  tensor_offset_.push_back(0);
+  for (const auto& b : blocks_) {
+    first_tensor_.push_back(static_cast<int>(tensors_.size()));
+    for (const ParamSpec& p : b->params()) {
+      tensors_.push_back(&p);
+      tensor_offset_.push_back(tensor_offset_.back() + p.elems());
+    }
+  }
+  first_tensor_.push_back(static_cast<int>(tensors_.size()));
+}
+
+std::vector<std::int64_t> Model::tensor_sizes() const {
+  std::vector<std::int64_t> out;
+  for (int t = 0; t < param_tensors(); ++t) out.push_back(tensor_elems(t));
+  return out;
+}
+
+std::vector<std::int64_t> Model::block_sizes() const {
+  std::vector<std::int64_t> out;
+  for (int b = 0; b < blocks(); ++b) out.push_back(block_elems(b));
+  return out;
+}
+
+std::vector<float> Model::init_flat_slice(std::uint64_t seed, std::int64_t begin, std::int64_t count) const {
+  std::vector<float> out(static_cast<std::size_t>(count), 0.0f);
+  const std::int64_t end = std::min(begin + count, params());
+  // The first tensor that reaches past `begin`, then on while tensors start before `end`.
+  int t = static_cast<int>(std::upper_bound(tensor_offset_.begin(), tensor_offset_.end(), begin) -
+                           tensor_offset_.begin()) - 1;
+  for (t = std::max(t, 0); t < param_tensors() && tensor_offset(t) < end; ++t) {
+    const std::int64_t t0 = tensor_offset(t);
+    const std::int64_t lo = std::max(begin, t0);
+    const std::int64_t hi = std::min(end, t0 + tensor_elems(t));
+    if (lo < hi) init_uniform_slice(seed, t, tensor(t).init_bound, lo - t0, hi - lo, out.data() + (lo - begin));
+  }
+  return out;
+}
+
+bool Model::output_saved(int b, int last) const {
+  if (block(b).saves_output()) return true;
+  if (b + 1 < last) return block(b + 1).saves_input();
+  return b + 1 == blocks() && loss_->saves_input();
+}
+
+const float* Model::block_input(const Tape& tape, int b) const {
+  return b == tape.first ? tape.input : tape.outputs[b - 1 - tape.first].data();
+}
+
+Tape Model::forward(ModelContext& ctx, int first, int last, const float* input, int rows,
+                    bool input_requires_grad) {
+  Tape tape;
+  tape.first = first;
+  tape.last = last;
+  tape.rows = rows;
+  tape.input = input;
+  tape.input_requires_grad = input_requires_grad;
+  tape.blocks.resize(static_cast<std::size_t>(last - first));
+  const float* in = input;
+  bool in_requires_grad = input_requires_grad;
+  for (int b = first; b < last; ++b) {
+    ctx.backend.tracker().mark(Phase::forward, {PlaceKind::layer, b});
+    ctx.access.before_forward(b);
+    Buffer out;
+    {
+      // The block's range closes before the hooks' work (a zero3 reshard), so a unit's
+      // range (opened and closed by the hooks) nests around its blocks'.
+      ScopedRange range(ctx.backend, block_range("forward", block(b)).c_str());
+      out = blocks_[b]->forward(call(ctx, b, rows), in, in_requires_grad, output_saved(b, last),
+                                tape.blocks[b - first]);
+    }
+    ctx.access.after_forward(b);
+    in = out.data();
+    in_requires_grad = true;
+    tape.outputs.push_back(std::move(out));
+  }
+  return tape;
+}
+
+float Model::loss_forward(ModelContext& ctx, Tape& tape, const float* target, float scale) {
+  SHARDSCOPE_REQUIRE(tape.last == blocks(), "loss on a tape that does not end the model");
+  tape.has_loss = true;
+  tape.loss_scale = scale;
+  tape.target = target;
+  Buffer value = ctx.backend.alloc(Category::temp, 1);  // the loss scalar
+  loss_->forward(ctx.backend, ctx.saved, tape.output(), target, tape.rows, scale, value.data());
+  float host = 0.0f;
+  ctx.backend.download(&host, value.data(), 1);
+  // An output nobody saved is not needed by backward (sum's gradient is constant).
+  if (!output_saved(tape.last - 1, tape.last)) tape.outputs.back().reset();
+  return host;
+}
+
+Buffer Model::loss_gradient(ModelContext& ctx, Tape& tape) {
+  ctx.backend.tracker().mark(Phase::backward, {PlaceKind::layer, tape.last - 1});
+  const float* y = tape.outputs.back() ? tape.output() : nullptr;
+  return loss_->backward(ctx.backend, ctx.saved, y, tape.target, tape.rows, tape.loss_scale);
+}
+
+Buffer Model::backward(ModelContext& ctx, Tape& tape, Buffer dy, float beta) {
+  ctx.saved.begin_backward();
+  if (tape.has_loss) dy = loss_gradient(ctx, tape);
+  for (int b = tape.last - 1; b >= tape.first; --b) {
+    ctx.backend.tracker().mark(Phase::backward, {PlaceKind::layer, b});
+    ctx.access.before_backward(b);
+    Buffer dx;
+    {
+      // Closes before the hooks' reduce-scatter.
+      ScopedRange range(ctx.backend, block_range("backward", block(b)).c_str());
+      const bool needs_dx = b > tape.first || tape.input_requires_grad;
+      const int j = b - tape.first;
+      dx = blocks_[b]->backward(call(ctx, b, tape.rows), block_input(tape, b), tape.outputs[j], std::move(dy),
+                                needs_dx, beta, tape.blocks[j]);
+    }
+    ctx.access.after_backward(b);
+    dy = std::move(dx);
+  }
+  return dy;
+}
+
+Buffer Model::backward_input(ModelContext& ctx, Tape& tape, Buffer dy) {
+  ctx.saved.begin_backward();
+  if (tape.has_loss) dy = loss_gradient(ctx, tape);
+  for (int b = tape.last - 1; b >= tape.first; --b) {
+    ctx.backend.tracker().mark(Phase::backward, {PlaceKind::layer, b});
+    ctx.access.before_backward(b);
+    ScopedRange range(ctx.backend, block_range("backward-input", block(b)).c_str());
+    const bool needs_dx = b > tape.first || tape.input_requires_grad;
+    const int j = b - tape.first;
+    // The segment's last output is no block's input: its block frees it once done.
+    dy = blocks_[b]->backward_input(call(ctx, b, tape.rows), tape.outputs[j], std::move(dy), needs_dx,
+                                    b == tape.last - 1, tape.blocks[j]);
+  }
+  return dy;
+}
+
+void Model::backward_weight(ModelContext& ctx, Tape& tape, float beta) {
+  for (int b = tape.last - 1; b >= tape.first; --b) {
+    ctx.backend.tracker().mark(Phase::backward, {PlaceKind::layer, b});
+    {
+      ScopedRange range(ctx.backend, block_range("backward-weight", block(b)).c_str());
+      const int j = b - tape.first;
+      blocks_[b]->backward_weight(call(ctx, b, tape.rows), block_input(tape, b), beta, tape.blocks[j]);
+      // The block's input, when another block of the segment made it, is needed no more.
+      if (b > tape.first) tape.outputs[j - 1].reset();
+    }
+    ctx.access.after_backward(b);
+  }
+}
+
+}  // namespace shardscope

@@ -1,0 +1,129 @@
+// A model: an ordered sequence of blocks (block.hpp) and the loss after the last one,
+// built from the config by the registry (harness/model/registry.cpp: --model mlp).
+//
+// Parameters are numbered in torch's order: the blocks' tensors one after the other
+// (block 0's in its params() order, then block 1's, ...); the model's flat parameter
+// vector concatenates them in that order. Strategies partition that (zero1: whole
+// tensors; FSDP: units of K blocks, each a flat parameter), pipeline stages hold
+// contiguous ranges of blocks.
+//
+// The engine runs a contiguous range of blocks [first, last) forward and backward and
+// keeps what backward needs in a Tape; strategies reach parameters through a
+// BlockAccess and see each block's hooks around it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/model/block.hpp"
+#include "shardscope/config.hpp"
+
+namespace shardscope {
+
+// What one forward over blocks [first, last) keeps for its backward.
+struct Tape {
+  int first = 0;
+  int last = 0;
+  int rows = 0;
+  bool input_requires_grad = false;
+  const float* input = nullptr;  // owned by the caller, kept alive by it
+  std::vector<Buffer> outputs;   // outputs[j]: output of block first + j
+  std::vector<BlockTape> blocks; // blocks[j]: what block first + j keeps besides those
+  bool has_loss = false;
+  float loss_scale = 1.0f;
+  const float* target = nullptr;  // the loss's target, owned by the caller
+
+  const float* output() const { return outputs.back().data(); }
+};
+
+// The loss after the model's last block: a scalar from its output and the target.
+class ModelLoss {
+ public:
+  virtual ~ModelLoss() = default;
+  // Whether the loss saves its input (the last block's output) for backward.
+  virtual bool saves_input() const = 0;
+  // Records its saves and writes the loss of `output` (rows of the last block's
+  // output), scaled by `scale`, to `value` (one float on the backend).
+  virtual void forward(Backend& backend, SavedTensors& saved, const float* output, const float* target,
+                       int rows, float scale, float* value) = 0;
+  // The gradient of the scaled loss at `output` (nullptr when not saved), (temp);
+  // releases the loss's saves.
+  virtual Buffer backward(Backend& backend, SavedTensors& saved, const float* output, const float* target,
+                          int rows, float scale) = 0;
+};
+
+// What the engine runs with: the backend, the saved-tensor instrument and the access
+// to parameters (with the strategy's hooks).
+struct ModelContext {
+  Backend& backend;
+  SavedTensors& saved;
+  BlockAccess& access;
+};
+
+class Model {
+ public:
+  Model(std::vector<std::unique_ptr<Block>> blocks, std::unique_ptr<ModelLoss> loss);
+
+  // ---- shape ----
+  int blocks() const { return static_cast<int>(blocks_.size()); }
+  const Block& block(int b) const { return *blocks_[b]; }
+  // Parameter tensors of the whole model, in torch order.
+  int param_tensors() const { return static_cast<int>(tensors_.size()); }
+  std::int64_t params() const { return tensor_offset_.back(); }
+  const ParamSpec& tensor(int t) const { return *tensors_[t]; }
+  std::int64_t tensor_elems(int t) const { return tensors_[t]->elems(); }
+  std::int64_t tensor_offset(int t) const { return tensor_offset_[t]; }  // in the flat vector
+  // Block b's tensors are [first_tensor(b), first_tensor(b + 1)); first_tensor(blocks()) = T.
+  int first_tensor(int b) const { return first_tensor_[b]; }
+  // Block b's parameters are [block_offset(b), block_offset(b + 1)) of the flat vector.
+  std::int64_t block_offset(int b) const { return tensor_offset_[first_tensor_[b]]; }
+  std::int64_t block_elems(int b) const { return block_offset(b + 1) - block_offset(b); }
+  // Elements of every tensor, every block: what the partitions (partition.hpp) take.
+  std::vector<std::int64_t> tensor_sizes() const;
+  std::vector<std::int64_t> block_sizes() const;
+
+  // Elements [begin, begin + count) of the flat parameter vector at initialisation
+  // (each tensor uniform in +-init_bound, streams by tensor index); positions past the
+  // end (FSDP padding) are zero.
+  std::vector<float> init_flat_slice(std::uint64_t seed, std::int64_t begin, std::int64_t count) const;
+
+  // Whether block b's output is saved for backward when the segment ends at `last`:
+  // by the block itself, by the next block of the segment, or by the loss.
+  bool output_saved(int b, int last) const;
+
+  // ---- engine ----
+  // Forward through blocks [first, last) of `rows` rows.
+  Tape forward(ModelContext& ctx, int first, int last, const float* input, int rows, bool input_requires_grad);
+  // The loss of the model's output (the tape must end at the last block); returns its
+  // value scaled by `scale`.
+  float loss_forward(ModelContext& ctx, Tape& tape, const float* target, float scale);
+  // Whole backward of the tape. `dy` is the gradient of the segment's output (empty
+  // when the tape ends with the loss). Gradients are written with `beta` (0 overwrite,
+  // 1 accumulate). Returns dx (temp) when the input requires grad.
+  Buffer backward(ModelContext& ctx, Tape& tape, Buffer dy, float beta);
+  // Zero-bubble halves: B computes the input gradient, keeping in each block's tape
+  // what W needs; W computes the parameter gradients and frees what is left.
+  Buffer backward_input(ModelContext& ctx, Tape& tape, Buffer dy);
+  void backward_weight(ModelContext& ctx, Tape& tape, float beta);
+
+ private:
+  Buffer loss_gradient(ModelContext& ctx, Tape& tape);
+  const float* block_input(const Tape& tape, int b) const;
+  BlockCall call(ModelContext& ctx, int b, int rows) const { return {ctx.backend, ctx.saved, ctx.access, b, rows}; }
+
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::unique_ptr<ModelLoss> loss_;
+  std::vector<const ParamSpec*> tensors_;
+  std::vector<std::int64_t> tensor_offset_;  // T + 1 entries
+  std::vector<int> first_tensor_;            // blocks() + 1 entries
+};
+
+// The model cfg.model.name names (harness/model/registry.cpp); UsageError naming
+// --model for an unknown name.
+std::unique_ptr<Model> make_model(const ModelConfig& config);
+// The registered names, for --model's help and errors: "mlp".
+std::string model_names_text();
+
+}  // namespace shardscope

@@ -1,0 +1,12 @@
+// The models, one factory each (one line per model in registry.cpp).
+#pragma once
+
+#include <memory>
+
+#include "harness/model/model.hpp"
+
+namespace shardscope {
+
+std::unique_ptr<Model> make_mlp(const ModelConfig& config);  // mlp.cpp
+
+}  // namespace shardscope
