@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -49,7 +50,11 @@ TEST_F(SeedTable, DefaultSweepReproducesTheSeedsTablesByteForByte) {
   GTEST_SKIP() << "this build has no MPI: multi-rank jobs cannot start";
 #endif
   if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
-  ASSERT_EQ(shell("'" + bin_ + "' sweep --out '" + dir_ + "' > '" + dir_ + "/out.txt' 2> '" + dir_ + "/err.txt'"), 0);
+  ASSERT_EQ(shell("'" + bin_ + "' sweep --out '" + dir_ + "' > '" + dir_ + "/out.txt' 2> '" + dir_ + "/err.txt'"), 0)
+      << [&] {
+           std::ifstream err(dir_ + "/err.txt");
+           return std::string(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
+         }();
   // stdout holds the tables, every line within 120 columns; the progress is on stderr.
   {
     std::ifstream out(dir_ + "/out.txt");
