@@ -11,7 +11,7 @@ if(NOT ROOT)
 endif()
 
 set(lower kernels include harness/backends harness/comm harness/common harness/memory harness/model
-          harness/pipeline harness/predict harness/run harness/schedules harness/strategies)
+          harness/pipeline harness/predict harness/records harness/run harness/schedules harness/strategies)
 set(problems "")
 set(files "")
 foreach(folder IN LISTS lower)

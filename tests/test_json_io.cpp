@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "harness/records/json_write.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/run/provenance.hpp"
 #include "shardscope/check.hpp"
@@ -230,7 +231,7 @@ TEST_F(JsonIo, ReadErrorsNameTheFile) {
 }
 
 TEST(Provenance, HasEveryFieldAndNullsForNoDevice) {
-  const nlohmann::json p = provenance("shardscope run --layers 8", "", "", "");
+  const nlohmann::json p = to_json(provenance("shardscope run --layers 8", "", "", ""));
   for (const char* key : {"git", "command", "host", "cpu", "gpu", "blas", "mpi", "nccl", "cuda"})
     EXPECT_TRUE(p.contains(key)) << key;
   EXPECT_EQ(p["command"], "shardscope run --layers 8");
@@ -251,7 +252,7 @@ TEST(Provenance, HasEveryFieldAndNullsForNoDevice) {
 #else
   EXPECT_TRUE(p["mpi"].is_null());
 #endif
-  EXPECT_EQ(provenance("x", "NVIDIA H200", "13.0", "2.28.9")["gpu"], "NVIDIA H200");
+  EXPECT_EQ(provenance("x", "NVIDIA H200", "13.0", "2.28.9").gpu, "NVIDIA H200");
 }
 
 TEST(Provenance, CommandLineQuoting) {

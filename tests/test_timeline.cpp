@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "harness/backends/cpu_backend.hpp"
+#include "harness/records/json_write.hpp"
 #include "harness/run/records.hpp"
 #include "harness/pipeline/run_pipeline.hpp"
 #include "shardscope/timeline.hpp"
@@ -148,7 +149,7 @@ TEST(Timeline, CoalescingPastTheLimitKeepsThePeakAndSaysSo) {
   for (std::size_t i = 1; i < tl.samples().size(); ++i)
     EXPECT_GE(tl.samples()[i].t_ns, tl.samples()[i - 1].t_ns) << "samples stay in time order";
 
-  const nlohmann::json j = timeline_json(tl);
+  const nlohmann::json j = to_json(timeline_record(tl));
   EXPECT_EQ(j["coalesced"], true);
   EXPECT_EQ(j["merged_events"], tl.merged_events());
   EXPECT_EQ(j["memory"].size(), tl.samples().size() + 1);
@@ -176,7 +177,7 @@ TEST(Timeline, SpansNestCarryBytesAndStayBounded) {
   const Timeline& tl = be.tracker().timeline();
   ASSERT_EQ(tl.spans().size(), 3u);
   EXPECT_EQ(tl.open_spans(), 0u);
-  const nlohmann::json j = timeline_json(tl);
+  const nlohmann::json j = to_json(timeline_record(tl));
   ASSERT_EQ(j["spans"].size(), 3u);
   const auto& spans = j["spans"];
   EXPECT_EQ(spans[0]["name"], "step");  // by start, the parent first
@@ -214,7 +215,7 @@ TEST(Timeline, JsonHasTheDocumentedShape) {
   }
   be.tracker().mark(Phase::backward, {PlaceKind::unit, 1});
   Buffer g = be.alloc(Category::grad_unsharded, 4);
-  const nlohmann::json j = timeline_json(be.tracker().timeline());
+  const nlohmann::json j = to_json(timeline_record(be.tracker().timeline()));
   EXPECT_EQ(j["unit"], "ms since the run started");
   EXPECT_EQ(j["coalesced"], false);
   EXPECT_EQ(j["merged_events"], 0);
@@ -327,7 +328,7 @@ TEST(Timeline, PipelineStageRecordCarriesItsTimeline) {
     CpuBackend be;
     be.tracker().set_recording(record);
     auto comm = make_communicator(CommOptions{"fake", 2, 1}, &be);
-    const nlohmann::json r = run_pipeline(cfg, be, *comm);
+    const nlohmann::json r = to_json(run_pipeline(cfg, be, *comm));
     EXPECT_EQ(r.contains("timeline"), record);
     if (!record) continue;
     const nlohmann::json& t = r["timeline"];

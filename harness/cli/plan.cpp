@@ -11,6 +11,7 @@
 #include "harness/cli/sweep_results.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/table.hpp"
+#include "harness/records/json_write.hpp"
 #include "harness/run/records.hpp"
 #include "harness/run/run.hpp"
 #include "harness/pipeline/run_pipeline.hpp"
@@ -100,7 +101,7 @@ json plan_data_parallel(const RunConfig& cfg, int world, const std::optional<std
   json groups = json::array();
   const std::vector<Prediction> predicted = predict_data_parallel_ranks(cfg, world);
   for (int r = 0; r < world; ++r) {
-    json p = prediction_json(predicted[r]);
+    json p = to_json(rank_predicted(predicted[r]));
     if (!groups.empty() && groups.back()["predicted"] == p) {
       groups.back()["last"] = r;
       continue;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/records/json_write.hpp"
 #include "harness/report/csv.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/table.hpp"
@@ -46,8 +47,8 @@ void run_and_write(const RunConfig& cfg, MpiSession& mpi, std::ostream& out) {
   // (rank 0 checks, every rank learns the verdict): a refused run creates nothing.
   const JobSetup setup = prepare_job(cfg, mpi);
   check_run_outputs(cfg, mpi);
-  const std::optional<nlohmann::json> doc = run_job(cfg, setup, mpi);
-  if (doc) write_run_outputs(*doc, cfg, out);
+  const std::optional<ResultDocument> doc = run_job(cfg, setup, mpi);
+  if (doc) write_run_outputs(to_json(*doc), cfg, out);
 }
 
 }  // namespace shardscope

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "harness/pipeline/run_pipeline.hpp"
+#include "harness/records/json_write.hpp"
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/table.hpp"
@@ -42,6 +43,33 @@ json common_value(const std::vector<json>& runs, const char* key, const json& no
 // action times, as a run of all stages in one job computes it (fill_replayed_bubbles).
 // Each stage's wall-clock bubble is null: it ran alone, its waits for its neighbours were
 // not waits. Without a whole set of action times the replayed figures stay null.
+// The stages' action times as records (only what the replay reads), the replay, and its
+// figures written back into the stages. The merged run is still JSON here: the sweep
+// reads its jobs' files as JSON and merges them before anything else reads them.
+json replay_stages(const RunConfig& cfg, json& stages) {
+  std::vector<StageRecord> records;
+  for (const json& st : stages) {
+    StageRecord r;
+    r.stage = st.value("stage", -1);
+    r.world = st.value("world", 0);
+    const auto it = st.find("action_ms");
+    if (it != st.end() && it->is_array()) {
+      r.action_ms.emplace();
+      for (const json& a : *it)
+        r.action_ms->push_back({a.at("action").get<std::string>(), a.at("microbatch").get<int>(),
+                                a.at("chunk").get<int>(), a.at("ms").get<double>()});
+    }
+    records.push_back(std::move(r));
+  }
+  const std::optional<double> makespan = fill_replayed_bubbles(cfg, records);
+  if (!makespan) return nullptr;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    stages[i]["bubble_fraction_replayed"] = *records[i].bubble_fraction_replayed;
+    stages[i]["replayed_makespan_ms"] = *makespan;
+  }
+  return *makespan;
+}
+
 void replay_emulated_pipeline(json& run) {
   RunConfig cfg;
   cfg.schedule = run.value("schedule", std::string());
@@ -54,7 +82,7 @@ void replay_emulated_pipeline(json& run) {
   run["replayed_makespan_ms"] = nullptr;
   if (cfg.schedule.empty()) return;
   try {
-    run["replayed_makespan_ms"] = fill_replayed_bubbles(cfg, run["stages"]);
+    run["replayed_makespan_ms"] = replay_stages(cfg, run["stages"]);
   } catch (const std::exception& e) {  // a schedule or stage list the replay refuses
     throw RunError("emulated stages cannot be replayed: " + std::string(e.what()));
   }
@@ -178,7 +206,7 @@ json skipped_record(const SweepJob& job, const std::string& reason) {
 
 json sweep_document(const std::vector<json>& runs, const json& first_provenance, const std::string& command,
                     bool emulate, std::size_t jobs, const std::string& error) {
-  json prov = first_provenance.is_object() ? first_provenance : provenance(command, "", "", "");
+  json prov = first_provenance.is_object() ? first_provenance : to_json(provenance(command, "", "", ""));
   prov["command"] = command;
   const auto skipped = static_cast<std::size_t>(std::count_if(runs.begin(), runs.end(), is_skipped));
   json sweep = {{"jobs", jobs}, {"skipped", skipped}, {"complete", error.empty()}};

@@ -12,28 +12,31 @@
 
 #include "harness/pipeline/peak_walk.hpp"
 #include "harness/pipeline/pipeline_stage.hpp"
+#include "harness/records/json_write.hpp"
 #include "harness/run/records.hpp"
 #include "shardscope/check.hpp"
 #include "shardscope/schedule.hpp"
 
 namespace shardscope {
 
-namespace {
-
-nlohmann::json layer_range(const PipelineLayout& layout, int vstage) {
-  return nlohmann::json::array({layout.first_layer(vstage), layout.end_layer(vstage) - 1});
+void stage_layers(const PipelineLayout& layout, int stage, LayerRange* layers,
+                  std::optional<std::vector<LayerRange>>* chunks_layers) {
+  const Schedule& sched = layout.schedule;
+  auto range = [&](int vstage) { return LayerRange{layout.first_layer(vstage), layout.end_layer(vstage) - 1}; };
+  *layers = range(vstage_of(sched, stage, 0));
+  chunks_layers->reset();
+  if (layout.chunks() > 1) {
+    chunks_layers->emplace();
+    for (int c = 0; c < layout.chunks(); ++c) (*chunks_layers)->push_back(range(vstage_of(sched, stage, c)));
+  }
 }
 
-}  // namespace
-
 void add_stage_layers(const PipelineLayout& layout, int stage, nlohmann::json& record) {
-  const Schedule& sched = layout.schedule;
-  record["layers"] = layer_range(layout, vstage_of(sched, stage, 0));
-  if (layout.chunks() > 1) {
-    nlohmann::json all = nlohmann::json::array();
-    for (int c = 0; c < layout.chunks(); ++c) all.push_back(layer_range(layout, vstage_of(sched, stage, c)));
-    record["chunks_layers"] = all;
-  }
+  StageRecord r;
+  stage_layers(layout, stage, &r.layers, &r.chunks_layers);
+  const nlohmann::json j = to_json(r);
+  record["layers"] = j["layers"];
+  if (j.contains("chunks_layers")) record["chunks_layers"] = j["chunks_layers"];
 }
 
 StageForms stage_forms(const PipelineShape& shape, int s, const PipelineLayout* layout) {
@@ -45,46 +48,56 @@ StageForms stage_forms(const PipelineShape& shape, int s, const PipelineLayout* 
   return forms;
 }
 
+StagePredicted stage_predicted(const StageForms& forms, const Schedule& sched, int s) {
+  StagePredicted p;
+  p.saved = {forms.saved.peak_live_tensors, forms.saved.peak_live_bytes, forms.saved.total_tensors,
+             forms.saved.before_first_backward};
+  p.resting_total = forms.resting.total();
+  p.peak_total = forms.peak.total();
+  p.peak_by_category = category_figures(forms.peak);
+  // Sent, and as many received: p2p.sent_bytes, p2p.recv_bytes; comm_bytes is both.
+  p.p2p_sent_bytes = forms.p2p_sent_bytes;
+  p.comm_bytes = 2 * forms.p2p_sent_bytes;
+  // From F to B (docs/design.md §4's theory), and until the last backward action, which is how
+  // long saved tensors stay (differs for zb-h1): counted on the schedule's lists beside
+  // their formulas.
+  p.peak_live_microbatches = peak_live_microbatches(sched, s);
+  p.peak_live_microbatches_theory = peak_live_microbatches_theory(sched, s);
+  p.peak_held_microbatches = peak_held_microbatches(sched, s);
+  p.peak_held_microbatches_theory = peak_held_microbatches_theory(sched, s);
+  return p;
+}
+
 nlohmann::json stage_prediction_json(const StageForms& forms, const Schedule& sched, int s) {
-  return {{"peak_live_tensors", forms.saved.peak_live_tensors},
-          {"peak_live_bytes", forms.saved.peak_live_bytes},
-          {"total_tensors", forms.saved.total_tensors},
-          {"before_first_backward", forms.saved.before_first_backward},
-          {"resting_total", forms.resting.total()},
-          {"peak_total", forms.peak.total()},
-          {"peak_by_category", category_json(forms.peak)},
-          // Sent, and as many received: p2p.sent_bytes, p2p.recv_bytes; comm_bytes is both.
-          {"p2p_sent_bytes", forms.p2p_sent_bytes},
-          {"comm_bytes", 2 * forms.p2p_sent_bytes},
-          // From F to B (docs/design.md §4's theory), and until the last backward action, which
-          // is how long saved tensors stay (differs for zb-h1): counted on the
-          // schedule's lists beside their formulas.
-          {"peak_live_microbatches", peak_live_microbatches(sched, s)},
-          {"peak_live_microbatches_theory", peak_live_microbatches_theory(sched, s)},
-          {"peak_held_microbatches", peak_held_microbatches(sched, s)},
-          {"peak_held_microbatches_theory", peak_held_microbatches_theory(sched, s)}};
+  return to_json(stage_predicted(forms, sched, s));
 }
 
 void validate_pipeline(const RunConfig& cfg, int stages) { (void)pipeline_shape(cfg, stages); }
 
-nlohmann::json pipeline_header(const RunConfig& cfg, int stages) {
+PipelineRun pipeline_run(const RunConfig& cfg, int stages) {
   const PipelineShape shape = pipeline_shape(cfg, stages);
-  nlohmann::json run;
-  run["kind"] = "pipeline";
-  run["schedule"] = cfg.schedule;
-  run["world"] = stages;
-  run["microbatches"] = shape.microbatches;
-  run["chunks"] = shape.chunks;
-  run["steps"] = cfg.steps;
-  run["timed_steps"] = cfg.steps > 1 ? cfg.steps - 1 : 0;
-  run["seed"] = cfg.seed;
-  run["model"] = model_json(cfg.model);
-  run["split"] = shape.split;
-  run["microbatch_rows"] = tensor_split_sizes(cfg.model.batch, shape.microbatches);
+  PipelineRun run;
+  run.schedule = cfg.schedule;
+  run.world = stages;
+  run.microbatches = shape.microbatches;
+  run.chunks = shape.chunks;
+  run.steps = cfg.steps;
+  run.timed_steps = cfg.steps > 1 ? cfg.steps - 1 : 0;
+  run.seed = cfg.seed;
+  run.model = model_record(cfg.model);
+  run.split = shape.split;
+  run.microbatch_rows = tensor_split_sizes(cfg.model.batch, shape.microbatches);
   return run;
 }
 
-nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& comm) {
+nlohmann::json pipeline_header(const RunConfig& cfg, int stages) {
+  nlohmann::json run = to_json(RunRecord(pipeline_run(cfg, stages)));
+  for (const char* key : {"stages", "wall_makespan_ms", "replayed_makespan_ms", "backend", "comm", "emulated"})
+    run.erase(key);
+  return run;
+}
+
+StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& comm) {
   const int s = comm.rank();
   // The closed forms first, from the flags alone: the memory check compares their peak
   // before the stage builds its schedule, program or anything of the model's size.
@@ -111,7 +124,7 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
   PipelineStage stage(cfg, backend, comm);
   const PipelineLayout& layout = stage.layout();
   const Schedule& sched = layout.schedule;
-  const nlohmann::json predicted = stage_prediction_json(forms, sched, s);
+  const StagePredicted predicted = stage_predicted(forms, sched, s);
   {
     ScopedRange range(backend, "setup");
     stage.setup();
@@ -133,105 +146,88 @@ nlohmann::json run_pipeline(const RunConfig& cfg, Backend& backend, Communicator
 
   const Tracker& tr = backend.tracker();
   const SavedTensors& saved = stage.saved();
-  nlohmann::json r;
-  r["stage"] = s;
-  r["rank"] = comm.rank();
-  r["world"] = comm.world();
-  add_stage_layers(layout, s, r);
-  r["saved"] = {{"peak_live_tensors", saved.peak_live()},
-                {"peak_live_bytes", saved.peak_live_bytes()},
-                {"total_tensors", saved.total()},
-                {"before_first_backward", saved.before_first_backward()}};
-  r["predicted"] = predicted;
-  r["resting"] = category_json(tr.current());
-  const PeakRecord& peak = tr.peak();
-  r["peak"] = {{"total", peak.total},
-               {"phase", std::string(phase_name(peak.phase))},
-               {"where", stage.peak_where()},
-               {"by_category", category_json(peak.by_category)}};
-  add_allocator_figures(backend, r);
+  StageRecord r;
+  r.stage = s;
+  r.rank = comm.rank();
+  r.world = comm.world();
+  shardscope::stage_layers(layout, s, &r.layers, &r.chunks_layers);
+  r.saved = {saved.peak_live(), saved.peak_live_bytes(), saved.total(), saved.before_first_backward()};
+  r.predicted = predicted;
+  r.resting = category_figures(tr.current());
+  r.peak = peak_figures(tr.peak(), stage.peak_where());
+  r.allocator = allocator_figures(backend);
   const CommLedger& ledger = comm.ledger();
-  r["p2p"] = {{"sent_bytes", ledger[CollKind::send].bytes},
-              {"recv_bytes", ledger[CollKind::recv].bytes},
-              {"peak_comm_bytes", stage.peak_comm_bytes()}};
-  r["comm"] = comm_json(ledger, comm.world(), comm.emulated());
-  r["comm_bytes"] = ledger.total_bytes();
+  r.p2p_sent_bytes = ledger[CollKind::send].bytes;
+  r.p2p_recv_bytes = ledger[CollKind::recv].bytes;
+  r.p2p_peak_comm_bytes = stage.peak_comm_bytes();
+  r.comm = comm_figures(ledger, comm.world(), comm.emulated());
+  r.comm_bytes = ledger.total_bytes();
 
   double busy = 0.0;
-  nlohmann::json actions = nlohmann::json::array();
+  std::vector<ActionTime> actions;
   for (const ActionTiming& t : stage.action_ms()) {
     busy += t.ms;
-    actions.push_back({{"action", action_name(t.action.kind)},
-                       {"microbatch", t.action.microbatch},
-                       {"chunk", t.action.chunk},
-                       {"ms", t.ms}});
+    actions.push_back({action_name(t.action.kind), t.action.microbatch, t.action.chunk, t.ms});
   }
   // Action times are the last step's. With one step that step is the warm-up, which
   // nothing reports as a time (docs/design.md §6): busy, bubbles and action times are null then.
   const bool timed = step_ms.size() >= 2;
-  r["busy_ms"] = timed ? nlohmann::json(busy) : nlohmann::json(nullptr);
-  r["step_ms"] = step_ms_json(step_ms);
-  r["step_ms_all"] = step_ms;
+  if (timed) r.busy_ms = busy;
+  r.step_ms = time_summary(step_ms);
+  r.step_ms_all = step_ms;
   // The wall-clock bubble needs every stage's end (fill_wall_bubbles, once all stages
-  // are gathered); it means nothing for an emulated stage, whose peers never ran.
-  r["actions_end_ms"] = timed ? nlohmann::json(stage.actions_end_ms()) : nlohmann::json(nullptr);
-  r["bubble_fraction"] = nullptr;
-  r["bubble_fraction_replayed"] = nullptr;  // fill_replayed_bubbles, once all stages are gathered
-  r["bubble_fraction_theory"] = bubble_theory(sched);
-  r["action_ms"] = timed ? actions : nlohmann::json(nullptr);
-  r["loss"] = stage.holds_loss() ? nlohmann::json(losses) : nlohmann::json(nullptr);
-  if (tr.recording()) r["timeline"] = timeline_json(tr.timeline());
+  // are gathered); it means nothing for an emulated stage, whose peers never ran. The
+  // replayed one likewise (fill_replayed_bubbles).
+  if (timed) r.actions_end_ms = stage.actions_end_ms();
+  r.bubble_fraction_theory = bubble_theory(sched);
+  if (timed) r.action_ms = std::move(actions);
+  if (stage.holds_loss()) r.loss = losses;
+  if (tr.recording()) r.timeline = timeline_record(tr.timeline());
   return r;
 }
 
-nlohmann::json fill_wall_bubbles(nlohmann::json& stages) {
-  if (!stages.is_array() || stages.empty()) return nullptr;
+std::optional<double> fill_wall_bubbles(std::vector<StageRecord>& stages) {
+  if (stages.empty()) return std::nullopt;
   const int S = static_cast<int>(stages.size());
   double makespan = 0.0;
-  for (const auto& st : stages) {
+  for (const StageRecord& st : stages) {
     // One stage of a larger (emulated) pipeline, or an untimed stage: nothing to say.
-    if (!st.is_object() || st.value("world", S) != S) return nullptr;
-    const auto end = st.find("actions_end_ms");
-    const auto busy = st.find("busy_ms");
-    if (end == st.end() || !end->is_number() || busy == st.end() || !busy->is_number()) return nullptr;
-    makespan = std::max(makespan, end->get<double>());
+    if (st.world != S || !st.actions_end_ms || !st.busy_ms) return std::nullopt;
+    makespan = std::max(makespan, *st.actions_end_ms);
   }
-  if (makespan <= 0.0) return nullptr;
-  for (auto& st : stages) st["bubble_fraction"] = 1.0 - st["busy_ms"].get<double>() / makespan;
+  if (makespan <= 0.0) return std::nullopt;
+  for (StageRecord& st : stages) st.bubble_fraction = 1.0 - *st.busy_ms / makespan;
   return makespan;
 }
 
-nlohmann::json fill_replayed_bubbles(const RunConfig& cfg, nlohmann::json& stages) {
-  if (!stages.is_array() || stages.empty()) return nullptr;
+std::optional<double> fill_replayed_bubbles(const RunConfig& cfg, std::vector<StageRecord>& stages) {
+  if (stages.empty()) return std::nullopt;
   const int S = static_cast<int>(stages.size());
   // An emulated run reports one stage of a larger pipeline: nothing to replay.
-  for (const auto& st : stages)
-    if (!st.is_object() || st.value("world", S) != S) return nullptr;
-  std::vector<nlohmann::json*> by_stage(S, nullptr);
-  for (auto& st : stages) {
-    const int idx = st.value("stage", -1);
-    if (idx < 0 || idx >= S || by_stage[idx]) return nullptr;
-    by_stage[idx] = &st;
+  for (const StageRecord& st : stages)
+    if (st.world != S) return std::nullopt;
+  std::vector<StageRecord*> by_stage(S, nullptr);
+  for (StageRecord& st : stages) {
+    if (st.stage < 0 || st.stage >= S || by_stage[st.stage]) return std::nullopt;
+    by_stage[st.stage] = &st;
   }
   const Schedule sched = make_schedule(cfg.schedule, S, pipeline_microbatches(cfg, S), cfg.chunks);
   // (stage, kind, micro-batch, chunk) -> measured ms
   std::map<std::tuple<int, char, int, int>, double> ms;
   for (int st = 0; st < S; ++st) {
-    const auto it = by_stage[st]->find("action_ms");
-    if (it == by_stage[st]->end() || !it->is_array()) return nullptr;
-    for (const auto& a : *it)
-      ms[{st, a.at("action").get<std::string>().at(0), a.at("microbatch").get<int>(), a.at("chunk").get<int>()}] =
-          a.at("ms").get<double>();
+    if (!by_stage[st]->action_ms) return std::nullopt;
+    for (const ActionTime& a : *by_stage[st]->action_ms)
+      ms[{st, a.action.empty() ? '\0' : a.action[0], a.microbatch, a.chunk}] = a.ms;
   }
   for (int st = 0; st < S; ++st)
     for (const Action& a : sched.actions[st])
-      if (!ms.count({st, action_name(a.kind)[0], a.microbatch, a.chunk})) return nullptr;
+      if (!ms.count({st, action_name(a.kind)[0], a.microbatch, a.chunk})) return std::nullopt;
   const ReplayResult r = replay(sched, [&](int st, const Action& a) {
     return ms.at({st, action_name(a.kind)[0], a.microbatch, a.chunk});
   });
   for (int st = 0; st < S; ++st) {
-    (*by_stage[st])["bubble_fraction_replayed"] = r.bubble_fraction[st];
-    (*by_stage[st])["replayed_makespan_ms"] = r.makespan;
+    by_stage[st]->bubble_fraction_replayed = r.bubble_fraction[st];
+    by_stage[st]->replayed_makespan_ms = r.makespan;
   }
   return r.makespan;
 }

@@ -23,8 +23,9 @@ extern "C" char* openblas_get_config(void);
 namespace shardscope {
 namespace {
 
-nlohmann::json string_or_null(const std::string& s) {
-  return s.empty() ? nlohmann::json(nullptr) : nlohmann::json(s);
+std::optional<std::string> string_or_null(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  return s;
 }
 
 std::string trim(const std::string& s) {
@@ -50,7 +51,7 @@ std::string blas_description() {
 #endif
 }
 
-nlohmann::json mpi_description() {
+std::optional<std::string> mpi_description() {
 #if defined(SHARDSCOPE_WITH_MPI)
   char buf[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int len = 0;
@@ -60,7 +61,7 @@ nlohmann::json mpi_description() {
   text = text.substr(0, text.find('\0'));
   return trim(text.substr(0, text.find('\n')));
 #else
-  return nullptr;
+  return std::nullopt;
 #endif
 }
 
@@ -96,20 +97,21 @@ std::string cpu_description() {
 
 std::string build_commit() { return SHARDSCOPE_GIT; }
 
-nlohmann::json provenance(const std::string& command_line, const std::string& gpu,
-                          const std::string& cuda, const std::string& nccl) {
-  return {{"git", build_commit()},
-          {"command", command_line},
-          {"host", host_name()},
-          {"cpu", cpu_description()},
-          // Logical cores of this host: the tables say when a job's ranks outnumber them.
-          {"cores", std::thread::hardware_concurrency() > 0 ? nlohmann::json(std::thread::hardware_concurrency())
-                                                          : nlohmann::json(nullptr)},
-          {"gpu", string_or_null(gpu)},
-          {"blas", blas_description()},
-          {"mpi", mpi_description()},
-          {"nccl", string_or_null(nccl)},
-          {"cuda", string_or_null(cuda)}};
+Provenance provenance(const std::string& command_line, const std::string& gpu, const std::string& cuda,
+                      const std::string& nccl) {
+  Provenance p;
+  p.git = build_commit();
+  p.command = command_line;
+  p.host = host_name();
+  p.cpu = cpu_description();
+  // Logical cores of this host: the tables say when a job's ranks outnumber them.
+  if (std::thread::hardware_concurrency() > 0) p.cores = std::thread::hardware_concurrency();
+  p.gpu = string_or_null(gpu);
+  p.blas = blas_description();
+  p.mpi = mpi_description();
+  p.nccl = string_or_null(nccl);
+  p.cuda = string_or_null(cuda);
+  return p;
 }
 
 std::string join_command_line(int argc, const char* const* argv) {

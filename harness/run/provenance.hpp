@@ -3,19 +3,19 @@
 
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include "harness/records/result.hpp"
 
 namespace shardscope {
 
-// {"git", "command", "host", "cpu", "cores", "gpu", "blas", "mpi", "nccl", "cuda"}; cores:
-// the host's logical cores (null when unknown).
+// git, command, host, cpu, cores, gpu, blas, mpi, nccl, cuda (records/result.hpp); cores:
+// the host's logical cores (none when unknown).
 // git: the commit CMake saw at configure time. cpu: /proc/cpuinfo's model name and the
 // logical core count. blas: openblas_get_config() when built with OpenBLAS, else
 // "none (loops)". mpi: the first line of MPI_Get_library_version when built with MPI
 // (callable before MPI_Init), else null. gpu, cuda and nccl come from the caller (the
 // backend knows them) and are null when empty.
-nlohmann::json provenance(const std::string& command_line, const std::string& gpu,
-                          const std::string& cuda, const std::string& nccl);
+Provenance provenance(const std::string& command_line, const std::string& gpu, const std::string& cuda,
+                      const std::string& nccl);
 
 // The commit CMake saw at configure time ("unknown" outside a git checkout): what
 // provenance's "git" holds and `shardscope --version` prints.

@@ -1,10 +1,11 @@
-// Measurement records rendered as the JSON of DESIGN §7.
+// Measurement as records (harness/records/result.hpp): what the tracker, the
+// communicator's ledger and the backend hold, copied into the fields of a result.
 #pragma once
 
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "harness/records/result.hpp"
 #include "shardscope/backend.hpp"
 #include "shardscope/comm.hpp"
 #include "shardscope/config.hpp"
@@ -12,26 +13,25 @@
 
 namespace shardscope {
 
-nlohmann::json category_json(const CategoryBytes& b);       // {"total", "param", ...}
-nlohmann::json comm_json(const CommLedger& ledger, int world, bool emulated);  // per kind {calls, bytes, ms, busbw_gbps}
-nlohmann::json model_json(const ModelConfig& m);
-// A data-parallel rank's "predicted": {"resting_total", "resting" (per category),
-// "peak_total", "peak_by_category", "peak_phase", "peak_where", "comm_bytes"}.
-nlohmann::json prediction_json(const Prediction& p);
-// {"median", "min", "max"} of the timed steps (all but the first), null when none were timed.
-nlohmann::json step_ms_json(const std::vector<double>& step_ms);
-// Adds "rounded" (the tracker's allocator-granular figures), "pool" (the CUDA pool's
-// counters, null on cpu) and "outside_pool_bytes" (null when unknown) to a rank record.
-void add_allocator_figures(Backend& backend, nlohmann::json& record);
+CategoryFigures category_figures(const CategoryBytes& b);
+// Per collective kind: calls, bytes, ms and the bus bandwidth (none when emulated: an
+// emulated call moves nothing, so its time is not a transfer's).
+CommFigures comm_figures(const CommLedger& ledger, int world, bool emulated);
+ModelRecord model_record(const ModelConfig& m);
+PeakFigures peak_figures(const PeakRecord& peak, std::string where);
+// A data-parallel rank's "predicted".
+RankPredicted rank_predicted(const Prediction& p);
+// The median, minimum and maximum of the timed steps (all but the first, the warm-up): none when
+// no step was timed.
+TimeSummary time_summary(const std::vector<double>& step_ms);
+// The tracker's allocator-granular figures, the CUDA pool's counters (none on cpu) and
+// the bytes outside the pool (none when unknown).
+AllocatorFigures allocator_figures(Backend& backend);
 
-// A rank record's "timeline" (times in ms since the run started):
-//   {"unit": "ms since the run started", "coalesced", "merged_events", "events",
-//    "sample_limit", "categories": [the 8 names],
-//    "memory": [[t_ms, bytes per category in that order], ...]  (first row: the state
-//              when recording started, at 0; then one row after each kept event),
-//    "marks": [[t_ms, phase, place], ...]  (where the marked phase/place changes),
-//    "spans": [{"name", "start_ms", "end_ms", "depth", "bytes" (collectives and p2p
-//              only)}, ...]  (by start; a parent before its children), "dropped_spans"}
-nlohmann::json timeline_json(const Timeline& timeline);
+// A rank's timeline, times in ms since the run started:
+//   memory: the state when recording started, at 0; then one row after each kept event;
+//   marks: where the marked phase/place changes;
+//   spans: by start, a parent before its children; bytes for collectives and p2p only.
+TimelineRecord timeline_record(const Timeline& timeline);
 
 }  // namespace shardscope

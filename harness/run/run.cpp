@@ -11,6 +11,8 @@
 #include "harness/common/json_text.hpp"
 #include "harness/model/data.hpp"
 #include "harness/pipeline/run_pipeline.hpp"
+#include "harness/records/json_read.hpp"
+#include "harness/records/json_write.hpp"
 #include "harness/run/memory_check.hpp"
 #include "harness/run/provenance.hpp"
 #include "harness/run/records.hpp"
@@ -73,7 +75,7 @@ void validate_data_parallel(const RunConfig& cfg) {
 
 namespace {
 
-nlohmann::json run_data_parallel(const RunConfig& cfg, Backend& backend, Communicator& comm) {
+RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicator& comm) {
   const int world = comm.world();
   const int rank = comm.rank();
   const Prediction pred = predict_data_parallel(cfg, world, rank);
@@ -100,54 +102,47 @@ nlohmann::json run_data_parallel(const RunConfig& cfg, Backend& backend, Communi
     losses.push_back(loss);
   }
   const Tracker& tr = backend.tracker();
-  nlohmann::json r;
-  r["rank"] = rank;
-  r["resting"] = category_json(tr.current());
-  const PeakRecord& peak = tr.peak();
-  r["peak"] = {{"total", peak.total},
-               {"phase", std::string(phase_name(peak.phase))},
-               {"where", describe_place(peak.place)},
-               {"by_category", category_json(peak.by_category)}};
-  r["predicted"] = prediction_json(pred);
-  add_allocator_figures(backend, r);
-  r["comm"] = comm_json(comm.ledger(), world, comm.emulated());
-  r["comm_bytes"] = comm.ledger().total_bytes();
-  r["step_ms"] = step_ms_json(step_ms);
-  r["step_ms_all"] = step_ms;
-  r["comm_ms"] = step_ms_json(comm_ms);
-  r["comm_ms_all"] = comm_ms;
-  r["loss"] = losses;
-  if (tr.recording())
-    r["timeline"] = timeline_json(tr.timeline());
+  RankRecord r;
+  r.rank = rank;
+  r.resting = category_figures(tr.current());
+  r.peak = peak_figures(tr.peak(), describe_place(tr.peak().place));
+  r.predicted = rank_predicted(pred);
+  r.allocator = allocator_figures(backend);
+  r.comm = comm_figures(comm.ledger(), world, comm.emulated());
+  r.comm_bytes = comm.ledger().total_bytes();
+  r.step_ms = time_summary(step_ms);
+  r.step_ms_all = step_ms;
+  r.comm_ms = time_summary(comm_ms);
+  r.comm_ms_all = comm_ms;
+  r.loss = losses;
+  if (tr.recording()) r.timeline = timeline_record(tr.timeline());
   return r;
 }
 
 }  // namespace
 
-nlohmann::json data_parallel_header(const RunConfig& cfg, int world) {
+DataParallelRun data_parallel_run(const RunConfig& cfg, int world) {
   const bool fsdp = shards_by_unit(cfg.strategy);
-  nlohmann::json run;
-  run["kind"] = "data_parallel";
-  run["strategy"] = std::string(strategy_name(cfg.strategy));
-  run["world"] = world;
-  run["units"] = fsdp ? static_cast<int>(fsdp_units(cfg.model, cfg.layers_per_unit, world).size()) : 1;
+  DataParallelRun run;
+  run.strategy = std::string(strategy_name(cfg.strategy));
+  run.world = world;
+  run.units = fsdp ? static_cast<int>(fsdp_units(cfg.model, cfg.layers_per_unit, world).size()) : 1;
   // --units has no effect on ddp and zero1 (DESIGN §3): their one unit is the model.
-  run["layers_per_unit"] = (cfg.layers_per_unit == 0 || !fsdp) ? nlohmann::json("all") : nlohmann::json(cfg.layers_per_unit);
-  run["prefetch"] = cfg.prefetch;
-  run["ddp_bucket"] = cfg.ddp_bucket;
-  run["bucket_mb"] = cfg.bucket_mb;
-  run["steps"] = cfg.steps;
-  run["timed_steps"] = cfg.steps > 1 ? cfg.steps - 1 : 0;
-  run["seed"] = cfg.seed;
-  run["model"] = model_json(cfg.model);
+  if (cfg.layers_per_unit != 0 && fsdp) run.layers_per_unit = cfg.layers_per_unit;
+  run.prefetch = cfg.prefetch;
+  run.ddp_bucket = cfg.ddp_bucket;
+  run.bucket_mb = cfg.bucket_mb;
+  run.steps = cfg.steps;
+  run.timed_steps = cfg.steps > 1 ? cfg.steps - 1 : 0;
+  run.seed = cfg.seed;
+  run.model = model_record(cfg.model);
   return run;
 }
 
-nlohmann::json make_document(const nlohmann::json& runs, const std::string& backend,
-                             const std::string& comm, bool emulated, const nlohmann::json& provenance) {
-  return {{"schema", "shardscope/1"}, {"version", SHARDSCOPE_VERSION}, {"backend", backend},
-          {"comm", comm},           {"emulated", emulated},           {"provenance", provenance},
-          {"runs", runs}};
+nlohmann::json data_parallel_header(const RunConfig& cfg, int world) {
+  nlohmann::json run = to_json(RunRecord(data_parallel_run(cfg, world)));
+  for (const char* key : {"ranks", "backend", "comm", "emulated"}) run.erase(key);
+  return run;
 }
 
 namespace {
@@ -182,7 +177,7 @@ JobSetup prepare_job(const RunConfig& cfg, const MpiSession& mpi) {
   return setup;
 }
 
-std::optional<nlohmann::json> run_job(const RunConfig& cfg, const JobSetup& setup, MpiSession& mpi) {
+std::optional<ResultDocument> run_job(const RunConfig& cfg, const JobSetup& setup, MpiSession& mpi) {
   const std::string& backend_name = setup.backend;
   const int world = setup.world;
   std::unique_ptr<Backend> backend;
@@ -200,19 +195,21 @@ std::optional<nlohmann::json> run_job(const RunConfig& cfg, const JobSetup& setu
   comm->barrier();
   backend->tracker().set_recording(cfg.timeline);
 
-  nlohmann::json rank_record;
-  nlohmann::json run;
-  if (cfg.pipeline()) {
-    run = pipeline_header(cfg, world);
-    rank_record = run_pipeline(cfg, *backend, *comm);
-  } else {
-    run = data_parallel_header(cfg, world);
-    rank_record = run_data_parallel(cfg, *backend, *comm);
-  }
   // Where the rank ran: its rank on the node, which picks its GPU, and that GPU's index
-  // (null on cpu).
-  rank_record["local_rank"] = mpi.local_rank();
-  rank_record["device"] = backend->device() >= 0 ? nlohmann::json(backend->device()) : nlohmann::json(nullptr);
+  // (none on cpu).
+  Placement placement{mpi.local_rank(), std::nullopt};
+  if (backend->device() >= 0) placement.device = backend->device();
+  // Each rank's record travels to rank 0 as JSON, where it is read back as any file is.
+  nlohmann::json rank_record;
+  if (cfg.pipeline()) {
+    StageRecord record = run_pipeline(cfg, *backend, *comm);
+    record.placement = placement;
+    rank_record = to_json(record);
+  } else {
+    RankRecord record = run_data_parallel(cfg, *backend, *comm);
+    record.placement = placement;
+    rank_record = to_json(record);
+  }
   const std::string device = backend->device_description();
   std::string cuda_text, nccl_text;  // library versions, for provenance (cuda runs only)
 #ifdef SHARDSCOPE_WITH_CUDA
@@ -221,23 +218,34 @@ std::optional<nlohmann::json> run_job(const RunConfig& cfg, const JobSetup& setu
 #ifdef SHARDSCOPE_WITH_NCCL
   if (backend_name == "cuda") nccl_text = nccl_version_text();
 #endif
-  const std::vector<std::string> all = gather_strings_to_root(json_text(rank_record));
+  std::vector<std::string> all = gather_strings_to_root(json_text(rank_record));
   if (mpi.rank() != 0) return std::nullopt;
+  if (all.empty()) all.push_back(json_text(rank_record));
 
-  nlohmann::json list = nlohmann::json::array();
-  for (const std::string& s : all) list.push_back(nlohmann::json::parse(s));
-  if (all.empty()) list.push_back(rank_record);
-  run[cfg.pipeline() ? "stages" : "ranks"] = list;
+  const RunPlace place{backend_name, comm->name(), comm->emulated(),
+                       comm->emulated() ? std::optional<int>(cfg.emulate_rank) : std::nullopt};
+  ResultDocument doc;
+  doc.version = SHARDSCOPE_VERSION;
+  doc.backend = backend_name;
+  doc.comm = comm->name();
+  doc.emulated = comm->emulated();
+  doc.provenance = provenance(cfg.command_line, device, cuda_text, nccl_text);
   if (cfg.pipeline()) {
-    run["wall_makespan_ms"] = comm->emulated() ? nlohmann::json(nullptr) : fill_wall_bubbles(run["stages"]);
-    run["replayed_makespan_ms"] = fill_replayed_bubbles(cfg, run["stages"]);
+    PipelineRun run = pipeline_run(cfg, world);
+    for (std::size_t r = 0; r < all.size(); ++r)
+      run.stages.push_back(read_stage_record(nlohmann::json::parse(all[r]), "rank " + std::to_string(r) + "'s record"));
+    if (!comm->emulated()) run.wall_makespan_ms = fill_wall_bubbles(run.stages);
+    run.replayed_makespan_ms = fill_replayed_bubbles(cfg, run.stages);
+    run.place = place;
+    doc.runs.push_back(std::move(run));
+  } else {
+    DataParallelRun run = data_parallel_run(cfg, world);
+    for (std::size_t r = 0; r < all.size(); ++r)
+      run.ranks.push_back(read_rank_record(nlohmann::json::parse(all[r]), "rank " + std::to_string(r) + "'s record"));
+    run.place = place;
+    doc.runs.push_back(std::move(run));
   }
-  run["backend"] = backend_name;
-  run["comm"] = comm->name();
-  run["emulated"] = comm->emulated();
-  if (comm->emulated()) run["rank"] = cfg.emulate_rank;
-  return make_document(nlohmann::json::array({run}), backend_name, comm->name(), comm->emulated(),
-                       provenance(cfg.command_line, device, cuda_text, nccl_text));
+  return doc;
 }
 
 }  // namespace shardscope

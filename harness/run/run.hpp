@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/comm/mpi_env.hpp"
+#include "harness/records/result.hpp"
 #include "shardscope/comm.hpp"
 #include "shardscope/config.hpp"
 
@@ -25,23 +26,21 @@ struct JobSetup {
 JobSetup prepare_job(const RunConfig& cfg, const MpiSession& mpi);
 
 // Runs the job: measures, and on rank 0 returns the job's document (schema
-// shardscope/1, make_document); the other ranks get nothing. Prints nothing and writes
+// shardscope/1: records/json_write.hpp renders it); the other ranks get nothing. Prints nothing and writes
 // no file: the caller renders the document. Throws UsageError (exit 2) or RunError
 // (exit 3).
-std::optional<nlohmann::json> run_job(const RunConfig& cfg, const JobSetup& setup, MpiSession& mpi);
+std::optional<ResultDocument> run_job(const RunConfig& cfg, const JobSetup& setup, MpiSession& mpi);
 
 // Refuses (UsageError) what a data-parallel job cannot run at any world: zero2 or
 // zero3 with more layers per unit than layers. (zero1 with more ranks than parameter
 // tensors runs, as torch's ZeroRedundancyOptimizer does: some ranks own nothing.)
 void validate_data_parallel(const RunConfig& cfg);
 
-// A data-parallel run's fields before its ranks (docs/design.md §7): kind, strategy, world,
-// units, layers_per_unit, prefetch, ddp_bucket, bucket_mb, steps, timed_steps, seed, model.
+// A data-parallel run's fields before its ranks (docs/design.md §7): strategy, world, units,
+// layers_per_unit, prefetch, ddp_bucket, bucket_mb, steps, timed_steps, seed, model.
+DataParallelRun data_parallel_run(const RunConfig& cfg, int world);
+// The same as JSON ("kind" too), without the fields only a run has (ranks, backend,
+// comm, emulated).
 nlohmann::json data_parallel_header(const RunConfig& cfg, int world);
-
-// The whole-job document (schema shardscope/1) around a list of runs.
-nlohmann::json make_document(const nlohmann::json& runs, const std::string& backend,
-                             const std::string& comm, bool emulated,
-                             const nlohmann::json& provenance);
 
 }  // namespace shardscope

@@ -14,6 +14,8 @@
 #include "harness/predict/pipeline_forms.hpp"
 #include "harness/pipeline/pipeline_stage.hpp"
 #include "harness/pipeline/run_pipeline.hpp"
+#include "harness/records/json_read.hpp"
+#include "harness/records/json_write.hpp"
 #include "shardscope/comm.hpp"
 #include "support/pipeline_configs.hpp"
 #include "support/dp_harness.hpp"
@@ -128,7 +130,7 @@ TEST(PipelineMpi, RecordsAndReplayedBubble) {
   const RunConfig cfg = pipeline_config("1f1b", 2 * w.size, 1, model_of(w.size, 16, 8, Activation::relu, Loss::mse));
   CpuBackend backend;
   auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
-  const nlohmann::json record = run_pipeline(cfg, backend, *comm);
+  const nlohmann::json record = to_json(run_pipeline(cfg, backend, *comm));
   EXPECT_EQ(record["saved"]["peak_live_tensors"], record["predicted"]["peak_live_tensors"]);
   EXPECT_EQ(record["saved"]["peak_live_bytes"], record["predicted"]["peak_live_bytes"]);
   const std::string mine = record.dump();
@@ -140,24 +142,26 @@ TEST(PipelineMpi, RecordsAndReplayedBubble) {
   std::string all(w.rank == 0 ? static_cast<std::size_t>(displs.back() + lens.back()) : 0, '\0');
   MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, MPI_COMM_WORLD);
   if (w.rank != 0) return;
-  nlohmann::json stages = nlohmann::json::array();
-  for (int r = 0; r < w.size; ++r) stages.push_back(nlohmann::json::parse(all.substr(displs[r], lens[r])));
-  const nlohmann::json makespan = fill_replayed_bubbles(cfg, stages);
-  ASSERT_TRUE(makespan.is_number());
-  const nlohmann::json wall = fill_wall_bubbles(stages);
-  ASSERT_TRUE(wall.is_number());
-  for (const auto& st : stages) {
+  std::vector<StageRecord> stages;
+  for (int r = 0; r < w.size; ++r)
+    stages.push_back(read_stage_record(nlohmann::json::parse(all.substr(displs[r], lens[r])), "stage " + std::to_string(r)));
+  const std::optional<double> makespan = fill_replayed_bubbles(cfg, stages);
+  ASSERT_TRUE(makespan.has_value());
+  const std::optional<double> wall = fill_wall_bubbles(stages);
+  ASSERT_TRUE(wall.has_value());
+  for (const StageRecord& st : stages) {
     // The actions end inside the step; the wall bubble is the stage's idle share of it.
-    EXPECT_LE(st["actions_end_ms"].get<double>(), st["step_ms_all"].back().get<double>());
-    EXPECT_LE(st["actions_end_ms"].get<double>(), wall.get<double>());
-    EXPECT_DOUBLE_EQ(st["bubble_fraction"].get<double>(), 1.0 - st["busy_ms"].get<double>() / wall.get<double>());
-    ASSERT_TRUE(st["bubble_fraction_replayed"].is_number());
-    EXPECT_GE(st["bubble_fraction_replayed"].get<double>(), 0.0);
-    EXPECT_LT(st["bubble_fraction_replayed"].get<double>(), 1.0);
-    EXPECT_LE(st["busy_ms"].get<double>(), makespan.get<double>() * (1 + 1e-9));
+    ASSERT_TRUE(st.actions_end_ms && st.busy_ms && st.bubble_fraction);
+    EXPECT_LE(*st.actions_end_ms, st.step_ms_all.back());
+    EXPECT_LE(*st.actions_end_ms, *wall);
+    EXPECT_DOUBLE_EQ(*st.bubble_fraction, 1.0 - *st.busy_ms / *wall);
+    ASSERT_TRUE(st.bubble_fraction_replayed.has_value());
+    EXPECT_GE(*st.bubble_fraction_replayed, 0.0);
+    EXPECT_LT(*st.bubble_fraction_replayed, 1.0);
+    EXPECT_LE(*st.busy_ms, *makespan * (1 + 1e-9));
   }
-  EXPECT_TRUE(stages.back()["loss"].is_array());
-  EXPECT_TRUE(stages.front()["loss"].is_null());
+  EXPECT_TRUE(stages.back().loss.has_value());
+  EXPECT_FALSE(stages.front().loss.has_value());
 }
 
 // The seed (S = 2, one layer per stage, width 32, relu, mse, batch 8): the last stage.
@@ -175,7 +179,7 @@ TEST(PipelineMpi, SeedLastStage) {
     const RunConfig cfg = pipeline_config(row.schedule, row.microbatches, 1, model_of(2, 32, 8, Activation::relu, Loss::mse));
     CpuBackend backend;
     auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
-    const nlohmann::json r = run_pipeline(cfg, backend, *comm);
+    const nlohmann::json r = to_json(run_pipeline(cfg, backend, *comm));
     if (w.rank != 1) continue;
     EXPECT_EQ(r["saved"]["peak_live_tensors"], row.peak_live);
     EXPECT_EQ(r["saved"]["before_first_backward"], row.before_first_backward);

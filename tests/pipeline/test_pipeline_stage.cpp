@@ -14,6 +14,7 @@
 #include "harness/comm/fake_comm.hpp"
 #include "harness/pipeline/pipeline_stage.hpp"
 #include "harness/pipeline/run_pipeline.hpp"
+#include "harness/records/json_write.hpp"
 #include "shardscope/check.hpp"
 #include "support/pipeline_configs.hpp"
 #include "support/dp_harness.hpp"
@@ -260,7 +261,8 @@ TEST(pipeline, RecordCarriesMeasuredAndPredicted) {
   cfg.steps = 3;
   CpuBackend backend;
   auto comm = make_fake_communicator(2, 1, &backend);
-  const nlohmann::json r = run_pipeline(cfg, backend, *comm);
+  const StageRecord record = run_pipeline(cfg, backend, *comm);
+  const nlohmann::json r = to_json(record);
   EXPECT_EQ(r["stage"], 1);
   EXPECT_EQ(r["layers"], nlohmann::json({1, 1}));
   EXPECT_EQ(r["saved"]["peak_live_tensors"], 5);
@@ -287,33 +289,39 @@ TEST(pipeline, RecordCarriesMeasuredAndPredicted) {
   EXPECT_NE(r["peak"]["where"].get<std::string>().find("(m="), std::string::npos) << r["peak"]["where"];
   EXPECT_TRUE(r["step_ms"].is_object());
 
-  nlohmann::json one = nlohmann::json::array({r});  // emulated: one stage of two
-  EXPECT_TRUE(fill_replayed_bubbles(cfg, one).is_null());
-  EXPECT_TRUE(one[0]["bubble_fraction_replayed"].is_null());
+  std::vector<StageRecord> one = {record};  // emulated: one stage of two
+  EXPECT_FALSE(fill_replayed_bubbles(cfg, one).has_value());
+  EXPECT_FALSE(one[0].bubble_fraction_replayed.has_value());
 }
 
 // The wall-clock bubble: each stage's idle share of the latest stage's end, the
 // optimizer after the last action no part of it; null for one stage of a larger
 // (emulated) pipeline or for an untimed step.
 TEST(pipeline, WallBubbleFromEveryStagesEnd) {
-  nlohmann::json stages = nlohmann::json::array(
-      {{{"stage", 1}, {"world", 2}, {"busy_ms", 3.0}, {"actions_end_ms", 4.0}, {"bubble_fraction", nullptr}},
-       {{"stage", 0}, {"world", 2}, {"busy_ms", 2.0}, {"actions_end_ms", 5.0}, {"bubble_fraction", nullptr}}});
-  const nlohmann::json makespan = fill_wall_bubbles(stages);
-  ASSERT_TRUE(makespan.is_number());
-  EXPECT_DOUBLE_EQ(makespan.get<double>(), 5.0);
-  EXPECT_DOUBLE_EQ(stages[0]["bubble_fraction"].get<double>(), 1.0 - 3.0 / 5.0);
-  EXPECT_DOUBLE_EQ(stages[1]["bubble_fraction"].get<double>(), 1.0 - 2.0 / 5.0);
+  auto stage = [](int s, double busy, double end) {
+    StageRecord r;
+    r.stage = s;
+    r.world = 2;
+    r.busy_ms = busy;
+    r.actions_end_ms = end;
+    return r;
+  };
+  std::vector<StageRecord> stages = {stage(1, 3.0, 4.0), stage(0, 2.0, 5.0)};
+  const std::optional<double> makespan = fill_wall_bubbles(stages);
+  ASSERT_TRUE(makespan.has_value());
+  EXPECT_DOUBLE_EQ(*makespan, 5.0);
+  EXPECT_DOUBLE_EQ(*stages[0].bubble_fraction, 1.0 - 3.0 / 5.0);
+  EXPECT_DOUBLE_EQ(*stages[1].bubble_fraction, 1.0 - 2.0 / 5.0);
 
-  nlohmann::json one = nlohmann::json::array({stages[0]});  // one stage of two
-  one[0]["bubble_fraction"] = nullptr;
-  EXPECT_TRUE(fill_wall_bubbles(one).is_null());
-  EXPECT_TRUE(one[0]["bubble_fraction"].is_null());
-  nlohmann::json untimed = stages;
-  untimed[1]["actions_end_ms"] = nullptr;
-  untimed[0]["bubble_fraction"] = nullptr;
-  EXPECT_TRUE(fill_wall_bubbles(untimed).is_null());
-  EXPECT_TRUE(untimed[0]["bubble_fraction"].is_null());
+  std::vector<StageRecord> one = {stages[0]};  // one stage of two
+  one[0].bubble_fraction.reset();
+  EXPECT_FALSE(fill_wall_bubbles(one).has_value());
+  EXPECT_FALSE(one[0].bubble_fraction.has_value());
+  std::vector<StageRecord> untimed = stages;
+  untimed[1].actions_end_ms.reset();
+  untimed[0].bubble_fraction.reset();
+  EXPECT_FALSE(fill_wall_bubbles(untimed).has_value());
+  EXPECT_FALSE(untimed[0].bubble_fraction.has_value());
 }
 
 TEST(pipeline, ReplayedBubbleFromActionTimes) {
@@ -321,20 +329,21 @@ TEST(pipeline, ReplayedBubbleFromActionTimes) {
     const int S = 3, M = 6;
     RunConfig cfg = pipeline_config(schedule, M, 1, model_of(3, 4, 6, Activation::none, Loss::sum));
     const Schedule sched = make_schedule(schedule, S, M, 1);
-    nlohmann::json stages = nlohmann::json::array();
+    std::vector<StageRecord> stages;
     for (int s = S - 1; s >= 0; --s) {  // any order
-      nlohmann::json actions = nlohmann::json::array();
-      for (const Action& a : sched.actions[s])
-        actions.push_back({{"action", action_name(a.kind)},
-                           {"microbatch", a.microbatch},
-                           {"chunk", a.chunk},
-                           {"ms", 1.0}});
-      stages.push_back({{"stage", s}, {"world", S}, {"action_ms", actions}, {"bubble_fraction_replayed", nullptr}});
+      StageRecord st;
+      st.stage = s;
+      st.world = S;
+      st.action_ms.emplace();
+      for (const Action& a : sched.actions[s]) st.action_ms->push_back({action_name(a.kind), a.microbatch, a.chunk, 1.0});
+      stages.push_back(std::move(st));
     }
-    const nlohmann::json makespan = fill_replayed_bubbles(cfg, stages);
-    ASSERT_TRUE(makespan.is_number()) << schedule;
-    for (const auto& st : stages)
-      EXPECT_NEAR(st["bubble_fraction_replayed"].get<double>(), bubble_theory(sched), 1e-12) << schedule;
+    const std::optional<double> makespan = fill_replayed_bubbles(cfg, stages);
+    ASSERT_TRUE(makespan.has_value()) << schedule;
+    for (const StageRecord& st : stages) {
+      ASSERT_TRUE(st.bubble_fraction_replayed.has_value()) << schedule;
+      EXPECT_NEAR(*st.bubble_fraction_replayed, bubble_theory(sched), 1e-12) << schedule;
+    }
   }
 }
 

@@ -1,0 +1,293 @@
+// A result as plain records: what measurement fills and every printer renders. The
+// shardscope/1 JSON document (docs/json.md) is one rendering of these (json_write.cpp),
+// and a result file read back is parsed and checked into them once (json_read.cpp), so
+// a printer never meets a field of the wrong type.
+//
+// Every field below is named as its JSON key. std::optional is a field the file may
+// hold as null (or, where said, leave out); byte figures are int64, times double ms.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "shardscope/category.hpp"
+#include "shardscope/comm.hpp"
+
+namespace shardscope {
+
+// {"total", "param", ..., "temp"}: bytes per category (kCategoryNames) and their total,
+// kept as the file has it (a hand-edited file may disagree with the sum).
+struct CategoryFigures {
+  std::int64_t total = 0;
+  std::array<std::int64_t, kCategoryCount> bytes{};
+};
+
+// "peak": the highest total a rank reached, where, and its bytes then.
+struct PeakFigures {
+  std::int64_t total = 0;
+  std::string phase;
+  std::string where;
+  CategoryFigures by_category;
+};
+
+// One collective kind's calls in "comm" (keys kCollKindNames). busbw_gbps is null for
+// an emulated run, whose calls move nothing.
+struct CollectiveFigures {
+  std::int64_t calls = 0;
+  std::int64_t bytes = 0;
+  double ms = 0.0;
+  std::optional<double> busbw_gbps;
+};
+using CommFigures = std::array<CollectiveFigures, kCollKindCount>;
+
+// {"median", "min", "max"} of the timed steps: null when no step was timed.
+struct TimeSummary {
+  std::optional<double> median;
+  std::optional<double> min;
+  std::optional<double> max;
+};
+
+// A data-parallel rank's "predicted".
+struct RankPredicted {
+  std::int64_t resting_total = 0;
+  CategoryFigures resting;
+  std::int64_t peak_total = 0;
+  CategoryFigures peak_by_category;
+  std::string peak_phase;
+  std::string peak_where;
+  std::int64_t comm_bytes = 0;
+};
+
+// The allocator-granular figures: "rounded", "pool" (null on cpu) and
+// "outside_pool_bytes" (null when unknown).
+struct PoolFigures {
+  std::int64_t used_current = 0;
+  std::int64_t used_high = 0;
+  std::int64_t reserved_current = 0;
+  std::int64_t reserved_high = 0;
+};
+struct AllocatorFigures {
+  std::int64_t rounded_resting_total = 0;  // "rounded": {"resting_total", "peak_total"}
+  std::int64_t rounded_peak_total = 0;
+  std::optional<PoolFigures> pool;
+  std::optional<std::int64_t> outside_pool_bytes;
+};
+
+// A rank's "timeline" (records.hpp, timeline_record, says what each part holds).
+struct TimelineRow {
+  double t_ms = 0.0;
+  std::array<std::int64_t, kCategoryCount> bytes{};
+};
+struct TimelineMark {
+  double t_ms = 0.0;
+  std::string phase;
+  std::string place;
+};
+struct TimelineSpanRecord {
+  std::string name;
+  double start_ms = 0.0;
+  double end_ms = 0.0;
+  int depth = 0;
+  std::optional<std::int64_t> bytes;  // collectives and p2p only; left out otherwise
+};
+struct TimelineRecord {
+  std::string unit = "ms since the run started";
+  bool coalesced = false;
+  std::int64_t merged_events = 0;
+  std::int64_t events = 0;
+  std::int64_t sample_limit = 0;
+  // "categories" is always kCategoryNames, the order of every row's bytes.
+  std::vector<TimelineRow> memory;
+  std::vector<TimelineMark> marks;
+  std::int64_t dropped_marks = 0;
+  std::vector<TimelineSpanRecord> spans;
+  std::int64_t dropped_spans = 0;
+};
+
+// Where a rank ran: its rank on the node and its GPU (null on cpu). Files written before
+// these existed leave both out.
+struct Placement {
+  int local_rank = 0;
+  std::optional<int> device;
+};
+
+// One rank of a data-parallel run ("runs[].ranks[]").
+struct RankRecord {
+  int rank = 0;
+  CategoryFigures resting;
+  PeakFigures peak;
+  RankPredicted predicted;
+  AllocatorFigures allocator;
+  CommFigures comm;
+  std::int64_t comm_bytes = 0;
+  TimeSummary step_ms;
+  std::vector<double> step_ms_all;
+  TimeSummary comm_ms;  // the step's time inside collectives
+  std::vector<double> comm_ms_all;
+  std::vector<double> loss;
+  std::optional<TimelineRecord> timeline;  // left out when not recorded
+  std::optional<Placement> placement;
+};
+
+// A pipeline stage's saved-tensor counts ("saved", and the same four in "predicted").
+struct SavedFigures {
+  std::int64_t peak_live_tensors = 0;
+  std::int64_t peak_live_bytes = 0;
+  std::int64_t total_tensors = 0;
+  std::int64_t before_first_backward = 0;
+};
+
+// A pipeline stage's "predicted".
+struct StagePredicted {
+  SavedFigures saved;  // its four fields sit at the top of "predicted"
+  std::int64_t resting_total = 0;
+  std::int64_t peak_total = 0;
+  CategoryFigures peak_by_category;
+  std::int64_t p2p_sent_bytes = 0;
+  std::int64_t comm_bytes = 0;  // sent and received
+  int peak_live_microbatches = 0;
+  int peak_live_microbatches_theory = 0;
+  int peak_held_microbatches = 0;
+  int peak_held_microbatches_theory = 0;
+};
+
+// {"action", "microbatch", "chunk", "ms"}: one action of the last step.
+struct ActionTime {
+  std::string action;
+  int microbatch = 0;
+  int chunk = 0;
+  double ms = 0.0;
+};
+
+using LayerRange = std::array<int, 2>;  // first and last layer, inclusive
+
+// One stage of a pipeline run ("runs[].stages[]").
+struct StageRecord {
+  int stage = 0;
+  int rank = 0;
+  int world = 0;
+  LayerRange layers{};
+  std::optional<std::vector<LayerRange>> chunks_layers;  // left out with one chunk
+  SavedFigures saved;
+  StagePredicted predicted;
+  CategoryFigures resting;
+  PeakFigures peak;
+  AllocatorFigures allocator;
+  std::int64_t p2p_sent_bytes = 0;  // "p2p": {"sent_bytes", "recv_bytes", "peak_comm_bytes"}
+  std::int64_t p2p_recv_bytes = 0;
+  std::int64_t p2p_peak_comm_bytes = 0;
+  CommFigures comm;
+  std::int64_t comm_bytes = 0;
+  std::optional<double> busy_ms;
+  TimeSummary step_ms;
+  std::vector<double> step_ms_all;
+  std::optional<double> actions_end_ms;
+  std::optional<double> bubble_fraction;
+  std::optional<double> bubble_fraction_replayed;
+  double bubble_fraction_theory = 0.0;
+  std::optional<double> replayed_makespan_ms;  // left out until the replay fills it
+  std::optional<std::vector<ActionTime>> action_ms;
+  std::optional<std::vector<double>> loss;  // the last stage's only
+  std::optional<TimelineRecord> timeline;
+  std::optional<Placement> placement;
+};
+
+// "model".
+struct ModelRecord {
+  int layers = 0;
+  int width = 0;
+  std::int64_t params = 0;
+  int param_tensors = 0;
+  std::int64_t param_bytes = 0;
+  std::string activation;
+  std::string loss;
+  int batch = 0;
+};
+
+// What every run says of where it ran ("backend", "comm", "emulated", and "rank": the
+// one rank an emulated job played, left out otherwise).
+struct RunPlace {
+  std::string backend;
+  std::string comm;
+  bool emulated = false;
+  std::optional<int> rank;
+};
+
+struct DataParallelRun {
+  std::string strategy;
+  int world = 0;
+  int units = 0;
+  std::optional<int> layers_per_unit;  // nullopt: "all"
+  int prefetch = 0;
+  std::string ddp_bucket;
+  double bucket_mb = 0.0;
+  int steps = 0;
+  int timed_steps = 0;
+  std::uint64_t seed = 0;
+  ModelRecord model;
+  std::vector<RankRecord> ranks;
+  RunPlace place;
+};
+
+struct PipelineRun {
+  std::string schedule;
+  int world = 0;  // stages
+  int microbatches = 0;
+  int chunks = 0;
+  int steps = 0;
+  int timed_steps = 0;
+  std::uint64_t seed = 0;
+  ModelRecord model;
+  std::vector<int> split;            // layers per virtual stage
+  std::vector<int> microbatch_rows;  // rows per micro-batch
+  std::vector<StageRecord> stages;
+  std::optional<double> wall_makespan_ms;
+  std::optional<double> replayed_makespan_ms;
+  RunPlace place;
+};
+
+// A sweep's configuration that could not run: its configuration as the sweep wrote it
+// (kind, strategy or schedule, world, ...), "skipped": true and "reason".
+struct SkippedRun {
+  nlohmann::json config;  // an object, without "skipped" and "reason"
+  std::string reason;
+};
+
+using RunRecord = std::variant<DataParallelRun, PipelineRun, SkippedRun>;
+
+// "provenance": where the result came from. Null when unknown.
+struct Provenance {
+  std::optional<std::string> git, command, host, cpu;
+  std::optional<std::int64_t> cores;  // the host's logical cores
+  std::optional<std::string> gpu, blas, mpi, nccl, cuda;
+};
+
+// A sweep's "sweep": its jobs, how many were skipped, whether every job ran.
+struct SweepSummary {
+  std::int64_t jobs = 0;
+  std::int64_t skipped = 0;
+  bool complete = true;
+  std::optional<std::string> error;
+};
+
+// The whole document, schema "shardscope/1". A sweep's backend and comm are its runs'
+// common value, "mixed" or null; its emulated true, false or "mixed".
+struct ResultDocument {
+  std::string version;
+  std::optional<std::string> backend;
+  std::optional<std::string> comm;
+  std::optional<bool> emulated;  // nullopt: "mixed"
+  Provenance provenance;
+  std::vector<RunRecord> runs;
+  std::optional<SweepSummary> sweep;
+};
+
+inline constexpr const char* kResultSchema = "shardscope/1";
+
+}  // namespace shardscope
