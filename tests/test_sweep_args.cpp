@@ -1,5 +1,5 @@
 // The sweep's plan: presets, pass-through flags overriding them, which families run,
-// and flag validation (DESIGN §6). Pure: nothing is launched.
+// and flag validation (docs/design.md §6). Pure: nothing is launched.
 #include <gtest/gtest.h>
 
 #include <algorithm>

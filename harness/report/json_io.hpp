@@ -1,4 +1,4 @@
-// Result files on disk (DESIGN §6): written whole or not at all, read with the file's
+// Result files on disk (docs/design.md §6): written whole or not at all, read with the file's
 // name in every error.
 #pragma once
 

@@ -67,7 +67,7 @@ CommOptions choose_comm(const RunConfig& cfg, const std::string& backend, const 
 }  // namespace
 
 void validate_data_parallel(const RunConfig& cfg) {
-  // --units shapes zero2 and zero3 only (DESIGN §3: accepted, no effect, elsewhere).
+  // --units shapes zero2 and zero3 only (docs/design.md §3: accepted, no effect, elsewhere).
   if (shards_by_unit(cfg.strategy) && cfg.layers_per_unit > cfg.model.layers)
     throw UsageError("--units " + std::to_string(cfg.layers_per_unit) + ": more layers per unit than --layers " +
                      std::to_string(cfg.model.layers) + "; use --units all for one root unit");
@@ -127,7 +127,7 @@ DataParallelRun data_parallel_run(const RunConfig& cfg, int world) {
   run.strategy = std::string(strategy_name(cfg.strategy));
   run.world = world;
   run.units = fsdp ? static_cast<int>(fsdp_units(cfg.model, cfg.layers_per_unit, world).size()) : 1;
-  // --units has no effect on ddp and zero1 (DESIGN §3): their one unit is the model.
+  // --units has no effect on ddp and zero1 (docs/design.md §3): their one unit is the model.
   if (cfg.layers_per_unit != 0 && fsdp) run.layers_per_unit = cfg.layers_per_unit;
   run.prefetch = cfg.prefetch;
   run.ddp_bucket = cfg.ddp_bucket;

@@ -1,4 +1,4 @@
-// Pipeline schedules as data (DESIGN §4): for each stage, the ordered list of actions
+// Pipeline schedules as data (docs/design.md §4): for each stage, the ordered list of actions
 // it runs. No communication and no math here: lower() turns the lists into per-stage
 // programs with explicit p2p groups, validate() proves them, replay() times them.
 //
@@ -140,7 +140,7 @@ struct ReplayResult {
 ReplayResult replay(const Schedule& schedule,
                     const std::function<double(int stage, const Action&)>& duration);
 
-// ---- theory (DESIGN §4) and measured counts -------------------------------------------
+// ---- theory (docs/design.md §4) and measured counts -------------------------------------------
 
 // Bubble fraction: gpipe, 1f1b (S-1)/(M+S-1); interleaved (S-1)/(vM+S-1);
 // zb-h1 (S-1)/(3M+S-1) (F, B and W taking equal time). With uniform action times the
@@ -148,7 +148,7 @@ ReplayResult replay(const Schedule& schedule,
 // pipeline never fills.
 double bubble_theory(const Schedule& schedule);
 
-// DESIGN §4's figure: peak (micro-batch, chunk) pairs on `stage` counted from F to B:
+// docs/design.md §4's figure: peak (micro-batch, chunk) pairs on `stage` counted from F to B:
 // gpipe M; 1f1b min(S-s, M); interleaved min(2(S-s-1)+(v-1)S+1, vM); zb-h1 what 1f1b
 // holds, min(S-s, M).
 int peak_live_microbatches_theory(const Schedule& schedule, int stage);

@@ -112,7 +112,7 @@ TEST_F(Plan, TheSeedsTablesAndAMemoryVerdict) {
   EXPECT_NE(out_.find("fits in 8.00 MiB"), std::string::npos) << out_;
   // zero3, one layer per unit, W = 4: above its resting bytes the peak holds two gathered
   // units (the one in backward and the prefetched next), that unit's full gradient, seven
-  // saved outputs and the batch, dy and dx (the README's third table, measured).
+  // saved outputs and the batch, dy and dx (the seed's third table, measured: docs/results.md).
   EXPECT_NE(out_.find("param_unsharded 514.00 KiB, grad_unsharded 257.00 KiB, activation 224.00 KiB, temp 96.00 KiB"),
             std::string::npos)
       << out_;

@@ -1,4 +1,4 @@
-// Pipeline stages in one process (DESIGN §4): S = 1 with the self communicator (every
+// Pipeline stages in one process (docs/design.md §4): S = 1 with the self communicator (every
 // schedule, numerics against one rank on the full batch), and every stage of S = 2..4
 // played alone with the fake communicator: the saved-tensor counts and bytes, the
 // resting bytes, the step's peak per category and the p2p bytes measured equal the
