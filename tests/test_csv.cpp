@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "harness/report/csv.hpp"
+#include "shardscope/check.hpp"
+#include "support/records_of.hpp"
 #include "support/report_doc.hpp"
 
 namespace shardscope {
@@ -72,7 +74,7 @@ TEST(Csv, FieldsAreQuotedAsRfc4180Says) {
 }
 
 TEST(Csv, DataParallelOneRowPerRankAndCategory) {
-  const json doc = testing::report_document();
+  const ResultDocument doc = testing::records_of(testing::report_document());
   const Rows rows = parse_csv(data_parallel_csv(doc));
   ASSERT_FALSE(rows.empty());
   EXPECT_EQ(rows[0], kDpHeader);
@@ -99,20 +101,34 @@ TEST(Csv, DataParallelOneRowPerRankAndCategory) {
   EXPECT_EQ(rows.back()[6], "temp");
 }
 
-TEST(Csv, CommunicationBytesFallBackToTheSumOverKinds) {
-  json doc = testing::report_document();
+// The CSV once filled a missing comm_bytes with the sum over kinds and a missing peak
+// phase with an empty field; a file missing them is now refused where it is read, so
+// the CSV never meets one.
+TEST(Csv, AFigureMissingFromAFileIsRefusedBeforeAnyCsv) {
+  json doc = testing::complete_document(testing::report_document());
   doc["runs"][0]["ranks"][0].erase("comm_bytes");
+  try {
+    (void)read_result(doc, "r.json");
+    FAIL() << "read a rank without comm_bytes";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()), "'r.json': runs[0] (zero2 W=2 units=1): ranks[0].comm_bytes is missing; expected a byte count");
+  }
+  doc = testing::complete_document(testing::report_document());
   doc["runs"][0]["ranks"][0]["peak"].erase("phase");
-  const Rows rows = parse_csv(data_parallel_csv(doc));
-  EXPECT_EQ(rows[1][13], "6144");  // 4096 all-gather + 2048 reduce-scatter
-  EXPECT_EQ(rows[1][11], "");      // missing: empty
+  EXPECT_THROW((void)read_result(doc, "r.json"), UsageError);
+  // Null where the record may hold none: an empty field.
+  doc = testing::complete_document(testing::report_document());
+  doc["runs"][0]["ranks"][0]["step_ms"]["median"] = nullptr;
+  const Rows rows = parse_csv(data_parallel_csv(read_result(doc, "r.json")));
+  EXPECT_EQ(rows[1][14], "");
+  EXPECT_EQ(rows[1][13], "6144");
 }
 
 TEST(Csv, PipelineOneRowPerStageSkippedLeftOut) {
   json doc = testing::report_document();
   doc["runs"][4]["stages"][1]["chunks_layers"] = {{1, 1}, {3, 3}};
   doc["runs"][4]["schedule"] = "a \"b\", c";
-  const std::string text = pipeline_csv(doc);
+  const std::string text = pipeline_csv(testing::records_of(doc));
   EXPECT_NE(text.find("\"1-1,3-3\""), std::string::npos) << text;
   EXPECT_NE(text.find("\"a \"\"b\"\", c\""), std::string::npos) << text;
   const Rows rows = parse_csv(text);
@@ -127,10 +143,10 @@ TEST(Csv, PipelineOneRowPerStageSkippedLeftOut) {
 }
 
 TEST(Csv, NoRunsOfAKindGivesTheHeaderAlone) {
-  const json doc = {{"schema", "shardscope/1"}, {"runs", json::array()}};
+  const ResultDocument doc = testing::records_of({{"schema", "shardscope/1"}, {"runs", json::array()}});
   EXPECT_EQ(parse_csv(data_parallel_csv(doc)).size(), 1u);
   EXPECT_EQ(parse_csv(pipeline_csv(doc)).size(), 1u);
-  EXPECT_EQ(parse_csv(pipeline_csv(json::object())).size(), 1u);
+  EXPECT_EQ(parse_csv(pipeline_csv(ResultDocument{})).size(), 1u);
 }
 
 }  // namespace

@@ -34,12 +34,13 @@ void check_run_outputs(const RunConfig& cfg, const MpiSession& mpi) {
   if (!refusal.empty()) throw UsageError(refusal);
 }
 
-void write_run_outputs(const nlohmann::json& doc, const RunConfig& cfg, std::ostream& out) {
-  print_tables(doc, out, TableOptions{cfg.exact_bytes, cfg.wide_tables});
+void write_run_outputs(const ResultDocument& doc, const RunConfig& cfg, std::ostream& out) {
+  const nlohmann::json text = to_json(doc);  // what the tables and the trace still read
+  print_tables(text, out, TableOptions{cfg.exact_bytes, cfg.wide_tables});
   // The CSV folder first: it is made now, and --json or --trace may lie inside it.
   if (!cfg.csv_dir.empty()) write_csv_files(doc, cfg.csv_dir);
-  if (!cfg.json_path.empty()) write_file_atomic(cfg.json_path, readable_json(doc) + "\n");
-  if (!cfg.trace_path.empty()) write_trace_file(cfg.trace_path, doc);
+  if (!cfg.json_path.empty()) write_file_atomic(cfg.json_path, readable_json(text) + "\n");
+  if (!cfg.trace_path.empty()) write_trace_file(cfg.trace_path, text);
 }
 
 void run_and_write(const RunConfig& cfg, MpiSession& mpi, std::ostream& out) {
@@ -48,7 +49,7 @@ void run_and_write(const RunConfig& cfg, MpiSession& mpi, std::ostream& out) {
   const JobSetup setup = prepare_job(cfg, mpi);
   check_run_outputs(cfg, mpi);
   const std::optional<ResultDocument> doc = run_job(cfg, setup, mpi);
-  if (doc) write_run_outputs(to_json(*doc), cfg, out);
+  if (doc) write_run_outputs(*doc, cfg, out);
 }
 
 }  // namespace shardscope

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/comm/mpi_env.hpp"
+#include "harness/records/result.hpp"
 #include "shardscope/config.hpp"
 
 namespace shardscope {
@@ -19,7 +20,7 @@ void check_run_outputs(const RunConfig& cfg, const MpiSession& mpi);
 
 // The document's tables on `out`, then the CSV folder (made now, --json or --trace may
 // lie inside it), the JSON file and the trace, each when asked for.
-void write_run_outputs(const nlohmann::json& doc, const RunConfig& cfg, std::ostream& out);
+void write_run_outputs(const ResultDocument& doc, const RunConfig& cfg, std::ostream& out);
 
 // One job as `shardscope run` runs it: prepare_job, check_run_outputs, run_job, then
 // on rank 0 write_run_outputs. Throws UsageError (exit 2) or RunError (exit 3).

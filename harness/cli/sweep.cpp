@@ -21,6 +21,7 @@
 #include "harness/report/cells.hpp"
 #include "harness/report/csv.hpp"
 #include "harness/report/html_report.hpp"
+#include "harness/records/json_read.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/table.hpp"
 #include "harness/report/trace.hpp"
@@ -375,7 +376,10 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
       std::filesystem::remove(partial_path, ec);
   });
   // The CSV folder first: it is made now, and a --trace or --report may lie inside it.
-  const bool csv_written = !opts.csv.empty() && write_keeping_error(errors, [&] { write_csv_files(doc, opts.csv); });
+  // The CSV holds no timeline: the records read from the document as it stands.
+  const bool csv_written = !opts.csv.empty() && write_keeping_error(errors, [&] {
+    write_csv_files(read_result(doc, results), opts.csv);
+  });
   const bool trace_written = !opts.trace.empty() && write_keeping_error(errors, [&] {
     write_file_atomic_streamed(opts.trace, [&](const TextSink& sink) { write_trace_text(doc, whole_record, sink); });
   });

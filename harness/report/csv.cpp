@@ -4,33 +4,27 @@
 #include <filesystem>
 #include <vector>
 
-#include "harness/report/cells.hpp"
-#include "harness/report/table.hpp"
 #include "harness/report/json_io.hpp"
-#include "harness/report/timeline_view.hpp"
 #include "shardscope/check.hpp"
+#include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
 namespace {
 
-using nlohmann::json;
 namespace fs = std::filesystem;
 
 constexpr const char* kEol = "\r\n";
 
-// Integers as digits, other numbers with 9 significant digits, strings as they are,
-// anything missing or null as "".
-std::string value(const json* v) {
-  if (!v || v->is_null()) return {};
-  if (v->is_number_integer()) return json_text(*v);
-  if (v->is_number_float()) {
-    char buf[48];
-    std::snprintf(buf, sizeof buf, "%.9g", v->get<double>());
-    return buf;
-  }
-  if (v->is_string()) return v->get<std::string>();
-  if (v->is_boolean()) return v->get<bool>() ? "true" : "false";
-  return json_text(*v);
+// Integers as digits, other numbers with 9 significant digits, none as "".
+std::string value(std::int64_t v) { return std::to_string(v); }
+std::string value(double v) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+template <typename T>
+std::string value(const std::optional<T>& v) {
+  return v ? value(*v) : std::string();
 }
 
 void add_row(std::string& out, const std::vector<std::string>& fields) {
@@ -38,36 +32,14 @@ void add_row(std::string& out, const std::vector<std::string>& fields) {
   out += kEol;
 }
 
-// The runs of one kind that completed, in document order.
-std::vector<const json*> runs_of(const json& doc, const std::string& kind) {
-  std::vector<const json*> out;
-  const json* runs = cells::at(doc, {"runs"});
-  if (!runs || !runs->is_array()) return out;
-  for (const json& run : *runs) {
-    if (!run.is_object()) continue;
-    const json* s = cells::at(run, {"skipped"});
-    if (s && s->is_boolean() && s->get<bool>()) continue;
-    const json* k = cells::at(run, {"kind"});
-    const std::string run_kind = k && k->is_string() ? k->get<std::string>()
-                                 : run.contains("stages") ? "pipeline"
-                                                          : "data_parallel";
-    if (run_kind == kind) out.push_back(&run);
-  }
-  return out;
-}
+std::string layer_range(const LayerRange& r) { return std::to_string(r[0]) + "-" + std::to_string(r[1]); }
 
-// Communication bytes per step: the rank's comm_bytes, else the sum over kinds.
-std::string comm_bytes(const json& rank) {
-  if (const json* b = cells::at(rank, {"comm_bytes"})) return value(b);
-  const json* comm = cells::at(rank, {"comm"});
-  if (!comm || !comm->is_object()) return {};
-  std::int64_t sum = 0;
-  bool any = false;
-  for (const auto& item : comm->items()) {
-    std::int64_t b = 0;
-    if (cells::as_int(cells::at(item.value(), {"bytes"}), &b)) sum += b, any = true;
-  }
-  return any ? std::to_string(sum) : std::string();
+// A stage's layers: "0-3", or every chunk's when it holds several ("0-1,4-5").
+std::string stage_layers(const StageRecord& st) {
+  if (!st.chunks_layers || st.chunks_layers->size() < 2) return layer_range(st.layers);
+  std::string out;
+  for (const LayerRange& r : *st.chunks_layers) out += (out.empty() ? "" : ",") + layer_range(r);
+  return out;
 }
 
 }  // namespace
@@ -79,63 +51,51 @@ std::string csv_field(const std::string& text) {
   return out + "\"";
 }
 
-std::string data_parallel_csv(const json& doc) {
+std::string data_parallel_csv(const ResultDocument& doc) {
   std::string out;
   add_row(out, {"world", "strategy", "units", "prefetch", "ddp_bucket", "rank", "category", "resting_bytes",
                 "peak_bytes_at_peak", "predicted_resting_bytes", "peak_total", "peak_phase", "peak_where",
                 "comm_bytes_per_step", "step_ms_median", "predicted_peak_bytes_at_peak", "comm_ms_median"});
-  for (const json* run : runs_of(doc, "data_parallel")) {
-    const json* ranks = cells::at(*run, {"ranks"});
-    if (!ranks || !ranks->is_array()) continue;
-    const bool units = uses_units(*run);
-    for (const json& rank : *ranks) {
-      if (!rank.is_object()) continue;
-      for (const char* category : kCategoryNames)
-        add_row(out, {value(cells::at(*run, {"world"})), value(cells::at(*run, {"strategy"})),
-                      units ? value(cells::at(*run, {"layers_per_unit"})) : "",
-                      units ? value(cells::at(*run, {"prefetch"})) : "",
-                      units ? "" : value(cells::at(*run, {"ddp_bucket"})), value(cells::at(rank, {"rank"})), category,
-                      value(cells::at(rank, {"resting", category})),
-                      value(cells::at(rank, {"peak", "by_category", category})),
-                      value(cells::at(rank, {"predicted", "resting", category})),
-                      value(cells::at(rank, {"peak", "total"})), value(cells::at(rank, {"peak", "phase"})),
-                      value(cells::at(rank, {"peak", "where"})), comm_bytes(rank),
-                      value(cells::at(rank, {"step_ms", "median"})),
-                      value(cells::at(rank, {"predicted", "peak_by_category", category})),
-                      value(cells::at(rank, {"comm_ms", "median"}))});
-    }
+  for (const RunRecord& record : doc.runs) {
+    const auto* run = std::get_if<DataParallelRun>(&record);
+    if (!run) continue;
+    // --units and --prefetch shape zero2 and zero3, --ddp-bucket the others.
+    const std::optional<StrategyKind> kind = find_strategy(run->strategy);
+    const bool units = !kind || shards_by_unit(*kind);
+    const std::string layers_per_unit = run->layers_per_unit ? value(std::int64_t{*run->layers_per_unit}) : "all";
+    for (const RankRecord& rank : run->ranks)
+      for (int c = 0; c < kCategoryCount; ++c)
+        add_row(out, {value(std::int64_t{run->world}), run->strategy, units ? layers_per_unit : "",
+                      units ? value(std::int64_t{run->prefetch}) : "", units ? "" : run->ddp_bucket,
+                      value(std::int64_t{rank.rank}), kCategoryNames[c], value(rank.resting.bytes[c]),
+                      value(rank.peak.by_category.bytes[c]), value(rank.predicted.resting.bytes[c]),
+                      value(rank.peak.total), rank.peak.phase, rank.peak.where, value(rank.comm_bytes),
+                      value(rank.step_ms.median), value(rank.predicted.peak_by_category.bytes[c]),
+                      value(rank.comm_ms.median)});
   }
   return out;
 }
 
-std::string pipeline_csv(const json& doc) {
+std::string pipeline_csv(const ResultDocument& doc) {
   std::string out;
   add_row(out, {"schedule", "stages", "microbatches", "chunks", "stage", "layers", "saved_peak_live_tensors",
                 "saved_peak_live_bytes", "saved_total", "saved_before_first_backward", "predicted_peak_live_tensors",
                 "predicted_peak_live_bytes", "resting_total", "peak_total", "busy_ms", "step_ms_median",
                 "bubble_wall", "bubble_replayed", "bubble_theory", "predicted_resting_total",
                 "predicted_peak_total", "p2p_bytes_per_step", "predicted_p2p_bytes_per_step"});
-  for (const json* run : runs_of(doc, "pipeline")) {
-    const json* stages = cells::at(*run, {"stages"});
-    if (!stages || !stages->is_array()) continue;
-    for (const json& st : *stages) {
-      if (!st.is_object()) continue;
-      add_row(out, {value(cells::at(*run, {"schedule"})), value(cells::at(*run, {"world"})),
-                    value(cells::at(*run, {"microbatches"})), value(cells::at(*run, {"chunks"})),
-                    value(cells::at(st, {"stage"})), stage_layers(st),
-                    value(cells::at(st, {"saved", "peak_live_tensors"})),
-                    value(cells::at(st, {"saved", "peak_live_bytes"})),
-                    value(cells::at(st, {"saved", "total_tensors"})),
-                    value(cells::at(st, {"saved", "before_first_backward"})),
-                    value(cells::at(st, {"predicted", "peak_live_tensors"})),
-                    value(cells::at(st, {"predicted", "peak_live_bytes"})), value(cells::at(st, {"resting", "total"})),
-                    value(cells::at(st, {"peak", "total"})), value(cells::at(st, {"busy_ms"})),
-                    value(cells::at(st, {"step_ms", "median"})), value(cells::at(st, {"bubble_fraction"})),
-                    value(cells::at(st, {"bubble_fraction_replayed"})),
-                    value(cells::at(st, {"bubble_fraction_theory"})),
-                    value(cells::at(st, {"predicted", "resting_total"})), value(cells::at(st, {"predicted", "peak_total"})),
-                    value(cells::at(st, {"comm_bytes"})), value(cells::at(st, {"predicted", "comm_bytes"}))});
-    }
+  for (const RunRecord& record : doc.runs) {
+    const auto* run = std::get_if<PipelineRun>(&record);
+    if (!run) continue;
+    for (const StageRecord& st : run->stages)
+      add_row(out, {run->schedule, value(std::int64_t{run->world}), value(std::int64_t{run->microbatches}),
+                    value(std::int64_t{run->chunks}), value(std::int64_t{st.stage}), stage_layers(st),
+                    value(st.saved.peak_live_tensors), value(st.saved.peak_live_bytes), value(st.saved.total_tensors),
+                    value(st.saved.before_first_backward), value(st.predicted.saved.peak_live_tensors),
+                    value(st.predicted.saved.peak_live_bytes), value(st.resting.total), value(st.peak.total),
+                    value(st.busy_ms), value(st.step_ms.median), value(st.bubble_fraction),
+                    value(st.bubble_fraction_replayed), value(st.bubble_fraction_theory),
+                    value(st.predicted.resting_total), value(st.predicted.peak_total), value(st.comm_bytes),
+                    value(st.predicted.comm_bytes)});
   }
   return out;
 }
@@ -156,7 +116,7 @@ std::vector<fs::path> check_csv_dir(const std::string& dir) {
   return check_dir_usable(dir, "--csv DIR", csv_file_names());
 }
 
-void write_csv_files(const json& doc, const std::string& dir) {
+void write_csv_files(const ResultDocument& doc, const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw RunError("cannot create '" + dir + "' for --csv: " + ec.message());

@@ -4,7 +4,7 @@
 //   pipeline.csv:      one row per run x stage.
 // Skipped configurations have no rows. Fields are quoted as RFC 4180 says (a field
 // holding a comma, a double quote, CR or LF is quoted, its quotes doubled), lines end
-// in CRLF; a missing figure is an empty field. Bytes are integers, times and fractions
+// in CRLF; a figure the record holds none of (null in the JSON) is an empty field. Bytes are integers, times and fractions
 // are printed with 9 significant digits.
 #pragma once
 
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "harness/records/result.hpp"
 
 namespace shardscope {
 
@@ -20,8 +20,8 @@ namespace shardscope {
 std::string csv_field(const std::string& text);
 
 // The files' contents, header first (a header alone when the document has no such runs).
-std::string data_parallel_csv(const nlohmann::json& doc);
-std::string pipeline_csv(const nlohmann::json& doc);
+std::string data_parallel_csv(const ResultDocument& doc);
+std::string pipeline_csv(const ResultDocument& doc);
 
 // The files written in DIR: data_parallel.csv and pipeline.csv; and their paths in DIR.
 const std::vector<std::string>& csv_file_names();
@@ -34,6 +34,6 @@ std::vector<std::filesystem::path> check_csv_dir(const std::string& dir);
 
 // Makes DIR when missing and writes DIR/data_parallel.csv and DIR/pipeline.csv, each
 // atomically (json_io.hpp).
-void write_csv_files(const nlohmann::json& doc, const std::string& dir);
+void write_csv_files(const ResultDocument& doc, const std::string& dir);
 
 }  // namespace shardscope

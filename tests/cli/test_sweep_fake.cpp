@@ -24,6 +24,7 @@
 #include "harness/cli/child_process.hpp"
 #include "harness/cli/sweep.hpp"
 #include "harness/cli/sweep_out_dir.hpp"
+#include "harness/records/json_write.hpp"
 #include "harness/report/json_io.hpp"
 #include "shardscope/check.hpp"
 #include "support/shell.hpp"
@@ -73,20 +74,25 @@ if [ "$name" = "$FAKE_HANG" ]; then echo $$ > "$FAKE_PIDFILE.sh"; sleep 30 & ech
 [ -z "$FAKE_RMDIR" ] || rm -rf "$FAKE_RMDIR"
 [ -z "$FAKE_FDS" ] || ls -l /proc/$$/fd > "$FAKE_FDS"
 [ "$rank" = 0 ] || [ -n "$emulate" ] || exit 0
+# Complete records from FAKE_TEMPLATES (written by the test from the record types), each
+# "@KEY@" string replaced: a rank's resting bytes 8421440 (param 2105344, grad 2105344,
+# optim 4210752), a model of param_bytes 2105344.
+kind=rank; [ -z "$schedule" ] || kind=stage
+[ "$micro" != 0 ] || micro=$world
+[ "$units" = all ] && units_json='"all"' || units_json=$units
 entries=""
 r=$first
 while [ $r -le $last ]; do
-  if [ -n "$schedule" ]; then e="{\"stage\": $r, \"rank\": $r}"
-  else e="{\"rank\": $r, \"resting\": {\"total\": 8421440, \"param\": 2105344, \"grad\": 2105344, \"optim\": 4210752}}"; fi
+  e=$(sed -e "s|\"@R@\"|$r|g" -e "s|\"@WORLD@\"|$world|g" "$FAKE_TEMPLATES/$kind.json")
   entries="$entries${entries:+, }$e"
   r=$((r + 1))
 done
-if [ -n "$schedule" ]; then
-  run="{\"kind\": \"pipeline\", \"schedule\": \"$schedule\", \"world\": $world, \"microbatches\": $micro, \"stages\": [$entries]}"
-else
-  run="{\"kind\": \"data_parallel\", \"strategy\": \"$strategy\", \"world\": $world, \"layers_per_unit\": \"$units\", \"model\": {\"param_bytes\": 2105344}, \"ranks\": [$entries]}"
-fi
-printf '{"schema": "shardscope/1", "version": "fake", "backend": "cpu", "comm": "%s", "emulated": %s, "provenance": {"git": "fake", "command": "fake run"}, "runs": [%s]}\n' "$comm" "$emulated" "$run" > "$json"
+if [ -n "$schedule" ]; then run_template=pipeline; else run_template=data_parallel; fi
+run=$(sed -e "s|\"@NAME@\"|\"$name\"|" -e "s|\"@WORLD@\"|$world|" -e "s|\"@MICRO@\"|$micro|" \
+          -e "s|\"@UNITS@\"|$units_json|" -e "s|\"@COMM@\"|\"$comm\"|" -e "s|\"@EMULATED@\"|$emulated|" \
+          -e "s|\"@ENTRIES@\"|[$entries]|" "$FAKE_TEMPLATES/$run_template.json")
+sed -e "s|\"@COMM@\"|\"$comm\"|" -e "s|\"@EMULATED@\"|$emulated|" -e "s|\"@RUN@\"|[$run]|" \
+    "$FAKE_TEMPLATES/document.json" > "$json"
 echo "the run's own table for $name"
 )SH";
 
@@ -122,10 +128,68 @@ class SweepFake : public ::testing::Test {
     set("FAKE_LOG", dir_ + "/run.log");
     set("FAKE_MPIRUN_LOG", dir_ + "/mpirun.log");
     set("FAKE_PIDFILE", dir_ + "/hang.pid");
+    // Beside dir_, not in it: tests list what dir_ holds.
+    write_templates(dir_ + ".templates");
+    set("FAKE_TEMPLATES", dir_ + ".templates");
+  }
+  // The fake run's documents: complete records (every field the writer writes), with
+  // "@KEY@" strings where it puts its own values.
+  static void write_templates(const std::string& dir) {
+    fs::create_directories(dir);
+    auto put = [&](const std::string& name, const json& j) { std::ofstream(dir + "/" + name) << json_text(j); };
+    RankRecord rank;
+    rank.resting.total = 8421440;
+    rank.resting.bytes[static_cast<int>(Category::param)] = 2105344;
+    rank.resting.bytes[static_cast<int>(Category::grad)] = 2105344;
+    rank.resting.bytes[static_cast<int>(Category::optim)] = 4210752;
+    json r = to_json(rank);
+    r["rank"] = "@R@";
+    put("rank.json", r);
+    json st = to_json(StageRecord{});
+    st["stage"] = "@R@";
+    st["rank"] = "@R@";
+    st["world"] = "@WORLD@";
+    put("stage.json", st);
+    ModelRecord model{1, 1, 526336, 2, 2105344, "none", "sum", 1};
+    DataParallelRun dp;
+    dp.units = 1;
+    dp.model = model;
+    json d = to_json(RunRecord(dp));
+    d["strategy"] = "@NAME@";
+    d["world"] = "@WORLD@";
+    d["layers_per_unit"] = "@UNITS@";
+    d["ranks"] = "@ENTRIES@";
+    d["comm"] = "@COMM@";
+    d["emulated"] = "@EMULATED@";
+    d["backend"] = "cpu";
+    put("data_parallel.json", d);
+    PipelineRun pp;
+    pp.chunks = 1;
+    pp.model = model;
+    json p = to_json(RunRecord(pp));
+    p["schedule"] = "@NAME@";
+    p["world"] = "@WORLD@";
+    p["microbatches"] = "@MICRO@";
+    p["stages"] = "@ENTRIES@";
+    p["comm"] = "@COMM@";
+    p["emulated"] = "@EMULATED@";
+    p["backend"] = "cpu";
+    put("pipeline.json", p);
+    ResultDocument doc;
+    doc.version = "fake";
+    doc.backend = "cpu";
+    doc.provenance.git = "fake";
+    doc.provenance.command = "fake run";
+    json j = to_json(doc);
+    j["comm"] = "@COMM@";
+    j["emulated"] = "@EMULATED@";
+    j["runs"] = "@RUN@";
+    put("document.json", j);
   }
   void TearDown() override {
     for (const std::string& name : set_) unsetenv(name.c_str());
     fs::remove_all(dir_);
+    fs::remove_all(dir_ + ".templates");
   }
   std::string write_script(const std::string& name, const char* text) {
     const std::string path = dir_ + "/" + name;
