@@ -21,6 +21,7 @@
 #include "harness/cli/timeline_spill.hpp"
 #include "harness/cli/sweep_results.hpp"
 #include "harness/comm/mpi_env.hpp"
+#include "harness/records/json_read.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/trace.hpp"
 #include "harness/run/run.hpp"
@@ -130,7 +131,7 @@ TEST_F(TraceTest, EmulatedRanksMergedAsTheSweepDoesGiveOneProcessPerRank) {
   skipped.config = {{"kind", "data_parallel"}, {"strategy", "zero1"}, {"world", 64}};
   runs.insert(runs.begin(), skipped_record(skipped, "too few tensors"));
   const json doc = sweep_document(runs, docs[0]["provenance"], "shardscope sweep --trace t.json", true, 2, "");
-  const json trace = trace_document(doc);
+  const json trace = trace_document(read_result(doc, "shardscope.json"));
   const std::vector<std::string> problems = trace_problems(trace);
   EXPECT_TRUE(problems.empty()) << problems.front();
   const auto procs = trace_processes(trace);
@@ -188,7 +189,7 @@ TEST_F(TraceTest, TimelineOffWritesNoTimelineAndRunsWithoutItAddNothing) {
   run_and_write(cfg, *mpi_, std::cout);
   const json doc = read_json_file(cfg.json_path);
   EXPECT_FALSE(doc["runs"][0]["ranks"][0].contains("timeline"));
-  const json trace = trace_document(doc);
+  const json trace = trace_document(read_result(doc, "off.json"));
   EXPECT_TRUE(trace["traceEvents"].empty());
   EXPECT_TRUE(trace_problems(trace).empty());
 }
@@ -208,7 +209,8 @@ TEST_F(TraceTest, TheSweepWritesResultsAndTraceOneRecordAtATime) {
       testing::pipeline_config("1f1b", 2, 1, testing::model_of(2, 8, 4, Activation::relu, Loss::mse), 2, 0), 2, 1, "stage1");
   for (const json& run : runs_of_document(pipe, "stage1")) runs.push_back(run);
   const json doc = sweep_document(runs, docs[0]["provenance"], "shardscope sweep", true, 3, "");
-  const std::string results = readable_json(doc) + "\n", trace = json_text(trace_document(doc)) + "\n";
+  const std::string results = readable_json(doc) + "\n",
+                    trace = json_text(trace_document(read_result(doc, "shardscope.json"))) + "\n";
 
   json light = doc;
   TimelineSpill spill(dir_ + "/timelines");
@@ -231,8 +233,16 @@ TEST_F(TraceTest, TheSweepWritesResultsAndTraceOneRecordAtATime) {
   EXPECT_EQ(restored, 3) << "two ranks and a stage, each once";
   EXPECT_LT(largest, results.size() / 2) << "written in one piece, not a record at a time";
   text.clear();
-  write_trace_text(light, whole_record, sink);
+  // The trace reads the records without their timelines, and each timeline from disk.
+  const ResultDocument records = read_result(light, "shardscope.json");
+  int timelines = 0;
+  const TimelineSource from_disk = spill.timelines_of(light);
+  write_trace_text(records, [&](std::size_t run, std::size_t member) {
+    ++timelines;
+    return from_disk(run, member);
+  }, sink);
   EXPECT_EQ(text, trace);
+  EXPECT_EQ(timelines, 3) << "two ranks and a stage, each once";
   text.clear();
   write_results_text(doc, [](const json& record) { return record; }, sink);  // nothing spilled: as it is
   EXPECT_EQ(text, results);
@@ -246,22 +256,41 @@ TEST_F(TraceTest, TheSweepWritesResultsAndTraceOneRecordAtATime) {
   }
 }
 
+DataParallelRun dp_run(const std::string& strategy, int world, std::optional<int> layers_per_unit) {
+  DataParallelRun run;
+  run.strategy = strategy;
+  run.world = world;
+  run.layers_per_unit = layers_per_unit;
+  run.prefetch = 1;
+  run.ddp_bucket = "view";
+  return run;
+}
+
+RankRecord rank_record(int rank) {
+  RankRecord r;
+  r.rank = rank;
+  return r;
+}
+
 TEST(Trace, ProcessNamesSayRunAndRank) {
-  EXPECT_EQ(trace_process_name({{"kind", "data_parallel"}, {"strategy", "zero3"}, {"world", 4}, {"layers_per_unit", 1}},
-                               {{"rank", 2}}),
-            "zero3 W=4 units=1 rank 2");
-  EXPECT_EQ(trace_process_name({{"kind", "data_parallel"}, {"strategy", "zero2"}, {"world", 2},
-                                {"layers_per_unit", "all"}, {"prefetch", 0}},
-                               {{"rank", 0}}),
-            "zero2 W=2 units=all prefetch=0 rank 0");
-  EXPECT_EQ(trace_process_name({{"kind", "data_parallel"}, {"strategy", "ddp"}, {"world", 2}, {"layers_per_unit", "all"},
-                                {"ddp_bucket", "copy"}},
-                               {{"rank", 1}}),
-            "ddp W=2 bucket=copy rank 1");
-  EXPECT_EQ(trace_process_name({{"kind", "pipeline"}, {"schedule", "interleaved-1f1b"}, {"world", 2},
-                                {"microbatches", 4}, {"chunks", 2}},
-                               {{"stage", 1}, {"rank", 1}}),
-            "interleaved-1f1b S=2 M=4 chunks=2 stage 1");
+  EXPECT_EQ(trace_process_name(dp_run("zero3", 4, 1), rank_record(2)), "zero3 W=4 units=1 rank 2");
+  DataParallelRun zero2 = dp_run("zero2", 2, std::nullopt);
+  zero2.prefetch = 0;
+  EXPECT_EQ(trace_process_name(zero2, rank_record(0)), "zero2 W=2 units=all prefetch=0 rank 0");
+  DataParallelRun ddp = dp_run("ddp", 2, std::nullopt);
+  ddp.ddp_bucket = "copy";
+  EXPECT_EQ(trace_process_name(ddp, rank_record(1)), "ddp W=2 bucket=copy rank 1");
+  PipelineRun pp;
+  pp.schedule = "interleaved-1f1b";
+  pp.world = 2;
+  pp.microbatches = 4;
+  pp.chunks = 2;
+  StageRecord stage;
+  stage.stage = 1;
+  stage.rank = 1;
+  EXPECT_EQ(trace_process_name(pp, stage), "interleaved-1f1b S=2 M=4 chunks=2 stage 1");
+  pp.place.emulated = true;
+  EXPECT_EQ(trace_process_name(pp, stage), "interleaved-1f1b S=2 M=4 chunks=2 stage 1 (emulated)");
 }
 
 TEST(Trace, SweepConsumesTraceAndRefusesItWithoutTheTimeline) {
@@ -277,10 +306,19 @@ TEST(Trace, SweepConsumesTraceAndRefusesItWithoutTheTimeline) {
 }
 
 // A rank record with the smallest timeline the trace renders: one memory row.
-json tiny_rank(const json& rank) {
-  json record = {{"timeline", {{"categories", {"param"}}, {"memory", {{0.0, 8}}}, {"spans", json::array()}}}};
-  if (!rank.is_null()) record["rank"] = rank;
+RankRecord tiny_rank(int rank) {
+  RankRecord record = rank_record(rank);
+  record.timeline.emplace();
+  TimelineRow row;
+  row.bytes[0] = 8;
+  record.timeline->memory.push_back(row);
   return record;
+}
+
+ResultDocument document_of(std::vector<RunRecord> runs) {
+  ResultDocument doc;
+  doc.runs = std::move(runs);
+  return doc;
 }
 
 // pid -> how many process_name events name it, and every pid in range.
@@ -297,10 +335,11 @@ std::map<std::int64_t, int> process_name_counts(const json& trace) {
 
 // Worlds go to 65,536: a run of 1,001 ranks next to another run shares no pid with it.
 TEST(Trace, EveryRankOfEveryRunHasItsOwnPid) {
-  json big = {{"kind", "data_parallel"}, {"strategy", "ddp"}, {"world", 1001}, {"ranks", json::array()}};
-  for (int r = 0; r < 1001; ++r) big["ranks"].push_back(tiny_rank(r));
-  const json one = {{"kind", "data_parallel"}, {"strategy", "ddp"}, {"world", 1}, {"ranks", {tiny_rank(0)}}};
-  const json trace = trace_document({{"schema", "shardscope/1"}, {"runs", {big, one}}});
+  DataParallelRun big = dp_run("ddp", 1001, std::nullopt);
+  for (int r = 0; r < 1001; ++r) big.ranks.push_back(tiny_rank(r));
+  DataParallelRun one = dp_run("ddp", 1, std::nullopt);
+  one.ranks.push_back(tiny_rank(0));
+  const json trace = trace_document(document_of({big, one}));
   EXPECT_TRUE(trace_problems(trace).empty());
   const std::map<std::int64_t, int> counts = process_name_counts(trace);
   EXPECT_EQ(counts.size(), 1002u);
@@ -310,16 +349,17 @@ TEST(Trace, EveryRankOfEveryRunHasItsOwnPid) {
   EXPECT_EQ(procs.at(200000), "ddp W=1 rank 0");
 }
 
-// Records the formula cannot place (a repeated rank, none, one past the stride) and runs
-// past what fits below 2^31 still get pids of their own.
+// Records the formula cannot place (a repeated rank, a negative one, one past the stride;
+// a file with them is refused when read, records built in memory are not) and runs past
+// what fits below 2^31 still get pids of their own.
 TEST(Trace, PidsStayDistinctAndInRangeForOddDocuments) {
-  json odd = {{"kind", "data_parallel"}, {"strategy", "ddp"}, {"world", 2}, {"ranks", json::array()}};
-  for (const json& rank : {json(0), json(0), json(), json("x"), json(100000), json(-1), json(1)})
-    odd["ranks"].push_back(tiny_rank(rank));
-  json runs = json::array({odd});
-  const json one = {{"kind", "data_parallel"}, {"strategy", "ddp"}, {"world", 1}, {"ranks", {tiny_rank(65535)}}};
+  DataParallelRun odd = dp_run("ddp", 2, std::nullopt);
+  for (int rank : {0, 0, -2, 200000, 100000, -1, 1}) odd.ranks.push_back(tiny_rank(rank));
+  std::vector<RunRecord> runs = {odd};
+  DataParallelRun one = dp_run("ddp", 1, std::nullopt);
+  one.ranks.push_back(tiny_rank(65535));
   for (int i = 0; i < 21500; ++i) runs.push_back(one);
-  const json trace = trace_document({{"schema", "shardscope/1"}, {"runs", runs}});
+  const json trace = trace_document(document_of(std::move(runs)));
   const std::map<std::int64_t, int> counts = process_name_counts(trace);
   EXPECT_EQ(counts.size(), 7u + 21500u);
   for (const auto& [pid, n] : counts) EXPECT_EQ(n, 1) << "pid " << pid << " named " << n << " times";

@@ -381,7 +381,10 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
     write_csv_files(read_result(doc, results), opts.csv);
   });
   const bool trace_written = !opts.trace.empty() && write_keeping_error(errors, [&] {
-    write_file_atomic_streamed(opts.trace, [&](const TextSink& sink) { write_trace_text(doc, whole_record, sink); });
+    // The records without their timelines, each brought back from disk as it is written.
+    const ResultDocument records = read_result(doc, results);
+    write_file_atomic_streamed(opts.trace,
+                               [&](const TextSink& sink) { write_trace_text(records, spill.timelines_of(doc), sink); });
   });
   const bool report_written = !opts.report.empty() && write_keeping_error(errors, [&] {
     write_file_atomic(opts.report, render_html_report(whole_document(doc, spill), command));

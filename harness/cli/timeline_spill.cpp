@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "harness/records/json_read.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/json_read.hpp"
 #include "shardscope/check.hpp"
@@ -68,6 +69,17 @@ json TimelineSpill::restore(const json& record) const {
   whole.erase(it);
   whole["timeline"] = parse_json_text(text, path_);
   return whole;
+}
+
+TimelineSource TimelineSpill::timelines_of(const json& doc) const {
+  return [this, &doc](std::size_t run, std::size_t member) -> std::optional<TimelineRecord> {
+    const json& r = doc.at("runs").at(run);
+    const json& record = r.at(r.contains("stages") ? "stages" : "ranks").at(member);
+    const json whole = restore(record);
+    const auto it = whole.find("timeline");
+    if (it == whole.end()) return std::nullopt;
+    return read_timeline_record(*it, path_);
+  };
 }
 
 json TimelineSpill::restore_run(const json& run) const {

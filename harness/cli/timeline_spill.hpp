@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/report/trace.hpp"
+
 namespace shardscope {
 
 class TimelineSpill {
@@ -34,6 +36,10 @@ class TimelineSpill {
 
   // `run` with every record's timeline back. Throws RunError.
   nlohmann::json restore_run(const nlohmann::json& run) const;
+
+  // The timelines of `doc` (whose records take() emptied) one record at a time, as the
+  // trace reads them: run and member are indexes into doc["runs"] and its ranks or stages.
+  TimelineSource timelines_of(const nlohmann::json& doc) const;
 
   // The timelines' text on disk, in bytes.
   std::int64_t bytes() const { return end_; }

@@ -586,4 +586,8 @@ StageRecord read_stage_record(const json& record, const std::string& source) {
   return read_stage(Reader(source), record, "");
 }
 
+TimelineRecord read_timeline_record(const json& timeline, const std::string& source) {
+  return read_timeline(Reader(source), timeline, "timeline");
+}
+
 }  // namespace shardscope

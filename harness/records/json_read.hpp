@@ -23,5 +23,7 @@ ResultDocument read_result(const nlohmann::json& doc, const std::string& source)
 // One rank's or stage's record alone (what a rank sends rank 0); `source` names it.
 RankRecord read_rank_record(const nlohmann::json& record, const std::string& source);
 StageRecord read_stage_record(const nlohmann::json& record, const std::string& source);
+// A record's "timeline" alone (a sweep keeps them on disk until it writes its files).
+TimelineRecord read_timeline_record(const nlohmann::json& timeline, const std::string& source);
 
 }  // namespace shardscope

@@ -11,7 +11,7 @@
 
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
-#include "harness/report/table.hpp"
+#include "shardscope/category.hpp"
 #include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
@@ -52,33 +52,17 @@ class PidAllocator {
 std::int64_t ms_to_ns(double ms) { return std::llround(ms * 1e6); }
 double ns_to_us(std::int64_t ns) { return static_cast<double>(ns) / 1e3; }
 
-bool number(const json& j, const char* key, double* out) {
-  const auto it = j.find(key);
-  if (it == j.end() || !it->is_number()) return false;
-  *out = it->get<double>();
-  return true;
-}
-
-std::string field_text(const json& j, const char* key) {
-  const json* v = cells::at(j, {key});
-  return v ? cells::text(v) : std::string();
-}
-
 json metadata(const char* name, std::int64_t pid, const json& args) {
   return {{"name", name}, {"ph", "M"}, {"ts", 0}, {"pid", pid}, {"tid", pid}, {"args", args}};
 }
 
-void add_spans(const json& spans, std::int64_t pid, json& events) {
-  if (!spans.is_array()) return;
-  for (const json& s : spans) {
-    double start = 0.0, end = 0.0;
-    if (!s.is_object() || !number(s, "start_ms", &start) || !number(s, "end_ms", &end)) continue;
-    const std::int64_t t0 = ms_to_ns(start);
-    const std::int64_t t1 = std::max(ms_to_ns(end), t0);
-    json args = json::object();
-    if (s.contains("depth")) args["depth"] = s["depth"];
-    if (s.contains("bytes")) args["bytes"] = s["bytes"];
-    events.push_back({{"name", s.value("name", std::string("?"))},
+void add_spans(const std::vector<TimelineSpanRecord>& spans, std::int64_t pid, json& events) {
+  for (const TimelineSpanRecord& s : spans) {
+    const std::int64_t t0 = ms_to_ns(s.start_ms);
+    const std::int64_t t1 = std::max(ms_to_ns(s.end_ms), t0);
+    json args = {{"depth", s.depth}};
+    if (s.bytes) args["bytes"] = *s.bytes;
+    events.push_back({{"name", s.name},
                       {"cat", "range"},
                       {"ph", "X"},
                       {"ts", ns_to_us(t0)},
@@ -89,46 +73,33 @@ void add_spans(const json& spans, std::int64_t pid, json& events) {
   }
 }
 
-// Counter events in row order (the timeline's rows are in time order; a row earlier
-// than its predecessor, which a well-formed timeline never has, is clamped so every
-// counter track stays monotonic).
 // The start of the record's last "step" span, in ns (-1 when it has none).
-std::int64_t last_step_start_ns(const json& timeline) {
+std::int64_t last_step_start_ns(const TimelineRecord& timeline) {
   std::int64_t start = -1;
-  const json* spans = cells::at(timeline, {"spans"});
-  if (!spans || !spans->is_array()) return start;
-  for (const json& s : *spans) {
-    double t = 0.0;
-    if (s.is_object() && s.value("name", std::string()) == "step" && number(s, "start_ms", &t))
-      start = std::max(start, ms_to_ns(t));
-  }
+  for (const TimelineSpanRecord& s : timeline.spans)
+    if (s.name == "step") start = std::max(start, ms_to_ns(s.start_ms));
   return start;
 }
 
+// Counter events in row order (the timeline's rows are in time order; a row earlier
+// than its predecessor, which a well-formed timeline never has, is clamped so every
+// counter track stays monotonic).
 // The instant `peak N B` marks: the first of the last step at the record's measured peak
 // (what the JSON and the report call the peak: each step resets it), else, when the
-// record says nothing usable, the first at the highest total of the whole run.
-void add_memory(const json& timeline, const json& record, std::int64_t pid, json& events) {
-  const json* cats = cells::at(timeline, {"categories"});
-  const json* rows = cells::at(timeline, {"memory"});
-  if (!cats || !cats->is_array() || !rows || !rows->is_array()) return;
-  const std::size_t n = cats->size();
-  const json* measured = cells::at(record, {"peak", "total"});
+// record has no step or no row at its peak, the first at the highest total of the run.
+void add_memory(const TimelineRecord& timeline, std::int64_t measured, std::int64_t pid, json& events) {
   const std::int64_t step_ns = last_step_start_ns(timeline);
-  const bool by_record = measured && measured->is_number_integer() && step_ns >= 0;
   std::int64_t last_ns = 0;
   std::int64_t peak = -1, peak_ns = 0;        // the highest total of the run, first instant
   std::int64_t matched = -1, matched_ns = 0;  // the record's peak in the last step
-  for (const json& row : *rows) {
-    if (!row.is_array() || row.size() != n + 1 || !row[0].is_number()) continue;
-    const std::int64_t t = std::max(ms_to_ns(row[0].get<double>()), last_ns);
+  for (const TimelineRow& row : timeline.memory) {
+    const std::int64_t t = std::max(ms_to_ns(row.t_ms), last_ns);
     last_ns = t;
     json args = json::object();
     std::int64_t total = 0;
-    for (std::size_t c = 0; c < n; ++c) {
-      const std::int64_t b = row[c + 1].is_number() ? row[c + 1].get<std::int64_t>() : 0;
-      args[(*cats)[c].is_string() ? (*cats)[c].get<std::string>() : std::to_string(c)] = b;
-      total += b;
+    for (int c = 0; c < kCategoryCount; ++c) {
+      args[kCategoryNames[c]] = row.bytes[c];
+      total += row.bytes[c];
     }
     events.push_back({{"name", "memory"}, {"ph", "C"}, {"ts", ns_to_us(t)}, {"pid", pid}, {"tid", pid},
                       {"args", std::move(args)}});
@@ -138,7 +109,7 @@ void add_memory(const json& timeline, const json& record, std::int64_t pid, json
       peak = total;
       peak_ns = t;
     }
-    if (by_record && matched < 0 && t >= step_ns && total == measured->get<std::int64_t>()) {
+    if (step_ns >= 0 && matched < 0 && t >= step_ns && total == measured) {
       matched = total;
       matched_ns = t;
     }
@@ -157,109 +128,111 @@ void add_memory(const json& timeline, const json& record, std::int64_t pid, json
                       {"args", {{"bytes", peak}}}});
 }
 
+std::string emulated(const RunPlace& place) { return place.emulated ? " (emulated)" : ""; }
+
 }  // namespace
 
-std::string trace_process_name(const json& run, const json& record) {
-  const bool pipeline = is_pipeline(run);
-  std::string name;
-  if (pipeline) {
-    name = field_text(run, "schedule") + " S=" + field_text(run, "world");
-    if (const std::string m = field_text(run, "microbatches"); !m.empty()) name += " M=" + m;
-    if (run.value("chunks", 1) > 1) name += " chunks=" + field_text(run, "chunks");
-    name += " stage " + field_text(record, "stage");
-  } else {
-    const std::string strategy = field_text(run, "strategy");
-    name = strategy + " W=" + field_text(run, "world");
-    if (const std::optional<StrategyKind> kind = find_strategy(strategy); kind && shards_by_unit(*kind)) {
-      name += " units=" + field_text(run, "layers_per_unit");
-      if (run.value("prefetch", 1) == 0) name += " prefetch=0";
-    }
-    if (run.value("ddp_bucket", std::string("view")) == "copy") name += " bucket=copy";
-    name += " rank " + field_text(record, "rank");
+std::string trace_process_name(const DataParallelRun& run, const RankRecord& rank) {
+  std::string name = run.strategy + " W=" + std::to_string(run.world);
+  if (const std::optional<StrategyKind> kind = find_strategy(run.strategy); kind && shards_by_unit(*kind)) {
+    name += " units=" + (run.layers_per_unit ? std::to_string(*run.layers_per_unit) : std::string("all"));
+    if (run.prefetch == 0) name += " prefetch=0";
   }
-  if (run.value("emulated", false) == true) name += " (emulated)";
-  return name;
+  if (run.ddp_bucket == "copy") name += " bucket=copy";
+  return name + " rank " + std::to_string(rank.rank) + emulated(run.place);
+}
+
+std::string trace_process_name(const PipelineRun& run, const StageRecord& stage) {
+  std::string name = run.schedule + " S=" + std::to_string(run.world) + " M=" + std::to_string(run.microbatches);
+  if (run.chunks > 1) name += " chunks=" + std::to_string(run.chunks);
+  return name + " stage " + std::to_string(stage.stage) + emulated(run.place);
 }
 
 namespace {
 
-// The records of a run that go into the trace: its ranks or stages; none when skipped.
-const json* traced_records(const json& run) {
-  if (!run.is_object() || run.value("skipped", false) == true) return nullptr;
-  const json* records = cells::at(run, {run.contains("stages") ? "stages" : "ranks"});
-  return records && records->is_array() ? records : nullptr;
-}
-
 // The events of one record of run `i` (process name, spans, memory), after those of the
 // records before it.
-void add_record_events(const json& run, const json& record, std::size_t i, PidAllocator& pids, std::int64_t& order,
+void add_record_events(const std::string& name, std::int64_t rank, std::int64_t peak_total,
+                       const TimelineRecord& timeline, std::size_t i, PidAllocator& pids, std::int64_t& order,
                        json& events) {
-  const json* timeline = record.is_object() ? cells::at(record, {"timeline"}) : nullptr;
-  if (!timeline || !timeline->is_object()) return;
-  std::int64_t rank = -1;  // none: the allocator gives a free pid
-  for (const char* key : {"rank", "stage"})
-    if (const auto it = record.find(key); it != record.end() && it->is_number_integer()) {
-      rank = it->get<std::int64_t>();
-      break;
-    }
   const std::int64_t pid = pids.take(i, rank);
-  events.push_back(metadata("process_name", pid, {{"name", trace_process_name(run, record)}}));
+  events.push_back(metadata("process_name", pid, {{"name", name}}));
   events.push_back(metadata("process_sort_index", pid, {{"sort_index", order++}}));
   events.push_back(metadata("thread_name", pid, {{"name", "ranges"}}));
-  if (const json* spans = cells::at(*timeline, {"spans"})) add_spans(*spans, pid, events);
-  add_memory(*timeline, record, pid, events);
+  add_spans(timeline.spans, pid, events);
+  add_memory(timeline, peak_total, pid, events);
 }
 
-json other_data(const json& doc) {
-  json other = {{"generator", "shardscope"}, {"schema", doc.value("schema", json())}};
-  if (const json* command = cells::at(doc, {"provenance", "command"})) other["command"] = *command;
+json other_data(const ResultDocument& doc) {
+  json other = {{"generator", "shardscope"}, {"schema", kResultSchema}};
+  if (doc.provenance.command) other["command"] = *doc.provenance.command;
   return other;
 }
 
-std::size_t run_count(const json& doc) {
-  const json* runs = cells::at(doc, {"runs"});
-  return runs && runs->is_array() ? runs->size() : 0;
+// Every rank or stage record of the document, in order, with its timeline from
+// `timeline_of` (skipped runs have none): `each(events)` gets each record's events.
+void for_each_record(const ResultDocument& doc, const TimelineSource& timeline_of,
+                     const std::function<void(const json&)>& each) {
+  PidAllocator pids;
+  std::int64_t order = 0;  // processes listed in the document's order, whatever their pids
+  for (std::size_t i = 0; i < doc.runs.size(); ++i) {
+    if (const auto* dp = std::get_if<DataParallelRun>(&doc.runs[i])) {
+      for (std::size_t j = 0; j < dp->ranks.size(); ++j) {
+        const RankRecord& rank = dp->ranks[j];
+        const std::optional<TimelineRecord> timeline = timeline_of(i, j);
+        if (!timeline) continue;
+        json events = json::array();
+        add_record_events(trace_process_name(*dp, rank), rank.rank, rank.peak.total, *timeline, i, pids, order,
+                          events);
+        each(events);
+      }
+    } else if (const auto* pp = std::get_if<PipelineRun>(&doc.runs[i])) {
+      for (std::size_t j = 0; j < pp->stages.size(); ++j) {
+        const StageRecord& stage = pp->stages[j];
+        const std::optional<TimelineRecord> timeline = timeline_of(i, j);
+        if (!timeline) continue;
+        json events = json::array();
+        add_record_events(trace_process_name(*pp, stage), stage.stage, stage.peak.total, *timeline, i, pids, order,
+                          events);
+        each(events);
+      }
+    }
+  }
 }
 
 }  // namespace
 
-json trace_document(const json& doc) {
+TimelineSource own_timelines(const ResultDocument& doc) {
+  return [&doc](std::size_t run, std::size_t member) -> std::optional<TimelineRecord> {
+    if (const auto* dp = std::get_if<DataParallelRun>(&doc.runs[run])) return dp->ranks[member].timeline;
+    if (const auto* pp = std::get_if<PipelineRun>(&doc.runs[run])) return pp->stages[member].timeline;
+    return std::nullopt;
+  };
+}
+
+json trace_document(const ResultDocument& doc) {
   json events = json::array();
-  PidAllocator pids;
-  std::int64_t order = 0;  // processes listed in the document's order, whatever their pids
-  for (std::size_t i = 0; i < run_count(doc); ++i) {
-    const json& run = doc["runs"][i];
-    if (const json* records = traced_records(run))
-      for (const json& record : *records) add_record_events(run, record, i, pids, order, events);
-  }
+  for_each_record(doc, own_timelines(doc), [&](const json& record_events) {
+    for (const json& e : record_events) events.push_back(e);
+  });
   return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", other_data(doc)}};
 }
 
-void write_trace_text(const json& doc, const std::function<json(const json&)>& whole_record, const TextSink& sink) {
+void write_trace_text(const ResultDocument& doc, const TimelineSource& timeline_of, const TextSink& sink) {
   // As json_text(trace_document(doc)) writes it: keys in order, events one record at a time.
   sink("{\"displayTimeUnit\":\"ms\",\"otherData\":" + json_text(other_data(doc)) + ",\"traceEvents\":[");
-  PidAllocator pids;
-  std::int64_t order = 0;
   bool first = true;
-  for (std::size_t i = 0; i < run_count(doc); ++i) {
-    const json& run = doc["runs"][i];
-    const json* records = traced_records(run);
-    for (std::size_t j = 0; records && j < records->size(); ++j) {
-      json events = json::array();
-      add_record_events(run, whole_record((*records)[j]), i, pids, order, events);
-      for (const json& event : events) {
-        sink((first ? "" : ",") + json_text(event));
-        first = false;
-      }
+  for_each_record(doc, timeline_of, [&](const json& events) {
+    for (const json& event : events) {
+      sink((first ? "" : ",") + json_text(event));
+      first = false;
     }
-  }
+  });
   sink("]}\n");
 }
 
-void write_trace_file(const std::string& path, const json& doc) {
-  write_file_atomic_streamed(path, [&](const TextSink& sink) {
-    write_trace_text(doc, [](const json& record) { return record; }, sink);
-  });
+void write_trace_file(const std::string& path, const ResultDocument& doc) {
+  write_file_atomic_streamed(path, [&](const TextSink& sink) { write_trace_text(doc, own_timelines(doc), sink); });
 }
 
 }  // namespace shardscope
