@@ -138,10 +138,13 @@ class JobRunner {
       try {
         out.document = read_json_file(base + ".json");
         spill_.take(out.document);  // the sweep holds no rank's timeline until it writes
+        // Every field checked here, at the edge, naming the job's file (its timelines as
+        // they are read back from disk).
+        (void)read_result(out.document, base + ".json");
         out.runs = runs_of_document(out.document, base + ".json");
         out.provenance = out.document.value("provenance", json());
         return out;
-      } catch (const RunError& e) {
+      } catch (const std::runtime_error& e) {  // RunError, or UsageError from the check
         out.status = JobOutcome::Status::failed;
         out.error = job.label + ": finished, but its result is unusable: " + e.what();
         out.stderr_text = err;

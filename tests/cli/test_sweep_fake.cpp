@@ -42,7 +42,8 @@ using Args = std::vector<std::string>;
 // FAKE_PIDFILE), FAKE_SLOW=<seconds> sleeps that long before writing, FAKE_RMDIR=<path>
 // removes that path before writing, FAKE_FDS=<file>
 // lists its open descriptors there. Every invocation
-// appends its arguments to FAKE_LOG. Under mpirun only rank 0 writes.
+// appends its arguments to FAKE_LOG, FAKE_CORRUPT=<from>|<to> edits the JSON it wrote.
+// Under mpirun only rank 0 writes.
 const char* kFakeRun = R"SH(#!/bin/sh
 echo "$*" >> "$FAKE_LOG"
 json= ; strategy= ; schedule= ; emulate= ; micro=0 ; units=1
@@ -93,6 +94,7 @@ run=$(sed -e "s|\"@NAME@\"|\"$name\"|" -e "s|\"@WORLD@\"|$world|" -e "s|\"@MICRO
           -e "s|\"@ENTRIES@\"|[$entries]|" "$FAKE_TEMPLATES/$run_template.json")
 sed -e "s|\"@COMM@\"|\"$comm\"|" -e "s|\"@EMULATED@\"|$emulated|" -e "s|\"@RUN@\"|[$run]|" \
     "$FAKE_TEMPLATES/document.json" > "$json"
+[ -z "$FAKE_CORRUPT" ] || sed -i "s|$FAKE_CORRUPT|" "$json"
 echo "the run's own table for $name"
 )SH";
 
@@ -328,6 +330,18 @@ TEST_F(SweepFake, EmulatedRanksAreMergedAndSkippedConfigurationsRecorded) {
   EXPECT_NE(stdout_.find(out_ + "/shardscope.json"), std::string::npos);
   EXPECT_EQ(stdout_.find("the run's own table"), std::string::npos);
   expect_only_the_result();
+}
+
+// A job's result file is read into the records where the sweep reads it: a field of the
+// wrong type ends the sweep as a failed job (exit 3), naming the file, run, rank and field.
+TEST_F(SweepFake, AJobsResultWithABadFieldIsAFailureNamingTheField) {
+  set("FAKE_CORRUPT", "\"comm_bytes\":0|\"comm_bytes\":\"x\"");
+  EXPECT_EQ(sweep({"--strategies", "ddp", "--worlds", "1"}), 3);
+  EXPECT_NE(stderr_.find("ddp W=1: finished, but its result is unusable: '"), std::string::npos) << stderr_;
+  EXPECT_NE(stderr_.find(".json': runs[0] (ddp W=1): ranks[0].comm_bytes is \"x\", not a byte count"),
+            std::string::npos)
+      << stderr_;
+  EXPECT_EQ(result()["sweep"]["complete"], false);
 }
 
 TEST_F(SweepFake, AFailedRunEndsTheSweepWithExit3AndWritesWhatCompleted) {
