@@ -30,6 +30,7 @@
 #include "harness/report/json_io.hpp"
 #include "harness/run/provenance.hpp"
 #include "shardscope/check.hpp"
+#include "shardscope/schedule_kind.hpp"
 
 namespace shardscope {
 namespace {
@@ -88,7 +89,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--steps", f.steps, "optimizer steps; the first is warm-up (default 11: ten timed)")->type_name("N");
   app.add_option("--seed", f.seed, "seed of data and initial parameters (default 0)")->type_name("N");
   app.add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | zero3 (default ddp)")->type_name("NAME");
-  app.add_option("--schedule", f.schedule, "gpipe | 1f1b | interleaved-1f1b | zb-h1 (a pipeline run)")->type_name("NAME");
+  app.add_option("--schedule", f.schedule, schedule_names_text(" | ") + " (a pipeline run)")->type_name("NAME");
   app.add_option("--units", f.units, "layers per unit for zero2/zero3: K, or all for one root unit (default 1)")->type_name("K|all");
   app.add_option("--prefetch", f.prefetch, "0 | 1: gather the next unit during backward (default 1)")->type_name("0|1");
   app.add_option("--microbatches", f.microbatches, "pipeline micro-batches M (default: stages)")->type_name("M");
@@ -247,8 +248,8 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
     if (mb > 1e6) throw UsageError("--bucket-mb: " + f.bucket_mb + " is above the largest allowed, 1000000 MiB");
     c.bucket_mb = mb;
   }
-  c.schedule = f.schedule;
-  if (has_schedule && c.schedule.empty()) throw UsageError("--schedule: empty; allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1");
+  if (has_schedule && f.schedule.empty()) throw UsageError("--schedule: empty; allowed: " + schedule_names_text());
+  if (has_schedule) c.schedule = parse_schedule(f.schedule);
   if (!has_schedule) {
     for (const char* flag : {"--microbatches", "--chunks", "--split"})
       if (app.count(flag) > 0) throw UsageError(std::string(flag) + " is only valid with --schedule");

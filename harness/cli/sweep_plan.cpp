@@ -7,6 +7,7 @@
 #include "harness/cli/cli.hpp"
 #include "harness/report/table.hpp"
 #include "shardscope/check.hpp"
+#include "shardscope/schedule_kind.hpp"
 #include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
@@ -16,7 +17,6 @@ using nlohmann::json;
 using Flags = std::vector<std::pair<std::string, std::string>>;  // preset flags: name, value
 
 const std::vector<std::string> kStrategies(kStrategyNames.begin(), kStrategyNames.end());
-const std::vector<std::string> kSchedules = {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"};
 const std::vector<std::string> kPresets = {"seed-dp", "seed-pp"};
 
 // The seed's experiment (shared/reference/seed-3.13.json).
@@ -100,23 +100,25 @@ bool has_pass(const SweepOptions& o, const std::string& name) {
   return std::any_of(o.pass.begin(), o.pass.end(), [&](const PassFlag& f) { return f.name == name; });
 }
 
-bool has(const std::vector<std::string>& v, const std::string& s) {
+template <typename T, typename U>
+bool has(const std::vector<T>& v, const U& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
-// Whether pass-through flag `name` reaches a job of this family ("" for data parallel,
-// else the job's schedule): data-parallel flags only data-parallel jobs, pipeline flags
-// only pipeline jobs, and --chunks only interleaved-1f1b, the one schedule it shapes.
-bool reaches(const std::string& name, const std::string& schedule) {
-  if (has(kDataParallelOnly, name)) return schedule.empty();
-  if (name == "--chunks") return schedule == "interleaved-1f1b";
-  if (has(kPipelineOnly, name)) return !schedule.empty();
+// Whether pass-through flag `name` reaches a job of this family (no schedule for data
+// parallel, else the job's schedule): data-parallel flags only data-parallel jobs, pipeline
+// flags only pipeline jobs, and --chunks only interleaved-1f1b, the one schedule it shapes.
+bool reaches(const std::string& name, std::optional<ScheduleKind> schedule) {
+  if (has(kDataParallelOnly, name)) return !schedule;
+  if (name == "--chunks") return schedule == ScheduleKind::interleaved_1f1b;
+  if (has(kPipelineOnly, name)) return schedule.has_value();
   return true;
 }
 
 // The preset's flags that no pass-through flag replaces, then every pass-through flag
 // that reaches a job of this family (see reaches()).
-std::vector<std::string> merged_flags(const SweepOptions& o, const Flags& preset, const std::string& schedule) {
+std::vector<std::string> merged_flags(const SweepOptions& o, const Flags& preset,
+                                      std::optional<ScheduleKind> schedule) {
   std::vector<std::string> out;
   for (const auto& [name, value] : preset) {
     if (has_pass(o, name)) continue;
@@ -205,9 +207,10 @@ SweepOptions parse_sweep_args(const std::vector<std::string>& args) {
       }
     } else if (name == "--schedules") {
       for (const std::string& s : split_list(name, value())) {
-        check_allowed(name, "a schedule", s, kSchedules);
-        check_new(name, o.schedules, s, "'" + s + "'");
-        o.schedules.push_back(s);
+        const std::optional<ScheduleKind> kind = find_schedule(s);
+        if (!kind) throw UsageError(name + ": '" + s + "' is not a schedule; allowed: " + schedule_names_text());
+        check_new(name, o.schedules, *kind, "'" + s + "'");
+        o.schedules.push_back(*kind);
       }
     } else if (name == "--microbatches") {
       for (const std::string& m : split_list(name, value())) {
@@ -278,7 +281,7 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
       throw UsageError(f.name + ": applies to data-parallel runs; add --strategies or --preset seed-dp");
     if (f.name == "--split" && !pipeline)
       throw UsageError("--split: applies to pipeline runs; add --schedules or --preset seed-pp");
-    if (f.name == "--chunks" && !has(o.schedules, "interleaved-1f1b"))
+    if (f.name == "--chunks" && !has(o.schedules, ScheduleKind::interleaved_1f1b))
       throw UsageError("--chunks: applies to interleaved-1f1b runs only; add interleaved-1f1b to --schedules");
   }
 
@@ -286,7 +289,7 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
   if (data_parallel) {
     const std::vector<int> worlds = o.worlds.empty() ? std::vector<int>{2, 4} : o.worlds;
     const std::vector<std::string> strategies = o.strategies.empty() ? kStrategies : o.strategies;
-    const std::vector<std::string> flags = merged_flags(o, dp_preset ? kSeedDpFlags : Flags{}, "");
+    const std::vector<std::string> flags = merged_flags(o, dp_preset ? kSeedDpFlags : Flags{}, std::nullopt);
     const std::optional<std::string> units = pass_value(o, "--units");
     for (int w : worlds) {
       for (const std::string& s : strategies) {
@@ -313,15 +316,17 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
   }
   if (pipeline) {
     const std::vector<int> worlds = !o.worlds.empty() ? o.worlds : pp_preset ? std::vector<int>{2} : std::vector<int>{2, 4};
-    const std::vector<std::string> schedules = o.schedules.empty() ? std::vector<std::string>{"gpipe", "1f1b"} : o.schedules;
+    const std::vector<ScheduleKind> schedules =
+        o.schedules.empty() ? std::vector<ScheduleKind>{ScheduleKind::gpipe, ScheduleKind::one_f_one_b} : o.schedules;
     std::vector<int> microbatches = o.microbatches;
     if (microbatches.empty() && pp_preset) microbatches = {2, 4, 8};
     if (microbatches.empty()) microbatches = {0};  // 0: run's default, no flag
     for (int s : worlds) {
-      for (const std::string& schedule : schedules) {
+      for (const ScheduleKind schedule : schedules) {
+        const std::string name(schedule_name(schedule));
         for (int m : microbatches) {
-          json config = {{"kind", "pipeline"}, {"schedule", schedule}, {"world", s}};
-          std::vector<std::string> args = {"--schedule", schedule};
+          json config = {{"kind", "pipeline"}, {"schedule", name}, {"world", s}};
+          std::vector<std::string> args = {"--schedule", name};
           if (m > 0) {
             args.insert(args.end(), {"--microbatches", std::to_string(m)});
             config["microbatches"] = m;

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardscope/schedule_kind.hpp"
+
 namespace shardscope {
 
 // A `run` flag given to the sweep, as it was written: {"--layers", "8"}, {"--layers=8"}
@@ -19,7 +21,7 @@ struct PassFlag {
 struct SweepOptions {
   std::vector<int> worlds;               // --worlds; empty: the default (2,4; presets: theirs)
   std::vector<std::string> strategies;   // --strategies; empty: not given
-  std::vector<std::string> schedules;    // --schedules
+  std::vector<ScheduleKind> schedules;   // --schedules
   std::vector<int> microbatches;         // --microbatches
   std::vector<std::string> presets;      // --preset, repeatable: seed-dp, seed-pp
   std::string out = "results";           // --out DIR

@@ -13,6 +13,7 @@
 #include "harness/report/table.hpp"
 #include "harness/run/provenance.hpp"
 #include "shardscope/check.hpp"
+#include "shardscope/schedule_kind.hpp"
 
 #ifndef SHARDSCOPE_VERSION
 #define SHARDSCOPE_VERSION "unknown"
@@ -72,7 +73,7 @@ json replay_stages(const RunConfig& cfg, json& stages) {
 
 void replay_emulated_pipeline(json& run) {
   RunConfig cfg;
-  cfg.schedule = run.value("schedule", std::string());
+  const std::string schedule = run.value("schedule", std::string());
   const json* m = run.contains("microbatches") ? &run["microbatches"] : nullptr;
   const json* v = run.contains("chunks") ? &run["chunks"] : nullptr;
   cfg.microbatches = m && m->is_number_integer() ? m->get<int>() : 0;
@@ -80,8 +81,9 @@ void replay_emulated_pipeline(json& run) {
   for (json& stage : run["stages"])
     if (stage.is_object()) stage["bubble_fraction"] = nullptr;
   run["replayed_makespan_ms"] = nullptr;
-  if (cfg.schedule.empty()) return;
+  if (schedule.empty()) return;
   try {
+    cfg.schedule = parse_schedule(schedule);
     run["replayed_makespan_ms"] = replay_stages(cfg, run["stages"]);
   } catch (const std::exception& e) {  // a schedule or stage list the replay refuses
     throw RunError("emulated stages cannot be replayed: " + std::string(e.what()));

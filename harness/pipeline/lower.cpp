@@ -126,7 +126,7 @@ std::string lower_or_explain(const Schedule& s, std::vector<StageProgram>& progr
 std::vector<StageProgram> lower(const Schedule& s) {
   std::vector<StageProgram> programs;
   const std::string why = schedules::lower_or_explain(s, programs);
-  SHARDSCOPE_REQUIRE(why.empty(), "schedule '" + s.name + "' cannot run: " + why);
+  SHARDSCOPE_REQUIRE(why.empty(), "schedule '" + std::string(schedule_name(s.kind)) + "' cannot run: " + why);
   return programs;
 }
 

@@ -34,6 +34,7 @@ int pipeline_microbatches(const RunConfig& cfg, int stages) {
 }
 
 PipelineShape pipeline_shape(const RunConfig& cfg, int stages) {
+  SHARDSCOPE_REQUIRE(cfg.pipeline(), "pipeline_shape: a data-parallel configuration (no --schedule)");
   const int M = pipeline_microbatches(cfg, stages);
   const int B = cfg.model.batch, L = cfg.model.layers, v = cfg.chunks;
   if (M > B)
@@ -73,15 +74,15 @@ PipelineShape pipeline_shape(const RunConfig& cfg, int stages) {
     throw UsageError("a pipeline of " + shape + " and " + str(M) + " micro-batches has " + std::to_string(V * M) +
                      " forward actions, above the largest allowed, " + std::to_string(kMostForwards) +
                      " (fewer --microbatches or stages)");
-  check_schedule(cfg.schedule, stages, M, v);
-  return {cfg.model, cfg.schedule, stages, M, v, std::move(split)};
+  check_schedule(*cfg.schedule, stages, M, v);
+  return {cfg.model, *cfg.schedule, stages, M, v, std::move(split)};
 }
 
 PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages) {
   const PipelineShape shape = pipeline_shape(cfg, stages);
   const int M = shape.microbatches;
   PipelineLayout layout;
-  layout.schedule = make_schedule(cfg.schedule, stages, M, cfg.chunks);
+  layout.schedule = make_schedule(shape.schedule, stages, M, cfg.chunks);
   layout.bounds.assign(1, 0);
   for (int n : shape.split) layout.bounds.push_back(layout.bounds.back() + n);
   layout.rows = tensor_split_sizes(cfg.model.batch, M);

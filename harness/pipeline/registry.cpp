@@ -1,6 +1,7 @@
-// The schedule registry: a new schedule is one generator file plus one line here.
+// The schedule registry: a new schedule is one generator file, one ScheduleKind and its
+// name (shardscope/schedule_kind.hpp), and one line here.
+#include <array>
 #include <string>
-#include <vector>
 
 #include "harness/pipeline/generators.hpp"
 #include "shardscope/check.hpp"
@@ -11,41 +12,22 @@ namespace shardscope {
 namespace {
 
 struct Entry {
-  const char* name;
   schedules::StageActions (*generate)(int stages, int microbatches, int chunks);
   bool split_backward;  // emits W actions
   bool interleaved;     // takes --chunks >= 2 and needs M % S == 0
 };
 
-const Entry kSchedules[] = {
-    {"gpipe", schedules::gpipe, false, false},
-    {"1f1b", schedules::one_f_one_b, false, false},
-    {"interleaved-1f1b", schedules::interleaved_1f1b, false, true},
-    {"zb-h1", schedules::zb_h1, true, false},
-};
+// One entry per schedule, in ScheduleKind's order.
+constexpr std::array<Entry, kScheduleCount> kSchedules = {{
+    {schedules::gpipe, false, false},
+    {schedules::one_f_one_b, false, false},
+    {schedules::interleaved_1f1b, false, true},
+    {schedules::zb_h1, true, false},
+}};
 
-std::string joined_names() {
-  std::string all;
-  for (const auto& e : kSchedules) all += (all.empty() ? "" : ", ") + std::string(e.name);
-  return all;
-}
-
-}  // namespace
-
-std::vector<std::string> schedule_names() {
-  std::vector<std::string> names;
-  for (const auto& e : kSchedules) names.emplace_back(e.name);
-  return names;
-}
-
-namespace {
-
-const Entry& checked_entry(const std::string& name, int stages, int microbatches, int chunks) {
-  const Entry* entry = nullptr;
-  for (const auto& e : kSchedules)
-    if (name == e.name) entry = &e;
-  if (!entry)
-    throw UsageError("--schedule: unknown '" + name + "'; allowed: " + joined_names());
+const Entry& checked_entry(ScheduleKind kind, int stages, int microbatches, int chunks) {
+  const Entry& entry = kSchedules[static_cast<int>(kind)];
+  const std::string name(schedule_name(kind));
   // S is the world size of a pipeline run (mpirun -np, or --worlds in a sweep).
   if (stages < 1)
     throw UsageError("--schedule " + name + " needs at least 1 stage (world size " +
@@ -53,37 +35,38 @@ const Entry& checked_entry(const std::string& name, int stages, int microbatches
   if (microbatches < 1)
     throw UsageError("--microbatches must be >= 1 (got " + std::to_string(microbatches) + ")");
   if (chunks < 1) throw UsageError("--chunks must be >= 1 (got " + std::to_string(chunks) + ")");
-  if (!entry->interleaved && chunks != 1)
+  if (!entry.interleaved && chunks != 1)
     throw UsageError("--chunks " + std::to_string(chunks) +
-                     " is only valid with --schedule interleaved-1f1b");
-  if (entry->interleaved) {
+                     " is only valid with --schedule " + std::string(schedule_name(ScheduleKind::interleaved_1f1b)));
+  if (entry.interleaved) {
     // One chunk would be plain 1F1B with a longer warm-up: refuse rather than rename.
     if (chunks < 2)
       throw UsageError("--schedule " + name + " needs --chunks >= 2 (got " +
-                       std::to_string(chunks) + "); with one chunk per stage use --schedule 1f1b");
+                       std::to_string(chunks) + "); with one chunk per stage use --schedule " +
+                       std::string(schedule_name(ScheduleKind::one_f_one_b)));
     if (microbatches % stages != 0)
       throw UsageError("--schedule " + name +
                        " needs --microbatches to be a multiple of the stage count (S=" +
                        std::to_string(stages) + ", M=" + std::to_string(microbatches) + ")");
   }
-  return *entry;
+  return entry;
 }
 
 }  // namespace
 
-void check_schedule(const std::string& name, int stages, int microbatches, int chunks) {
-  (void)checked_entry(name, stages, microbatches, chunks);
+void check_schedule(ScheduleKind kind, int stages, int microbatches, int chunks) {
+  (void)checked_entry(kind, stages, microbatches, chunks);
 }
 
-Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks) {
-  const Entry* entry = &checked_entry(name, stages, microbatches, chunks);
+Schedule make_schedule(ScheduleKind kind, int stages, int microbatches, int chunks) {
+  const Entry& entry = checked_entry(kind, stages, microbatches, chunks);
   Schedule s;
-  s.name = entry->name;
+  s.kind = kind;
   s.stages = stages;
   s.microbatches = microbatches;
   s.chunks = chunks;
-  s.split_backward = entry->split_backward;
-  s.actions = entry->generate(stages, microbatches, chunks);
+  s.split_backward = entry.split_backward;
+  s.actions = entry.generate(stages, microbatches, chunks);
   return s;
 }
 

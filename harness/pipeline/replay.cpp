@@ -68,7 +68,7 @@ ReplayResult replay(const Schedule& s,
   }
   for (int st = 0; st < S; ++st) {
     SHARDSCOPE_REQUIRE(next[st] == s.actions[st].size(),
-                       "replay: schedule '" + s.name + "' stage " + std::to_string(st) +
+                       "replay: schedule '" + std::string(schedule_name(s.kind)) + "' stage " + std::to_string(st) +
                            " cannot run " + to_string(s.actions[st][next[st]]) +
                            ": its inputs never come (run validate() first)");
     r.makespan = std::max(r.makespan, free_at[st]);

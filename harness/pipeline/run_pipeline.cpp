@@ -41,7 +41,7 @@ void add_stage_layers(const PipelineLayout& layout, int stage, nlohmann::json& r
 
 StageForms stage_forms(const PipelineShape& shape, int s, const PipelineLayout* layout) {
   StageForms forms = predict_pipeline_stage(shape, s);
-  if (shape.schedule == "interleaved-1f1b") {
+  if (shape.schedule == ScheduleKind::interleaved_1f1b) {
     SHARDSCOPE_REQUIRE(layout != nullptr, "stage_forms: interleaved-1f1b's peak needs the layout");
     forms.peak = walk_peak(shape.model, *layout, s, lower(layout->schedule).at(s), forms.resting);
   }
@@ -77,7 +77,7 @@ void validate_pipeline(const RunConfig& cfg, int stages) { (void)pipeline_shape(
 PipelineRun pipeline_run(const RunConfig& cfg, int stages) {
   const PipelineShape shape = pipeline_shape(cfg, stages);
   PipelineRun run;
-  run.schedule = cfg.schedule;
+  run.schedule = std::string(schedule_name(shape.schedule));
   run.world = stages;
   run.microbatches = shape.microbatches;
   run.chunks = shape.chunks;
@@ -103,7 +103,7 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   // before the stage builds its schedule, program or anything of the model's size.
   const PipelineShape shape = pipeline_shape(cfg, comm.world());
   std::optional<PipelineLayout> layout_for_walk;
-  if (shape.schedule == "interleaved-1f1b") layout_for_walk = make_pipeline_layout(cfg, comm.world());
+  if (shape.schedule == ScheduleKind::interleaved_1f1b) layout_for_walk = make_pipeline_layout(cfg, comm.world());
   const StageForms forms = stage_forms(shape, s, layout_for_walk ? &*layout_for_walk : nullptr);
   const std::int64_t predicted_peak = forms.peak.total();
   check_memory(predicted_peak, backend, comm.rank());
@@ -211,7 +211,7 @@ std::optional<double> fill_replayed_bubbles(const RunConfig& cfg, std::vector<St
     if (st.stage < 0 || st.stage >= S || by_stage[st.stage]) return std::nullopt;
     by_stage[st.stage] = &st;
   }
-  const Schedule sched = make_schedule(cfg.schedule, S, pipeline_microbatches(cfg, S), cfg.chunks);
+  const Schedule sched = make_schedule(cfg.schedule.value(), S, pipeline_microbatches(cfg, S), cfg.chunks);
   // (stage, kind, micro-batch, chunk) -> measured ms
   std::map<std::tuple<int, char, int, int>, double> ms;
   for (int st = 0; st < S; ++st) {

@@ -1,5 +1,6 @@
 // Closed forms of docs/design.md §4, and the measured live count they are checked against.
 #include <algorithm>
+#include <string>
 
 #include "shardscope/check.hpp"
 #include "shardscope/schedule.hpp"
@@ -8,26 +9,32 @@ namespace shardscope {
 
 double bubble_theory(const Schedule& s) {
   const double S = s.stages, M = s.microbatches, v = s.chunks;
-  if (s.name == "gpipe" || s.name == "1f1b") return (S - 1) / (M + S - 1);
-  // Each chunk action is 1/v of the stage's work: the fill and drain shrink v-fold.
-  if (s.name == "interleaved-1f1b") return (S - 1) / (v * M + S - 1);
-  // F = B = W: a step is 3M units of work plus S-1 units of fill.
-  if (s.name == "zb-h1") return (S - 1) / (3 * M + S - 1);
-  throw UsageError("--schedule: no bubble formula for '" + s.name + "'");
+  switch (s.kind) {
+    case ScheduleKind::gpipe:
+    case ScheduleKind::one_f_one_b: return (S - 1) / (M + S - 1);
+    // Each chunk action is 1/v of the stage's work: the fill and drain shrink v-fold.
+    case ScheduleKind::interleaved_1f1b: return (S - 1) / (v * M + S - 1);
+    // F = B = W: a step is 3M units of work plus S-1 units of fill.
+    case ScheduleKind::zb_h1: return (S - 1) / (3 * M + S - 1);
+  }
+  throw RunError("bubble_theory: no formula for schedule kind " + std::to_string(static_cast<int>(s.kind)));
 }
 
 int peak_live_microbatches_theory(const Schedule& s, int stage) {
   const int S = s.stages, M = s.microbatches, v = s.chunks;
-  if (s.name == "gpipe") return M;
-  if (s.name == "1f1b") return std::min(S - stage, M);
-  if (s.name == "interleaved-1f1b") return std::min(2 * (S - stage - 1) + (v - 1) * S + 1, v * M);
-  if (s.name == "zb-h1") return std::min(S - stage, M);
-  throw UsageError("--schedule: no memory formula for '" + s.name + "'");
+  switch (s.kind) {
+    case ScheduleKind::gpipe: return M;
+    case ScheduleKind::one_f_one_b: return std::min(S - stage, M);
+    case ScheduleKind::interleaved_1f1b: return std::min(2 * (S - stage - 1) + (v - 1) * S + 1, v * M);
+    case ScheduleKind::zb_h1: return std::min(S - stage, M);
+  }
+  throw RunError("peak_live_microbatches_theory: no formula for schedule kind " +
+                 std::to_string(static_cast<int>(s.kind)));
 }
 
 int peak_held_microbatches_theory(const Schedule& s, int stage) {
   // Until W: 1F1B's min(S-s, M) plus the s W's delayed on stage s (zb_h1.cpp).
-  if (s.name == "zb-h1") return std::min(s.stages, s.microbatches);
+  if (s.kind == ScheduleKind::zb_h1) return std::min(s.stages, s.microbatches);
   return peak_live_microbatches_theory(s, stage);
 }
 

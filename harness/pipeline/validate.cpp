@@ -219,14 +219,14 @@ ValidationResult validate_programs(const Schedule& s, const std::vector<StagePro
   if (err.empty()) err = match_channels(programs, partner_step);
   if (err.empty()) err = run_groups(programs, partner_step);
   if (err.empty()) return {true, ""};
-  return {false, "schedule '" + s.name + "': " + err};
+  return {false, "schedule '" + std::string(schedule_name(s.kind)) + "': " + err};
 }
 
 ValidationResult validate(const Schedule& s) {
   std::string err = check_lists(s);
   std::vector<StageProgram> programs;
   if (err.empty()) err = schedules::lower_or_explain(s, programs);
-  if (!err.empty()) return {false, "schedule '" + s.name + "': " + err};
+  if (!err.empty()) return {false, "schedule '" + std::string(schedule_name(s.kind)) + "': " + err};
   return validate_programs(s, programs);
 }
 

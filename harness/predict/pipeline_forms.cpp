@@ -20,16 +20,6 @@ namespace {
 
 using i64 = std::int64_t;
 
-enum class Kind { gpipe, one_f_one_b, interleaved, zb_h1 };
-
-Kind kind_of(const std::string& name) {
-  if (name == "gpipe") return Kind::gpipe;
-  if (name == "1f1b") return Kind::one_f_one_b;
-  if (name == "interleaved-1f1b") return Kind::interleaved;
-  if (name == "zb-h1") return Kind::zb_h1;
-  throw UsageError("--schedule: no closed forms for '" + name + "'");
-}
-
 // Rows of torch.tensor_split(B, M): sizes differ by at most one, larger first.
 struct Rows {
   i64 M = 1, q = 0, e = 0, row_bytes = 0;  // row_bytes = 4·width
@@ -127,17 +117,17 @@ i64 p2p_sent(const Ctx& c) {
 // hold all their saves; with a split backward (zb-h1) a pair between B and W still
 // holds its n Linear inputs (n saves, n·a_m bytes).
 
-SavedForms saved_one_chunk(const Ctx& c, Kind kind) {
+SavedForms saved_one_chunk(const Ctx& c, ScheduleKind kind) {
   const Piece& p = c.pieces[0];
   const i64 M = c.M, s = c.s;
   const i64 D = p.save_rows * c.rows.row_bytes;  // bytes per row of one pair's saves
   SavedForms f;
   f.total_tensors = M * p.saves;
   // F's before the first B: gpipe all M; 1f1b and zb-h1 the warm-up min(S-s-1, M) and one more.
-  const i64 w = kind == Kind::gpipe ? M : std::min<i64>(c.S - s - 1, M);
+  const i64 w = kind == ScheduleKind::gpipe ? M : std::min<i64>(c.S - s - 1, M);
   const i64 h = std::min(w + 1, M);
   f.before_first_backward = h * p.saves;
-  if (kind != Kind::zb_h1 || w == M) {
+  if (kind != ScheduleKind::zb_h1 || w == M) {
     // A window of h consecutive micro-batches is live after each F; the first, 0..h-1,
     // holds the largest rows.
     f.peak_live_tensors = h * p.saves;
@@ -371,11 +361,11 @@ CategoryBytes peak_zb_h1(const Ctx& c, const CategoryBytes& base) {
 
 StageForms predict_pipeline_stage(const PipelineShape& shape, int stage) {
   const Ctx c = make_ctx(shape, stage);
-  const Kind kind = kind_of(shape.schedule);
+  const ScheduleKind kind = shape.schedule;
   StageForms out;
   out.resting = resting(c);
   out.p2p_sent_bytes = p2p_sent(c);
-  out.saved = kind == Kind::interleaved ? saved_interleaved(c) : saved_one_chunk(c, kind);
+  out.saved = kind == ScheduleKind::interleaved_1f1b ? saved_interleaved(c) : saved_one_chunk(c, kind);
   // The step's base: the batch (B, width) on the first virtual stage's stage, mse's
   // target (B, width) on the last's, both temp, held through the whole schedule.
   CategoryBytes base = out.resting;
@@ -383,13 +373,13 @@ StageForms predict_pipeline_stage(const PipelineShape& shape, int stage) {
   if (c.s == 0) base[Category::temp] += batch_bytes;
   if ((c.V - 1) % c.S == c.s && c.mse) base[Category::temp] += batch_bytes;
   switch (kind) {
-    case Kind::gpipe: out.peak = peak_one_f_one_b(c, c.M, base); break;
-    case Kind::one_f_one_b: out.peak = peak_one_f_one_b(c, std::min(c.S - c.s - 1, c.M), base); break;
-    case Kind::zb_h1: out.peak = peak_zb_h1(c, base); break;
+    case ScheduleKind::gpipe: out.peak = peak_one_f_one_b(c, c.M, base); break;
+    case ScheduleKind::one_f_one_b: out.peak = peak_one_f_one_b(c, std::min(c.S - c.s - 1, c.M), base); break;
+    case ScheduleKind::zb_h1: out.peak = peak_zb_h1(c, base); break;
     // No closed form yet: its p2p sends wait for the consumer's unit-time round, which
     // this file does not model; stage_forms (harness/pipeline/run_pipeline.cpp) fills
     // the peak from a walk of the stage's lowered program (harness/pipeline/peak_walk).
-    case Kind::interleaved: out.peak = base; break;
+    case ScheduleKind::interleaved_1f1b: out.peak = base; break;
   }
   return out;
 }

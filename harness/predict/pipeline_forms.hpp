@@ -12,16 +12,17 @@
 
 #include "shardscope/category.hpp"
 #include "shardscope/config.hpp"
+#include "shardscope/schedule_kind.hpp"
 
 namespace shardscope {
 
-// What the forms read: the model, the schedule's name and its S, M, v, and the layers
+// What the forms read: the model, the schedule and its S, M, v, and the layers
 // of each virtual stage (V = S·v entries; virtual stage k lives on stage k % S as its
 // chunk k / S). Micro-batch m has rows r_m of torch.tensor_split(B, M): q = B / M,
 // e = B % M, r_m = q + 1 for m < e, else q.
 struct PipelineShape {
   ModelConfig model;
-  std::string schedule;  // gpipe, 1f1b, interleaved-1f1b, zb-h1
+  ScheduleKind schedule = ScheduleKind::gpipe;
   int stages = 1;        // S
   int microbatches = 1;  // M
   int chunks = 1;        // v

@@ -9,9 +9,9 @@
 
 #include <vector>
 
+#include "harness/model/adam_state.hpp"
 #include "harness/strategies/data_parallel.hpp"
 #include "harness/strategies/partition.hpp"
-#include "harness/strategies/replicated.hpp"
 
 namespace shardscope {
 

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "shardscope/kernel_args.hpp"
+#include "shardscope/schedule_kind.hpp"
 #include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
@@ -35,7 +37,7 @@ struct RunConfig {
   int steps = 3;
   std::uint64_t seed = 0;
 
-  // Data parallel (when `schedule` is empty).
+  // Data parallel (when there is no `schedule`).
   StrategyKind strategy = StrategyKind::ddp;
   int layers_per_unit = 0;  // --units K; 0 = "all" (one root unit)
   int prefetch = 1;
@@ -43,7 +45,7 @@ struct RunConfig {
   double bucket_mb = 0.0;           // 0 = one flat bucket
 
   // Pipeline.
-  std::string schedule;  // gpipe | 1f1b | interleaved-1f1b | zb-h1; empty = data parallel
+  std::optional<ScheduleKind> schedule;  // --schedule; none = data parallel
   int microbatches = 0;  // 0 = one per stage
   int chunks = 1;
   std::vector<int> split;
@@ -63,7 +65,7 @@ struct RunConfig {
   bool exact_bytes = false; // --bytes exact: bytes in the tables to the byte
   std::string command_line;
 
-  bool pipeline() const { return !schedule.empty(); }
+  bool pipeline() const { return schedule.has_value(); }
 };
 
 }  // namespace shardscope

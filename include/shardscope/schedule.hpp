@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "shardscope/schedule_kind.hpp"
+
 namespace shardscope {
 
 // F: forward of one (micro-batch, chunk). B: its backward; with split_backward it is only
@@ -36,7 +38,7 @@ inline bool operator==(const Action& a, const Action& b) {
 inline bool operator!=(const Action& a, const Action& b) { return !(a == b); }
 
 struct Schedule {
-  std::string name;     // "gpipe", "1f1b", "interleaved-1f1b", "zb-h1"
+  ScheduleKind kind = ScheduleKind::gpipe;
   int stages = 0;       // S
   int microbatches = 0; // M
   int chunks = 1;       // v
@@ -49,16 +51,13 @@ inline int vstage_of(const Schedule& s, int stage, int chunk) { return chunk * s
 inline int stage_of_vstage(const Schedule& s, int vstage) { return vstage % s.stages; }
 inline int chunk_of_vstage(const Schedule& s, int vstage) { return vstage / s.stages; }
 
-// Names accepted by make_schedule, in the order printed by errors and help.
-std::vector<std::string> schedule_names();
-
-// Builds the named schedule. Throws UsageError naming the flag and the constraint:
+// Builds the schedule. Throws UsageError naming the flag and the constraint:
 // S, M, chunks >= 1; --chunks other than 1 only with interleaved-1f1b, which needs
 // --chunks >= 2 (one chunk is 1f1b: use that name; nothing is quietly downgraded) and
 // M a multiple of S.
-Schedule make_schedule(const std::string& name, int stages, int microbatches, int chunks);
+Schedule make_schedule(ScheduleKind kind, int stages, int microbatches, int chunks);
 // The same checks, without building the lists.
-void check_schedule(const std::string& name, int stages, int microbatches, int chunks);
+void check_schedule(ScheduleKind kind, int stages, int microbatches, int chunks);
 
 // "F(m=3, chunk 1)"
 std::string to_string(const Action& a);

@@ -86,7 +86,7 @@ std::vector<StageProgram> lower_just_in_time(const Schedule& s) {
 TEST(Schedules, EveryShapeValidatesAndPeakLiveMatchesTheory) {
   int checked = 0;
   for (const Shape& c : all_shapes()) {
-    const Schedule s = make_schedule(c.name, c.S, c.M, c.v);
+    const Schedule s = make_schedule(parse_schedule(c.name), c.S, c.M, c.v);
     const ValidationResult r = validate(s);
     ASSERT_TRUE(r.ok) << label(c) << ": " << r.message;
     std::size_t actions = 0;
@@ -103,7 +103,7 @@ TEST(Schedules, EveryShapeValidatesAndPeakLiveMatchesTheory) {
 
 TEST(Schedules, ReplayedBubbleMatchesTheory) {
   for (const Shape& c : all_shapes()) {
-    const Schedule s = make_schedule(c.name, c.S, c.M, c.v);
+    const Schedule s = make_schedule(parse_schedule(c.name), c.S, c.M, c.v);
     const ReplayResult r = replay(s, [&](int, const Action& a) { return unit_time(s, a); });
     const double work = 3.0 * c.v * c.M;  // 3 units per (micro-batch, chunk)
     ASSERT_EQ(r.bubble_fraction.size(), static_cast<std::size_t>(c.S));
@@ -116,7 +116,7 @@ TEST(Schedules, ReplayedBubbleMatchesTheory) {
       EXPECT_EQ(r.action_spans[st].size(), s.actions[st].size());
     }
     if (c.name == "zb-h1") {  // never worse than 1F1B doing the same work
-      const Schedule o = make_schedule("1f1b", c.S, c.M, 1);
+      const Schedule o = make_schedule(ScheduleKind::one_f_one_b, c.S, c.M, 1);
       const ReplayResult ro = replay(o, [&](int, const Action& a) { return unit_time(o, a); });
       EXPECT_LE(r.makespan, ro.makespan) << label(c);
       if (c.S > 1 && c.M >= c.S) {
@@ -128,7 +128,7 @@ TEST(Schedules, ReplayedBubbleMatchesTheory) {
 
 TEST(Schedules, ReplayRespectsDependenciesWithUnevenTimes) {
   // Stage 1 twice as slow: every stage then waits on it, and spans never overlap.
-  const Schedule s = make_schedule("1f1b", 3, 6, 1);
+  const Schedule s = make_schedule(ScheduleKind::one_f_one_b, 3, 6, 1);
   const ReplayResult r = replay(s, [](int stage, const Action& a) {
     return (stage == 1 ? 2.0 : 1.0) * (a.kind == ActionKind::F ? 1.0 : 2.0);
   });
@@ -142,17 +142,17 @@ TEST(Schedules, ReplayRespectsDependenciesWithUnevenTimes) {
 TEST(Schedules, SeedPipelineLastStage) {
   // The seed's table: S = 2, last stage; 1f1b holds one micro-batch, gpipe all M.
   for (int M : {2, 4, 8}) {
-    EXPECT_EQ(peak_live_microbatches(make_schedule("1f1b", 2, M, 1), 1), 1);
-    EXPECT_EQ(peak_live_microbatches(make_schedule("gpipe", 2, M, 1), 1), M);
-    EXPECT_EQ(peak_live_microbatches(make_schedule("1f1b", 2, M, 1), 0), 2);
+    EXPECT_EQ(peak_live_microbatches(make_schedule(ScheduleKind::one_f_one_b, 2, M, 1), 1), 1);
+    EXPECT_EQ(peak_live_microbatches(make_schedule(ScheduleKind::gpipe, 2, M, 1), 1), M);
+    EXPECT_EQ(peak_live_microbatches(make_schedule(ScheduleKind::one_f_one_b, 2, M, 1), 0), 2);
   }
 }
 
 TEST(Schedules, ZeroBubbleH1HoldsWhat1F1BHolds) {
   for (int S = 1; S <= 8; ++S)
     for (int M = 1; M <= 32; ++M) {
-      const Schedule z = make_schedule("zb-h1", S, M, 1);
-      const Schedule o = make_schedule("1f1b", S, M, 1);
+      const Schedule z = make_schedule(ScheduleKind::zb_h1, S, M, 1);
+      const Schedule o = make_schedule(ScheduleKind::one_f_one_b, S, M, 1);
       int worst_z = 0, worst_o = 0;
       for (int st = 0; st < S; ++st) {
         EXPECT_EQ(peak_until_b(z, st), peak_live_microbatches(o, st)) << "S=" << S << " M=" << M;
@@ -168,22 +168,22 @@ TEST(Schedules, ListsHaveTheDocumentedOrder) {
   using K = ActionKind;
   const std::vector<Action> f1b_stage0 = {{K::F, 0, 0}, {K::F, 1, 0}, {K::B, 0, 0}, {K::F, 2, 0},
                                           {K::B, 1, 0}, {K::B, 2, 0}};
-  EXPECT_EQ(make_schedule("1f1b", 2, 3, 1).actions[0], f1b_stage0);
+  EXPECT_EQ(make_schedule(ScheduleKind::one_f_one_b, 2, 3, 1).actions[0], f1b_stage0);
   // Interleaved, S = 2, v = 2, M = 4: micro-batches in groups of S per chunk.
   const std::vector<Action> il_stage1 = {
       {K::F, 0, 0}, {K::F, 1, 0}, {K::F, 0, 1}, {K::B, 0, 1}, {K::F, 1, 1}, {K::B, 1, 1},
       {K::F, 2, 0}, {K::B, 0, 0}, {K::F, 3, 0}, {K::B, 1, 0}, {K::F, 2, 1}, {K::B, 2, 1},
       {K::F, 3, 1}, {K::B, 3, 1}, {K::B, 2, 0}, {K::B, 3, 0}};
-  EXPECT_EQ(make_schedule("interleaved-1f1b", 2, 4, 2).actions[1], il_stage1);
+  EXPECT_EQ(make_schedule(ScheduleKind::interleaved_1f1b, 2, 4, 2).actions[1], il_stage1);
   // ZB-H1, S = 3, last stage: W delayed by s = 2.
   const std::vector<Action> zb_stage2 = {{K::F, 0, 0}, {K::B, 0, 0}, {K::F, 1, 0}, {K::B, 1, 0},
                                          {K::F, 2, 0}, {K::B, 2, 0}, {K::W, 0, 0}, {K::W, 1, 0},
                                          {K::W, 2, 0}};
-  EXPECT_EQ(make_schedule("zb-h1", 3, 3, 1).actions[2], zb_stage2);
+  EXPECT_EQ(make_schedule(ScheduleKind::zb_h1, 3, 3, 1).actions[2], zb_stage2);
 }
 
 TEST(Schedules, LoweringOf1F1BIsMegatrons) {
-  const Schedule s = make_schedule("1f1b", 2, 2, 1);
+  const Schedule s = make_schedule(ScheduleKind::one_f_one_b, 2, 2, 1);
   const auto p = lower(s);
   ASSERT_EQ(p.size(), 2u);
   ASSERT_EQ(p[0].size(), s.actions[0].size() + 1);
@@ -206,7 +206,7 @@ TEST(Schedules, LoweringOf1F1BIsMegatrons) {
   for (const char* name : {"gpipe", "1f1b"})
     for (int S = 2; S <= 5; ++S)
       for (int M = 1; M <= 9; ++M) {
-        const Schedule t = make_schedule(name, S, M, 1);
+        const Schedule t = make_schedule(parse_schedule(name), S, M, 1);
         const auto a = lower(t), b = lower_just_in_time(t);
         for (int st = 0; st < S; ++st)
           for (std::size_t i = 0; i < a[st].size(); ++i) {
@@ -219,7 +219,7 @@ TEST(Schedules, LoweringOf1F1BIsMegatrons) {
 
 TEST(Schedules, OneStageHasNoP2p) {
   for (const Shape& c : {Shape{"gpipe", 1, 4, 1}, Shape{"interleaved-1f1b", 1, 3, 3}, Shape{"zb-h1", 1, 2, 1}}) {
-    const Schedule s = make_schedule(c.name, c.S, c.M, c.v);
+    const Schedule s = make_schedule(parse_schedule(c.name), c.S, c.M, c.v);
     const auto programs = lower(s);
     ASSERT_EQ(programs[0].size(), s.actions[0].size() + 1);
     for (const auto& step : programs[0]) EXPECT_TRUE(step.comm.empty()) << label(c);
@@ -229,7 +229,7 @@ TEST(Schedules, OneStageHasNoP2p) {
 TEST(Schedules, PerActionLoweringDeadlocksInterleaved) {
   // Why lower() holds sends: with send-right-after-compute, interleaved 1F1B with M > S
   // blocks both stages on sends the neighbour asks for only later.
-  const Schedule s = make_schedule("interleaved-1f1b", 2, 4, 2);
+  const Schedule s = make_schedule(ScheduleKind::interleaved_1f1b, 2, 4, 2);
   const ValidationResult r = validate_programs(s, lower_just_in_time(s));
   ASSERT_FALSE(r.ok);
   EXPECT_NE(r.message.find("p2p deadlock"), std::string::npos) << r.message;
@@ -246,7 +246,7 @@ void expect_rejected(const Schedule& s, const std::string& needle) {
 
 TEST(Schedules, BrokenSchedulesAreRejected) {
   using K = ActionKind;
-  Schedule s = make_schedule("1f1b", 2, 4, 1);
+  Schedule s = make_schedule(ScheduleKind::one_f_one_b, 2, 4, 1);
   Schedule missing = s;
   missing.actions[1].erase(missing.actions[1].begin() + 2);  // stage 1: F0 B0 [F1] B1 ...
   expect_rejected(missing, "stage 1: F(m=1, chunk 0) is missing");
@@ -259,7 +259,7 @@ TEST(Schedules, BrokenSchedulesAreRejected) {
   twice.actions[0].push_back({K::F, 3, 0});
   expect_rejected(twice, "stage 0: F(m=3, chunk 0) runs twice");
 
-  Schedule z = make_schedule("zb-h1", 2, 2, 1);
+  Schedule z = make_schedule(ScheduleKind::zb_h1, 2, 2, 1);
   auto& l = z.actions[1];  // F0 B0 F1 B1 W0 W1: move W0 first
   l.insert(l.begin(), l[4]);
   l.erase(l.begin() + 5);
@@ -271,7 +271,7 @@ TEST(Schedules, BrokenSchedulesAreRejected) {
 
   // Stage 0 waits for gradient 0 before sending activation 1; stage 1 needs
   // activation 1 before it computes gradient 0.
-  Schedule dead = make_schedule("gpipe", 2, 2, 1);
+  Schedule dead = make_schedule(ScheduleKind::gpipe, 2, 2, 1);
   dead.actions[0] = {{K::F, 0, 0}, {K::B, 0, 0}, {K::F, 1, 0}, {K::B, 1, 0}};
   expect_rejected(dead, "deadlock: stage 0 waits before B(m=0, chunk 0) for gradient(m=0, vstage 1) from stage 1");
   EXPECT_NE(validate(dead).message.find("stage 1 waits before F(m=1, chunk 0) for activation(m=1, vstage 0) from stage 0"),
@@ -280,7 +280,7 @@ TEST(Schedules, BrokenSchedulesAreRejected) {
   EXPECT_THROW(lower(dead), RunError);
   EXPECT_THROW(replay(dead, [](int, const Action&) { return 1.0; }), RunError);
 
-  Schedule local = make_schedule("interleaved-1f1b", 1, 2, 2);  // S = 1: chunk 1 needs chunk 0 first
+  Schedule local = make_schedule(ScheduleKind::interleaved_1f1b, 1, 2, 2);  // S = 1: chunk 1 needs chunk 0 first
   std::swap(local.actions[0][0], local.actions[0][1]);
   expect_rejected(local, "F(m=0, chunk 1) runs before F(m=0, chunk 0), whose output it needs");
 }
@@ -289,7 +289,7 @@ TEST(Schedules, SwappedReceiveOrder) {
   // Stage 1 takes micro-batch 2 before 1. The lists can run (lower() holds activation 1
   // until stage 1 asks for it), but a program that sends in production order does not
   // match stage 1's receives: the FIFO check names both ends.
-  Schedule s = make_schedule("gpipe", 2, 4, 1);
+  Schedule s = make_schedule(ScheduleKind::gpipe, 2, 4, 1);
   std::swap(s.actions[1][1], s.actions[1][2]);
   EXPECT_TRUE(validate(s).ok) << validate(s).message;
   const ValidationResult r = validate_programs(s, lower_just_in_time(s));
@@ -300,8 +300,8 @@ TEST(Schedules, SwappedReceiveOrder) {
       << r.message;
 
   // A program that runs an action before receiving its input.
-  auto programs = lower(make_schedule("1f1b", 2, 2, 1));
-  const Schedule o = make_schedule("1f1b", 2, 2, 1);
+  auto programs = lower(make_schedule(ScheduleKind::one_f_one_b, 2, 2, 1));
+  const Schedule o = make_schedule(ScheduleKind::one_f_one_b, 2, 2, 1);
   programs[1][0].comm.clear();
   const ValidationResult r2 = validate_programs(o, programs);
   ASSERT_FALSE(r2.ok);
@@ -311,7 +311,7 @@ TEST(Schedules, SwappedReceiveOrder) {
 
 void expect_usage(const std::string& name, int S, int M, int v, const std::string& needle) {
   try {
-    make_schedule(name, S, M, v);
+    make_schedule(parse_schedule(name), S, M, v);
     ADD_FAILURE() << "no error; expected: " << needle;
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -328,7 +328,15 @@ TEST(Schedules, ImpossibleCombinationsAreRefused) {
   expect_usage("gpipe", 2, 0, 1, "--microbatches must be >= 1 (got 0)");
   expect_usage("gpipe", 2, 4, 0, "--chunks must be >= 1 (got 0)");
   expect_usage("1f1b", 0, 4, 1, "at least 1 stage");
-  EXPECT_EQ(schedule_names(), (std::vector<std::string>{"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"}));
+  EXPECT_EQ(schedule_names_text(), "gpipe, 1f1b, interleaved-1f1b, zb-h1");
+}
+
+TEST(Schedules, EachKindParsesFromItsName) {
+  for (const ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved_1f1b,
+                                  ScheduleKind::zb_h1})
+    EXPECT_EQ(parse_schedule(std::string(schedule_name(kind))), kind) << schedule_name(kind);
+  EXPECT_FALSE(find_schedule("1F1B").has_value());
+  EXPECT_FALSE(find_schedule("").has_value());
 }
 
 }  // namespace

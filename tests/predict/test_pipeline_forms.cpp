@@ -31,7 +31,7 @@ struct Drawn {
 // One random configuration that the schedule can run.
 Drawn draw(std::mt19937& rng) {
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  const std::vector<std::string> names = schedule_names();
+  const std::vector<std::string> names(kScheduleNames.begin(), kScheduleNames.end());
   Drawn d;
   d.stages = pick(1, 5);
   const std::string schedule = names[static_cast<std::size_t>(pick(0, static_cast<int>(names.size()) - 1))];
@@ -112,7 +112,7 @@ TEST(PipelineForms, AnswerAtOnceForAnySize) {
   const std::int64_t a = 4LL * 1'000'000 * 1'000;  // one micro-batch's activation, bytes
   const auto t0 = std::chrono::steady_clock::now();
   for (const char* schedule : {"gpipe", "1f1b", "zb-h1"}) {
-    shape.schedule = schedule;
+    shape.schedule = parse_schedule(schedule);
     for (int s = 0; s < 2; ++s) {
       const StageForms f = predict_pipeline_stage(shape, s);
       // Stage 0: each layer saves its input, weight (not layer 0) and ReLU output: 3n - 1
@@ -125,7 +125,7 @@ TEST(PipelineForms, AnswerAtOnceForAnySize) {
       EXPECT_GT(f.peak.total(), f.resting.total()) << schedule;
     }
   }
-  shape.schedule = "interleaved-1f1b";
+  shape.schedule = ScheduleKind::interleaved_1f1b;
   shape.chunks = 2;
   shape.split = {25'000, 25'000, 25'000, 25'000};
   for (int s = 0; s < 2; ++s) EXPECT_GT(predict_pipeline_stage(shape, s).saved.peak_live_tensors, 0);

@@ -22,7 +22,7 @@ inline RunConfig pipeline_config(const std::string& schedule, int microbatches, 
                                  const ModelConfig& model, int steps, std::uint64_t seed) {
   RunConfig cfg;
   cfg.model = model;
-  cfg.schedule = schedule;
+  cfg.schedule = parse_schedule(schedule);
   cfg.microbatches = microbatches;
   cfg.chunks = chunks;
   cfg.steps = steps;
