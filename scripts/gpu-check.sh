@@ -180,6 +180,37 @@ elif [[ -x "$build/shardscope" ]]; then
 else
   fail "table: shardscope was not built"
 fi
+# ---- 4b. NVML at run time only, and the watchdog on one GPU ----------------------------
+if [[ -x "$build/shardscope" ]]; then
+  if ldd "$build/shardscope" | grep -q nvidia-ml; then
+    fail "nvml: the binary needs libnvidia-ml at load time: $(ldd "$build/shardscope" | grep nvidia-ml | head -n 1)"
+  else
+    say "nvml: not among the libraries the binary needs (loaded at run time)"
+  fi
+fi
+# One GPU and no MPI: there is no second rank to stop, so the test hook stalls this rank's
+# stream instead (a host function sleeps 8 s before its first all-reduce). The watchdog
+# must end the run with exit 3 after --comm-timeout 2 s, aborting the communicator, with
+# one line naming the rank, the collective, its bytes and the timeout; the process ends
+# once the sleeping host function returns (within --comm-timeout + 10 s).
+if [[ -x "$build/shardscope" && "$(limit 30)" -ge 30 ]]; then
+  wd_err="$(mktemp)"
+  wd_t0=$SECONDS
+  wd_rc=0
+  SHARDSCOPE_TEST_STALL=0:8 timeout 25 "$build/shardscope" run --backend cuda --comm nccl --comm-timeout 2 \
+    --layers 2 --width 64 --steps 3 >/dev/null 2>"$wd_err" || wd_rc=$?
+  wd_s=$((SECONDS - wd_t0))
+  wd_line="$(grep -m1 'shardscope: error:' "$wd_err" || head -n 1 "$wd_err")"
+  if [[ $wd_rc == 3 && $wd_s -le 12 && "$wd_line" == *"all_reduce of 33280 B did not complete within --comm-timeout 2 s"* ]]; then
+    say "watchdog (nccl, stalled stream): exit 3 after ${wd_s} s: $wd_line"
+  else
+    fail "watchdog (nccl, stalled stream): exit $wd_rc after ${wd_s} s (want 3 within 12 s): $wd_line"
+  fi
+  rm -f "$wd_err"
+else
+  say "watchdog: not run (no binary, or too little of the time budget left)"
+fi
+
 # ---- 5. Nsight Systems, when present: one short zero3 run, NVTX summary ---------------
 if command -v nsys >/dev/null 2>&1 && [[ -x "$build/shardscope" && "$(limit 90)" -ge 90 ]]; then
   rep_dir="$(mktemp -d)"

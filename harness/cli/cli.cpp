@@ -77,6 +77,7 @@ struct RunFlags {
   std::string backend, comm, emulate, json, trace, timeline = "on", csv;
   std::string ddp_bucket = "view", bucket_mb = "0";
   std::string bytes = "binary";
+  std::string comm_timeout = "300";
   bool tf32 = false, wide = false;
 };
 
@@ -98,6 +99,9 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--backend", f.backend, "cpu | cuda (default cuda when a GPU is visible)")->type_name("cpu|cuda");
   app.add_option("--comm", f.comm, "self | mpi | nccl | fake (default from backend and launch)")->type_name("NAME");
   app.add_option("--emulate", f.emulate, "W:r: play rank r of a world of W in this one process")->type_name("W:r");
+  app.add_option("--comm-timeout", f.comm_timeout,
+                 "seconds any one collective may wait before the job is aborted, exit 3 (default 300)")
+      ->type_name("SECONDS");
   app.add_option("--json", f.json, "write the shardscope/1 JSON document here")->type_name("FILE");
   app.add_option("--trace", f.trace, "write a Chrome trace-event JSON (Perfetto, chrome://tracing) here")->type_name("FILE");
   app.add_option("--csv", f.csv, "write DIR/data_parallel.csv and DIR/pipeline.csv (README \"CSV\")")->type_name("DIR");
@@ -107,6 +111,23 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_flag("--tf32", f.tf32, "allow TF32 GEMMs on cuda");
   app.add_option("--bytes", f.bytes, kBytesHelp)->type_name("binary|exact");
   app.add_flag("--wide", f.wide, kWideHelp);
+}
+
+// --comm-timeout SECONDS: a positive number (decimals allowed, e.g. 0.5), at most a day.
+double comm_timeout_value(const std::string& v) {
+  const std::string allowed = "; allowed: a number of seconds above 0 and at most " +
+                              std::to_string(static_cast<int>(kMaxCommTimeoutSeconds)) + " (default 300)";
+  std::size_t used = 0;
+  double s = -1.0;
+  try {
+    s = std::stod(v, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (v.empty() || used != v.size() || v.find_first_not_of("0123456789.") != std::string::npos)
+    throw UsageError("--comm-timeout: '" + v + "' is not a number of seconds" + allowed);
+  if (!(s > 0.0) || s > kMaxCommTimeoutSeconds) throw UsageError("--comm-timeout: " + v + " is out of range" + allowed);
+  return s;
 }
 
 std::vector<int> parse_list(const std::string& flag, const std::string& v) {
@@ -285,6 +306,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
     if (!f.comm.empty() && f.comm != "fake")
       throw UsageError("--comm " + f.comm + ": --emulate always uses the fake communicator");
   }
+  c.comm_timeout_s = comm_timeout_value(f.comm_timeout);
   c.json_path = f.json;
   if (f.timeline != "on" && f.timeline != "off")
     throw UsageError("--timeline: unknown '" + f.timeline + "'; allowed: on, off");

@@ -4,10 +4,12 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "shardscope/backend.hpp"
 #include "shardscope/check.hpp"
+#include "harness/comm/watchdog.hpp"
 
 // The registry: one factory per communicator, each defined in its own file.
 #include "harness/comm/fake_comm.hpp"
@@ -85,11 +87,46 @@ double busbw_gbps(const CollStats& s, CollKind kind, int world) {
 
 // ---- timed public calls ----------------------------------------------------------------
 
+// ---- the watchdog's words and the stall hook ---------------------------------------------
+
+std::string Communicator::watchdog_text(const std::string& what) const {
+  return "rank " + std::to_string(rank_) + ": " + call_name_ + " of " + std::to_string(call_bytes_) + " B " +
+         what + "; the communicator was aborted";
+}
+
+std::string Communicator::timed_out_text() const {
+  return "did not complete within --comm-timeout " + seconds_text(timeout_s_) +
+         " s (a peer is stuck or dead)";
+}
+
+void Communicator::do_stall(double seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
+void Communicator::stall_if_armed() {
+  if (stall_s_ <= 0.0) return;
+  const double s = stall_s_;
+  stall_s_ = 0.0;  // once
+  do_stall(s);
+}
+
+void Communicator::barrier() {
+  call_name_ = "barrier";
+  call_bytes_ = 0;
+  do_barrier();
+}
+
 template <class F>
 void Communicator::timed(CollKind kind, std::size_t bytes, const char* name, F&& f) {
+  call_name_ = name;
+  call_bytes_ = static_cast<std::int64_t>(bytes);
   double ms = run_timed(
       backend_, static_cast<std::int64_t>(bytes),
-      [&] { return std::string(name) + " " + std::to_string(bytes) + " B"; }, std::forward<F>(f));
+      [&] { return std::string(name) + " " + std::to_string(bytes) + " B"; },
+      [&] {
+        stall_if_armed();
+        f();
+      });
   CollStats& s = ledger_[kind];
   s.calls += 1;
   s.bytes += static_cast<std::int64_t>(bytes);
@@ -144,7 +181,12 @@ void Communicator::p2p(const std::vector<P2pOp>& ops) {
     return "p2p " + std::to_string(ops.size()) + " ops send " + std::to_string(dir_bytes[0]) +
            " B recv " + std::to_string(dir_bytes[1]) + " B";
   };
-  double ms = run_timed(backend_, dir_bytes[0] + dir_bytes[1], label, [&] { do_p2p(ops); });
+  call_name_ = ops.size() > 1 ? "p2p" : ops[0].is_send ? "send" : "recv";
+  call_bytes_ = dir_bytes[0] + dir_bytes[1];
+  double ms = run_timed(backend_, dir_bytes[0] + dir_bytes[1], label, [&] {
+    stall_if_armed();
+    do_p2p(ops);
+  });
   for (const P2pOp& op : ops) {
     const int d = op.is_send ? 0 : 1;
     const std::int64_t b = payload_bytes(op.count);
@@ -167,7 +209,9 @@ void Communicator::recv(float* buf, std::size_t count, int peer) {
 
 // ---- registry ------------------------------------------------------------------------------
 
-std::unique_ptr<Communicator> make_communicator(const CommOptions& opt, Backend* backend) {
+namespace {
+
+std::unique_ptr<Communicator> make_kind(const CommOptions& opt, Backend* backend) {
   if (opt.kind == "self") return make_self_communicator(backend);
   if (opt.kind == "fake") {
     const std::string flag = "--emulate " + std::to_string(opt.emulate_world) + ":" +
@@ -188,12 +232,25 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& opt, Backend*
   }
   if (opt.kind == "nccl") {
 #ifdef SHARDSCOPE_WITH_NCCL
-    return make_nccl_communicator(backend);
+    return make_nccl_communicator(backend, opt.timeout_s);
 #else
     throw UsageError("--comm nccl: this build has no NCCL; allowed: " + allowed_comms());
 #endif
   }
   throw UsageError("--comm " + opt.kind + ": unknown communicator; allowed: " + allowed_comms());
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_communicator(const CommOptions& opt, Backend* backend) {
+  if (!(opt.timeout_s > 0.0 && opt.timeout_s <= kMaxCommTimeoutSeconds))
+    throw UsageError("--comm-timeout " + seconds_text(opt.timeout_s) + ": allowed: more than 0 and at most " +
+                     seconds_text(kMaxCommTimeoutSeconds) + " seconds");
+  const StallHook stall = stall_hook_from_env();
+  std::unique_ptr<Communicator> comm = make_kind(opt, backend);
+  comm->set_timeout(opt.timeout_s);
+  if (stall.rank == comm->rank() && !comm->emulated()) comm->arm_stall(stall.seconds);
+  return comm;
 }
 
 }  // namespace shardscope

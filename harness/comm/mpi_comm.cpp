@@ -5,6 +5,13 @@
 // on CUDA, kept between calls) with its own download/upload, so this file needs no CUDA. Counts above max_count_ floats (MPI
 // counts are int) are split into several calls. Every MPI return code is checked: the
 // communicator uses MPI_ERRORS_RETURN, and a failure throws RunError naming the rank.
+//
+// The watchdog (watchdog.hpp): every operation is non-blocking (MPI_Iallreduce,
+// MPI_Ireduce_scatter, MPI_Iallgather, MPI_Ibcast, MPI_Ireduce, MPI_Isend/Irecv,
+// MPI_Ibarrier), and one call's requests are tested together with MPI_Testall, backing
+// off, until they complete or --comm-timeout passes. Then the rank throws RunError with
+// the watchdog's line; the run command calls MPI_Abort, which ends every rank, the stuck
+// one included.
 #ifdef SHARDSCOPE_WITH_MPI
 
 #include "harness/comm/mpi_comm.hpp"
@@ -20,6 +27,7 @@
 #include <vector>
 
 #include "harness/comm/mpi_env.hpp"
+#include "harness/comm/watchdog.hpp"
 #include "shardscope/backend.hpp"
 #include "shardscope/check.hpp"
 
@@ -59,7 +67,8 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(Backend* backend, std::size_t max_count)
       : MpiCommunicator(dup_world(), backend, max_count) {}
   ~MpiCommunicator() override {
-    if (comm_ != MPI_COMM_NULL && mpi_active()) MPI_Comm_free(&comm_);
+    // After a timeout requests are still posted on comm_: leave it to MPI_Abort.
+    if (comm_ != MPI_COMM_NULL && mpi_active() && !timed_out_) MPI_Comm_free(&comm_);
   }
   std::string name() const override { return "mpi"; }
 
@@ -101,10 +110,10 @@ class MpiCommunicator final : public Communicator {
   }
 
   // Every op posted (Isend/Irecv, in the caller's order, so ops to one peer match in
-  // order), then one Waitall: a two-way exchange cannot deadlock.
+  // order), then one wait for all: a two-way exchange cannot deadlock.
   void do_p2p(const std::vector<P2pOp>& ops) override {
     std::vector<float*> host(staged_ ? ops.size() : 0);
-    std::vector<MPI_Request> reqs;
+    std::vector<MPI_Request>& reqs = posted_;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const P2pOp& op = ops[i];
       float* buf = op.buf;
@@ -114,22 +123,23 @@ class MpiCommunicator final : public Communicator {
         buf = host[i];
       }
       for_chunks(op.count, [&](std::size_t off, int n) {
-        MPI_Request r = MPI_REQUEST_NULL;
+        MPI_Request& r = reqs.emplace_back(MPI_REQUEST_NULL);
         if (op.is_send)
           MPI_CHECK(MPI_Isend(buf + off, n, MPI_FLOAT, op.peer, kTag, comm_, &r));
         else
           MPI_CHECK(MPI_Irecv(buf + off, n, MPI_FLOAT, op.peer, kTag, comm_, &r));
-        reqs.push_back(r);
       });
     }
-    if (!reqs.empty())
-      MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
+    wait_posted();
     if (staged_)
       for (std::size_t i = 0; i < ops.size(); ++i)
         if (!ops[i].is_send) backend()->upload(ops[i].buf, host[i], ops[i].count);
   }
 
-  void do_barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
+  void do_barrier() override {
+    MPI_CHECK(MPI_Ibarrier(comm_, &posted_.emplace_back(MPI_REQUEST_NULL)));
+    wait_posted();
+  }
 
  private:
   static constexpr int kTag = 0;
@@ -139,6 +149,27 @@ class MpiCommunicator final : public Communicator {
         comm_(comm),
         max_count_(max_count),
         staged_(backend != nullptr && backend->name() != "cpu") {}
+
+  // Waits for every request in posted_ (MPI_Testall, backing off) and clears it; when
+  // --comm-timeout passes first, throws RunError with the watchdog's line.
+  void wait_posted() {
+    if (posted_.empty()) return;
+    const bool done = wait_until(
+        [&] {
+          int flag = 0;
+          MPI_CHECK(MPI_Testall(static_cast<int>(posted_.size()), posted_.data(), &flag, MPI_STATUSES_IGNORE));
+          return flag != 0;
+        },
+        timeout());
+    if (!done) {
+      timed_out_ = true;
+      throw RunError(watchdog_text(timed_out_text()));
+    }
+    posted_.clear();
+  }
+
+  // A fresh slot in posted_ for the next non-blocking call.
+  MPI_Request* post() { return &posted_.emplace_back(MPI_REQUEST_NULL); }
 
   // Calls f(offset, n) for consecutive pieces of at most max_count_ floats.
   template <class F>
@@ -151,8 +182,9 @@ class MpiCommunicator final : public Communicator {
 
   void host_all_reduce(float* buf, std::size_t count) {
     for_chunks(count, [&](std::size_t off, int n) {
-      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + off, n, MPI_FLOAT, MPI_SUM, comm_));
+      MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + off, n, MPI_FLOAT, MPI_SUM, comm_, post()));
     });
+    wait_posted();
   }
 
   // send(world * rc) -> recv(rc). recv may lie inside send (an in-place shard): MPI
@@ -170,7 +202,8 @@ class MpiCommunicator final : public Communicator {
       // 4.1's block variant took 1.1 ms for 2 MiB at 2 ranks where this takes 0.15 ms
       // (bench/strategy_step; the same bytes and result).
       const std::vector<int> counts(static_cast<std::size_t>(world()), static_cast<int>(rc));
-      MPI_CHECK(MPI_Reduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_));
+      MPI_CHECK(MPI_Ireduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_, post()));
+      wait_posted();
       return;
     }
     // Shards over MPI's int count: reduce each shard's pieces to their owner.
@@ -178,8 +211,9 @@ class MpiCommunicator final : public Communicator {
       for_chunks(rc, [&](std::size_t off, int n) {
         const float* src = send + static_cast<std::size_t>(d) * rc + off;
         float* dst = d == rank() ? recv + off : nullptr;
-        MPI_CHECK(MPI_Reduce(src, dst, n, MPI_FLOAT, MPI_SUM, d, comm_));
+        MPI_CHECK(MPI_Ireduce(src, dst, n, MPI_FLOAT, MPI_SUM, d, comm_, post()));
       });
+    wait_posted();
   }
 
   // send(sc) -> recv(world * sc). send may be this rank's slot of recv (in place).
@@ -195,25 +229,34 @@ class MpiCommunicator final : public Communicator {
     if (sc <= max_count_) {
       if (sc == 0) return;
       const int n = static_cast<int>(sc);
-      MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MPI_FLOAT, recv, n, MPI_FLOAT,
-                              comm_));
+      MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, MPI_FLOAT, recv, n, MPI_FLOAT,
+                               comm_, post()));
+      wait_posted();
       return;
     }
     // Slots over MPI's int count: each rank broadcasts its slot, piece by piece.
     if (!in_place) std::memcpy(mine, send, sc * sizeof(float));
     for (int d = 0; d < world(); ++d)
-      host_broadcast(recv + static_cast<std::size_t>(d) * sc, sc, d);
+      post_broadcast(recv + static_cast<std::size_t>(d) * sc, sc, d);
+    wait_posted();
   }
 
   void host_broadcast(float* buf, std::size_t count, int root) {
+    post_broadcast(buf, count, root);
+    wait_posted();
+  }
+
+  void post_broadcast(float* buf, std::size_t count, int root) {
     for_chunks(count, [&](std::size_t off, int n) {
-      MPI_CHECK(MPI_Bcast(buf + off, n, MPI_FLOAT, root, comm_));
+      MPI_CHECK(MPI_Ibcast(buf + off, n, MPI_FLOAT, root, comm_, post()));
     });
   }
 
   MPI_Comm comm_;
   std::size_t max_count_;
   bool staged_;  // buffers are not host memory: go through download/upload
+  std::vector<MPI_Request> posted_;  // the call's requests, until wait_posted
+  bool timed_out_ = false;           // requests left posted: comm_ is not freed
 };
 
 }  // namespace

@@ -1,15 +1,24 @@
 // `--comm nccl`: collectives and p2p by NCCL on the CUDA backend's stream (docs/design.md §5).
 // The Communicator base class times each call (syncing the backend before and after)
-// and keeps the ledger; this file only enqueues the NCCL operations.
+// and keeps the ledger; this file enqueues the NCCL operations and waits for each under
+// the watchdog (watchdog.hpp): cudaStreamQuery and ncclCommGetAsyncError, polled until
+// the stream drains, NCCL reports an error, or --comm-timeout passes; on either failure
+// the communicator is aborted (ncclCommAbort) and the rank throws, and the run command
+// ends the job with MPI_Abort. ncclCommInitRank and the bootstrap before it stay
+// blocking (NCCL's own waits).
 #include "harness/comm/nccl_comm.hpp"
 
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "harness/backends/cuda_backend.hpp"
+#include "harness/comm/watchdog.hpp"
 #include "shardscope/check.hpp"
 #include "shardscope/cuda_check.hpp"
 
@@ -24,6 +33,12 @@ namespace shardscope {
 #ifdef SHARDSCOPE_WITH_NCCL
 namespace {
 
+// Host function for the SHARDSCOPE_TEST_STALL hook: sleeps on the stream's behalf for
+// the milliseconds its argument carries (a value, so nothing it points to can go first).
+void CUDART_CB sleep_on_stream(void* ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(reinterpret_cast<std::uintptr_t>(ms)));
+}
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(int rank, int world, CudaBackend* backend, ncclComm_t comm)
@@ -31,12 +46,23 @@ class NcclCommunicator final : public Communicator {
     CUDA_CHECK(cudaMalloc(&barrier_scratch_, sizeof(float)));  // untracked: 4 B for barrier()
   }
 
+  // On an error path (an exception unwinding, NCCL's asynchronous error, a failed stream)
+  // the communicator is aborted before anything synchronises: ncclCommAbort does not wait
+  // for peers and stops NCCL's kernels, so neither this nor the backend's teardown can
+  // block on a collective that will never finish. Otherwise queued work is waited for,
+  // within --comm-timeout, and the communicator destroyed.
   ~NcclCommunicator() override {
-    // If the stream (or NCCL) already failed, the error that caused it is being reported:
-    // abort the communicator (it does not wait for peers) instead of destroying it.
-    const cudaError_t e = cudaStreamSynchronize(cuda_->stream());
-    if (e != cudaSuccess || std::uncaught_exceptions() > 0) {
-      (void)ncclCommAbort(comm_);
+    if (!aborted_ && std::uncaught_exceptions() > 0) abort_comm();
+    if (!aborted_) {
+      std::string why;
+      bool drained = false;
+      try {
+        drained = wait_until([&] { return poll(&why) != Poll::pending; }, timeout()) && why.empty();
+      } catch (...) {
+      }
+      if (!drained) abort_comm();
+    }
+    if (aborted_) {
       (void)cudaFree(barrier_scratch_);  // may fail on a broken context; nothing to add then
       (void)cudaGetLastError();
       return;
@@ -50,28 +76,38 @@ class NcclCommunicator final : public Communicator {
  protected:
   // Counts are equal on every rank for a collective, and on both sides of a p2p pair, so
   // skipping empty operations keeps every rank in step.
+  // Each call waits for its stream under the watchdog (wait_stream), so the base class's
+  // synchronisation after it finds nothing left to wait for.
   void do_all_reduce_sum(float* buf, std::size_t count) override {
-    if (count == 0) return;
-    NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm_, cuda_->stream()));
+    usable();
+    if (count > 0)
+      NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm_, cuda_->stream()));
+    wait_stream();
   }
 
   void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) override {
-    if (recv_count == 0) return;
-    NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, ncclFloat, ncclSum, comm_,
-                                 cuda_->stream()));
+    usable();
+    if (recv_count > 0)
+      NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, ncclFloat, ncclSum, comm_, cuda_->stream()));
+    wait_stream();
   }
 
   void do_all_gather(const float* send, float* recv, std::size_t send_count) override {
-    if (send_count == 0) return;
-    NCCL_CHECK(ncclAllGather(send, recv, send_count, ncclFloat, comm_, cuda_->stream()));
+    usable();
+    if (send_count > 0)
+      NCCL_CHECK(ncclAllGather(send, recv, send_count, ncclFloat, comm_, cuda_->stream()));
+    wait_stream();
   }
 
   void do_broadcast(float* buf, std::size_t count, int root) override {
-    if (count == 0) return;
-    NCCL_CHECK(ncclBroadcast(buf, buf, count, ncclFloat, root, comm_, cuda_->stream()));
+    usable();
+    if (count > 0)
+      NCCL_CHECK(ncclBroadcast(buf, buf, count, ncclFloat, root, comm_, cuda_->stream()));
+    wait_stream();
   }
 
   void do_p2p(const std::vector<P2pOp>& ops) override {
+    usable();
     for (const P2pOp& op : ops) {
       SHARDSCOPE_REQUIRE(op.peer >= 0 && op.peer < world(),
                          "p2p: peer " + std::to_string(op.peer) + " is not a rank of world " +
@@ -99,26 +135,80 @@ class NcclCommunicator final : public Communicator {
                                 __FILE__, __LINE__);
     }
     NCCL_CHECK(end);
+    wait_stream();
   }
 
   void do_barrier() override {
+    usable();
     NCCL_CHECK(ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclFloat, ncclSum, comm_,
                              cuda_->stream()));
-    cuda_->synchronize();
+    wait_stream();
+  }
+
+  // The test hook stalls the stream, not the host: the collective then stays queued
+  // behind a host function that sleeps, as behind a peer that never arrives.
+  void do_stall(double seconds) override {
+    const auto ms = static_cast<std::uintptr_t>(seconds * 1000.0);
+    CUDA_CHECK(cudaLaunchHostFunc(cuda_->stream(), sleep_on_stream, reinterpret_cast<void*>(ms)));
   }
 
  private:
+  enum class Poll { done, pending, failed };
+
+  // One look at the stream and at NCCL, as nccl-tests' testStreamSynchronize takes it:
+  // done when the stream has drained; failed (with `why`) when NCCL reports an
+  // asynchronous error or the stream an error; pending otherwise.
+  Poll poll(std::string* why) noexcept {
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+    if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+      *why = "failed: NCCL reports " + detail::nccl_error_text(r != ncclSuccess ? r : async);
+      return Poll::failed;
+    }
+    const cudaError_t e = cudaStreamQuery(cuda_->stream());
+    if (e == cudaSuccess) return Poll::done;
+    if (e == cudaErrorNotReady) return Poll::pending;
+    (void)cudaGetLastError();
+    *why = "failed: the stream reports " + detail::cuda_error_text(e);
+    return Poll::failed;
+  }
+
+  // Waits for the stream under the watchdog; on an asynchronous error or when
+  // --comm-timeout passes, aborts the communicator and throws RunError with the
+  // watchdog's line (the run command then calls MPI_Abort).
+  void wait_stream() {
+    std::string why;
+    const bool finished = wait_until([&] { return poll(&why) != Poll::pending; }, timeout());
+    if (finished && why.empty()) return;
+    abort_comm();
+    throw RunError(watchdog_text(finished ? why + " (within --comm-timeout " + seconds_text(timeout()) + " s)"
+                                          : timed_out_text()));
+  }
+
+  void abort_comm() noexcept {
+    if (aborted_) return;
+    (void)ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+
+  // An aborted communicator takes no more calls.
+  void usable() const {
+    if (aborted_) throw RunError("rank " + std::to_string(rank()) + ": the NCCL communicator was aborted");
+  }
+
   CudaBackend* cuda_;
   ncclComm_t comm_;
   float* barrier_scratch_ = nullptr;
+  bool aborted_ = false;
 };
 
 }  // namespace
 #endif  // SHARDSCOPE_WITH_NCCL
 
-std::unique_ptr<Communicator> make_nccl_communicator(Backend* backend) {
+std::unique_ptr<Communicator> make_nccl_communicator(Backend* backend, double timeout_s) {
 #ifndef SHARDSCOPE_WITH_NCCL
   (void)backend;
+  (void)timeout_s;
   throw UsageError("--comm nccl: this build has no NCCL (nccl.h and libnccl were not found "
                    "when it was configured); use --comm mpi, self or fake");
 #else
@@ -176,8 +266,20 @@ std::unique_ptr<Communicator> make_nccl_communicator(Backend* backend) {
   ncclUniqueId id{};
   if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
 #ifdef SHARDSCOPE_WITH_MPI
-  if (with_mpi) {
-    MPI_CHECK(MPI_Bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, MPI_COMM_WORLD));
+  if (with_mpi) {  // under the watchdog too: a rank that never comes must not hold the others
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_CHECK(MPI_Ibcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, MPI_COMM_WORLD, &req));
+    const bool sent = wait_until(
+        [&] {
+          int flag = 0;
+          MPI_CHECK(MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
+          return flag != 0;
+        },
+        timeout_s);
+    if (!sent)
+      throw RunError("rank " + std::to_string(rank) + ": the broadcast of NCCL's unique id (" +
+                     std::to_string(sizeof(id)) + " B) did not complete within --comm-timeout " +
+                     seconds_text(timeout_s) + " s (a peer is stuck or dead)");
   }
 #endif
 
@@ -185,7 +287,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(Backend* backend) {
   ncclComm_t comm = nullptr;
   NCCL_CHECK(ncclCommInitRank(&comm, world, id, rank));
   try {
-    return std::make_unique<NcclCommunicator>(rank, world, cuda, comm);
+    auto made = std::make_unique<NcclCommunicator>(rank, world, cuda, comm);
+    made->set_timeout(timeout_s);
+    return made;
   } catch (...) {
     (void)ncclCommDestroy(comm);
     throw;

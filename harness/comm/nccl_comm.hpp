@@ -18,7 +18,9 @@ class Backend;
 // Needs `backend` to be the CUDA backend (UsageError "--comm nccl needs --backend cuda"),
 // and at most one rank per visible GPU on each node (UsageError naming both counts).
 // With MPI initialised this is collective over MPI_COMM_WORLD: every rank must call it.
-std::unique_ptr<Communicator> make_nccl_communicator(Backend* backend);
+// `timeout_s` (--comm-timeout) bounds the broadcast of NCCL's id and every later wait.
+std::unique_ptr<Communicator> make_nccl_communicator(Backend* backend,
+                                                     double timeout_s = kDefaultCommTimeoutSeconds);
 
 // "2.28.9" (ncclGetVersion), for provenance; empty when it fails.
 std::string nccl_version_text();

@@ -31,6 +31,7 @@ std::string choose_backend(const RunConfig& cfg) {
 
 CommOptions choose_comm(const RunConfig& cfg, const std::string& backend, const MpiSession& mpi) {
   CommOptions o;
+  o.timeout_s = cfg.comm_timeout_s;
   if (cfg.emulate_world > 0) {
     if (mpi.world() > 1)
       throw UsageError("--emulate runs one process that plays one rank; do not start it under mpirun (" +

@@ -19,6 +19,11 @@ namespace shardscope {
 
 class Backend;
 
+// --comm-timeout (docs/cli.md): how long any one collective or p2p exchange may wait, in
+// seconds, before its rank aborts the job (exit 3). The longest allowed is a day.
+inline constexpr double kDefaultCommTimeoutSeconds = 300.0;
+inline constexpr double kMaxCommTimeoutSeconds = 86'400.0;
+
 enum class CollKind : std::uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, send, recv };
 inline constexpr int kCollKindCount = 6;
 inline constexpr std::array<std::string_view, kCollKindCount> kCollKindNames = {
@@ -85,10 +90,18 @@ class Communicator {
   void p2p(const std::vector<P2pOp>& ops);
   void send(const float* buf, std::size_t count, int peer);  // p2p({send})
   void recv(float* buf, std::size_t count, int peer);        // p2p({recv})
-  void barrier() { do_barrier(); }
+  void barrier();
 
   const CommLedger& ledger() const { return ledger_; }
   void reset_ledger() { ledger_ = {}; }
+
+  // The watchdog's limit: a call whose wait passes it aborts the communicator and throws
+  // RunError (see watchdog_text). Communicators that wait on nothing (self, fake) ignore it.
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
+  // SHARDSCOPE_TEST_STALL (harness/comm/watchdog.hpp): this rank stalls its first timed
+  // call for `seconds`.
+  void arm_stall(double seconds) { stall_s_ = seconds; }
 
  protected:
   Communicator(int rank, int world, Backend* backend) : rank_(rank), world_(world), backend_(backend) {}
@@ -99,21 +112,39 @@ class Communicator {
   virtual void do_p2p(const std::vector<P2pOp>& ops) = 0;
   virtual void do_barrier() = 0;
 
+  // The test hook's stall, inside the call (see arm_stall): the host sleeps; a device
+  // communicator overrides it to stall its stream instead.
+  virtual void do_stall(double seconds);
+
   Backend* backend() const { return backend_; }
+
+  // The one line a rank exits with when its watchdog fires: "rank R: all_reduce of N B
+  // <what> (--comm-timeout T s); the communicator was aborted".
+  std::string watchdog_text(const std::string& what) const;
+  // "did not complete within --comm-timeout T s (a peer is stuck or dead); ...": the
+  // message for a wait that passed the timeout.
+  std::string timed_out_text() const;
 
  private:
   template <class F>
   void timed(CollKind kind, std::size_t bytes, const char* name, F&& f);
+  void stall_if_armed();
   int rank_;
   int world_;
   Backend* backend_;  // synchronized before and after each timed call; may be null
   CommLedger ledger_;
+  double timeout_s_ = kDefaultCommTimeoutSeconds;
+  double stall_s_ = 0.0;
+  // The public call in progress (its ledger name and payload bytes), for watchdog_text.
+  const char* call_name_ = "barrier";
+  std::int64_t call_bytes_ = 0;
 };
 
 struct CommOptions {
   std::string kind;     // "self", "mpi", "nccl", "fake"
   int emulate_world = 0;  // fake: W
   int emulate_rank = 0;   // fake: r
+  double timeout_s = kDefaultCommTimeoutSeconds;  // --comm-timeout
 };
 
 // Builds the communicator; `mpi`/`nccl` need MPI to be initialised (see mpi_env.hpp).

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "shardscope/comm.hpp"
 #include "shardscope/kernel_args.hpp"
 #include "shardscope/schedule_kind.hpp"
 #include "shardscope/strategy_kind.hpp"
@@ -56,6 +57,8 @@ struct RunConfig {
   int emulate_world = 0;
   int emulate_rank = 0;
   bool allow_tf32 = false;
+  // --comm-timeout: the most any one collective may wait, in seconds (kDefaultCommTimeoutSeconds).
+  double comm_timeout_s = kDefaultCommTimeoutSeconds;
 
   bool timeline = true;     // --timeline on|off: record the memory timeline and spans
   std::string json_path;
