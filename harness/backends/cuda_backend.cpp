@@ -69,6 +69,9 @@ CudaBackend::CudaBackend(int local_rank, bool allow_tf32) {
       throw RunError("--backend cuda: device " + std::to_string(device_) +
                      " does not support stream-ordered memory pools (cudaMallocAsync)");
     }
+    // cudaSetDevice made the context: what the device holds now is the origin of the
+    // fallback figure outside the pool (outside_pool()).
+    device_used_at_start_ = device_used_bytes();
     char bus_id[32] = {};
     CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, static_cast<int>(sizeof(bus_id)), device_));
     pci_bus_id_ = bus_id;
@@ -198,12 +201,19 @@ void CudaBackend::reset_pool_high() {
   CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero));
 }
 
-std::int64_t CudaBackend::outside_pool_bytes() {
-  const std::int64_t process = nvml_process_used_bytes(pci_bus_id_);
-  if (process < 0) return -1;
+OutsidePool CudaBackend::outside_pool() {
   PoolStats s;
   pool_stats(&s);
-  return process - s.reserved_current;
+  const NvmlProcessMemory process = nvml_process_used_bytes(pci_bus_id_);
+  if (process.bytes >= 0) return {process.bytes - s.reserved_current, "nvml"};
+  return {device_used_bytes() - device_used_at_start_ - s.reserved_current, "cuda_mem_get_info_delta"};
+}
+
+std::int64_t CudaBackend::device_used_bytes() const {
+  CUDA_CHECK(cudaSetDevice(device_));  // cudaMemGetInfo reports the current device
+  std::size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<std::int64_t>(total_bytes) - static_cast<std::int64_t>(free_bytes);
 }
 
 std::int64_t CudaBackend::device_free_bytes() {

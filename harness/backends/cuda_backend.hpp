@@ -64,10 +64,12 @@ class CudaBackend final : public Backend {
   }
   bool pool_stats(PoolStats* out) override;
   void reset_pool_high() override;
-  std::int64_t outside_pool_bytes() override;
+  OutsidePool outside_pool() override;
   // cudaMemGetInfo's free bytes on this backend's device (memory the pool has reserved
   // but not handed out is not counted as free).
   std::int64_t device_free_bytes() override;
+  // The device's total minus free bytes (cudaMemGetInfo): every process's use.
+  std::int64_t device_used_bytes() const;
   std::string device_description() const override;
 
   // cuBLAS math mode: CUBLAS_DEFAULT_MATH (true fp32) by default; with `allow` true,
@@ -104,6 +106,9 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;
   std::string pci_bus_id_;
+  // The device's used bytes (cudaMemGetInfo) just after the context was made: the origin
+  // of outside_pool()'s fallback when NVML has no figure for this process.
+  std::int64_t device_used_at_start_ = 0;
 };
 
 }  // namespace shardscope

@@ -226,6 +226,8 @@ AllocatorFigures read_allocator(const Reader& rd, const json& member, const std:
                          rd.count(pool, here, "reserved_current"), rd.count(pool, here, "reserved_high")};
   }
   a.outside_pool_bytes = rd.optional_count(member, path, "outside_pool_bytes");
+  if (member.contains("outside_pool_source"))  // added after the first files were written
+    a.outside_pool_source = rd.optional_text(member, path, "outside_pool_source");
   return a;
 }
 

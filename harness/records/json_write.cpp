@@ -40,6 +40,7 @@ void add_allocator(const AllocatorFigures& a, json& r) {
   else
     r["pool"] = nullptr;
   r["outside_pool_bytes"] = or_null(a.outside_pool_bytes);
+  r["outside_pool_source"] = or_null(a.outside_pool_source);
 }
 
 void add_placement(const std::optional<Placement>& p, json& r) {

@@ -64,8 +64,9 @@ struct RankPredicted {
   std::int64_t comm_bytes = 0;
 };
 
-// The allocator-granular figures: "rounded", "pool" (null on cpu) and
-// "outside_pool_bytes" (null when unknown).
+// The allocator-granular figures: "rounded", "pool" (null on cpu),
+// "outside_pool_bytes" (null when unknown) and "outside_pool_source" (where that figure
+// came from: "nvml" or "cuda_mem_get_info_delta"; null on cpu, absent in older files).
 struct PoolFigures {
   std::int64_t used_current = 0;
   std::int64_t used_high = 0;
@@ -77,6 +78,7 @@ struct AllocatorFigures {
   std::int64_t rounded_peak_total = 0;
   std::optional<PoolFigures> pool;
   std::optional<std::int64_t> outside_pool_bytes;
+  std::optional<std::string> outside_pool_source;
 };
 
 // A rank's "timeline" (records.hpp, timeline_record, says what each part holds).

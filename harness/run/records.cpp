@@ -60,8 +60,9 @@ AllocatorFigures allocator_figures(Backend& backend) {
   PoolStats pool;
   if (backend.pool_stats(&pool))
     a.pool = PoolFigures{pool.used_current, pool.used_high, pool.reserved_current, pool.reserved_high};
-  const std::int64_t outside = backend.outside_pool_bytes();
-  if (outside >= 0) a.outside_pool_bytes = outside;
+  const OutsidePool outside = backend.outside_pool();
+  if (outside.bytes >= 0) a.outside_pool_bytes = outside.bytes;
+  if (outside.source != nullptr) a.outside_pool_source = std::string(outside.source);
   return a;
 }
 

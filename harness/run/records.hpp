@@ -24,8 +24,9 @@ RankPredicted rank_predicted(const Prediction& p);
 // The median, minimum and maximum of the timed steps (all but the first, the warm-up): none when
 // no step was timed.
 TimeSummary time_summary(const std::vector<double>& step_ms);
-// The tracker's allocator-granular figures, the CUDA pool's counters (none on cpu) and
-// the bytes outside the pool (none when unknown).
+// The tracker's allocator-granular figures, the CUDA pool's counters (none on cpu), the
+// bytes outside the pool (none when unknown) and their source ("nvml" or
+// "cuda_mem_get_info_delta", see OutsidePool; none on cpu).
 AllocatorFigures allocator_figures(Backend& backend);
 
 // A rank's timeline, times in ms since the run started:

@@ -46,6 +46,23 @@ class Buffer {
 };
 
 // The CUDA pool's own counters (cudaMemPoolGetAttribute), in bytes.
+// Device memory outside the pool and its source (the record's outside_pool_bytes and
+// outside_pool_source, docs/json.md):
+//   "nvml"                     NVML's figure for this process minus the pool's reserved
+//                              bytes (context included);
+//   "cuda_mem_get_info_delta"  when NVML has no figure for this process (not installed,
+//                              or a container whose pids NVML does not list): the
+//                              device's used bytes (cudaMemGetInfo) now minus when the
+//                              backend started, just after the CUDA context was made,
+//                              minus the pool's reserved bytes; the context is not in it,
+//                              and other processes' allocations on the device since are
+//                              (a negative figure, when they freed more, is recorded as
+//                              unknown).
+struct OutsidePool {
+  std::int64_t bytes = -1;      // -1 when unknown (cpu)
+  const char* source = nullptr; // null when unknown
+};
+
 struct PoolStats {
   std::int64_t used_current = 0;
   std::int64_t used_high = 0;
@@ -119,9 +136,10 @@ class Backend {
   virtual bool pool_stats(PoolStats* /*out*/) { return false; }
   // Starts a new high-water window for the pool (UsedMemHigh/ReservedMemHigh := current).
   virtual void reset_pool_high() {}
-  // Device bytes this process holds outside the pool (context, NCCL, cuBLAS):
-  // NVML's per-process figure minus the pool's reserved bytes; -1 when unknown or cpu.
-  virtual std::int64_t outside_pool_bytes() { return -1; }
+  // Device bytes this process holds outside the pool (context, NCCL, cuBLAS), and where
+  // the figure came from (see OutsidePool); bytes -1 and no source on cpu.
+  virtual OutsidePool outside_pool() { return {}; }
+  std::int64_t outside_pool_bytes() { return outside_pool().bytes; }
   // TF32 tensor-core GEMMs (CUDA only; off by default so cpu and cuda agree).
   virtual void set_allow_tf32(bool /*allow*/) {}
   // Free device memory in bytes (cudaMemGetInfo); -1 on host backends.
