@@ -1,8 +1,9 @@
 // The typed records (harness/records/): a result file of every kind the binary writes
 // reads back into them and writes out byte for byte as it was; the writer gives the
 // fields, types and figures the JSON-building code before it gave (golden files under
-// tests/reference/records/, written by that code); a bad file is refused naming the
-// file, the run, the rank and the field.
+// tests/reference/records/, written by that code, plus the fields added since, each
+// added to them by hand: outside_pool_source, null on cpu); a bad file is refused naming
+// the file, the run, the rank and the field.
 #include <gtest/gtest.h>
 
 #include <fstream>
