@@ -45,9 +45,12 @@ TEST(DeadRank, KilledRankEndsTheSweepWithExit3NamingIt) {
   if (std::system("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
   char tmpl[] = "/tmp/shardscope-dead-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
-  const std::string marker = "--seed 9137";  // names this test's processes
-  const std::string cmd = "'" + std::string(bin) + "' sweep --strategies ddp --worlds 2 --steps 100000 " +
-                          marker + " --out '" + dir + "/out' > '" + dir + "/stdout' 2> '" + dir + "/stderr'";
+  // This test's own folder names its processes (each rank's --json lies in it): a fixed
+  // flag would also match the same test run at the same time from another checkout, and
+  // kill or wait for that one's ranks.
+  const std::string marker = dir + "/out/";
+  const std::string cmd = "'" + std::string(bin) + "' sweep --strategies ddp --worlds 2 --steps 100000 --out '" + dir +
+                          "/out' > '" + dir + "/stdout' 2> '" + dir + "/stderr'";
   int rc = -1;
   std::thread sweep([&] {
     const int s = std::system(cmd.c_str());
