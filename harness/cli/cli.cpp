@@ -25,6 +25,7 @@
 #include "harness/cli/run_outputs.hpp"
 #include "harness/cli/sweep.hpp"
 #include "harness/comm/mpi_env.hpp"
+#include "harness/model/model.hpp"
 #include "harness/common/signals_held.hpp"
 #include "harness/report/csv.hpp"
 #include "harness/report/json_io.hpp"
@@ -68,7 +69,7 @@ std::string self_exe(const char* argv0) {
 // that every message names the flag and what is allowed.
 struct RunFlags {
   // Steps: one warm-up and ten timed, so that a time has a spread to print.
-  std::string layers = "8", width = "256", batch = "32", steps = "11", seed = "0";
+  std::string model = "mlp", layers = "8", width = "256", batch = "32", steps = "11", seed = "0";
   std::string activation = "none", loss = "sum";
   // One layer per unit, as FSDP's per-layer wrap policy and DeepSpeed shard; "all" is
   // the root unit alone (torch FSDP without a wrap policy).
@@ -82,6 +83,7 @@ struct RunFlags {
 };
 
 void add_run_flags(CLI::App& app, RunFlags& f) {
+  app.add_option("--model", f.model, model_names_text() + " (default mlp)")->type_name("NAME");
   app.add_option("--layers", f.layers, "number of Linear layers (default 8)")->type_name("N");
   app.add_option("--width", f.width, "width of every layer (default 256)")->type_name("N");
   app.add_option("--batch", f.batch, "rows per rank (data parallel) or per pipeline (default 32)")->type_name("N");
@@ -216,6 +218,8 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   RunConfig c;
   // Caps that keep every byte count of the closed forms inside 64 bits (and the
   // per-layer predictions quick): 16 B x layers x width^2 and 4 B x batch x width x layers.
+  c.model.name = f.model;
+  check_model_name(c.model.name);
   c.model.layers = parse_bounded("--layers", f.layers, 100'000);
   c.model.width = parse_bounded("--width", f.width, 1'000'000);
   c.model.batch = parse_bounded("--batch", f.batch, 10'000'000);

@@ -65,7 +65,9 @@ class Block {
   // Names the block in profiler ranges ("forward layer 3") and messages.
   virtual std::string name() const = 0;
   virtual const std::vector<ParamSpec>& params() const = 0;
-  // Elements of the block's output for `rows` input rows (its input has as many).
+  // Elements of the block's input and output for `rows` rows (rows times the
+  // features of one row: what a pipeline stage sends and receives at a boundary).
+  virtual std::int64_t input_elems(int rows) const = 0;
   virtual std::int64_t output_elems(int rows) const = 0;
   // Whether autograd saves the block's input (its first op does: a Linear does) and
   // its output (its last op does: ReLU does). The model decides from these whether

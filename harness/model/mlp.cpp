@@ -26,6 +26,7 @@ class LinearBlock final : public Block {
 
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return params_; }
+  std::int64_t input_elems(int rows) const override { return static_cast<std::int64_t>(rows) * width_; }
   std::int64_t output_elems(int rows) const override { return static_cast<std::int64_t>(rows) * width_; }
   bool saves_input() const override { return true; }  // Linear saves its input
   bool saves_output() const override { return activation_ == Activation::relu; }  // ReLU saves its output
@@ -121,6 +122,14 @@ class MlpLoss final : public ModelLoss {
   MlpLoss(int width, Loss kind) : width_(width), kind_(kind) {}
 
   bool saves_input() const override { return kind_ == Loss::mse; }
+  bool is_mean() const override { return kind_ == Loss::mse; }
+  // mse's target: (rows, width) of ones; sum takes none.
+  std::int64_t target_elems(int rows) const override {
+    return kind_ == Loss::mse ? static_cast<std::int64_t>(rows) * width_ : 0;
+  }
+  void fill_target(Backend& backend, float* target, int rows) const override {
+    backend.fill(target, 1.0f, static_cast<std::size_t>(target_elems(rows)));
+  }
 
   void forward(Backend& backend, SavedTensors& saved, const float* y, const float* target, int rows, float scale,
                float* value) override {

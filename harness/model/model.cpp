@@ -59,6 +59,14 @@ std::vector<float> Model::init_flat_slice(std::uint64_t seed, std::int64_t begin
   return out;
 }
 
+Buffer Model::make_target(Backend& backend, int rows) const {
+  const std::int64_t n = target_elems(rows);
+  if (n == 0) return Buffer{};
+  Buffer target = backend.alloc(Category::temp, static_cast<std::size_t>(n));
+  loss_->fill_target(backend, target.data(), rows);
+  return target;
+}
+
 bool Model::output_saved(int b, int last) const {
   if (block(b).saves_output()) return true;
   if (b + 1 < last) return block(b + 1).saves_input();

@@ -44,6 +44,12 @@ class ModelLoss {
   virtual ~ModelLoss() = default;
   // Whether the loss saves its input (the last block's output) for backward.
   virtual bool saves_input() const = 0;
+  // Whether it is a mean over rows: micro-batch losses are then scaled by rows / B to
+  // sum to the batch's (a sum is scaled by 1).
+  virtual bool is_mean() const = 0;
+  // Elements of the target for `rows` rows (0: the loss takes none), and its values.
+  virtual std::int64_t target_elems(int rows) const = 0;
+  virtual void fill_target(Backend& backend, float* target, int rows) const = 0;
   // Records its saves and writes the loss of `output` (rows of the last block's
   // output), scaled by `scale`, to `value` (one float on the backend).
   virtual void forward(Backend& backend, SavedTensors& saved, const float* output, const float* target,
@@ -89,6 +95,15 @@ class Model {
   // end (FSDP padding) are zero.
   std::vector<float> init_flat_slice(std::uint64_t seed, std::int64_t begin, std::int64_t count) const;
 
+  // Elements of the model's input (what block 0 takes), of block b's output and of the
+  // loss's target (0: none) for `rows` rows; each is rows times a row's.
+  std::int64_t input_elems(int rows) const { return blocks_.front()->input_elems(rows); }
+  std::int64_t output_elems(int b, int rows) const { return blocks_[b]->output_elems(rows); }
+  std::int64_t target_elems(int rows) const { return loss_->target_elems(rows); }
+  bool loss_is_mean() const { return loss_->is_mean(); }
+  // The target of `rows` rows (temp); empty when the loss takes none.
+  Buffer make_target(Backend& backend, int rows) const;
+
   // Whether block b's output is saved for backward when the segment ends at `last`:
   // by the block itself, by the next block of the segment, or by the loss.
   bool output_saved(int b, int last) const;
@@ -123,6 +138,8 @@ class Model {
 // The model cfg.model.name names (harness/model/registry.cpp); UsageError naming
 // --model for an unknown name.
 std::unique_ptr<Model> make_model(const ModelConfig& config);
+// UsageError naming --model and the registered names unless `name` is one of them.
+void check_model_name(const std::string& name);
 // The registered names, for --model's help and errors: "mlp".
 std::string model_names_text();
 

@@ -17,6 +17,12 @@ constexpr std::array<Entry, 1> kModels = {{
     {"mlp", make_mlp},
 }};
 
+const Entry* find_model(const std::string& name) {
+  for (const Entry& e : kModels)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
 }  // namespace
 
 std::string model_names_text() {
@@ -25,10 +31,13 @@ std::string model_names_text() {
   return text;
 }
 
+void check_model_name(const std::string& name) {
+  if (!find_model(name)) throw UsageError("--model: unknown '" + name + "'; allowed: " + model_names_text());
+}
+
 std::unique_ptr<Model> make_model(const ModelConfig& config) {
-  for (const Entry& e : kModels)
-    if (e.name == config.name) return e.make(config);
-  throw UsageError("--model: unknown '" + config.name + "'; allowed: " + model_names_text());
+  check_model_name(config.name);
+  return find_model(config.name)->make(config);
 }
 
 }  // namespace shardscope

@@ -175,10 +175,10 @@ float PipelineStage::step() {
   actions_end_ms_ = 0.0;
   ScopedRange range(backend_, "step");
 
-  const ModelConfig& m = cfg_.model;
-  const std::size_t n = static_cast<std::size_t>(m.batch) * m.width;
-  Buffer x;       // (batch, width): the global batch, on the first virtual stage's stage
-  Buffer target;  // (batch, width) of ones: mse, on the last virtual stage's stage
+  const int batch = cfg_.model.batch;
+  const std::size_t n = static_cast<std::size_t>(model_->input_elems(batch));
+  Buffer x;       // the global batch (block 0's input), on the first virtual stage's stage
+  Buffer target;  // the loss's target (if it takes one), on the last virtual stage's stage
   {
     const std::int64_t before = tracker.peak().total;
     if (stage_ == stage_of_vstage(layout_.schedule, 0)) {
@@ -186,10 +186,7 @@ float PipelineStage::step() {
       x = backend_.alloc(Category::temp, n);
       backend_.upload(x.data(), host_batch_.data(), n);
     }
-    if (holds_loss() && m.loss == Loss::mse) {
-      target = backend_.alloc(Category::temp, n);
-      backend_.fill(target.data(), 1.0f, n);
-    }
+    if (holds_loss()) target = model_->make_target(backend_, batch);
     note_peak(before, "batch");
   }
 
@@ -225,7 +222,6 @@ void PipelineStage::run_group(const ProgramStep& ps) {
   if (ps.comm.empty()) return;
   Tracker& tracker = backend_.tracker();
   const Schedule& s = layout_.schedule;
-  const int w = cfg_.model.width;
   const std::int64_t before = tracker.peak().total;
   tracker.mark(Phase::communication,
                ps.action ? Place{PlaceKind::microbatch, ps.action->microbatch} : Place{});
@@ -242,15 +238,18 @@ void PipelineStage::run_group(const ProgramStep& ps) {
       sent.push_back(key);
       continue;
     }
-    const std::size_t count = static_cast<std::size_t>(layout_.rows[op.microbatch]) * w;
+    // The output of the sender's virtual stage (activation) or of the one before this
+    // receiver's (gradient): what crosses that boundary.
+    const int boundary = op.payload == Payload::activation ? op.vstage : op.vstage - 1;
+    const std::size_t count = boundary_elems(boundary, layout_.rows[op.microbatch]);
     Slot* sl = nullptr;
     if (op.payload == Payload::activation) {
-      // (rows, width): saved by the consumer's first Linear
+      // saved by the consumer's first block
       sl = &slot(op.microbatch, chunk_of_vstage(s, op.vstage + 1));
       sl->act_in = backend_.alloc(Category::activation, count);
       ops.push_back({false, sl->act_in.data(), count, op.peer});
     } else {
-      // (rows, width): gradient of the consumer's output, a p2p staging buffer
+      // gradient of the consumer's output, a p2p staging buffer
       sl = &slot(op.microbatch, chunk_of_vstage(s, op.vstage - 1));
       sl->grad_in = backend_.alloc(Category::comm, count);
       ops.push_back({false, sl->grad_in.data(), count, op.peer});
@@ -270,13 +269,11 @@ void PipelineStage::run_group(const ProgramStep& ps) {
 float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& target,
                                 std::vector<bool>& grads_written) {
   const Schedule& s = layout_.schedule;
-  const ModelConfig& m = cfg_.model;
   const int V = layout_.vstages();
   const int k = vstage(a.chunk);
   const int first = layout_.first_layer(k), last = layout_.end_layer(k);
   const int rows = layout_.rows[a.microbatch];
-  const std::size_t offset = static_cast<std::size_t>(layout_.row_offset[a.microbatch]) * m.width;
-  const std::size_t count = static_cast<std::size_t>(rows) * m.width;
+  const int row_offset = layout_.row_offset[a.microbatch];
   Slot& sl = slot(a.microbatch, a.chunk);
   Tracker& tracker = backend_.tracker();
   const std::string what = describe_action(a, layout_.chunks());
@@ -292,7 +289,7 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
     case ActionKind::F: {
       const float* input = nullptr;
       if (k == 0)
-        input = x.data() + offset;  // a row slice of the batch
+        input = x.data() + model_->input_elems(row_offset);  // a row slice of the batch
       else if (stage_of_vstage(s, k - 1) == stage_)
         input = slot(a.microbatch, chunk_of_vstage(s, k - 1)).tape.output();  // one stage: local
       else
@@ -300,11 +297,13 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
       SHARDSCOPE_REQUIRE(input != nullptr, "pipeline stage " + str(stage_) + ": no input for " + what);
       sl.tape = model_->forward(mc, first, last, input, rows, /*input_requires_grad*/ k > 0);
       if (k == V - 1) {
-        const float scale = m.loss == Loss::mse ? static_cast<float>(rows) / static_cast<float>(m.batch) : 1.0f;
-        loss = model_->loss_forward(mc, sl.tape, target ? target.data() + offset : nullptr, scale);
+        const int batch = cfg_.model.batch;
+        const float scale = model_->loss_is_mean() ? static_cast<float>(rows) / static_cast<float>(batch) : 1.0f;
+        loss = model_->loss_forward(mc, sl.tape, target ? target.data() + model_->target_elems(row_offset) : nullptr,
+                                    scale);
       } else if (stage_of_vstage(s, k + 1) != stage_) {
         Pending p;
-        p.count = count;
+        p.count = boundary_elems(k, rows);
         if (model_->output_saved(last - 1, last)) {
           p.data = sl.tape.output();  // saved here: lives on in the tape until B
         } else {
@@ -333,7 +332,7 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
           slot(a.microbatch, chunk_of_vstage(s, k - 1)).grad_in = std::move(dx);
         } else {
           Pending p;
-          p.count = count;
+          p.count = boundary_elems(k - 1, rows);
           p.data = dx.data();
           p.owned = std::move(dx);
           pending_.emplace(Key{key_payload(Payload::gradient), a.microbatch, k}, std::move(p));
@@ -371,6 +370,10 @@ void PipelineStage::optimizer_step(int step) {
     }
   }
   if (!list.empty()) backend_.adamw(hyper_, list);
+}
+
+std::size_t PipelineStage::boundary_elems(int vstage, int rows) const {
+  return static_cast<std::size_t>(model_->output_elems(layout_.end_layer(vstage) - 1, rows));
 }
 
 std::vector<float> PipelineStage::download(const float* p, std::size_t n) const {

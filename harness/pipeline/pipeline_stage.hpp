@@ -144,6 +144,9 @@ class PipelineStage {
   void optimizer_step(int step);
   void note_peak(std::int64_t before, const std::string& what);
   std::vector<float> download(const float* p, std::size_t n) const;
+  // Elements of virtual stage `vstage`'s output for `rows` rows: what crosses the
+  // boundary after it (its activation forward, its gradient backward).
+  std::size_t boundary_elems(int vstage, int rows) const;
 
   const RunConfig& cfg_;
   Backend& backend_;

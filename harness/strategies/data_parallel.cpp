@@ -21,14 +21,10 @@ float DataParallelStrategy::step() {
   ScopedRange range(backend_, "step");
 
   const int rows = cfg_.model.batch;
-  const std::size_t n = static_cast<std::size_t>(rows) * cfg_.model.width;
-  Buffer x = backend_.alloc(Category::temp, n);  // (batch, width): the rank's batch
+  const std::size_t n = static_cast<std::size_t>(model_->input_elems(rows));
+  Buffer x = backend_.alloc(Category::temp, n);  // the rank's batch: block 0's input
   backend_.upload(x.data(), host_batch_.data(), n);
-  Buffer target;  // (batch, width) of ones, mse only
-  if (cfg_.model.loss == Loss::mse) {
-    target = backend_.alloc(Category::temp, n);
-    backend_.fill(target.data(), 1.0f, n);
-  }
+  Buffer target = model_->make_target(backend_, rows);  // empty when the loss takes none
 
   float loss = 0.0f;
   Tape tape;

@@ -74,6 +74,13 @@ TEST_F(RunInputs, AMissingEmptyRepeatedOrUnwantedValueIsRefusedNamingTheOption) 
   EXPECT_NE(access((dir_ + "/--tf32").c_str(), F_OK), 0) << "a file named after the flag was written";
 }
 
+TEST_F(RunInputs, AModelTheRegistryDoesNotHoldIsRefusedNamingTheOnesItDoes) {
+  std::string line;
+  EXPECT_EQ(run("--model gpt2", &line), 2);
+  EXPECT_EQ(line, "shardscope: error: --model: unknown 'gpt2'; allowed: mlp");
+  EXPECT_EQ(run("--model mlp --steps 1 --emulate 2:1"), 0);
+}
+
 TEST_F(RunInputs, NumbersAreDigitsOnlyAndBounded) {
   const char* bad[] = {"--steps ' 5'", "--steps +5", "--seed ' 1'", "--batch 2147483648",
                        "--emulate 2:99999999999", "--emulate 65537:0", "--emulate +2:1",
