@@ -61,6 +61,164 @@ std::vector<double> reference_grads(const ModelConfig& m, const std::vector<floa
   return grads;
 }
 
+// A model of blocks unlike the MLP's, built from the interface alone: y = x + b (a
+// parameter, nothing saved) and y = 2x (no parameter), under a sum loss.
+class ShiftBlock final : public Block {
+ public:
+  explicit ShiftBlock(int width) : width_(width), params_{{"bias", {width}, 0.5f}} {}
+  std::string name() const override { return "shift"; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  std::int64_t input_elems(int rows) const override { return std::int64_t{rows} * width_; }
+  std::int64_t output_elems(int rows) const override { return std::int64_t{rows} * width_; }
+  bool saves_input() const override { return false; }
+  bool saves_output() const override { return false; }
+  Buffer forward(const BlockCall& c, const float* in, bool, bool output_saved, BlockTape&) override {
+    Buffer out = c.backend.alloc(output_saved ? Category::activation : Category::temp, output_elems(c.rows));
+    c.backend.copy(out.data(), in, out.count());
+    c.backend.bias_activation(out.data(), c.access.param(c.index, 0), c.rows, width_, Activation::none);
+    return out;
+  }
+  Buffer backward(const BlockCall& c, const float*, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                  BlockTape&) override {
+    c.backend.bias_grad(c.access.grad(c.index, 0), dy.data(), c.rows, width_, beta);
+    Buffer dx = needs_dx ? pass(c, dy) : Buffer{};
+    dy.reset();
+    out.reset();
+    return dx;
+  }
+  Buffer backward_input(const BlockCall& c, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
+                        BlockTape& tape) override {
+    if (free_output) out.reset();
+    Buffer dx = needs_dx ? pass(c, dy) : Buffer{};
+    tape.held.push_back(std::move(dy));
+    return dx;
+  }
+  void backward_weight(const BlockCall& c, const float*, float beta, BlockTape& tape) override {
+    c.backend.bias_grad(c.access.grad(c.index, 0), tape.held.at(0).data(), c.rows, width_, beta);
+    tape.held.clear();
+  }
+
+ private:
+  static Buffer pass(const BlockCall& c, const Buffer& dy) {
+    Buffer dx = c.backend.alloc(Category::temp, dy.count());
+    c.backend.copy(dx.data(), dy.data(), dy.count());
+    return dx;
+  }
+  int width_;
+  std::vector<ParamSpec> params_;
+};
+
+class DoubleBlock final : public Block {
+ public:
+  explicit DoubleBlock(int width) : width_(width) {}
+  std::string name() const override { return "double"; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  std::int64_t input_elems(int rows) const override { return std::int64_t{rows} * width_; }
+  std::int64_t output_elems(int rows) const override { return std::int64_t{rows} * width_; }
+  bool saves_input() const override { return false; }
+  bool saves_output() const override { return false; }
+  Buffer forward(const BlockCall& c, const float* in, bool, bool output_saved, BlockTape&) override {
+    Buffer out = c.backend.alloc(output_saved ? Category::activation : Category::temp, output_elems(c.rows));
+    c.backend.copy(out.data(), in, out.count());
+    c.backend.scale(out.data(), 2.0f, out.count());
+    return out;
+  }
+  Buffer backward(const BlockCall& c, const float*, Buffer& out, Buffer dy, bool needs_dx, float,
+                  BlockTape&) override {
+    Buffer dx = needs_dx ? twice(c, dy) : Buffer{};
+    dy.reset();
+    out.reset();
+    return dx;
+  }
+  Buffer backward_input(const BlockCall& c, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
+                        BlockTape&) override {
+    if (free_output) out.reset();
+    return needs_dx ? twice(c, dy) : Buffer{};
+  }
+  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override {}
+
+ private:
+  static Buffer twice(const BlockCall& c, const Buffer& dy) {
+    Buffer dx = c.backend.alloc(Category::temp, dy.count());
+    c.backend.copy(dx.data(), dy.data(), dy.count());
+    c.backend.scale(dx.data(), 2.0f, dx.count());
+    return dx;
+  }
+  int width_;
+  std::vector<ParamSpec> params_;
+};
+
+class SumLoss final : public ModelLoss {
+ public:
+  explicit SumLoss(int width) : width_(width) {}
+  bool saves_input() const override { return false; }
+  bool is_mean() const override { return false; }
+  std::int64_t target_elems(int) const override { return 0; }
+  void fill_target(Backend&, float*, int) const override {}
+  void forward(Backend& backend, SavedTensors&, const float* y, const float*, int rows, float scale,
+               float* value) override {
+    backend.loss(Loss::sum, y, nullptr, nullptr, value, rows, width_, scale);
+  }
+  Buffer backward(Backend& backend, SavedTensors&, const float* y, const float*, int rows, float scale) override {
+    Buffer dy = backend.alloc(Category::temp, static_cast<std::size_t>(rows) * width_);
+    backend.loss(Loss::sum, y, nullptr, dy.data(), nullptr, rows, width_, scale);
+    return dy;
+  }
+
+ private:
+  int width_;
+};
+
+TEST(Model, RunsBlocksOtherThanTheMlpsWithAndWithoutParameters) {
+  const int w = 4, rows = 3;
+  std::vector<std::unique_ptr<Block>> blocks;
+  blocks.push_back(std::make_unique<ShiftBlock>(w));
+  blocks.push_back(std::make_unique<DoubleBlock>(w));
+  blocks.push_back(std::make_unique<ShiftBlock>(w));
+  Model model(std::move(blocks), std::make_unique<SumLoss>(w));
+  // Layout: the parameterless block owns no tensor and no elements.
+  ASSERT_EQ(model.param_tensors(), 2);
+  EXPECT_EQ(model.params(), 2 * w);
+  EXPECT_EQ(model.first_tensor(1), 1);
+  EXPECT_EQ(model.first_tensor(2), 1);
+  EXPECT_EQ(model.first_tensor(3), 2);
+  EXPECT_EQ(model.block_sizes(), (std::vector<std::int64_t>{w, 0, w}));
+  EXPECT_EQ(model.tensor_offset(1), w);
+  for (int b = 0; b < 3; ++b) EXPECT_FALSE(model.output_saved(b, 3)) << b;  // nobody saves
+
+  std::vector<float> params = model.init_flat_slice(5, 0, model.params());
+  ASSERT_TRUE(any_nonzero(params));
+  for (float p : params) ASSERT_LE(std::fabs(p), 0.5f);
+  std::vector<float> x(static_cast<std::size_t>(rows) * w);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.25f * static_cast<float>(i) - 1.0f;
+  double expected = 0.0;  // sum(2 (x + b0) + b1)
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < w; ++c) expected += 2.0 * (x[r * w + c] + params[c]) + params[w + c];
+  for (bool split : {false, true}) {
+    CpuBackend backend;
+    SavedTensors saved;
+    std::vector<float> grads(params.size(), -7.0f);
+    FlatAccess access(model, params.data(), grads.data());
+    ModelContext mc{backend, saved, access};
+    Tape tape = model.forward(mc, 0, model.blocks(), x.data(), rows, false);
+    EXPECT_EQ(backend.tracker().current()[Category::activation], 0);
+    EXPECT_NEAR(model.loss_forward(mc, tape, nullptr, 1.0f), expected, 1e-4);
+    if (split) {
+      EXPECT_FALSE(model.backward_input(mc, tape, Buffer{}));
+      model.backward_weight(mc, tape, 0.0f);
+    } else {
+      EXPECT_FALSE(model.backward(mc, tape, Buffer{}, 0.0f));
+    }
+    tape = Tape{};
+    EXPECT_EQ(saved.total(), 0);
+    EXPECT_EQ(backend.tracker().current_total(), 0);
+    for (int c = 0; c < w; ++c) {
+      EXPECT_EQ(grads[c], 2.0f * rows) << "b0[" << c << "]";  // through the doubling
+      EXPECT_EQ(grads[w + c], 1.0f * rows) << "b1[" << c << "]";
+    }
+  }
+}
+
 TEST(ModelRegistry, BuildsTheNamedModelAndRefusesOthersNamingTheFlag) {
   ModelConfig m;
   EXPECT_EQ(make_model(m)->blocks(), m.layers);
