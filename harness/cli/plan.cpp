@@ -82,61 +82,59 @@ PlanRequest parse_plan_args(const std::vector<std::string>& args) {
 
 namespace {
 
-json fits_json(const std::optional<std::int64_t>& memory, std::int64_t peak) {
-  return memory ? json(peak <= *memory) : json();
+// Whether `peak` fits in --memory; none without it.
+std::optional<bool> fits(const std::optional<std::int64_t>& memory, std::int64_t peak) {
+  if (!memory) return std::nullopt;
+  return peak <= *memory;
 }
 
-// A run's header without what only a run has (steps, timed steps, seed).
-json plan_header(json run) {
-  for (const char* key : {"steps", "timed_steps", "seed"}) run.erase(key);
-  return run;
-}
-
-json plan_data_parallel(const RunConfig& cfg, int world, const std::optional<std::int64_t>& memory) {
+DataParallelPlan plan_data_parallel(const RunConfig& cfg, int world, const std::optional<std::int64_t>& memory) {
   validate_data_parallel(cfg);
-  json run = plan_header(data_parallel_header(cfg, world));
+  DataParallelPlan plan;
+  plan.run = data_parallel_run(cfg, world);
   // Consecutive ranks with the same figures share one entry: a world of 65,536 ranks
   // stays a few lines (zero1's whole-tensor partition makes a few groups at most; every
   // other strategy one).
-  json groups = json::array();
   const std::vector<Prediction> predicted = predict_data_parallel_ranks(cfg, world);
+  json last;  // the last group's figures, as written
   for (int r = 0; r < world; ++r) {
-    json p = to_json(rank_predicted(predicted[r]));
-    if (!groups.empty() && groups.back()["predicted"] == p) {
-      groups.back()["last"] = r;
+    RankPredicted p = rank_predicted(predicted[r]);
+    json figures = to_json(p);
+    if (!plan.rank_groups.empty() && figures == last) {
+      plan.rank_groups.back().last = r;
       continue;
     }
-    groups.push_back({{"first", r}, {"last", r}, {"predicted", std::move(p)},
-                      {"fits", fits_json(memory, predicted[r].peak_total)}});
+    last = std::move(figures);
+    plan.rank_groups.push_back({r, r, std::move(p), fits(memory, predicted[r].peak_total)});
   }
   std::int64_t highest = 0;
   for (const Prediction& p : predicted) highest = std::max(highest, p.peak_total);
-  run["rank_groups"] = std::move(groups);
-  run["fits_every_rank"] = fits_json(memory, highest);
-  return run;
+  plan.fits_every_rank = fits(memory, highest);
+  return plan;
 }
 
-json plan_pipeline(const RunConfig& cfg, int stages, const std::optional<std::int64_t>& memory) {
+PipelinePlan plan_pipeline(const RunConfig& cfg, int stages, const std::optional<std::int64_t>& memory) {
   const PipelineShape shape = pipeline_shape(cfg, stages);
   // The lists (bounded by pipeline_shape's cap on forward actions) give the live
   // micro-batch counts beside their formulas; the bytes are closed forms.
   const PipelineLayout layout = make_pipeline_layout(cfg, stages);
-  json run = plan_header(pipeline_header(cfg, stages));
-  run["bubble_fraction_theory"] = bubble_theory(layout.schedule);
-  json list = json::array();
+  PipelinePlan plan;
+  plan.run = pipeline_run(cfg, stages);
+  plan.bubble_fraction_theory = bubble_theory(layout.schedule);
   std::int64_t highest = 0;
   for (int s = 0; s < stages; ++s) {
-    json stage = {{"stage", s}, {"rank", s}};
-    add_stage_layers(layout, s, stage);
+    StagePlan stage;
+    stage.stage = s;
+    stage.rank = s;
+    stage_layers(layout, s, &stage.layers, &stage.chunks_layers);
     const StageForms forms = stage_forms(shape, s, &layout);
-    stage["predicted"] = stage_prediction_json(forms, layout.schedule, s);
-    stage["fits"] = fits_json(memory, forms.peak.total());
+    stage.predicted = stage_predicted(forms, layout.schedule, s);
+    stage.fits = fits(memory, forms.peak.total());
     highest = std::max(highest, forms.peak.total());
-    list.push_back(std::move(stage));
+    plan.stages.push_back(std::move(stage));
   }
-  run["stages"] = std::move(list);
-  run["fits_every_rank"] = fits_json(memory, highest);
-  return run;
+  plan.fits_every_rank = fits(memory, highest);
+  return plan;
 }
 
 }  // namespace
@@ -184,28 +182,29 @@ std::int64_t parse_memory_size(const std::string& text) {
   return static_cast<std::int64_t>(bytes);
 }
 
-json make_plan(const PlanRequest& flags) {
+PlanDocument make_plan(const PlanRequest& flags) {
   const std::vector<SweepJob> jobs = plan_sweep(parse_sweep_args(flags.sweep_args));
   // Every job's flags first, as a sweep checks them: a bad flag is exit 2, not a skip.
   std::vector<RunConfig> configs;
   std::vector<std::string> known = sweep_flag_names();
   known.insert(known.end(), {"--json", "--memory"});
   for (const SweepJob& job : jobs) configs.push_back(parse_run_args(job.run_args, known));
-  json plans = json::array();
+  PlanDocument plan;
+  plan.version = SHARDSCOPE_VERSION;
+  plan.command = flags.command;
+  plan.memory_bytes = flags.memory;
+  plan.not_counted = kNotCounted;
   for (std::size_t n = 0; n < jobs.size(); ++n) {
     try {
-      plans.push_back(jobs[n].kind == "pipeline" ? plan_pipeline(configs[n], jobs[n].world, flags.memory)
-                                                 : plan_data_parallel(configs[n], jobs[n].world, flags.memory));
+      if (jobs[n].kind == "pipeline")
+        plan.plans.push_back(plan_pipeline(configs[n], jobs[n].world, flags.memory));
+      else
+        plan.plans.push_back(plan_data_parallel(configs[n], jobs[n].world, flags.memory));
     } catch (const UsageError& e) {
-      plans.push_back(skipped_record(jobs[n], e.what()));
+      plan.plans.push_back(SkippedRun{jobs[n].config, e.what()});
     }
   }
-  return {{"schema", "shardscope-plan/1"},
-          {"version", SHARDSCOPE_VERSION},
-          {"command", flags.command},
-          {"memory_bytes", flags.memory ? json(*flags.memory) : json()},
-          {"not_counted", kNotCounted},
-          {"plans", std::move(plans)}};
+  return plan;
 }
 
 int plan_main(const std::vector<std::string>& args) {
@@ -217,7 +216,7 @@ int plan_main(const std::vector<std::string>& args) {
   const SweepOptions sweep = parse_sweep_args(request.sweep_args);
   // The output path before the work, so that a refused plan has done nothing.
   if (!request.json_path.empty()) check_writable(request.json_path, "--json FILE");
-  const json plan = make_plan(request);
+  const json plan = to_json(make_plan(request));
   // The file first: a reader that closes stdout early (`plan | head`) must not cost it.
   if (!request.json_path.empty()) write_file_atomic(request.json_path, readable_json(plan) + "\n");
   print_plan(plan, std::cout, TableOptions{sweep.exact_bytes, sweep.wide});

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/records/result.hpp"
+
 namespace shardscope {
 
 // "80GiB", "141GB", "512MiB", "1073741824" (bytes; B, KiB..TiB binary, KB..TB decimal,
@@ -33,7 +35,7 @@ PlanRequest parse_plan_args(const std::vector<std::string>& args);
 
 // The plan document (schema "shardscope-plan/1"); throws UsageError naming the flag when
 // the sweep's or a run's flags are wrong.
-nlohmann::json make_plan(const PlanRequest& request);
+PlanDocument make_plan(const PlanRequest& request);
 
 // `shardscope plan ...`: prints the tables, writes --json FILE; returns the exit code
 // (0, or 2 for bad usage).

@@ -266,6 +266,61 @@ json to_json(const Provenance& p) {
           {"mpi", or_null(p.mpi)},   {"nccl", or_null(p.nccl)},       {"cuda", or_null(p.cuda)}};
 }
 
+namespace {
+
+// A run's header in a plan: the run's fields without what only a run has.
+json plan_header(json run) {
+  for (const char* key : {"steps", "timed_steps", "seed", "ranks", "stages", "wall_makespan_ms",
+                          "replayed_makespan_ms", "backend", "comm", "emulated", "rank"})
+    run.erase(key);
+  return run;
+}
+
+json plan_json(const PlanRecord& plan) {
+  if (const auto* dp = std::get_if<DataParallelPlan>(&plan)) {
+    json run = plan_header(data_parallel_json(dp->run));
+    json groups = json::array();
+    for (const RankGroupPlan& g : dp->rank_groups)
+      groups.push_back({{"first", g.first}, {"last", g.last}, {"predicted", to_json(g.predicted)}, {"fits", or_null(g.fits)}});
+    run["rank_groups"] = std::move(groups);
+    run["fits_every_rank"] = or_null(dp->fits_every_rank);
+    return run;
+  }
+  if (const auto* pp = std::get_if<PipelinePlan>(&plan)) {
+    json run = plan_header(pipeline_json(pp->run));
+    run["bubble_fraction_theory"] = pp->bubble_fraction_theory;
+    json stages = json::array();
+    for (const StagePlan& s : pp->stages) {
+      json stage = {{"stage", s.stage}, {"rank", s.rank}, {"layers", layer_range(s.layers)}};
+      if (s.chunks_layers) {
+        json all = json::array();
+        for (const LayerRange& c : *s.chunks_layers) all.push_back(layer_range(c));
+        stage["chunks_layers"] = std::move(all);
+      }
+      stage["predicted"] = to_json(s.predicted);
+      stage["fits"] = or_null(s.fits);
+      stages.push_back(std::move(stage));
+    }
+    run["stages"] = std::move(stages);
+    run["fits_every_rank"] = or_null(pp->fits_every_rank);
+    return run;
+  }
+  return skipped_json(std::get<SkippedRun>(plan));
+}
+
+}  // namespace
+
+json to_json(const PlanDocument& plan) {
+  json plans = json::array();
+  for (const PlanRecord& p : plan.plans) plans.push_back(plan_json(p));
+  return {{"schema", kPlanSchema},
+          {"version", plan.version},
+          {"command", plan.command},
+          {"memory_bytes", or_null(plan.memory_bytes)},
+          {"not_counted", plan.not_counted},
+          {"plans", std::move(plans)}};
+}
+
 json to_json(const ResultDocument& doc) {
   json runs = json::array();
   for (const RunRecord& run : doc.runs) runs.push_back(to_json(run));

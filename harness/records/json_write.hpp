@@ -10,6 +10,7 @@
 namespace shardscope {
 
 nlohmann::json to_json(const ResultDocument& doc);
+nlohmann::json to_json(const PlanDocument& plan);
 nlohmann::json to_json(const RunRecord& run);
 nlohmann::json to_json(const RankRecord& rank);
 nlohmann::json to_json(const StageRecord& stage);

@@ -292,4 +292,51 @@ struct ResultDocument {
 
 inline constexpr const char* kResultSchema = "shardscope/1";
 
+// `shardscope plan`'s document, schema "shardscope-plan/1": the predictions of every
+// configuration, nothing run. "fits" and "fits_every_rank" are null without --memory.
+
+// Consecutive ranks with the same figures: ranks first..last.
+struct RankGroupPlan {
+  int first = 0;
+  int last = 0;
+  RankPredicted predicted;
+  std::optional<bool> fits;
+};
+
+struct StagePlan {
+  int stage = 0;
+  int rank = 0;
+  LayerRange layers{};
+  std::optional<std::vector<LayerRange>> chunks_layers;  // left out with one chunk
+  StagePredicted predicted;
+  std::optional<bool> fits;
+};
+
+// A run's header as a run writes it, without what only a run has (steps, timed_steps,
+// seed, its ranks or stages, where it ran).
+struct DataParallelPlan {
+  DataParallelRun run;
+  std::vector<RankGroupPlan> rank_groups;
+  std::optional<bool> fits_every_rank;
+};
+
+struct PipelinePlan {
+  PipelineRun run;
+  double bubble_fraction_theory = 0.0;
+  std::vector<StagePlan> stages;
+  std::optional<bool> fits_every_rank;
+};
+
+using PlanRecord = std::variant<DataParallelPlan, PipelinePlan, SkippedRun>;
+
+struct PlanDocument {
+  std::string version;
+  std::string command;
+  std::optional<std::int64_t> memory_bytes;  // --memory
+  std::string not_counted;                   // what the figures leave out
+  std::vector<PlanRecord> plans;
+};
+
+inline constexpr const char* kPlanSchema = "shardscope-plan/1";
+
 }  // namespace shardscope

@@ -156,6 +156,18 @@ TEST_F(Records, TheWriterKeepsTheFieldsAndFiguresOfTheCodeBeforeIt) {
   }
 }
 
+// The plan (no times, nothing measured) is written byte for byte as the JSON-building
+// code before the records wrote it: tests/reference/records/plan.json, a skipped
+// configuration and --memory's verdicts among its plans.
+TEST_F(Records, ThePlanIsWrittenAsBefore) {
+  run("", "plan --layers 4 --width 64 --strategies ddp,zero1,zero3 --schedules 1f1b,interleaved-1f1b --chunks 2"
+          " --worlds 2,3,4 --memory 250KiB --json plan.json");
+  const std::string golden = file_text(testing::env("SHARDSCOPE_REFERENCE_DIR") + "/records/plan.json");
+  ASSERT_NE(golden.find("\"skipped\": true"), std::string::npos);
+  ASSERT_NE(golden.find("\"fits\": false"), std::string::npos);
+  EXPECT_EQ(file_text(dir_ + "/plan.json"), golden);
+}
+
 // A field of the wrong type is refused where the file is read, with the file, the run,
 // the rank or stage and the field's path, and what was expected.
 TEST_F(Records, ABadFileIsRefusedNamingTheFileRunRankAndField) {
