@@ -51,6 +51,24 @@ inline std::string without_progress(const std::string& text, std::string* progre
   return rest;
 }
 
+// The smallest address-space limit (ulimit -v, KiB, to within 4 MiB) under which `bin`
+// starts at all (`--version` exits 0): its shared libraries' mappings. A CPU build needs
+// about 60 MiB; one linked with CUDA, cuBLAS and NCCL about 950 MiB, so a test that runs
+// the binary under a limit sets it this far above what it means to test. 0 when it
+// does not start even under 16 GiB.
+inline long startup_address_space_kib(const std::string& bin) {
+  long lo = 4 * 1024, hi = 16L * 1024 * 1024;  // lo fails, hi starts (checked below)
+  const auto starts = [&](long kib) {
+    return shell("ulimit -v " + std::to_string(kib) + " && '" + bin + "' --version > /dev/null 2>&1") == 0;
+  };
+  if (!starts(hi)) return 0;
+  while (hi - lo > 4 * 1024) {
+    const long mid = lo + (hi - lo) / 2;
+    (starts(mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
 // A test that drives the shardscope binary (SHARDSCOPE_BIN, which ctest sets; skipped
 // without it) in a fresh folder of its own under /tmp, removed with its contents after.
 class BinaryTest : public ::testing::Test {
