@@ -1,5 +1,5 @@
 // `shardscope run` and `shardscope sweep`: flags to a RunConfig, errors to exit codes
-// (DESIGN §6): 0 done, 2 bad usage or configuration, 3 a run failed.
+// (docs/design.md §6): 0 done, 2 bad usage or configuration, 3 a run failed.
 #include "harness/cli/cli.hpp"
 
 #include <sys/stat.h>
@@ -65,7 +65,7 @@ std::string self_exe(const char* argv0) {
   return argv0;
 }
 
-// Flags of `run` (DESIGN §6). Numeric flags are taken as strings and checked here so
+// Flags of `run` (docs/design.md §6). Numeric flags are taken as strings and checked here so
 // that every message names the flag and what is allowed.
 struct RunFlags {
   // Steps: one warm-up and ten timed, so that a time has a spread to print.
@@ -330,7 +330,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   return c;
 }
 
-// A run stopped by a signal still says so in one line (DESIGN §6) and exits 128 + the
+// A run stopped by a signal still says so in one line (docs/design.md §6) and exits 128 + the
 // signal, as the shell would report it. The line is made before any signal can come,
 // so the handler only writes it (async-signal-safe). Result files are never half
 // written: their writer holds these signals off until the rename is done.

@@ -1,4 +1,4 @@
-// Entry point: parses the command line and maps errors to exit codes (DESIGN §6).
+// Entry point: parses the command line and maps errors to exit codes (docs/design.md §6).
 #include "harness/cli/blas_threads.hpp"
 #include "harness/cli/cli.hpp"
 

@@ -1,4 +1,4 @@
-// What `shardscope run` makes of a job (DESIGN §6): its output paths checked before the
+// What `shardscope run` makes of a job (docs/design.md §6): its output paths checked before the
 // job starts, and on rank 0 its tables on stdout and its files (--csv, --json, --trace)
 // once the job has measured. The job itself (harness/run/run.hpp) prints nothing.
 #pragma once

@@ -1,4 +1,4 @@
-// `shardscope sweep` (DESIGN §6): launches one `shardscope run` job per configuration
+// `shardscope sweep` (docs/design.md §6): launches one `shardscope run` job per configuration
 // (under mpirun, or as emulated single-rank processes), records the configurations that
 // cannot run as skipped, stops on a failed run, merges the results into one
 // shardscope/1 document at DIR/shardscope.json and prints the tables.

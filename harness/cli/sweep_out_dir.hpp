@@ -1,4 +1,4 @@
-// A sweep's output paths (DESIGN §6): all checked before anything is made, so that a
+// A sweep's output paths (docs/design.md §6): all checked before anything is made, so that a
 // refused sweep leaves no trace; --out DIR written by one sweep at a time; the sweep's
 // own scratch folder for its jobs' files inside DIR.
 #pragma once

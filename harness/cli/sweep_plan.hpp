@@ -1,4 +1,4 @@
-// What `shardscope sweep` will launch (DESIGN §6): its own flags, the `run` flags it
+// What `shardscope sweep` will launch (docs/design.md §6): its own flags, the `run` flags it
 // passes through, the presets, and the list of jobs. Pure: nothing here runs anything.
 #pragma once
 
