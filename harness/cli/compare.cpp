@@ -2,16 +2,21 @@
 
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
+#include <variant>
+#include <vector>
 
 #include "harness/cli/cli.hpp"
-#include "harness/cli/compare_input.hpp"
 #include "harness/cli/sweep_plan.hpp"
+#include "harness/records/json_read.hpp"
+#include "harness/records/json_write.hpp"
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/json_read.hpp"
+#include "harness/report/record_label.hpp"
 #include "harness/report/table.hpp"
 #include "shardscope/category.hpp"
 #include "shardscope/check.hpp"
@@ -21,96 +26,101 @@ namespace {
 
 using nlohmann::json;
 
-// A document's field; null when absent (check_compare_input has checked the types of
-// what compare reads, so absent is the one surprise left).
-json field(const json& j, const char* key) {
-  const json* v = cells::at(j, {key});
-  return v ? *v : json();
+const DataParallelRun* data_parallel(const RunRecord& run) { return std::get_if<DataParallelRun>(&run); }
+const PipelineRun* pipeline(const RunRecord& run) { return std::get_if<PipelineRun>(&run); }
+bool comparable(const RunRecord& run) { return !std::holds_alternative<SkippedRun>(run); }
+const ModelRecord& model_of(const RunRecord& run) {
+  return data_parallel(run) ? data_parallel(run)->model : pipeline(run)->model;
+}
+int world_of(const RunRecord& run) { return data_parallel(run) ? data_parallel(run)->world : pipeline(run)->world; }
+
+json model_key(const ModelRecord& m) {
+  return json::array({m.layers, m.width, m.params, m.param_tensors, m.param_bytes, m.activation, m.loss, m.batch});
 }
 
 // What makes two runs the same configuration.
-json match_key(const json& run) {
-  json key = json::array();
-  for (const char* name : {"kind", "strategy", "schedule", "world", "layers_per_unit", "prefetch", "ddp_bucket",
-                           "bucket_mb", "microbatches", "chunks", "split", "model"})
-    key.push_back(field(run, name));
-  return key;
+json match_key(const RunRecord& run) {
+  if (const DataParallelRun* dp = data_parallel(run))
+    return json::array({"data_parallel", dp->strategy, dp->world,
+                        dp->layers_per_unit ? json(*dp->layers_per_unit) : json("all"), dp->prefetch,
+                        dp->ddp_bucket, dp->bucket_mb, model_key(dp->model)});
+  const PipelineRun& pp = *pipeline(run);
+  return json::array({"pipeline", pp.schedule, pp.world, pp.microbatches, pp.chunks, pp.split, model_key(pp.model)});
 }
 
 // What makes two runs comparable across settings: the same model and kind (and, where
 // it can, the same world), so that `compare ddp.json zero3.json` sets them side by side.
-json loose_key(const json& run, bool with_world) {
-  return json::array({is_pipeline(run), field(run, "model"), with_world ? field(run, "world") : json()});
+json loose_key(const RunRecord& run, bool with_world) {
+  return json::array({pipeline(run) != nullptr, model_key(model_of(run)), with_world ? json(world_of(run)) : json()});
 }
 
-bool comparable(const json& run) { return run.is_object() && !is_skipped(run); }
+// A rank's or stage's figures that compare sets side by side; `saved` for stages only.
+struct Member {
+  int number = 0;
+  const CategoryFigures* resting = nullptr;
+  const PeakFigures* peak = nullptr;
+  std::int64_t comm_bytes = 0;
+  const SavedFigures* saved = nullptr;
+  std::optional<double> step_ms;
+};
 
-const json& members(const json& run) {
-  static const json kNone = json::array();
-  const json* list = cells::at(run, {is_pipeline(run) ? "stages" : "ranks"});
-  return list && list->is_array() ? *list : kNone;
+std::vector<Member> members(const RunRecord& run) {
+  std::vector<Member> out;
+  if (const DataParallelRun* dp = data_parallel(run))
+    for (const RankRecord& r : dp->ranks)
+      out.push_back({r.rank, &r.resting, &r.peak, r.comm_bytes, nullptr, r.step_ms.median});
+  else
+    for (const StageRecord& s : pipeline(run)->stages)
+      out.push_back({s.stage, &s.resting, &s.peak, s.comm_bytes, &s.saved, s.step_ms.median});
+  return out;
 }
 
 // Every byte figure of a rank or stage that differs between base and new: in words
-// ("peak temp +32,768 B"), and as {"what", "base", "new"} (null where a side lacks it)
-// for printers that write bytes their own way.
+// ("peak temp +32,768 B"), and as {"what", "base", "new"} for printers that write bytes
+// their own way.
 struct Differences {
   json words = json::array();
   json figures = json::array();
 };
 
-Differences differences(const json& base, const json& fresh) {
+Differences differences(const Member& base, const Member& fresh) {
   Differences d;
-  json& out = d.words;
-  auto compare = [&](const std::string& what, std::initializer_list<const char*> path) {
-    const json* a = cells::at(base, path);
-    const json* b = cells::at(fresh, path);
-    if (!a && !b) return;
-    if (a && b && *a == *b) return;
-    d.figures.push_back({{"what", what}, {"base", a ? *a : json()}, {"new", b ? *b : json()}});
-    if (!a || !b) {
-      out.push_back(what + ": only in " + (a ? "base" : "new"));
-      return;
-    }
-    std::int64_t x = 0, y = 0;
-    if (cells::as_int(a, &x) && cells::as_int(b, &y)) out.push_back(what + " " + cells::signed_digits(y - x) + " B");
-    else out.push_back(what + " " + json_text(*a) + " -> " + json_text(*b));
+  auto compare = [&](const std::string& what, std::int64_t a, std::int64_t b) {
+    if (a == b) return;
+    d.figures.push_back({{"what", what}, {"base", a}, {"new", b}});
+    d.words.push_back(what + " " + cells::signed_digits(b - a) + " B");
   };
-  for (const std::string_view c : kCategoryNames) {
-    const std::string name(c);
-    compare("resting " + name, {"resting", name.c_str()});
+  for (int c = 0; c < kCategoryCount; ++c)
+    compare("resting " + std::string(kCategoryNames[c]), base.resting->bytes[c], fresh.resting->bytes[c]);
+  compare("resting", base.resting->total, fresh.resting->total);
+  for (int c = 0; c < kCategoryCount; ++c)
+    compare("peak " + std::string(kCategoryNames[c]), base.peak->by_category.bytes[c], fresh.peak->by_category.bytes[c]);
+  compare("peak", base.peak->total, fresh.peak->total);
+  compare("comm", base.comm_bytes, fresh.comm_bytes);
+  if (base.saved && fresh.saved) {
+    // Saved-tensor counts are counts, not bytes.
+    const std::int64_t a = base.saved->peak_live_tensors, b = fresh.saved->peak_live_tensors;
+    if (a != b) {
+      d.words.push_back("saved peak live tensors " + std::to_string(a) + " -> " + std::to_string(b));
+      d.figures.push_back({{"what", "saved peak live tensors"}, {"base", a}, {"new", b}, {"count", true}});
+    }
+    compare("saved peak live", base.saved->peak_live_bytes, fresh.saved->peak_live_bytes);
   }
-  compare("resting", {"resting", "total"});
-  for (const std::string_view c : kCategoryNames) {
-    const std::string name(c);
-    compare("peak " + name, {"peak", "by_category", name.c_str()});
-  }
-  compare("peak", {"peak", "total"});
-  compare("comm", {"comm_bytes"});
-  // Saved-tensor counts are counts, not bytes.
-  if (const json* a = cells::at(base, {"saved", "peak_live_tensors"}), *b = cells::at(fresh, {"saved", "peak_live_tensors"});
-      a && b && *a != *b) {
-    out.push_back("saved peak live tensors " + json_text(*a) + " -> " + json_text(*b));
-    d.figures.push_back({{"what", "saved peak live tensors"}, {"base", *a}, {"new", *b}, {"count", true}});
-  }
-  compare("saved peak live", {"saved", "peak_live_bytes"});
   return d;
 }
 
-// Null where the record has no figure: the table shows "-", not 0 and a difference.
-json side(const json& record) {
-  return {{"resting", field(field(record, "resting"), "total")},
-          {"peak", field(field(record, "peak"), "total")},
-          {"step_ms", field(field(record, "step_ms"), "median")}};
+// Null where there is no record on this side: the table shows "-", not 0 and a difference.
+json side(const Member* m) {
+  if (!m) return {{"resting", nullptr}, {"peak", nullptr}, {"step_ms", nullptr}};
+  return {{"resting", m->resting->total}, {"peak", m->peak->total},
+          {"step_ms", m->step_ms ? json(*m->step_ms) : json()}};
 }
 
 // "8x256 b32": what tells two models apart at a glance; with `detailed` their
 // activation and loss too, for models alike in shape.
-std::string model_tag(const json& model, bool detailed) {
-  std::string tag = cells::text(cells::at(model, {"layers"})) + "x" + cells::text(cells::at(model, {"width"})) +
-                    " b" + cells::text(cells::at(model, {"batch"}));
-  if (detailed)
-    tag += " " + cells::text(cells::at(model, {"activation"})) + " " + cells::text(cells::at(model, {"loss"}));
+std::string model_tag(const ModelRecord& model, bool detailed) {
+  std::string tag = std::to_string(model.layers) + "x" + std::to_string(model.width) + " b" + std::to_string(model.batch);
+  if (detailed) tag += " " + model.activation + " " + model.loss;
   return tag;
 }
 
@@ -119,23 +129,23 @@ std::string model_tag(const json& model, bool detailed) {
 // runs of different models gets the model (", model 8x256 b32").
 class RunLabels {
  public:
-  RunLabels(const json& base, const json& fresh) {
+  RunLabels(const ResultDocument& base, const ResultDocument& fresh) {
     std::map<std::string, std::set<json>> models_of;  // plain label -> models
     std::map<std::string, std::set<json>> models_by_tag;
-    for (const json* doc : {&base, &fresh})
-      for (const json& run : (*doc)["runs"])
+    for (const ResultDocument* doc : {&base, &fresh})
+      for (const RunRecord& run : doc->runs)
         if (comparable(run)) {
-          models_of[run_label(run)].insert(field(run, "model"));
-          models_by_tag[model_tag(field(run, "model"), false)].insert(field(run, "model"));
+          models_of[run_label(run)].insert(model_key(model_of(run)));
+          models_by_tag[model_tag(model_of(run), false)].insert(model_key(model_of(run)));
         }
     for (const auto& [label, models] : models_of)
       if (models.size() > 1) ambiguous_.insert(label);
     for (const auto& entry : models_by_tag) detailed_ = detailed_ || entry.second.size() > 1;
   }
 
-  std::string operator()(const json& run) const {
+  std::string operator()(const RunRecord& run) const {
     std::string label = run_label(run);
-    if (ambiguous_.count(label)) label += ", model " + model_tag(field(run, "model"), detailed_);
+    if (ambiguous_.count(label)) label += ", model " + model_tag(model_of(run), detailed_);
     return label;
   }
 
@@ -144,34 +154,41 @@ class RunLabels {
   bool detailed_ = false;  // two models differ in activation or loss only
 };
 
-json document_summary(const json& doc, const std::string& path) {
-  const json* git = cells::at(doc, {"provenance", "git"});
-  const json* host = cells::at(doc, {"provenance", "host"});
-  return {{"path", path}, {"backend", field(doc, "backend")}, {"comm", field(doc, "comm")},
-          {"emulated", field(doc, "emulated")}, {"git", git ? *git : json()}, {"host", host ? *host : json()}};
+json optional_text(const std::optional<std::string>& s) { return s ? json(*s) : json(); }
+
+json document_summary(const ResultDocument& doc, const std::string& path) {
+  return {{"path", path},
+          {"backend", optional_text(doc.backend)},
+          {"comm", optional_text(doc.comm)},
+          {"emulated", doc.emulated ? json(*doc.emulated) : json("mixed")},
+          {"git", optional_text(doc.provenance.git)},
+          {"host", optional_text(doc.provenance.host)}};
 }
 
-json read_document(const std::string& path, const char* which) {
+// The file read and checked once, into the records: a field of the wrong type is exit 2
+// naming the file, the run and the field (json_read.hpp).
+ResultDocument read_document(const std::string& path, const char* which) {
   json doc;
   try {
     doc = read_json_file(path);
   } catch (const RunError& e) {
     throw UsageError(std::string(which) + ": " + e.what());
   }
-  if (field(doc, "schema") != "shardscope/1" || !field(doc, "runs").is_array())
+  if (!doc.is_object() || doc.value("schema", json()) != kResultSchema || !doc.value("runs", json()).is_array())
     throw UsageError(std::string(which) + ": '" + path +
                      "' is not a shardscope/1 result (a run's --json or a sweep's DIR/shardscope.json)");
-  make_printable(doc);  // its strings are only ever shown: no control character reaches the terminal
-  check_compare_input(doc, path);
-  return doc;
+  // Its strings are only ever shown (and quoted in a refusal): no control character
+  // reaches the terminal.
+  make_printable(doc);
+  return read_result(doc, path);
 }
 
 }  // namespace
 
-json compare_documents(const json& base, const std::string& base_path, const json& fresh,
+json compare_documents(const ResultDocument& base, const std::string& base_path, const ResultDocument& fresh,
                        const std::string& new_path) {
-  const json& base_runs = base["runs"];
-  const json& new_runs = fresh["runs"];
+  const std::vector<RunRecord>& base_runs = base.runs;
+  const std::vector<RunRecord>& new_runs = fresh.runs;
   // Pairs (base run, new run): first the same configuration; then, among what is left,
   // runs of the same model and kind at the same world, then at any world, in order.
   std::vector<std::ptrdiff_t> partner(base_runs.size(), -1);
@@ -193,56 +210,53 @@ json compare_documents(const json& base, const std::string& base_path, const jso
     }
   };
   pair_by(match_key);
-  pair_by([](const json& run) { return loose_key(run, true); });
-  pair_by([](const json& run) { return loose_key(run, false); });
+  pair_by([](const RunRecord& run) { return loose_key(run, true); });
+  pair_by([](const RunRecord& run) { return loose_key(run, false); });
 
   json runs = json::array(), only_base = json::array(), only_new = json::array();
   const RunLabels label(base, fresh);
   for (std::size_t i = 0; i < base_runs.size(); ++i) {
-    const json& b = base_runs[i];
+    const RunRecord& b = base_runs[i];
     if (!comparable(b)) continue;
     if (partner[i] < 0) {
       only_base.push_back(label(b));
       continue;
     }
-    const json& f = new_runs[static_cast<std::size_t>(partner[i])];
+    const RunRecord& f = new_runs[static_cast<std::size_t>(partner[i])];
     const bool across = match_key(b) != match_key(f);
-    const char* id = is_pipeline(b) ? "stage" : "rank";
-    std::map<json, const json*> new_members;  // by rank or stage number (checked distinct)
-    for (const json& candidate : members(f)) new_members[field(candidate, id)] = &candidate;
+    const std::string id = pipeline(b) ? "stage" : "rank";
+    const std::vector<Member> base_members = members(b), new_members_list = members(f);
+    std::map<int, const Member*> new_members;  // by rank or stage number (the reader checked them distinct)
+    for (const Member& candidate : new_members_list) new_members[candidate.number] = &candidate;
     // A rank the other run cannot have (its world is smaller) is shown on its side alone;
     // one it has but did not list (an emulated run lists the rank it played) is left out.
-    auto beyond = [&](const json& number, const json& run) {
-      std::int64_t r = 0, world = 0;
-      return cells::as_int(&number, &r) && cells::as_int(cells::at(run, {"world"}), &world) && r >= world;
-    };
+    auto beyond = [](int number, const RunRecord& run) { return number >= world_of(run); };
     json ranks = json::array();
-    auto one_sided = [&](const json& number, const json* rb, const json* rf) {
+    auto one_sided = [&](int number, const Member* rb, const Member* rf) {
       const char* where = rb ? "only in base" : "only in new";
       ranks.push_back({{"rank", number},
-                       {"base", rb ? side(*rb) : side(json::object())},
-                       {"new", rf ? side(*rf) : side(json::object())},
-                       {"differs", json::array({std::string(id) + " " + where})},
+                       {"base", side(rb)},
+                       {"new", side(rf)},
+                       {"differs", json::array({id + " " + where})},
                        {"differences", json::array()}});
     };
-    std::set<json> seen;
-    for (const json& rb : members(b)) {
-      const json number = field(rb, id);
-      seen.insert(number);
-      const auto rf = new_members.find(number);
+    std::set<int> seen;
+    for (const Member& rb : base_members) {
+      seen.insert(rb.number);
+      const auto rf = new_members.find(rb.number);
       if (rf == new_members.end()) {
-        if (beyond(number, f)) one_sided(number, &rb, nullptr);
+        if (beyond(rb.number, f)) one_sided(rb.number, &rb, nullptr);
         continue;
       }
       Differences d = differences(rb, *rf->second);
-      ranks.push_back({{"rank", number}, {"base", side(rb)}, {"new", side(*rf->second)},
+      ranks.push_back({{"rank", rb.number}, {"base", side(&rb)}, {"new", side(rf->second)},
                        {"differs", std::move(d.words)}, {"differences", std::move(d.figures)}});
     }
-    for (const json& rf : members(f))
-      if (!seen.count(field(rf, id)) && beyond(field(rf, id), b)) one_sided(field(rf, id), nullptr, &rf);
+    for (const Member& rf : new_members_list)
+      if (!seen.count(rf.number) && beyond(rf.number, b)) one_sided(rf.number, nullptr, &rf);
     json record = {{"label", across ? label(b) + " vs " + label(f) : label(b)},
-                   {"kind", field(b, "kind")},
-                   {"model", field(b, "model")},
+                   {"kind", pipeline(b) ? "pipeline" : "data_parallel"},
+                   {"model", to_json(model_of(b))},
                    {"ranks", std::move(ranks)}};
     if (across) {
       record["across_settings"] = true;
@@ -316,8 +330,8 @@ int compare_main(const std::vector<std::string>& args) {
   if (files.size() != 2)
     throw UsageError("compare: expected two result files, BASE.json NEW.json; got " + std::to_string(files.size()) +
                      " argument" + (files.size() == 1 ? "" : "s") + " (shardscope compare --help)");
-  const json base = read_document(files[0], "BASE");
-  const json fresh = read_document(files[1], "NEW");
+  const ResultDocument base = read_document(files[0], "BASE");
+  const ResultDocument fresh = read_document(files[1], "NEW");
   const json comparison = compare_documents(base, files[0], fresh, files[1]);
   print_comparison(comparison, std::cout, options);
   return fail_on_diff && comparison_differs(comparison) ? 1 : 0;

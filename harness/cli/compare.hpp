@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/records/result.hpp"
+
 namespace shardscope {
 
 // The comparison record: {"base": {"path", "backend", "git", "host"}, "new": {...},
@@ -23,10 +25,10 @@ namespace shardscope {
 // by kind and model in order; such a run's record adds "across_settings": true,
 // "base_label" and "new_label", its label is "ddp W=2 vs zero3 W=2 units=1", and a rank
 // the other run's world cannot hold is listed on its side alone ("rank only in base"). A label that runs of different models share gets the
-// model ("zero2 W=2 units=all, model 8x256 b32"). Expects documents that
-// check_compare_input accepted (compare_input.hpp).
-nlohmann::json compare_documents(const nlohmann::json& base, const std::string& base_path,
-                                 const nlohmann::json& fresh, const std::string& new_path);
+// model ("zero2 W=2 units=all, model 8x256 b32"). The documents are records read from
+// the files (read_result, which checked every field once).
+nlohmann::json compare_documents(const ResultDocument& base, const std::string& base_path,
+                                 const ResultDocument& fresh, const std::string& new_path);
 
 // Whether a comparison found any byte figure that differs between its paired runs, or a
 // configuration in one file only: what `compare --fail-on-diff` exits 1 on.
@@ -34,7 +36,7 @@ bool comparison_differs(const nlohmann::json& comparison);
 
 // `shardscope compare ...`: prints the comparison; returns the exit code (0; 1 under
 // --fail-on-diff when comparison_differs; 2 when a file is missing, unreadable, not a
-// shardscope/1 document or refused by check_compare_input, or an argument is an unknown
+// shardscope/1 document or refused by read_result, or an argument is an unknown
 // flag).
 int compare_main(const std::vector<std::string>& args);
 

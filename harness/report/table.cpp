@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
+#include <variant>
 
 #include "harness/report/cells.hpp"
+#include "harness/report/record_label.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/text_table.hpp"
 #include "shardscope/category.hpp"
@@ -79,6 +82,20 @@ std::string run_label(const json& run) {
     if (const json* v = cells::at(run, {"chunks"})) label += " chunks=" + cells::text(v);
   }
   return label;
+}
+
+std::string run_label(const RunRecord& run) {
+  if (const auto* dp = std::get_if<DataParallelRun>(&run)) {
+    std::string label = dp->strategy + " W=" + std::to_string(dp->world);
+    const std::optional<StrategyKind> kind = find_strategy(dp->strategy);
+    if (!kind || shards_by_unit(*kind))
+      label += " units=" + (dp->layers_per_unit ? std::to_string(*dp->layers_per_unit) : std::string("all"));
+    return label;
+  }
+  if (const auto* pp = std::get_if<PipelineRun>(&run))
+    return pp->schedule + " S=" + std::to_string(pp->world) + " M=" + std::to_string(pp->microbatches) +
+           " chunks=" + std::to_string(pp->chunks);
+  return run_label(std::get<SkippedRun>(run).config);
 }
 
 std::vector<std::vector<const json*>> group_runs(const std::vector<const json*>& runs, const json& doc) {

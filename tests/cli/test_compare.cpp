@@ -15,9 +15,10 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/cli/compare.hpp"
-#include "harness/cli/compare_input.hpp"
+#include "harness/records/json_read.hpp"
 #include "harness/report/table.hpp"
 #include "shardscope/check.hpp"
+#include "support/records_of.hpp"
 #include "support/report_doc.hpp"
 #include "support/shell.hpp"
 
@@ -25,6 +26,14 @@ namespace shardscope {
 namespace {
 
 using nlohmann::json;
+
+// compare_documents on hand-made documents, read as records as compare reads its files.
+json compared(const json& base, const std::string& base_path, const json& fresh, const std::string& new_path) {
+  return compare_documents(testing::records_of(base), base_path, testing::records_of(fresh), new_path);
+}
+
+// The report document with every field a result file holds (what run and sweep write).
+json full_document() { return testing::complete_document(testing::report_document()); }
 
 // The report document, and a "new" one: zero3 (one layer per unit) rank 1 holds 32 KiB
 // more temp at its peak, every step takes twice as long, and the root-unit zero3 run is
@@ -47,7 +56,7 @@ struct Pair {
 
 TEST(Compare, MatchesConfigurationsAndNamesWhatDiffers) {
   const Pair p;
-  const json cmp = compare_documents(p.base, "a.json", p.fresh, "b.json");
+  const json cmp = compared(p.base, "a.json", p.fresh, "b.json");
   EXPECT_EQ(cmp["base"]["backend"], "cpu");
   EXPECT_EQ(cmp["new"]["backend"], "cuda");
   ASSERT_EQ(cmp["runs"].size(), 5u);  // zero2, zero3, ddp, two pipelines; the skipped one is not compared
@@ -80,7 +89,7 @@ TEST(Compare, MatchesConfigurationsAndNamesWhatDiffers) {
 
 TEST(Compare, ADocumentAgainstItselfIsIdentical) {
   const json doc = testing::report_document();
-  const json cmp = compare_documents(doc, "a", doc, "a");
+  const json cmp = compared(doc, "a", doc, "a");
   for (const json& run : cmp["runs"])
     for (const json& r : run["ranks"]) EXPECT_TRUE(r["differs"].empty()) << r;
   std::ostringstream os;
@@ -98,7 +107,7 @@ TEST(Compare, PairsRunsOfOneModelAcrossSettings) {
   base["runs"] = json::array({base["runs"][3]});    // ddp W=4
   fresh["runs"] = json::array({fresh["runs"][1]});  // zero3 W=2 units=1
   fresh["runs"][0]["ranks"][0]["resting"]["total"] = 9000;
-  const json cmp = compare_documents(base, "ddp.json", fresh, "zero3.json");
+  const json cmp = compared(base, "ddp.json", fresh, "zero3.json");
   EXPECT_TRUE(cmp["only_in_base"].empty());
   EXPECT_TRUE(cmp["only_in_new"].empty());
   ASSERT_EQ(cmp["runs"].size(), 1u);
@@ -127,13 +136,14 @@ TEST(Compare, PairsRunsOfOneModelAcrossSettings) {
   EXPECT_NE(text.find("1 of them across settings"), std::string::npos) << text;
   // The same configuration is still paired with its own first: zero3 with zero3.
   base = testing::report_document();
-  EXPECT_FALSE(comparison_differs(compare_documents(base, "a", base, "a")));
+  EXPECT_FALSE(comparison_differs(compared(base, "a", base, "a")));
 }
 
-// check_compare_input's refusal of `doc` read from 'a.json'; "" when it accepts it.
+// The reader's refusal of `doc` read from 'a.json' (what compare reads its files with);
+// "" when it accepts it.
 std::string refusal(const json& doc) {
   try {
-    check_compare_input(doc, "a.json");
+    read_result(doc, "a.json");
   } catch (const UsageError& e) {
     return e.what();
   }
@@ -142,27 +152,31 @@ std::string refusal(const json& doc) {
 
 // What run and sweep write is accepted: the report document holds a skipped record
 // (a configuration and a reason, no model, no ranks); step times are null when no step
-// was timed; figures a record lacks are optional.
+// was timed; a run may list no stage. A figure a record lacks is refused, naming it.
 TEST(CompareInput, AcceptsWhatRunAndSweepWrite) {
-  json doc = testing::report_document();
+  json doc = full_document();
   ASSERT_EQ(doc["runs"][6]["skipped"], true);
   EXPECT_EQ(refusal(doc), "");
-  doc["runs"][0]["ranks"][0]["step_ms"] = nullptr;
+  doc["runs"][0]["ranks"][0]["step_ms"] = {{"median", nullptr}, {"min", nullptr}, {"max", nullptr}};
   doc["runs"][0]["ranks"][1]["step_ms"]["median"] = nullptr;
-  doc["runs"][1]["ranks"][0]["peak"].erase("total");
-  doc["runs"][1]["ranks"][0].erase("comm_bytes");
   doc["runs"][1]["ranks"][1]["resting"]["total"] = std::numeric_limits<std::int64_t>::max();  // the largest count
-  doc["runs"][0].erase("prefetch");
-  doc["runs"].push_back({{"kind", "data_parallel"}, {"skipped", true}, {"strategy", "zero3"}, {"world", 8}});
-  doc["runs"].push_back({{"skipped", false}, {"kind", "pipeline"}, {"schedule", "zb-h1"}, {"world", 2},
-                         {"model", {{"layers", 2}, {"width", 8}, {"batch", 4}}}, {"stages", json::array()}});
+  doc["runs"].push_back({{"kind", "data_parallel"}, {"skipped", true}, {"strategy", "zero3"}, {"world", 8},
+                         {"reason", "needs 8 ranks"}});
+  json zb = doc["runs"][4];
+  zb["skipped"] = false;
+  zb["schedule"] = "zb-h1";
+  zb["stages"] = json::array();
+  doc["runs"].push_back(zb);
   EXPECT_EQ(refusal(doc), "");
+  doc["runs"][1]["ranks"][0]["peak"].erase("total");
+  EXPECT_EQ(refusal(doc), "'a.json': runs[1] (zero3 W=2 units=1): ranks[0].peak.total is missing; expected a byte "
+                          "count");
 }
 
 // The QA cases: a run without a kind, or with no more than one, was listed as "only in
 // base: data parallel".
 TEST(CompareInput, RefusesARunWithoutItsKindOrName) {
-  json doc = testing::report_document();
+  json doc = full_document();
   doc["runs"][0] = json::object();
   EXPECT_EQ(refusal(doc), "'a.json': runs[0]: kind is missing; expected \"data_parallel\" or \"pipeline\"");
   doc["runs"][0] = {{"kind", "tensor_parallel"}};
@@ -173,56 +187,56 @@ TEST(CompareInput, RefusesARunWithoutItsKindOrName) {
   EXPECT_EQ(refusal(doc), "'a.json': runs[0]: kind is missing; expected \"data_parallel\" or \"pipeline\"");
   doc["runs"][0] = {{"kind", "pipeline"}, {"schedule", "gpipe"}, {"world", "two"}};
   EXPECT_EQ(refusal(doc), "'a.json': runs[0]: world is \"two\", not a positive integer");
-  doc = testing::report_document();
+  doc = full_document();
   doc["runs"][4].erase("model");
   EXPECT_EQ(refusal(doc), "'a.json': runs[4] (gpipe S=2 M=2 chunks=1): model is missing; expected an object "
                           "(layers, width, batch, ...)");
-  doc = testing::report_document();
+  doc = full_document();
   doc["runs"][6]["skipped"] = "yes";
   EXPECT_EQ(refusal(doc), "'a.json': runs[6]: skipped is \"yes\", not true or false");
 }
 
 TEST(CompareInput, RefusesARunOrRankThatIsNotAnObject) {
-  json doc = testing::report_document();
+  json doc = full_document();
   doc["runs"].push_back(5);
   EXPECT_EQ(refusal(doc), "'a.json': runs[7] is 5, not a run (an object)");
-  doc = testing::report_document();
+  doc = full_document();
   doc["runs"][3]["ranks"] = "all of them";
   EXPECT_EQ(refusal(doc), "'a.json': runs[3] (ddp W=4): ranks is \"all of them\", not an array of rank "
                           "records");
-  doc = testing::report_document();
+  doc = full_document();
   doc["runs"][4]["stages"][1] = json::array({1, 2});
   EXPECT_EQ(refusal(doc), "'a.json': runs[4] (gpipe S=2 M=2 chunks=1): stages[1] is [1,2], not a stage record "
                           "(an object)");
-  doc = testing::report_document();
+  doc = full_document();
   doc["runs"][1]["ranks"][1]["peak"] = "high";
   EXPECT_EQ(refusal(doc), "'a.json': runs[1] (zero3 W=2 units=1): ranks[1].peak is \"high\", not an object");
 }
 
 // "x" was read as 0 and shown as a difference of minus the other file's bytes.
 TEST(CompareInput, RefusesAByteCountOfTheWrongType) {
-  json doc = testing::report_document();
+  json doc = full_document();
   doc["runs"][0]["ranks"][1]["resting"]["total"] = "x";
   EXPECT_EQ(refusal(doc), "'a.json': runs[0] (zero2 W=2 units=1): ranks[1].resting.total is \"x\", not a byte "
                           "count");
-  doc = testing::report_document();
+  doc = full_document();
   doc["runs"][4]["stages"][0]["saved"]["peak_live_tensors"] = true;
   EXPECT_EQ(refusal(doc), "'a.json': runs[4] (gpipe S=2 M=2 chunks=1): stages[0].saved.peak_live_tensors is true, "
                           "not a count");
-  doc = testing::report_document();
+  doc = full_document();
   doc["runs"][2]["ranks"][0]["rank"] = "zero";
   EXPECT_EQ(refusal(doc), "'a.json': runs[2] (zero3 W=2 units=all): ranks[0].rank is \"zero\", not a rank number");
-  doc = testing::report_document();
+  doc = full_document();
   doc["runs"][2]["ranks"][1]["step_ms"]["median"] = "fast";
   EXPECT_EQ(refusal(doc), "'a.json': runs[2] (zero3 W=2 units=all): ranks[1].step_ms.median is \"fast\", not a "
-                          "time in ms (a number >= 0)");
+                          "time in ms (a number >= 0) or null");
 }
 
 // nlohmann keeps 2^70 (and 1.5) as a double, 2^63 as unsigned: a figure is read into
 // int64, so 2^70 printed a difference of "--9,223,372,036,854,737,904".
 TEST(CompareInput, RefusesADoubleOrTooLargeByteCount) {
   const std::string at = "'a.json': runs[3] (ddp W=4): ranks[2].peak.by_category.temp is ";
-  json doc = testing::report_document();
+  json doc = full_document();
   json& temp = doc["runs"][3]["ranks"][2]["peak"]["by_category"]["temp"];
   temp = json::parse("1180591620717411303424");
   ASSERT_TRUE(temp.is_number_float());
@@ -239,52 +253,51 @@ TEST(CompareInput, RefusesADoubleOrTooLargeByteCount) {
 }
 
 TEST(CompareInput, RefusesANegativeCount) {
-  json doc = testing::report_document();
+  json doc = full_document();
   doc["runs"][5]["stages"][1]["peak"]["total"] = -19464;
   EXPECT_EQ(refusal(doc), "'a.json': runs[5] (gpipe S=2 M=2 chunks=1): stages[1].peak.total is -19464, not a byte "
                           "count (negative)");
-  doc = testing::report_document();
+  doc = full_document();
   doc["runs"][0]["ranks"][0]["comm_bytes"] = -0.5;
   EXPECT_EQ(refusal(doc), "'a.json': runs[0] (zero2 W=2 units=1): ranks[0].comm_bytes is -0.5, not a byte "
                           "count (negative)");
-  doc = testing::report_document();
+  doc = full_document();
   doc["runs"][0]["ranks"][0]["step_ms"]["median"] = -1.0;
   EXPECT_EQ(refusal(doc), "'a.json': runs[0] (zero2 W=2 units=1): ranks[0].step_ms.median is -1.0, not a time "
-                          "in ms (a number >= 0)");
+                          "in ms (a number >= 0) or null");
 }
 
 // Ranks are matched by number: one given twice would match whichever came last.
 TEST(CompareInput, RefusesARankNumberGivenTwice) {
-  json doc = testing::report_document();
+  json doc = full_document();
   doc["runs"][3]["ranks"][3]["rank"] = 1;
   EXPECT_EQ(refusal(doc), "'a.json': runs[3] (ddp W=4): ranks[3].rank is 1, not a rank number no other "
                           "record has");
 }
 
-// A figure one record lacks is shown as "-", not as 0 with a difference.
-TEST(Compare, AnAbsentFigureIsShownAsMissing) {
+// A figure one record lacks is refused where the file is read (CompareInput), never
+// shown as 0 with a difference; a rank only one side has shows "-" on the other. A total
+// that differs is named even where no category does.
+TEST(Compare, ATotalThatDiffersAloneIsNamed) {
   const json base = testing::report_document();
   json fresh = testing::report_document();
-  fresh["runs"][3]["ranks"][0]["resting"].erase("total");
   fresh["runs"][3]["ranks"][1]["resting"]["total"] = 20000;  // its categories still say 16,000
-  const json cmp = compare_documents(base, "a", fresh, "b");
+  const json cmp = compared(base, "a", fresh, "b");
   const json& ddp = cmp["runs"][3];
   ASSERT_EQ(ddp["label"], "ddp W=4");
-  EXPECT_TRUE(ddp["ranks"][0]["new"]["resting"].is_null());
-  EXPECT_EQ(ddp["ranks"][0]["differs"], json::array({"resting: only in base"}));
-  // A total that differs is named even where no category does.
+  EXPECT_TRUE(ddp["ranks"][0]["differs"].empty());
   EXPECT_EQ(ddp["ranks"][1]["differs"], json::array({"resting +4,000 B"}));
   std::ostringstream os;
   print_comparison(cmp, os, TableOptions{true, true});  // --bytes exact --wide
-  // Rank 0's row: label, rank, resting B (base), its difference, peak B (base).
+  // Rank 1's row: label, rank, resting B (base), its difference, peak B (base).
   std::istringstream lines(os.str());
   std::string line;
-  while (std::getline(lines, line) && line.rfind("  ddp W=4                 0 ", 0) != 0) {
+  while (std::getline(lines, line) && line.rfind("  ddp W=4                 1 ", 0) != 0) {
   }
   std::istringstream words(line);
   std::vector<std::string> cell(6);
   for (std::string& c : cell) words >> c;
-  EXPECT_EQ(cell, std::vector<std::string>({"ddp", "W=4", "0", "16,000", "-", "28,288"})) << os.str();
+  EXPECT_EQ(cell, std::vector<std::string>({"ddp", "W=4", "1", "16,000", "+4,000", "28,288"})) << os.str();
 }
 
 // Emulated runs list the one rank each played: matched, with no rank to set side by side.
@@ -296,7 +309,7 @@ TEST(Compare, ARunWithNoRankInBothIsNamed) {
   kept.erase(kept.begin() + 1, kept.end());  // rank 0
   fresh["runs"][0]["ranks"].erase(0);        // ranks 1 to 3
   std::ostringstream os;
-  print_comparison(compare_documents(base, "a", fresh, "b"), os);
+  print_comparison(compared(base, "a", fresh, "b"), os);
   EXPECT_EQ(os.str().find("configuration  rank"), std::string::npos) << os.str();
   EXPECT_NE(os.str().find("\nno rank or stage is in both files\n\n  in both, no rank or stage in common: ddp W=4"
                           "\nconfigurations compared: 0;"),
@@ -311,7 +324,7 @@ TEST(Compare, LabelsNameTheModelWhereRunsDifferInIt) {
   json fresh = testing::report_document();
   for (json& run : fresh["runs"])
     if (run.contains("model")) run["model"]["width"] = 64;
-  const json cmp = compare_documents(base, "a", fresh, "b");
+  const json cmp = compared(base, "a", fresh, "b");
   EXPECT_TRUE(cmp["runs"].empty());
   ASSERT_EQ(cmp["only_in_base"].size(), 6u);
   EXPECT_EQ(cmp["only_in_base"][0], "zero2 W=2 units=1, model 4x16 b8");
@@ -328,7 +341,7 @@ TEST(Compare, LabelsNameTheModelWhereRunsDifferInIt) {
   // keep their plain label.
   fresh = testing::report_document();
   fresh["runs"][3]["model"]["activation"] = "relu";
-  const json one = compare_documents(base, "a", fresh, "b");
+  const json one = compared(base, "a", fresh, "b");
   EXPECT_EQ(one["only_in_base"], json::array({"ddp W=4, model 4x16 b8 none sum"}));
   EXPECT_EQ(one["only_in_new"], json::array({"ddp W=4, model 4x16 b8 relu sum"}));
   EXPECT_EQ(one["runs"][0]["label"], "zero2 W=2 units=1");
@@ -346,7 +359,7 @@ class CompareCli : public testing::BinaryTest {
 };
 
 TEST_F(CompareCli, BadInputsNameTheFile) {
-  std::ofstream(dir_ + "/good.json") << testing::report_document().dump();
+  std::ofstream(dir_ + "/good.json") << full_document().dump();
   std::ofstream(dir_ + "/text.json") << "not json";
   std::ofstream(dir_ + "/plan.json") << json{{"schema", "shardscope-plan/1"}, {"plans", json::array()}}.dump();
   EXPECT_EQ(compare("good.json good.json"), 0) << line_;
@@ -365,9 +378,9 @@ TEST_F(CompareCli, BadInputsNameTheFile) {
 // A document whose content is refused: exit 2, nothing printed, one line on stderr
 // naming the file, the run and the field.
 TEST_F(CompareCli, ARefusedDocumentIsOneLine) {
-  json bad = testing::report_document();
+  json bad = full_document();
   bad["runs"][3]["ranks"][1]["peak"]["total"] = json::parse("1180591620717411303424");
-  std::ofstream(dir_ + "/good.json") << testing::report_document().dump();
+  std::ofstream(dir_ + "/good.json") << full_document().dump();
   std::ofstream(dir_ + "/bad.json") << bad.dump();
   EXPECT_EQ(compare("good.json bad.json"), 2);
   EXPECT_EQ(line_, "shardscope: error: 'bad.json': runs[3] (ddp W=4): ranks[1].peak.total is "
@@ -377,7 +390,7 @@ TEST_F(CompareCli, ARefusedDocumentIsOneLine) {
 
 // --fail-on-diff: exit 1 when any byte figure differs (for CI), 0 when none does.
 TEST_F(CompareCli, FailOnDiffExitsOneWhenABytefigureDiffers) {
-  const json doc = testing::report_document();
+  const json doc = full_document();
   json changed = doc;
   changed["runs"][3]["ranks"][1]["peak"]["total"] = changed["runs"][3]["ranks"][1]["peak"]["total"].get<std::int64_t>() + 1;
   std::ofstream(dir_ + "/a.json") << doc.dump();
@@ -399,7 +412,7 @@ TEST_F(CompareCli, FailOnDiffExitsOneWhenABytefigureDiffers) {
 
 // compare has no flag but --help: a misspelt one is named, not counted as a file.
 TEST_F(CompareCli, AnUnknownFlagIsNamed) {
-  std::ofstream(dir_ + "/good.json") << testing::report_document().dump();
+  std::ofstream(dir_ + "/good.json") << full_document().dump();
   EXPECT_EQ(compare("--foo good.json good.json"), 2);
   EXPECT_EQ(line_, "shardscope: error: compare: unknown flag '--foo' (shardscope compare --help)");
   EXPECT_EQ(compare("good.json good.json --json=x"), 2);

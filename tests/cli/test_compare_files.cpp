@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/records_of.hpp"
 #include "support/report_doc.hpp"
 #include "support/shell.hpp"
 
@@ -30,7 +31,7 @@ class CompareFiles : public testing::BinaryTest {
   }
   // The report document with runs[3].ranks[1].peak.total written as `number`.
   void write_with_peak(const char* name, const std::string& number) const {
-    json doc = testing::report_document();
+    json doc = testing::complete_document(testing::report_document());
     doc["runs"][3]["ranks"][1]["peak"]["total"] = 987654321987654321;
     std::string text = doc.dump();
     text.replace(text.find("987654321987654321"), 18, number);
@@ -39,7 +40,7 @@ class CompareFiles : public testing::BinaryTest {
 };
 
 TEST_F(CompareFiles, ANumberNoDoubleHoldsIsBadInputNamingTheField) {
-  std::ofstream(dir_ + "/good.json") << testing::report_document().dump();
+  std::ofstream(dir_ + "/good.json") << testing::complete_document(testing::report_document()).dump();
   write_with_peak("big.json", std::string(5000, '9'));
   write_with_peak("e400.json", "1e400");
   EXPECT_EQ(compare("good.json big.json"), 2);
@@ -53,7 +54,7 @@ TEST_F(CompareFiles, ANumberNoDoubleHoldsIsBadInputNamingTheField) {
 }
 
 TEST_F(CompareFiles, ControlCharactersInAFileAreEscaped) {
-  json doc = testing::report_document();
+  json doc = testing::complete_document(testing::report_document());
   doc["runs"][3]["strategy"] = "ddp\x1b[2J";
   doc["provenance"]["git"] = "abc\x1b]0;title\x07";
   doc["backend"] = "cpu\r";
