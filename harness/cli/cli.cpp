@@ -106,7 +106,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
       ->type_name("SECONDS");
   app.add_option("--json", f.json, "write the shardscope/1 JSON document here")->type_name("FILE");
   app.add_option("--trace", f.trace, "write a Chrome trace-event JSON (Perfetto, chrome://tracing) here")->type_name("FILE");
-  app.add_option("--csv", f.csv, "write DIR/data_parallel.csv and DIR/pipeline.csv (README \"CSV\")")->type_name("DIR");
+  app.add_option("--csv", f.csv, "write DIR/data_parallel.csv and DIR/pipeline.csv (docs/json.md, \"CSV\")")->type_name("DIR");
   app.add_option("--timeline", f.timeline, "on | off: record each rank's memory timeline and ranges (default on)")->type_name("on|off");
   app.add_option("--ddp-bucket", f.ddp_bucket, "view | copy: copy keeps torch's separate flat bucket (default view)")->type_name("view|copy");
   app.add_option("--bucket-mb", f.bucket_mb, "DDP bucket cap in MiB (0 = one flat bucket)")->type_name("MIB");
@@ -155,7 +155,7 @@ std::vector<std::string> option_names(const CLI::App& app) {
 // lists back to front: those are named one by one, in the order given, each with the
 // closest flag of `run` or of the command that passed them on (`also_known`).
 std::string parse_error_text(const CLI::App& app, const CLI::ParseError& e,
-                             const std::vector<std::string>& also_known = {}) {
+                             const std::vector<std::string>& also_known = {}, const std::string& command = "run") {
   if (dynamic_cast<const CLI::ExtrasError*>(&e) == nullptr) return e.what();
   std::vector<std::string> extra = app.remaining();
   if (extra.empty()) return e.what();
@@ -175,7 +175,8 @@ std::string parse_error_text(const CLI::App& app, const CLI::ParseError& e,
     if (flag) text += "unknown flag '" + a + "'" + did_you_mean(a, known);
     else text += "unexpected argument '" + a + "'";
   }
-  return text + " (shardscope run --help lists the flags)";
+  // Sweep and plan pass run's flags on; their own --help lists both.
+  return text + " (shardscope " + command + " --help lists the flags)";
 }
 
 // Checks of `run`'s options that CLI11 does not make, or words in its own way, so that
@@ -518,11 +519,13 @@ bool exact_bytes_value(const std::string& v) {
   return v == "exact";
 }
 
-void check_run_args(const std::vector<std::string>& args, const std::vector<std::string>& also_known) {
-  (void)parse_run_args(args, also_known);
+void check_run_args(const std::vector<std::string>& args, const std::vector<std::string>& also_known,
+                    const std::string& command) {
+  (void)parse_run_args(args, also_known, command);
 }
 
-RunConfig parse_run_args(const std::vector<std::string>& args, const std::vector<std::string>& also_known) {
+RunConfig parse_run_args(const std::vector<std::string>& args, const std::vector<std::string>& also_known,
+                         const std::string& command) {
   CLI::App app{"shardscope run", "shardscope run"};
   RunFlags flags;
   add_run_flags(app, flags);
@@ -537,7 +540,7 @@ RunConfig parse_run_args(const std::vector<std::string>& args, const std::vector
   } catch (const CLI::CallForHelp&) {
     throw UsageError("--help is not a flag a sweep passes to its runs");
   } catch (const CLI::ParseError& e) {
-    throw UsageError(parse_error_text(app, e, also_known));
+    throw UsageError(parse_error_text(app, e, also_known, command));
   }
   return to_config(flags, app);
 }

@@ -16,10 +16,12 @@ int cli_main(int argc, char** argv);
 // that does not fit the world, M above the batch) is left to the run.
 // `also_known`: the flags of the command that passes these on (a sweep's, a plan's), so
 // that an unknown flag is told the closest of either.
-void check_run_args(const std::vector<std::string>& args, const std::vector<std::string>& also_known = {});
+void check_run_args(const std::vector<std::string>& args, const std::vector<std::string>& also_known = {},
+                    const std::string& command = "run");
 
 // The same, returning the configuration those flags give.
-RunConfig parse_run_args(const std::vector<std::string>& args, const std::vector<std::string>& also_known = {});
+RunConfig parse_run_args(const std::vector<std::string>& args, const std::vector<std::string>& also_known = {},
+                         const std::string& command = "run");
 
 // "; did you mean --worlds?" naming the flag of `known` closest to `given` (a third of
 // its letters or fewer changed, or the one flag it begins), or "" when none is close.

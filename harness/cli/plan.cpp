@@ -38,7 +38,7 @@ const std::vector<std::pair<std::string, std::string>> kRunningFlags = {
 // What the figures leave out, printed under the tables and kept in the document.
 constexpr const char* kNotCounted =
     "Bytes are what shardscope's allocator hook counts: every tensor, buffer and workspace a "
-    "step allocates, equal on cpu and cuda (README \"GPU\"). Left out: what a process holds "
+    "step allocates, equal on cpu and cuda (docs/results.md, \"GPU\"). Left out: what a process holds "
     "outside that hook (on a GPU the CUDA context and NCCL's and cuBLAS's own buffers: 620,756,992 B "
     "per process on one H200, measured), and allocator fragmentation. Leave room for them.";
 
@@ -188,7 +188,7 @@ PlanDocument make_plan(const PlanRequest& flags) {
   std::vector<RunConfig> configs;
   std::vector<std::string> known = sweep_flag_names();
   known.insert(known.end(), {"--json", "--memory"});
-  for (const SweepJob& job : jobs) configs.push_back(parse_run_args(job.run_args, known));
+  for (const SweepJob& job : jobs) configs.push_back(parse_run_args(job.run_args, known, "plan"));
   PlanDocument plan;
   plan.version = SHARDSCOPE_VERSION;
   plan.command = flags.command;
@@ -226,7 +226,7 @@ int plan_main(const std::vector<std::string>& args) {
 std::string plan_usage() {
   return "usage: shardscope plan [sweep flags] [run flags] [--memory SIZE] [--json FILE]\n"
          "\n"
-         "Prints the closed forms (README \"Formulas\") of every rank of every configuration that\n"
+         "Prints the closed forms (docs/formulas.md) of every rank of every configuration that\n"
          "`shardscope sweep` with the same flags would run: bytes at rest and at the peak, where the\n"
          "peak falls and what it holds above rest by category, communication per step, and per\n"
          "pipeline stage the saved activations and point-to-point bytes. Nothing runs and nothing\n"

@@ -230,7 +230,7 @@ std::string resolve_mpirun(const SweepOptions& opts, const std::vector<SweepJob>
 // configuration to record as skipped. What only the run can tell is left to it.
 void check_job_args(const std::vector<SweepJob>& jobs, bool emulate) {
   for (const SweepJob& job : jobs) {
-    check_run_args(job.run_args, sweep_flag_names());  // first alone: a trailing "--steps" does not meet "--json"
+    check_run_args(job.run_args, sweep_flag_names(), "sweep");  // first alone: a trailing "--steps" does not meet "--json"
     std::vector<std::string> args = job.run_args;
     if (emulate) args.insert(args.end(), {"--emulate", std::to_string(job.world) + ":0"});
     args.insert(args.end(), {"--json", "job.json"});

@@ -369,7 +369,7 @@ std::string sweep_usage() {
          "  --report FILE.html   one self-contained HTML report: charts of bytes per rank, memory\n"
          "                       over time, pipeline actions, and the tables (no network needed)\n"
          "  --csv DIR            DIR/data_parallel.csv and DIR/pipeline.csv, one flat row per\n"
-         "                       rank x category and per stage (columns: README, \"CSV\")\n"
+         "                       rank x category and per stage (columns: docs/json.md, \"CSV\")\n"
          "  --emulate            run each rank of each world as its own emulated process\n"
          "                       (run --emulate W:r; no MPI needed; times are compute only)\n"
          "  --mpirun PATH        the launcher (default: mpirun on PATH)\n"

@@ -109,8 +109,8 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   check_memory(predicted_peak, backend, comm.rank());
   // Untracked host bookkeeping grows with the schedule (every stage's action list, its
   // lowering and validation) and with what the executor keeps per live micro-batch and
-  // layer (tapes, saved-tensor entries). Per-unit figures measured on x86-64 (README
-  // "Command line"), rounded up.
+  // layer (tapes, saved-tensor entries). Per-unit figures measured on x86-64,
+  // rounded up.
   const std::int64_t M = shape.microbatches, forwards = static_cast<std::int64_t>(shape.stages) * shape.chunks * M;
   std::int64_t stage_layers = 0;
   for (int c = 0; c < shape.chunks; ++c) stage_layers += shape.split[static_cast<std::size_t>(c) * shape.stages + s];

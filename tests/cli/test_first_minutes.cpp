@@ -52,9 +52,9 @@ TEST_F(FirstMinutes, AnUnknownFlagNamesTheClosestKnownOne) {
     const char* args;
     const char* line;
   } cases[] = {
-      {"plan --world 64", "shardscope: error: unknown flag '--world'; did you mean --worlds? (shardscope run --help "
+      {"plan --world 64", "shardscope: error: unknown flag '--world'; did you mean --worlds? (shardscope plan --help "
                           "lists the flags)"},
-      {"sweep --world 2", "shardscope: error: unknown flag '--world'; did you mean --worlds? (shardscope run --help "
+      {"sweep --world 2", "shardscope: error: unknown flag '--world'; did you mean --worlds? (shardscope sweep --help "
                           "lists the flags)"},
       {"run --layer 2", "shardscope: error: unknown flag '--layer'; did you mean --layers? (shardscope run --help "
                         "lists the flags)"},

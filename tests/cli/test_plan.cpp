@@ -176,7 +176,7 @@ TEST_F(Plan, RefusalsNameTheFlagAndWriteNothing) {
       {"--json dir/ --layers 4", "shardscope: error: --json FILE: cannot write 'dir/': it names a directory"},
       {"--layers 0 --json p.json", "shardscope: error: --layers: '0' is not a positive integer"},
       {"--strategies fsdp --json p.json", "shardscope: error: --strategies: 'fsdp' is not a strategy; allowed: ddp, zero1, zero2, zero3"},
-      {"--bogus --json p.json", "shardscope: error: unknown flag '--bogus' (shardscope run --help lists the flags)"},
+      {"--bogus --json p.json", "shardscope: error: unknown flag '--bogus' (shardscope plan --help lists the flags)"},
   };
   for (const auto& c : cases) {
     EXPECT_EQ(shardscope("plan", c.flags), 2) << c.flags;
