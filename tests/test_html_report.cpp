@@ -9,6 +9,7 @@
 #include "harness/report/html_report.hpp"
 #include "harness/report/html_svg.hpp"
 #include "harness/report/timeline_view.hpp"
+#include "support/records_of.hpp"
 #include "support/report_doc.hpp"
 
 namespace shardscope {
@@ -16,6 +17,11 @@ namespace {
 
 using nlohmann::json;
 using testing::report_document;
+
+// The report of a hand-made document: its tables render the document's records.
+std::string render_html_report(const json& doc, const std::string& command) {
+  return shardscope::render_html_report(doc, testing::records_of(doc), command);
+}
 
 int count(const std::string& text, const std::string& needle) {
   int n = 0;
@@ -150,11 +156,12 @@ TEST(HtmlReport, AnythingMissingStillRenders) {
   for (const json& doc : {json::object(), json{{"runs", json::array({json::object(), 3, nullptr})}},
                           json{{"runs", {{{"kind", "data_parallel"}, {"ranks", {{{"rank", 0}}}}}}}},
                           json{{"runs", {{{"kind", "pipeline"}, {"stages", {{{"stage", 0}, {"timeline", 7}}}}}}}}}) {
-    const std::string html = render_html_report(doc, "x");
+    // No records can be read from these: the tables are of none.
+    const std::string html = shardscope::render_html_report(doc, ResultDocument{}, "x");
     EXPECT_NE(html.find("</html>"), std::string::npos) << doc.dump();
   }
-  const std::string html = render_html_report(
-      json{{"runs", {{{"kind", "pipeline"}, {"stages", {{{"stage", 0}, {"timeline", 7}}}}}}}}, "x");
+  const std::string html = shardscope::render_html_report(
+      json{{"runs", {{{"kind", "pipeline"}, {"stages", {{{"stage", 0}, {"timeline", 7}}}}}}}}, ResultDocument{}, "x");
   EXPECT_NE(html.find("no timeline recorded"), std::string::npos);
 }
 

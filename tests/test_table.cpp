@@ -6,9 +6,11 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "harness/report/table.hpp"
 #include "harness/report/text_table.hpp"
+#include "support/records_of.hpp"
 
 namespace shardscope {
 namespace {
@@ -46,7 +48,7 @@ json document() {
   json zero1 = dp_run("zero1", {dp_rank(0, 2105344, 2105344, 2105376, 9000000),
                                 dp_rank(1, 2105344, 2105344, 2105344, 9000000)});
   zero1["ranks"][1]["predicted"]["resting_total"] = 6316000;  // a wrong prediction: marked "!"
-  json stage = {{"stage", 1}, {"rank", 1}, {"layers", {1, 1}},
+  json stage = {{"stage", 1}, {"rank", 1}, {"world", 2}, {"layers", {1, 1}},
                 {"saved", {{"peak_live_tensors", 5}, {"peak_live_bytes", 384}, {"total_tensors", 40},
                            {"before_first_backward", 5}}},
                 {"predicted", {{"peak_live_tensors", 5}, {"peak_live_bytes", 384}, {"peak_total", 23460}}},
@@ -67,14 +69,14 @@ json document() {
 // --wide --bytes exact.
 std::string render(const json& doc) {
   std::ostringstream os;
-  print_tables(doc, os, TableOptions{true, true});
+  print_tables(testing::records_of(doc), os, TableOptions{true, true});
   return os.str();
 }
 
 // The default: fits 120 columns.
 std::string render_compact(const json& doc) {
   std::ostringstream os;
-  print_tables(doc, os);
+  print_tables(testing::records_of(doc), os);
   return os.str();
 }
 
@@ -230,9 +232,11 @@ TEST(Table, PipelineStageRowAndSkipped) {
   EXPECT_NE(out.find("gpipe S=4 M=2: --layers 2 cannot fill 4 stages"), std::string::npos) << out;
 }
 
-TEST(Table, MissingFieldsPrintDashesAndEmulatedIsSaid) {
+// A figure the record holds as null (no step timed) prints "-", and so does every figure
+// of a run that reported no rank.
+TEST(Table, MissingFiguresPrintDashesAndEmulatedIsSaid) {
   json doc = {{"schema", "shardscope/1"}, {"backend", "cpu"}, {"comm", "fake"}, {"emulated", true},
-              {"runs", {{{"kind", "data_parallel"}, {"strategy", "zero3"}, {"world", 4},
+              {"runs", {{{"kind", "data_parallel"}, {"strategy", "zero3"}, {"world", 4}, {"units", 8}, {"model", seed_model()},
                          {"ranks", {{{"rank", 2}, {"resting", {{"total", 100}}},
                                      {"comm", {{"all_gather", {{"bytes", 64}, {"busbw_gbps", 7702.48}}}}}}}}}}}};
   const std::string out = render(doc);
@@ -240,10 +244,17 @@ TEST(Table, MissingFieldsPrintDashesAndEmulatedIsSaid) {
   const std::string row = line_with(out, "zero3");
   EXPECT_NE(row.find("rank 2"), std::string::npos) << out;  // one emulated rank of four
   EXPECT_NE(row.find("100"), std::string::npos);
-  EXPECT_NE(row.find(" - "), std::string::npos);
-  const std::string peak_row = line_with(out, "all_gather");
-  EXPECT_NE(peak_row.find("zero3"), std::string::npos) << out;
+  const std::string time_row = line_with(out, "all_gather");
+  EXPECT_NE(time_row.find("zero3"), std::string::npos) << out;
+  EXPECT_EQ(time_row.substr(time_row.size() - 24), "          -       -    -") << out;  // untimed
   EXPECT_EQ(out.find("7702"), std::string::npos) << "an emulated collective has no bandwidth";
+  doc["runs"][0]["ranks"] = json::array();
+  const std::string none = render(doc);
+  std::istringstream words(line_with(none, "zero3"));
+  std::vector<std::string> cells;
+  for (std::string w; words >> w;) cells.push_back(w);
+  ASSERT_EQ(cells.size(), 10u) << none;  // strategy, units, prefetch, rank, 6 figures
+  for (std::size_t i = 3; i < cells.size(); ++i) EXPECT_EQ(cells[i], "-") << none;
   EXPECT_EQ(render(json::object()), "(no runs)\n");
 }
 
@@ -279,7 +290,7 @@ TEST(Table, CompactTablesFit120Columns) {
   EXPECT_NE(stage.find("22.9 KiB  22.9 KiB !"), std::string::npos) << stage;
   // --bytes exact alone: exact bytes, still compact.
   std::ostringstream exact;
-  print_tables(doc, exact, TableOptions{true, false});
+  print_tables(testing::records_of(doc), exact, TableOptions{true, false});
   EXPECT_NE(line_with(exact.str(), "ddp ").find("8,421,440"), std::string::npos) << exact.str();
   EXPECT_EQ(line_with(exact.str(), "strategy").find("prefetch"), std::string::npos) << exact.str();
   // --wide: the prefetch and bucket columns, and the predictions in full.

@@ -35,11 +35,10 @@ void check_run_outputs(const RunConfig& cfg, const MpiSession& mpi) {
 }
 
 void write_run_outputs(const ResultDocument& doc, const RunConfig& cfg, std::ostream& out) {
-  const nlohmann::json text = to_json(doc);  // what the tables still read
-  print_tables(text, out, TableOptions{cfg.exact_bytes, cfg.wide_tables});
+  print_tables(doc, out, TableOptions{cfg.exact_bytes, cfg.wide_tables});
   // The CSV folder first: it is made now, and --json or --trace may lie inside it.
   if (!cfg.csv_dir.empty()) write_csv_files(doc, cfg.csv_dir);
-  if (!cfg.json_path.empty()) write_file_atomic(cfg.json_path, readable_json(text) + "\n");
+  if (!cfg.json_path.empty()) write_file_atomic(cfg.json_path, readable_json(to_json(doc)) + "\n");
   if (!cfg.trace_path.empty()) write_trace_file(cfg.trace_path, doc);
 }
 

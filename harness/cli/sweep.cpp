@@ -8,6 +8,7 @@
 #include <functional>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -378,21 +379,24 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
     if (results == json_path && std::filesystem::is_regular_file(partial_path, ec))
       std::filesystem::remove(partial_path, ec);
   });
+  // The records of the document as it stands (no timeline), read once: what every printer
+  // renders. Each job's file was read into records where the sweep read it, so nothing is
+  // refused here that a job's file did not hold.
+  std::optional<ResultDocument> records;
+  write_keeping_error(errors, [&] { records = read_result(doc, results); });
   // The CSV folder first: it is made now, and a --trace or --report may lie inside it.
-  // The CSV holds no timeline: the records read from the document as it stands.
-  const bool csv_written = !opts.csv.empty() && write_keeping_error(errors, [&] {
-    write_csv_files(read_result(doc, results), opts.csv);
+  const bool csv_written = records && !opts.csv.empty() && write_keeping_error(errors, [&] {
+    write_csv_files(*records, opts.csv);
   });
-  const bool trace_written = !opts.trace.empty() && write_keeping_error(errors, [&] {
-    // The records without their timelines, each brought back from disk as it is written.
-    const ResultDocument records = read_result(doc, results);
+  // Each timeline is brought back from disk as it is written.
+  const bool trace_written = records && !opts.trace.empty() && write_keeping_error(errors, [&] {
     write_file_atomic_streamed(opts.trace,
-                               [&](const TextSink& sink) { write_trace_text(records, spill.timelines_of(doc), sink); });
+                               [&](const TextSink& sink) { write_trace_text(*records, spill.timelines_of(doc), sink); });
   });
-  const bool report_written = !opts.report.empty() && write_keeping_error(errors, [&] {
-    write_file_atomic(opts.report, render_html_report(whole_document(doc, spill), command));
+  const bool report_written = records && !opts.report.empty() && write_keeping_error(errors, [&] {
+    write_file_atomic(opts.report, render_html_report(whole_document(doc, spill), *records, command));
   });
-  print_tables(doc, std::cout, TableOptions{opts.exact_bytes, opts.wide});
+  if (records) print_tables(*records, std::cout, TableOptions{opts.exact_bytes, opts.wide});
   if (results_written) {
     std::cout << "results: " << results;
     if (results != json_path)

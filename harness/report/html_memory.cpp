@@ -64,7 +64,7 @@ std::string panel_svg(const Panel& p, double ymax_ticks, const std::vector<doubl
   const TimelineView& v = p.view;
   double t_end = v.memory.back().t_ms;
   for (const TimelineSpan& s : v.spans) t_end = std::max(t_end, s.end_ms);
-  for (const TimelineMark& m : v.marks) t_end = std::max(t_end, m.t_ms);
+  for (const ViewMark& m : v.marks) t_end = std::max(t_end, m.t_ms);
   const std::vector<double> xticks = nice_ticks(t_end, 6);
   const double t_max = std::max(xticks.back(), 1e-9);
   const double plot_w = kWidth - kLeft - kRight;

@@ -3,6 +3,7 @@
 #include <sstream>
 #include <vector>
 
+#include "harness/records/result.hpp"
 #include "harness/report/cells.hpp"
 #include "harness/report/html_charts.hpp"
 #include "harness/report/html_svg.hpp"
@@ -110,7 +111,7 @@ std::string pipeline_section(const std::vector<const json*>& runs, const json& d
 
 }  // namespace
 
-std::string render_html_report(const json& doc, const std::string& command) {
+std::string render_html_report(const json& doc, const ResultDocument& records, const std::string& command) {
   std::vector<const json*> data_parallel, pipeline;
   if (const json* runs = cells::at(doc, {"runs"}); runs && runs->is_array())
     for (const json& run : *runs) {
@@ -139,7 +140,7 @@ std::string render_html_report(const json& doc, const std::string& command) {
   if (!data_parallel.empty()) out += data_parallel_section(data_parallel, doc) + "\n";
   if (!pipeline.empty()) out += pipeline_section(pipeline, doc) + "\n";
   std::ostringstream tables;
-  print_tables(doc, tables, TableOptions{true, true});  // a page has room for every byte
+  print_tables(records, tables, TableOptions{true, true});  // a page has room for every byte
   out += "<h2 id=\"tables\">Tables</h2><pre class=\"tables\">" + escape(tables.str()) + "</pre>\n";
   out += "<p class=\"note\">Written by shardscope: one self-contained file (inline SVG, no scripts, no network). "
          "Hover a bar, an action or a peak marker for its exact figures.</p>\n</body></html>\n";

@@ -15,6 +15,9 @@
 
 namespace shardscope {
 
-std::string render_html_report(const nlohmann::json& doc, const std::string& command);
+struct ResultDocument;  // harness/records/result.hpp
+
+// `records` is `doc` read into the records (read_result): the tables render them.
+std::string render_html_report(const nlohmann::json& doc, const ResultDocument& records, const std::string& command);
 
 }  // namespace shardscope

@@ -1,12 +1,14 @@
 #include "harness/report/table.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <variant>
 
 #include "harness/report/cells.hpp"
 #include "harness/report/record_label.hpp"
+#include "harness/report/table_parts.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/text_table.hpp"
 #include "shardscope/category.hpp"
@@ -133,75 +135,6 @@ std::string steps_note(const std::vector<const json*>& runs) {
   return note;
 }
 
-std::vector<std::string> step_spread(const json& record) {
-  std::string max = cells::fixed(cells::at(record, {"step_ms", "max"}), 3);
-  // Files written before step_ms.max: the largest timed step (the first is warm-up).
-  const json* all = cells::at(record, {"step_ms_all"});
-  if (max == cells::kMissing && all && all->is_array() && all->size() >= 2) {
-    const json* largest = nullptr;
-    for (std::size_t i = 1; i < all->size(); ++i)
-      if ((*all)[i].is_number() && (!largest || (*all)[i].get<double>() > largest->get<double>())) largest = &(*all)[i];
-    max = cells::fixed(largest, 3);
-  }
-  return {cells::fixed(cells::at(record, {"step_ms", "min"}), 3), cells::fixed(cells::at(record, {"step_ms", "median"}), 3),
-          max};
-}
-
-std::string timed_steps_words(const std::vector<const json*>& runs) {
-  if (runs.empty()) return {};
-  const json timed = runs.front()->value("timed_steps", json());
-  for (const json* r : runs)
-    if (r->value("timed_steps", json()) != timed) return {};
-  std::int64_t n = 0;
-  if (!cells::as_int(&timed, &n)) return {};
-  return ", over " + std::to_string(n) + (n == 1 ? " timed step" : " timed steps");
-}
-
-std::string cores_note(const json& run, const json& doc) {
-  std::int64_t world = 0, cores = 0;
-  if (!cells::as_int(cells::at(run, {"world"}), &world) || !cells::as_int(cells::at(doc, {"provenance", "cores"}), &cores) ||
-      cores <= 0 || world <= cores)
-    return {};
-  return "  " + std::to_string(world) + " ranks share " + std::to_string(cores) + (cores == 1 ? " core" : " cores") +
-         " here: a rank waits for a core, so these times are longer than with a core per rank\n";
-}
-
-void print_live_at_peak(const std::vector<std::string>& head_names, const std::vector<LiveRow>& rows,
-                        const TableOptions& options, std::ostream& os) {
-  std::vector<std::string> live;
-  for (const std::string_view c : kCategoryNames) {
-    const std::string name(c);
-    for (const LiveRow& row : rows) {
-      std::int64_t b = 0;
-      if (cells::as_int(cells::at(*row.record, {"peak", "by_category", name.c_str()}), &b) && b != 0) {
-        live.push_back(name);
-        break;
-      }
-    }
-  }
-  if (live.empty()) return;
-  std::vector<std::string> cols = head_names;
-  cols.insert(cols.end(), live.begin(), live.end());
-  std::vector<Align> align(cols.size(), Align::right);
-  std::fill(align.begin(), align.begin() + static_cast<std::ptrdiff_t>(head_names.size()), Align::left);
-  TextTable table(cols, align);
-  for (const LiveRow& row : rows) {
-    std::vector<std::string> line = row.head;
-    for (const std::string& c : live) {
-      line.push_back(cells::measured_bytes(cells::at(*row.record, {"peak", "by_category", c.c_str()}),
-                                           cells::at(*row.record, {"predicted", "peak_by_category", c.c_str()}),
-                                           options));
-    }
-    table.add_row(std::move(line));
-  }
-  os << "  live at the peak, bytes per category (a figure that differs from its prediction is followed by\n"
-        "  \"! predicted\")\n";
-  // The category names are the table's widest cells: their columns, not the figures, set
-  // the width.
-  table.print(os, 2);
-  os << '\n';
-}
-
 void print_skipped(const std::vector<const json*>& skipped, std::ostream& os) {
   if (skipped.empty()) return;
   os << "skipped (the configuration cannot run):\n";
@@ -210,28 +143,6 @@ void print_skipped(const std::vector<const json*>& skipped, std::ostream& os) {
        << cells::text(cells::at(*s, {"reason"})) << '\n';
   }
   os << '\n';
-}
-
-void print_tables(const json& doc, std::ostream& os, const TableOptions& options) {
-  const json* runs = cells::at(doc, {"runs"});
-  if (!runs || !runs->is_array() || runs->empty()) {
-    os << "(no runs)\n";
-    return;
-  }
-  std::vector<const json*> data_parallel, pipeline, skipped;
-  for (const json& run : *runs) {
-    if (!run.is_object()) continue;
-    if (is_skipped(run))
-      skipped.push_back(&run);
-    else if (is_pipeline(run))
-      pipeline.push_back(&run);
-    else
-      data_parallel.push_back(&run);
-  }
-  if (!data_parallel.empty()) print_data_parallel_tables(data_parallel, doc, options, os);
-  if (!pipeline.empty()) print_pipeline_tables(pipeline, doc, options, os);
-  print_skipped(skipped, os);
-  if (!data_parallel.empty() || !pipeline.empty()) os << bytes_footnote(options);
 }
 
 std::string bytes_footnote(const TableOptions& options, bool predictions) {
@@ -244,9 +155,172 @@ std::string bytes_footnote(const TableOptions& options, bool predictions) {
   return note + "\n";
 }
 
+namespace {
+
+// "0-3" for [first, last]; other arrays comma-joined; "-" when absent.
+std::string layers_cell(const json* layers) {
+  if (!layers) return cells::kMissing;
+  if (!layers->is_array()) return cells::text(layers);
+  std::vector<std::string> parts;
+  for (const json& v : *layers) parts.push_back(cells::text(&v));
+  if (parts.size() == 2) return parts[0] + "-" + parts[1];
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? "," : "") + parts[i];
+  return out.empty() ? cells::kMissing : out;
+}
+
+}  // namespace
+
+// All chunks' layer ranges when the stage holds several ("0-1,4-5"), else its range.
+std::string stage_layers(const json& stage) {
+  const json* chunks = cells::at(stage, {"chunks_layers"});
+  if (!chunks || !chunks->is_array() || chunks->size() < 2) return layers_cell(cells::at(stage, {"layers"}));
+  std::string out;
+  for (const json& range : *chunks) out += (out.empty() ? "" : ",") + layers_cell(&range);
+  return out;
+}
+
 std::string units_setting(const json& run) {
   const std::string s = units_label(cells::at(run, {"layers_per_unit"}));
   return s.empty() ? cells::kMissing : s;
+}
+
+namespace tables {
+
+std::string fixed(const std::optional<double>& v, int decimals) {
+  if (!v) return cells::kMissing;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, *v);
+  return buf;
+}
+
+std::string percent(const std::optional<double>& v) {
+  if (!v) return cells::kMissing;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * *v);
+  return buf;
+}
+
+std::string multiple(std::int64_t bytes, std::int64_t base) {
+  if (base == 0) return cells::kMissing;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.3f", static_cast<double>(bytes) / static_cast<double>(base));
+  return buf;
+}
+
+std::string predicted_bytes(std::int64_t predicted, std::int64_t measured, const TableOptions& options) {
+  const bool differs = measured != predicted;
+  if (!options.wide && !differs) return cells::kSame;
+  return cells::bytes(predicted, options) + (differs ? " !" : "");
+}
+
+std::string measured_bytes(std::int64_t measured, std::int64_t predicted, const TableOptions& options) {
+  std::string cell = cells::bytes(measured, options);
+  if (measured != predicted) cell += " ! " + cells::bytes(predicted, options);
+  return cell;
+}
+
+std::string model_line(const ModelRecord& model, bool batch_per_rank, const TableOptions& options) {
+  std::string line = std::to_string(model.layers) + " x " + std::to_string(model.width);
+  line += ", activation " + model.activation;
+  line += ", loss " + model.loss;
+  line += ", batch " + std::to_string(model.batch) + (batch_per_rank ? "/rank" : "");
+  line += ", P = " + cells::group_digits(model.params) + " params";
+  line += ", 4P = " + (options.exact_bytes ? cells::group_digits(model.param_bytes) + " B"
+                                           : cells::bytes(model.param_bytes, options));
+  return line;
+}
+
+std::string setup_line(const RunPlace& place) {
+  std::string line = "backend " + place.backend + ", comm " + place.comm;
+  if (place.emulated) line += ", emulated (times are compute only)";
+  return line;
+}
+
+std::string cores_note(int world, const ResultDocument& doc) {
+  const std::optional<std::int64_t> cores = doc.provenance.cores;
+  if (!cores || *cores <= 0 || world <= *cores) return {};
+  return "  " + std::to_string(world) + " ranks share " + std::to_string(*cores) + (*cores == 1 ? " core" : " cores") +
+         " here: a rank waits for a core, so these times are longer than with a core per rank\n";
+}
+
+std::vector<std::string> step_spread(const TimeSummary& step, const std::vector<double>& all) {
+  std::string max = fixed(step.max, 3);
+  // Files written before step_ms.max: the largest timed step (the first is warm-up).
+  if (!step.max && all.size() >= 2) max = fixed(*std::max_element(all.begin() + 1, all.end()), 3);
+  return {fixed(step.min, 3), fixed(step.median, 3), max};
+}
+
+bool same_group(const ModelRecord& a, const ModelRecord& b) {
+  return a.layers == b.layers && a.width == b.width && a.params == b.params && a.param_tensors == b.param_tensors &&
+         a.param_bytes == b.param_bytes && a.activation == b.activation && a.loss == b.loss && a.batch == b.batch;
+}
+
+void print_live_at_peak(const std::vector<std::string>& head_names, const std::vector<LiveRow>& rows,
+                        const TableOptions& options, std::ostream& os) {
+  std::vector<int> live;
+  for (int c = 0; c < kCategoryCount; ++c)
+    for (const LiveRow& row : rows)
+      if (row.measured && row.measured->bytes[c] != 0) {
+        live.push_back(c);
+        break;
+      }
+  if (live.empty()) return;
+  std::vector<std::string> cols = head_names;
+  for (const int c : live) cols.emplace_back(kCategoryNames[c]);
+  std::vector<Align> align(cols.size(), Align::right);
+  std::fill(align.begin(), align.begin() + static_cast<std::ptrdiff_t>(head_names.size()), Align::left);
+  TextTable table(cols, align);
+  for (const LiveRow& row : rows) {
+    std::vector<std::string> line = row.head;
+    for (const int c : live)
+      line.push_back(row.measured ? measured_bytes(row.measured->bytes[c], row.predicted->bytes[c], options)
+                                  : cells::kMissing);
+    table.add_row(std::move(line));
+  }
+  os << "  live at the peak, bytes per category (a figure that differs from its prediction is followed by\n"
+        "  \"! predicted\")\n";
+  // The category names are the table's widest cells: their columns, not the figures, set
+  // the width.
+  table.print(os, 2);
+  os << '\n';
+}
+
+// "0-3" for [first, last].
+std::string layer_range(const LayerRange& r) { return std::to_string(r[0]) + "-" + std::to_string(r[1]); }
+
+std::string stage_layers(const StageRecord& stage) {
+  if (!stage.chunks_layers || stage.chunks_layers->size() < 2) return layer_range(stage.layers);
+  std::string out;
+  for (const LayerRange& range : *stage.chunks_layers) out += (out.empty() ? "" : ",") + layer_range(range);
+  return out;
+}
+
+}  // namespace tables
+
+void print_tables(const ResultDocument& doc, std::ostream& os, const TableOptions& options) {
+  if (doc.runs.empty()) {
+    os << "(no runs)\n";
+    return;
+  }
+  std::vector<const DataParallelRun*> data_parallel;
+  std::vector<const PipelineRun*> pipeline;
+  std::vector<const SkippedRun*> skipped;
+  for (const RunRecord& run : doc.runs) {
+    if (const auto* dp = std::get_if<DataParallelRun>(&run)) data_parallel.push_back(dp);
+    else if (const auto* pp = std::get_if<PipelineRun>(&run)) pipeline.push_back(pp);
+    else skipped.push_back(&std::get<SkippedRun>(run));
+  }
+  if (!data_parallel.empty()) tables::print_data_parallel_tables(data_parallel, doc, options, os);
+  if (!pipeline.empty()) tables::print_pipeline_tables(pipeline, doc, options, os);
+  if (!skipped.empty()) {
+    os << "skipped (the configuration cannot run):\n";
+    for (const SkippedRun* s : skipped)
+      os << "  " << (is_pipeline(s->config) ? "pipeline " : "data parallel ") << run_label(s->config) << ": "
+         << s->reason << '\n';
+    os << '\n';
+  }
+  if (!data_parallel.empty() || !pipeline.empty()) os << bytes_footnote(options);
 }
 
 }  // namespace shardscope

@@ -19,9 +19,12 @@
 
 namespace shardscope {
 
+struct ResultDocument;  // harness/records/result.hpp
+
 // By default every line fits 120 columns: bytes in binary units, a setting all rows share
-// stated once above the table, "=" for a prediction equal to its measured figure.
-void print_tables(const nlohmann::json& doc, std::ostream& os, const TableOptions& options = {});
+// stated once above the table, "=" for a prediction equal to its measured figure. The
+// tables render the records (table_parts.hpp has their parts).
+void print_tables(const ResultDocument& doc, std::ostream& os, const TableOptions& options = {});
 
 // A `shardscope compare` record (compare_documents) as a table (table_compare.cpp).
 void print_comparison(const nlohmann::json& comparison, std::ostream& os, const TableOptions& options = {});
@@ -29,33 +32,11 @@ void print_comparison(const nlohmann::json& comparison, std::ostream& os, const 
 // A `shardscope plan` document (schema shardscope-plan/1) as tables (table_plan.cpp).
 void print_plan(const nlohmann::json& plan, std::ostream& os, const TableOptions& options = {});
 
-// The parts print_tables is made of; `runs` all of one kind, `doc` for the top-level
-// backend, comm and emulated flag (a run's own fields take precedence).
-void print_data_parallel_tables(const std::vector<const nlohmann::json*>& runs,
-                                const nlohmann::json& doc, const TableOptions& options, std::ostream& os);
-void print_pipeline_tables(const std::vector<const nlohmann::json*>& runs,
-                           const nlohmann::json& doc, const TableOptions& options, std::ostream& os);
+// A plan's skipped configurations, with their reasons.
 void print_skipped(const std::vector<const nlohmann::json*>& skipped, std::ostream& os);
 
-// A row of the "live at the peak" table: its leading cells, and the rank or stage record
-// whose peak.by_category and predicted.peak_by_category it shows.
-struct LiveRow {
-  std::vector<std::string> head;
-  const nlohmann::json* record;
-};
-// Prints what was live at each row's peak, per category (categories at zero on every
-// row left out; nothing when no row has a breakdown); a figure that differs from its
-// prediction is followed by "! predicted".
-void print_live_at_peak(const std::vector<std::string>& head_names, const std::vector<LiveRow>& rows,
-                        const TableOptions& options, std::ostream& os);
+// What follows reads a JSON document or plan, for the plan's tables and the HTML report.
 
-// A record's step times, ms: {min, median, max} of its timed steps ("-" when untimed).
-std::vector<std::string> step_spread(const nlohmann::json& record);
-// ", over 10 timed steps" when every run timed as many steps, else "".
-std::string timed_steps_words(const std::vector<const nlohmann::json*>& runs);
-// A line saying that the run's ranks outnumber the cores of the host that ran it
-// (provenance.cores), so its times include waiting for a core; "" otherwise.
-std::string cores_note(const nlohmann::json& run, const nlohmann::json& doc);
 // The line under the tables that says how bytes are written (and, with `predictions`,
 // what "=" in a predicted column means).
 std::string bytes_footnote(const TableOptions& options, bool predictions = true);

@@ -2,163 +2,168 @@
 // peak/communication/time table with the same row labels.
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "harness/report/cells.hpp"
 #include "harness/report/table.hpp"
+#include "harness/report/table_parts.hpp"
 #include "harness/report/text_table.hpp"
 #include "shardscope/category.hpp"
+#include "shardscope/strategy_kind.hpp"
 
-namespace shardscope {
+namespace shardscope::tables {
 namespace {
-
-using nlohmann::json;
-
-constexpr std::array<const char*, 6> kCollectives = {
-    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv"};
-
-const json kEmpty = json::object();
 
 // One table row: a run, the rank whose bytes it shows (`label` "all ranks" or "rank
 // N"), and the rank whose times it shows: itself, or for "all ranks" (equal bytes, not
-// equal times) the slowest, whose step the others wait for.
+// equal times) the slowest, whose step the others wait for. `rank` is null for a run
+// that reported no rank: every figure "-".
 struct Row {
-  const json* run;
-  const json* rank;
+  const DataParallelRun* run;
+  const RankRecord* rank;
   std::string label;
-  const json* timing = nullptr;
+  const RankRecord* timing = nullptr;
 };
 
-double median_step_ms(const json& rank) {
-  const json* m = cells::at(rank, {"step_ms", "median"});
-  return m && m->is_number() ? m->get<double>() : -1.0;
-}
+double median_step_ms(const RankRecord& rank) { return rank.step_ms.median ? *rank.step_ms.median : -1.0; }
 
-const json& ranks_of(const json& run) {
-  const json* r = cells::at(run, {"ranks"});
-  return r && r->is_array() ? *r : kEmpty;
-}
+bool same_figures(const CategoryFigures& a, const CategoryFigures& b) { return a.total == b.total && a.bytes == b.bytes; }
 
 // Every byte figure of a rank: ranks that agree on all of them share a row.
-json byte_figures(const json& rank) {
-  if (!rank.is_object()) return rank;
-  json f = {{"resting", rank.value("resting", json())},
-            {"peak_total", json()},
-            {"peak_by_category", json()},
-            {"predicted", rank.value("predicted", json())},
-            {"comm", json::object()}};
-  if (const json* p = cells::at(rank, {"peak", "total"})) f["peak_total"] = *p;
-  if (const json* p = cells::at(rank, {"peak", "by_category"})) f["peak_by_category"] = *p;
-  if (const json* comm = cells::at(rank, {"comm"}); comm && comm->is_object())
-    for (const auto& [kind, stats] : comm->items())
-      if (const json* b = cells::at(stats, {"bytes"})) f["comm"][kind] = *b;
-  return f;
+bool same_bytes(const RankRecord& a, const RankRecord& b) {
+  const RankPredicted &p = a.predicted, &q = b.predicted;
+  if (!same_figures(a.resting, b.resting) || a.peak.total != b.peak.total ||
+      !same_figures(a.peak.by_category, b.peak.by_category))
+    return false;
+  if (p.resting_total != q.resting_total || !same_figures(p.resting, q.resting) || p.peak_total != q.peak_total ||
+      !same_figures(p.peak_by_category, q.peak_by_category) || p.peak_phase != q.peak_phase ||
+      p.peak_where != q.peak_where || p.comm_bytes != q.comm_bytes)
+    return false;
+  for (int k = 0; k < kCollKindCount; ++k)
+    if (a.comm[k].bytes != b.comm[k].bytes) return false;
+  return true;
 }
 
-std::vector<Row> rows_of(const json& run) {
-  const json& ranks = ranks_of(run);
-  std::vector<Row> rows;
-  if (ranks.empty()) return {{&run, &kEmpty, "-", &kEmpty}};
+std::vector<Row> rows_of(const DataParallelRun& run) {
+  const std::vector<RankRecord>& ranks = run.ranks;
+  if (ranks.empty()) return {{&run, nullptr, "-", nullptr}};
   bool differ = false;
-  const json first = byte_figures(ranks.front());
-  for (const json& r : ranks) differ = differ || byte_figures(r) != first;
-  std::int64_t world = 0;
-  const bool one_of_many = ranks.size() == 1 && cells::as_int(cells::at(run, {"world"}), &world) && world > 1;
+  for (const RankRecord& r : ranks) differ = differ || !same_bytes(r, ranks.front());
+  const bool one_of_many = ranks.size() == 1 && run.world > 1;
   if (!differ && !one_of_many) {
-    const json* slowest = &ranks.front();
-    for (const json& r : ranks)
+    const RankRecord* slowest = &ranks.front();
+    for (const RankRecord& r : ranks)
       if (median_step_ms(r) > median_step_ms(*slowest)) slowest = &r;
     return {{&run, &ranks.front(), "all ranks", slowest}};
   }
-  for (const json& r : ranks) rows.push_back({&run, &r, "rank " + cells::text(cells::at(r, {"rank"})), &r});
+  std::vector<Row> rows;
+  for (const RankRecord& r : ranks) rows.push_back({&run, &r, "rank " + std::to_string(r.rank), &r});
   return rows;
+}
+
+// The collective kinds in the order of their names (the order the JSON document keeps
+// them in): of kinds with equal bytes, the first so named is the main one.
+std::array<int, kCollKindCount> kinds_by_name() {
+  std::array<int, kCollKindCount> order{};
+  for (int k = 0; k < kCollKindCount; ++k) order[k] = k;
+  std::sort(order.begin(), order.end(), [](int a, int b) { return kCollKindNames[a] < kCollKindNames[b]; });
+  return order;
 }
 
 // Communication bytes per step summed over kinds, and the kind with the most bytes.
 struct CommSummary {
-  bool any = false;
   std::int64_t bytes = 0;
   std::string main_kind;
-  const json* main_busbw = nullptr;
+  std::optional<double> main_busbw;
 };
 
-CommSummary summarize_comm(const json& rank) {
+CommSummary summarize_comm(const RankRecord& rank) {
+  static const std::array<int, kCollKindCount> order = kinds_by_name();
   CommSummary s;
-  const json* comm = cells::at(rank, {"comm"});
-  if (!comm || !comm->is_object()) return s;
   std::int64_t best = 0;
-  for (const auto& [kind, stats] : comm->items()) {
-    std::int64_t b = 0;
-    if (!cells::as_int(cells::at(stats, {"bytes"}), &b)) continue;
-    s.any = true;
-    s.bytes += b;
-    if (b > best) {
-      best = b;
-      s.main_kind = kind;
-      s.main_busbw = cells::at(stats, {"busbw_gbps"});
+  for (const int k : order) {
+    const CollectiveFigures& c = rank.comm[k];
+    s.bytes += c.bytes;
+    if (c.bytes > best) {
+      best = c.bytes;
+      s.main_kind = std::string(kCollKindNames[k]);
+      s.main_busbw = c.busbw_gbps;
     }
   }
   return s;
 }
 
 // Resting categories beyond param/grad/optim that are non-zero somewhere in the group.
-std::vector<std::string> extra_categories(const std::vector<Row>& rows) {
-  std::vector<std::string> names;
-  auto consider = [&](const std::string& name) {
-    if (name == "total" || name == "param" || name == "grad" || name == "optim") return;
-    if (std::find(names.begin(), names.end(), name) != names.end()) return;
-    for (const Row& row : rows) {
-      std::int64_t b = 0;
-      if (cells::as_int(cells::at(*row.rank, {"resting", name.c_str()}), &b) && b != 0) {
-        names.push_back(name);
-        return;
+std::vector<int> extra_categories(const std::vector<Row>& rows) {
+  std::vector<int> out;
+  for (int c = 0; c < kCategoryCount; ++c) {
+    const std::string_view name = kCategoryNames[c];
+    if (name == "param" || name == "grad" || name == "optim") continue;
+    for (const Row& row : rows)
+      if (row.rank && row.rank->resting.bytes[c] != 0) {
+        out.push_back(c);
+        break;
       }
-    }
-  };
-  for (const char* c : kCategoryNames) consider(c);
-  for (const Row& row : rows)
-    if (const json* resting = cells::at(*row.rank, {"resting"}); resting && resting->is_object())
-      for (const auto& item : resting->items()) consider(item.key());
-  return names;
+  }
+  return out;
 }
 
-// The value of `key` that every run of `runs` for which `applies` holds shares ("1"), or
-// "" when they differ or none applies: a setting a compact table states once above it
-// instead of in a column.
-template <typename Applies>
-std::string shared_setting(const std::vector<const json*>& runs, const char* key, Applies applies) {
+int category_index(std::string_view name) {
+  for (int c = 0; c < kCategoryCount; ++c)
+    if (kCategoryNames[c] == name) return c;
+  return -1;
+}
+
+// Whether units (and prefetch) shape the run: zero2 and zero3, not ddp and zero1 (which
+// run under DDP, and use its bucket instead). True when the strategy is unknown.
+bool uses_units(const DataParallelRun& run) {
+  const std::optional<StrategyKind> kind = find_strategy(run.strategy);
+  return !kind || shards_by_unit(*kind);
+}
+
+std::string units_cell(const DataParallelRun& run) {
+  return run.layers_per_unit ? std::to_string(*run.layers_per_unit) : "all";
+}
+
+// The value every run of `runs` for which `applies` holds shares ("1"), or "" when they
+// differ or none applies: a setting a compact table states once above it instead of in
+// a column.
+template <typename Applies, typename Value>
+std::string shared_setting(const std::vector<const DataParallelRun*>& runs, Applies applies, Value value) {
   std::string shared;
-  for (const json* run : runs) {
+  for (const DataParallelRun* run : runs) {
     if (!applies(*run)) continue;
-    const std::string v = cells::text(cells::at(*run, {key}));
+    const std::string v = value(*run);
     if (!shared.empty() && v != shared) return {};
     shared = v;
   }
   return shared;
 }
 
-void print_group(const std::vector<const json*>& runs, const json& doc, const TableOptions& options,
-                 std::ostream& os) {
-  const json& first = *runs.front();
-  const json& model = first.contains("model") ? first["model"] : kEmpty;
-  const json* param_bytes = cells::at(model, {"param_bytes"});
-  const json* emulated_field = cells::at(first, {"emulated"}) ? cells::at(first, {"emulated"}) : cells::at(doc, {"emulated"});
-  const bool emulated = emulated_field && emulated_field->is_boolean() && emulated_field->get<bool>();
-  os << "data parallel, W = " << cells::text(cells::at(first, {"world"})) << ": "
-     << model_line(model, true, options) << "\n  " << setup_line(first, doc) << steps_note(runs) << "\n";
+void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDocument& doc,
+                 const TableOptions& options, std::ostream& os) {
+  const DataParallelRun& first = *runs.front();
+  const std::int64_t param_bytes = first.model.param_bytes;
+  const bool emulated = first.place.emulated;
+  os << "data parallel, W = " << first.world << ": " << model_line(first.model, true, options) << "\n  "
+     << setup_line(first.place) << steps_note(runs) << "\n";
 
   std::vector<Row> rows;
   bool any_bucket = false, any_units = false;
-  for (const json* run : runs) {
+  for (const DataParallelRun* run : runs) {
     for (Row& row : rows_of(*run)) rows.push_back(std::move(row));
-    any_bucket = any_bucket || (cells::at(*run, {"ddp_bucket"}) != nullptr && !uses_units(*run));
+    any_bucket = any_bucket || !uses_units(*run);
     any_units = any_units || uses_units(*run);
   }
   // Compact tables state a setting every row shares once, above them, not in a column.
-  const auto no_units = [](const json& run) { return !uses_units(run); };
-  const std::string prefetch = options.wide ? "" : shared_setting(runs, "prefetch", uses_units);
-  const std::string bucket = options.wide ? "" : shared_setting(runs, "ddp_bucket", no_units);
+  const auto units = [](const DataParallelRun& run) { return uses_units(run); };
+  const auto no_units = [](const DataParallelRun& run) { return !uses_units(run); };
+  const std::string prefetch =
+      options.wide ? "" : shared_setting(runs, units, [](const DataParallelRun& r) { return std::to_string(r.prefetch); });
+  const std::string bucket =
+      options.wide ? "" : shared_setting(runs, no_units, [](const DataParallelRun& r) { return r.ddp_bucket; });
   std::vector<std::string> settings;
   if (any_units && !prefetch.empty()) settings.push_back("prefetch " + prefetch + " (zero2, zero3)");
   if (any_bucket && !bucket.empty()) settings.push_back("DDP bucket " + bucket + " (ddp, zero1)");
@@ -177,11 +182,10 @@ void print_group(const std::vector<const json*>& runs, const json& doc, const Ta
   head.push_back("rank");
   const std::size_t nhead = head.size();
   auto row_head = [&](const Row& row) {
-    const bool units = uses_units(*row.run);
-    std::vector<std::string> out = {cells::text(cells::at(*row.run, {"strategy"})),
-                                    units ? cells::text(cells::at(*row.run, {"layers_per_unit"})) : cells::kMissing};
-    if (prefetch_column) out.push_back(units ? cells::text(cells::at(*row.run, {"prefetch"})) : cells::kMissing);
-    if (bucket_column) out.push_back(units ? cells::kMissing : cells::text(cells::at(*row.run, {"ddp_bucket"})));
+    const bool by_unit = uses_units(*row.run);
+    std::vector<std::string> out = {row.run->strategy, by_unit ? units_cell(*row.run) : cells::kMissing};
+    if (prefetch_column) out.push_back(by_unit ? std::to_string(row.run->prefetch) : cells::kMissing);
+    if (bucket_column) out.push_back(by_unit ? cells::kMissing : row.run->ddp_bucket);
     out.push_back(row.label);
     return out;
   };
@@ -190,22 +194,28 @@ void print_group(const std::vector<const json*>& runs, const json& doc, const Ta
     std::fill(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(nhead), Align::left);
     return a;
   };
+  const auto missing = [](std::size_t n) { return std::vector<std::string>(n, cells::kMissing); };
 
-  const std::vector<std::string> extra = extra_categories(rows);
+  const std::vector<int> extra = extra_categories(rows);
   std::vector<std::string> rest_cols = head;
   for (const char* c : {"resting B", "× 4P", "param", "grad", "optim"}) rest_cols.push_back(c);
-  for (const std::string& c : extra) rest_cols.push_back(c);
+  for (const int c : extra) rest_cols.emplace_back(kCategoryNames[c]);
   rest_cols.push_back("predicted B");
   TextTable resting(rest_cols, aligns(rest_cols.size()));
   for (const Row& row : rows) {
-    const json& r = *row.rank;
     std::vector<std::string> line = row_head(row);
-    const json* total = cells::at(r, {"resting", "total"});
-    line.push_back(cells::bytes(total, options));
-    line.push_back(cells::multiple(total, param_bytes));
-    for (const char* c : {"param", "grad", "optim"}) line.push_back(cells::bytes(cells::at(r, {"resting", c}), options));
-    for (const std::string& c : extra) line.push_back(cells::bytes(cells::at(r, {"resting", c.c_str()}), options));
-    line.push_back(cells::predicted_bytes(cells::at(r, {"predicted", "resting_total"}), total, options));
+    if (!row.rank) {
+      for (std::string& cell : missing(rest_cols.size() - nhead)) line.push_back(std::move(cell));
+      resting.add_row(std::move(line));
+      continue;
+    }
+    const RankRecord& r = *row.rank;
+    line.push_back(cells::bytes(r.resting.total, options));
+    line.push_back(multiple(r.resting.total, param_bytes));
+    for (const char* c : {"param", "grad", "optim"})
+      line.push_back(cells::bytes(r.resting.bytes[category_index(c)], options));
+    for (const int c : extra) line.push_back(cells::bytes(r.resting.bytes[c], options));
+    line.push_back(predicted_bytes(r.predicted.resting_total, r.resting.total, options));
     resting.add_row(std::move(line));
   }
   os << "  at rest (after the step), bytes per rank\n";
@@ -219,19 +229,21 @@ void print_group(const std::vector<const json*>& runs, const json& doc, const Ta
   peak_align[nhead + 2] = peak_align[nhead + 3] = Align::left;
   TextTable peak(peak_cols, peak_align);
   for (const Row& row : rows) {
-    const json& r = *row.rank;
     std::vector<std::string> line = row_head(row);
-    const json* total = cells::at(r, {"peak", "total"});
-    line.push_back(cells::bytes(total, options));
-    line.push_back(cells::multiple(total, param_bytes));
-    line.push_back(cells::text(cells::at(r, {"peak", "phase"})));
-    line.push_back(cells::text(cells::at(r, {"peak", "where"})));
-    line.push_back(cells::predicted_bytes(cells::at(r, {"predicted", "peak_total"}), total, options));
+    if (!row.rank) {
+      for (std::string& cell : missing(peak_cols.size() - nhead)) line.push_back(std::move(cell));
+      peak.add_row(std::move(line));
+      continue;
+    }
+    const RankRecord& r = *row.rank;
+    line.push_back(cells::bytes(r.peak.total, options));
+    line.push_back(multiple(r.peak.total, param_bytes));
+    line.push_back(r.peak.phase);
+    line.push_back(r.peak.where);
+    line.push_back(predicted_bytes(r.predicted.peak_total, r.peak.total, options));
     const CommSummary comm = summarize_comm(r);
-    const json comm_bytes = comm.bytes;
-    const json* measured = comm.any ? &comm_bytes : nullptr;
-    line.push_back(cells::bytes(measured, options));
-    line.push_back(cells::predicted_bytes(cells::at(r, {"predicted", "comm_bytes"}), measured, options));
+    line.push_back(cells::bytes(comm.bytes, options));
+    line.push_back(predicted_bytes(r.predicted.comm_bytes, comm.bytes, options));
     peak.add_row(std::move(line));
   }
   os << "  peak during the step, and communication per step (bytes sent and received by the rank)\n";
@@ -246,33 +258,40 @@ void print_group(const std::vector<const json*>& runs, const json& doc, const Ta
   TextTable times(time_cols, time_align);
   for (const Row& row : rows) {
     std::vector<std::string> line = row_head(row);
+    if (!row.rank) {
+      for (std::string& cell : missing(time_cols.size() - nhead)) line.push_back(std::move(cell));
+      times.add_row(std::move(line));
+      continue;
+    }
     const CommSummary comm = summarize_comm(*row.rank);
     line.push_back(comm.main_kind.empty() ? cells::kMissing : comm.main_kind);
     // An emulated collective moves no data: its bandwidth and time mean nothing.
     const CommSummary timed = summarize_comm(*row.timing);
-    line.push_back(comm.main_kind.empty() || emulated ? cells::kMissing : cells::fixed(timed.main_busbw, 2));
-    line.push_back(emulated ? cells::kMissing : cells::fixed(cells::at(*row.timing, {"comm_ms", "median"}), 3));
-    for (std::string cell : step_spread(*row.timing)) line.push_back(std::move(cell));
+    line.push_back(comm.main_kind.empty() || emulated ? cells::kMissing : fixed(timed.main_busbw, 2));
+    line.push_back(emulated ? cells::kMissing : fixed(row.timing->comm_ms.median, 3));
+    for (std::string cell : step_spread(row.timing->step_ms, row.timing->step_ms_all)) line.push_back(std::move(cell));
     times.add_row(std::move(line));
   }
   os << "  time per step in ms" << timed_steps_words(runs)
      << ": the step's min, median and max (comm ms: the median step's\n"
         "  time inside collectives; busbw: the main collective's); a row for all ranks shows the slowest rank\n";
-  if (!emulated) os << cores_note(first, doc);
+  if (!emulated) os << cores_note(first.world, doc);
   times.print(os, 2);
   os << '\n';
 
   // What was live at the peak, by category: the "why" of the peak figure.
   std::vector<LiveRow> live;
-  for (const Row& row : rows) live.push_back({row_head(row), row.rank});
+  for (const Row& row : rows)
+    live.push_back({row_head(row), row.rank ? &row.rank->peak.by_category : nullptr,
+                    row.rank ? &row.rank->predicted.peak_by_category : nullptr});
   print_live_at_peak(head, live, options, os);
 }
 
 }  // namespace
 
-void print_data_parallel_tables(const std::vector<const json*>& runs, const json& doc, const TableOptions& options,
-                                std::ostream& os) {
-  for (const auto& group : group_runs(runs, doc)) print_group(group, doc, options, os);
+void print_data_parallel_tables(const std::vector<const DataParallelRun*>& runs, const ResultDocument& doc,
+                                const TableOptions& options, std::ostream& os) {
+  for (const auto& group : group_runs(runs)) print_group(group, doc, options, os);
 }
 
-}  // namespace shardscope
+}  // namespace shardscope::tables

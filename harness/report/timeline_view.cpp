@@ -77,7 +77,7 @@ TimelineView read_timeline(const json& record) {
   if (const auto marks = tl->find("marks"); marks != tl->end() && marks->is_array()) {
     for (const json& m : *marks) {
       if (!m.is_array() || m.empty() || !m[0].is_number()) continue;
-      TimelineMark mark;
+      ViewMark mark;
       mark.t_ms = m[0].get<double>();
       if (m.size() > 1 && m[1].is_string()) mark.phase = m[1].get<std::string>();
       if (m.size() > 2 && m[2].is_string()) mark.place = m[2].get<std::string>();

@@ -20,7 +20,7 @@ struct TimelineSample {
   std::int64_t total() const;
 };
 
-struct TimelineMark {
+struct ViewMark {
   double t_ms = 0.0;
   std::string phase;  // "forward", "backward", "optimizer", ...
   std::string place;  // "layer 3", "unit 0", ...
@@ -41,7 +41,7 @@ struct TimelineView {
   std::int64_t dropped_spans = 0;  // the oldest spans and marks the tracker let go past its limit
   std::int64_t dropped_marks = 0;
   std::vector<TimelineSample> memory;  // in the record's order (time order)
-  std::vector<TimelineMark> marks;
+  std::vector<ViewMark> marks;
   std::vector<TimelineSpan> spans;
 };
 

@@ -54,6 +54,9 @@ inline nlohmann::json complete_document(const nlohmann::json& doc) {
     nlohmann::json r = pipeline ? to_json(RunRecord(PipelineRun{})) : to_json(RunRecord(DataParallelRun{}));
     nlohmann::json head = run;
     head.erase(list);
+    // Where a hand-made run leaves out where it ran, the document's word holds for it.
+    for (const char* key : {"backend", "comm", "emulated"})
+      if (!head.contains(key) && doc.contains(key) && !doc[key].is_null() && doc[key] != "mixed") r[key] = doc[key];
     overlay(r, head);
     for (const nlohmann::json& member : run.value(list, nlohmann::json::array()))
       r[list].push_back(complete_member(pipeline ? to_json(StageRecord{}) : to_json(RankRecord{}), member));
