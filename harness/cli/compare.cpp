@@ -12,7 +12,7 @@
 #include "harness/cli/cli.hpp"
 #include "harness/cli/sweep_plan.hpp"
 #include "harness/records/json_read.hpp"
-#include "harness/records/json_write.hpp"
+#include "harness/report/comparison.hpp"
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/report/json_read.hpp"
@@ -76,19 +76,13 @@ std::vector<Member> members(const RunRecord& run) {
 }
 
 // Every byte figure of a rank or stage that differs between base and new: in words
-// ("peak temp +32,768 B"), and as {"what", "base", "new"} for printers that write bytes
-// their own way.
-struct Differences {
-  json words = json::array();
-  json figures = json::array();
-};
-
-Differences differences(const Member& base, const Member& fresh) {
-  Differences d;
+// ("peak temp +32,768 B") and as numbers.
+ComparedRank differences(const Member& base, const Member& fresh) {
+  ComparedRank d;
   auto compare = [&](const std::string& what, std::int64_t a, std::int64_t b) {
     if (a == b) return;
-    d.figures.push_back({{"what", what}, {"base", a}, {"new", b}});
-    d.words.push_back(what + " " + cells::signed_digits(b - a) + " B");
+    d.differences.push_back({what, a, b, false});
+    d.differs.push_back(what + " " + cells::signed_digits(b - a) + " B");
   };
   for (int c = 0; c < kCategoryCount; ++c)
     compare("resting " + std::string(kCategoryNames[c]), base.resting->bytes[c], fresh.resting->bytes[c]);
@@ -101,8 +95,8 @@ Differences differences(const Member& base, const Member& fresh) {
     // Saved-tensor counts are counts, not bytes.
     const std::int64_t a = base.saved->peak_live_tensors, b = fresh.saved->peak_live_tensors;
     if (a != b) {
-      d.words.push_back("saved peak live tensors " + std::to_string(a) + " -> " + std::to_string(b));
-      d.figures.push_back({{"what", "saved peak live tensors"}, {"base", a}, {"new", b}, {"count", true}});
+      d.differs.push_back("saved peak live tensors " + std::to_string(a) + " -> " + std::to_string(b));
+      d.differences.push_back({"saved peak live tensors", a, b, true});
     }
     compare("saved peak live", base.saved->peak_live_bytes, fresh.saved->peak_live_bytes);
   }
@@ -110,10 +104,9 @@ Differences differences(const Member& base, const Member& fresh) {
 }
 
 // Null where there is no record on this side: the table shows "-", not 0 and a difference.
-json side(const Member* m) {
-  if (!m) return {{"resting", nullptr}, {"peak", nullptr}, {"step_ms", nullptr}};
-  return {{"resting", m->resting->total}, {"peak", m->peak->total},
-          {"step_ms", m->step_ms ? json(*m->step_ms) : json()}};
+ComparedSide side(const Member* m) {
+  if (!m) return {};
+  return {m->resting->total, m->peak->total, m->step_ms};
 }
 
 // "8x256 b32": what tells two models apart at a glance; with `detailed` their
@@ -154,15 +147,8 @@ class RunLabels {
   bool detailed_ = false;  // two models differ in activation or loss only
 };
 
-json optional_text(const std::optional<std::string>& s) { return s ? json(*s) : json(); }
-
-json document_summary(const ResultDocument& doc, const std::string& path) {
-  return {{"path", path},
-          {"backend", optional_text(doc.backend)},
-          {"comm", optional_text(doc.comm)},
-          {"emulated", doc.emulated ? json(*doc.emulated) : json("mixed")},
-          {"git", optional_text(doc.provenance.git)},
-          {"host", optional_text(doc.provenance.host)}};
+ComparedFile document_summary(const ResultDocument& doc, const std::string& path) {
+  return {path, doc.backend, doc.comm, doc.emulated, doc.provenance.git, doc.provenance.host};
 }
 
 // The file read and checked once, into the records: a field of the wrong type is exit 2
@@ -185,8 +171,8 @@ ResultDocument read_document(const std::string& path, const char* which) {
 
 }  // namespace
 
-json compare_documents(const ResultDocument& base, const std::string& base_path, const ResultDocument& fresh,
-                       const std::string& new_path) {
+Comparison compare_documents(const ResultDocument& base, const std::string& base_path, const ResultDocument& fresh,
+                             const std::string& new_path) {
   const std::vector<RunRecord>& base_runs = base.runs;
   const std::vector<RunRecord>& new_runs = fresh.runs;
   // Pairs (base run, new run): first the same configuration; then, among what is left,
@@ -213,13 +199,13 @@ json compare_documents(const ResultDocument& base, const std::string& base_path,
   pair_by([](const RunRecord& run) { return loose_key(run, true); });
   pair_by([](const RunRecord& run) { return loose_key(run, false); });
 
-  json runs = json::array(), only_base = json::array(), only_new = json::array();
+  Comparison out{document_summary(base, base_path), document_summary(fresh, new_path), {}, {}, {}};
   const RunLabels label(base, fresh);
   for (std::size_t i = 0; i < base_runs.size(); ++i) {
     const RunRecord& b = base_runs[i];
     if (!comparable(b)) continue;
     if (partner[i] < 0) {
-      only_base.push_back(label(b));
+      out.only_in_base.push_back(label(b));
       continue;
     }
     const RunRecord& f = new_runs[static_cast<std::size_t>(partner[i])];
@@ -231,14 +217,14 @@ json compare_documents(const ResultDocument& base, const std::string& base_path,
     // A rank the other run cannot have (its world is smaller) is shown on its side alone;
     // one it has but did not list (an emulated run lists the rank it played) is left out.
     auto beyond = [](int number, const RunRecord& run) { return number >= world_of(run); };
-    json ranks = json::array();
+    ComparedRun run;
     auto one_sided = [&](int number, const Member* rb, const Member* rf) {
-      const char* where = rb ? "only in base" : "only in new";
-      ranks.push_back({{"rank", number},
-                       {"base", side(rb)},
-                       {"new", side(rf)},
-                       {"differs", json::array({id + " " + where})},
-                       {"differences", json::array()}});
+      ComparedRank rank;
+      rank.rank = number;
+      rank.base = side(rb);
+      rank.fresh = side(rf);
+      rank.differs.push_back(id + (rb ? " only in base" : " only in new"));
+      run.ranks.push_back(std::move(rank));
     };
     std::set<int> seen;
     for (const Member& rb : base_members) {
@@ -248,34 +234,33 @@ json compare_documents(const ResultDocument& base, const std::string& base_path,
         if (beyond(rb.number, f)) one_sided(rb.number, &rb, nullptr);
         continue;
       }
-      Differences d = differences(rb, *rf->second);
-      ranks.push_back({{"rank", rb.number}, {"base", side(&rb)}, {"new", side(rf->second)},
-                       {"differs", std::move(d.words)}, {"differences", std::move(d.figures)}});
+      ComparedRank rank = differences(rb, *rf->second);
+      rank.rank = rb.number;
+      rank.base = side(&rb);
+      rank.fresh = side(rf->second);
+      run.ranks.push_back(std::move(rank));
     }
     for (const Member& rf : new_members_list)
       if (!seen.count(rf.number) && beyond(rf.number, b)) one_sided(rf.number, nullptr, &rf);
-    json record = {{"label", across ? label(b) + " vs " + label(f) : label(b)},
-                   {"kind", pipeline(b) ? "pipeline" : "data_parallel"},
-                   {"model", to_json(model_of(b))},
-                   {"ranks", std::move(ranks)}};
+    run.label = across ? label(b) + " vs " + label(f) : label(b);
+    run.pipeline = pipeline(b) != nullptr;
     if (across) {
-      record["across_settings"] = true;
-      record["base_label"] = label(b);
-      record["new_label"] = label(f);
+      run.across_settings = true;
+      run.base_label = label(b);
+      run.new_label = label(f);
     }
-    runs.push_back(std::move(record));
+    out.runs.push_back(std::move(run));
   }
   for (std::size_t n = 0; n < new_runs.size(); ++n)
-    if (!used[n] && comparable(new_runs[n])) only_new.push_back(label(new_runs[n]));
-  return {{"base", document_summary(base, base_path)}, {"new", document_summary(fresh, new_path)},
-          {"runs", std::move(runs)}, {"only_in_base", std::move(only_base)}, {"only_in_new", std::move(only_new)}};
+    if (!used[n] && comparable(new_runs[n])) out.only_in_new.push_back(label(new_runs[n]));
+  return out;
 }
 
-bool comparison_differs(const json& comparison) {
-  if (!comparison["only_in_base"].empty() || !comparison["only_in_new"].empty()) return true;
-  for (const json& run : comparison["runs"])
-    for (const json& rank : run["ranks"])
-      if (!rank["differs"].empty()) return true;
+bool comparison_differs(const Comparison& comparison) {
+  if (!comparison.only_in_base.empty() || !comparison.only_in_new.empty()) return true;
+  for (const ComparedRun& run : comparison.runs)
+    for (const ComparedRank& rank : run.ranks)
+      if (!rank.differs.empty()) return true;
   return false;
 }
 
@@ -332,7 +317,7 @@ int compare_main(const std::vector<std::string>& args) {
                      " argument" + (files.size() == 1 ? "" : "s") + " (shardscope compare --help)");
   const ResultDocument base = read_document(files[0], "BASE");
   const ResultDocument fresh = read_document(files[1], "NEW");
-  const json comparison = compare_documents(base, files[0], fresh, files[1]);
+  const Comparison comparison = compare_documents(base, files[0], fresh, files[1]);
   print_comparison(comparison, std::cout, options);
   return fail_on_diff && comparison_differs(comparison) ? 1 : 0;
 }

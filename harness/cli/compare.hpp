@@ -8,31 +8,27 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "harness/records/result.hpp"
+#include "harness/report/comparison.hpp"
 
 namespace shardscope {
 
-// The comparison record: {"base": {"path", "backend", "git", "host"}, "new": {...},
-// "runs": [{"label", "kind", "ranks": [{"rank", "base": {...}, "new": {...},
-// "differs": ["peak temp +32,768 B", ...], "differences": [{"what": "peak temp", "base":
-// 98304, "new": 131072}, ...]}]}], "only_in_base": [labels], "only_in_new": [labels]}.
-// Runs are matched by kind, strategy or schedule, world, units, prefetch, DDP bucket,
-// micro-batches, chunks and model; ranks (stages) by number. Backend, communicator and
-// emulation are what a comparison is for, so they are not part of the match. Runs left
-// unmatched are then paired across settings, by kind and model at the same world, then
-// by kind and model in order; such a run's record adds "across_settings": true,
-// "base_label" and "new_label", its label is "ddp W=2 vs zero3 W=2 units=1", and a rank
-// the other run's world cannot hold is listed on its side alone ("rank only in base"). A label that runs of different models share gets the
-// model ("zero2 W=2 units=all, model 8x256 b32"). The documents are records read from
-// the files (read_result, which checked every field once).
-nlohmann::json compare_documents(const ResultDocument& base, const std::string& base_path,
-                                 const ResultDocument& fresh, const std::string& new_path);
+// The comparison (harness/report/comparison.hpp). Runs are matched by kind, strategy or
+// schedule, world, units, prefetch, DDP bucket, micro-batches, chunks and model; ranks
+// (stages) by number. Backend, communicator and emulation are what a comparison is for,
+// so they are not part of the match. Runs left unmatched are then paired across
+// settings, by kind and model at the same world, then by kind and model in order; such a
+// run is marked across_settings with both labels, its label is "ddp W=2 vs zero3 W=2
+// units=1", and a rank the other run's world cannot hold is listed on its side alone
+// ("rank only in base"). A label that runs of different models share gets the model
+// ("zero2 W=2 units=all, model 8x256 b32"). The documents are records read from the
+// files (read_result, which checked every field once).
+Comparison compare_documents(const ResultDocument& base, const std::string& base_path, const ResultDocument& fresh,
+                             const std::string& new_path);
 
 // Whether a comparison found any byte figure that differs between its paired runs, or a
 // configuration in one file only: what `compare --fail-on-diff` exits 1 on.
-bool comparison_differs(const nlohmann::json& comparison);
+bool comparison_differs(const Comparison& comparison);
 
 // `shardscope compare ...`: prints the comparison; returns the exit code (0; 1 under
 // --fail-on-diff when comparison_differs; 2 when a file is missing, unreadable, not a

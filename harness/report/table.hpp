@@ -26,8 +26,10 @@ struct ResultDocument;  // harness/records/result.hpp
 // tables render the records (table_parts.hpp has their parts).
 void print_tables(const ResultDocument& doc, std::ostream& os, const TableOptions& options = {});
 
-// A `shardscope compare` record (compare_documents) as a table (table_compare.cpp).
-void print_comparison(const nlohmann::json& comparison, std::ostream& os, const TableOptions& options = {});
+struct Comparison;  // comparison.hpp
+
+// What `shardscope compare` found (compare_documents) as a table (table_compare.cpp).
+void print_comparison(const Comparison& comparison, std::ostream& os, const TableOptions& options = {});
 
 // A `shardscope plan` document (schema shardscope-plan/1) as tables (table_plan.cpp).
 void print_plan(const nlohmann::json& plan, std::ostream& os, const TableOptions& options = {});

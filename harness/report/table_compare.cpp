@@ -6,69 +6,58 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "harness/report/cells.hpp"
+#include "harness/report/comparison.hpp"
 #include "harness/report/table.hpp"
 #include "harness/report/text_table.hpp"
 
 namespace shardscope {
 namespace {
 
-using nlohmann::json;
-
 // A difference with its sign, as `options` write bytes: "+32.0 KiB", "+32,768".
 std::string signed_bytes(std::int64_t n, const TableOptions& options) {
   return options.exact_bytes ? cells::signed_digits(n) : (n >= 0 ? "+" : "") + cells::binary_bytes(n);
 }
 
-std::string delta(const json& rank, const char* field, const TableOptions& options) {
-  std::int64_t a = 0, b = 0;
-  if (!cells::as_int(cells::at(rank, {"base", field}), &a) || !cells::as_int(cells::at(rank, {"new", field}), &b))
-    return cells::kMissing;
-  return a == b ? "=" : signed_bytes(b - a, options);
+std::string bytes(const std::optional<std::int64_t>& v, const TableOptions& options) {
+  return v ? cells::bytes(*v, options) : cells::kMissing;
+}
+
+std::string delta(const std::optional<std::int64_t>& a, const std::optional<std::int64_t>& b,
+                  const TableOptions& options) {
+  if (!a || !b) return cells::kMissing;
+  return *a == *b ? "=" : signed_bytes(*b - *a, options);
 }
 
 // The new figure beside the base one: "=" when they are equal.
-std::string new_bytes(const json& rank, const char* field, const TableOptions& options) {
-  const json* a = cells::at(rank, {"base", field});
-  const json* b = cells::at(rank, {"new", field});
+std::string new_bytes(const std::optional<std::int64_t>& a, const std::optional<std::int64_t>& b,
+                      const TableOptions& options) {
   if (a && b && *a == *b) return cells::kSame;
-  return cells::bytes(b, options);
+  return bytes(b, options);
 }
 
 // What differs in a rank, as `options` write bytes: "peak temp +32.0 KiB; peak +32.0 KiB"
-// (exact: "+32,768 B", the record's own words).
-std::string differences_text(const json& rank, const TableOptions& options) {
+// (exact: "+32,768 B", the rank's own words).
+std::string differences_text(const ComparedRank& rank, const TableOptions& options) {
   std::string out;
-  const json* figures = cells::at(rank, {"differences"});
-  if (options.exact_bytes || !figures || !figures->is_array() || figures->size() != rank["differs"].size()) {
-    for (const json& d : rank["differs"]) out += (out.empty() ? "" : "; ") + d.get<std::string>();
+  if (options.exact_bytes || rank.differences.size() != rank.differs.size()) {
+    for (const std::string& d : rank.differs) out += (out.empty() ? "" : "; ") + d;
     return out;
   }
-  for (const json& d : *figures) {
-    const std::string what = cells::text(cells::at(d, {"what"}));
-    std::int64_t a = 0, b = 0;
-    std::string item;
-    if (!cells::at(d, {"base"}) || !cells::at(d, {"new"}))
-      item = what + ": only in " + (cells::at(d, {"base"}) ? "base" : "new");
-    else if (cells::at(d, {"count"}))
-      item = what + " " + cells::text(cells::at(d, {"base"})) + " -> " + cells::text(cells::at(d, {"new"}));
-    else if (cells::as_int(cells::at(d, {"base"}), &a) && cells::as_int(cells::at(d, {"new"}), &b))
-      item = what + " " + signed_bytes(b - a, options);
-    else
-      item = what + " " + cells::text(cells::at(d, {"base"})) + " -> " + cells::text(cells::at(d, {"new"}));
+  for (const FigureDifference& d : rank.differences) {
+    const std::string item = d.count ? d.what + " " + std::to_string(d.base) + " -> " + std::to_string(d.fresh)
+                                     : d.what + " " + signed_bytes(d.fresh - d.base, options);
     out += (out.empty() ? "" : "; ") + item;
   }
   return out;
 }
 
-double step_of(const json& rank, const char* which) {
-  const json* v = cells::at(rank, {which, "step_ms"});
-  return v && v->is_number() ? v->get<double>() : -1.0;
-}
+double step_of(const ComparedSide& side) { return side.step_ms ? *side.step_ms : -1.0; }
 
 std::string ms(double v) {
   if (v < 0.0) return cells::kMissing;
@@ -89,11 +78,10 @@ struct RankGroup {
   std::size_t first, last;  // indices into the run's ranks
 };
 
-std::vector<RankGroup> rank_groups(const json& ranks) {
-  auto same = [](const json& a, const json& b) {
-    return a["base"]["resting"] == b["base"]["resting"] && a["base"]["peak"] == b["base"]["peak"] &&
-           a["new"]["resting"] == b["new"]["resting"] && a["new"]["peak"] == b["new"]["peak"] &&
-           a["differs"] == b["differs"];
+std::vector<RankGroup> rank_groups(const std::vector<ComparedRank>& ranks) {
+  auto same = [](const ComparedRank& a, const ComparedRank& b) {
+    return a.base.resting == b.base.resting && a.base.peak == b.base.peak && a.fresh.resting == b.fresh.resting &&
+           a.fresh.peak == b.fresh.peak && a.differs == b.differs;
   };
   std::vector<RankGroup> groups;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
@@ -124,18 +112,19 @@ void print_wrapped(const std::string& text, std::size_t width, std::ostream& os)
   os << line << '\n';
 }
 
-std::string source_line(const json& doc) {
-  std::string line = cells::text(cells::at(doc, {"path"})) + " (backend " + cells::text(cells::at(doc, {"backend"})) +
-                     ", comm " + cells::text(cells::at(doc, {"comm"}));
-  if (const json* e = cells::at(doc, {"emulated"}); e && e->is_boolean() && e->get<bool>()) line += ", emulated";
-  line += ", git " + cells::text(cells::at(doc, {"git"})) + ", host " + cells::text(cells::at(doc, {"host"})) + ")";
+std::string text(const std::optional<std::string>& v) { return v ? *v : cells::kMissing; }
+
+std::string source_line(const ComparedFile& file) {
+  std::string line = file.path + " (backend " + text(file.backend) + ", comm " + text(file.comm);
+  if (file.emulated && *file.emulated) line += ", emulated";
+  line += ", git " + text(file.git) + ", host " + text(file.host) + ")";
   return line;
 }
 
 }  // namespace
 
-void print_comparison(const json& cmp, std::ostream& os, const TableOptions& options) {
-  os << "base: " << source_line(cmp["base"]) << "\nnew:  " << source_line(cmp["new"]) << "\n\n";
+void print_comparison(const Comparison& cmp, std::ostream& os, const TableOptions& options) {
+  os << "base: " << source_line(cmp.base) << "\nnew:  " << source_line(cmp.fresh) << "\n\n";
   std::vector<std::string> headers = options.wide ? std::vector<std::string>{"configuration", "rank", "resting B (base)",
                                                                               "Δ", "peak B (base)", "Δ"}
                                                   : std::vector<std::string>{"configuration", "rank", "resting B: base",
@@ -149,42 +138,42 @@ void print_comparison(const json& cmp, std::ostream& os, const TableOptions& opt
   int same = 0, differ = 0, across = 0;
   std::vector<double> ratios;
   std::vector<std::string> no_common_rank, notes;
-  for (const json& run : cmp["runs"]) {
-    const json& ranks = run["ranks"];
-    const std::string label = cells::text(cells::at(run, {"label"}));
+  for (const ComparedRun& run : cmp.runs) {
+    const std::vector<ComparedRank>& ranks = run.ranks;
+    const std::string& label = run.label;
     if (ranks.empty()) {  // emulated runs that each played a different rank
       no_common_rank.push_back(label);
       continue;
     }
-    const bool agree = std::all_of(ranks.begin(), ranks.end(), [](const json& r) { return r["differs"].empty(); });
+    const bool agree = std::all_of(ranks.begin(), ranks.end(), [](const ComparedRank& r) { return r.differs.empty(); });
     ++(agree ? same : differ);
-    if (const json* a = cells::at(run, {"across_settings"}); a && a->is_boolean() && a->get<bool>()) ++across;
+    if (run.across_settings) ++across;
     // A step lasts as long as its slowest rank.
     double base_step = -1.0, new_step = -1.0;
-    for (const json& r : ranks) {
-      base_step = std::max(base_step, step_of(r, "base"));
-      new_step = std::max(new_step, step_of(r, "new"));
+    for (const ComparedRank& r : ranks) {
+      base_step = std::max(base_step, step_of(r.base));
+      new_step = std::max(new_step, step_of(r.fresh));
     }
     if (base_step > 0.0 && new_step >= 0.0) ratios.push_back(new_step / base_step);
     const std::vector<RankGroup> groups = rank_groups(ranks);
     for (const RankGroup& g : groups) {
-      const json& r = ranks[g.first];
-      std::string who = cells::text(cells::at(r, {"rank"}));
+      const ComparedRank& r = ranks[g.first];
+      std::string who = std::to_string(r.rank);
       if (groups.size() == 1 && ranks.size() > 1) who = "all";
-      else if (g.last > g.first) who += "-" + cells::text(cells::at(ranks[g.last], {"rank"}));
+      else if (g.last > g.first) who += "-" + std::to_string(ranks[g.last].rank);
       double b = -1.0, n = -1.0;
       for (std::size_t i = g.first; i <= g.last; ++i) {
-        b = std::max(b, step_of(ranks[i], "base"));
-        n = std::max(n, step_of(ranks[i], "new"));
+        b = std::max(b, step_of(ranks[i].base));
+        n = std::max(n, step_of(ranks[i].fresh));
       }
       const std::string differs = differences_text(r, options);
-      std::vector<std::string> row = {label, who, cells::bytes(cells::at(r, {"base", "resting"}), options)};
+      std::vector<std::string> row = {label, who, bytes(r.base.resting, options)};
       if (options.wide) {
-        row.insert(row.end(), {delta(r, "resting", options), cells::bytes(cells::at(r, {"base", "peak"}), options),
-                               delta(r, "peak", options)});
+        row.insert(row.end(), {delta(r.base.resting, r.fresh.resting, options), bytes(r.base.peak, options),
+                               delta(r.base.peak, r.fresh.peak, options)});
       } else {
-        row.insert(row.end(), {new_bytes(r, "resting", options), cells::bytes(cells::at(r, {"base", "peak"}), options),
-                               new_bytes(r, "peak", options)});
+        row.insert(row.end(), {new_bytes(r.base.resting, r.fresh.resting, options), bytes(r.base.peak, options),
+                               new_bytes(r.base.peak, r.fresh.peak, options)});
       }
       row.insert(row.end(), {ms(b), ms(n), ratio(b, n)});
       if (options.wide) row.push_back(differs.empty() ? "-" : differs);
@@ -193,7 +182,7 @@ void print_comparison(const json& cmp, std::ostream& os, const TableOptions& opt
     }
   }
   if (!table.empty()) table.print(os, 2);
-  else if (cmp["runs"].empty()) os << "no configuration is in both files\n";
+  else if (cmp.runs.empty()) os << "no configuration is in both files\n";
   else os << "no rank or stage is in both files\n";
   if (!notes.empty()) {
     os << "\n  what differs (new - base):\n";
@@ -201,8 +190,8 @@ void print_comparison(const json& cmp, std::ostream& os, const TableOptions& opt
   }
   os << '\n';
   for (const std::string& label : no_common_rank) os << "  in both, no rank or stage in common: " << label << '\n';
-  for (const auto& [field, which] : {std::pair{"only_in_base", "base"}, std::pair{"only_in_new", "new"}})
-    for (const json& label : cmp[field]) os << "  only in " << which << ": " << label.get<std::string>() << '\n';
+  for (const std::string& label : cmp.only_in_base) os << "  only in base: " << label << '\n';
+  for (const std::string& label : cmp.only_in_new) os << "  only in new: " << label << '\n';
   std::string summary = "configurations compared: " + std::to_string(same + differ) + "; bytes identical in " +
                         std::to_string(same) + ", different in " + std::to_string(differ);
   if (across > 0) summary += "; " + std::to_string(across) + " of them across settings";

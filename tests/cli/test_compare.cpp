@@ -26,9 +26,10 @@ namespace shardscope {
 namespace {
 
 using nlohmann::json;
+using Labels = std::vector<std::string>;
 
 // compare_documents on hand-made documents, read as records as compare reads its files.
-json compared(const json& base, const std::string& base_path, const json& fresh, const std::string& new_path) {
+Comparison compared(const json& base, const std::string& base_path, const json& fresh, const std::string& new_path) {
   return compare_documents(testing::records_of(base), base_path, testing::records_of(fresh), new_path);
 }
 
@@ -56,20 +57,22 @@ struct Pair {
 
 TEST(Compare, MatchesConfigurationsAndNamesWhatDiffers) {
   const Pair p;
-  const json cmp = compared(p.base, "a.json", p.fresh, "b.json");
-  EXPECT_EQ(cmp["base"]["backend"], "cpu");
-  EXPECT_EQ(cmp["new"]["backend"], "cuda");
-  ASSERT_EQ(cmp["runs"].size(), 5u);  // zero2, zero3, ddp, two pipelines; the skipped one is not compared
-  EXPECT_EQ(cmp["only_in_base"], json::array({"zero3 W=2 units=all"}));
-  EXPECT_TRUE(cmp["only_in_new"].empty());
-  const json& zero3 = cmp["runs"][1];
-  EXPECT_EQ(zero3["label"], "zero3 W=2 units=1");
-  ASSERT_EQ(zero3["ranks"].size(), 2u);
-  EXPECT_TRUE(zero3["ranks"][0]["differs"].empty());
-  EXPECT_EQ(zero3["ranks"][1]["differs"], json::array({"peak temp +32,768 B", "peak +32,768 B"}));
-  for (const json& run : cmp["runs"])
-    for (const json& r : run["ranks"])
-      EXPECT_DOUBLE_EQ(r["new"]["step_ms"].get<double>(), 2 * r["base"]["step_ms"].get<double>());
+  const Comparison cmp = compared(p.base, "a.json", p.fresh, "b.json");
+  EXPECT_EQ(cmp.base.backend, "cpu");
+  EXPECT_EQ(cmp.fresh.backend, "cuda");
+  ASSERT_EQ(cmp.runs.size(), 5u);  // zero2, zero3, ddp, two pipelines; the skipped one is not compared
+  EXPECT_EQ(cmp.only_in_base, Labels({"zero3 W=2 units=all"}));
+  EXPECT_TRUE(cmp.only_in_new.empty());
+  const ComparedRun& zero3 = cmp.runs[1];
+  EXPECT_EQ(zero3.label, "zero3 W=2 units=1");
+  ASSERT_EQ(zero3.ranks.size(), 2u);
+  EXPECT_TRUE(zero3.ranks[0].differs.empty());
+  EXPECT_EQ(zero3.ranks[1].differs, Labels({"peak temp +32,768 B", "peak +32,768 B"}));
+  for (const ComparedRun& run : cmp.runs)
+    for (const ComparedRank& r : run.ranks) {
+      ASSERT_TRUE(r.base.step_ms && r.fresh.step_ms) << run.label;
+      EXPECT_DOUBLE_EQ(*r.fresh.step_ms, 2 * *r.base.step_ms);
+    }
 
   std::ostringstream os;
   print_comparison(cmp, os, TableOptions{true, true});  // --bytes exact --wide
@@ -89,9 +92,9 @@ TEST(Compare, MatchesConfigurationsAndNamesWhatDiffers) {
 
 TEST(Compare, ADocumentAgainstItselfIsIdentical) {
   const json doc = testing::report_document();
-  const json cmp = compared(doc, "a", doc, "a");
-  for (const json& run : cmp["runs"])
-    for (const json& r : run["ranks"]) EXPECT_TRUE(r["differs"].empty()) << r;
+  const Comparison cmp = compared(doc, "a", doc, "a");
+  for (const ComparedRun& run : cmp.runs)
+    for (const ComparedRank& r : run.ranks) EXPECT_TRUE(r.differs.empty()) << run.label << " rank " << r.rank;
   std::ostringstream os;
   print_comparison(cmp, os);
   EXPECT_NE(os.str().find("bytes identical in 6, different in 0; step time new/base: median 1.000"),
@@ -107,20 +110,24 @@ TEST(Compare, PairsRunsOfOneModelAcrossSettings) {
   base["runs"] = json::array({base["runs"][3]});    // ddp W=4
   fresh["runs"] = json::array({fresh["runs"][1]});  // zero3 W=2 units=1
   fresh["runs"][0]["ranks"][0]["resting"]["total"] = 9000;
-  const json cmp = compared(base, "ddp.json", fresh, "zero3.json");
-  EXPECT_TRUE(cmp["only_in_base"].empty());
-  EXPECT_TRUE(cmp["only_in_new"].empty());
-  ASSERT_EQ(cmp["runs"].size(), 1u);
-  const json& run = cmp["runs"][0];
-  EXPECT_EQ(run["label"], "ddp W=4 vs zero3 W=2 units=1");
-  EXPECT_EQ(run["across_settings"], true);
-  EXPECT_EQ(run["base_label"], "ddp W=4");
-  EXPECT_EQ(run["new_label"], "zero3 W=2 units=1");
-  ASSERT_EQ(run["ranks"].size(), 4u);
-  EXPECT_EQ(run["ranks"][0]["differs"][0], "resting -7,000 B");
-  EXPECT_EQ(run["ranks"][0]["differences"][0], json({{"what", "resting"}, {"base", 16000}, {"new", 9000}}));
-  EXPECT_EQ(run["ranks"][2]["differs"], json::array({"rank only in base"}));
-  EXPECT_TRUE(run["ranks"][2]["new"]["resting"].is_null());
+  const Comparison cmp = compared(base, "ddp.json", fresh, "zero3.json");
+  EXPECT_TRUE(cmp.only_in_base.empty());
+  EXPECT_TRUE(cmp.only_in_new.empty());
+  ASSERT_EQ(cmp.runs.size(), 1u);
+  const ComparedRun& run = cmp.runs[0];
+  EXPECT_EQ(run.label, "ddp W=4 vs zero3 W=2 units=1");
+  EXPECT_TRUE(run.across_settings);
+  EXPECT_EQ(run.base_label, "ddp W=4");
+  EXPECT_EQ(run.new_label, "zero3 W=2 units=1");
+  ASSERT_EQ(run.ranks.size(), 4u);
+  EXPECT_EQ(run.ranks[0].differs[0], "resting -7,000 B");
+  ASSERT_FALSE(run.ranks[0].differences.empty());
+  EXPECT_EQ(run.ranks[0].differences[0].what, "resting");
+  EXPECT_EQ(run.ranks[0].differences[0].base, 16000);
+  EXPECT_EQ(run.ranks[0].differences[0].fresh, 9000);
+  EXPECT_FALSE(run.ranks[0].differences[0].count);
+  EXPECT_EQ(run.ranks[2].differs, Labels({"rank only in base"}));
+  EXPECT_FALSE(run.ranks[2].fresh.resting.has_value());
   EXPECT_TRUE(comparison_differs(cmp));
   std::ostringstream os;
   print_comparison(cmp, os);
@@ -282,11 +289,11 @@ TEST(Compare, ATotalThatDiffersAloneIsNamed) {
   const json base = testing::report_document();
   json fresh = testing::report_document();
   fresh["runs"][3]["ranks"][1]["resting"]["total"] = 20000;  // its categories still say 16,000
-  const json cmp = compared(base, "a", fresh, "b");
-  const json& ddp = cmp["runs"][3];
-  ASSERT_EQ(ddp["label"], "ddp W=4");
-  EXPECT_TRUE(ddp["ranks"][0]["differs"].empty());
-  EXPECT_EQ(ddp["ranks"][1]["differs"], json::array({"resting +4,000 B"}));
+  const Comparison cmp = compared(base, "a", fresh, "b");
+  const ComparedRun& ddp = cmp.runs[3];
+  ASSERT_EQ(ddp.label, "ddp W=4");
+  EXPECT_TRUE(ddp.ranks[0].differs.empty());
+  EXPECT_EQ(ddp.ranks[1].differs, Labels({"resting +4,000 B"}));
   std::ostringstream os;
   print_comparison(cmp, os, TableOptions{true, true});  // --bytes exact --wide
   // Rank 1's row: label, rank, resting B (base), its difference, peak B (base).
@@ -324,12 +331,13 @@ TEST(Compare, LabelsNameTheModelWhereRunsDifferInIt) {
   json fresh = testing::report_document();
   for (json& run : fresh["runs"])
     if (run.contains("model")) run["model"]["width"] = 64;
-  const json cmp = compared(base, "a", fresh, "b");
-  EXPECT_TRUE(cmp["runs"].empty());
-  ASSERT_EQ(cmp["only_in_base"].size(), 6u);
-  EXPECT_EQ(cmp["only_in_base"][0], "zero2 W=2 units=1, model 4x16 b8");
-  EXPECT_EQ(cmp["only_in_new"][0], "zero2 W=2 units=1, model 4x64 b8");
-  EXPECT_EQ(cmp["only_in_new"][4], "gpipe S=2 M=2 chunks=1, model 2x64 b8");
+  const Comparison cmp = compared(base, "a", fresh, "b");
+  EXPECT_TRUE(cmp.runs.empty());
+  ASSERT_EQ(cmp.only_in_base.size(), 6u);
+  EXPECT_EQ(cmp.only_in_base[0], "zero2 W=2 units=1, model 4x16 b8");
+  ASSERT_EQ(cmp.only_in_new.size(), 6u);
+  EXPECT_EQ(cmp.only_in_new[0], "zero2 W=2 units=1, model 4x64 b8");
+  EXPECT_EQ(cmp.only_in_new[4], "gpipe S=2 M=2 chunks=1, model 2x64 b8");
   std::ostringstream os;
   print_comparison(cmp, os);
   // No header over an empty table: a line says why.
@@ -341,10 +349,11 @@ TEST(Compare, LabelsNameTheModelWhereRunsDifferInIt) {
   // keep their plain label.
   fresh = testing::report_document();
   fresh["runs"][3]["model"]["activation"] = "relu";
-  const json one = compared(base, "a", fresh, "b");
-  EXPECT_EQ(one["only_in_base"], json::array({"ddp W=4, model 4x16 b8 none sum"}));
-  EXPECT_EQ(one["only_in_new"], json::array({"ddp W=4, model 4x16 b8 relu sum"}));
-  EXPECT_EQ(one["runs"][0]["label"], "zero2 W=2 units=1");
+  const Comparison one = compared(base, "a", fresh, "b");
+  EXPECT_EQ(one.only_in_base, Labels({"ddp W=4, model 4x16 b8 none sum"}));
+  EXPECT_EQ(one.only_in_new, Labels({"ddp W=4, model 4x16 b8 relu sum"}));
+  ASSERT_FALSE(one.runs.empty());
+  EXPECT_EQ(one.runs[0].label, "zero2 W=2 units=1");
 }
 
 class CompareCli : public testing::BinaryTest {
