@@ -3,6 +3,7 @@
 // with its messages is shifted back into order.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,26 +12,24 @@
 namespace shardscope {
 namespace {
 
-using nlohmann::json;
-
-// action_ms records from "F0 F1 B0 B1" lists, every action `ms` long.
-std::vector<json> stage_records(const std::vector<std::vector<std::string>>& lists, double ms) {
-  std::vector<json> out;
+// Stage records with action_ms from "F0 F1 B0 B1" lists, every action `ms` long.
+std::vector<StageRecord> stage_records(const std::vector<std::vector<std::string>>& lists, double ms) {
+  std::vector<StageRecord> out;
   for (const auto& list : lists) {
-    json actions = json::array();
+    std::vector<ActionTime> actions;
     for (const std::string& a : list)
-      actions.push_back({{"action", a.substr(0, 1)},
-                         {"microbatch", std::stoi(a.substr(1, a.find('.') - 1))},
-                         {"chunk", a.find('.') == std::string::npos ? 0 : std::stoi(a.substr(a.find('.') + 1))},
-                         {"ms", ms}});
-    out.push_back({{"action_ms", actions}});
+      actions.push_back({a.substr(0, 1), std::stoi(a.substr(1, a.find('.') - 1)),
+                         a.find('.') == std::string::npos ? 0 : std::stoi(a.substr(a.find('.') + 1)), ms});
+    StageRecord stage;
+    stage.action_ms = std::move(actions);
+    out.push_back(std::move(stage));
   }
   return out;
 }
 
-GanttLayout replay(const std::vector<json>& records) {
-  std::vector<const json*> ptrs;
-  for (const json& r : records) ptrs.push_back(&r);
+GanttLayout replay(const std::vector<StageRecord>& records) {
+  std::vector<const StageRecord*> ptrs;
+  for (const StageRecord& r : records) ptrs.push_back(&r);
   return replayed_layout(ptrs);
 }
 
@@ -75,22 +74,27 @@ TEST(GanttLayout, ListsThatCannotRunStillEndAndMissingTimesGiveNone) {
   const GanttLayout g = replay(stage_records({{"F0", "B0"}, {"B0", "F0"}}, 1.0));
   ASSERT_EQ(g.source, GanttLayout::Source::replayed);
   EXPECT_EQ(g.stages[1].actions.size(), 2u);
-  EXPECT_EQ(replay({json::object(), json::object()}).source, GanttLayout::Source::none);
+  EXPECT_EQ(replay({StageRecord{}, StageRecord{}}).source, GanttLayout::Source::none);
   EXPECT_EQ(replay({}).source, GanttLayout::Source::none);
 }
 
 // A stage's timeline: its last step from `t0`, the actions at the given starts, 1 ms each.
-TimelineView view(double t0, const std::vector<std::pair<std::string, double>>& acts) {
-  TimelineView v;
-  v.present = true;
-  v.spans.push_back({"step", t0 - 20.0, t0 - 15.0, 0, -1});  // an earlier step, ignored
-  v.spans.push_back({"F(m=0)", t0 - 20.0, t0 - 19.0, 1, -1});
-  v.spans.push_back({"step", t0, t0 + 6.0, 0, -1});
+TimelineRecord view(double t0, const std::vector<std::pair<std::string, double>>& acts) {
+  TimelineRecord v;
+  v.spans.push_back({"step", t0 - 20.0, t0 - 15.0, 0, std::nullopt});  // an earlier step, ignored
+  v.spans.push_back({"F(m=0)", t0 - 20.0, t0 - 19.0, 1, std::nullopt});
+  v.spans.push_back({"step", t0, t0 + 6.0, 0, std::nullopt});
   for (const auto& [name, start] : acts) {
-    v.spans.push_back({name, t0 + start, t0 + start + 1.0, 1, -1});
+    v.spans.push_back({name, t0 + start, t0 + start + 1.0, 1, std::nullopt});
     v.spans.push_back({"send 512 B", t0 + start + 0.9, t0 + start + 1.0, 2, 512});
   }
   return v;
+}
+
+GanttLayout measure(const std::vector<TimelineRecord>& timelines) {
+  std::vector<const TimelineRecord*> ptrs;
+  for (const TimelineRecord& t : timelines) ptrs.push_back(&t);
+  return measured_layout(ptrs);
 }
 
 using Starts = std::vector<std::pair<std::string, double>>;
@@ -98,7 +102,7 @@ const Starts kStage0 = {{"F(m=0)", 0}, {"F(m=1)", 1}, {"B(m=0)", 4}, {"B(m=1)", 
 const Starts kStage1 = {{"F(m=0)", 1}, {"F(m=1)", 2}, {"B(m=0)", 3}, {"B(m=1)", 4}};
 
 TEST(GanttLayout, MeasuredKeepsTheLastStepAndAgreeingClocks) {
-  const GanttLayout g = measured_layout({view(100.0, kStage0), view(100.0, kStage1)});
+  const GanttLayout g = measure({view(100.0, kStage0), view(100.0, kStage1)});
   ASSERT_EQ(g.source, GanttLayout::Source::measured);
   EXPECT_FALSE(g.shifted);
   EXPECT_EQ(starts(g.stages[0]), (std::vector<double>{100, 101, 104, 105}));
@@ -109,7 +113,7 @@ TEST(GanttLayout, MeasuredKeepsTheLastStepAndAgreeingClocks) {
 
 TEST(GanttLayout, MeasuredShiftsAClockThatReceivesBeforeTheSend) {
   // Stage 1's clock runs 1.5 ms behind: its F0 "starts" before stage 0's F0 ends.
-  const GanttLayout g = measured_layout({view(100.0, kStage0), view(98.5, kStage1)});
+  const GanttLayout g = measure({view(100.0, kStage0), view(98.5, kStage1)});
   ASSERT_EQ(g.source, GanttLayout::Source::measured);
   EXPECT_TRUE(g.shifted);
   EXPECT_DOUBLE_EQ(g.stages[0].clock_shift_ms, 0.0);
@@ -117,15 +121,16 @@ TEST(GanttLayout, MeasuredShiftsAClockThatReceivesBeforeTheSend) {
   EXPECT_EQ(starts(g.stages[1]), (std::vector<double>{101, 102, 103, 104}));
   EXPECT_DOUBLE_EQ(g.stages[1].from_ms, 100.0);
   // Running ahead instead: shifted back until its B's end before stage 0's B's start.
-  const GanttLayout ahead = measured_layout({view(100.0, kStage0), view(102.0, kStage1)});
+  const GanttLayout ahead = measure({view(100.0, kStage0), view(102.0, kStage1)});
   EXPECT_DOUBLE_EQ(ahead.stages[1].clock_shift_ms, -2.0);
 }
 
 TEST(GanttLayout, MeasuredNeedsActionSpansOnEveryStage) {
-  TimelineView bare;
-  bare.present = true;
-  bare.spans.push_back({"step", 0.0, 1.0, 0, -1});
-  EXPECT_EQ(measured_layout({view(0.0, kStage0), bare}).source, GanttLayout::Source::none);
+  TimelineRecord bare;
+  bare.spans.push_back({"step", 0.0, 1.0, 0, std::nullopt});
+  EXPECT_EQ(measure({view(0.0, kStage0), bare}).source, GanttLayout::Source::none);
+  const TimelineRecord stage0 = view(0.0, kStage0);
+  EXPECT_EQ(measured_layout({&stage0, nullptr}).source, GanttLayout::Source::none);  // no timeline recorded
   EXPECT_EQ(measured_layout({}).source, GanttLayout::Source::none);
 }
 

@@ -393,8 +393,9 @@ int sweep_main(const std::vector<std::string>& args, const std::string& self_exe
     write_file_atomic_streamed(opts.trace,
                                [&](const TextSink& sink) { write_trace_text(*records, spill.timelines_of(doc), sink); });
   });
+  // The report draws the timelines: the records with them, read from the whole document.
   const bool report_written = records && !opts.report.empty() && write_keeping_error(errors, [&] {
-    write_file_atomic(opts.report, render_html_report(whole_document(doc, spill), *records, command));
+    write_file_atomic(opts.report, render_html_report(read_result(whole_document(doc, spill), results), command));
   });
   if (records) print_tables(*records, std::cout, TableOptions{opts.exact_bytes, opts.wide});
   if (results_written) {

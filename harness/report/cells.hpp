@@ -1,7 +1,6 @@
 // JSON fields as table cells, read defensively: a missing or null field prints "-".
-// What still prints from JSON uses them (the plan's and compare's tables, the HTML
-// report); the tables of run and sweep render the records (table_parts.hpp) and take
-// only the byte formats from here.
+// What still prints from JSON uses them (the plan's tables); the other printers render
+// the records (table_parts.hpp) and take only the byte formats from here.
 #pragma once
 
 #include <cstdint>

@@ -4,12 +4,11 @@
 #include <map>
 #include <tuple>
 
-#include "harness/report/cells.hpp"
+#include "harness/report/timeline_view.hpp"
 
 namespace shardscope {
 namespace {
 
-using nlohmann::json;
 using Key = std::tuple<char, int, int>;  // kind, micro-batch, chunk
 
 // The span from, to of every stage, and the layout's window.
@@ -43,15 +42,16 @@ double clock_shift(const GanttStage& prev, const GanttStage& cur, int stage, int
 
 }  // namespace
 
-GanttLayout measured_layout(const std::vector<TimelineView>& timelines) {
+GanttLayout measured_layout(const std::vector<const TimelineRecord*>& timelines) {
   GanttLayout g;
-  for (const TimelineView& v : timelines) {
-    const TimelineSpan* step = nullptr;
-    for (const TimelineSpan& s : v.spans)
+  for (const TimelineRecord* v : timelines) {
+    if (!v) return {};
+    const TimelineSpanRecord* step = nullptr;
+    for (const TimelineSpanRecord& s : v->spans)
       if (s.name == "step" && (!step || s.start_ms >= step->start_ms)) step = &s;
     GanttStage st;
     double lo = 1e300, hi = -1e300;
-    for (const TimelineSpan& s : v.spans) {
+    for (const TimelineSpanRecord& s : v->spans) {
       const SpanAction a = parse_span_action(s.name);
       if (!a.kind || (step && (s.end_ms <= step->start_ms || s.start_ms >= step->end_ms))) continue;
       st.actions.push_back({a.kind, a.microbatch, a.chunk, s.start_ms, s.end_ms});
@@ -80,27 +80,19 @@ GanttLayout measured_layout(const std::vector<TimelineView>& timelines) {
   return g;
 }
 
-GanttLayout replayed_layout(const std::vector<const json*>& stages) {
+GanttLayout replayed_layout(const std::vector<const StageRecord*>& stages) {
   GanttLayout g;
   const int S = static_cast<int>(stages.size());
   int chunks = 1;
   std::vector<std::vector<double>> ms(stages.size());
   for (std::size_t s = 0; s < stages.size(); ++s) {
-    const json* list = stages[s] ? cells::at(*stages[s], {"action_ms"}) : nullptr;
-    if (!list || !list->is_array() || list->empty()) return {};
+    if (!stages[s] || !stages[s]->action_ms || stages[s]->action_ms->empty()) return {};
     GanttStage st;
-    for (const json& a : *list) {
-      const json* kind = cells::at(a, {"action"});
-      double t = 0.0;
-      std::int64_t m = 0, c = 0;
-      if (!kind || !kind->is_string() || kind->get<std::string>().empty() ||
-          !cells::as_double(cells::at(a, {"ms"}), &t))
-        return {};
-      cells::as_int(cells::at(a, {"microbatch"}), &m);
-      cells::as_int(cells::at(a, {"chunk"}), &c);
-      chunks = std::max(chunks, static_cast<int>(c) + 1);
-      st.actions.push_back({kind->get<std::string>()[0], static_cast<int>(m), static_cast<int>(c), 0.0, 0.0});
-      ms[s].push_back(std::max(0.0, t));
+    for (const ActionTime& a : *stages[s]->action_ms) {
+      if (a.action.empty()) return {};
+      chunks = std::max(chunks, a.chunk + 1);
+      st.actions.push_back({a.action[0], a.microbatch, a.chunk, 0.0, 0.0});
+      ms[s].push_back(std::max(0.0, a.ms));
     }
     g.stages.push_back(std::move(st));
   }

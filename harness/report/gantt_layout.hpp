@@ -1,5 +1,5 @@
 // Where each pipeline stage's F/B/W actions sit in time, for the report's Gantt charts
-// (html_pipeline.cpp). Pure: reads records, draws nothing.
+// (html_pipeline.cpp). Pure: reads the stages' records, draws nothing.
 //
 // Measured: the spans named like actions ("F(m=2)", "B(m=0, chunk 1)") of each stage's
 // last "step" span. The ranks' clocks share the run's start only to a barrier's skew,
@@ -17,9 +17,7 @@
 
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "harness/report/timeline_view.hpp"
+#include "harness/records/result.hpp"
 
 namespace shardscope {
 
@@ -44,10 +42,11 @@ struct GanttLayout {
   bool shifted = false;               // some stage's clock was shifted
 };
 
-// `timelines[s]` is stage s's timeline; Source::none unless every stage has action spans.
-GanttLayout measured_layout(const std::vector<TimelineView>& timelines);
+// `timelines[s]` is stage s's timeline (null: none recorded); Source::none unless every
+// stage has action spans.
+GanttLayout measured_layout(const std::vector<const TimelineRecord*>& timelines);
 
 // `stages[s]` is stage s's record; Source::none unless every stage has an action_ms list.
-GanttLayout replayed_layout(const std::vector<const nlohmann::json*>& stages);
+GanttLayout replayed_layout(const std::vector<const StageRecord*>& stages);
 
 }  // namespace shardscope

@@ -9,39 +9,23 @@
 #include "harness/report/cells.hpp"
 #include "harness/report/html_charts.hpp"
 #include "harness/report/html_svg.hpp"
-#include "harness/report/table.hpp"
-#include "harness/report/timeline_view.hpp"
+#include "harness/report/record_label.hpp"
+#include "harness/report/table_parts.hpp"
 
 namespace shardscope::html {
 namespace {
 
-using nlohmann::json;
-
 // One bar: bytes per category (kCategoryNames order), its total, the prediction.
 struct Bar {
-  std::array<std::int64_t, 8> bytes{};
+  std::array<std::int64_t, kCategoryCount> bytes{};
   std::int64_t total = 0;
   bool has_predicted = false;
   std::int64_t predicted = 0;
 };
 
-std::int64_t int_at(const json& j, std::initializer_list<const char*> path) {
-  std::int64_t v = 0;
-  return cells::as_int(cells::at(j, path), &v) ? v : 0;
-}
-
-// `figures`: {"total", "param", ...} (resting) or peak.by_category (with the total
-// beside it in `total`); a missing total is the categories' sum.
-Bar make_bar(const json* figures, const json* total, const json* predicted) {
-  Bar b;
-  std::int64_t sum = 0;
-  for (std::size_t i = 0; i < kCategoryNames.size(); ++i) {
-    b.bytes[i] = figures ? int_at(*figures, {kCategoryNames[i]}) : 0;
-    sum += b.bytes[i];
-  }
-  if (!cells::as_int(total, &b.total)) b.total = sum;
-  b.has_predicted = cells::as_int(predicted, &b.predicted);
-  return b;
+// `figures`: resting, or peak.by_category with the peak's total in `total`.
+Bar make_bar(const CategoryFigures& figures, std::int64_t total, std::int64_t predicted) {
+  return {figures.bytes, total, true, predicted};
 }
 
 std::string bar_tip(const std::string& who, const char* what, const Bar& b) {
@@ -59,32 +43,21 @@ struct RankBars {
   std::string phase, where;
 };
 
-std::vector<RankBars> bars_of(const json& run) {
+std::vector<RankBars> bars_of(const DataParallelRun& run) {
   std::vector<RankBars> out;
-  const json* ranks = cells::at(run, {"ranks"});
-  if (!ranks || !ranks->is_array()) return out;
-  for (const json& r : *ranks) {
-    if (!r.is_object()) continue;
-    RankBars rb;
-    rb.rank = cells::text(cells::at(r, {"rank"}));
-    rb.resting = make_bar(cells::at(r, {"resting"}), cells::at(r, {"resting", "total"}),
-                          cells::at(r, {"predicted", "resting_total"}));
-    rb.peak = make_bar(cells::at(r, {"peak", "by_category"}), cells::at(r, {"peak", "total"}),
-                       cells::at(r, {"predicted", "peak_total"}));
-    rb.phase = cells::text(cells::at(r, {"peak", "phase"}));
-    rb.where = cells::text(cells::at(r, {"peak", "where"}));
-    out.push_back(std::move(rb));
-  }
+  for (const RankRecord& r : run.ranks)
+    out.push_back({std::to_string(r.rank), make_bar(r.resting, r.resting.total, r.predicted.resting_total),
+                   make_bar(r.peak.by_category, r.peak.total, r.predicted.peak_total), r.peak.phase, r.peak.where});
   return out;
 }
 
 }  // namespace
 
-std::string data_parallel_bars(const std::vector<const json*>& runs) {
+std::string data_parallel_bars(const std::vector<const DataParallelRun*>& runs) {
   std::vector<std::vector<RankBars>> all;
   std::size_t nbars = 0;
   double ymax = 0.0;
-  for (const json* run : runs) {
+  for (const DataParallelRun* run : runs) {
     all.push_back(bars_of(*run));
     nbars += all.back().size();
     for (const RankBars& rb : all.back())
@@ -107,7 +80,7 @@ std::string data_parallel_bars(const std::vector<const json*>& runs) {
   svg.bytes_axis(left, width - right, y0, scale, ticks);
   double x = left;
   for (std::size_t i = 0; i < runs.size(); ++i) {
-    const json& run = *runs[i];
+    const DataParallelRun& run = *runs[i];
     const auto& ranks = all[i];
     const double cluster_w = std::max(min_cluster, per_rank * ranks.size() + cluster_pad);
     const std::string label = run_label(run);
@@ -151,8 +124,9 @@ std::string data_parallel_bars(const std::vector<const json*>& runs) {
       bx += per_rank;
     }
     const double cx = x + cluster_w / 2;
-    svg.text(cx, y0 + 38, cells::text(cells::at(run, {"strategy"})), "class=\"strong\" text-anchor=\"middle\"");
-    if (uses_units(run)) svg.text(cx, y0 + 51, units_setting(run), "class=\"small\" text-anchor=\"middle\"");
+    svg.text(cx, y0 + 38, run.strategy, "class=\"strong\" text-anchor=\"middle\"");
+    if (tables::uses_units(run))
+      svg.text(cx, y0 + 51, tables::units_setting(run), "class=\"small\" text-anchor=\"middle\"");
     bool same = true;
     for (const RankBars& rb : ranks) same = same && rb.phase == ranks.front().phase && rb.where == ranks.front().where;
     if (!ranks.empty() && same) {

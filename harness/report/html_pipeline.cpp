@@ -2,6 +2,7 @@
 // shaded (placed by gantt_layout), and each stage's live activation bytes over the same
 // window.
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,20 +10,24 @@
 #include "harness/report/gantt_layout.hpp"
 #include "harness/report/html_charts.hpp"
 #include "harness/report/html_svg.hpp"
-#include "harness/report/timeline_view.hpp"
+#include "harness/report/table_parts.hpp"
 
 namespace shardscope::html {
 namespace {
 
-using nlohmann::json;
-
 constexpr double kWidth = 1000, kLeft = 76, kRight = 96, kRowH = 20, kRowGap = 6, kTop = 8, kActH = 84;
 constexpr std::size_t kActivation = static_cast<std::size_t>(Category::activation);  // its column in a sample
 
+// A stage without a timeline draws as one with nothing in it.
+const TimelineRecord kNoTimeline = [] {
+  TimelineRecord none;
+  return none;
+}();
+
 struct StageRow {
-  const json* record = nullptr;
+  const StageRecord* record = nullptr;
   std::string stage;
-  TimelineView view;
+  const TimelineRecord* view = &kNoTimeline;
 };
 
 std::string act_label(const GanttAction& a, bool chunks) {
@@ -52,13 +57,12 @@ std::string gantt_svg(const std::vector<StageRow>& rows, const GanttLayout& g, c
     for (const GanttAction& a : st.actions)
       busy += std::max(0.0, std::min(a.end_ms, st.to_ms) - std::max(a.start_ms, st.from_ms));
     const double span = st.to_ms - st.from_ms;
-    const json idle_percent = span > 0 ? json(100.0 * (1.0 - busy / span)) : json();
-    const std::string idle = cells::fixed(&idle_percent, 1);
-    const json& rec = *rows[i].record;
+    const std::string idle = tables::fixed(span > 0 ? std::optional<double>(100.0 * (1.0 - busy / span)) : std::nullopt, 1);
+    const StageRecord& rec = *rows[i].record;
     svg.begin_group("class=\"bubble\"", "stage " + stage + ": idle " + idle + "% of the window drawn; bubble wall " +
-                                            cells::percent(cells::at(rec, {"bubble_fraction"})) + ", replayed " +
-                                            cells::percent(cells::at(rec, {"bubble_fraction_replayed"})) +
-                                            ", theory " + cells::percent(cells::at(rec, {"bubble_fraction_theory"})));
+                                            tables::percent(rec.bubble_fraction) + ", replayed " +
+                                            tables::percent(rec.bubble_fraction_replayed) + ", theory " +
+                                            tables::percent(rec.bubble_fraction_theory));
     svg.rect(X(st.from_ms), y, X(st.to_ms) - X(st.from_ms), kRowH, "url(#hatch)");
     svg.end_group();
     for (const GanttAction& a : st.actions) {
@@ -92,7 +96,7 @@ std::string activation_svg(const std::vector<StageRow>& rows, const std::vector<
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::string d, last_y;
     std::int64_t held = 0;
-    for (const TimelineSample& s : rows[i].view.memory) {
+    for (const TimelineRow& s : rows[i].view->memory) {
       const double t = s.t_ms + shift[i];
       if (t > to) break;
       if (t < from) {
@@ -137,39 +141,31 @@ std::string shifts_note(const std::vector<StageRow>& rows, const GanttLayout& g)
 
 }  // namespace
 
-std::string pipeline_charts(const std::vector<const json*>& runs) {
+std::string pipeline_charts(const std::vector<const PipelineRun*>& runs) {
   // One activation scale for the group, over the whole timelines.
   double act_max = 0.0;
-  for (const json* run : runs)
-    if (const json* stages = cells::at(*run, {"stages"}); stages && stages->is_array())
-      for (const json& st : *stages)
-        for (const TimelineSample& s : read_timeline(st).memory)
+  for (const PipelineRun* run : runs)
+    for (const StageRecord& st : run->stages)
+      if (st.timeline)
+        for (const TimelineRow& s : st.timeline->memory)
           act_max = std::max(act_max, static_cast<double>(s.bytes[kActivation]));
 
   std::string out;
-  for (const json* run : runs) {
+  for (const PipelineRun* run : runs) {
     std::vector<StageRow> rows;
-    if (const json* stages = cells::at(*run, {"stages"}); stages && stages->is_array())
-      for (const json& st : *stages)
-        if (st.is_object()) rows.push_back({&st, cells::text(cells::at(st, {"stage"})), read_timeline(st)});
-    std::stable_sort(rows.begin(), rows.end(), [](const StageRow& a, const StageRow& b) {
-      std::int64_t x = 0, y = 0;
-      cells::as_int(cells::at(*a.record, {"stage"}), &x);
-      cells::as_int(cells::at(*b.record, {"stage"}), &y);
-      return x < y;
-    });
-    const std::string schedule = cells::text(cells::at(*run, {"schedule"}));
-    const std::string label = schedule + ", M = " + cells::text(cells::at(*run, {"microbatches"})) + ", chunks " +
-                              cells::text(cells::at(*run, {"chunks"}));
-    out += "<figure class=\"pipe\"><figcaption><b>" + escape(schedule) + "</b> · M = " +
-           escape(cells::text(cells::at(*run, {"microbatches"}))) + " · chunks " +
-           escape(cells::text(cells::at(*run, {"chunks"})));
+    for (const StageRecord& st : run->stages)
+      rows.push_back({&st, std::to_string(st.stage), st.timeline ? &*st.timeline : &kNoTimeline});
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](const StageRow& a, const StageRow& b) { return a.record->stage < b.record->stage; });
+    const std::string microbatches = std::to_string(run->microbatches), chunks = std::to_string(run->chunks);
+    const std::string label = run->schedule + ", M = " + microbatches + ", chunks " + chunks;
+    out += "<figure class=\"pipe\"><figcaption><b>" + escape(run->schedule) + "</b> · M = " + escape(microbatches) +
+           " · chunks " + escape(chunks);
 
     // An emulated stage ran alone: its spans share no clock with the others'.
-    const json* emulated = cells::at(*run, {"emulated"});
-    const bool alone = emulated && emulated->is_boolean() && emulated->get<bool>();
-    std::vector<TimelineView> views;
-    std::vector<const json*> records;
+    const bool alone = run->place.emulated;
+    std::vector<const TimelineRecord*> views;
+    std::vector<const StageRecord*> records;
     for (const StageRow& row : rows) views.push_back(row.view), records.push_back(row.record);
     GanttLayout g = alone ? GanttLayout{} : measured_layout(views);
     if (g.source == GanttLayout::Source::none) g = replayed_layout(records);
@@ -182,8 +178,7 @@ std::string pipeline_charts(const std::vector<const json*>& runs) {
     out += "</figcaption>";
     // Why there is no chart: an untimed run (its one step is the warm-up, which nothing
     // reports), emulated stages without action times to replay, or no timeline at all.
-    const json* timed = cells::at(*run, {"timed_steps"});
-    const bool untimed = timed && timed->is_number_integer() && timed->get<std::int64_t>() == 0;
+    const bool untimed = run->timed_steps == 0;
     const char* why_none = untimed ? "no timed step: with --steps 1 the only step is the warm-up"
                            : alone ? "no action times to replay"
                                    : "no timeline recorded";
@@ -195,7 +190,7 @@ std::string pipeline_charts(const std::vector<const json*>& runs) {
     std::vector<double> shift(rows.size(), 0.0);
     double from = g.from_ms, to = g.to_ms;
     bool any_memory = false;
-    for (const StageRow& row : rows) any_memory = any_memory || !row.view.memory.empty();
+    for (const StageRow& row : rows) any_memory = any_memory || !row.view->memory.empty();
     std::string sub = "live activation bytes per stage";
     if (g.source == GanttLayout::Source::measured) {
       for (std::size_t i = 0; i < rows.size(); ++i) shift[i] = g.stages[i].clock_shift_ms;
@@ -203,8 +198,8 @@ std::string pipeline_charts(const std::vector<const json*>& runs) {
       bool steps = true;
       from = 0.0, to = 0.0;
       for (std::size_t i = 0; i < rows.size() && steps; ++i) {
-        const TimelineSpan* last = nullptr;
-        for (const TimelineSpan& sp : rows[i].view.spans)
+        const TimelineSpanRecord* last = nullptr;
+        for (const TimelineSpanRecord& sp : rows[i].view->spans)
           if (sp.name == "step" && (!last || sp.start_ms >= last->start_ms)) last = &sp;
         steps = last != nullptr;
         if (last) shift[i] = -last->start_ms, to = std::max(to, last->end_ms - last->start_ms);
@@ -215,8 +210,8 @@ std::string pipeline_charts(const std::vector<const json*>& runs) {
         std::fill(shift.begin(), shift.end(), 0.0);
         from = 1e300, to = -1e300;
         for (const StageRow& row : rows)
-          if (!row.view.memory.empty())
-            from = std::min(from, row.view.memory.front().t_ms), to = std::max(to, row.view.memory.back().t_ms);
+          if (!row.view->memory.empty())
+            from = std::min(from, row.view->memory.front().t_ms), to = std::max(to, row.view->memory.back().t_ms);
         sub += ", over the whole run";
       }
     }

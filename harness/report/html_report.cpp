@@ -1,6 +1,9 @@
 #include "harness/report/html_report.hpp"
 
+#include <optional>
 #include <sstream>
+#include <string>
+#include <variant>
 #include <vector>
 
 #include "harness/records/result.hpp"
@@ -8,11 +11,11 @@
 #include "harness/report/html_charts.hpp"
 #include "harness/report/html_svg.hpp"
 #include "harness/report/table.hpp"
+#include "harness/report/table_parts.hpp"
 
 namespace shardscope {
 namespace {
 
-using nlohmann::json;
 using html::escape;
 
 // System fonts only: nothing is fetched.
@@ -37,17 +40,6 @@ svg .none{font-size:13px;fill:#999}svg .actl{font-size:9.5px;fill:#fff}svg .peak
 .panels{display:flex;flex-wrap:wrap;gap:6px 18px}figure{margin:6px 0 10px}figcaption{font-size:12.5px;margin-bottom:2px}
 )";
 
-bool kind_is(const json& run, const char* kind) {
-  const json* k = cells::at(run, {"kind"});
-  if (k && k->is_string()) return k->get<std::string>() == kind;
-  return std::string(kind) == (run.contains("stages") || run.contains("schedule") ? "pipeline" : "data_parallel");
-}
-
-bool skipped(const json& run) {
-  const json* s = cells::at(run, {"skipped"});
-  return s && s->is_boolean() && s->get<bool>();
-}
-
 std::string phase_legend() {
   std::string out = "<div class=\"legend\">phases (strip under each chart): ";
   for (const char* p : {"forward", "backward", "optimizer", "communication"})
@@ -55,37 +47,29 @@ std::string phase_legend() {
   return out + "<span class=\"key\"><b class=\"dash\"></b>predicted peak</span></div>";
 }
 
-std::string header(const json& doc, const std::string& command) {
-  const json* prov = cells::at(doc, {"provenance"});
-  const json empty = json::object();
-  const json& p = prov && prov->is_object() ? *prov : empty;
-  std::string out = "<h1>shardscope report</h1><p class=\"meta\">shardscope " +
-                    escape(cells::text(cells::at(doc, {"version"}))) + " · git " +
-                    escape(cells::text(cells::at(p, {"git"}))) + " · host " +
-                    escape(cells::text(cells::at(p, {"host"}))) +
-                    " · " + escape(cells::text(cells::at(p, {"cpu"})));
-  if (const json* gpu = cells::at(p, {"gpu"})) out += " · " + escape(cells::text(gpu));
-  out += " · backend " + escape(cells::text(cells::at(doc, {"backend"}))) + ", comm " +
-         escape(cells::text(cells::at(doc, {"comm"})));
-  const json* emulated = cells::at(doc, {"emulated"});
-  if (emulated && emulated->is_boolean() && emulated->get<bool>()) out += " · emulated (times are compute only)";
+std::string text(const std::optional<std::string>& v) { return v ? *v : cells::kMissing; }
+
+std::string header(const ResultDocument& doc, const std::string& command) {
+  const Provenance& p = doc.provenance;
+  std::string out = "<h1>shardscope report</h1><p class=\"meta\">shardscope " + escape(doc.version) + " · git " +
+                    escape(text(p.git)) + " · host " + escape(text(p.host)) + " · " + escape(text(p.cpu));
+  if (p.gpu) out += " · " + escape(*p.gpu);
+  out += " · backend " + escape(text(doc.backend)) + ", comm " + escape(text(doc.comm));
+  if (doc.emulated && *doc.emulated) out += " · emulated (times are compute only)";
   out += "</p><pre class=\"cmd\">$ " + escape(command) + "</pre>";
-  const json* complete = cells::at(doc, {"sweep", "complete"});
-  if (complete && complete->is_boolean() && !complete->get<bool>())
+  if (doc.sweep && !doc.sweep->complete)
     out += "<div class=\"warn\">Incomplete: a run failed and the sweep stopped; this report shows what completed. " +
-           escape(cells::text(cells::at(doc, {"sweep", "error"}))) + "</div>";
+           escape(text(doc.sweep->error)) + "</div>";
   return out;
 }
 
-std::string data_parallel_section(const std::vector<const json*>& runs, const json& doc) {
+std::string data_parallel_section(const std::vector<const DataParallelRun*>& runs) {
   std::string out = "<h2 id=\"data-parallel\">Data parallel</h2>";
-  for (const auto& group : group_runs(runs, doc)) {
-    const json& first = *group.front();
-    const json empty = json::object();
-    const json* model = cells::at(first, {"model"});
-    out += "<section class=\"dp-group\"><h3>data parallel, W = " + escape(cells::text(cells::at(first, {"world"}))) +
-           ": " + escape(model_line(model ? *model : empty, true)) + "</h3><p class=\"note\">" +
-           escape(setup_line(first, doc) + steps_note(group)) + "</p>";
+  for (const auto& group : tables::group_runs(runs)) {
+    const DataParallelRun& first = *group.front();
+    out += "<section class=\"dp-group\"><h3>data parallel, W = " + escape(std::to_string(first.world)) + ": " +
+           escape(tables::model_line(first.model, true, TableOptions{true, true})) + "</h3><p class=\"note\">" +
+           escape(tables::setup_line(first.place) + tables::steps_note(group)) + "</p>";
     out += "<div class=\"sub\">bytes per rank: R at rest after the step, P at the peak, by category; the black "
            "tick is the predicted total</div>" +
            html::category_legend() + html::data_parallel_bars(group);
@@ -95,15 +79,13 @@ std::string data_parallel_section(const std::vector<const json*>& runs, const js
   return out;
 }
 
-std::string pipeline_section(const std::vector<const json*>& runs, const json& doc) {
+std::string pipeline_section(const std::vector<const PipelineRun*>& runs) {
   std::string out = "<h2 id=\"pipeline\">Pipeline</h2>";
-  for (const auto& group : group_runs(runs, doc)) {
-    const json& first = *group.front();
-    const json empty = json::object();
-    const json* model = cells::at(first, {"model"});
-    out += "<section class=\"pp-group\"><h3>pipeline, S = " + escape(cells::text(cells::at(first, {"world"}))) +
-           " stages: " + escape(model_line(model ? *model : empty, false)) + "</h3><p class=\"note\">" +
-           escape(setup_line(first, doc) + steps_note(group)) + "</p>" + html::action_legend() +
+  for (const auto& group : tables::group_runs(runs)) {
+    const PipelineRun& first = *group.front();
+    out += "<section class=\"pp-group\"><h3>pipeline, S = " + escape(std::to_string(first.world)) + " stages: " +
+           escape(tables::model_line(first.model, false, TableOptions{true, true})) + "</h3><p class=\"note\">" +
+           escape(tables::setup_line(first.place) + tables::steps_note(group)) + "</p>" + html::action_legend() +
            html::pipeline_charts(group) + "</section>";
   }
   return out;
@@ -111,15 +93,15 @@ std::string pipeline_section(const std::vector<const json*>& runs, const json& d
 
 }  // namespace
 
-std::string render_html_report(const json& doc, const ResultDocument& records, const std::string& command) {
-  std::vector<const json*> data_parallel, pipeline;
-  if (const json* runs = cells::at(doc, {"runs"}); runs && runs->is_array())
-    for (const json& run : *runs) {
-      if (!run.is_object() || skipped(run)) continue;
-      (kind_is(run, "pipeline") ? pipeline : data_parallel).push_back(&run);
-    }
+std::string render_html_report(const ResultDocument& doc, const std::string& command) {
+  std::vector<const DataParallelRun*> data_parallel;
+  std::vector<const PipelineRun*> pipeline;
+  for (const RunRecord& run : doc.runs) {
+    if (const auto* dp = std::get_if<DataParallelRun>(&run)) data_parallel.push_back(dp);
+    else if (const auto* pp = std::get_if<PipelineRun>(&run)) pipeline.push_back(pp);
+  }
   std::string cmd = command;
-  if (cmd.empty()) cmd = cells::text(cells::at(doc, {"provenance", "command"}));
+  if (cmd.empty()) cmd = text(doc.provenance.command);
 
   std::string out = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
                     "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
@@ -137,10 +119,10 @@ std::string render_html_report(const json& doc, const ResultDocument& records, c
   if (!pipeline.empty()) out += "<a href=\"#pipeline\">Pipeline</a> · ";
   out += "<a href=\"#tables\">Tables</a></p>\n";
   if (data_parallel.empty() && pipeline.empty()) out += "<p class=\"note\">No completed runs.</p>";
-  if (!data_parallel.empty()) out += data_parallel_section(data_parallel, doc) + "\n";
-  if (!pipeline.empty()) out += pipeline_section(pipeline, doc) + "\n";
+  if (!data_parallel.empty()) out += data_parallel_section(data_parallel) + "\n";
+  if (!pipeline.empty()) out += pipeline_section(pipeline) + "\n";
   std::ostringstream tables;
-  print_tables(records, tables, TableOptions{true, true});  // a page has room for every byte
+  print_tables(doc, tables, TableOptions{true, true});  // a page has room for every byte
   out += "<h2 id=\"tables\">Tables</h2><pre class=\"tables\">" + escape(tables.str()) + "</pre>\n";
   out += "<p class=\"note\">Written by shardscope: one self-contained file (inline SVG, no scripts, no network). "
          "Hover a bar, an action or a peak marker for its exact figures.</p>\n</body></html>\n";

@@ -11,13 +11,12 @@
 
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 namespace shardscope {
 
 struct ResultDocument;  // harness/records/result.hpp
 
-// `records` is `doc` read into the records (read_result): the tables render them.
-std::string render_html_report(const nlohmann::json& doc, const ResultDocument& records, const std::string& command);
+// The page of a result's records, with their timelines; `command` (else the document's
+// provenance.command) is shown as what produced it.
+std::string render_html_report(const ResultDocument& doc, const std::string& command);
 
 }  // namespace shardscope

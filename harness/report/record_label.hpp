@@ -9,5 +9,7 @@
 namespace shardscope {
 
 std::string run_label(const RunRecord& run);
+std::string run_label(const DataParallelRun& run);
+std::string run_label(const PipelineRun& run);
 
 }  // namespace shardscope

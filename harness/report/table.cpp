@@ -19,12 +19,6 @@ namespace {
 
 using nlohmann::json;
 
-// The run's own field, else the document's.
-const json* setup_field(const json& run, const json& doc, const char* key) {
-  if (const json* v = cells::at(run, {key})) return v;
-  return cells::at(doc, {key});
-}
-
 // As `run --units` takes it: "units=1", "units=all" (the trace names processes so too).
 std::string units_label(const json* layers_per_unit) {
   if (!layers_per_unit) return {};
@@ -42,15 +36,6 @@ std::string model_line(const json& model, bool batch_per_rank, const TableOption
   line += ", P = " + cells::bytes(cells::at(model, {"params"})) + " params";
   line += ", 4P = " + (options.exact_bytes ? cells::bytes(cells::at(model, {"param_bytes"})) + " B"
                                            : cells::bytes(cells::at(model, {"param_bytes"}), options));
-  return line;
-}
-
-std::string setup_line(const json& run, const json& doc) {
-  std::string line = "backend " + cells::text(setup_field(run, doc, "backend")) + ", comm " +
-                     cells::text(setup_field(run, doc, "comm"));
-  const json* emulated = setup_field(run, doc, "emulated");
-  if (emulated && emulated->is_boolean() && emulated->get<bool>())
-    line += ", emulated (times are compute only)";
   return line;
 }
 
@@ -86,53 +71,21 @@ std::string run_label(const json& run) {
   return label;
 }
 
+std::string run_label(const DataParallelRun& run) {
+  std::string label = run.strategy + " W=" + std::to_string(run.world);
+  if (tables::uses_units(run)) label += " " + tables::units_setting(run);
+  return label;
+}
+
+std::string run_label(const PipelineRun& run) {
+  return run.schedule + " S=" + std::to_string(run.world) + " M=" + std::to_string(run.microbatches) +
+         " chunks=" + std::to_string(run.chunks);
+}
+
 std::string run_label(const RunRecord& run) {
-  if (const auto* dp = std::get_if<DataParallelRun>(&run)) {
-    std::string label = dp->strategy + " W=" + std::to_string(dp->world);
-    const std::optional<StrategyKind> kind = find_strategy(dp->strategy);
-    if (!kind || shards_by_unit(*kind))
-      label += " units=" + (dp->layers_per_unit ? std::to_string(*dp->layers_per_unit) : std::string("all"));
-    return label;
-  }
-  if (const auto* pp = std::get_if<PipelineRun>(&run))
-    return pp->schedule + " S=" + std::to_string(pp->world) + " M=" + std::to_string(pp->microbatches) +
-           " chunks=" + std::to_string(pp->chunks);
+  if (const auto* dp = std::get_if<DataParallelRun>(&run)) return run_label(*dp);
+  if (const auto* pp = std::get_if<PipelineRun>(&run)) return run_label(*pp);
   return run_label(std::get<SkippedRun>(run).config);
-}
-
-std::vector<std::vector<const json*>> group_runs(const std::vector<const json*>& runs, const json& doc) {
-  std::vector<std::string> keys;
-  std::vector<std::vector<const json*>> groups;
-  for (const json* run : runs) {
-    json key = json::array();
-    key.push_back(run->value("world", json()));
-    key.push_back(run->value("model", json()));
-    for (const char* field : {"backend", "comm", "emulated"}) {
-      const json* v = setup_field(*run, doc, field);
-      key.push_back(v ? *v : json());
-    }
-    const std::string text = json_text(key);
-    const auto it = std::find(keys.begin(), keys.end(), text);
-    if (it == keys.end()) {
-      keys.push_back(text);
-      groups.push_back({run});
-    } else {
-      groups[static_cast<std::size_t>(it - keys.begin())].push_back(run);
-    }
-  }
-  return groups;
-}
-
-std::string steps_note(const std::vector<const json*>& runs) {
-  if (runs.empty()) return {};
-  const json steps = runs.front()->value("steps", json());
-  const json timed = runs.front()->value("timed_steps", json());
-  for (const json* r : runs)
-    if (r->value("steps", json()) != steps || r->value("timed_steps", json()) != timed) return {};
-  if (steps.is_null()) return {};
-  std::string note = "; steps " + cells::text(&steps);
-  if (!timed.is_null()) note += ", " + cells::text(&timed) + " timed";
-  return note;
 }
 
 void print_skipped(const std::vector<const json*>& skipped, std::ostream& os) {
@@ -186,6 +139,15 @@ std::string units_setting(const json& run) {
 }
 
 namespace tables {
+
+bool uses_units(const DataParallelRun& run) {
+  const std::optional<StrategyKind> kind = find_strategy(run.strategy);
+  return !kind || shards_by_unit(*kind);
+}
+
+std::string units_setting(const DataParallelRun& run) {
+  return "units=" + (run.layers_per_unit ? std::to_string(*run.layers_per_unit) : std::string("all"));
+}
 
 std::string fixed(const std::optional<double>& v, int decimals) {
   if (!v) return cells::kMissing;

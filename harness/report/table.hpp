@@ -37,7 +37,7 @@ void print_plan(const nlohmann::json& plan, std::ostream& os, const TableOptions
 // A plan's skipped configurations, with their reasons.
 void print_skipped(const std::vector<const nlohmann::json*>& skipped, std::ostream& os);
 
-// What follows reads a JSON document or plan, for the plan's tables and the HTML report.
+// What follows reads a plan (or a sweep's configuration) as JSON.
 
 // The line under the tables that says how bytes are written (and, with `predictions`,
 // what "=" in a predicted column means).
@@ -47,17 +47,9 @@ std::string bytes_footnote(const TableOptions& options, bool predictions = true)
 // 4P = 2,105,344 B" (pipeline runs: "batch 8" without "/rank"); 4P in binary units
 // ("4P = 2.01 MiB") unless `options` ask for exact bytes.
 std::string model_line(const nlohmann::json& model, bool batch_per_rank, const TableOptions& options = {true, true});
-// "backend cpu, comm mpi" plus ", emulated (times are compute only)" when emulated.
-std::string setup_line(const nlohmann::json& run, const nlohmann::json& doc);
 // "units=1", "units=all", "units=2" from layers_per_unit, as `--units` takes it; "-"
 // when absent.
 std::string units_setting(const nlohmann::json& run);
-// Runs grouped by world, model, backend, comm and emulated flag, in order of first
-// appearance: the runs one table compares.
-std::vector<std::vector<const nlohmann::json*>> group_runs(const std::vector<const nlohmann::json*>& runs,
-                                                           const nlohmann::json& doc);
-// "; steps 3, 2 timed" when every run agrees on steps and timed steps, else "".
-std::string steps_note(const std::vector<const nlohmann::json*>& runs);
 // A stage's layers: "0-3", or every chunk's when it holds several ("0-1,4-5").
 std::string stage_layers(const nlohmann::json& stage);
 // A short name for a run or skipped record: "zero3 W=4 units=1",

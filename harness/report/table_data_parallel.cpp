@@ -11,7 +11,6 @@
 #include "harness/report/table_parts.hpp"
 #include "harness/report/text_table.hpp"
 #include "shardscope/category.hpp"
-#include "shardscope/strategy_kind.hpp"
 
 namespace shardscope::tables {
 namespace {
@@ -114,13 +113,6 @@ int category_index(std::string_view name) {
   for (int c = 0; c < kCategoryCount; ++c)
     if (kCategoryNames[c] == name) return c;
   return -1;
-}
-
-// Whether units (and prefetch) shape the run: zero2 and zero3, not ddp and zero1 (which
-// run under DDP, and use its bucket instead). True when the strategy is unknown.
-bool uses_units(const DataParallelRun& run) {
-  const std::optional<StrategyKind> kind = find_strategy(run.strategy);
-  return !kind || shards_by_unit(*kind);
 }
 
 std::string units_cell(const DataParallelRun& run) {

@@ -14,6 +14,12 @@
 
 namespace shardscope::tables {
 
+// Whether units (and prefetch) shape the run: zero2 and zero3, not ddp and zero1 (which
+// run under DDP, and use its bucket instead). True when the strategy is unknown.
+bool uses_units(const DataParallelRun& run);
+// "units=1", "units=all": layers_per_unit as `--units` takes it.
+std::string units_setting(const DataParallelRun& run);
+
 // A number with `decimals` places, or "-" when there is none.
 std::string fixed(const std::optional<double>& v, int decimals);
 // A fraction in [0, 1] as a percentage with one decimal ("33.3%"), or "-".
