@@ -216,9 +216,9 @@ int plan_main(const std::vector<std::string>& args) {
   const SweepOptions sweep = parse_sweep_args(request.sweep_args);
   // The output path before the work, so that a refused plan has done nothing.
   if (!request.json_path.empty()) check_writable(request.json_path, "--json FILE");
-  const json plan = to_json(make_plan(request));
+  const PlanDocument plan = make_plan(request);
   // The file first: a reader that closes stdout early (`plan | head`) must not cost it.
-  if (!request.json_path.empty()) write_file_atomic(request.json_path, readable_json(plan) + "\n");
+  if (!request.json_path.empty()) write_file_atomic(request.json_path, readable_json(to_json(plan)) + "\n");
   print_plan(plan, std::cout, TableOptions{sweep.exact_bytes, sweep.wide});
   return 0;
 }

@@ -1,6 +1,5 @@
 #include "harness/report/cells.hpp"
 
-#include <cmath>
 #include <cstdio>
 
 #include "harness/report/json_io.hpp"
@@ -18,27 +17,6 @@ const nlohmann::json* at(const nlohmann::json& j, std::initializer_list<const ch
   return cur->is_null() ? nullptr : cur;
 }
 
-bool as_int(const nlohmann::json* v, std::int64_t* out) {
-  if (!v) return false;
-  if (v->is_number_integer()) {
-    *out = v->get<std::int64_t>();
-    return true;
-  }
-  if (v->is_number_float()) {
-    const double d = v->get<double>();
-    if (!std::isfinite(d)) return false;
-    *out = static_cast<std::int64_t>(std::llround(d));
-    return true;
-  }
-  return false;
-}
-
-bool as_double(const nlohmann::json* v, double* out) {
-  if (!v || !v->is_number()) return false;
-  *out = v->get<double>();
-  return true;
-}
-
 std::string group_digits(std::int64_t n) {
   const std::uint64_t mag = n < 0 ? ~static_cast<std::uint64_t>(n) + 1 : static_cast<std::uint64_t>(n);
   const std::string digits = std::to_string(mag);
@@ -51,17 +29,6 @@ std::string group_digits(std::int64_t n) {
 }
 
 std::string signed_digits(std::int64_t n) { return (n >= 0 ? "+" : "") + group_digits(n); }
-
-std::string measured_bytes(const nlohmann::json* measured, const nlohmann::json* predicted) {
-  std::string cell = bytes(measured);
-  if (measured && predicted && *measured != *predicted) cell += " ! " + bytes(predicted);
-  return cell;
-}
-
-std::string bytes(const nlohmann::json* v) {
-  std::int64_t n = 0;
-  return as_int(v, &n) ? group_digits(n) : kMissing;
-}
 
 std::string binary_bytes(std::int64_t n) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
@@ -89,66 +56,17 @@ std::string bytes(std::int64_t n, const TableOptions& options) {
   return options.exact_bytes ? group_digits(n) : binary_bytes(n);
 }
 
-std::string bytes(const nlohmann::json* v, const TableOptions& options) {
-  std::int64_t n = 0;
-  return as_int(v, &n) ? bytes(n, options) : kMissing;
-}
-
-std::string measured_bytes(const nlohmann::json* measured, const nlohmann::json* predicted,
-                           const TableOptions& options) {
-  std::string cell = bytes(measured, options);
-  if (measured && predicted && *measured != *predicted) cell += " ! " + bytes(predicted, options);
-  return cell;
-}
-
-std::string predicted_bytes(const nlohmann::json* predicted, const nlohmann::json* measured,
-                            const TableOptions& options) {
-  std::int64_t p = 0, m = 0;
-  if (!as_int(predicted, &p)) return kMissing;
-  const bool differs = as_int(measured, &m) && m != p;
-  if (!options.wide && as_int(measured, &m) && !differs) return kSame;
-  return bytes(p, options) + (differs ? " !" : "");
-}
-
-std::string multiple(const nlohmann::json* v, const nlohmann::json* base) {
-  double a = 0.0, b = 0.0;
-  if (!as_double(v, &a) || !as_double(base, &b) || b == 0.0) return kMissing;
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.3f", a / b);
-  return buf;
-}
-
-std::string fixed(const nlohmann::json* v, int decimals) {
-  double d = 0.0;
-  if (!as_double(v, &d)) return kMissing;
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, d);
-  return buf;
-}
-
-std::string percent(const nlohmann::json* v) {
-  double d = 0.0;
-  if (!as_double(v, &d)) return kMissing;
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * d);
-  return buf;
-}
-
 std::string text(const nlohmann::json* v) {
   if (!v) return kMissing;
   if (v->is_string()) return v->get<std::string>();
   if (v->is_number_integer()) return std::to_string(v->get<std::int64_t>());
-  if (v->is_number()) return fixed(v, 3);
+  if (v->is_number()) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3f", v->get<double>());
+    return buf;
+  }
   if (v->is_boolean()) return v->get<bool>() ? "true" : "false";
   return json_text(*v);
-}
-
-std::string predicted_bytes(const nlohmann::json* predicted, const nlohmann::json* measured) {
-  std::int64_t p = 0, m = 0;
-  if (!as_int(predicted, &p)) return kMissing;
-  std::string out = group_digits(p);
-  if (as_int(measured, &m) && m != p) out += " !";
-  return out;
 }
 
 }  // namespace shardscope::cells

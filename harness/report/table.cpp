@@ -9,7 +9,6 @@
 #include "harness/report/cells.hpp"
 #include "harness/report/record_label.hpp"
 #include "harness/report/table_parts.hpp"
-#include "harness/report/json_io.hpp"
 #include "harness/report/text_table.hpp"
 #include "shardscope/category.hpp"
 #include "shardscope/strategy_kind.hpp"
@@ -26,18 +25,6 @@ std::string units_label(const json* layers_per_unit) {
 }
 
 }  // namespace
-
-std::string model_line(const json& model, bool batch_per_rank, const TableOptions& options) {
-  std::string line = cells::text(cells::at(model, {"layers"})) + " x " +
-                     cells::text(cells::at(model, {"width"}));
-  line += ", activation " + cells::text(cells::at(model, {"activation"}));
-  line += ", loss " + cells::text(cells::at(model, {"loss"}));
-  line += ", batch " + cells::text(cells::at(model, {"batch"})) + (batch_per_rank ? "/rank" : "");
-  line += ", P = " + cells::bytes(cells::at(model, {"params"})) + " params";
-  line += ", 4P = " + (options.exact_bytes ? cells::bytes(cells::at(model, {"param_bytes"})) + " B"
-                                           : cells::bytes(cells::at(model, {"param_bytes"}), options));
-  return line;
-}
 
 bool is_pipeline(const json& run) {
   if (const json* kind = cells::at(run, {"kind"}); kind && kind->is_string())
@@ -88,13 +75,12 @@ std::string run_label(const RunRecord& run) {
   return run_label(std::get<SkippedRun>(run).config);
 }
 
-void print_skipped(const std::vector<const json*>& skipped, std::ostream& os) {
+void print_skipped(const std::vector<const SkippedRun*>& skipped, std::ostream& os) {
   if (skipped.empty()) return;
   os << "skipped (the configuration cannot run):\n";
-  for (const json* s : skipped) {
-    os << "  " << (is_pipeline(*s) ? "pipeline " : "data parallel ") << run_label(*s) << ": "
-       << cells::text(cells::at(*s, {"reason"})) << '\n';
-  }
+  for (const SkippedRun* s : skipped)
+    os << "  " << (is_pipeline(s->config) ? "pipeline " : "data parallel ") << run_label(s->config) << ": "
+       << s->reason << '\n';
   os << '\n';
 }
 
@@ -106,36 +92,6 @@ std::string bytes_footnote(const TableOptions& options, bool predictions) {
     note += predictions ? " \"=\": the prediction equals the measured figure. --wide: every column."
                         : " --wide: every column.";
   return note + "\n";
-}
-
-namespace {
-
-// "0-3" for [first, last]; other arrays comma-joined; "-" when absent.
-std::string layers_cell(const json* layers) {
-  if (!layers) return cells::kMissing;
-  if (!layers->is_array()) return cells::text(layers);
-  std::vector<std::string> parts;
-  for (const json& v : *layers) parts.push_back(cells::text(&v));
-  if (parts.size() == 2) return parts[0] + "-" + parts[1];
-  std::string out;
-  for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? "," : "") + parts[i];
-  return out.empty() ? cells::kMissing : out;
-}
-
-}  // namespace
-
-// All chunks' layer ranges when the stage holds several ("0-1,4-5"), else its range.
-std::string stage_layers(const json& stage) {
-  const json* chunks = cells::at(stage, {"chunks_layers"});
-  if (!chunks || !chunks->is_array() || chunks->size() < 2) return layers_cell(cells::at(stage, {"layers"}));
-  std::string out;
-  for (const json& range : *chunks) out += (out.empty() ? "" : ",") + layers_cell(&range);
-  return out;
-}
-
-std::string units_setting(const json& run) {
-  const std::string s = units_label(cells::at(run, {"layers_per_unit"}));
-  return s.empty() ? cells::kMissing : s;
 }
 
 namespace tables {
@@ -251,12 +207,14 @@ void print_live_at_peak(const std::vector<std::string>& head_names, const std::v
 // "0-3" for [first, last].
 std::string layer_range(const LayerRange& r) { return std::to_string(r[0]) + "-" + std::to_string(r[1]); }
 
-std::string stage_layers(const StageRecord& stage) {
-  if (!stage.chunks_layers || stage.chunks_layers->size() < 2) return layer_range(stage.layers);
+std::string stage_layers(const LayerRange& layers, const std::optional<std::vector<LayerRange>>& chunks_layers) {
+  if (!chunks_layers || chunks_layers->size() < 2) return layer_range(layers);
   std::string out;
-  for (const LayerRange& range : *stage.chunks_layers) out += (out.empty() ? "" : ",") + layer_range(range);
+  for (const LayerRange& range : *chunks_layers) out += (out.empty() ? "" : ",") + layer_range(range);
   return out;
 }
+
+std::string stage_layers(const StageRecord& stage) { return stage_layers(stage.layers, stage.chunks_layers); }
 
 }  // namespace tables
 
@@ -275,13 +233,7 @@ void print_tables(const ResultDocument& doc, std::ostream& os, const TableOption
   }
   if (!data_parallel.empty()) tables::print_data_parallel_tables(data_parallel, doc, options, os);
   if (!pipeline.empty()) tables::print_pipeline_tables(pipeline, doc, options, os);
-  if (!skipped.empty()) {
-    os << "skipped (the configuration cannot run):\n";
-    for (const SkippedRun* s : skipped)
-      os << "  " << (is_pipeline(s->config) ? "pipeline " : "data parallel ") << run_label(s->config) << ": "
-         << s->reason << '\n';
-    os << '\n';
-  }
+  print_skipped(skipped, os);
   if (!data_parallel.empty() || !pipeline.empty()) os << bytes_footnote(options);
 }
 

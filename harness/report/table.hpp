@@ -20,6 +20,8 @@
 namespace shardscope {
 
 struct ResultDocument;  // harness/records/result.hpp
+struct PlanDocument;
+struct SkippedRun;
 
 // By default every line fits 120 columns: bytes in binary units, a setting all rows share
 // stated once above the table, "=" for a prediction equal to its measured figure. The
@@ -32,26 +34,17 @@ struct Comparison;  // comparison.hpp
 void print_comparison(const Comparison& comparison, std::ostream& os, const TableOptions& options = {});
 
 // A `shardscope plan` document (schema shardscope-plan/1) as tables (table_plan.cpp).
-void print_plan(const nlohmann::json& plan, std::ostream& os, const TableOptions& options = {});
+void print_plan(const PlanDocument& plan, std::ostream& os, const TableOptions& options = {});
 
-// A plan's skipped configurations, with their reasons.
-void print_skipped(const std::vector<const nlohmann::json*>& skipped, std::ostream& os);
-
-// What follows reads a plan (or a sweep's configuration) as JSON.
+// The configurations that could not run (a sweep's or a plan's), with their reasons.
+void print_skipped(const std::vector<const SkippedRun*>& skipped, std::ostream& os);
 
 // The line under the tables that says how bytes are written (and, with `predictions`,
 // what "=" in a predicted column means).
 std::string bytes_footnote(const TableOptions& options, bool predictions = true);
 
-// "8 x 256, activation none, loss sum, batch 32/rank, P = 526,336 params,
-// 4P = 2,105,344 B" (pipeline runs: "batch 8" without "/rank"); 4P in binary units
-// ("4P = 2.01 MiB") unless `options` ask for exact bytes.
-std::string model_line(const nlohmann::json& model, bool batch_per_rank, const TableOptions& options = {true, true});
-// "units=1", "units=all", "units=2" from layers_per_unit, as `--units` takes it; "-"
-// when absent.
-std::string units_setting(const nlohmann::json& run);
-// A stage's layers: "0-3", or every chunk's when it holds several ("0-1,4-5").
-std::string stage_layers(const nlohmann::json& stage);
+// What follows reads a sweep's configuration (a skipped record's) as JSON.
+
 // A short name for a run or skipped record: "zero3 W=4 units=1",
 // "1f1b S=2 M=8".
 std::string run_label(const nlohmann::json& run);

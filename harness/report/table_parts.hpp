@@ -97,6 +97,7 @@ void print_live_at_peak(const std::vector<std::string>& head_names, const std::v
 
 // A stage's layers: "0-3", or every chunk's when it holds several ("0-1,4-5").
 std::string stage_layers(const StageRecord& stage);
+std::string stage_layers(const LayerRange& layers, const std::optional<std::vector<LayerRange>>& chunks_layers);
 
 void print_data_parallel_tables(const std::vector<const DataParallelRun*>& runs, const ResultDocument& doc,
                                 const TableOptions& options, std::ostream& os);
