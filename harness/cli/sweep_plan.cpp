@@ -19,7 +19,7 @@ using Flags = std::vector<std::pair<std::string, std::string>>;  // preset flags
 const std::vector<std::string> kStrategies(kStrategyNames.begin(), kStrategyNames.end());
 const std::vector<std::string> kPresets = {"seed-dp", "seed-pp"};
 
-// The seed's experiment (shared/reference/seed-3.13.json).
+// The seed's experiment (tests/reference/seed-3.13.json).
 const Flags kSeedDpFlags = {{"--layers", "8"},       {"--width", "256"}, {"--batch", "32"},
                             {"--activation", "none"}, {"--loss", "sum"},  {"--steps", "11"}};
 const Flags kSeedPpFlags = {{"--layers", "2"},       {"--width", "32"}, {"--batch", "8"},

@@ -1,4 +1,4 @@
-// Text tables of a shardscope/1 document (DESIGN §6, §7): what `run` and `sweep` print.
+// Text tables of a shardscope/1 document (docs/design.md §6, §7): what `run` and `sweep` print.
 //
 // Runs are grouped by world, model and setup (backend, comm, emulated). A data-parallel
 // group prints a resting table and a peak/communication/time table, one row per run,
