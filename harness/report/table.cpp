@@ -149,6 +149,25 @@ std::string model_line(const ModelRecord& model, bool batch_per_rank, const Tabl
   return line;
 }
 
+std::string title_lines(const std::string& title, const TableOptions& options) {
+  constexpr std::size_t kWidth = 120;
+  if (options.wide || title.size() <= kWidth) return title;
+  std::string out, line;
+  for (std::size_t at = 0; at < title.size();) {
+    std::size_t end = title.find(", ", at);
+    end = end == std::string::npos ? title.size() : end + 2;  // the ", " stays with its part
+    const std::string part = title.substr(at, end - at);
+    if (!line.empty() && line.size() + part.size() > kWidth + 1) {  // + 1: a trailing space goes
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      out += line + "\n";
+      line = "  ";
+    }
+    line += part;
+    at = end;
+  }
+  return out + line;
+}
+
 std::string setup_line(const RunPlace& place) {
   std::string line = "backend " + place.backend + ", comm " + place.comm;
   if (place.emulated) line += ", emulated (times are compute only)";

@@ -139,7 +139,9 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
   const DataParallelRun& first = *runs.front();
   const std::int64_t param_bytes = first.model.param_bytes;
   const bool emulated = first.place.emulated;
-  os << "data parallel, W = " << first.world << ": " << model_line(first.model, true, options) << "\n  "
+  os << title_lines("data parallel, W = " + std::to_string(first.world) + ": " + model_line(first.model, true, options),
+                    options)
+     << "\n  "
      << setup_line(first.place) << steps_note(runs) << "\n";
 
   std::vector<Row> rows;

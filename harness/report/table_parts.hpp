@@ -35,6 +35,9 @@ std::string measured_bytes(std::int64_t measured, std::int64_t predicted, const 
 // "8 x 256, activation none, loss sum, batch 32/rank, P = 526,336 params,
 // 4P = 2,105,344 B" (pipeline runs: "batch 8" without "/rank").
 std::string model_line(const ModelRecord& model, bool batch_per_rank, const TableOptions& options);
+// A group's title ("data parallel, W = 4: " + its model line): broken at ", " into lines
+// of at most 120 columns, the next indented two, unless --wide (one line, as before).
+std::string title_lines(const std::string& title, const TableOptions& options);
 // "backend cpu, comm mpi" plus ", emulated (times are compute only)" when emulated.
 std::string setup_line(const RunPlace& place);
 // "; steps 3, 2 timed" when every run agrees on steps and timed steps, else "".

@@ -46,7 +46,9 @@ bool ranks_are_stages(const std::vector<const PipelineRun*>& runs) {
 void print_group(const std::vector<const PipelineRun*>& runs, const ResultDocument& doc, const TableOptions& options,
                  std::ostream& os) {
   const PipelineRun& first = *runs.front();
-  os << "pipeline, S = " << first.world << " stages: " << model_line(first.model, false, options) << "\n  "
+  os << title_lines("pipeline, S = " + std::to_string(first.world) + " stages: " + model_line(first.model, false, options),
+                    options)
+     << "\n  "
      << setup_line(first.place) << steps_note(runs) << "\n";
   // Compact tables state what every row shares once, here, not in a column.
   std::string chunks;

@@ -62,13 +62,14 @@ struct PlanRow {
   std::vector<std::string> head;
   const CategoryFigures* peak;  // predicted peak_by_category
   std::string transfer;         // communication (data parallel) or p2p bytes per step
+  std::string fits;             // the --memory verdict, when the compact table has no room for it
 };
 
 // Compact plans: what the peak holds above the resting bytes, a column per transient
 // category (those at zero on every row left out), then the bytes each step moves.
 void print_above_rest(const std::vector<std::string>& head_names, const std::vector<Align>& head_align,
                       const std::vector<PlanRow>& rows, const std::string& transfer_name, const TableOptions& options,
-                      std::ostream& os) {
+                      std::ostream& os, const std::string& fits_name = "") {
   std::vector<Category> live;
   for (const Category c : kAboveRest)
     if (std::any_of(rows.begin(), rows.end(), [&](const PlanRow& row) { return category_bytes(*row.peak, c) != 0; }))
@@ -78,11 +79,16 @@ void print_above_rest(const std::vector<std::string>& head_names, const std::vec
   cols.push_back(transfer_name);
   std::vector<Align> align = head_align;
   align.resize(cols.size(), Align::right);
+  if (!fits_name.empty()) {
+    cols.push_back(fits_name);
+    align.push_back(Align::left);
+  }
   TextTable table(cols, align);
   for (const PlanRow& row : rows) {
     std::vector<std::string> line = row.head;
     for (const Category c : live) line.push_back(cells::bytes(category_bytes(*row.peak, c), options));
     line.push_back(row.transfer);
+    if (!fits_name.empty()) line.push_back(row.fits);
     table.add_row(std::move(line));
   }
   os << "\n  at the peak, above rest, bytes per category; and the bytes a step moves\n";
@@ -162,7 +168,7 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
       const std::string units =
           !uses_units(run) ? cells::kMissing : run.layers_per_unit ? std::to_string(*run.layers_per_unit) : "all";
       std::vector<std::string> row = {run.strategy, std::to_string(run.world), units, who};
-      rows.push_back({row, &p.peak_by_category, cells::bytes(p.comm_bytes, options)});
+      rows.push_back({row, &p.peak_by_category, cells::bytes(p.comm_bytes, options), ""});
       for (std::string cell : {cells::bytes(p.resting_total, options), multiple(p.resting_total, four_p),
                                cells::bytes(p.peak_total, options), multiple(p.peak_total, four_p),
                                p.peak_phase + ", " + p.peak_where})
@@ -203,7 +209,9 @@ void print_pipeline(const std::vector<const PipelinePlan*>& plans, const PlanDoc
     headers.push_back("at the peak, above rest");
     align.push_back(Align::left);
   }
-  if (plan.memory_bytes) {
+  // A compact table has no room for the verdict beside the bubble: it goes with the bytes
+  // above rest, below.
+  if (plan.memory_bytes && options.wide) {
     headers.push_back(fits_header(*plan.memory_bytes, options));
     align.push_back(Align::left);
   }
@@ -216,7 +224,8 @@ void print_pipeline(const std::vector<const PipelinePlan*>& plans, const PlanDoc
       std::vector<std::string> row = {run.schedule, std::to_string(run.world), std::to_string(run.microbatches)};
       if (chunks_column) row.push_back(std::to_string(run.chunks));
       row.push_back(std::to_string(stage.stage));
-      rows.push_back({row, &p.peak_by_category, cells::bytes(p.comm_bytes, options)});
+      rows.push_back({row, &p.peak_by_category, cells::bytes(p.comm_bytes, options),
+                      plan.memory_bytes ? fits_cell(stage.fits, p.peak_total, plan, options) : ""});
       for (std::string cell : {stage_layers(stage.layers, stage.chunks_layers), cells::bytes(p.resting_total, options),
                                cells::bytes(p.peak_total, options), multiple(p.peak_total, run.model.param_bytes),
                                std::to_string(p.saved.peak_live_tensors) + " / " +
@@ -226,12 +235,14 @@ void print_pipeline(const std::vector<const PipelinePlan*>& plans, const PlanDoc
       if (options.wide) row.push_back(cells::bytes(p.comm_bytes, options));
       row.push_back(percent(pp->bubble_fraction_theory));
       if (options.wide) row.push_back(above_rest(p.peak_by_category));
-      if (plan.memory_bytes) row.push_back(fits_cell(stage.fits, p.peak_total, plan, options));
+      if (plan.memory_bytes && options.wide) row.push_back(fits_cell(stage.fits, p.peak_total, plan, options));
       table.add_row(std::move(row));
     }
   }
   table.print(os);
-  if (!options.wide) print_above_rest(head, {Align::left}, rows, "p2p B/step", options, os);
+  if (!options.wide)
+    print_above_rest(head, {Align::left}, rows, "p2p B/step", options, os,
+                     plan.memory_bytes ? fits_header(*plan.memory_bytes, options) : "");
 }
 
 // One table per model (presets bring their own), in order of first appearance.
@@ -262,14 +273,16 @@ void print_plan(const PlanDocument& plan, std::ostream& os, const TableOptions& 
                                                 : (options.wide ? "; " : "\n  ") + std::string("fits: peak within ") +
                                                       format_bytes(*plan.memory_bytes);
   for (const auto& group : by_model(data_parallel)) {
-    os << "data parallel, predicted per rank: " << tables::model_line(group[0]->run.model, true, options) << memory
-       << "\n\n";
+    os << tables::title_lines("data parallel, predicted per rank: " + tables::model_line(group[0]->run.model, true, options),
+                              options)
+       << memory << "\n\n";
     print_data_parallel(group, plan, options, os);
     os << '\n';
   }
   for (const auto& group : by_model(pipeline)) {
-    os << "pipeline, predicted per stage: " << tables::model_line(group[0]->run.model, false, options) << memory
-       << "\n\n";
+    os << tables::title_lines("pipeline, predicted per stage: " + tables::model_line(group[0]->run.model, false, options),
+                              options)
+       << memory << "\n\n";
     print_pipeline(group, plan, options, os);
     os << '\n';
   }

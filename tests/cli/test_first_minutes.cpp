@@ -113,5 +113,26 @@ TEST_F(FirstMinutes, ARunTimesTenStepsAndPrintsTheirSpread) {
   EXPECT_TRUE(err_.empty()) << err_;
 }
 
+// A plan of a large model with --memory: its title (P in the billions) and its pipeline
+// table's verdict column used to run to 127 and 140 columns. Columns are counted as
+// characters: "×" and "μ" are two bytes each in UTF-8.
+TEST_F(FirstMinutes, APlanOfALargeModelFitsOneHundredTwentyColumns) {
+  const auto columns = [](const std::string& line) {
+    std::size_t n = 0;
+    for (const unsigned char c : line) n += (c & 0xC0) != 0x80;
+    return n;
+  };
+  for (const std::string flags : {"--strategies ddp,zero1,zero2,zero3 --worlds 8,64",
+                                  "--schedules 1f1b,interleaved-1f1b --chunks 2 --microbatches 8 --worlds 4"}) {
+    ASSERT_EQ(shardscope("plan --layers 80 --width 8192 --batch 16 --activation relu --loss mse --memory 80GiB " + flags),
+              0)
+        << line_;
+    EXPECT_NE(out_.find("fits in 80.0 GiB"), std::string::npos) << out_;
+    EXPECT_NE(out_.find(" GiB spare"), std::string::npos) << out_;
+    std::istringstream lines(out_);
+    for (std::string line; std::getline(lines, line);) EXPECT_LE(columns(line), 120u) << flags << ": " << line;
+  }
+}
+
 }  // namespace
 }  // namespace shardscope
