@@ -1,4 +1,4 @@
-// Closed forms for one pipeline stage (docs/pipeline-formulas.md writes them out).
+// Closed forms for one pipeline stage (docs/formulas.md writes them out).
 //
 // Symbols. S stages, stage s; v chunks; V = S·v virtual stages, k = c·S + s for chunk c;
 // n_k layers in virtual stage k, its first layer f_k; M micro-batches of r_m rows

@@ -1,5 +1,5 @@
 // Closed forms of what one pipeline stage holds and moves in a step (docs/design.md §2, §4;
-// docs/pipeline-formulas.md writes them out). Each is a formula of the model's shape,
+// docs/formulas.md writes them out). Each is a formula of the model's shape,
 // the schedule, S, M, v and the micro-batch sizes, evaluated in O(S·v + V) time and
 // memory: no action list, no lowered program and nothing of size M × layers is built,
 // so a plan of any size answers at once and a run checks its memory before it builds
