@@ -114,7 +114,7 @@ void print_group(const std::vector<const PipelineRun*>& runs, const ResultDocume
   os << '\n';
   os << "  time per step in ms" << timed_steps_words(runs)
      << ": the step's min, median and max; busy: the stage's compute in the\n"
-        "  median step; bubble: idle share of the step, from the wall clock, replayed from action times, and in theory\n";
+        "  last step; bubble: idle share of that step, from the wall clock, replayed from action times, and in theory\n";
   if (!first.place.emulated) os << cores_note(first.world, doc);
   times.print(os, 2);
   os << '\n';
