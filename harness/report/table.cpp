@@ -149,23 +149,31 @@ std::string model_line(const ModelRecord& model, bool batch_per_rank, const Tabl
   return line;
 }
 
-std::string title_lines(const std::string& title, const TableOptions& options) {
-  constexpr std::size_t kWidth = 120;
-  if (options.wide || title.size() <= kWidth) return title;
+std::string wrap_text(const std::string& text, const std::string& sep, std::size_t width, const std::string& indent) {
+  const auto trimmed = [](std::string s) {
+    while (!s.empty() && s.back() == ' ') s.pop_back();
+    return s;
+  };
   std::string out, line;
-  for (std::size_t at = 0; at < title.size();) {
-    std::size_t end = title.find(", ", at);
-    end = end == std::string::npos ? title.size() : end + 2;  // the ", " stays with its part
-    const std::string part = title.substr(at, end - at);
-    if (!line.empty() && line.size() + part.size() > kWidth + 1) {  // + 1: a trailing space goes
-      while (!line.empty() && line.back() == ' ') line.pop_back();
-      out += line + "\n";
-      line = "  ";
+  bool holds_a_part = false;
+  for (std::size_t at = 0; at < text.size();) {
+    std::size_t end = text.find(sep, at);
+    end = end == std::string::npos ? text.size() : end + sep.size();  // the separator stays with its part
+    const std::string part = text.substr(at, end - at);
+    if (holds_a_part && line.size() + trimmed(part).size() > width) {
+      out += trimmed(line) + "\n";
+      line = indent;
+      holds_a_part = false;
     }
     line += part;
+    holds_a_part = true;
     at = end;
   }
-  return out + line;
+  return out + trimmed(line);
+}
+
+std::string title_lines(const std::string& title, const TableOptions& options) {
+  return options.wide ? title : wrap_text(title, ", ", 120, "  ");
 }
 
 std::string setup_line(const RunPlace& place) {

@@ -35,6 +35,9 @@ std::string measured_bytes(std::int64_t measured, std::int64_t predicted, const 
 // "8 x 256, activation none, loss sum, batch 32/rank, P = 526,336 params,
 // 4P = 2,105,344 B" (pipeline runs: "batch 8" without "/rank").
 std::string model_line(const ModelRecord& model, bool batch_per_rank, const TableOptions& options);
+// `text` cut after each `sep` into lines of at most `width` columns (a part longer than
+// that stands alone), the lines after the first begun with `indent`; no trailing spaces.
+std::string wrap_text(const std::string& text, const std::string& sep, std::size_t width, const std::string& indent);
 // A group's title ("data parallel, W = 4: " + its model line): broken at ", " into lines
 // of at most 120 columns, the next indented two, unless --wide (one line, as before).
 std::string title_lines(const std::string& title, const TableOptions& options);

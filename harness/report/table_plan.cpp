@@ -290,18 +290,7 @@ void print_plan(const PlanDocument& plan, std::ostream& os, const TableOptions& 
   print_verdicts(plan, os);
   if (!data_parallel.empty() || !pipeline.empty()) os << bytes_footnote(options, false);
   // The note, wrapped at 96 columns.
-  const std::string& note = plan.not_counted;
-  std::string line;
-  for (std::size_t at = 0, end = 0; at < note.size(); at = end + 1) {
-    end = std::min(note.find(' ', at), note.size());
-    const std::string word = note.substr(at, end - at);
-    if (!line.empty() && line.size() + 1 + word.size() > 96) {
-      os << line << '\n';
-      line.clear();
-    }
-    line += (line.empty() ? "" : " ") + word;
-  }
-  if (!line.empty()) os << line << '\n';
+  if (!plan.not_counted.empty()) os << tables::wrap_text(plan.not_counted, " ", 96, "") << '\n';
 }
 
 }  // namespace shardscope

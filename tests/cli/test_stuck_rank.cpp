@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "support/processes.hpp"
 #include "support/shell.hpp"
 
 namespace {
@@ -20,27 +21,8 @@ namespace {
 using shardscope::testing::first_line;
 using shardscope::testing::shell;
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Pid of the `shardscope run` process carrying `marker` whose MPI rank is `rank`, or -1.
-int find_rank(const std::string& marker, int rank) {
-  FILE* p = popen(("pgrep -f -- '" + marker + "'").c_str(), "r");
-  if (!p) return -1;
-  int pid = -1, found = -1;
-  while (fscanf(p, "%d", &pid) == 1) {
-    const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
-    const std::string cmd = read_file("/proc/" + std::to_string(pid) + "/cmdline");
-    if (cmd.find("mpirun") != std::string::npos) continue;
-    if (env.find("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0') != std::string::npos) found = pid;
-  }
-  pclose(p);
-  return found;
-}
+using shardscope::testing::find_rank;
+using shardscope::testing::read_file;
 
 class StuckRank : public shardscope::testing::BinaryTest {
  protected:
