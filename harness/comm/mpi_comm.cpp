@@ -113,7 +113,6 @@ class MpiCommunicator final : public Communicator {
   // order), then one wait for all: a two-way exchange cannot deadlock.
   void do_p2p(const std::vector<P2pOp>& ops) override {
     std::vector<float*> host(staged_ ? ops.size() : 0);
-    std::vector<MPI_Request>& reqs = posted_;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const P2pOp& op = ops[i];
       float* buf = op.buf;
@@ -123,11 +122,10 @@ class MpiCommunicator final : public Communicator {
         buf = host[i];
       }
       for_chunks(op.count, [&](std::size_t off, int n) {
-        MPI_Request& r = reqs.emplace_back(MPI_REQUEST_NULL);
         if (op.is_send)
-          MPI_CHECK(MPI_Isend(buf + off, n, MPI_FLOAT, op.peer, kTag, comm_, &r));
+          MPI_CHECK(MPI_Isend(buf + off, n, MPI_FLOAT, op.peer, kTag, comm_, post()));
         else
-          MPI_CHECK(MPI_Irecv(buf + off, n, MPI_FLOAT, op.peer, kTag, comm_, &r));
+          MPI_CHECK(MPI_Irecv(buf + off, n, MPI_FLOAT, op.peer, kTag, comm_, post()));
       });
     }
     wait_posted();
@@ -137,7 +135,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void do_barrier() override {
-    MPI_CHECK(MPI_Ibarrier(comm_, &posted_.emplace_back(MPI_REQUEST_NULL)));
+    MPI_CHECK(MPI_Ibarrier(comm_, post()));
     wait_posted();
   }
 
