@@ -380,7 +380,6 @@ TEST(comm_launch, ReadsOpenMpi) {
   LaunchEnv env;
   env.set("OMPI_COMM_WORLD_SIZE", "4");
   env.set("OMPI_COMM_WORLD_RANK", "2");
-  env.set("OMPI_COMM_WORLD_LOCAL_RANK", "1");
   env.set("SLURM_NTASKS", "16");  // Open MPI's own variables win
   env.set("SLURM_PROCID", "9");
   expect_launch(detect_launch(), true, 4, 2);
@@ -391,13 +390,11 @@ TEST(comm_launch, ReadsHydraAndPmix) {
     LaunchEnv env;
     env.set("PMI_SIZE", "3");
     env.set("PMI_RANK", "2");
-    env.set("MPI_LOCALRANKID", "1");
     expect_launch(detect_launch(), true, 3, 2);
   }
   {
     LaunchEnv env;
     env.set("PMIX_RANK", "5");  // a rank without a size: world unknown (0)
-    env.set("SLURM_LOCALID", "3");
     expect_launch(detect_launch(), true, 0, 5);
   }
 }
@@ -406,7 +403,6 @@ TEST(comm_launch, ReadsSlurmPreferringTheStep) {
   LaunchEnv env;
   env.set("SLURM_NTASKS", "8");
   env.set("SLURM_PROCID", "7");
-  env.set("SLURM_LOCALID", "3");
   expect_launch(detect_launch(), true, 8, 7);
   env.set("SLURM_STEP_NUM_TASKS", "8");
   env.set("SLURM_NTASKS", "16");
