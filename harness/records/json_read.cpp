@@ -136,10 +136,10 @@ class Reader {
   std::optional<double> optional_time(const json& obj, const std::string& path, const char* key) const {
     return optional_number(obj, path, key, kTime, true);
   }
-  std::vector<double> times(const json& v, const std::string& path) const {
-    if (!v.is_array()) refuse(path, &v, "an array of times in ms");
+  std::vector<double> times(const json& obj, const std::string& path, const char* key) const {
+    const json& v = array(obj, path, key, "an array of times in ms");
     std::vector<double> out;
-    for (std::size_t i = 0; i < v.size(); ++i) out.push_back(number(v[i], item(path, i), kTime, true));
+    for (std::size_t i = 0; i < v.size(); ++i) out.push_back(number(v[i], item(join(path, key), i), kTime, true));
     return out;
   }
   std::vector<double> numbers(const json& v, const std::string& path, const std::string& wanted) const {
@@ -313,9 +313,9 @@ RankRecord read_rank(const Reader& rd, const json& member, const std::string& pa
   r.comm = read_comm(rd, member, path);
   r.comm_bytes = rd.count(member, path, "comm_bytes");
   r.step_ms = read_time_summary(rd, member, path, "step_ms");
-  r.step_ms_all = rd.times(rd.need(member, path, "step_ms_all", "an array of times in ms"), join(path, "step_ms_all"));
+  r.step_ms_all = rd.times(member, path, "step_ms_all");
   r.comm_ms = read_time_summary(rd, member, path, "comm_ms");
-  r.comm_ms_all = rd.times(rd.need(member, path, "comm_ms_all", "an array of times in ms"), join(path, "comm_ms_all"));
+  r.comm_ms_all = rd.times(member, path, "comm_ms_all");
   r.loss = rd.numbers(rd.need(member, path, "loss", "an array of losses"), join(path, "loss"), "loss");
   r.timeline = read_optional_timeline(rd, member, path);
   r.placement = read_placement(rd, member, path);
@@ -373,7 +373,7 @@ StageRecord read_stage(const Reader& rd, const json& member, const std::string& 
   s.comm_bytes = rd.count(member, path, "comm_bytes");
   s.busy_ms = rd.optional_time(member, path, "busy_ms");
   s.step_ms = read_time_summary(rd, member, path, "step_ms");
-  s.step_ms_all = rd.times(rd.need(member, path, "step_ms_all", "an array of times in ms"), join(path, "step_ms_all"));
+  s.step_ms_all = rd.times(member, path, "step_ms_all");
   s.actions_end_ms = rd.optional_time(member, path, "actions_end_ms");
   constexpr const char* kFraction = "a fraction (a finite number)";
   s.bubble_fraction = rd.optional_number(member, path, "bubble_fraction", kFraction, false);
@@ -431,6 +431,15 @@ std::vector<int> read_ints(const Reader& rd, const json& run, const char* key, c
   return out;
 }
 
+// A run's "seed": any whole number below 2^64, the full range of the seed it was run with.
+std::uint64_t read_seed(const Reader& rd, const json& run) {
+  constexpr const char* kSeed = "a seed (a whole number below 2^64)";
+  const json& seed = rd.need(run, "", "seed", kSeed);
+  if (!seed.is_number_unsigned() && !(seed.is_number_integer() && seed.get<std::int64_t>() >= 0))
+    rd.refuse("seed", &seed, kSeed);
+  return seed.get<std::uint64_t>();
+}
+
 // The run as compare and the tables name it: "zero2 W=2 units=1", "gpipe S=2 M=2 chunks=1".
 std::string run_label(const json& run, bool pipeline) {
   auto text = [](const json* v) { return !v ? std::string() : v->is_string() ? v->get<std::string>() : json_text(*v); };
@@ -470,10 +479,7 @@ DataParallelRun read_data_parallel(const Reader& rd, const json& run) {
   dp.bucket_mb = rd.number(rd.need(run, "", "bucket_mb", "a number >= 0"), "bucket_mb", "a number >= 0", true);
   dp.steps = rd.small(run, "", "steps");
   dp.timed_steps = rd.small(run, "", "timed_steps");
-  const json& seed = rd.need(run, "", "seed", "a seed (a whole number below 2^64)");
-  if (!seed.is_number_unsigned() && !(seed.is_number_integer() && seed.get<std::int64_t>() >= 0))
-    rd.refuse("seed", &seed, "a seed (a whole number below 2^64)");
-  dp.seed = seed.get<std::uint64_t>();
+  dp.seed = read_seed(rd, run);
   const json& ranks = rd.array(run, "", "ranks", "an array of rank records");
   for (std::size_t i = 0; i < ranks.size(); ++i) dp.ranks.push_back(read_rank(rd, ranks[i], item("ranks", i)));
   check_numbers_distinct(rd, ranks, dp.ranks, "ranks", "rank", &RankRecord::rank);
@@ -490,10 +496,7 @@ PipelineRun read_pipeline(const Reader& rd, const json& run) {
   pp.chunks = rd.positive(run, "", "chunks");
   pp.steps = rd.small(run, "", "steps");
   pp.timed_steps = rd.small(run, "", "timed_steps");
-  const json& seed = rd.need(run, "", "seed", "a seed (a whole number below 2^64)");
-  if (!seed.is_number_unsigned() && !(seed.is_number_integer() && seed.get<std::int64_t>() >= 0))
-    rd.refuse("seed", &seed, "a seed (a whole number below 2^64)");
-  pp.seed = seed.get<std::uint64_t>();
+  pp.seed = read_seed(rd, run);
   pp.split = read_ints(rd, run, "split", "layer count");
   pp.microbatch_rows = read_ints(rd, run, "microbatch_rows", "row count");
   const json& stages = rd.array(run, "", "stages", "an array of stage records");
