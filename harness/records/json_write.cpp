@@ -93,6 +93,14 @@ json saved_json(const SavedFigures& s) {
 
 json layer_range(const LayerRange& r) { return json::array({r[0], r[1]}); }
 
+// A stage's "chunks_layers", left out with one chunk (a run's stage and a plan's alike).
+void add_chunks_layers(const std::optional<std::vector<LayerRange>>& chunks, json& stage) {
+  if (!chunks) return;
+  json all = json::array();
+  for (const LayerRange& c : *chunks) all.push_back(layer_range(c));
+  stage["chunks_layers"] = std::move(all);
+}
+
 void add_place(const RunPlace& p, json& run) {
   run["backend"] = p.backend;
   run["comm"] = p.comm;
@@ -219,11 +227,7 @@ json to_json(const StageRecord& s) {
   r["rank"] = s.rank;
   r["world"] = s.world;
   r["layers"] = layer_range(s.layers);
-  if (s.chunks_layers) {
-    json all = json::array();
-    for (const LayerRange& c : *s.chunks_layers) all.push_back(layer_range(c));
-    r["chunks_layers"] = std::move(all);
-  }
+  add_chunks_layers(s.chunks_layers, r);
   r["saved"] = saved_json(s.saved);
   r["predicted"] = to_json(s.predicted);
   r["resting"] = to_json(s.resting);
@@ -292,11 +296,7 @@ json plan_json(const PlanRecord& plan) {
     json stages = json::array();
     for (const StagePlan& s : pp->stages) {
       json stage = {{"stage", s.stage}, {"rank", s.rank}, {"layers", layer_range(s.layers)}};
-      if (s.chunks_layers) {
-        json all = json::array();
-        for (const LayerRange& c : *s.chunks_layers) all.push_back(layer_range(c));
-        stage["chunks_layers"] = std::move(all);
-      }
+      add_chunks_layers(s.chunks_layers, stage);
       stage["predicted"] = to_json(s.predicted);
       stage["fits"] = or_null(s.fits);
       stages.push_back(std::move(stage));
