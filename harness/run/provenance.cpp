@@ -41,7 +41,6 @@ std::string host_name() {
   return buf;
 }
 
-
 std::string blas_description() {
 #if defined(SHARDSCOPE_WITH_BLAS)
   const char* config = openblas_get_config();

@@ -21,11 +21,11 @@ Provenance provenance(const std::string& command_line, const std::string& gpu, c
 // provenance's "git" holds and `shardscope --version` prints.
 std::string build_commit();
 
-// The command line as one string, each argument quoted for a POSIX shell when it
-// needs to be ("shardscope run --layers 8 --json 'my results.json'").
 // "AMD EPYC 7B13 (2 cores)": /proc/cpuinfo's model name and the logical core count.
 std::string cpu_description();
 
+// The command line as one string, each argument quoted for a POSIX shell when it
+// needs to be ("shardscope run --layers 8 --json 'my results.json'").
 std::string join_command_line(int argc, const char* const* argv);
 
 }  // namespace shardscope
