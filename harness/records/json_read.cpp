@@ -8,6 +8,7 @@
 
 #include "harness/common/json_text.hpp"
 #include "shardscope/check.hpp"
+#include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
 namespace {
@@ -441,17 +442,19 @@ std::uint64_t read_seed(const Reader& rd, const json& run) {
 }
 
 // The run as compare and the tables name it: "zero2 W=2 units=1", "gpipe S=2 M=2 chunks=1".
+// read_run has checked the name (a string) and the world; the rest is shown as the file
+// has it, checked after.
 std::string run_label(const json& run, bool pipeline) {
-  auto text = [](const json* v) { return !v ? std::string() : v->is_string() ? v->get<std::string>() : json_text(*v); };
-  const json* name = Reader::present(run, pipeline ? "schedule" : "strategy");
-  std::string label = name ? text(name) : (pipeline ? "pipeline" : "data parallel");
-  if (const json* w = Reader::present(run, "world")) label += (pipeline ? " S=" : " W=") + text(w);
+  auto text = [](const json& v) { return v.is_string() ? v.get<std::string>() : json_text(v); };
+  const std::string name = run[pipeline ? "schedule" : "strategy"].get<std::string>();
+  std::string label = name + (pipeline ? " S=" : " W=") + text(run["world"]);
   if (!pipeline) {
-    const bool units = name && (*name == "zero2" || *name == "zero3");
-    if (const json* k = Reader::present(run, "layers_per_unit"); k && units) label += " units=" + text(k);
+    const std::optional<StrategyKind> kind = find_strategy(name);
+    if (const json* k = Reader::present(run, "layers_per_unit"); k && kind && shards_by_unit(*kind))
+      label += " units=" + text(*k);
   } else {
-    if (const json* m = Reader::present(run, "microbatches")) label += " M=" + text(m);
-    if (const json* v = Reader::present(run, "chunks")) label += " chunks=" + text(v);
+    if (const json* m = Reader::present(run, "microbatches")) label += " M=" + text(*m);
+    if (const json* v = Reader::present(run, "chunks")) label += " chunks=" + text(*v);
   }
   return label;
 }
