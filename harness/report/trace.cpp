@@ -175,27 +175,19 @@ void for_each_record(const ResultDocument& doc, const TimelineSource& timeline_o
                      const std::function<void(const json&)>& each) {
   PidAllocator pids;
   std::int64_t order = 0;  // processes listed in the document's order, whatever their pids
+  // Record j of run i (a rank, or a stage numbered `number`) of `run`.
+  const auto add = [&](std::size_t i, std::size_t j, const auto& run, const auto& record, std::int64_t number) {
+    const std::optional<TimelineRecord> timeline = timeline_of(i, j);
+    if (!timeline) return;
+    json events = json::array();
+    add_record_events(trace_process_name(run, record), number, record.peak.total, *timeline, i, pids, order, events);
+    each(events);
+  };
   for (std::size_t i = 0; i < doc.runs.size(); ++i) {
     if (const auto* dp = std::get_if<DataParallelRun>(&doc.runs[i])) {
-      for (std::size_t j = 0; j < dp->ranks.size(); ++j) {
-        const RankRecord& rank = dp->ranks[j];
-        const std::optional<TimelineRecord> timeline = timeline_of(i, j);
-        if (!timeline) continue;
-        json events = json::array();
-        add_record_events(trace_process_name(*dp, rank), rank.rank, rank.peak.total, *timeline, i, pids, order,
-                          events);
-        each(events);
-      }
+      for (std::size_t j = 0; j < dp->ranks.size(); ++j) add(i, j, *dp, dp->ranks[j], dp->ranks[j].rank);
     } else if (const auto* pp = std::get_if<PipelineRun>(&doc.runs[i])) {
-      for (std::size_t j = 0; j < pp->stages.size(); ++j) {
-        const StageRecord& stage = pp->stages[j];
-        const std::optional<TimelineRecord> timeline = timeline_of(i, j);
-        if (!timeline) continue;
-        json events = json::array();
-        add_record_events(trace_process_name(*pp, stage), stage.stage, stage.peak.total, *timeline, i, pids, order,
-                          events);
-        each(events);
-      }
+      for (std::size_t j = 0; j < pp->stages.size(); ++j) add(i, j, *pp, pp->stages[j], pp->stages[j].stage);
     }
   }
 }
