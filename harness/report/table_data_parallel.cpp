@@ -188,7 +188,16 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
     std::fill(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(nhead), Align::left);
     return a;
   };
-  const auto missing = [](std::size_t n) { return std::vector<std::string>(n, cells::kMissing); };
+  // Each row of `table`: its leading cells, then its rank's figures (`figures`), or "-" in
+  // every column of a run that reported no rank.
+  const auto add_rows = [&](TextTable& table, std::size_t ncols, const auto& figures) {
+    for (const Row& row : rows) {
+      std::vector<std::string> line = row_head(row);
+      if (row.rank) figures(row, line);
+      else line.resize(ncols, cells::kMissing);
+      table.add_row(std::move(line));
+    }
+  };
 
   const std::vector<int> extra = extra_categories(rows);
   std::vector<std::string> rest_cols = head;
@@ -196,13 +205,7 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
   for (const int c : extra) rest_cols.emplace_back(kCategoryNames[c]);
   rest_cols.push_back("predicted B");
   TextTable resting(rest_cols, aligns(rest_cols.size()));
-  for (const Row& row : rows) {
-    std::vector<std::string> line = row_head(row);
-    if (!row.rank) {
-      for (std::string& cell : missing(rest_cols.size() - nhead)) line.push_back(std::move(cell));
-      resting.add_row(std::move(line));
-      continue;
-    }
+  add_rows(resting, rest_cols.size(), [&](const Row& row, std::vector<std::string>& line) {
     const RankRecord& r = *row.rank;
     line.push_back(cells::bytes(r.resting.total, options));
     line.push_back(multiple(r.resting.total, param_bytes));
@@ -210,8 +213,7 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
       line.push_back(cells::bytes(r.resting.bytes[category_index(c)], options));
     for (const int c : extra) line.push_back(cells::bytes(r.resting.bytes[c], options));
     line.push_back(predicted_bytes(r.predicted.resting_total, r.resting.total, options));
-    resting.add_row(std::move(line));
-  }
+  });
   os << "  at rest (after the step), bytes per rank\n";
   resting.print(os, 2);
   os << '\n';
@@ -222,13 +224,7 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
   std::vector<Align> peak_align = aligns(peak_cols.size());
   peak_align[nhead + 2] = peak_align[nhead + 3] = Align::left;
   TextTable peak(peak_cols, peak_align);
-  for (const Row& row : rows) {
-    std::vector<std::string> line = row_head(row);
-    if (!row.rank) {
-      for (std::string& cell : missing(peak_cols.size() - nhead)) line.push_back(std::move(cell));
-      peak.add_row(std::move(line));
-      continue;
-    }
+  add_rows(peak, peak_cols.size(), [&](const Row& row, std::vector<std::string>& line) {
     const RankRecord& r = *row.rank;
     line.push_back(cells::bytes(r.peak.total, options));
     line.push_back(multiple(r.peak.total, param_bytes));
@@ -238,8 +234,7 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
     const CommSummary comm = summarize_comm(r);
     line.push_back(cells::bytes(comm.bytes, options));
     line.push_back(predicted_bytes(r.predicted.comm_bytes, comm.bytes, options));
-    peak.add_row(std::move(line));
-  }
+  });
   os << "  peak during the step, and communication per step (bytes sent and received by the rank)\n";
   peak.print(os, 2);
   os << '\n';
@@ -250,13 +245,7 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
   std::vector<Align> time_align = aligns(time_cols.size());
   time_align[nhead] = Align::left;
   TextTable times(time_cols, time_align);
-  for (const Row& row : rows) {
-    std::vector<std::string> line = row_head(row);
-    if (!row.rank) {
-      for (std::string& cell : missing(time_cols.size() - nhead)) line.push_back(std::move(cell));
-      times.add_row(std::move(line));
-      continue;
-    }
+  add_rows(times, time_cols.size(), [&](const Row& row, std::vector<std::string>& line) {
     const CommSummary comm = summarize_comm(*row.rank);
     line.push_back(comm.main_kind.empty() ? cells::kMissing : comm.main_kind);
     // An emulated collective moves no data: its bandwidth and time mean nothing.
@@ -264,8 +253,7 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
     line.push_back(comm.main_kind.empty() || emulated ? cells::kMissing : fixed(timed.main_busbw, 2));
     line.push_back(emulated ? cells::kMissing : fixed(row.timing->comm_ms.median, 3));
     for (std::string cell : step_spread(row.timing->step_ms, row.timing->step_ms_all)) line.push_back(std::move(cell));
-    times.add_row(std::move(line));
-  }
+  });
   os << "  time per step in ms" << timed_steps_words(runs)
      << ": the step's min, median and max (comm ms: the median step's\n"
         "  time inside collectives; busbw: the main collective's); a row for all ranks shows the slowest rank\n";
