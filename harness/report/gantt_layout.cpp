@@ -46,9 +46,7 @@ GanttLayout measured_layout(const std::vector<const TimelineRecord*>& timelines)
   GanttLayout g;
   for (const TimelineRecord* v : timelines) {
     if (!v) return {};
-    const TimelineSpanRecord* step = nullptr;
-    for (const TimelineSpanRecord& s : v->spans)
-      if (s.name == "step" && (!step || s.start_ms >= step->start_ms)) step = &s;
+    const TimelineSpanRecord* step = last_step(*v);
     GanttStage st;
     double lo = 1e300, hi = -1e300;
     for (const TimelineSpanRecord& s : v->spans) {

@@ -99,12 +99,10 @@ std::string panel_svg(const Panel& p, double ymax_ticks, const std::vector<doubl
 
   // The measured peak (the first instant of the largest total in the last step, the
   // step the record's peak comes from) and the predicted peak.
-  const TimelineSpanRecord* last_step = nullptr;
-  for (const TimelineSpanRecord& s : v.spans)
-    if (s.name == "step" && (!last_step || s.start_ms >= last_step->start_ms)) last_step = &s;
+  const TimelineSpanRecord* step = last_step(v);
   std::size_t at = v.memory.size();
   for (std::size_t i = 0; i < v.memory.size(); ++i) {
-    if (last_step && (v.memory[i].t_ms < last_step->start_ms || v.memory[i].t_ms > last_step->end_ms)) continue;
+    if (step && (v.memory[i].t_ms < step->start_ms || v.memory[i].t_ms > step->end_ms)) continue;
     if (at == v.memory.size() || row_total(v.memory[i]) > row_total(v.memory[at])) at = i;
   }
   if (at == v.memory.size()) at = 0;

@@ -11,6 +11,7 @@
 #include "harness/report/html_charts.hpp"
 #include "harness/report/html_svg.hpp"
 #include "harness/report/table_parts.hpp"
+#include "harness/report/timeline_view.hpp"
 
 namespace shardscope::html {
 namespace {
@@ -198,9 +199,7 @@ std::string pipeline_charts(const std::vector<const PipelineRun*>& runs) {
       bool steps = true;
       from = 0.0, to = 0.0;
       for (std::size_t i = 0; i < rows.size() && steps; ++i) {
-        const TimelineSpanRecord* last = nullptr;
-        for (const TimelineSpanRecord& sp : rows[i].view->spans)
-          if (sp.name == "step" && (!last || sp.start_ms >= last->start_ms)) last = &sp;
+        const TimelineSpanRecord* last = last_step(*rows[i].view);
         steps = last != nullptr;
         if (last) shift[i] = -last->start_ms, to = std::max(to, last->end_ms - last->start_ms);
       }

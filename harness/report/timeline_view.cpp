@@ -25,6 +25,13 @@ std::int64_t row_total(const TimelineRow& row) {
   return sum;
 }
 
+const TimelineSpanRecord* last_step(const TimelineRecord& timeline) {
+  const TimelineSpanRecord* step = nullptr;
+  for (const TimelineSpanRecord& s : timeline.spans)
+    if (s.name == "step" && (!step || s.start_ms >= step->start_ms)) step = &s;
+  return step;
+}
+
 SpanAction parse_span_action(const std::string& name) {
   SpanAction a;
   if (name.size() < 4 || name[1] != '(' || (name[0] != 'F' && name[0] != 'B' && name[0] != 'W')) return a;

@@ -11,6 +11,7 @@
 
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
+#include "harness/report/timeline_view.hpp"
 #include "shardscope/category.hpp"
 #include "shardscope/strategy_kind.hpp"
 
@@ -73,14 +74,6 @@ void add_spans(const std::vector<TimelineSpanRecord>& spans, std::int64_t pid, j
   }
 }
 
-// The start of the record's last "step" span, in ns (-1 when it has none).
-std::int64_t last_step_start_ns(const TimelineRecord& timeline) {
-  std::int64_t start = -1;
-  for (const TimelineSpanRecord& s : timeline.spans)
-    if (s.name == "step") start = std::max(start, ms_to_ns(s.start_ms));
-  return start;
-}
-
 // Counter events in row order (the timeline's rows are in time order; a row earlier
 // than its predecessor, which a well-formed timeline never has, is clamped so every
 // counter track stays monotonic).
@@ -88,7 +81,8 @@ std::int64_t last_step_start_ns(const TimelineRecord& timeline) {
 // (what the JSON and the report call the peak: each step resets it), else, when the
 // record has no step or no row at its peak, the first at the highest total of the run.
 void add_memory(const TimelineRecord& timeline, std::int64_t measured, std::int64_t pid, json& events) {
-  const std::int64_t step_ns = last_step_start_ns(timeline);
+  const TimelineSpanRecord* step = last_step(timeline);
+  const std::int64_t step_ns = step ? ms_to_ns(step->start_ms) : -1;
   std::int64_t last_ns = 0;
   std::int64_t peak = -1, peak_ns = 0;        // the highest total of the run, first instant
   std::int64_t matched = -1, matched_ns = 0;  // the record's peak in the last step
