@@ -11,6 +11,7 @@
 
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
+#include "harness/report/table_parts.hpp"
 #include "harness/report/timeline_view.hpp"
 #include "shardscope/category.hpp"
 #include "shardscope/strategy_kind.hpp"
@@ -129,7 +130,7 @@ std::string emulated(const RunPlace& place) { return place.emulated ? " (emulate
 std::string trace_process_name(const DataParallelRun& run, const RankRecord& rank) {
   std::string name = run.strategy + " W=" + std::to_string(run.world);
   if (const std::optional<StrategyKind> kind = find_strategy(run.strategy); kind && shards_by_unit(*kind)) {
-    name += " units=" + (run.layers_per_unit ? std::to_string(*run.layers_per_unit) : std::string("all"));
+    name += " " + tables::units_setting(run);
     if (run.prefetch == 0) name += " prefetch=0";
   }
   if (run.ddp_bucket == "copy") name += " bucket=copy";
