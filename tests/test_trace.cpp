@@ -38,6 +38,17 @@ using testing::trace_problems;
 using testing::trace_processes;
 using testing::trace_slice_names;
 
+RunConfig small_dp(const std::string& strategy, int layers_per_unit) {
+  RunConfig cfg;
+  cfg.model.layers = 4;
+  cfg.model.width = 16;
+  cfg.model.batch = 4;
+  cfg.strategy = parse_strategy(strategy);
+  cfg.layers_per_unit = layers_per_unit;
+  cfg.steps = 2;
+  return cfg;
+}
+
 class TraceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -68,20 +79,22 @@ class TraceTest : public ::testing::Test {
     return read_json_file(cfg.json_path);
   }
 
+  // The two emulated ranks of a zero3 run (W = 2, one layer per unit; their documents
+  // left in `docs`) merged as the sweep merges them, with a sweep's record of a
+  // configuration that could not run inserted at `skipped_at`.
+  std::vector<json> zero3_runs_and_a_skipped_one(std::vector<json>& docs, std::size_t skipped_at) {
+    for (int r = 0; r < 2; ++r) docs.push_back(run_rank(small_dp("zero3", 1), 2, r, "rank" + std::to_string(r)));
+    std::vector<json> runs = merge_emulated_ranks(docs);
+    SweepJob skipped;
+    skipped.kind = "data_parallel";
+    skipped.config = {{"kind", "data_parallel"}, {"strategy", "zero1"}, {"world", 64}};
+    runs.insert(runs.begin() + static_cast<std::ptrdiff_t>(skipped_at), skipped_record(skipped, "too few tensors"));
+    return runs;
+  }
+
   std::string dir_;
   std::unique_ptr<MpiSession> mpi_;
 };
-
-RunConfig small_dp(const std::string& strategy, int layers_per_unit) {
-  RunConfig cfg;
-  cfg.model.layers = 4;
-  cfg.model.width = 16;
-  cfg.model.batch = 4;
-  cfg.strategy = parse_strategy(strategy);
-  cfg.layers_per_unit = layers_per_unit;
-  cfg.steps = 2;
-  return cfg;
-}
 
 bool has(const std::vector<std::string>& v, const std::string& s) { return std::find(v.begin(), v.end(), s) != v.end(); }
 
@@ -121,15 +134,10 @@ TEST_F(TraceTest, RunJobWritesAValidTraceOfItsRank) {
 }
 
 TEST_F(TraceTest, EmulatedRanksMergedAsTheSweepDoesGiveOneProcessPerRank) {
-  std::vector<json> docs;
-  for (int r = 0; r < 2; ++r) docs.push_back(run_rank(small_dp("zero3", 1), 2, r, "rank" + std::to_string(r)));
-  std::vector<json> runs = merge_emulated_ranks(docs);
   // A skipped configuration (no ranks) before it: the run's index, not its position
   // among completed runs, makes the pid.
-  SweepJob skipped;
-  skipped.kind = "data_parallel";
-  skipped.config = {{"kind", "data_parallel"}, {"strategy", "zero1"}, {"world", 64}};
-  runs.insert(runs.begin(), skipped_record(skipped, "too few tensors"));
+  std::vector<json> docs;
+  const std::vector<json> runs = zero3_runs_and_a_skipped_one(docs, 0);
   const json doc = sweep_document(runs, docs[0]["provenance"], "shardscope sweep --trace t.json", true, 2, "");
   const json trace = trace_document(read_result(doc, "shardscope.json"));
   const std::vector<std::string> problems = trace_problems(trace);
@@ -199,12 +207,7 @@ TEST_F(TraceTest, TimelineOffWritesNoTimelineAndRunsWithoutItAddNothing) {
 // holding more than one record's timeline.
 TEST_F(TraceTest, TheSweepWritesResultsAndTraceOneRecordAtATime) {
   std::vector<json> docs;
-  for (int r = 0; r < 2; ++r) docs.push_back(run_rank(small_dp("zero3", 1), 2, r, "rank" + std::to_string(r)));
-  std::vector<json> runs = merge_emulated_ranks(docs);
-  SweepJob skipped;
-  skipped.kind = "data_parallel";
-  skipped.config = {{"kind", "data_parallel"}, {"strategy", "zero1"}, {"world", 64}};
-  runs.insert(runs.begin() + 1, skipped_record(skipped, "too few tensors"));
+  std::vector<json> runs = zero3_runs_and_a_skipped_one(docs, 1);
   const json pipe = run_rank(
       testing::pipeline_config("1f1b", 2, 1, testing::model_of(2, 8, 4, Activation::relu, Loss::mse), 2, 0), 2, 1, "stage1");
   for (const json& run : runs_of_document(pipe, "stage1")) runs.push_back(run);
