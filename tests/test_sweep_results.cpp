@@ -10,22 +10,24 @@
 #include <vector>
 
 #include "harness/cli/sweep_results.hpp"
+#include "harness/records/json_write.hpp"
 
 namespace shardscope {
 namespace {
 
 using nlohmann::json;
 
-// Stage `stage` of an emulated gpipe run at S = 2, M = 1: F takes `f` ms, B `b` ms.
+// Stage `stage` of an emulated gpipe run at S = 2, M = 1: F takes `f` ms, B `b` ms. The
+// stage record as a run writes it.
 json stage_document(int stage, double f, double b) {
-  json st = {{"stage", stage},
-             {"rank", stage},
-             {"world", 2},
-             {"busy_ms", f + b},
-             {"bubble_fraction", 0.25},  // wall clock of a process that ran alone
-             {"bubble_fraction_replayed", nullptr},
-             {"action_ms", json::array({{{"action", "F"}, {"microbatch", 0}, {"chunk", 0}, {"ms", f}},
-                                        {{"action", "B"}, {"microbatch", 0}, {"chunk", 0}, {"ms", b}}})}};
+  StageRecord s;
+  s.stage = stage;
+  s.rank = stage;
+  s.world = 2;
+  s.busy_ms = f + b;
+  s.bubble_fraction = 0.25;  // wall clock of a process that ran alone
+  s.action_ms = std::vector<ActionTime>{{"F", 0, 0, f}, {"B", 0, 0, b}};
+  const json st = to_json(s);
   json run = {{"kind", "pipeline"}, {"schedule", "gpipe"}, {"world", 2},         {"microbatches", 1},
               {"chunks", 1},        {"rank", stage},       {"stages", {st}}, {"replayed_makespan_ms", nullptr}};
   return {{"schema", "shardscope/1"}, {"backend", "cpu"}, {"comm", "fake"}, {"emulated", true}, {"runs", {run}}};
@@ -49,7 +51,7 @@ TEST(SweepResults, AnEmulatedPipelinesBubbleIsReplayedFromItsStagesActionTimes) 
 
 TEST(SweepResults, StagesWithoutActionTimesKeepANullReplay) {
   json a = stage_document(0, 1.0, 2.0), b = stage_document(1, 3.0, 4.0);
-  b["runs"][0]["stages"][0].erase("action_ms");
+  b["runs"][0]["stages"][0]["action_ms"] = nullptr;  // as a run without them writes it
   const std::vector<json> runs = merge_emulated_ranks({a, b});
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_TRUE(runs[0]["replayed_makespan_ms"].is_null());

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "harness/pipeline/run_pipeline.hpp"
+#include "harness/records/json_read.hpp"
 #include "harness/records/json_write.hpp"
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
@@ -44,24 +45,13 @@ json common_value(const std::vector<json>& runs, const char* key, const json& no
 // action times, as a run of all stages in one job computes it (fill_replayed_bubbles).
 // Each stage's wall-clock bubble is null: it ran alone, its waits for its neighbours were
 // not waits. Without a whole set of action times the replayed figures stay null.
-// The stages' action times as records (only what the replay reads), the replay, and its
-// figures written back into the stages. The merged run is still JSON here: the sweep
-// reads its jobs' files as JSON and merges them before anything else reads them.
+// The stages as records (read_stage_record, the reader every result goes through), the
+// replay, and its figures written back into the stages. The merged run is still JSON
+// here: the sweep reads its jobs' files as JSON and merges them before anything else
+// reads them.
 json replay_stages(const RunConfig& cfg, json& stages) {
   std::vector<StageRecord> records;
-  for (const json& st : stages) {
-    StageRecord r;
-    r.stage = st.value("stage", -1);
-    r.world = st.value("world", 0);
-    const auto it = st.find("action_ms");
-    if (it != st.end() && it->is_array()) {
-      r.action_ms.emplace();
-      for (const json& a : *it)
-        r.action_ms->push_back({a.at("action").get<std::string>(), a.at("microbatch").get<int>(),
-                                a.at("chunk").get<int>(), a.at("ms").get<double>()});
-    }
-    records.push_back(std::move(r));
-  }
+  for (const json& st : stages) records.push_back(read_stage_record(st, "the emulated stages"));
   const std::optional<double> makespan = fill_replayed_bubbles(cfg, records);
   if (!makespan) return nullptr;
   for (std::size_t i = 0; i < records.size(); ++i) {
