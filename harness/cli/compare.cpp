@@ -15,7 +15,7 @@
 #include "harness/report/comparison.hpp"
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
-#include "harness/report/json_read.hpp"
+#include "harness/report/json_parse.hpp"
 #include "harness/report/record_label.hpp"
 #include "harness/report/table.hpp"
 #include "shardscope/category.hpp"

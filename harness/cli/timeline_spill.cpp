@@ -8,7 +8,7 @@
 
 #include "harness/records/json_read.hpp"
 #include "harness/report/json_io.hpp"
-#include "harness/report/json_read.hpp"
+#include "harness/report/json_parse.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {

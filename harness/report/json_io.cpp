@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "harness/common/signals_held.hpp"
-#include "harness/report/json_read.hpp"
+#include "harness/report/json_parse.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "harness/report/json_read.hpp"
+#include "harness/report/json_parse.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {
@@ -21,7 +21,7 @@ std::string refusal(const std::string& text) {
   return "(accepted)";
 }
 
-TEST(JsonRead, ANumberNoDoubleHoldsNamesItsFieldCutShort) {
+TEST(JsonParse, ANumberNoDoubleHoldsNamesItsFieldCutShort) {
   const std::string digits(5000, '7');
   EXPECT_EQ(refusal(R"({"runs": [{"ranks": [{"rank": 0}, {"peak": {"total": )" + digits + "}}]}]}"),
             "'f.json': runs[0].ranks[1].peak.total: the number 777777777777777777777777... (5000 characters) is "
@@ -31,7 +31,7 @@ TEST(JsonRead, ANumberNoDoubleHoldsNamesItsFieldCutShort) {
   EXPECT_EQ(refusal("1e400"), "'f.json': the number 1e400 is beyond what a double holds (about 1.8e308)");
 }
 
-TEST(JsonRead, ASyntaxErrorQuotesLittleOfTheFile) {
+TEST(JsonParse, ASyntaxErrorQuotesLittleOfTheFile) {
   const std::string junk = "x" + std::string(3000, 'y');
   const std::string e = refusal(R"({"runs": [{"kind": )" + junk + "}]}");
   EXPECT_EQ(e.rfind("'f.json' is not valid JSON (in runs[0].kind): ", 0), 0u) << e;
@@ -39,7 +39,7 @@ TEST(JsonRead, ASyntaxErrorQuotesLittleOfTheFile) {
   EXPECT_EQ(refusal("{\"a\": 1").rfind("'f.json' is not valid JSON (in a): ", 0), 0u) << refusal("{\"a\": 1");
 }
 
-TEST(JsonRead, ParsesWhatNlohmannParses) {
+TEST(JsonParse, ParsesWhatNlohmannParses) {
   const std::string text =
       R"({"a": [1, -2, 3.5, 18446744073709551615, "s", null, true, {"b": [], "c": {}}], "": {"d": [[1], [2, [3]]]}})";
   const nlohmann::json j = parse_json_text(text, "f.json");
@@ -48,7 +48,7 @@ TEST(JsonRead, ParsesWhatNlohmannParses) {
   EXPECT_EQ(parse_json_text("[]", "f"), nlohmann::json::array());
 }
 
-TEST(JsonRead, ControlCharactersAreEscaped) {
+TEST(JsonParse, ControlCharactersAreEscaped) {
   EXPECT_EQ(printable("ddp\x1b[31m W=2\r\n\x7f"), "ddp\\x1b[31m W=2\\x0d\\x0a\\x7f");
   EXPECT_EQ(printable("\xc2\x9b" "31m \xc3\xa9 \xe2\x82\xac"), "\\u009b31m \xc3\xa9 \xe2\x82\xac");  // C1 CSI; é and € stay
   EXPECT_EQ(printable("a\xff" "b"), "a\\xffb");

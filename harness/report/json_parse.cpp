@@ -1,4 +1,4 @@
-#include "harness/report/json_read.hpp"
+#include "harness/report/json_parse.hpp"
 
 #include <cstdio>
 #include <utility>
