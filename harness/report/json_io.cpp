@@ -317,9 +317,10 @@ void write_file_atomic_streamed(const std::string& where, const std::function<vo
   std::string temp;
   const int fd = make_temp_beside(path, &temp);
   if (fd < 0) throw RunError("cannot write '" + path + "': " + std::strerror(errno));
+  bool fd_open = true;  // until the close below
   auto fail = [&](const char* step) {
     const int err = errno;
-    ::close(fd);
+    if (fd_open) ::close(fd);
     ::unlink(temp.c_str());
     throw RunError("cannot write '" + path + "': " + step + ": " + std::strerror(err));
   };
@@ -337,16 +338,9 @@ void write_file_atomic_streamed(const std::string& where, const std::function<vo
     throw;
   }
   if (::fsync(fd) != 0) fail("fsync");
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    throw RunError("cannot write '" + path + "': close: " + std::strerror(err));
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp.c_str());
-    throw RunError("cannot write '" + path + "': rename: " + std::strerror(err));
-  }
+  fd_open = false;
+  if (::close(fd) != 0) fail("close");
+  if (::rename(temp.c_str(), path.c_str()) != 0) fail("rename");
   // Make the rename itself durable; failing here loses nothing already visible.
   const int dir_fd = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY);
   if (dir_fd >= 0) {
