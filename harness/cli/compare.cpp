@@ -211,37 +211,33 @@ Comparison compare_documents(const ResultDocument& base, const std::string& base
     const RunRecord& f = new_runs[static_cast<std::size_t>(partner[i])];
     const bool across = match_key(b) != match_key(f);
     const std::string id = pipeline(b) ? "stage" : "rank";
-    const std::vector<Member> base_members = members(b), new_members_list = members(f);
-    std::map<int, const Member*> new_members;  // by rank or stage number (the reader checked them distinct)
-    for (const Member& candidate : new_members_list) new_members[candidate.number] = &candidate;
+    const std::vector<Member> base_members = members(b), new_members = members(f);
+    // By rank or stage number (the reader checked them distinct).
+    std::map<int, const Member*> base_by_number, new_by_number;
+    for (const Member& m : base_members) base_by_number[m.number] = &m;
+    for (const Member& m : new_members) new_by_number[m.number] = &m;
+    auto find = [](const std::map<int, const Member*>& by_number, int number) -> const Member* {
+      const auto it = by_number.find(number);
+      return it == by_number.end() ? nullptr : it->second;
+    };
     // A rank the other run cannot have (its world is smaller) is shown on its side alone;
     // one it has but did not list (an emulated run lists the rank it played) is left out.
     auto beyond = [](int number, const RunRecord& run) { return number >= world_of(run); };
     ComparedRun run;
-    auto one_sided = [&](int number, const Member* rb, const Member* rf) {
-      ComparedRank rank;
+    auto add = [&](int number, const Member* rb, const Member* rf) {
+      ComparedRank rank = rb && rf ? differences(*rb, *rf) : ComparedRank{};
+      if (!rb || !rf) rank.differs.push_back(id + (rb ? " only in base" : " only in new"));
       rank.rank = number;
       rank.base = side(rb);
       rank.fresh = side(rf);
-      rank.differs.push_back(id + (rb ? " only in base" : " only in new"));
       run.ranks.push_back(std::move(rank));
     };
-    std::set<int> seen;
     for (const Member& rb : base_members) {
-      seen.insert(rb.number);
-      const auto rf = new_members.find(rb.number);
-      if (rf == new_members.end()) {
-        if (beyond(rb.number, f)) one_sided(rb.number, &rb, nullptr);
-        continue;
-      }
-      ComparedRank rank = differences(rb, *rf->second);
-      rank.rank = rb.number;
-      rank.base = side(&rb);
-      rank.fresh = side(rf->second);
-      run.ranks.push_back(std::move(rank));
+      const Member* rf = find(new_by_number, rb.number);
+      if (rf || beyond(rb.number, f)) add(rb.number, &rb, rf);
     }
-    for (const Member& rf : new_members_list)
-      if (!seen.count(rf.number) && beyond(rf.number, b)) one_sided(rf.number, nullptr, &rf);
+    for (const Member& rf : new_members)
+      if (!find(base_by_number, rf.number) && beyond(rf.number, b)) add(rf.number, nullptr, &rf);
     run.label = across ? label(b) + " vs " + label(f) : label(b);
     run.pipeline = pipeline(b) != nullptr;
     if (across) {
