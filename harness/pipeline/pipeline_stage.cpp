@@ -23,12 +23,6 @@ std::vector<int> tensor_split_sizes(int n, int parts) {
   return out;
 }
 
-std::vector<int> PipelineLayout::split() const {
-  std::vector<int> out;
-  for (int k = 0; k < vstages(); ++k) out.push_back(bounds[k + 1] - bounds[k]);
-  return out;
-}
-
 int pipeline_microbatches(const RunConfig& cfg, int stages) {
   return cfg.microbatches > 0 ? cfg.microbatches : stages;
 }

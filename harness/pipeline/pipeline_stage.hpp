@@ -45,7 +45,6 @@ struct PipelineLayout {
   int vstages() const { return virtual_stages(schedule); }
   int first_layer(int vstage) const { return bounds[vstage]; }
   int end_layer(int vstage) const { return bounds[vstage + 1]; }  // exclusive
-  std::vector<int> split() const;  // blocks per virtual stage
 };
 
 // M = cfg.microbatches, or S when 0.
