@@ -72,19 +72,22 @@ PipelineShape pipeline_shape(const RunConfig& cfg, int stages) {
   return {cfg.model, *cfg.schedule, stages, M, v, std::move(split)};
 }
 
-PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages) {
-  const PipelineShape shape = pipeline_shape(cfg, stages);
+PipelineLayout make_pipeline_layout(const PipelineShape& shape) {
   const int M = shape.microbatches;
   PipelineLayout layout;
-  layout.schedule = make_schedule(shape.schedule, stages, M, cfg.chunks);
+  layout.schedule = make_schedule(shape.schedule, shape.stages, M, shape.chunks);
   layout.bounds.assign(1, 0);
   for (int n : shape.split) layout.bounds.push_back(layout.bounds.back() + n);
-  layout.rows = tensor_split_sizes(cfg.model.batch, M);
+  layout.rows = tensor_split_sizes(shape.model.batch, M);
   layout.row_offset.assign(1, 0);
   for (int m = 0; m + 1 < M; ++m) layout.row_offset.push_back(layout.row_offset.back() + layout.rows[m]);
   const ValidationResult check = validate(layout.schedule);
   if (!check.ok) throw RunError("the schedule failed its validator: " + check.message);
   return layout;
+}
+
+PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages) {
+  return make_pipeline_layout(pipeline_shape(cfg, stages));
 }
 
 std::string describe_action(const Action& a, int chunks) {
@@ -104,10 +107,13 @@ float* PipelineStage::Access::at(int block, int tensor, bool grad) {
 }
 
 PipelineStage::PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm)
+    : PipelineStage(cfg, backend, comm, make_pipeline_layout(cfg, comm.world())) {}
+
+PipelineStage::PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm, PipelineLayout layout)
     : cfg_(cfg),
       backend_(backend),
       comm_(comm),
-      layout_(make_pipeline_layout(cfg, comm.world())),
+      layout_(std::move(layout)),
       stage_(comm.rank()),
       model_(make_model(cfg.model)),
       access_(*model_, chunks_) {

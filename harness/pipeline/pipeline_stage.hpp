@@ -55,8 +55,11 @@ int pipeline_microbatches(const RunConfig& cfg, int stages);
 // virtual stages.
 PipelineShape pipeline_shape(const RunConfig& cfg, int stages);
 
-// pipeline_shape's checks, then the schedule's lists, validated (RunError when they fail
-// their own validator: a bug).
+// The schedule's lists of a checked shape, validated (RunError when they fail their own
+// validator: a bug).
+PipelineLayout make_pipeline_layout(const PipelineShape& shape);
+
+// pipeline_shape's checks, then make_pipeline_layout of the shape.
 PipelineLayout make_pipeline_layout(const RunConfig& cfg, int stages);
 
 // One action's measured compute time.
@@ -70,7 +73,9 @@ std::string describe_action(const Action& a, int chunks);
 
 class PipelineStage {
  public:
-  // This process is stage comm.rank() of comm.world() stages.
+  // This process is stage comm.rank() of comm.world() stages, laid out as `layout`
+  // (make_pipeline_layout of cfg and comm.world() stages).
+  PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm, PipelineLayout layout);
   PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm);
   PipelineStage(const PipelineStage&) = delete;
   PipelineStage& operator=(const PipelineStage&) = delete;

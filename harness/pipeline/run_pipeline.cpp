@@ -102,9 +102,10 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   // The closed forms first, from the flags alone: the memory check compares their peak
   // before the stage builds its schedule, program or anything of the model's size.
   const PipelineShape shape = pipeline_shape(cfg, comm.world());
-  std::optional<PipelineLayout> layout_for_walk;
-  if (shape.schedule == ScheduleKind::interleaved_1f1b) layout_for_walk = make_pipeline_layout(cfg, comm.world());
-  const StageForms forms = stage_forms(shape, s, layout_for_walk ? &*layout_for_walk : nullptr);
+  // interleaved-1f1b's peak is walked on the lists: built once, here, and handed to the stage.
+  std::optional<PipelineLayout> built;
+  if (shape.schedule == ScheduleKind::interleaved_1f1b) built = make_pipeline_layout(shape);
+  const StageForms forms = stage_forms(shape, s, built ? &*built : nullptr);
   const std::int64_t predicted_peak = forms.peak.total();
   check_memory(predicted_peak, backend, comm.rank());
   // Untracked host bookkeeping grows with the schedule (every stage's action list, its
@@ -121,7 +122,8 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   else
     check_host_memory(bookkeeping, comm.rank(), "estimated schedule bookkeeping on the host");
 
-  PipelineStage stage(cfg, backend, comm);
+  if (!built) built = make_pipeline_layout(shape);
+  PipelineStage stage(cfg, backend, comm, std::move(*built));
   const PipelineLayout& layout = stage.layout();
   const Schedule& sched = layout.schedule;
   const StagePredicted predicted = stage_predicted(forms, sched, s);
