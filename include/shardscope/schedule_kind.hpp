@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "shardscope/names.hpp"
+
 namespace shardscope {
 
 enum class ScheduleKind : std::uint8_t {
@@ -25,11 +27,7 @@ inline constexpr std::array<std::string_view, kScheduleCount> kScheduleNames = {
 inline constexpr std::string_view schedule_name(ScheduleKind s) { return kScheduleNames[static_cast<int>(s)]; }
 
 // The schedule named `name`, or nothing.
-inline constexpr std::optional<ScheduleKind> find_schedule(std::string_view name) {
-  for (int i = 0; i < kScheduleCount; ++i)
-    if (kScheduleNames[i] == name) return static_cast<ScheduleKind>(i);
-  return std::nullopt;
-}
+inline constexpr std::optional<ScheduleKind> find_schedule(std::string_view name) { return find_named<ScheduleKind>(kScheduleNames, name); }
 
 // "gpipe, 1f1b, interleaved-1f1b, zb-h1" (or with " | " between): what a refusal lists as
 // allowed, and --help.

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "shardscope/names.hpp"
+
 namespace shardscope {
 
 enum class StrategyKind : std::uint8_t {
@@ -24,11 +26,7 @@ inline constexpr std::array<std::string_view, kStrategyCount> kStrategyNames = {
 inline constexpr std::string_view strategy_name(StrategyKind s) { return kStrategyNames[static_cast<int>(s)]; }
 
 // The strategy named `name`, or nothing.
-inline constexpr std::optional<StrategyKind> find_strategy(std::string_view name) {
-  for (int i = 0; i < kStrategyCount; ++i)
-    if (kStrategyNames[i] == name) return static_cast<StrategyKind>(i);
-  return std::nullopt;
-}
+inline constexpr std::optional<StrategyKind> find_strategy(std::string_view name) { return find_named<StrategyKind>(kStrategyNames, name); }
 
 // zero2 and zero3 gather and shard the model unit by unit (--units shapes them); ddp and
 // zero1 hold the whole model as their one unit.
