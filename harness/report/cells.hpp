@@ -3,6 +3,7 @@
 // sweep's free-form configuration (a skipped record's label) and its merged document.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -13,8 +14,11 @@ namespace shardscope {
 
 // How the tables are written (--bytes, --wide; run, sweep, plan and compare).
 struct TableOptions {
+  // The columns a line of the tables fits, but under --wide.
+  static constexpr std::size_t kColumns = 120;
+
   bool exact_bytes = false;  // 2,105,344 rather than 2.01 MiB
-  bool wide = false;         // every column, each prediction in full: wider than 120
+  bool wide = false;         // every column, each prediction in full: wider than kColumns
 };
 
 }  // namespace shardscope

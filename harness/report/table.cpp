@@ -173,7 +173,7 @@ std::string wrap_text(const std::string& text, const std::string& sep, std::size
 }
 
 std::string title_lines(const std::string& title, const TableOptions& options) {
-  return options.wide ? title : wrap_text(title, ", ", 120, "  ");
+  return options.wide ? title : wrap_text(title, ", ", TableOptions::kColumns, "  ");
 }
 
 std::string setup_line(const RunPlace& place) {

@@ -23,9 +23,9 @@ struct ResultDocument;  // harness/records/result.hpp
 struct PlanDocument;
 struct SkippedRun;
 
-// By default every line fits 120 columns: bytes in binary units, a setting all rows share
-// stated once above the table, "=" for a prediction equal to its measured figure. The
-// tables render the records (table_parts.hpp has their parts).
+// By default every line fits TableOptions::kColumns (120): bytes in binary units, a
+// setting all rows share stated once above the table, "=" for a prediction equal to its
+// measured figure. The tables render the records (table_parts.hpp has their parts).
 void print_tables(const ResultDocument& doc, std::ostream& os, const TableOptions& options = {});
 
 struct Comparison;  // comparison.hpp

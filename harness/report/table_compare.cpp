@@ -202,7 +202,7 @@ void print_comparison(const Comparison& cmp, std::ostream& os, const TableOption
     char buf[96];
     std::snprintf(buf, sizeof buf, "step time new/base: median %.3f (%.3f to %.3f)", mid, ratios.front(),
                   ratios.back());
-    summary += (summary.size() + 2 + std::strlen(buf) > 120 ? ";\n" : "; ") + std::string(buf);
+    summary += (summary.size() + 2 + std::strlen(buf) > TableOptions::kColumns ? ";\n" : "; ") + std::string(buf);
   }
   os << summary << '\n';
   if (!table.empty() && !options.wide) os << "\"=\": the new figure equals the base one.\n";

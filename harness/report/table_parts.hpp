@@ -39,7 +39,7 @@ std::string model_line(const ModelRecord& model, bool batch_per_rank, const Tabl
 // that stands alone), the lines after the first begun with `indent`; no trailing spaces.
 std::string wrap_text(const std::string& text, const std::string& sep, std::size_t width, const std::string& indent);
 // A group's title ("data parallel, W = 4: " + its model line): broken at ", " into lines
-// of at most 120 columns, the next indented two, unless --wide (one line, as before).
+// of at most TableOptions::kColumns, the next indented two, unless --wide (one line, as before).
 std::string title_lines(const std::string& title, const TableOptions& options);
 // "backend cpu, comm mpi" plus ", emulated (times are compute only)" when emulated.
 std::string setup_line(const RunPlace& place);
