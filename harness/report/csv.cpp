@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "harness/report/json_io.hpp"
+#include "harness/report/table_parts.hpp"
 #include "shardscope/check.hpp"
-#include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
 namespace {
@@ -32,16 +32,6 @@ void add_row(std::string& out, const std::vector<std::string>& fields) {
   out += kEol;
 }
 
-std::string layer_range(const LayerRange& r) { return std::to_string(r[0]) + "-" + std::to_string(r[1]); }
-
-// A stage's layers: "0-3", or every chunk's when it holds several ("0-1,4-5").
-std::string stage_layers(const StageRecord& st) {
-  if (!st.chunks_layers || st.chunks_layers->size() < 2) return layer_range(st.layers);
-  std::string out;
-  for (const LayerRange& r : *st.chunks_layers) out += (out.empty() ? "" : ",") + layer_range(r);
-  return out;
-}
-
 }  // namespace
 
 std::string csv_field(const std::string& text) {
@@ -60,8 +50,7 @@ std::string data_parallel_csv(const ResultDocument& doc) {
     const auto* run = std::get_if<DataParallelRun>(&record);
     if (!run) continue;
     // --units and --prefetch shape zero2 and zero3, --ddp-bucket the others.
-    const std::optional<StrategyKind> kind = find_strategy(run->strategy);
-    const bool units = !kind || shards_by_unit(*kind);
+    const bool units = tables::uses_units(*run);
     const std::string layers_per_unit = run->layers_per_unit ? value(std::int64_t{*run->layers_per_unit}) : "all";
     for (const RankRecord& rank : run->ranks)
       for (int c = 0; c < kCategoryCount; ++c)
@@ -88,7 +77,7 @@ std::string pipeline_csv(const ResultDocument& doc) {
     if (!run) continue;
     for (const StageRecord& st : run->stages)
       add_row(out, {run->schedule, value(std::int64_t{run->world}), value(std::int64_t{run->microbatches}),
-                    value(std::int64_t{run->chunks}), value(std::int64_t{st.stage}), stage_layers(st),
+                    value(std::int64_t{run->chunks}), value(std::int64_t{st.stage}), tables::stage_layers(st),
                     value(st.saved.peak_live_tensors), value(st.saved.peak_live_bytes), value(st.saved.total_tensors),
                     value(st.saved.before_first_backward), value(st.predicted.saved.peak_live_tensors),
                     value(st.predicted.saved.peak_live_bytes), value(st.resting.total), value(st.peak.total),
