@@ -156,27 +156,26 @@ class SweepFake : public ::testing::Test {
     DataParallelRun dp;
     dp.units = 1;
     dp.model = model;
+    // What both kinds of run put in: the strategy's or schedule's name, the world, the
+    // ranks or stages, comm, emulated and backend.
+    auto put_run = [&](const std::string& name, json run, const char* name_key, const char* entries_key) {
+      run[name_key] = "@NAME@";
+      run["world"] = "@WORLD@";
+      run[entries_key] = "@ENTRIES@";
+      run["comm"] = "@COMM@";
+      run["emulated"] = "@EMULATED@";
+      run["backend"] = "cpu";
+      put(name, run);
+    };
     json d = to_json(RunRecord(dp));
-    d["strategy"] = "@NAME@";
-    d["world"] = "@WORLD@";
     d["layers_per_unit"] = "@UNITS@";
-    d["ranks"] = "@ENTRIES@";
-    d["comm"] = "@COMM@";
-    d["emulated"] = "@EMULATED@";
-    d["backend"] = "cpu";
-    put("data_parallel.json", d);
+    put_run("data_parallel.json", d, "strategy", "ranks");
     PipelineRun pp;
     pp.chunks = 1;
     pp.model = model;
     json p = to_json(RunRecord(pp));
-    p["schedule"] = "@NAME@";
-    p["world"] = "@WORLD@";
     p["microbatches"] = "@MICRO@";
-    p["stages"] = "@ENTRIES@";
-    p["comm"] = "@COMM@";
-    p["emulated"] = "@EMULATED@";
-    p["backend"] = "cpu";
-    put("pipeline.json", p);
+    put_run("pipeline.json", p, "schedule", "stages");
     ResultDocument doc;
     doc.version = "fake";
     doc.backend = "cpu";
