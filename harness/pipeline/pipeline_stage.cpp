@@ -392,24 +392,22 @@ std::vector<float> PipelineStage::download_grads(int chunk) const {
   return download(ch.grads.data(), ch.grads.count());
 }
 
-std::vector<float> PipelineStage::download_exp_avg(int chunk) const {
-  const Chunk& ch = chunks_.at(chunk);
+std::vector<float> PipelineStage::download_state(int chunk, Buffer AdamState::*moment) const {
   std::vector<float> out;
-  for (const AdamState& st : ch.state) {
-    const std::vector<float> part = download(st.exp_avg.data(), st.exp_avg.count());
+  for (const AdamState& st : chunks_.at(chunk).state) {
+    const Buffer& b = st.*moment;
+    const std::vector<float> part = download(b.data(), b.count());
     out.insert(out.end(), part.begin(), part.end());
   }
   return out;
 }
 
+std::vector<float> PipelineStage::download_exp_avg(int chunk) const {
+  return download_state(chunk, &AdamState::exp_avg);
+}
+
 std::vector<float> PipelineStage::download_exp_avg_sq(int chunk) const {
-  const Chunk& ch = chunks_.at(chunk);
-  std::vector<float> out;
-  for (const AdamState& st : ch.state) {
-    const std::vector<float> part = download(st.exp_avg_sq.data(), st.exp_avg_sq.count());
-    out.insert(out.end(), part.begin(), part.end());
-  }
-  return out;
+  return download_state(chunk, &AdamState::exp_avg_sq);
 }
 
 }  // namespace shardscope

@@ -148,6 +148,8 @@ class PipelineStage {
   void optimizer_step(int step);
   void note_peak(std::int64_t before, const std::string& what);
   std::vector<float> download(const float* p, std::size_t n) const;
+  // One AdamW moment (&AdamState::exp_avg or exp_avg_sq) of every tensor of the chunk, in order.
+  std::vector<float> download_state(int chunk, Buffer AdamState::*moment) const;
   // Elements of virtual stage `vstage`'s output for `rows` rows: what crosses the
   // boundary after it (its activation forward, its gradient backward).
   std::size_t boundary_elems(int vstage, int rows) const;
