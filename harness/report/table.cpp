@@ -24,23 +24,25 @@ std::string units_label(const json* layers_per_unit) {
   return "units=" + cells::text(layers_per_unit);
 }
 
-}  // namespace
-
+// A pipeline run: its "kind", else a "stages" or "schedule" field.
 bool is_pipeline(const json& run) {
   if (const json* kind = cells::at(run, {"kind"}); kind && kind->is_string())
     return kind->get<std::string>() == "pipeline";
   return run.contains("stages") || run.contains("schedule");
 }
 
-bool is_skipped(const json& run) {
-  const json* s = cells::at(run, {"skipped"});
-  return s && s->is_boolean() && s->get<bool>();
-}
-
+// Whether units shape the run (tables::uses_units): true when the strategy is unknown.
 bool uses_units(const json& run) {
   const json* s = cells::at(run, {"strategy"});
   const std::optional<StrategyKind> kind = s && s->is_string() ? find_strategy(s->get<std::string>()) : std::nullopt;
   return !kind || shards_by_unit(*kind);
+}
+
+}  // namespace
+
+bool is_skipped(const json& run) {
+  const json* s = cells::at(run, {"skipped"});
+  return s && s->is_boolean() && s->get<bool>();
 }
 
 std::string run_label(const json& run) {

@@ -48,12 +48,7 @@ std::string bytes_footnote(const TableOptions& options, bool predictions = true)
 // A short name for a run or skipped record: "zero3 W=4 units=1",
 // "1f1b S=2 M=8".
 std::string run_label(const nlohmann::json& run);
-// A pipeline run (its "kind", else a "stages" or "schedule" field), and a sweep's record
-// of a configuration that could not run ("skipped": true).
-bool is_pipeline(const nlohmann::json& run);
+// A sweep's record of a configuration that could not run ("skipped": true).
 bool is_skipped(const nlohmann::json& run);
-// Whether units (and prefetch) shape the run: zero2 and zero3, not ddp and zero1 (which
-// run under DDP, and use its bucket instead). True when the strategy is unknown.
-bool uses_units(const nlohmann::json& run);
 
 }  // namespace shardscope
