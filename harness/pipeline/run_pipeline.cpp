@@ -113,10 +113,10 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   // layer (tapes, saved-tensor entries). Per-unit figures measured on x86-64,
   // rounded up.
   const std::int64_t M = shape.microbatches, forwards = static_cast<std::int64_t>(shape.stages) * shape.chunks * M;
-  std::int64_t stage_layers = 0;
-  for (int c = 0; c < shape.chunks; ++c) stage_layers += shape.split[static_cast<std::size_t>(c) * shape.stages + s];
+  std::int64_t layers_here = 0;  // over the stage's chunks
+  for (int c = 0; c < shape.chunks; ++c) layers_here += shape.split[static_cast<std::size_t>(c) * shape.stages + s];
   const std::int64_t stage_forwards = static_cast<std::int64_t>(shape.chunks) * M;
-  const std::int64_t bookkeeping = 6'144 * stage_forwards + 256 * M * stage_layers + 512 * forwards;
+  const std::int64_t bookkeeping = 6'144 * stage_forwards + 256 * M * layers_here + 512 * forwards;
   if (backend.device_free_bytes() < 0)
     check_host_memory(predicted_peak + bookkeeping, comm.rank(), "predicted peak plus estimated schedule bookkeeping");
   else
