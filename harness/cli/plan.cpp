@@ -117,7 +117,7 @@ PipelinePlan plan_pipeline(const RunConfig& cfg, int stages, const std::optional
   const PipelineShape shape = pipeline_shape(cfg, stages);
   // The lists (bounded by pipeline_shape's cap on forward actions) give the live
   // micro-batch counts beside their formulas; the bytes are closed forms.
-  const PipelineLayout layout = make_pipeline_layout(cfg, stages);
+  const PipelineLayout layout = make_pipeline_layout(shape);
   PipelinePlan plan;
   plan.run = pipeline_run(cfg, stages);
   plan.bubble_fraction_theory = bubble_theory(layout.schedule);
