@@ -82,7 +82,7 @@ PipelineRun pipeline_run(const RunConfig& cfg, int stages) {
   run.microbatches = shape.microbatches;
   run.chunks = shape.chunks;
   run.steps = cfg.steps;
-  run.timed_steps = cfg.steps > 1 ? cfg.steps - 1 : 0;
+  run.timed_steps = timed_steps(cfg.steps);
   run.seed = cfg.seed;
   run.model = model_record(cfg.model);
   run.split = shape.split;

@@ -42,6 +42,8 @@ ModelRecord model_record(const ModelConfig& m) {
           m.batch};
 }
 
+int timed_steps(int steps) { return steps > 1 ? steps - 1 : 0; }
+
 TimeSummary time_summary(const std::vector<double>& step_ms) {
   // The first step is warm-up: with one step nothing is timed (the record keeps the object).
   if (step_ms.size() < 2) return {};

@@ -24,6 +24,8 @@ RankPredicted rank_predicted(const Prediction& p);
 // The median, minimum and maximum of the timed steps (all but the first, the warm-up): none when
 // no step was timed.
 TimeSummary time_summary(const std::vector<double>& step_ms);
+// How many of a run's `steps` are timed: all but the first, the warm-up.
+int timed_steps(int steps);
 // The tracker's allocator-granular figures, the CUDA pool's counters (none on cpu), the
 // bytes outside the pool (none when unknown) and their source ("nvml" or
 // "cuda_mem_get_info_delta", see OutsidePool; none on cpu).

@@ -134,7 +134,7 @@ DataParallelRun data_parallel_run(const RunConfig& cfg, int world) {
   run.ddp_bucket = cfg.ddp_bucket;
   run.bucket_mb = cfg.bucket_mb;
   run.steps = cfg.steps;
-  run.timed_steps = cfg.steps > 1 ? cfg.steps - 1 : 0;
+  run.timed_steps = timed_steps(cfg.steps);
   run.seed = cfg.seed;
   run.model = model_record(cfg.model);
   return run;
