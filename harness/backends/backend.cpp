@@ -135,3 +135,72 @@ void Backend::release_staging() noexcept {
 }
 
 }  // namespace shardscope
+
+// ---- transformer math: a backend without a kernel says so (backend.hpp) ----
+
+namespace shardscope {
+namespace {
+
+[[noreturn]] void no_kernel(const Backend& backend, const char* kernel) {
+  throw RunError("the " + backend.name() + " backend has no " + kernel + " kernel");
+}
+
+}  // namespace
+
+void Backend::gemm_batched(Trans, Trans, int, int, int, float, const float*, int, std::int64_t, const float*, int,
+                           std::int64_t, float, float*, int, std::int64_t, int) {
+  no_kernel(*this, "gemm_batched");
+}
+void Backend::embedding_forward(float*, const std::int64_t*, const float*, int, int) {
+  no_kernel(*this, "embedding_forward");
+}
+void Backend::embedding_backward(float*, const std::int64_t*, const float*, int, int, int, float) {
+  no_kernel(*this, "embedding_backward");
+}
+void Backend::add_positions(float*, const float*, int, int, int) { no_kernel(*this, "add_positions"); }
+void Backend::positions_backward(float*, const float*, int, int, int, float) {
+  no_kernel(*this, "positions_backward");
+}
+void Backend::layer_norm_forward(float*, float*, float*, const float*, const float*, const float*, int, int, float) {
+  no_kernel(*this, "layer_norm_forward");
+}
+void Backend::layer_norm_backward(float*, float*, float*, const float*, const float*, const float*, const float*,
+                                  const float*, int, int, float) {
+  no_kernel(*this, "layer_norm_backward");
+}
+void Backend::rms_norm_forward(float*, float*, const float*, const float*, int, int, float) {
+  no_kernel(*this, "rms_norm_forward");
+}
+void Backend::rms_norm_backward(float*, float*, const float*, const float*, const float*, const float*, int, int,
+                                float) {
+  no_kernel(*this, "rms_norm_backward");
+}
+void Backend::gelu_tanh_forward(float*, const float*, std::size_t) { no_kernel(*this, "gelu_tanh_forward"); }
+void Backend::gelu_tanh_backward(float*, const float*, const float*, std::size_t) {
+  no_kernel(*this, "gelu_tanh_backward");
+}
+void Backend::silu_forward(float*, const float*, std::size_t) { no_kernel(*this, "silu_forward"); }
+void Backend::silu_backward(float*, const float*, const float*, std::size_t) { no_kernel(*this, "silu_backward"); }
+void Backend::mul(float*, const float*, const float*, std::size_t) { no_kernel(*this, "mul"); }
+void Backend::rope(float*, int, int, int, int, int, float, bool) { no_kernel(*this, "rope"); }
+void Backend::causal_softmax_forward(float*, int, int, float) { no_kernel(*this, "causal_softmax_forward"); }
+void Backend::softmax_backward(float*, const float*, std::int64_t, int) { no_kernel(*this, "softmax_backward"); }
+void Backend::permute_heads(float*, const float*, int, int, int, int, int, bool) {
+  no_kernel(*this, "permute_heads");
+}
+void Backend::flash_attention_forward(const AttentionArgs&, float*, int, float*) {
+  no_kernel(*this, "flash_attention_forward");
+}
+void Backend::flash_attention_backward(const AttentionArgs&, const float*, int, const float*, const float*, float*,
+                                       float*, float*) {
+  no_kernel(*this, "flash_attention_backward");
+}
+void Backend::log_softmax_forward(float*, const float*, std::int64_t, int) { no_kernel(*this, "log_softmax_forward"); }
+void Backend::nll_loss_forward(float*, const float*, const std::int64_t*, std::int64_t, int, float) {
+  no_kernel(*this, "nll_loss_forward");
+}
+void Backend::cross_entropy_backward(float*, const float*, const std::int64_t*, std::int64_t, int, float) {
+  no_kernel(*this, "cross_entropy_backward");
+}
+
+}  // namespace shardscope

@@ -14,6 +14,7 @@
 #include "shardscope/category.hpp"
 #include "shardscope/kernel_args.hpp"
 #include "shardscope/tracker.hpp"
+#include "shardscope/transformer_args.hpp"
 
 namespace shardscope {
 
@@ -110,6 +111,82 @@ class Backend {
   virtual void scale(float* x, float s, std::size_t n) = 0;
   // dst += src
   virtual void add(float* dst, const float* src, std::size_t n) = 0;
+
+  // --- transformer math (transformer_args.hpp gives the layouts) ---
+  // Each has a default that throws RunError naming the backend and the kernel, so a
+  // backend gains them one at a time; cpu and cuda implement all of them.
+  //
+  // Strided batched GEMM: for i in [0, batch), C_i = alpha op(A_i) op(B_i) + beta C_i
+  // with X_i = X + i * stride_x (a stride of 0 reuses one matrix for every i).
+  virtual void gemm_batched(Trans ta, Trans tb, int m, int n, int k, float alpha, const float* a, int lda,
+                            std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b, float beta,
+                            float* c, int ldc, std::int64_t stride_c, int batch);
+  // out(rows, dim) = table[ids[i]] row by row (ids int64, each in [0, vocab)).
+  virtual void embedding_forward(float* out, const std::int64_t* ids, const float* table, int rows, int dim);
+  // dtable(vocab, dim) = beta * dtable + sum over i with ids[i] = v of dy(i), for every v
+  // (beta 0 overwrites the whole table, rows no id names included).
+  virtual void embedding_backward(float* dtable, const std::int64_t* ids, const float* dy, int rows, int dim,
+                                  int vocab, float beta);
+  // Learned positions: out(batch * seq, dim) row (b, s) += pos(s); and its gradient
+  // dpos(seq, dim) = beta * dpos + sum over b of dy(b, s).
+  virtual void add_positions(float* out, const float* pos, int batch, int seq, int dim);
+  virtual void positions_backward(float* dpos, const float* dy, int batch, int seq, int dim, float beta);
+  // torch.nn.LayerNorm over the last dim: y = (x - mean) * rstd * gamma + bias, with
+  // rstd = 1 / sqrt(var + eps) (biased variance); writes mean(rows) and rstd(rows), which
+  // torch saves. Backward overwrites dx (rows, dim) and writes dgamma, dbias with beta.
+  virtual void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* gamma,
+                                  const float* bias, int rows, int dim, float eps);
+  virtual void layer_norm_backward(float* dx, float* dgamma, float* dbias, const float* dy, const float* x,
+                                   const float* mean, const float* rstd, const float* gamma, int rows, int dim,
+                                   float beta);
+  // RMSNorm (Llama): y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps), rstd(rows)
+  // written. Backward overwrites dx and writes dgamma with beta.
+  virtual void rms_norm_forward(float* y, float* rstd, const float* x, const float* gamma, int rows, int dim,
+                                float eps);
+  virtual void rms_norm_backward(float* dx, float* dgamma, const float* dy, const float* x, const float* rstd,
+                                 const float* gamma, int rows, int dim, float beta);
+  // GELU with the tanh approximation (nn.GELU(approximate="tanh")) and SiLU, elementwise;
+  // backward dx = dy * f'(x) (dx may be dy).
+  virtual void gelu_tanh_forward(float* y, const float* x, std::size_t n);
+  virtual void gelu_tanh_backward(float* dx, const float* dy, const float* x, std::size_t n);
+  virtual void silu_forward(float* y, const float* x, std::size_t n);
+  virtual void silu_backward(float* dx, const float* dy, const float* x, std::size_t n);
+  // out = a * b elementwise (out may be a or b).
+  virtual void mul(float* out, const float* a, const float* b, std::size_t n);
+  // Rotary embedding in place on x's `heads` heads of head_dim (rows batch * seq, row
+  // stride ld; a token's position is its index in its sequence), as Hugging Face's
+  // rotate_half: for i < head_dim / 2, the pair (x_i, x_{i + head_dim/2}) is rotated by
+  // pos * theta^(-2i / head_dim). `inverse` rotates back by the negative angle: the
+  // backward of the forward on the gradient.
+  virtual void rope(float* x, int ld, int batch, int seq, int heads, int head_dim, float theta, bool inverse);
+  // Causal softmax in place on `count` (seq, seq) score matrices, one after another: row
+  // i of each becomes softmax(scale * s(i, 0..i)) with columns > i set to 0.
+  virtual void causal_softmax_forward(float* p, int count, int seq, float scale);
+  // dp(rows, cols) := p * (dp - rowsum(dp * p)) in place: the softmax's backward (the
+  // scale is the caller's to apply).
+  virtual void softmax_backward(float* dp, const float* p, std::int64_t rows, int cols);
+  // Copies between the token-major layout (batch, seq, heads, head_dim), row stride
+  // ld_tokens, and the head-major one (batch, heads, seq, head_dim), contiguous:
+  // `to_heads` true copies token-major src into head-major dst, false the reverse.
+  virtual void permute_heads(float* dst, const float* src, int ld_tokens, int batch, int seq, int heads,
+                             int head_dim, bool to_heads);
+  // Flash attention (never materialises seq x seq): out (rows, heads * head_dim),
+  // token-major, row stride ldo, and the log-sum-exp lse (batch, heads, seq) of each
+  // query's scaled scores. Backward from dout (same layout as out) recomputes the
+  // probabilities from lse and overwrites dq, dk, dv (laid out as q, k, v with the same
+  // leading dimensions; a kv head's gradient sums over its query heads).
+  virtual void flash_attention_forward(const AttentionArgs& a, float* out, int ldo, float* lse);
+  virtual void flash_attention_backward(const AttentionArgs& a, const float* out, int ldo, const float* dout,
+                                        const float* lse, float* dq, float* dk, float* dv);
+  // torch's log_softmax over rows of `cols`, then nll_loss with mean reduction:
+  // loss_out[0] = scale * mean over rows of -logprobs(i, targets[i]).
+  virtual void log_softmax_forward(float* logprobs, const float* logits, std::int64_t rows, int cols);
+  virtual void nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets,
+                                std::int64_t rows, int cols, float scale);
+  // The gradient of the above at the logits: dlogits = scale / rows * (exp(logprobs) -
+  // onehot(targets)) (dlogits may be logprobs).
+  virtual void cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
+                                      std::int64_t rows, int cols, float scale);
 
   // Host <-> backend transfers (blocking).
   virtual void upload(float* dst, const float* host, std::size_t n) = 0;

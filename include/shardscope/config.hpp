@@ -11,11 +11,35 @@
 #include "shardscope/kernel_args.hpp"
 #include "shardscope/schedule_kind.hpp"
 #include "shardscope/strategy_kind.hpp"
+#include "shardscope/transformer_args.hpp"
 
 namespace shardscope {
 
+// The shape of a transformer (--model gpt2|llama, or --hf-config): docs/design.md
+// says which modules each family has. head_dim is hidden / heads unless a config says
+// otherwise; ffn is the MLP's inner width (gpt2: 4 * hidden unless n_inner).
+struct TransformerShape {
+  int layers = 0;
+  int hidden = 0;
+  int heads = 0;
+  int kv_heads = 0;  // == heads for gpt2
+  int head_dim = 0;
+  int ffn = 0;
+  int vocab = 0;
+  int seq = 0;        // tokens per sequence
+  int positions = 0;  // gpt2's learned positions (n_positions); the config's max_position_embeddings
+  bool tied_embeddings = false;  // the head's weight is the token embedding's
+  bool qkv_bias = false;         // q, k, v projections with bias (gpt2, qwen2, llama's attention_bias)
+  bool out_bias = false;         // the attention output projection with bias (gpt2, llama's attention_bias)
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;   // llama family
+  AttentionMode attention = AttentionMode::flash;
+  std::string model_type;        // the config.json's model_type ("gpt2", "llama", "mistral", "qwen2"), or the family
+};
+
 struct ModelConfig {
   std::string name = "mlp";  // --model: the registry's entry (harness/model/registry.cpp)
+  TransformerShape transformer;  // when name is a transformer family (gpt2, llama)
   int layers = 8;
   int width = 256;
   int batch = 32;  // rows per rank (data parallel) or per pipeline (pipeline)
