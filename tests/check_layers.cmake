@@ -4,7 +4,10 @@
 #     harness/report/ or harness/cli/;
 #   - include/ (the public headers) includes nothing from harness/;
 #   - kernels/ and include/shardscope/config.hpp do not include shardscope/backend.hpp
-#     (they take the kernels' arguments from shardscope/kernel_args.hpp).
+#     (they take the kernels' arguments from shardscope/kernel_args.hpp);
+#   - the predictions (harness/predict/) read no executor code: nothing from
+#     harness/pipeline/, and no call that builds a schedule's lists, lowers them or walks
+#     a program (make_schedule, lower, walk_peak), so measured == predicted is a check.
 # Run by ctest as: cmake -DROOT=<source folder> -P tests/check_layers.cmake
 if(NOT ROOT)
   message(FATAL_ERROR "check_layers: pass -DROOT=<source folder>")
@@ -39,6 +42,10 @@ foreach(f IN LISTS files)
   refuse(${f} "^[ \t]*#[ \t]*include[ \t]*[\"<]harness/(report|cli)/" "a layer below report/ and cli/")
   if(rel MATCHES "^include/")
     refuse(${f} "^[ \t]*#[ \t]*include[ \t]*[\"<]harness/" "a public header")
+  endif()
+  if(rel MATCHES "^harness/predict/")
+    refuse(${f} "^[ \t]*#[ \t]*include[ \t]*[\"<]harness/pipeline/" "the forms read no executor code")
+    refuse(${f} "(^|[^A-Za-z_])(make_schedule|lower|walk_peak)[ \t]*\\(" "the forms build no lists or programs")
   endif()
   if(rel MATCHES "^kernels/" OR rel STREQUAL "include/shardscope/config.hpp")
     refuse(${f} "^[ \t]*#[ \t]*include[ \t]*[\"<]shardscope/backend\\.hpp" "kernels and config know no backend")

@@ -127,7 +127,7 @@ PipelinePlan plan_pipeline(const RunConfig& cfg, int stages, const std::optional
     stage.stage = s;
     stage.rank = s;
     stage_layers(layout, s, &stage.layers, &stage.chunks_layers);
-    const StageForms forms = stage_forms(shape, s, &layout);
+    const StageForms forms = predict_pipeline_stage(shape, s);
     stage.predicted = stage_predicted(forms, layout.schedule, s);
     stage.fits = fits(memory, forms.peak.total());
     highest = std::max(highest, forms.peak.total());

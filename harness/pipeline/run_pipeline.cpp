@@ -10,7 +10,6 @@
 #include <optional>
 #include <tuple>
 
-#include "harness/pipeline/peak_walk.hpp"
 #include "harness/pipeline/pipeline_stage.hpp"
 #include "harness/records/json_write.hpp"
 #include "harness/run/records.hpp"
@@ -37,15 +36,6 @@ void add_stage_layers(const PipelineLayout& layout, int stage, nlohmann::json& r
   const nlohmann::json j = to_json(r);
   record["layers"] = j["layers"];
   if (j.contains("chunks_layers")) record["chunks_layers"] = j["chunks_layers"];
-}
-
-StageForms stage_forms(const PipelineShape& shape, int s, const PipelineLayout* layout) {
-  StageForms forms = predict_pipeline_stage(shape, s);
-  if (shape.schedule == ScheduleKind::interleaved_1f1b) {
-    SHARDSCOPE_REQUIRE(layout != nullptr, "stage_forms: interleaved-1f1b's peak needs the layout");
-    forms.peak = walk_peak(shape.model, *layout, s, lower(layout->schedule).at(s), forms.resting);
-  }
-  return forms;
 }
 
 StagePredicted stage_predicted(const StageForms& forms, const Schedule& sched, int s) {
@@ -102,10 +92,7 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   // The closed forms first, from the flags alone: the memory check compares their peak
   // before the stage builds its schedule, program or anything of the model's size.
   const PipelineShape shape = pipeline_shape(cfg, comm.world());
-  // interleaved-1f1b's peak is walked on the lists: built once, here, and handed to the stage.
-  std::optional<PipelineLayout> built;
-  if (shape.schedule == ScheduleKind::interleaved_1f1b) built = make_pipeline_layout(shape);
-  const StageForms forms = stage_forms(shape, s, built ? &*built : nullptr);
+  const StageForms forms = predict_pipeline_stage(shape, s);
   const std::int64_t predicted_peak = forms.peak.total();
   check_memory(predicted_peak, backend, comm.rank());
   // Untracked host bookkeeping grows with the schedule (every stage's action list, its
@@ -122,8 +109,7 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   else
     check_host_memory(bookkeeping, comm.rank(), "estimated schedule bookkeeping on the host");
 
-  if (!built) built = make_pipeline_layout(shape);
-  PipelineStage stage(cfg, backend, comm, std::move(*built));
+  PipelineStage stage(cfg, backend, comm, make_pipeline_layout(shape));
   const PipelineLayout& layout = stage.layout();
   const Schedule& sched = layout.schedule;
   const StagePredicted predicted = stage_predicted(forms, sched, s);

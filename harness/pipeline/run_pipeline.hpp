@@ -27,9 +27,6 @@ nlohmann::json pipeline_header(const RunConfig& cfg, int stages);
 void stage_layers(const PipelineLayout& layout, int stage, LayerRange* layers,
                   std::optional<std::vector<LayerRange>>* chunks_layers);
 void add_stage_layers(const PipelineLayout& layout, int stage, nlohmann::json& record);
-// Stage s's closed forms (harness/predict/pipeline_forms). interleaved-1f1b's peak is
-// still walked over the stage's lowered program, which needs `layout` (null otherwise).
-StageForms stage_forms(const PipelineShape& shape, int s, const PipelineLayout* layout);
 // A stage record's "predicted": the closed forms, and the live micro-batch counts of the
 // schedule's lists with their theory (docs/design.md §4).
 StagePredicted stage_predicted(const StageForms& forms, const Schedule& sched, int s);

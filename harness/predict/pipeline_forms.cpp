@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <set>
 
+#include "harness/predict/interleaved_timing.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {
@@ -357,6 +358,112 @@ CategoryBytes peak_zb_h1(const Ctx& c, const CategoryBytes& base) {
   return peak.best();
 }
 
+// Interleaved 1F1B on v chunks. What a pair (micro-batch m, chunk c) holds between its F
+// and its B is 1F1B's (a_m·h_c activation, h_c = [recv] + (n-1) + [ls]); on one stage
+// (S = 1) the unsaved last output of a chunk other than the last stays, temp, as the
+// next chunk's input. Pending buffers (temp): on S > 1 the unsaved output of an F (not
+// the last virtual stage) and the input gradient of a B (k > 0) wait, owned, until the
+// group that sends them: the first later step of this stage whose unit-time round
+// reaches the consumer's (InterleavedTiming); on S = 1 a B's input gradient waits as the
+// next backward's dy, which frees it. Instants per position p, in time order: its
+// group (held + pending + the received input: activation for an F, comm for a B), then,
+// with the group's sends freed, its action: F held + [recv]·a_m + n·a_m (the unsaved
+// last one temp) + 4 (the loss scalar, last virtual stage); B held + dy (comm received,
+// or temp) + the loss gradient (last virtual stage) + the first dx (unless n = 1 on
+// virtual stage 0), all temp.
+// The held pairs after p's forwards and backwards are chunk windows (saved_interleaved);
+// the bytes move by one pair per action. In the steady state, from past every stage's
+// stall to before any stage's cool-down (with the reach of a send, at most 4S steps,
+// either side), position p + 2·S·v holds the same pairs and buffers as p with every
+// micro-batch S on, rows no larger: it can never set a new maximum, and those
+// positions are skipped. So O(S·v) positions are visited, each in O(1).
+CategoryBytes peak_interleaved(const Ctx& c, const CategoryBytes& base) {
+  const InterleavedTiming t(c.S, c.M, c.v);
+  const Rows& r = c.rows;
+  const i64 s = c.s, S = c.S, v = c.v, n = t.steps();
+  std::vector<i64> held_act(c.v), held_temp(c.v);  // rows of a_m held per pair of chunk c
+  for (int ch = 0; ch < c.v; ++ch) {
+    const Piece& p = c.pieces[ch];
+    held_act[ch] = (p.recv_act ? 1 : 0) + p.n - 1 + (p.ls ? 1 : 0);
+    held_temp[ch] = !p.ls && !p.last && !p.send_act ? 1 : 0;
+  }
+  // The buffer position p leaves pending, and the step that frees it (0 bytes: none).
+  struct Buffer {
+    i64 step = 0, bytes = 0;
+  };
+  auto leaves = [&](i64 p) -> Buffer {
+    const bool fwd = t.is_forward(s, p);
+    const i64 k = t.index_at(s, p), m = t.microbatch(k);
+    const int ch = static_cast<int>(fwd ? t.forward_chunk(k) : t.backward_chunk(k));
+    const Piece& pc = c.pieces[ch];
+    if (S == 1) {  // the input gradient stays as the previous chunk's dy
+      if (fwd || pc.first) return {};
+      return {t.backward_position(s, t.backward_index(m, ch - 1)) + 1, r.a(m)};
+    }
+    if (fwd ? !pc.send_act || pc.ls : !pc.send_grad) return {};
+    const InterleavedTiming::Consumer to = t.consumer(s, p);
+    return {t.send_step(s, p, t.round(to.stage, to.position)), r.a(m)};
+  };
+  i64 act = 0, temp = 0, pending_bytes = 0;
+  std::vector<Buffer> pending;
+  // The state before position p, from the windows and the buffers of the steps before.
+  auto start_at = [&](i64 p) {
+    act = temp = pending_bytes = 0;
+    pending.clear();
+    const i64 fwds = t.forwards_before(s, p), bwds = t.backwards_before(s, p);
+    for (int ch = 0; ch < c.v; ++ch) {
+      const i64 hi = round_count(fwds, ch, c.S, c.v), lo = round_count(bwds, c.v - 1 - ch, c.S, c.v);
+      act += held_act[ch] * r.sum(lo, hi);
+      temp += held_temp[ch] * r.sum(lo, hi);
+    }
+    for (i64 q = std::max<i64>(0, p - 4 * S); q < p; ++q) {
+      const Buffer b = leaves(q);
+      if (b.bytes > 0 && b.step >= p) pending.push_back(b), pending_bytes += b.bytes;
+    }
+  };
+  Peak peak(base);
+  auto visit = [&](i64 p) {
+    const bool fwd = t.is_forward(s, p);
+    const i64 k = t.index_at(s, p), m = t.microbatch(k), a = r.a(m);
+    const int ch = static_cast<int>(fwd ? t.forward_chunk(k) : t.backward_chunk(k));
+    const Piece& pc = c.pieces[ch];
+    const i64 recv = (fwd ? pc.recv_act : pc.recv_grad) ? a : 0;
+    peak.visit({act + (fwd ? recv : 0), temp + pending_bytes, fwd ? 0 : recv});
+    for (std::size_t i = 0; i < pending.size();) {
+      if (pending[i].step > p) {
+        ++i;
+        continue;
+      }
+      pending_bytes -= pending[i].bytes;
+      pending[i] = pending.back();
+      pending.pop_back();
+    }
+    if (fwd) {
+      peak.visit({act + recv + (pc.n - 1 + (pc.ls ? 1 : 0)) * a,
+                  temp + pending_bytes + (pc.ls ? 0 : a) + (pc.last ? 4 : 0), 0});
+      act += held_act[ch] * a;
+      temp += held_temp[ch] * a;
+    } else {
+      const i64 dx = pc.n > 1 || !pc.first ? a : 0;
+      peak.visit({act, temp + pending_bytes + (pc.last ? a : 0) + dx, recv});
+      act -= held_act[ch] * a;
+      temp -= held_temp[ch] * a;
+    }
+    const Buffer b = leaves(p);
+    if (b.bytes > 0) pending.push_back(b), pending_bytes += b.bytes;
+  };
+  // Every stage's stall starts by v·S + 3S and its cool-down after 2vM - v·S - S; a
+  // send reaches at most 4S steps.
+  const i64 reach = 4 * S, period = 2 * S * v;
+  const i64 regular_from = v * S + 3 * S + reach, regular_to = n - v * S - S - reach;
+  const i64 skip_from = std::min(n, regular_from + period), skip_to = std::max(skip_from, regular_to);
+  start_at(0);
+  for (i64 p = 0; p < skip_from; ++p) visit(p);
+  if (skip_to > skip_from) start_at(skip_to);
+  for (i64 p = skip_to; p < n; ++p) visit(p);
+  return peak.best();
+}
+
 }  // namespace
 
 StageForms predict_pipeline_stage(const PipelineShape& shape, int stage) {
@@ -376,10 +483,7 @@ StageForms predict_pipeline_stage(const PipelineShape& shape, int stage) {
     case ScheduleKind::gpipe: out.peak = peak_one_f_one_b(c, c.M, base); break;
     case ScheduleKind::one_f_one_b: out.peak = peak_one_f_one_b(c, std::min(c.S - c.s - 1, c.M), base); break;
     case ScheduleKind::zb_h1: out.peak = peak_zb_h1(c, base); break;
-    // No closed form yet: its p2p sends wait for the consumer's unit-time round, which
-    // this file does not model; stage_forms (harness/pipeline/run_pipeline.cpp) fills
-    // the peak from a walk of the stage's lowered program (harness/pipeline/peak_walk).
-    case ScheduleKind::interleaved_1f1b: out.peak = base; break;
+    case ScheduleKind::interleaved_1f1b: out.peak = peak_interleaved(c, base); break;
   }
   return out;
 }

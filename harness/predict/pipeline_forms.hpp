@@ -1,9 +1,11 @@
 // Closed forms of what one pipeline stage holds and moves in a step (docs/design.md §2, §4;
 // docs/formulas.md writes them out). Each is a formula of the model's shape,
 // the schedule, S, M, v and the micro-batch sizes, evaluated in O(S·v + V) time and
-// memory: no action list, no lowered program and nothing of size M × layers is built,
-// so a plan of any size answers at once and a run checks its memory before it builds
-// anything, and measured == predicted checks the executor against independent code.
+// memory (interleaved 1F1B's peak visits O(S·v) positions of the stage's list, each a
+// formula: harness/predict/interleaved_timing): no action list, no lowered program and
+// nothing of size M × layers is built, so a plan of any size answers at once and a run
+// checks its memory before it builds anything, and measured == predicted checks the
+// executor against independent code.
 #pragma once
 
 #include <cstdint>
@@ -45,8 +47,7 @@ struct StageForms {
 };
 
 // Stage `stage` (0 <= stage < S) of `shape`, which the caller has checked
-// (pipeline_shape in harness/pipeline/ refuses what cannot run). interleaved-1f1b's
-// `peak` is only its base (resting, batch and target): see stage_forms.
+// (pipeline_shape in harness/pipeline/ refuses what cannot run).
 StageForms predict_pipeline_stage(const PipelineShape& shape, int stage);
 
 }  // namespace shardscope

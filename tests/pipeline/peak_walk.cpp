@@ -1,4 +1,4 @@
-#include "harness/pipeline/peak_walk.hpp"
+#include "pipeline/peak_walk.hpp"
 
 #include <map>
 #include <tuple>

@@ -1,7 +1,8 @@
-// The one pipeline figure without a closed form yet: interleaved 1F1B's step peak, whose
-// p2p sends wait for their consumer's unit-time round (lower.cpp), which shifts
-// irregularly at stage 0 and in the cool-down. Every other figure, and this one for the
-// other schedules: harness/predict/pipeline_forms.
+// The test oracle for a pipeline stage's step peak: a walk of the stage's lowered
+// program (harness/pipeline/lower.cpp), as the executor allocates. It replays the code
+// the forms predict, so it is no prediction: the tests hold harness/predict/
+// pipeline_forms' closed forms (interleaved 1F1B's above all, whose sends wait for their
+// consumer's unit-time round) equal to it on configurations too many to run.
 #pragma once
 
 #include "harness/pipeline/pipeline_stage.hpp"
