@@ -100,6 +100,43 @@ TEST(PipelineForms, EqualTheExecutorOnRandomConfigurations) {
   EXPECT_GT(uneven_split, 400);
 }
 
+// Interleaved 1F1B with a steady state long enough that its peak's form skips whole
+// periods (M > 2S + 6S/v), beyond the random draw's M <= 3S: the executor itself, not
+// only the walk of the lowered program (test_interleaved_peak), agrees.
+TEST(PipelineForms, InterleavedPeakEqualsTheExecutorOverLongSteadyStates) {
+  struct Case {
+    int S, v, M;
+  };
+  int checked = 0;
+  for (const Case& k : {Case{2, 4, 8}, Case{3, 4, 12}, Case{4, 3, 20}, Case{5, 4, 20}, Case{6, 2, 36}, Case{8, 2, 48}})
+    for (const Activation act : {Activation::none, Activation::relu})
+      for (const Loss loss : {Loss::sum, Loss::mse}) {
+        const int V = k.S * k.v, B = 3 * k.M + k.S + 1;  // uneven rows: B % M = S + 1
+        const ModelConfig model = model_of(V + 3, 3, B, act, loss);
+        const RunConfig cfg = testing::pipeline_config("interleaved-1f1b", k.M, k.v, model, 1, 3);
+        const PipelineShape shape = pipeline_shape(cfg, k.S);
+        for (int s = 0; s < k.S; ++s) {
+          SCOPED_TRACE("S=" + std::to_string(k.S) + " v=" + std::to_string(k.v) + " M=" + std::to_string(k.M) +
+                       (act == Activation::relu ? " relu" : " none") + (loss == Loss::mse ? " mse" : " sum") +
+                       " stage " + std::to_string(s));
+          CpuBackend backend;
+          auto comm = make_fake_communicator(k.S, s, &backend);
+          PipelineStage stage(cfg, backend, *comm);
+          stage.setup();
+          stage.prepare_batch(0);
+          stage.step();
+          const StageForms p = predict_pipeline_stage(shape, s);
+          const Tracker& tr = backend.tracker();
+          ASSERT_GT(tr.peak().total, p.resting.total());
+          EXPECT_EQ(tr.peak().total, p.peak.total());
+          for (int c = 0; c < kCategoryCount; ++c)
+            EXPECT_EQ(tr.peak().by_category.bytes[c], p.peak.bytes[c]) << "at the peak " << kCategoryNames[c];
+          ++checked;
+        }
+      }
+  EXPECT_EQ(checked, 4 * (2 + 3 + 4 + 5 + 6 + 8));
+}
+
 // Sizes no executor could hold (issue: a walk over micro-batches × layers took 23 GB):
 // the forms answer in milliseconds, and their figures are the schedules' formulas.
 TEST(PipelineForms, AnswerAtOnceForAnySize) {
