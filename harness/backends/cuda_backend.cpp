@@ -9,7 +9,9 @@
 #include <string>
 
 #include "harness/backends/nvml_query.hpp"
+#include "kernels/cuda_flash_attention.hpp"
 #include "kernels/cuda_ops.hpp"
+#include "kernels/cuda_transformer.hpp"
 #include "shardscope/cuda_check.hpp"
 
 namespace shardscope {
@@ -297,6 +299,126 @@ void CudaBackend::scale(float* x, float s, std::size_t n) { cuda_ops::scale(x, s
 
 void CudaBackend::add(float* dst, const float* src, std::size_t n) {
   cuda_ops::add(dst, src, n, stream_);
+}
+
+// ---- transformer math ---------------------------------------------------------------------
+
+// As gemm, batch by batch: cuBLAS gets B's matrices first, then A's, with their strides.
+void CudaBackend::gemm_batched(Trans ta, Trans tb, int m, int n, int k, float alpha, const float* a,
+                               int lda, std::int64_t stride_a, const float* b, int ldb,
+                               std::int64_t stride_b, float beta, float* c, int ldc,
+                               std::int64_t stride_c, int batch) {
+  SHARDSCOPE_REQUIRE(batch >= 0, "gemm_batched: negative batch");
+  if (m == 0 || n == 0 || batch == 0) return;
+  CUBLAS_CHECK(cublasSgemmStridedBatched(cublas_, to_cublas(tb), to_cublas(ta), n, m, k, &alpha, b,
+                                         ldb, stride_b, a, lda, stride_a, &beta, c, ldc, stride_c,
+                                         batch));
+}
+
+void CudaBackend::embedding_forward(float* out, const std::int64_t* ids, const float* table, int rows,
+                                    int dim) {
+  cuda_ops::embedding_forward(out, ids, table, rows, dim, stream_);
+}
+
+void CudaBackend::embedding_backward(float* dtable, const std::int64_t* ids, const float* dy, int rows,
+                                     int dim, int vocab, float beta) {
+  cuda_ops::embedding_backward(dtable, ids, dy, rows, dim, vocab, beta, stream_);
+}
+
+void CudaBackend::add_positions(float* out, const float* pos, int batch, int seq, int dim) {
+  cuda_ops::add_positions(out, pos, batch, seq, dim, stream_);
+}
+
+void CudaBackend::positions_backward(float* dpos, const float* dy, int batch, int seq, int dim,
+                                     float beta) {
+  cuda_ops::positions_backward(dpos, dy, batch, seq, dim, beta, stream_);
+}
+
+void CudaBackend::layer_norm_forward(float* y, float* mean, float* rstd, const float* x,
+                                     const float* gamma, const float* bias, int rows, int dim,
+                                     float eps) {
+  cuda_ops::layer_norm_forward(y, mean, rstd, x, gamma, bias, rows, dim, eps, stream_);
+}
+
+void CudaBackend::layer_norm_backward(float* dx, float* dgamma, float* dbias, const float* dy,
+                                      const float* x, const float* mean, const float* rstd,
+                                      const float* gamma, int rows, int dim, float beta) {
+  cuda_ops::layer_norm_backward(dx, dgamma, dbias, dy, x, mean, rstd, gamma, rows, dim, beta, stream_);
+}
+
+void CudaBackend::rms_norm_forward(float* y, float* rstd, const float* x, const float* gamma, int rows,
+                                   int dim, float eps) {
+  cuda_ops::rms_norm_forward(y, rstd, x, gamma, rows, dim, eps, stream_);
+}
+
+void CudaBackend::rms_norm_backward(float* dx, float* dgamma, const float* dy, const float* x,
+                                    const float* rstd, const float* gamma, int rows, int dim,
+                                    float beta) {
+  cuda_ops::rms_norm_backward(dx, dgamma, dy, x, rstd, gamma, rows, dim, beta, stream_);
+}
+
+void CudaBackend::gelu_tanh_forward(float* y, const float* x, std::size_t n) {
+  cuda_ops::gelu_tanh_forward(y, x, n, stream_);
+}
+
+void CudaBackend::gelu_tanh_backward(float* dx, const float* dy, const float* x, std::size_t n) {
+  cuda_ops::gelu_tanh_backward(dx, dy, x, n, stream_);
+}
+
+void CudaBackend::silu_forward(float* y, const float* x, std::size_t n) {
+  cuda_ops::silu_forward(y, x, n, stream_);
+}
+
+void CudaBackend::silu_backward(float* dx, const float* dy, const float* x, std::size_t n) {
+  cuda_ops::silu_backward(dx, dy, x, n, stream_);
+}
+
+void CudaBackend::mul(float* out, const float* a, const float* b, std::size_t n) {
+  cuda_ops::mul(out, a, b, n, stream_);
+}
+
+void CudaBackend::rope(float* x, int ld, int batch, int seq, int heads, int head_dim, float theta,
+                       bool inverse) {
+  cuda_ops::rope(x, ld, batch, seq, heads, head_dim, theta, inverse, stream_);
+}
+
+void CudaBackend::causal_softmax_forward(float* p, int count, int seq, float scale) {
+  cuda_ops::causal_softmax_forward(p, count, seq, scale, stream_);
+}
+
+void CudaBackend::softmax_backward(float* dp, const float* p, std::int64_t rows, int cols) {
+  cuda_ops::softmax_backward(dp, p, rows, cols, stream_);
+}
+
+void CudaBackend::permute_heads(float* dst, const float* src, int ld_tokens, int batch, int seq,
+                                int heads, int head_dim, bool to_heads) {
+  cuda_ops::permute_heads(dst, src, ld_tokens, batch, seq, heads, head_dim, to_heads, stream_);
+}
+
+void CudaBackend::flash_attention_forward(const AttentionArgs& a, float* out, int ldo, float* lse) {
+  cuda_ops::flash_attention_forward(a, out, ldo, lse, stream_);
+}
+
+void CudaBackend::flash_attention_backward(const AttentionArgs& a, const float* out, int ldo,
+                                           const float* dout, const float* lse, float* dq, float* dk,
+                                           float* dv) {
+  cuda_ops::flash_attention_backward(a, out, ldo, dout, lse, dq, dk, dv, stream_);
+}
+
+void CudaBackend::log_softmax_forward(float* logprobs, const float* logits, std::int64_t rows,
+                                      int cols) {
+  cuda_ops::log_softmax_forward(logprobs, logits, rows, cols, stream_);
+}
+
+void CudaBackend::nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets,
+                                   std::int64_t rows, int cols, float scale) {
+  cuda_ops::nll_loss_forward(loss_out, logprobs, targets, rows, cols, scale, stream_);
+}
+
+void CudaBackend::cross_entropy_backward(float* dlogits, const float* logprobs,
+                                         const std::int64_t* targets, std::int64_t rows, int cols,
+                                         float scale) {
+  cuda_ops::cross_entropy_backward(dlogits, logprobs, targets, rows, cols, scale, stream_);
 }
 
 void CudaBackend::upload(float* dst, const float* host, std::size_t n) {
