@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/host_ops.hpp"
+#include "kernels/host_transformer.hpp"
 
 #ifdef SHARDSCOPE_WITH_BLAS
 // OpenBLAS's cblas.h declares it, netlib's does not; an identical redeclaration is legal.
@@ -60,6 +61,106 @@ void CpuBackend::scale(float* x, float s, std::size_t n) {
 
 void CpuBackend::add(float* dst, const float* src, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+// ---- transformer math: the host kernels ----
+
+void CpuBackend::gemm_batched(Trans ta, Trans tb, int m, int n, int k, float alpha, const float* a, int lda,
+                              std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b, float beta,
+                              float* c, int ldc, std::int64_t stride_c, int batch) {
+  host::gemm_batched(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch);
+}
+
+void CpuBackend::embedding_forward(float* out, const std::int64_t* ids, const float* table, int rows, int dim) {
+  host::embedding_forward(out, ids, table, rows, dim);
+}
+
+void CpuBackend::embedding_backward(float* dtable, const std::int64_t* ids, const float* dy, int rows, int dim,
+                                    int vocab, float beta) {
+  host::embedding_backward(dtable, ids, dy, rows, dim, vocab, beta);
+}
+
+void CpuBackend::add_positions(float* out, const float* pos, int batch, int seq, int dim) {
+  host::add_positions(out, pos, batch, seq, dim);
+}
+
+void CpuBackend::positions_backward(float* dpos, const float* dy, int batch, int seq, int dim, float beta) {
+  host::positions_backward(dpos, dy, batch, seq, dim, beta);
+}
+
+void CpuBackend::layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* gamma,
+                                    const float* bias, int rows, int dim, float eps) {
+  host::layer_norm_forward(y, mean, rstd, x, gamma, bias, rows, dim, eps);
+}
+
+void CpuBackend::layer_norm_backward(float* dx, float* dgamma, float* dbias, const float* dy, const float* x,
+                                     const float* mean, const float* rstd, const float* gamma, int rows, int dim,
+                                     float beta) {
+  host::layer_norm_backward(dx, dgamma, dbias, dy, x, mean, rstd, gamma, rows, dim, beta);
+}
+
+void CpuBackend::rms_norm_forward(float* y, float* rstd, const float* x, const float* gamma, int rows, int dim,
+                                  float eps) {
+  host::rms_norm_forward(y, rstd, x, gamma, rows, dim, eps);
+}
+
+void CpuBackend::rms_norm_backward(float* dx, float* dgamma, const float* dy, const float* x, const float* rstd,
+                                   const float* gamma, int rows, int dim, float beta) {
+  host::rms_norm_backward(dx, dgamma, dy, x, rstd, gamma, rows, dim, beta);
+}
+
+void CpuBackend::gelu_tanh_forward(float* y, const float* x, std::size_t n) { host::gelu_tanh_forward(y, x, n); }
+
+void CpuBackend::gelu_tanh_backward(float* dx, const float* dy, const float* x, std::size_t n) {
+  host::gelu_tanh_backward(dx, dy, x, n);
+}
+
+void CpuBackend::silu_forward(float* y, const float* x, std::size_t n) { host::silu_forward(y, x, n); }
+
+void CpuBackend::silu_backward(float* dx, const float* dy, const float* x, std::size_t n) {
+  host::silu_backward(dx, dy, x, n);
+}
+
+void CpuBackend::mul(float* out, const float* a, const float* b, std::size_t n) { host::mul(out, a, b, n); }
+
+void CpuBackend::rope(float* x, int ld, int batch, int seq, int heads, int head_dim, float theta, bool inverse) {
+  host::rope(x, ld, batch, seq, heads, head_dim, theta, inverse);
+}
+
+void CpuBackend::causal_softmax_forward(float* p, int count, int seq, float scale) {
+  host::causal_softmax_forward(p, count, seq, scale);
+}
+
+void CpuBackend::softmax_backward(float* dp, const float* p, std::int64_t rows, int cols) {
+  host::softmax_backward(dp, p, rows, cols);
+}
+
+void CpuBackend::permute_heads(float* dst, const float* src, int ld_tokens, int batch, int seq, int heads,
+                               int head_dim, bool to_heads) {
+  host::permute_heads(dst, src, ld_tokens, batch, seq, heads, head_dim, to_heads);
+}
+
+void CpuBackend::flash_attention_forward(const AttentionArgs& a, float* out, int ldo, float* lse) {
+  host::flash_attention_forward(a, out, ldo, lse);
+}
+
+void CpuBackend::flash_attention_backward(const AttentionArgs& a, const float* out, int ldo, const float* dout,
+                                          const float* lse, float* dq, float* dk, float* dv) {
+  host::flash_attention_backward(a, out, ldo, dout, lse, dq, dk, dv);
+}
+
+void CpuBackend::log_softmax_forward(float* logprobs, const float* logits, std::int64_t rows, int cols) {
+  host::log_softmax_forward(logprobs, logits, rows, cols);
+}
+
+void CpuBackend::nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets,
+                                  std::int64_t rows, int cols, float scale) {
+  host::nll_loss_forward(loss_out, logprobs, targets, rows, cols, scale);
+}
+
+void CpuBackend::cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
+                                        std::int64_t rows, int cols, float scale) {
+  host::cross_entropy_backward(dlogits, logprobs, targets, rows, cols, scale);
 }
 
 void CpuBackend::upload(float* dst, const float* host, std::size_t n) {

@@ -1,6 +1,6 @@
 // The CPU backend (docs/design.md §5): host memory through the tracking allocator, GEMM by
 // OpenBLAS's cblas_sgemm on one thread per rank (plain loops without OpenBLAS), and
-// the element-wise math of kernels/host_ops.hpp.
+// the element-wise math of kernels/host_ops.hpp and kernels/host_transformer.hpp.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +34,43 @@ class CpuBackend : public Backend {
   void fill(float* dst, float value, std::size_t n) override;
   void scale(float* x, float s, std::size_t n) override;
   void add(float* dst, const float* src, std::size_t n) override;
+
+  // Transformer math: kernels/host_transformer.hpp.
+  void gemm_batched(Trans ta, Trans tb, int m, int n, int k, float alpha, const float* a, int lda,
+                    std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b, float beta, float* c,
+                    int ldc, std::int64_t stride_c, int batch) override;
+  void embedding_forward(float* out, const std::int64_t* ids, const float* table, int rows, int dim) override;
+  void embedding_backward(float* dtable, const std::int64_t* ids, const float* dy, int rows, int dim, int vocab,
+                          float beta) override;
+  void add_positions(float* out, const float* pos, int batch, int seq, int dim) override;
+  void positions_backward(float* dpos, const float* dy, int batch, int seq, int dim, float beta) override;
+  void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* gamma,
+                          const float* bias, int rows, int dim, float eps) override;
+  void layer_norm_backward(float* dx, float* dgamma, float* dbias, const float* dy, const float* x,
+                           const float* mean, const float* rstd, const float* gamma, int rows, int dim,
+                           float beta) override;
+  void rms_norm_forward(float* y, float* rstd, const float* x, const float* gamma, int rows, int dim,
+                        float eps) override;
+  void rms_norm_backward(float* dx, float* dgamma, const float* dy, const float* x, const float* rstd,
+                         const float* gamma, int rows, int dim, float beta) override;
+  void gelu_tanh_forward(float* y, const float* x, std::size_t n) override;
+  void gelu_tanh_backward(float* dx, const float* dy, const float* x, std::size_t n) override;
+  void silu_forward(float* y, const float* x, std::size_t n) override;
+  void silu_backward(float* dx, const float* dy, const float* x, std::size_t n) override;
+  void mul(float* out, const float* a, const float* b, std::size_t n) override;
+  void rope(float* x, int ld, int batch, int seq, int heads, int head_dim, float theta, bool inverse) override;
+  void causal_softmax_forward(float* p, int count, int seq, float scale) override;
+  void softmax_backward(float* dp, const float* p, std::int64_t rows, int cols) override;
+  void permute_heads(float* dst, const float* src, int ld_tokens, int batch, int seq, int heads, int head_dim,
+                     bool to_heads) override;
+  void flash_attention_forward(const AttentionArgs& a, float* out, int ldo, float* lse) override;
+  void flash_attention_backward(const AttentionArgs& a, const float* out, int ldo, const float* dout,
+                                const float* lse, float* dq, float* dk, float* dv) override;
+  void log_softmax_forward(float* logprobs, const float* logits, std::int64_t rows, int cols) override;
+  void nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets, std::int64_t rows,
+                        int cols, float scale) override;
+  void cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
+                              std::int64_t rows, int cols, float scale) override;
 
   void upload(float* dst, const float* host, std::size_t n) override;
   void download(float* host, const float* src, std::size_t n) override;
