@@ -345,9 +345,11 @@ __global__ void cross_entropy_backward_kernel(float* dlogits, const float* logpr
                                               const std::int64_t* targets, std::size_t n, int cols,
                                               float scale_over_rows) {
   SS_GRID_STRIDE(i, n) {
+    // torch's order (log_softmax's backward of nll's gradient): f exp(logprobs), less f
+    // at the target.
     const std::int64_t col = static_cast<std::int64_t>(i % cols);
-    const float onehot = targets[i / cols] == col ? 1.0f : 0.0f;
-    dlogits[i] = scale_over_rows * (expf(logprobs[i]) - onehot);
+    const float at_target = targets[i / cols] == col ? scale_over_rows : 0.0f;
+    dlogits[i] = scale_over_rows * expf(logprobs[i]) - at_target;
   }
 }
 
@@ -540,7 +542,11 @@ void log_softmax_forward(float* logprobs, const float* logits, std::int64_t rows
 
 void nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets,
                       std::int64_t rows, int cols, float scale, cudaStream_t stream) {
-  SHARDSCOPE_REQUIRE(rows > 0 && cols > 0, "nll_loss_forward: the mean needs rows > 0 and cols > 0");
+  SHARDSCOPE_REQUIRE(rows >= 0 && cols > 0, "nll_loss_forward: rows >= 0 and cols > 0");
+  if (rows == 0) {  // the mean of nothing: 0, as the host reference
+    CUDA_CHECK(cudaMemsetAsync(loss_out, 0, sizeof(float), stream));
+    return;
+  }
   nll_loss_kernel<<<1, kLossThreads, 0, stream>>>(loss_out, logprobs, targets, rows, cols, scale);
   CUDA_CHECK_LAUNCH();
 }
