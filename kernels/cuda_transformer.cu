@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/cuda_ops.hpp"
+#include "kernels/elementwise.hpp"
 #include "shardscope/cuda_check.hpp"
 
 namespace shardscope::cuda_ops {
@@ -60,46 +61,19 @@ __device__ float block_max(float v, float* scratch) {
   return r;
 }
 
-// ---- element-wise math (torch's formulas) --------------------------------------------
-constexpr float kGeluBeta = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluKappa = 0.044715f;
-
-__device__ __forceinline__ float gelu_tanh(float x) {
-  const float inner = kGeluBeta * (x + kGeluKappa * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(inner));
-}
-
-// torch's GeluBackwardCUDAKernelImpl, tanh branch.
-__device__ __forceinline__ float gelu_tanh_grad(float dy, float x) {
-  const float x_sq = x * x;
-  const float inner = kGeluBeta * (x + kGeluKappa * x_sq * x);
-  const float t = tanhf(inner);
-  const float left = 0.5f * x;
-  const float right = 1.0f + t;
-  const float left_derivative = 0.5f * right;
-  const float right_derivative = 1.0f - t * t;
-  const float inner_derivative = kGeluBeta * (1.0f + 3.0f * kGeluKappa * x_sq);
-  return dy * (left_derivative + left * right_derivative * inner_derivative);
-}
-
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
-
-__device__ __forceinline__ float silu_grad(float dy, float x) {
-  const float s = 1.0f / (1.0f + expf(-x));
-  return dy * s * (1.0f + x * (1.0f - s));
-}
-
+// ---- element-wise: GELU and SiLU are elementwise.hpp's, the host's own code (CUDA's expf
+// and tanhf on the device) ---------------------------------------------------------------
 __global__ void gelu_tanh_forward_kernel(float* y, const float* x, std::size_t n) {
-  SS_GRID_STRIDE(i, n) y[i] = gelu_tanh(x[i]);
+  SS_GRID_STRIDE(i, n) y[i] = math::gelu_tanh(x[i]);
 }
 __global__ void gelu_tanh_backward_kernel(float* dx, const float* dy, const float* x, std::size_t n) {
-  SS_GRID_STRIDE(i, n) dx[i] = gelu_tanh_grad(dy[i], x[i]);
+  SS_GRID_STRIDE(i, n) dx[i] = math::gelu_tanh_grad(dy[i], x[i]);
 }
 __global__ void silu_forward_kernel(float* y, const float* x, std::size_t n) {
-  SS_GRID_STRIDE(i, n) y[i] = silu(x[i]);
+  SS_GRID_STRIDE(i, n) y[i] = math::silu(x[i]);
 }
 __global__ void silu_backward_kernel(float* dx, const float* dy, const float* x, std::size_t n) {
-  SS_GRID_STRIDE(i, n) dx[i] = silu_grad(dy[i], x[i]);
+  SS_GRID_STRIDE(i, n) dx[i] = math::silu_grad(dy[i], x[i]);
 }
 __global__ void mul_kernel(float* out, const float* a, const float* b, std::size_t n) {
   SS_GRID_STRIDE(i, n) out[i] = a[i] * b[i];
