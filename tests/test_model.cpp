@@ -222,13 +222,14 @@ TEST(Model, RunsBlocksOtherThanTheMlpsWithAndWithoutParameters) {
 TEST(ModelRegistry, BuildsTheNamedModelAndRefusesOthersNamingTheFlag) {
   ModelConfig m;
   EXPECT_EQ(make_model(m)->blocks(), m.layers);
-  EXPECT_EQ(model_names_text(), "mlp");
+  EXPECT_EQ(model_names_text(), "mlp, gpt2, llama");
   m.name = "gpt3";
   try {
     make_model(m);
     FAIL() << "an unknown model was built";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("--model: unknown 'gpt3'; allowed: mlp"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--model: unknown 'gpt3'; allowed: mlp, gpt2, llama"), std::string::npos)
+        << e.what();
   }
 }
 

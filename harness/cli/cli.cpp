@@ -24,6 +24,7 @@
 #include "harness/cli/plan.hpp"
 #include "harness/cli/run_outputs.hpp"
 #include "harness/cli/sweep.hpp"
+#include "harness/cli/transformer_flags.hpp"
 #include "harness/comm/mpi_env.hpp"
 #include "harness/model/model.hpp"
 #include "harness/common/signals_held.hpp"
@@ -80,15 +81,35 @@ struct RunFlags {
   std::string bytes = "binary";
   std::string comm_timeout = "300";
   bool tf32 = false, wide = false;
+  // Transformers (--model gpt2|llama, --hf-config): empty when not given.
+  std::string hf_config, hidden, heads, kv_heads, ffn, vocab, seq, positions, attention = "flash";
 };
 
+// The flags only a transformer takes, and those only the MLP takes.
+constexpr const char* kTransformerFlags[] = {"--hf-config", "--hidden", "--heads",     "--kv-heads", "--ffn",
+                                             "--vocab",     "--seq",    "--positions", "--attention"};
+constexpr const char* kMlpFlags[] = {"--width", "--activation", "--loss"};
+
 void add_run_flags(CLI::App& app, RunFlags& f) {
-  app.add_option("--model", f.model, model_names_text() + " (default mlp)")->type_name("NAME");
-  app.add_option("--layers", f.layers, "number of Linear layers (default 8)")->type_name("N");
-  app.add_option("--width", f.width, "width of every layer (default 256)")->type_name("N");
-  app.add_option("--batch", f.batch, "rows per rank (data parallel) or per pipeline (default 32)")->type_name("N");
-  app.add_option("--activation", f.activation, "none | relu (default none)")->type_name("none|relu");
-  app.add_option("--loss", f.loss, "sum | mse (default sum)")->type_name("sum|mse");
+  app.add_option("--model", f.model, model_names_text() + " (default mlp; --hf-config implies its family)")->type_name("NAME");
+  app.add_option("--layers", f.layers, "MLP: Linear layers (default 8); transformer: blocks")->type_name("N");
+  app.add_option("--width", f.width, "MLP only: width of every layer (default 256)")->type_name("N");
+  app.add_option("--batch", f.batch,
+                 "rows (MLP, default 32) or sequences (transformer, default 1) per rank (data parallel) or per pipeline")
+      ->type_name("N");
+  app.add_option("--activation", f.activation, "MLP only: none | relu (default none)")->type_name("none|relu");
+  app.add_option("--loss", f.loss, "MLP only: sum | mse (default sum)")->type_name("sum|mse");
+  app.add_option("--hf-config", f.hf_config,
+                 "a Hugging Face config.json (model_type gpt2, llama, mistral, qwen2); the flags below override it")
+      ->type_name("FILE");
+  app.add_option("--hidden", f.hidden, "transformer: hidden size (default: the config's, or gpt2 768, llama 4096)")->type_name("N");
+  app.add_option("--heads", f.heads, "transformer: attention heads (gpt2 12, llama 32)")->type_name("N");
+  app.add_option("--kv-heads", f.kv_heads, "transformer: key/value heads, dividing the heads (default: the heads)")->type_name("N");
+  app.add_option("--ffn", f.ffn, "transformer: MLP inner width (gpt2 4 x hidden, llama 11008)")->type_name("N");
+  app.add_option("--vocab", f.vocab, "transformer: vocabulary (gpt2 50257, llama 32000)")->type_name("N");
+  app.add_option("--seq", f.seq, "transformer: tokens per sequence (default min(1024, positions))")->type_name("N");
+  app.add_option("--positions", f.positions, "transformer: most positions (gpt2 1024, llama 4096)")->type_name("N");
+  app.add_option("--attention", f.attention, "transformer: math | flash (default flash)")->type_name("math|flash");
   app.add_option("--steps", f.steps, "optimizer steps; the first is warm-up (default 11: ten timed)")->type_name("N");
   app.add_option("--seed", f.seed, "seed of data and initial parameters (default 0)")->type_name("N");
   app.add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | zero3 (default ddp)")->type_name("NAME");
@@ -221,15 +242,46 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   // per-layer predictions quick): 16 B x layers x width^2 and 4 B x batch x width x layers.
   c.model.name = f.model;
   check_model_name(c.model.name);
-  c.model.layers = parse_bounded("--layers", f.layers, 100'000);
-  c.model.width = parse_bounded("--width", f.width, 1'000'000);
-  c.model.batch = parse_bounded("--batch", f.batch, 10'000'000);
-  if (f.activation == "none") c.model.activation = Activation::none;
-  else if (f.activation == "relu") c.model.activation = Activation::relu;
-  else throw UsageError("--activation: unknown '" + f.activation + "'; allowed: none, relu");
-  if (f.loss == "sum") c.model.loss = Loss::sum;
-  else if (f.loss == "mse") c.model.loss = Loss::mse;
-  else throw UsageError("--loss: unknown '" + f.loss + "'; allowed: sum, mse");
+  const bool transformer = app.count("--hf-config") > 0 || c.model.name != "mlp";
+  if (transformer) {
+    for (const char* flag : kMlpFlags)
+      if (app.count(flag) > 0)
+        throw UsageError(std::string(flag) + " is the MLP's flag; a transformer (--model gpt2|llama, --hf-config) "
+                         "takes --layers --hidden --heads --kv-heads --ffn --vocab --seq --positions --attention");
+    c.model.batch = app.count("--batch") > 0 ? parse_bounded("--batch", f.batch, 10'000'000) : 1;
+    TransformerFlags t;
+    if (app.count("--model") > 0) t.model = f.model;
+    t.hf_config = f.hf_config;
+    if (app.count("--layers") > 0) t.layers = f.layers;
+    t.hidden = f.hidden;
+    t.heads = f.heads;
+    t.kv_heads = f.kv_heads;
+    t.ffn = f.ffn;
+    t.vocab = f.vocab;
+    t.seq = f.seq;
+    t.positions = f.positions;
+    t.attention = f.attention;
+    t.batch = c.model.batch;
+    const TransformerModel model = transformer_from_flags(t);
+    c.model.name = model.family;
+    c.model.transformer = model.shape;
+    c.model.layers = model.shape.layers;
+    c.model.width = model.shape.hidden;
+  } else {
+    for (const char* flag : kTransformerFlags)
+      if (app.count(flag) > 0)
+        throw UsageError(std::string(flag) + " is a transformer's flag: give --model gpt2|llama or --hf-config FILE "
+                         "(the MLP takes --layers --width --batch --activation --loss)");
+    c.model.layers = parse_bounded("--layers", f.layers, 100'000);
+    c.model.width = parse_bounded("--width", f.width, 1'000'000);
+    c.model.batch = parse_bounded("--batch", f.batch, 10'000'000);
+    if (f.activation == "none") c.model.activation = Activation::none;
+    else if (f.activation == "relu") c.model.activation = Activation::relu;
+    else throw UsageError("--activation: unknown '" + f.activation + "'; allowed: none, relu");
+    if (f.loss == "sum") c.model.loss = Loss::sum;
+    else if (f.loss == "mse") c.model.loss = Loss::mse;
+    else throw UsageError("--loss: unknown '" + f.loss + "'; allowed: sum, mse");
+  }
   c.steps = parse_positive("--steps", f.steps, 1'000'000);
   {
     std::size_t used = 0;

@@ -119,9 +119,14 @@ bool reaches(const std::string& name, std::optional<ScheduleKind> schedule) {
 // that reaches a job of this family (see reaches()).
 std::vector<std::string> merged_flags(const SweepOptions& o, const Flags& preset,
                                       std::optional<ScheduleKind> schedule) {
+  // A transformer (--hf-config, --model gpt2|llama) takes the preset's experiment (its
+  // strategies, worlds and steps), not its MLP's shape.
+  const std::optional<std::string> model = pass_value(o, "--model");
+  const bool transformer = has_pass(o, "--hf-config") || (model && *model != "mlp");
+  const std::vector<std::string> mlp_shape = {"--layers", "--width", "--batch", "--activation", "--loss"};
   std::vector<std::string> out;
   for (const auto& [name, value] : preset) {
-    if (has_pass(o, name)) continue;
+    if (has_pass(o, name) || (transformer && has(mlp_shape, name))) continue;
     out.push_back(name);
     out.push_back(value);
   }

@@ -136,11 +136,14 @@ class Model {
 };
 
 // The model cfg.model.name names (harness/model/registry.cpp); UsageError naming
-// --model for an unknown name.
+// --model for an unknown name, or for a family whose model this build has not registered.
 std::unique_ptr<Model> make_model(const ModelConfig& config);
-// UsageError naming --model and the registered names unless `name` is one of them.
+// UsageError naming --model and the families unless `name` is one of them.
 void check_model_name(const std::string& name);
-// The registered names, for --model's help and errors: "mlp".
+// The same, and UsageError naming --model for a family this build cannot run (no model
+// registered for it): what a run checks before anything else.
+void check_model_runnable(const std::string& name);
+// The families --model takes, for its help and errors: "mlp, gpt2, llama".
 std::string model_names_text();
 
 }  // namespace shardscope

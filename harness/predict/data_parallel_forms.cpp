@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "harness/predict/transformer_forms.hpp"
 #include "harness/strategies/partition.hpp"
 #include "shardscope/predict.hpp"
 
@@ -37,6 +38,8 @@ struct Candidate {
 }  // namespace
 
 std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int world) {
+  // A transformer's model states (transformer_forms.hpp); its peak awaits the activation forms.
+  if (cfg.model.is_transformer()) return transformer_model_states(cfg, world);
   const ModelConfig& m = cfg.model;
   const StrategyKind s = cfg.strategy;
   const bool fsdp = shards_by_unit(s);

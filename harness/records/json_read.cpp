@@ -413,6 +413,27 @@ ModelRecord read_model(const Reader& rd, const json& run) {
   r.activation = rd.text(m, "model", "activation", "a name");
   r.loss = rd.text(m, "model", "loss", "a name");
   r.batch = rd.positive(m, "model", "batch");
+  // A transformer's (files of an MLP, and those written before transformers, have neither).
+  if (m.contains("family")) r.family = rd.text(m, "model", "family", "a model family");
+  if (m.contains("shape")) {
+    const json& s = rd.object(m, "model", "shape");
+    const std::string path = "model.shape";
+    TransformerShapeRecord t;
+    t.model_type = rd.text(s, path, "model_type", "a model_type");
+    t.hidden = rd.positive(s, path, "hidden");
+    t.heads = rd.positive(s, path, "heads");
+    t.kv_heads = rd.positive(s, path, "kv_heads");
+    t.head_dim = rd.positive(s, path, "head_dim");
+    t.ffn = rd.positive(s, path, "ffn");
+    t.vocab = rd.positive(s, path, "vocab");
+    t.seq = rd.positive(s, path, "seq");
+    t.positions = rd.positive(s, path, "positions");
+    t.tied_embeddings = rd.boolean(s, path, "tied_embeddings");
+    t.qkv_bias = rd.boolean(s, path, "qkv_bias");
+    t.out_bias = rd.boolean(s, path, "out_bias");
+    t.attention = rd.text(s, path, "attention", "math or flash");
+    r.shape = t;
+  }
   return r;
 }
 

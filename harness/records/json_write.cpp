@@ -168,17 +168,43 @@ json to_json(const CategoryFigures& b) {
 }
 
 json to_json(const ModelRecord& m) {
-  return {{"layers", m.layers},
-          {"width", m.width},
-          {"params", m.params},
-          {"param_tensors", m.param_tensors},
-          {"param_bytes", m.param_bytes},
-          {"activation", m.activation},
-          {"loss", m.loss},
-          {"batch", m.batch}};
+  json j = {{"layers", m.layers},
+            {"width", m.width},
+            {"params", m.params},
+            {"param_tensors", m.param_tensors},
+            {"param_bytes", m.param_bytes},
+            {"activation", m.activation},
+            {"loss", m.loss},
+            {"batch", m.batch}};
+  if (m.family) j["family"] = *m.family;
+  if (m.shape) {
+    const TransformerShapeRecord& s = *m.shape;
+    j["shape"] = {{"model_type", s.model_type},
+                  {"hidden", s.hidden},
+                  {"heads", s.heads},
+                  {"kv_heads", s.kv_heads},
+                  {"head_dim", s.head_dim},
+                  {"ffn", s.ffn},
+                  {"vocab", s.vocab},
+                  {"seq", s.seq},
+                  {"positions", s.positions},
+                  {"tied_embeddings", s.tied_embeddings},
+                  {"qkv_bias", s.qkv_bias},
+                  {"out_bias", s.out_bias},
+                  {"attention", s.attention}};
+  }
+  return j;
 }
 
 json to_json(const RankPredicted& p) {
+  if (!p.peak_known)
+    return {{"resting_total", p.resting_total},
+            {"resting", to_json(p.resting)},
+            {"peak_total", nullptr},
+            {"peak_by_category", nullptr},
+            {"peak_phase", nullptr},
+            {"peak_where", nullptr},
+            {"comm_bytes", p.comm_bytes}};
   return {{"resting_total", p.resting_total},
           {"resting", to_json(p.resting)},
           {"peak_total", p.peak_total},

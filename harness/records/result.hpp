@@ -57,6 +57,9 @@ struct TimeSummary {
 struct RankPredicted {
   std::int64_t resting_total = 0;
   CategoryFigures resting;
+  // False: no closed form of the peak in this build (a transformer's before its
+  // activation forms); the peak fields are written as null.
+  bool peak_known = true;
   std::int64_t peak_total = 0;
   CategoryFigures peak_by_category;
   std::string peak_phase;
@@ -200,7 +203,26 @@ struct StageRecord {
   std::optional<Placement> placement;
 };
 
-// "model".
+// "model"."shape": a transformer's shape (docs/json.md); left out for the MLP.
+struct TransformerShapeRecord {
+  std::string model_type;  // gpt2, llama, mistral, qwen2
+  int hidden = 0;
+  int heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  int ffn = 0;
+  int vocab = 0;
+  int seq = 0;
+  int positions = 0;
+  bool tied_embeddings = false;
+  bool qkv_bias = false;
+  bool out_bias = false;
+  std::string attention;  // math | flash
+};
+
+// "model". A transformer's record adds "family" (gpt2, llama) and "shape"; its "layers"
+// are its blocks, "width" its hidden size, "batch" sequences, "activation" and "loss" its
+// (gelu_tanh or swiglu, cross_entropy).
 struct ModelRecord {
   int layers = 0;
   int width = 0;
@@ -210,6 +232,8 @@ struct ModelRecord {
   std::string activation;
   std::string loss;
   int batch = 0;
+  std::optional<std::string> family;               // left out for the MLP
+  std::optional<TransformerShapeRecord> shape;     // left out for the MLP
 };
 
 // What every run says of where it ran ("backend", "comm", "emulated", and "rank": the

@@ -6,6 +6,7 @@
 #include <string>
 #include <variant>
 
+#include "harness/records/json_write.hpp"
 #include "harness/report/cells.hpp"
 #include "harness/report/record_label.hpp"
 #include "harness/report/table_parts.hpp"
@@ -141,10 +142,25 @@ std::string measured_bytes(std::int64_t measured, std::int64_t predicted, const 
 }
 
 std::string model_line(const ModelRecord& model, bool batch_per_rank, const TableOptions& options) {
-  std::string line = std::to_string(model.layers) + " x " + std::to_string(model.width);
-  line += ", activation " + model.activation;
-  line += ", loss " + model.loss;
-  line += ", batch " + std::to_string(model.batch) + (batch_per_rank ? "/rank" : "");
+  std::string line;
+  if (model.shape) {
+    // "llama-3 style": the family, its model_type when another, then the shape.
+    const TransformerShapeRecord& s = *model.shape;
+    const std::string family = model.family.value_or(s.model_type);
+    line = family + (s.model_type != family ? " (" + s.model_type + ")" : "") + ", " + std::to_string(model.layers) +
+           " layers x hidden " + std::to_string(s.hidden);
+    line += ", heads " + std::to_string(s.heads) + (s.kv_heads != s.heads ? " (kv " + std::to_string(s.kv_heads) + ")" : "");
+    line += ", ffn " + std::to_string(s.ffn) + ", vocab " + std::to_string(s.vocab);
+    line += s.tied_embeddings ? " (tied)" : "";
+    line += ", seq " + std::to_string(s.seq) + ", attention " + s.attention;
+    line += ", batch " + std::to_string(model.batch) + (model.batch == 1 ? " sequence" : " sequences") +
+            (batch_per_rank ? "/rank" : "");
+  } else {
+    line = std::to_string(model.layers) + " x " + std::to_string(model.width);
+    line += ", activation " + model.activation;
+    line += ", loss " + model.loss;
+    line += ", batch " + std::to_string(model.batch) + (batch_per_rank ? "/rank" : "");
+  }
   line += ", P = " + cells::group_digits(model.params) + " params";
   line += ", 4P = " + (options.exact_bytes ? cells::group_digits(model.param_bytes) + " B"
                                            : cells::bytes(model.param_bytes, options));
@@ -199,8 +215,10 @@ std::vector<std::string> step_spread(const TimeSummary& step, const std::vector<
 }
 
 bool same_group(const ModelRecord& a, const ModelRecord& b) {
+  const auto shape = [](const ModelRecord& m) { return to_json(m).value("shape", nlohmann::json()); };
   return a.layers == b.layers && a.width == b.width && a.params == b.params && a.param_tensors == b.param_tensors &&
-         a.param_bytes == b.param_bytes && a.activation == b.activation && a.loss == b.loss && a.batch == b.batch;
+         a.param_bytes == b.param_bytes && a.activation == b.activation && a.loss == b.loss && a.batch == b.batch &&
+         a.family == b.family && shape(a) == shape(b);
 }
 
 void print_live_at_peak(const std::vector<std::string>& head_names, const std::vector<LiveRow>& rows,

@@ -157,6 +157,7 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
   }
   TextTable table(headers, align);
   std::vector<PlanRow> rows;
+  bool peak_unknown = false;
   for (const DataParallelPlan* dp : plans) {
     const DataParallelRun& run = dp->run;
     const std::int64_t four_p = run.model.param_bytes;
@@ -169,16 +170,39 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
           !uses_units(run) ? cells::kMissing : run.layers_per_unit ? std::to_string(*run.layers_per_unit) : "all";
       std::vector<std::string> row = {run.strategy, std::to_string(run.world), units, who};
       rows.push_back({row, &p.peak_by_category, cells::bytes(p.comm_bytes, options), ""});
-      for (std::string cell : {cells::bytes(p.resting_total, options), multiple(p.resting_total, four_p),
-                               cells::bytes(p.peak_total, options), multiple(p.peak_total, four_p),
-                               p.peak_phase + ", " + p.peak_where})
-        row.push_back(std::move(cell));
-      if (options.wide) row.insert(row.end(), {cells::bytes(p.comm_bytes, options), above_rest(p.peak_by_category)});
-      if (plan.memory_bytes) row.push_back(fits_cell(group.fits, p.peak_total, plan, options));
+      if (p.peak_known) {
+        for (std::string cell : {cells::bytes(p.resting_total, options), multiple(p.resting_total, four_p),
+                                 cells::bytes(p.peak_total, options), multiple(p.peak_total, four_p),
+                                 p.peak_phase + ", " + p.peak_where})
+          row.push_back(std::move(cell));
+      } else {
+        peak_unknown = true;
+        for (std::string cell : {cells::bytes(p.resting_total, options), multiple(p.resting_total, four_p),
+                                 std::string(cells::kMissing), std::string(cells::kMissing), std::string("(note)")})
+          row.push_back(std::move(cell));
+      }
+      if (options.wide)
+        row.insert(row.end(), {cells::bytes(p.comm_bytes, options),
+                               p.peak_known ? above_rest(p.peak_by_category) : std::string(cells::kMissing)});
+      if (plan.memory_bytes) {
+        // Without a peak, only resting bytes above the memory decide (that it does not fit).
+        const bool resting_over = !p.peak_known && group.fits == std::optional<bool>(false);
+        row.push_back(p.peak_known || resting_over
+                          ? fits_cell(group.fits, p.peak_known ? p.peak_total : p.resting_total, plan, options) +
+                                (resting_over ? " at rest" : "")
+                          : "peak unknown");
+      }
       table.add_row(std::move(row));
     }
   }
   table.print(os);
+  if (peak_unknown)
+    os << tables::wrap_text(
+              "  (note) A transformer's peak needs its activation forms (issue 14, docs/formulas.md, \"Transformers\"), "
+              "not in this build: the figures above are its model states at rest (parameters, gradients, AdamW), "
+              "exact; what a step adds on top (activations, logits, gathered units) is not printed rather than guessed.",
+              " ", 96, "  ")
+       << '\n';
   if (!options.wide)
     print_above_rest(head, {Align::left, Align::right, Align::left, Align::left}, rows, "comm B/step", options, os);
 }

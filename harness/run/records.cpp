@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "harness/predict/transformer_forms.hpp"
+
 namespace shardscope {
 
 CategoryFigures category_figures(const CategoryBytes& b) { return {b.total(), b.bytes}; }
@@ -24,6 +26,7 @@ PeakFigures peak_figures(const PeakRecord& peak, std::string where) {
 RankPredicted rank_predicted(const Prediction& p) {
   return {p.resting.total(),
           category_figures(p.resting),
+          p.peak_known,
           p.peak_total,
           category_figures(p.peak_by_category),
           std::string(phase_name(p.peak_phase)),
@@ -32,6 +35,23 @@ RankPredicted rank_predicted(const Prediction& p) {
 }
 
 ModelRecord model_record(const ModelConfig& m) {
+  if (m.is_transformer()) {
+    const TransformerShape& s = m.transformer;
+    const std::int64_t params = transformer_params(s);
+    ModelRecord r{s.layers,
+                  s.hidden,
+                  params,
+                  transformer_param_tensors(s),
+                  4 * params,
+                  m.name == "gpt2" ? "gelu_tanh" : "swiglu",
+                  "cross_entropy",
+                  m.batch,
+                  m.name,
+                  TransformerShapeRecord{s.model_type, s.hidden, s.heads, s.kv_heads, s.head_dim, s.ffn, s.vocab, s.seq,
+                                         s.positions, s.tied_embeddings, s.qkv_bias, s.out_bias,
+                                         s.attention == AttentionMode::math ? "math" : "flash"}};
+    return r;
+  }
   return {m.layers,
           m.width,
           m.params(),
@@ -39,7 +59,9 @@ ModelRecord model_record(const ModelConfig& m) {
           4 * m.params(),
           m.activation == Activation::relu ? "relu" : "none",
           m.loss == Loss::mse ? "mse" : "sum",
-          m.batch};
+          m.batch,
+          std::nullopt,
+          std::nullopt};
 }
 
 int timed_steps(int steps) { return steps > 1 ? steps - 1 : 0; }

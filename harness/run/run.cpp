@@ -10,6 +10,7 @@
 #endif
 #include "harness/common/json_text.hpp"
 #include "harness/model/data.hpp"
+#include "harness/model/model.hpp"
 #include "harness/pipeline/run_pipeline.hpp"
 #include "harness/records/json_read.hpp"
 #include "harness/records/json_write.hpp"
@@ -165,6 +166,7 @@ void agree_on_refusal(const std::string& refusal, const MpiSession& mpi) {
 // refusal that follows from them alone comes on every rank at once; what depends on a
 // rank's machine is agreed explicitly.
 JobSetup prepare_job(const RunConfig& cfg, const MpiSession& mpi) {
+  check_model_runnable(cfg.model.name);
   JobSetup setup;
   setup.backend = choose_backend(cfg);
   if (!all_ranks_equal(setup.backend))

@@ -6,6 +6,8 @@
 #include <queue>
 #include <utility>
 
+#include "harness/predict/transformer_forms.hpp"
+
 namespace shardscope {
 
 std::vector<int> zero1_owners(const std::vector<std::int64_t>& elems, int world) {
@@ -31,6 +33,7 @@ std::vector<int> zero1_owners(const std::vector<std::int64_t>& elems, int world)
 }
 
 std::vector<int> zero1_owners(const ModelConfig& model, int world) {
+  if (model.is_transformer()) return zero1_owners(transformer_tensor_sizes(model.transformer), world);
   std::vector<std::int64_t> elems;
   for (int t = 0; t < model.param_tensors(); ++t) elems.push_back(model.tensor_elems(t));
   return zero1_owners(elems, world);
@@ -55,7 +58,35 @@ std::vector<Unit> fsdp_units(const std::vector<std::int64_t>& block_elems, int b
   return units;
 }
 
+std::vector<Unit> fsdp_units(const std::vector<std::int64_t>& block_elems, const std::vector<std::vector<int>>& groups,
+                             int world) {
+  // Each block's offset in the model's flat vector.
+  std::vector<std::int64_t> offset(block_elems.size() + 1, 0);
+  for (std::size_t b = 0; b < block_elems.size(); ++b) offset[b + 1] = offset[b] + block_elems[b];
+  std::vector<Unit> units;
+  units.reserve(groups.size());
+  for (const std::vector<int>& group : groups) {
+    Unit u;
+    u.first_block = group.front();
+    u.last_block = group.back() + 1;
+    bool contiguous = true;
+    for (std::size_t i = 0; i < group.size(); ++i) {
+      u.elems += block_elems[group[i]];
+      if (group[i] != group.front() + static_cast<int>(i)) contiguous = false;
+    }
+    if (!contiguous) u.blocks = group;
+    u.flat_offset = offset[group.front()];
+    u.shard = (u.elems + world - 1) / world;
+    u.padded = u.shard * world;
+    units.push_back(std::move(u));
+  }
+  return units;
+}
+
 std::vector<Unit> fsdp_units(const ModelConfig& model, int layers_per_unit, int world) {
+  if (model.is_transformer())
+    return fsdp_units(transformer_block_sizes(model.transformer),
+                      transformer_unit_blocks(model.transformer, layers_per_unit), world);
   return fsdp_units(std::vector<std::int64_t>(model.layers, model.layer_elems()), layers_per_unit, world);
 }
 

@@ -13,15 +13,22 @@ namespace shardscope {
 // descending (stable), each to the least-loaded rank (ties to the lowest rank).
 // Takes each parameter tensor's elements, in torch order; returns each one's owner.
 std::vector<int> zero1_owners(const std::vector<std::int64_t>& tensor_elems, int world);
-// The same for the MLP of `model` (its tensors: weight, bias, weight, ...).
+// The same for the model `model` describes (the MLP's tensors: weight, bias, weight, ...;
+// a transformer's: transformer_tensor_sizes).
 std::vector<int> zero1_owners(const ModelConfig& model, int world);
 
 // One FSDP flat parameter: blocks [first_block, last_block), `elems` parameters
 // starting at `flat_offset` of the model's flat vector, padded to `padded`
 // (a multiple of world); each rank owns `shard` = padded / world of them.
+// A unit of blocks that are not contiguous (a transformer's root unit: the embeddings
+// and the final norm and head, blocks {0, L + 1}) lists them in `blocks`, in the order
+// its flat parameter concatenates them; first_block is then blocks.front(), last_block
+// blocks.back() + 1, and flat_offset the offset of its first block. `blocks` is empty
+// for a contiguous unit.
 struct Unit {
   int first_block = 0;
   int last_block = 0;
+  std::vector<int> blocks;  // only when not contiguous
   std::int64_t flat_offset = 0;
   std::int64_t elems = 0;
   std::int64_t padded = 0;
@@ -31,7 +38,12 @@ struct Unit {
 // K blocks per unit (the last takes what is left); K = 0 means one root unit. Takes
 // each block's parameter elements, in order.
 std::vector<Unit> fsdp_units(const std::vector<std::int64_t>& block_elems, int blocks_per_unit, int world);
-// The same for the MLP of `model` (its blocks: one Linear layer each).
+// The same for the model `model` describes (the MLP's blocks: one Linear layer each; a
+// transformer's: transformer_unit_blocks, a root unit and K transformer blocks a unit).
 std::vector<Unit> fsdp_units(const ModelConfig& model, int layers_per_unit, int world);
+// Units of the given groups of blocks, each group a unit (its blocks in flat order, not
+// necessarily contiguous: transformer_unit_blocks in harness/predict/transformer_forms.hpp).
+std::vector<Unit> fsdp_units(const std::vector<std::int64_t>& block_elems, const std::vector<std::vector<int>>& groups,
+                             int world);
 
 }  // namespace shardscope

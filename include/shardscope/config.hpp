@@ -46,6 +46,10 @@ struct ModelConfig {
   Activation activation = Activation::none;
   Loss loss = Loss::sum;
 
+  // gpt2 or llama: the shape is `transformer`, and the MLP's sizes below do not apply
+  // (harness/predict/transformer_forms.hpp has the transformer's).
+  bool is_transformer() const { return name != "mlp"; }
+
   std::int64_t weight_elems() const { return static_cast<std::int64_t>(width) * width; }
   std::int64_t layer_elems() const { return weight_elems() + width; }
   std::int64_t params() const { return layers * layer_elems(); }

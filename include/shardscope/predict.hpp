@@ -15,6 +15,9 @@ namespace shardscope {
 
 struct Prediction {
   CategoryBytes resting;  // per category, bytes
+  // False while a model's peak has no closed form in this build (a transformer's needs
+  // its activation forms): the peak figures below are then zero and not a prediction.
+  bool peak_known = true;
   std::int64_t peak_total = 0;
   CategoryBytes peak_by_category;  // what is live at the peak, per category
   Phase peak_phase = Phase::setup;

@@ -76,8 +76,8 @@ TEST_F(RunInputs, AMissingEmptyRepeatedOrUnwantedValueIsRefusedNamingTheOption) 
 
 TEST_F(RunInputs, AModelTheRegistryDoesNotHoldIsRefusedNamingTheOnesItDoes) {
   std::string line;
-  EXPECT_EQ(run("--model gpt2", &line), 2);
-  EXPECT_EQ(line, "shardscope: error: --model: unknown 'gpt2'; allowed: mlp");
+  EXPECT_EQ(run("--model gpt3", &line), 2);
+  EXPECT_EQ(line, "shardscope: error: --model: unknown 'gpt3'; allowed: mlp, gpt2, llama");
   EXPECT_EQ(run("--model mlp --steps 1 --emulate 2:1"), 0);
 }
 
