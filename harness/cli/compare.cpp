@@ -12,6 +12,7 @@
 #include "harness/cli/cli.hpp"
 #include "harness/cli/sweep_plan.hpp"
 #include "harness/records/json_read.hpp"
+#include "harness/records/json_write.hpp"
 #include "harness/report/comparison.hpp"
 #include "harness/report/cells.hpp"
 #include "harness/report/json_io.hpp"
@@ -35,7 +36,10 @@ const ModelRecord& model_of(const RunRecord& run) {
 int world_of(const RunRecord& run) { return data_parallel(run) ? data_parallel(run)->world : pipeline(run)->world; }
 
 json model_key(const ModelRecord& m) {
-  return json::array({m.layers, m.width, m.params, m.param_tensors, m.param_bytes, m.activation, m.loss, m.batch});
+  json key = json::array({m.layers, m.width, m.params, m.param_tensors, m.param_bytes, m.activation, m.loss, m.batch});
+  // A transformer's shape (seq, attention, heads, ...) tells apart runs alike in the rest.
+  if (m.shape) key.push_back(to_json(m));
+  return key;
 }
 
 // What makes two runs the same configuration.
@@ -113,6 +117,11 @@ ComparedSide side(const Member* m) {
 // activation and loss too, for models alike in shape.
 std::string model_tag(const ModelRecord& model, bool detailed) {
   std::string tag = std::to_string(model.layers) + "x" + std::to_string(model.width) + " b" + std::to_string(model.batch);
+  if (model.shape) {  // "llama 32x4096 b1 seq 8192", and its attention when detailed
+    tag = model.family.value_or(model.shape->model_type) + " " + tag + " seq " + std::to_string(model.shape->seq);
+    if (detailed) tag += " " + model.shape->attention;
+    return tag;
+  }
   if (detailed) tag += " " + model.activation + " " + model.loss;
   return tag;
 }

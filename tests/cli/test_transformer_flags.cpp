@@ -14,6 +14,9 @@
 
 #include "harness/cli/cli.hpp"
 #include "harness/cli/hf_config.hpp"
+#include "harness/records/json_read.hpp"
+#include "harness/records/json_write.hpp"
+#include "harness/run/records.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "shardscope/check.hpp"
 #include "support/shell.hpp"
@@ -319,6 +322,39 @@ TEST(HfConfig, OptionalFieldsTakeTheirLibraryDefaults) {
       "c.json");
   EXPECT_EQ(m.shape.ffn, 256);  // null: 4 * n_embd
   EXPECT_TRUE(m.shape.tied_embeddings);
+}
+
+// A transformer's model record (family and shape) reads back as written; a bad shape
+// field is refused by name; an MLP's record has neither field.
+TEST(TransformerRecords, FamilyAndShapeReadBackAndAreCheckedByName) {
+  const std::string reference = testing::env("SHARDSCOPE_REFERENCE_DIR");
+  if (reference.empty()) GTEST_SKIP() << "run through ctest";
+  std::ifstream in(reference + "/records/ddp-emulated.json");
+  json doc = json::parse(in);
+  EXPECT_FALSE(doc["runs"][0]["model"].contains("family"));
+  EXPECT_FALSE(doc["runs"][0]["model"].contains("shape"));
+  ModelConfig m;
+  m.name = "llama";
+  m.transformer = parse_run_args({"--model", "llama", "--layers", "2", "--hidden", "64", "--heads", "4",
+                                  "--kv-heads", "2", "--ffn", "96", "--vocab", "100", "--seq", "16"})
+                      .model.transformer;
+  m.batch = 3;
+  const json model = to_json(model_record(m));
+  EXPECT_EQ(model["family"], "llama");
+  EXPECT_EQ(model["shape"]["kv_heads"], 2);
+  EXPECT_EQ(model["shape"]["head_dim"], 16);
+  EXPECT_EQ(model["params"].get<std::int64_t>(), transformer_params(m.transformer));
+  EXPECT_EQ(model["layers"], 2);
+  EXPECT_EQ(model["width"], 64);
+  doc["runs"][0]["model"] = model;
+  EXPECT_EQ(to_json(read_result(doc, "t.json")), doc);
+  doc["runs"][0]["model"]["shape"]["heads"] = "four";
+  try {
+    (void)read_result(doc, "t.json");
+    FAIL() << "a string of heads was read";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("model.shape.heads"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

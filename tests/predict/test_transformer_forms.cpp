@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "harness/predict/transformer_forms.hpp"
@@ -251,6 +252,77 @@ TEST(TransformerForms, ModelStatesPerRankFollowEachStrategysForm) {
       const Prediction all = predict_data_parallel(config(s, StrategyKind::zero3, 0), W, 0);
       EXPECT_EQ(all.resting.total(), 16 * ceil_div(P) + 4);
       EXPECT_EQ(comm(all, CollKind::all_gather), 4 * W * ceil_div(P));
+    }
+  }
+}
+
+// Random shapes of both families, every strategy: each rank's model states against a
+// partition written here the slow way (zero1: a scan for the least-loaded rank per tensor,
+// in size order; FSDP: the units' elements summed from the tensor list by block).
+TEST(TransformerForms, RandomShapesMatchAPartitionWrittenTheSlowWay) {
+  std::mt19937 rng(14);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int trial = 0; trial < 60; ++trial) {
+    const bool gpt2 = trial % 2 == 0;
+    const int heads = pick(1, 6), per_head = pick(1, 12);
+    TransformerShape s = gpt2 ? gpt2_124m() : llama(1, 1, 1, 1, 1, 1);
+    s.model_type = gpt2 ? "gpt2" : (trial % 3 == 0 ? "qwen2" : "llama");
+    s.layers = pick(1, 9);
+    s.heads = heads;
+    s.kv_heads = gpt2 ? heads : heads / std::max(1, pick(1, heads));
+    while (heads % s.kv_heads != 0) --s.kv_heads;
+    s.head_dim = per_head;
+    s.hidden = heads * per_head;
+    s.ffn = pick(1, 80);
+    s.vocab = pick(1, 500);
+    s.positions = pick(1, 64);
+    s.tied_embeddings = pick(0, 1) == 1;
+    s.qkv_bias = gpt2 || s.model_type == "qwen2" || pick(0, 1) == 1;
+    s.out_bias = gpt2 || (s.model_type == "llama" && s.qkv_bias);
+    const int W = pick(1, 13), K = pick(0, 4);
+    SCOPED_TRACE(s.model_type + " trial " + std::to_string(trial) + " W=" + std::to_string(W) + " K=" +
+                 std::to_string(K));
+    const std::vector<TransformerTensor> tensors = transformer_tensors(s);
+    const i64 P = transformer_params(s);
+    // zero1, the slow way.
+    std::vector<int> order(tensors.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tensors[a].elems > tensors[b].elems; });
+    std::vector<i64> load(W, 0), optim(W, 0);
+    for (const int t : order) {
+      int least = 0;
+      for (int r = 1; r < W; ++r)
+        if (load[r] < load[least]) least = r;
+      load[least] += tensors[t].elems;
+      optim[least] += 8 * tensors[t].elems + 4;
+    }
+    const std::vector<Prediction> z1 = predict_data_parallel_ranks(config(s, StrategyKind::zero1), W);
+    for (int r = 0; r < W; ++r) EXPECT_EQ(z1[r].resting.total(), 8 * P + optim[r]) << "rank " << r;
+    // FSDP units, the slow way: the root holds blocks 0 and L + 1 (or, with K = 0, all).
+    std::vector<i64> unit_elems;
+    const int L = s.layers;
+    auto unit_of = [&](int block) {
+      if (K == 0) return 0;
+      if (block == 0 || block == L + 1) return 0;
+      return 1 + (block - 1) / K;
+    };
+    for (const TransformerTensor& t : tensors) {
+      const int u = unit_of(t.block);
+      if (static_cast<int>(unit_elems.size()) <= u) unit_elems.resize(u + 1, 0);
+      unit_elems[u] += t.elems;
+    }
+    i64 resting = 0, gathered = 0;
+    for (const i64 e : unit_elems) {
+      const i64 shard = (e + W - 1) / W;
+      resting += 16 * shard + 4;
+      gathered += 4 * shard * W;
+    }
+    for (const StrategyKind k : {StrategyKind::zero2, StrategyKind::zero3}) {
+      const Prediction p = predict_data_parallel(config(s, k, K), W, pick(0, W - 1));
+      EXPECT_EQ(p.resting.total(), resting);
+      EXPECT_EQ(comm(p, CollKind::reduce_scatter), gathered);
+      const i64 root = 4 * W * ((unit_elems[0] + W - 1) / W);
+      EXPECT_EQ(comm(p, CollKind::all_gather), k == StrategyKind::zero2 ? gathered : 2 * gathered - root);
     }
   }
 }
