@@ -114,7 +114,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--seed", f.seed, "seed of data and initial parameters (default 0)")->type_name("N");
   app.add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | zero3 (default ddp)")->type_name("NAME");
   app.add_option("--schedule", f.schedule, schedule_names_text(" | ") + " (a pipeline run)")->type_name("NAME");
-  app.add_option("--units", f.units, "layers per unit for zero2/zero3: K, or all for one root unit (default 1)")->type_name("K|all");
+  app.add_option("--units", f.units, "layers (transformer: blocks, beside a root unit of embeddings and head) per unit for zero2/zero3: K, or all for one root unit (default 1)")->type_name("K|all");
   app.add_option("--prefetch", f.prefetch, "0 | 1: gather the next unit during backward (default 1)")->type_name("0|1");
   app.add_option("--microbatches", f.microbatches, "pipeline micro-batches M (default: stages)")->type_name("M");
   app.add_option("--chunks", f.chunks, "model chunks per stage for interleaved-1f1b (default 1)")->type_name("V");

@@ -104,6 +104,13 @@ TEST_F(TransformerFlags, Llama3PlanAtEightThousandTokensAnswersAtOnce) {
   EXPECT_LT(seconds, 5.0);  // under a second alone; room for a loaded machine
   EXPECT_NE(out_.find("seq 8192"), std::string::npos) << out_;
   EXPECT_NE(out_.find("peak needs its activation forms"), std::string::npos) << out_;
+  // The default tables fit 120 columns (characters: "×" is two bytes).
+  std::istringstream lines(out_);
+  for (std::string line; std::getline(lines, line);) {
+    std::size_t columns = 0;
+    for (const unsigned char c : line) columns += (c & 0xC0) != 0x80;
+    EXPECT_LE(columns, 120u) << line;
+  }
   std::ifstream in(dir_ + "/plan.json");
   const json plan = json::parse(in);
   ASSERT_EQ(plan["plans"].size(), 8u);
