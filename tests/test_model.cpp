@@ -154,7 +154,7 @@ class SumLoss final : public ModelLoss {
   bool saves_input() const override { return false; }
   bool is_mean() const override { return false; }
   std::int64_t target_elems(int) const override { return 0; }
-  void fill_target(Backend&, float*, int) const override {}
+  void fill_target(Backend&, float*, const DataSlice&) const override {}
   void forward(Backend& backend, SavedTensors&, const float* y, const float*, int rows, float scale,
                float* value) override {
     backend.loss(Loss::sum, y, nullptr, nullptr, value, rows, width_, scale);

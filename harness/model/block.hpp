@@ -20,9 +20,10 @@ namespace shardscope {
 
 // One parameter tensor of a block.
 struct ParamSpec {
-  std::string name;                 // torch's name within the block: "weight", "bias"
+  std::string name;                 // torch's name: "weight", "bias" (the MLP); "transformer.h.0.ln_1.weight"
   std::vector<std::int64_t> shape;  // torch's shape: a Linear weight is (out, in)
-  float init_bound = 0.0f;          // initialised uniform in [-init_bound, init_bound)
+  float init_bound = 0.0f;          // initialised init_center + uniform in [-init_bound, init_bound)
+  float init_center = 0.0f;         // 1 for a LayerNorm's weight (torch's ones)
 
   std::int64_t elems() const;
 };
@@ -39,6 +40,17 @@ class BlockAccess {
   virtual void after_forward(int /*block*/) {}
   virtual void before_backward(int /*block*/) {}
   virtual void after_backward(int /*block*/) {}
+};
+
+// Which rows of which batch: rows [row_begin, row_begin + rows) of the batch that
+// `rank` draws at `step` (seeded by `seed`). The same rows are the same values
+// whichever slice asks for them (a pipeline's micro-batches, a test's reference).
+struct DataSlice {
+  std::uint64_t seed = 0;
+  int step = 0;
+  int rank = 0;
+  int row_begin = 0;
+  int rows = 0;
 };
 
 // What a block's forward and backward run with: the backend, the instrument, the
@@ -74,6 +86,10 @@ class Block {
   // an output is an activation (someone saves it) or a temporary.
   virtual bool saves_input() const = 0;
   virtual bool saves_output() const = 0;
+  // The model's input when this block is the first, on the host: the slice's rows of
+  // input_elems(1) values each. By default hashed values in [-1, 1) (hashed_rows, the
+  // MLP's batch); a token embedding draws token ids.
+  virtual std::vector<float> host_input(const DataSlice& at) const;
 
   // Forward of call.rows rows: allocates and returns the output (category activation
   // when `output_saved`, else temp) and records its saves. `input` is owned by the

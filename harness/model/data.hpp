@@ -13,8 +13,19 @@ namespace shardscope {
 // Uniform in [-1, 1) from (seed, stream, index).
 float hashed_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t index);
 
-// Rows [row_begin, row_begin + rows) of the batch that `rank` draws at `step`:
-// (rows, width) values in [-1, 1).
+// 64 random bits from (seed, stream, index): token ids are these modulo the vocabulary.
+std::uint64_t hashed_bits(std::uint64_t seed, std::uint64_t stream, std::uint64_t index);
+
+// The stream of the batch that `rank` draws at `step` (its inputs; a target draws from
+// its own stream beside it).
+std::uint64_t batch_stream(int step, int rank);
+
+// Rows [row_begin, row_begin + rows) of the batch that `rank` draws at `step`, each of
+// `row_elems` values in [-1, 1): (rows, row_elems), row r's values at indices
+// (row_begin + r) * row_elems + c of the stream, so any slice of rows is the same values.
+std::vector<float> hashed_rows(std::uint64_t seed, int step, int rank, int row_begin, int rows, int row_elems);
+
+// The MLP's batch: hashed_rows with cfg.model.width values a row.
 std::vector<float> batch_rows(const RunConfig& cfg, int step, int rank, int row_begin, int rows);
 
 // Elements [begin, begin + count) of parameter tensor `tensor` (its index in the

@@ -127,8 +127,8 @@ class MlpLoss final : public ModelLoss {
   std::int64_t target_elems(int rows) const override {
     return kind_ == Loss::mse ? static_cast<std::int64_t>(rows) * width_ : 0;
   }
-  void fill_target(Backend& backend, float* target, int rows) const override {
-    backend.fill(target, 1.0f, static_cast<std::size_t>(target_elems(rows)));
+  void fill_target(Backend& backend, float* target, const DataSlice& at) const override {
+    backend.fill(target, 1.0f, static_cast<std::size_t>(target_elems(at.rows)));
   }
 
   void forward(Backend& backend, SavedTensors& saved, const float* y, const float* target, int rows, float scale,

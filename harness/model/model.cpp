@@ -54,16 +54,25 @@ std::vector<float> Model::init_flat_slice(std::uint64_t seed, std::int64_t begin
     const std::int64_t t0 = tensor_offset(t);
     const std::int64_t lo = std::max(begin, t0);
     const std::int64_t hi = std::min(end, t0 + tensor_elems(t));
-    if (lo < hi) init_uniform_slice(seed, t, tensor(t).init_bound, lo - t0, hi - lo, out.data() + (lo - begin));
+    if (lo < hi) {
+      float* dst = out.data() + (lo - begin);
+      init_uniform_slice(seed, t, tensor(t).init_bound, lo - t0, hi - lo, dst);
+      if (const float c = tensor(t).init_center; c != 0.0f)
+        for (std::int64_t i = 0; i < hi - lo; ++i) dst[i] += c;
+    }
   }
   return out;
 }
 
-Buffer Model::make_target(Backend& backend, int rows) const {
-  const std::int64_t n = target_elems(rows);
+std::vector<float> Block::host_input(const DataSlice& at) const {
+  return hashed_rows(at.seed, at.step, at.rank, at.row_begin, at.rows, static_cast<int>(input_elems(1)));
+}
+
+Buffer Model::make_target(Backend& backend, const DataSlice& at) const {
+  const std::int64_t n = target_elems(at.rows);
   if (n == 0) return Buffer{};
   Buffer target = backend.alloc(Category::temp, static_cast<std::size_t>(n));
-  loss_->fill_target(backend, target.data(), rows);
+  loss_->fill_target(backend, target.data(), at);
   return target;
 }
 

@@ -49,7 +49,8 @@ class ModelLoss {
   virtual bool is_mean() const = 0;
   // Elements of the target for `rows` rows (0: the loss takes none), and its values.
   virtual std::int64_t target_elems(int rows) const = 0;
-  virtual void fill_target(Backend& backend, float* target, int rows) const = 0;
+  // The target of the slice's rows (target_elems(at.rows) elements on the backend).
+  virtual void fill_target(Backend& backend, float* target, const DataSlice& at) const = 0;
   // Records its saves and writes the loss of `output` (rows of the last block's
   // output), scaled by `scale`, to `value` (one float on the backend).
   virtual void forward(Backend& backend, SavedTensors& saved, const float* output, const float* target,
@@ -101,8 +102,10 @@ class Model {
   std::int64_t output_elems(int b, int rows) const { return blocks_[b]->output_elems(rows); }
   std::int64_t target_elems(int rows) const { return loss_->target_elems(rows); }
   bool loss_is_mean() const { return loss_->is_mean(); }
-  // The target of `rows` rows (temp); empty when the loss takes none.
-  Buffer make_target(Backend& backend, int rows) const;
+  // The input of the slice's rows on the host (input_elems(at.rows) values: block 0's
+  // host_input), and their target on the backend (temp; empty when the loss takes none).
+  std::vector<float> host_input(const DataSlice& at) const { return blocks_.front()->host_input(at); }
+  Buffer make_target(Backend& backend, const DataSlice& at) const;
 
   // Whether block b's output is saved for backward when the segment ends at `last`:
   // by the block itself, by the next block of the segment, or by the loss.

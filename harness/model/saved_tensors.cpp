@@ -11,6 +11,7 @@ void SavedTensors::save(const void* id, std::int64_t bytes) {
   if (e.refs == 0) {
     e.bytes = bytes;
     live_bytes_ += bytes;
+    if (bytes > 0) ++live_storages_;
     peak_live_bytes_ = std::max(peak_live_bytes_, live_bytes_);
   }
   ++e.refs;
@@ -26,6 +27,7 @@ void SavedTensors::release(const void* id) {
   --live_;
   if (--it->second.refs == 0) {
     live_bytes_ -= it->second.bytes;
+    if (it->second.bytes > 0) --live_storages_;
     entries_.erase(it);
   }
 }

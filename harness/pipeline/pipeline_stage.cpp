@@ -4,7 +4,6 @@
 #include <chrono>
 #include <numeric>
 
-#include "harness/model/data.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {
@@ -148,10 +147,15 @@ void PipelineStage::setup() {
   backend_.tracker().mark(Phase::idle);
 }
 
+DataSlice PipelineStage::batch_slice() const {
+  return {cfg_.seed, batch_index_, /*rank*/ 0, 0, cfg_.model.batch};
+}
+
 void PipelineStage::prepare_batch(int index) {
   // One global batch per step, held by the stage that runs the first virtual stage.
+  batch_index_ = index;
   if (stage_ == stage_of_vstage(layout_.schedule, 0))
-    host_batch_ = batch_rows(cfg_, index, /*rank*/ 0, 0, cfg_.model.batch);
+    host_batch_ = model_->host_input(batch_slice());
 }
 
 void PipelineStage::note_peak(std::int64_t before, const std::string& what) {
@@ -186,7 +190,7 @@ float PipelineStage::step() {
       x = backend_.alloc(Category::temp, n);
       backend_.upload(x.data(), host_batch_.data(), n);
     }
-    if (holds_loss()) target = model_->make_target(backend_, batch);
+    if (holds_loss()) target = model_->make_target(backend_, batch_slice());
     note_peak(before, "batch");
   }
 

@@ -110,6 +110,7 @@ class PipelineStage {
   std::vector<float> download_exp_avg_sq(int chunk) const;
 
  private:
+  DataSlice batch_slice() const;  // the global batch prepare_batch drew (rank 0's stream)
   struct Chunk {
     int first = 0;  // blocks [first, last)
     int last = 0;
@@ -167,6 +168,7 @@ class PipelineStage {
   AdamWHyper hyper_;
   int steps_done_ = 0;
   std::vector<float> host_batch_;
+  int batch_index_ = 0;  // the step whose batch prepare_batch drew (the target's too)
 
   std::vector<Slot> slots_;
   std::map<Key, Pending> pending_;

@@ -1,14 +1,18 @@
 #include "harness/strategies/data_parallel.hpp"
 
-#include "harness/model/data.hpp"
 
 namespace shardscope {
 
 DataParallelStrategy::DataParallelStrategy(const StrategyContext& ctx)
     : cfg_(ctx.cfg), backend_(ctx.backend), comm_(ctx.comm), model_(make_model(ctx.cfg.model)) {}
 
+DataSlice DataParallelStrategy::batch_slice() const {
+  return {cfg_.seed, batch_index_, comm_.rank(), 0, cfg_.model.batch};
+}
+
 void DataParallelStrategy::prepare_batch(int index) {
-  host_batch_ = batch_rows(cfg_, index, comm_.rank(), 0, cfg_.model.batch);
+  batch_index_ = index;
+  host_batch_ = model_->host_input(batch_slice());
 }
 
 float DataParallelStrategy::step() {
@@ -24,7 +28,7 @@ float DataParallelStrategy::step() {
   const std::size_t n = static_cast<std::size_t>(model_->input_elems(rows));
   Buffer x = backend_.alloc(Category::temp, n);  // the rank's batch: block 0's input
   backend_.upload(x.data(), host_batch_.data(), n);
-  Buffer target = model_->make_target(backend_, rows);  // empty when the loss takes none
+  Buffer target = model_->make_target(backend_, batch_slice());  // empty when the loss takes none
 
   float loss = 0.0f;
   Tape tape;

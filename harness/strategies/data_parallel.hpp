@@ -41,7 +41,9 @@ class DataParallelStrategy : public Strategy {
   int steps_done_ = 0;
 
  private:
+  DataSlice batch_slice() const;  // the rank's rows of the batch prepare_batch drew
   std::vector<float> host_batch_;
+  int batch_index_ = 0;
 };
 
 // Plain pointers into full (unsharded) flat parameter and gradient vectors, laid out
