@@ -7,6 +7,7 @@
 
 namespace shardscope {
 
-std::unique_ptr<Model> make_mlp(const ModelConfig& config);  // mlp.cpp
+std::unique_ptr<Model> make_mlp(const ModelConfig& config);   // mlp.cpp
+std::unique_ptr<Model> make_gpt2(const ModelConfig& config);  // gpt2.cpp
 
 }  // namespace shardscope

@@ -14,8 +14,9 @@ struct Entry {
 };
 
 // One line per model.
-constexpr std::array<Entry, 1> kModels = {{
+constexpr std::array<Entry, 2> kModels = {{
     {"mlp", make_mlp},
+    {"gpt2", make_gpt2},
 }};
 
 // What --model accepts: the families a plan predicts. A family without an entry above

@@ -78,5 +78,61 @@ TEST(StrategiesMpi, TrainLikeOneRankAndMatchTheClosedForms) {
   }
 }
 
+// GPT-2 (the head tied to the token embedding: one tensor, all-reduced and partitioned
+// once) under ddp, zero1 and zero2/zero3 with one root unit trains like one rank on the
+// concatenated batch, in both attention modes; an emulated rank saves what the real one does.
+TEST(StrategiesMpi, Gpt2TrainsLikeOneRank) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+    for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+      RunConfig cfg;
+      ModelConfig& m = cfg.model;
+      m.name = "gpt2";
+      m.layers = 2;
+      m.width = 16;
+      m.batch = 2;
+      TransformerShape& t = m.transformer;
+      t.model_type = "gpt2";
+      t.layers = 2;
+      t.hidden = 16;
+      t.heads = t.kv_heads = 2;
+      t.head_dim = 8;
+      t.ffn = 64;
+      t.vocab = 29;
+      t.seq = 6;
+      t.positions = 8;
+      t.tied_embeddings = t.qkv_bias = t.out_bias = true;
+      t.attention = mode;
+      cfg.steps = 3;
+      cfg.seed = 5;
+      cfg.strategy = parse_strategy(strategy);
+      SCOPED_TRACE(std::string(strategy) + (mode == AttentionMode::flash ? " flash" : " math") + " W=" +
+                   std::to_string(world) + " rank " + std::to_string(rank));
+      CpuBackend backend;
+      auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+      const auto r = testing::run_dp(cfg, backend, *comm, true);
+      const HostState ref = testing::reference_training(cfg, world);
+      ASSERT_TRUE(any_nonzero(ref.grads));
+      std::size_t at = 0;
+      EXPECT_EQ(worst_violation(r.state.grads, ref.grads, 1e-5, 1e-7, &at), 0.0) << "grads at " << at;
+      EXPECT_EQ(worst_violation(r.state.exp_avg, ref.exp_avg, 1e-5, 1e-7, &at), 0.0) << "exp_avg at " << at;
+      // The key bias's gradient is zero in exact arithmetic (softmax ignores a constant
+      // added to a row of scores): its fp32 gradient is rounding noise of 1e-9, which
+      // AdamW's step g / (sqrt(v) + 1e-8) turns into up to lr / 10 per step either way.
+      EXPECT_EQ(worst_violation(r.state.params, ref.params, 1e-5, 4e-4, &at), 0.0) << "params at " << at;
+
+      CpuBackend backend2;
+      auto fake = make_fake_communicator(world, rank, &backend2);
+      const auto e = testing::run_dp(cfg, backend2, *fake, false);
+      EXPECT_EQ(e.saved.bytes, r.saved.bytes);
+      EXPECT_EQ(e.saved.tensors, r.saved.tensors);
+      EXPECT_EQ(e.resting, r.resting);
+      EXPECT_EQ(e.peak.total, r.peak.total);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardscope

@@ -25,6 +25,7 @@ struct DpResult {
   CommLedger ledger;
   HostState state;
   std::vector<float> losses;
+  SavedAfterForward saved;  // the last step's
 };
 
 inline DpResult run_dp(const RunConfig& cfg, Backend& backend, Communicator& comm, bool gather) {
@@ -36,6 +37,7 @@ inline DpResult run_dp(const RunConfig& cfg, Backend& backend, Communicator& com
     strategy->prepare_batch(s);
     r.losses.push_back(strategy->step());
   }
+  r.saved = strategy->saved_after_forward();
   r.resting = backend.tracker().current();
   r.peak = backend.tracker().peak();
   r.where = describe_place(r.peak.place);
@@ -45,36 +47,40 @@ inline DpResult run_dp(const RunConfig& cfg, Backend& backend, Communicator& com
 }
 
 // One rank trained on the W ranks' batches concatenated, gradients averaged over
-// ranks (sum loss scaled by 1/W; mse's mean already averages).
+// ranks (a sum loss scaled by 1/W; a mean, mse's or cross-entropy's, already averages).
+// Each rank's rows and target come from the model's own data hook (host_input,
+// make_target), so any model cfg.model names trains here.
 inline HostState reference_training(const RunConfig& cfg, int world) {
   const ModelConfig& m = cfg.model;
   CpuBackend backend;
   SavedTensors saved;
   const std::unique_ptr<Model> model = make_model(m);
   HostState h;
-  h.params = init_flat_slice(cfg, 0, m.params());
-  h.grads.assign(static_cast<std::size_t>(m.params()), 0.0f);
+  h.params = init_flat_slice(cfg, 0, model->params());
+  h.grads.assign(static_cast<std::size_t>(model->params()), 0.0f);
   h.exp_avg.assign(h.grads.size(), 0.0f);
   h.exp_avg_sq.assign(h.grads.size(), 0.0f);
   FlatAccess access(*model, h.params.data(), h.grads.data());
   ModelContext mc{backend, saved, access};
   const int rows = m.batch * world;
   for (int s = 0; s < cfg.steps; ++s) {
-    std::vector<float> x;
+    std::vector<float> x, target;
     for (int r = 0; r < world; ++r) {
-      const std::vector<float> part = batch_rows(cfg, s, r, 0, m.batch);
+      const DataSlice at{cfg.seed, s, r, 0, m.batch};
+      const std::vector<float> part = model->host_input(at);
       x.insert(x.end(), part.begin(), part.end());
+      const Buffer t = model->make_target(backend, at);  // host memory on the cpu backend
+      target.insert(target.end(), t.data(), t.data() + t.count());
     }
-    std::vector<float> target(x.size(), 1.0f);
     saved.reset();
     Tape tape = model->forward(mc, 0, model->blocks(), x.data(), rows, false);
-    model->loss_forward(mc, tape, target.data(), m.loss == Loss::sum ? 1.0f / static_cast<float>(world) : 1.0f);
+    model->loss_forward(mc, tape, target.data(), model->loss_is_mean() ? 1.0f : 1.0f / static_cast<float>(world));
     model->backward(mc, tape, Buffer{}, 0.0f);
     std::vector<AdamWTensor> list;
-    for (int t = 0; t < m.param_tensors(); ++t) {
-      const std::int64_t off = tensor_offset(m, t);
+    for (int t = 0; t < model->param_tensors(); ++t) {
+      const std::int64_t off = model->tensor_offset(t);
       list.push_back({h.params.data() + off, h.grads.data() + off, h.exp_avg.data() + off,
-                      h.exp_avg_sq.data() + off, static_cast<std::size_t>(m.tensor_elems(t)), s + 1});
+                      h.exp_avg_sq.data() + off, static_cast<std::size_t>(model->tensor_elems(t)), s + 1});
     }
     host::adamw(AdamWHyper{}, list);
   }

@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""What torch eager autograd saves for backward in nanoGPT's GPT, after forward + loss.
+
+The module is nanoGPT's (token and position embeddings, blocks of LayerNorm, a fused QKV
+Linear, F.scaled_dot_product_attention(is_causal=True), the output Linear, LayerNorm,
+Linear h -> 4h, GELU(approximate="tanh"), Linear 4h -> h; ln_f; lm_head tied to wte;
+F.cross_entropy over the vocabulary), fp32 on the CPU. Every tensor autograd saves
+during forward and loss passes through torch.autograd.graph.saved_tensors_hooks; the
+figure is the unique untyped storages among them, parameters excluded, and their bytes:
+what is held for backward when the forward, loss included, has ended. shardscope's
+`saved.after_forward_bytes` and `saved.after_forward_tensors` (every data-parallel rank
+record) count the same.
+
+--attention math|flash|both picks SDPA's backend (SDPBackend.MATH materialises the
+probabilities; SDPBackend.FLASH_ATTENTION saves the output and the log-sum-exp).
+--itemize lists each saved storage (bytes, shape, dtype) in the order it was saved.
+With --shardscope BINARY, runs `BINARY run --model gpt2 ...` on the same shape (one
+step, one rank) and prints its figures beside torch's.
+
+Prints one line per attention mode:
+  <mode> torch <bytes> B in <n> storages [shardscope <bytes> B in <n> storages, equal|DIFFERENT]
+Exit status 0; 1 when a shardscope figure differs; 2 when torch cannot be imported.
+torch is a dependency of this script only (a bench), never of the build or its tests.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def build_gpt(torch, layers, hidden, heads, vocab, positions):
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn = nn.Linear(hidden, 3 * hidden)
+            self.c_proj = nn.Linear(hidden, hidden)
+
+        def forward(self, x):
+            b, t, c = x.size()
+            q, k, v = self.c_attn(x).split(hidden, dim=2)
+            q = q.view(b, t, heads, c // heads).transpose(1, 2)
+            k = k.view(b, t, heads, c // heads).transpose(1, 2)
+            v = v.view(b, t, heads, c // heads).transpose(1, 2)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_fc = nn.Linear(hidden, 4 * hidden)
+            self.gelu = nn.GELU(approximate="tanh")
+            self.c_proj = nn.Linear(4 * hidden, hidden)
+
+        def forward(self, x):
+            return self.c_proj(self.gelu(self.c_fc(x)))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(hidden)
+            self.attn = Attention()
+            self.ln_2 = nn.LayerNorm(hidden)
+            self.mlp = Mlp()
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp(self.ln_2(x))
+
+    class Gpt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(vocab, hidden)
+            self.wpe = nn.Embedding(positions, hidden)
+            self.h = nn.ModuleList([Block() for _ in range(layers)])
+            self.ln_f = nn.LayerNorm(hidden)
+            self.lm_head = nn.Linear(hidden, vocab, bias=False)
+            self.lm_head.weight = self.wte.weight  # tied, as nanoGPT
+
+        def forward(self, idx, targets):
+            pos = torch.arange(0, idx.size(1), dtype=torch.long)
+            x = self.wte(idx) + self.wpe(pos)
+            for block in self.h:
+                x = block(x)
+            logits = self.lm_head(self.ln_f(x))
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+    return Gpt()
+
+
+def torch_saved(torch, args, mode):
+    """(bytes, storages, items) torch holds for backward after forward + loss."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(args.seed)
+    model = build_gpt(torch, args.layers, args.hidden, args.heads, args.vocab, args.positions)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    idx = torch.randint(0, args.vocab, (args.batch, args.seq))
+    targets = torch.randint(0, args.vocab, (args.batch, args.seq))
+    seen = {}  # storage pointer -> (bytes, shape, dtype), in the order first saved
+
+    def pack(t):
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in params and key not in seen:
+            seen[key] = (storage.nbytes(), tuple(t.shape), str(t.dtype))
+        return t
+
+    backend = SDPBackend.MATH if mode == "math" else SDPBackend.FLASH_ATTENTION
+    with sdpa_kernel(backend), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(idx, targets)
+    del loss
+    items = list(seen.values())
+    return sum(b for b, _, _ in items), len(items), items
+
+
+def shardscope_saved(binary, args, mode):
+    """(bytes, storages) of rank 0's saved.after_forward_* from one step of `binary`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "run.json")
+        cmd = [binary, "run", "--model", "gpt2", "--layers", str(args.layers), "--hidden", str(args.hidden),
+               "--heads", str(args.heads), "--vocab", str(args.vocab), "--seq", str(args.seq),
+               "--positions", str(args.positions), "--batch", str(args.batch), "--attention", mode,
+               "--steps", "1", "--backend", "cpu", "--json", out]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            doc = json.load(f)
+    saved = doc["runs"][0]["ranks"][0]["saved"]
+    return saved["after_forward_bytes"], saved["after_forward_tensors"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=100)
+    ap.add_argument("--seq", type=int, default=16)
+    ap.add_argument("--positions", type=int, default=0, help="learned positions (default: --seq)")
+    ap.add_argument("--batch", type=int, default=2, help="sequences")
+    ap.add_argument("--attention", choices=["math", "flash", "both"], default="both")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--itemize", action="store_true", help="list every saved storage")
+    ap.add_argument("--shardscope", metavar="BINARY", help="also run BINARY on the same shape")
+    args = ap.parse_args()
+    if args.positions == 0:
+        args.positions = args.seq
+    try:
+        import torch
+    except ImportError as e:
+        print(f"torch_saved.py: error: cannot import torch ({e})", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+
+    status = 0
+    for mode in (["math", "flash"] if args.attention == "both" else [args.attention]):
+        nbytes, count, items = torch_saved(torch, args, mode)
+        line = f"{mode} torch {nbytes} B in {count} storages"
+        if args.shardscope:
+            ours, ours_count = shardscope_saved(args.shardscope, args, mode)
+            same = ours == nbytes and ours_count == count
+            line += f" shardscope {ours} B in {ours_count} storages, {'equal' if same else 'DIFFERENT'}"
+            status = status or (0 if same else 1)
+        print(line)
+        if args.itemize:
+            for b, shape, dtype in items:
+                print(f"  {b:>12} B  {shape} {dtype}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,611 @@
+// The GPT-2 family as nanoGPT's GPT module (--model gpt2): an embedding block (token and
+// learned position embeddings), L transformer blocks (LayerNorm, fused QKV Linear,
+// causal attention, output Linear, residual, LayerNorm, Linear h -> ffn, GELU (tanh),
+// Linear ffn -> h, residual), a final block (LayerNorm, the head tied to the token
+// embedding) and cross-entropy over the vocabulary, mean over tokens.
+//
+// A block's rows are sequences: N = rows * seq tokens, one activation row per token,
+// (N, features) fp32 row-major. The model's input and the loss's target are int64 token
+// ids (transformer_args.hpp: 2 floats a token).
+//
+// What each op saves is what torch 2.x eager autograd saves for nanoGPT's module
+// (docs/design.md §2 lists it; bench/torch_saved.py measures torch's): each save below
+// names the op of torch that saves it. Everything saved is category activation, except
+// the token ids (the batch and the target, temp); everything else transient is temp.
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/model/data.hpp"
+#include "harness/model/model.hpp"
+#include "harness/model/models.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+namespace {
+
+using i64 = std::int64_t;
+
+std::size_t floats(i64 n) { return static_cast<std::size_t>(n); }
+
+// nanoGPT's init is normal(0, 0.02); ours is uniform with the same standard deviation.
+constexpr float kInitStd = 0.02f;
+float uniform_bound(float std) { return std * std::sqrt(3.0f); }
+
+// The index of the weights the head ties: the embedding block's tensor 0 (wte).
+constexpr int kEmbeddingBlock = 0;
+constexpr int kWte = 0;
+constexpr int kWpe = 1;
+
+// A stable address that names a parameter in saves (a reference holds no bytes).
+struct WeightRef {
+  char id = 0;
+  const void* operator()() const { return &id; }
+};
+
+// y(N, out) = x(N, in) W^T + b, onto y (beta 1: a residual already in y).
+void linear_forward(Backend& be, float* y, const float* x, const float* w, const float* b, i64 n, int in, int out,
+                    float beta) {
+  be.gemm(Trans::no, Trans::yes, static_cast<int>(n), out, in, 1.0f, x, in, w, in, beta, y, out);
+  be.bias_activation(y, b, static_cast<int>(n), out, Activation::none);
+}
+
+// dW(out, in) = dy^T x and db = column sums of dy, with beta; dx(N, in) = dy W when dx.
+void linear_backward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                     i64 n, int in, int out, float beta) {
+  be.gemm(Trans::yes, Trans::no, out, in, static_cast<int>(n), 1.0f, dy, out, x, in, beta, dw, in);
+  be.bias_grad(db, dy, static_cast<int>(n), out, beta);
+  if (dx) be.gemm(Trans::no, Trans::no, static_cast<int>(n), in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+}
+
+// The token ids of the slice's rows (seq tokens each), in [0, vocab): at indices
+// (row_begin + r) * seq + s of the batch's stream, past `base` (the target's ids lie
+// past the input's).
+std::vector<float> token_rows(const DataSlice& at, int seq, int vocab, std::uint64_t base) {
+  const i64 tokens = static_cast<i64>(at.rows) * seq;
+  std::vector<float> out(floats(id_floats(tokens)));
+  std::int64_t* ids = ids_of(out.data());
+  const std::uint64_t stream = batch_stream(at.step, at.rank);
+  for (i64 i = 0; i < tokens; ++i) {
+    const std::uint64_t index = base + static_cast<std::uint64_t>(at.row_begin) * seq + static_cast<std::uint64_t>(i);
+    ids[i] = static_cast<std::int64_t>(hashed_bits(at.seed, stream, index) % static_cast<std::uint64_t>(vocab));
+  }
+  return out;
+}
+constexpr std::uint64_t kInputBase = 0;
+constexpr std::uint64_t kTargetBase = std::uint64_t{1} << 62;
+
+// ---- the embedding block: wte (vocab, h), wpe (positions, h) ----
+class EmbeddingBlock final : public Block {
+ public:
+  explicit EmbeddingBlock(const TransformerShape& s) : s_(s) {
+    params_ = {{"transformer.wte.weight", {s.vocab, s.hidden}, uniform_bound(kInitStd)},
+               {"transformer.wpe.weight", {s.positions, s.hidden}, uniform_bound(kInitStd)}};
+  }
+  std::string name() const override { return "embeddings"; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  std::int64_t input_elems(int rows) const override { return id_floats(tokens(rows)); }
+  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  bool saves_input() const override { return true; }  // the ids, as EmbeddingBackward's indices
+  bool saves_output() const override { return false; }
+  std::vector<float> host_input(const DataSlice& at) const override {
+    return token_rows(at, s_.seq, s_.vocab, kInputBase);
+  }
+
+  Buffer forward(const BlockCall& c, const float* in, bool /*input_requires_grad*/, bool output_saved,
+                 BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows);
+    // pos = arange(seq), int64, saved by wpe's EmbeddingBackward (activation).
+    Buffer pos = be.alloc(Category::activation, floats(id_floats(s_.seq)));
+    std::vector<float> host(floats(id_floats(s_.seq)));
+    for (int i = 0; i < s_.seq; ++i) ids_of(host.data())[i] = i;
+    be.upload(pos.data(), host.data(), host.size());
+    // x0 = wte[idx] + wpe[pos], (N, h)
+    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * s_.hidden));
+    be.embedding_forward(out.data(), ids_of(in), c.access.param(c.index, kWte), static_cast<int>(n), s_.hidden);
+    be.add_positions(out.data(), c.access.param(c.index, kWpe), c.rows, s_.seq, s_.hidden);
+    c.saved.save(in, 8 * n);
+    c.saved.save(pos.data(), 8 * static_cast<i64>(s_.seq));
+    tape.held.clear();
+    tape.held.push_back(std::move(pos));
+    return out;
+  }
+
+  Buffer backward(const BlockCall& c, const float* in, Buffer& out, Buffer dy, bool /*needs_dx*/, float beta,
+                  BlockTape& tape) override {
+    Backend& be = c.backend;
+    out.reset();
+    const i64 n = tokens(c.rows);
+    // The head (the model's last block; nanoGPT always ties it) wrote wte's gradient
+    // earlier in this backward, with `beta`: the embedding's adds onto it.
+    be.embedding_backward(c.access.grad(c.index, kWte), ids_of(in), dy.data(), static_cast<int>(n), s_.hidden,
+                          s_.vocab, 1.0f);
+    float* dwpe = c.access.grad(c.index, kWpe);
+    be.positions_backward(dwpe, dy.data(), c.rows, s_.seq, s_.hidden, beta);
+    // Positions past the sequence get no gradient: zero when overwriting (an FSDP full
+    // gradient starts uninitialised).
+    if (beta == 0.0f && s_.positions > s_.seq)
+      be.fill(dwpe + static_cast<i64>(s_.seq) * s_.hidden, 0.0f,
+              floats(static_cast<i64>(s_.positions - s_.seq) * s_.hidden));
+    dy.reset();
+    Buffer& pos = tape.held.at(0);
+    c.saved.release(in);
+    c.saved.release(pos.data());
+    pos.reset();
+    return Buffer{};  // token ids take no gradient
+  }
+
+  Buffer backward_input(const BlockCall&, Buffer&, Buffer, bool, bool, BlockTape&) override { throw split(); }
+  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override { throw split(); }
+
+ private:
+  i64 tokens(int rows) const { return static_cast<i64>(rows) * s_.seq; }
+  static RunError split() { return RunError("gpt2: the zero-bubble split (zb-h1) of its blocks is not implemented"); }
+  TransformerShape s_;
+  std::vector<ParamSpec> params_;
+};
+
+// ---- a transformer block ----
+enum BlockTensor : int {
+  kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kMlpProjW, kMlpProjB
+};
+
+class TransformerBlock final : public Block {
+ public:
+  TransformerBlock(const TransformerShape& s, int layer) : s_(s), name_("block " + std::to_string(layer)) {
+    const std::string p = "transformer.h." + std::to_string(layer) + ".";
+    const i64 h = s.hidden, f = s.ffn;
+    const float w = uniform_bound(kInitStd);
+    // nanoGPT scales the residual projections' init by 1 / sqrt(2 L).
+    const float wr = uniform_bound(kInitStd / std::sqrt(2.0f * static_cast<float>(s.layers)));
+    params_ = {{p + "ln_1.weight", {h}, 0.0f, 1.0f},   {p + "ln_1.bias", {h}},
+               {p + "attn.c_attn.weight", {3 * h, h}, w}, {p + "attn.c_attn.bias", {3 * h}},
+               {p + "attn.c_proj.weight", {h, h}, wr},    {p + "attn.c_proj.bias", {h}},
+               {p + "ln_2.weight", {h}, 0.0f, 1.0f},   {p + "ln_2.bias", {h}},
+               {p + "mlp.c_fc.weight", {f, h}, w},        {p + "mlp.c_fc.bias", {f}},
+               {p + "mlp.c_proj.weight", {h, f}, wr},     {p + "mlp.c_proj.bias", {h}}};
+  }
+  std::string name() const override { return name_; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  bool saves_input() const override { return true; }  // ln_1's input
+  bool saves_output() const override { return false; }
+
+  // What the forward keeps in tape.held: qkv and lse with flash only, the last four with math only.
+  enum Held : int { kMean1, kRstd1, kLn1, kQkv, kAttnOut, kLse, kXmid, kMean2, kRstd2, kLn2, kFc, kGelu };
+  enum HeldMath : int { kQ = kGelu + 1, kK, kV, kProbs, kHeld };
+
+  Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
+                 BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
+    const i64 a = 4 * n * h;  // bytes of one (N, h) activation
+    auto param = [&](int t) { return c.access.param(c.index, t); };
+    auto act = [&](i64 count) { return be.alloc(Category::activation, floats(count)); };
+    std::vector<Buffer>& held = tape.held;
+    held.clear();
+    held.resize(kHeld);
+
+    // ln_1: saves its input, mean and rstd (N, 1) each.
+    held[kMean1] = act(n);
+    held[kRstd1] = act(n);
+    held[kLn1] = act(n * h);
+    be.layer_norm_forward(held[kLn1].data(), held[kMean1].data(), held[kRstd1].data(), x, param(kLn1W),
+                          param(kLn1B), static_cast<int>(n), s_.hidden, s_.norm_eps);
+    c.saved.save(x, a);
+    c.saved.save(held[kMean1].data(), 4 * n);
+    c.saved.save(held[kRstd1].data(), 4 * n);
+    c.saved.save(ln_weight_(), 0);
+
+    // c_attn: saves its input (ln_1's output, addmm's mat1) and its weight.
+    const bool flash = s_.attention == AttentionMode::flash;
+    Buffer qkv = be.alloc(flash ? Category::activation : Category::temp, floats(3 * n * h));  // (N, 3h)
+    linear_forward(be, qkv.data(), held[kLn1].data(), param(kAttnW), param(kAttnB), n, s_.hidden, 3 * s_.hidden,
+                   0.0f);
+    c.saved.save(held[kLn1].data(), a);
+    c.saved.save(attn_weight_(), 0);
+
+    const float* y = nullptr;  // the attention's output, token-major (N, h): c_proj's input
+    if (flash) {
+      // Flash SDPA saves q, k, v (views of the one qkv storage), its output and the
+      // log-sum-exp (B, heads, T).
+      held[kAttnOut] = act(n * h);
+      held[kLse] = act(static_cast<i64>(c.rows) * s_.heads * s_.seq);
+      be.flash_attention_forward(attention(c.rows, qkv.data()), held[kAttnOut].data(), s_.hidden, held[kLse].data());
+      c.saved.save(qkv.data(), 3 * a);
+      c.saved.save(held[kAttnOut].data(), a);
+      c.saved.save(held[kLse].data(), 4 * static_cast<i64>(c.rows) * s_.heads * s_.seq);
+      held[kQkv] = std::move(qkv);
+      y = held[kAttnOut].data();
+    } else {
+      // Math SDPA: head-major copies of q and k (bmm 1's operands), the probabilities
+      // (B, heads, T, T) (softmax's result and bmm 2's self), a copy of v (bmm 2's
+      // mat2); its head-major output is copied token-major for c_proj (which saves it).
+      const int bh = c.rows * s_.heads, t = s_.seq, hd = s_.head_dim;
+      const i64 st = static_cast<i64>(t) * hd;
+      for (int j : {kQ, kK, kV}) {
+        held[j] = act(n * h);
+        be.permute_heads(held[j].data(), qkv.data() + (j == kQ ? 0 : j == kK ? h : 2 * h), 3 * s_.hidden, c.rows,
+                         t, s_.heads, hd, true);
+      }
+      qkv.reset();
+      held[kProbs] = act(static_cast<i64>(bh) * t * t);
+      be.gemm_batched(Trans::no, Trans::yes, t, t, hd, 1.0f, held[kQ].data(), hd, st, held[kK].data(), hd, st, 0.0f,
+                      held[kProbs].data(), t, static_cast<i64>(t) * t, bh);
+      be.causal_softmax_forward(held[kProbs].data(), bh, t, scale());
+      Buffer heads_out = be.alloc(Category::temp, floats(n * h));  // (B, heads, T, hd)
+      be.gemm_batched(Trans::no, Trans::no, t, hd, t, 1.0f, held[kProbs].data(), t, static_cast<i64>(t) * t,
+                      held[kV].data(), hd, st, 0.0f, heads_out.data(), hd, st, bh);
+      held[kAttnOut] = act(n * h);  // y = out.transpose(1, 2).contiguous(), (N, h)
+      be.permute_heads(held[kAttnOut].data(), heads_out.data(), s_.hidden, c.rows, t, s_.heads, hd, false);
+      heads_out.reset();
+      c.saved.save(held[kQ].data(), a);
+      c.saved.save(held[kK].data(), a);
+      c.saved.save(held[kProbs].data(), 4 * static_cast<i64>(bh) * t * t);
+      c.saved.save(held[kV].data(), a);
+      y = held[kAttnOut].data();
+    }
+
+    // x_mid = x + c_proj(y): c_proj saves y (mm's mat1) and its weight.
+    held[kXmid] = act(n * h);
+    be.copy(held[kXmid].data(), x, floats(n * h));
+    linear_forward(be, held[kXmid].data(), y, param(kProjW), param(kProjB), n, s_.hidden, s_.hidden, 1.0f);
+    c.saved.save(y, a);
+    c.saved.save(proj_weight_(), 0);
+
+    // ln_2
+    held[kMean2] = act(n);
+    held[kRstd2] = act(n);
+    held[kLn2] = act(n * h);
+    be.layer_norm_forward(held[kLn2].data(), held[kMean2].data(), held[kRstd2].data(), held[kXmid].data(),
+                          param(kLn2W), param(kLn2B), static_cast<int>(n), s_.hidden, s_.norm_eps);
+    c.saved.save(held[kXmid].data(), a);
+    c.saved.save(held[kMean2].data(), 4 * n);
+    c.saved.save(held[kRstd2].data(), 4 * n);
+    c.saved.save(ln2_weight_(), 0);
+
+    // c_fc (saves ln_2's output), GELU (saves its input), mlp c_proj (saves GELU's output)
+    held[kFc] = act(n * f);
+    linear_forward(be, held[kFc].data(), held[kLn2].data(), param(kFcW), param(kFcB), n, s_.hidden, s_.ffn, 0.0f);
+    c.saved.save(held[kLn2].data(), a);
+    c.saved.save(fc_weight_(), 0);
+    held[kGelu] = act(n * f);
+    be.gelu_tanh_forward(held[kGelu].data(), held[kFc].data(), floats(n * f));
+    c.saved.save(held[kFc].data(), 4 * n * f);
+
+    // out = x_mid + mlp.c_proj(gelu): (N, h), activation when the next block saves it.
+    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * h));
+    be.copy(out.data(), held[kXmid].data(), floats(n * h));
+    linear_forward(be, out.data(), held[kGelu].data(), param(kMlpProjW), param(kMlpProjB), n, s_.ffn, s_.hidden,
+                   1.0f);
+    c.saved.save(held[kGelu].data(), 4 * n * f);
+    c.saved.save(mlp_proj_weight_(), 0);
+    return out;
+  }
+
+  Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                  BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
+    auto param = [&](int t) { return c.access.param(c.index, t); };
+    auto grad = [&](int t) { return c.access.grad(c.index, t); };
+    auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
+    auto drop = [&](int j) {  // releases held[j]'s save and frees it
+      c.saved.release(tape.held[j].data());
+      tape.held[j].reset();
+    };
+    std::vector<Buffer>& held = tape.held;
+    out.reset();  // nothing in this block needs its output
+
+    // mlp c_proj, GELU, c_fc
+    Buffer dg = temp(n * f);
+    linear_backward(be, dg.data(), grad(kMlpProjW), grad(kMlpProjB), dy.data(), held[kGelu].data(), param(kMlpProjW),
+                    n, s_.ffn, s_.hidden, beta);
+    c.saved.release(mlp_proj_weight_());
+    drop(kGelu);
+    be.gelu_tanh_backward(dg.data(), dg.data(), held[kFc].data(), floats(n * f));
+    drop(kFc);
+    Buffer dln = temp(n * h);
+    linear_backward(be, dln.data(), grad(kFcW), grad(kFcB), dg.data(), held[kLn2].data(), param(kFcW), n, s_.hidden,
+                    s_.ffn, beta);
+    dg.reset();
+    c.saved.release(fc_weight_());
+    drop(kLn2);
+
+    // ln_2, then the residual: dx_mid = ln_2's dx + dy
+    Buffer dmid = temp(n * h);
+    be.layer_norm_backward(dmid.data(), grad(kLn2W), grad(kLn2B), dln.data(), held[kXmid].data(),
+                           held[kMean2].data(), held[kRstd2].data(), param(kLn2W), static_cast<int>(n), s_.hidden,
+                           beta);
+    dln.reset();
+    c.saved.release(ln2_weight_());
+    drop(kXmid);
+    drop(kMean2);
+    drop(kRstd2);
+    be.add(dmid.data(), dy.data(), floats(n * h));
+    dy.reset();
+
+    // attention's c_proj
+    Buffer dattn = temp(n * h);
+    linear_backward(be, dattn.data(), grad(kProjW), grad(kProjB), dmid.data(), held[kAttnOut].data(),
+                    param(kProjW), n, s_.hidden, s_.hidden, beta);
+    c.saved.release(proj_weight_());
+    c.saved.release(held[kAttnOut].data());  // c_proj's save of y
+
+    // attention: dqkv (N, 3h)
+    Buffer dqkv = s_.attention == AttentionMode::flash ? flash_backward(c, dattn, held) : math_backward(c, dattn, held);
+
+    // c_attn
+    dln = temp(n * h);
+    linear_backward(be, dln.data(), grad(kAttnW), grad(kAttnB), dqkv.data(), held[kLn1].data(), param(kAttnW), n,
+                    s_.hidden, 3 * s_.hidden, beta);
+    dqkv.reset();
+    c.saved.release(attn_weight_());
+    drop(kLn1);
+
+    // ln_1, then the residual: dx = ln_1's dx + dx_mid
+    Buffer dx = temp(n * h);
+    be.layer_norm_backward(dx.data(), grad(kLn1W), grad(kLn1B), dln.data(), x, held[kMean1].data(),
+                           held[kRstd1].data(), param(kLn1W), static_cast<int>(n), s_.hidden, beta);
+    dln.reset();
+    c.saved.release(ln_weight_());
+    c.saved.release(x);
+    drop(kMean1);
+    drop(kRstd1);
+    be.add(dx.data(), dmid.data(), floats(n * h));
+    dmid.reset();
+    held.clear();
+    if (!needs_dx) dx.reset();
+    return dx;
+  }
+
+  Buffer backward_input(const BlockCall&, Buffer&, Buffer, bool, bool, BlockTape&) override { throw split(); }
+  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override { throw split(); }
+
+ private:
+  i64 tokens(int rows) const { return static_cast<i64>(rows) * s_.seq; }
+  float scale() const { return 1.0f / std::sqrt(static_cast<float>(s_.head_dim)); }
+  static RunError split() { return RunError("gpt2: the zero-bubble split (zb-h1) of its blocks is not implemented"); }
+
+  AttentionArgs attention(int rows, const float* qkv) const {
+    AttentionArgs a;
+    a.batch = rows;
+    a.seq = s_.seq;
+    a.heads = a.kv_heads = s_.heads;
+    a.head_dim = s_.head_dim;
+    a.scale = scale();
+    a.q = qkv;
+    a.k = qkv + s_.hidden;
+    a.v = qkv + 2 * s_.hidden;
+    a.ldq = a.ldk = a.ldv = 3 * s_.hidden;
+    return a;
+  }
+
+  // Flash: dq, dk, dv into one (N, 3h) gradient laid out as qkv, from the saved qkv,
+  // output and lse (all three released and freed); frees dattn.
+  Buffer flash_backward(const BlockCall& c, Buffer& dattn, std::vector<Buffer>& held) const {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden;
+    Buffer dqkv = be.alloc(Category::temp, floats(3 * n * h));
+    be.flash_attention_backward(attention(c.rows, held[kQkv].data()), held[kAttnOut].data(), s_.hidden,
+                                dattn.data(), held[kLse].data(), dqkv.data(), dqkv.data() + h, dqkv.data() + 2 * h);
+    dattn.reset();
+    for (int j : {kQkv, kAttnOut, kLse}) {
+      c.saved.release(held[j].data());
+      held[j].reset();
+    }
+    return dqkv;
+  }
+
+  // Math: through the saved q, k, probabilities and v (released and freed; y, which
+  // only c_proj saved, freed too); frees dattn. Returns the (N, 3h) gradient.
+  Buffer math_backward(const BlockCall& c, Buffer& dattn, std::vector<Buffer>& held) const {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden;
+    const int bh = c.rows * s_.heads, t = s_.seq, hd = s_.head_dim;
+    const i64 st = static_cast<i64>(t) * hd, tt = static_cast<i64>(t) * t;
+    auto drop = [&](int j) {
+      c.saved.release(held[j].data());
+      held[j].reset();
+    };
+    held[kAttnOut].reset();
+    Buffer dout = be.alloc(Category::temp, floats(n * h));  // (B, heads, T, hd)
+    be.permute_heads(dout.data(), dattn.data(), s_.hidden, c.rows, t, s_.heads, hd, true);
+    dattn.reset();
+    // dP = dout V^T, dV = P^T dout
+    Buffer dp = be.alloc(Category::temp, floats(bh * tt));
+    be.gemm_batched(Trans::no, Trans::yes, t, t, hd, 1.0f, dout.data(), hd, st, held[kV].data(), hd, st, 0.0f,
+                    dp.data(), t, tt, bh);
+    Buffer dv = be.alloc(Category::temp, floats(n * h));
+    be.gemm_batched(Trans::yes, Trans::no, t, hd, t, 1.0f, held[kProbs].data(), t, tt, dout.data(), hd, st, 0.0f,
+                    dv.data(), hd, st, bh);
+    dout.reset();
+    drop(kV);
+    // dS = softmax'(dP); scores = scale q k^T: dq = scale dS k, dk = scale dS^T q
+    be.softmax_backward(dp.data(), held[kProbs].data(), static_cast<i64>(bh) * t, t);
+    drop(kProbs);
+    Buffer dq = be.alloc(Category::temp, floats(n * h));
+    be.gemm_batched(Trans::no, Trans::no, t, hd, t, scale(), dp.data(), t, tt, held[kK].data(), hd, st, 0.0f,
+                    dq.data(), hd, st, bh);
+    Buffer dk = be.alloc(Category::temp, floats(n * h));
+    be.gemm_batched(Trans::yes, Trans::no, t, hd, t, scale(), dp.data(), t, tt, held[kQ].data(), hd, st, 0.0f,
+                    dk.data(), hd, st, bh);
+    dp.reset();
+    drop(kQ);
+    drop(kK);
+    // back to token-major, laid out as qkv
+    Buffer dqkv = be.alloc(Category::temp, floats(3 * n * h));
+    be.permute_heads(dqkv.data(), dq.data(), 3 * s_.hidden, c.rows, t, s_.heads, hd, false);
+    be.permute_heads(dqkv.data() + h, dk.data(), 3 * s_.hidden, c.rows, t, s_.heads, hd, false);
+    be.permute_heads(dqkv.data() + 2 * h, dv.data(), 3 * s_.hidden, c.rows, t, s_.heads, hd, false);
+    return dqkv;
+  }
+
+  TransformerShape s_;
+  std::string name_;
+  std::vector<ParamSpec> params_;
+  WeightRef ln_weight_, attn_weight_, proj_weight_, ln2_weight_, fc_weight_, mlp_proj_weight_;
+};
+
+// ---- the final block: ln_f and the head, whose weight is the embedding's wte ----
+class FinalBlock final : public Block {
+ public:
+  explicit FinalBlock(const TransformerShape& s) : s_(s) {
+    params_ = {{"transformer.ln_f.weight", {s.hidden}, 0.0f, 1.0f}, {"transformer.ln_f.bias", {s.hidden}}};
+  }
+  std::string name() const override { return "final"; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.vocab; }
+  bool saves_input() const override { return true; }    // ln_f's input
+  bool saves_output() const override { return false; }  // the logits: log_softmax saves its result
+
+  Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
+                 BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden;
+    std::vector<Buffer>& held = tape.held;
+    held.clear();
+    for (i64 count : {n, n, n * h}) held.push_back(be.alloc(Category::activation, floats(count)));  // mean, rstd, ln_f
+    be.layer_norm_forward(held[2].data(), held[0].data(), held[1].data(), x, c.access.param(c.index, 0),
+                          c.access.param(c.index, 1), static_cast<int>(n), s_.hidden, s_.norm_eps);
+    c.saved.save(x, 4 * n * h);
+    c.saved.save(held[0].data(), 4 * n);
+    c.saved.save(held[1].data(), 4 * n);
+    c.saved.save(ln_weight_(), 0);
+    // logits (N, V) = ln_f(x) wte^T: the head (mm) saves ln_f's output and the weight.
+    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * s_.vocab));
+    be.gemm(Trans::no, Trans::yes, static_cast<int>(n), s_.vocab, s_.hidden, 1.0f, held[2].data(), s_.hidden,
+            head_weight(c), s_.hidden, 0.0f, out.data(), s_.vocab);
+    c.saved.save(held[2].data(), 4 * n * h);
+    c.saved.save(head_weight(c), 0);
+    return out;
+  }
+
+  Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                  BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden;
+    std::vector<Buffer>& held = tape.held;
+    out.reset();
+    // The head: d ln_f = dlogits wte, d wte = dlogits^T ln_f, written first (with beta);
+    // the embedding adds its part later in the same backward.
+    Buffer dln = be.alloc(Category::temp, floats(n * h));
+    be.gemm(Trans::no, Trans::no, static_cast<int>(n), s_.hidden, s_.vocab, 1.0f, dy.data(), s_.vocab,
+            head_weight(c), s_.hidden, 0.0f, dln.data(), s_.hidden);
+    be.gemm(Trans::yes, Trans::no, s_.vocab, s_.hidden, static_cast<int>(n), 1.0f, dy.data(), s_.vocab,
+            held[2].data(), s_.hidden, beta, c.access.grad(kEmbeddingBlock, kWte), s_.hidden);
+    dy.reset();
+    c.saved.release(head_weight(c));
+    c.saved.release(held[2].data());
+    held[2].reset();
+    Buffer dx = be.alloc(Category::temp, floats(n * h));
+    be.layer_norm_backward(dx.data(), c.access.grad(c.index, 0), c.access.grad(c.index, 1), dln.data(), x,
+                           held[0].data(), held[1].data(), c.access.param(c.index, 0), static_cast<int>(n),
+                           s_.hidden, beta);
+    dln.reset();
+    c.saved.release(ln_weight_());
+    c.saved.release(x);
+    for (int j : {0, 1}) {
+      c.saved.release(held[j].data());
+      held[j].reset();
+    }
+    held.clear();
+    if (!needs_dx) dx.reset();
+    return dx;
+  }
+
+  Buffer backward_input(const BlockCall&, Buffer&, Buffer, bool, bool, BlockTape&) override { throw split(); }
+  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override { throw split(); }
+
+ private:
+  i64 tokens(int rows) const { return static_cast<i64>(rows) * s_.seq; }
+  static RunError split() { return RunError("gpt2: the zero-bubble split (zb-h1) of its blocks is not implemented"); }
+  // The tied head reads the embedding block's wte.
+  static const float* head_weight(const BlockCall& c) { return c.access.param(kEmbeddingBlock, kWte); }
+
+  TransformerShape s_;
+  std::vector<ParamSpec> params_;
+  WeightRef ln_weight_;
+};
+
+// ---- cross-entropy, mean over tokens ----
+// log_softmax saves its result (the log-probabilities, (N, V), activation), nll_loss
+// saves them with the target (int64, 8 B a token) and a 4-byte total_weight it makes.
+// The logits are saved by nobody: the model frees them after the loss's forward.
+class CrossEntropyLoss final : public ModelLoss {
+ public:
+  explicit CrossEntropyLoss(const TransformerShape& s) : s_(s) {}
+  bool saves_input() const override { return false; }
+  bool is_mean() const override { return true; }
+  std::int64_t target_elems(int rows) const override { return id_floats(tokens(rows)); }
+  void fill_target(Backend& backend, float* target, const DataSlice& at) const override {
+    const std::vector<float> host = token_rows(at, s_.seq, s_.vocab, kTargetBase);
+    backend.upload(target, host.data(), host.size());
+  }
+
+  void forward(Backend& be, SavedTensors& saved, const float* logits, const float* target, int rows, float scale,
+               float* value) override {
+    const i64 n = tokens(rows);
+    Held& h = held_[target];  // one per micro-batch in flight, by its target
+    h.logprobs = be.alloc(Category::activation, floats(n * s_.vocab));
+    h.total_weight = be.alloc(Category::activation, 1);
+    be.log_softmax_forward(h.logprobs.data(), logits, n, s_.vocab);
+    be.fill(h.total_weight.data(), static_cast<float>(n), 1);
+    be.nll_loss_forward(value, h.logprobs.data(), ids_of(target), n, s_.vocab, scale);
+    saved.save(h.logprobs.data(), 4 * n * s_.vocab);
+    saved.save(target, 8 * n);
+    saved.save(h.total_weight.data(), 4);
+  }
+
+  Buffer backward(Backend& be, SavedTensors& saved, const float* /*logits*/, const float* target, int rows,
+                  float scale) override {
+    const i64 n = tokens(rows);
+    auto it = held_.find(target);
+    SHARDSCOPE_REQUIRE(it != held_.end(), "gpt2: cross-entropy backward without its forward");
+    Held& h = it->second;
+    Buffer dlogits = be.alloc(Category::temp, floats(n * s_.vocab));  // (N, V)
+    be.cross_entropy_backward(dlogits.data(), h.logprobs.data(), ids_of(target), n, s_.vocab, scale);
+    saved.release(h.logprobs.data());
+    saved.release(target);
+    saved.release(h.total_weight.data());
+    held_.erase(it);
+    return dlogits;
+  }
+
+ private:
+  struct Held {
+    Buffer logprobs;
+    Buffer total_weight;
+  };
+  i64 tokens(int rows) const { return static_cast<i64>(rows) * s_.seq; }
+  TransformerShape s_;
+  std::map<const float*, Held> held_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_gpt2(const ModelConfig& m) {
+  TransformerShape s = m.transformer;
+  s.tied_embeddings = true;  // nanoGPT's head is the token embedding
+  if (s.head_dim == 0 && s.heads > 0) s.head_dim = s.hidden / s.heads;
+  if (s.ffn == 0) s.ffn = 4 * s.hidden;
+  if (s.kv_heads == 0) s.kv_heads = s.heads;
+  if (s.positions == 0) s.positions = s.seq;
+  SHARDSCOPE_REQUIRE(s.layers > 0 && s.hidden > 0 && s.heads > 0 && s.hidden % s.heads == 0 && s.vocab > 0 &&
+                         s.seq > 0 && s.seq <= s.positions && s.kv_heads == s.heads &&
+                         s.head_dim * s.heads == s.hidden,
+                     "gpt2: an unchecked transformer shape");
+  std::vector<std::unique_ptr<Block>> blocks;
+  blocks.push_back(std::make_unique<EmbeddingBlock>(s));
+  for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<TransformerBlock>(s, i));
+  blocks.push_back(std::make_unique<FinalBlock>(s));
+  return std::make_unique<Model>(std::move(blocks), std::make_unique<CrossEntropyLoss>(s));
+}
+
+}  // namespace shardscope
