@@ -53,6 +53,9 @@ void check_case(const Case& c, int world, int rank) {
   EXPECT_EQ(r.where, p.peak_where);
   for (int k = 0; k < kCollKindCount; ++k)
     EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]) << "comm " << kCollKindNames[k];
+  ASSERT_GT(r.saved.bytes, 0);
+  EXPECT_EQ(r.saved.bytes, p.saved_after_forward_bytes);
+  EXPECT_EQ(r.saved.tensors, p.saved_after_forward_tensors);
 }
 
 TEST(StrategiesEmulated, MeasuredEqualsPredictedEveryRank) {

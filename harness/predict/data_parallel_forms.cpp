@@ -127,6 +127,11 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
   }
   p.peak_phase = best.phase;
   p.peak_where = where(best.layer);
+  // Saved after forward: every Linear's input (the batch and the first L - 1 outputs),
+  // the last output when relu or mse saves it, and mse's target.
+  const int mse = m.loss == Loss::mse ? 1 : 0;
+  p.saved_after_forward_tensors = L + static_cast<int>(k) + mse;
+  p.saved_after_forward_bytes = p.saved_after_forward_tensors * a;
 
   std::vector<Prediction> ranks(world, p);
   for (int r = 0; r < world; ++r) {

@@ -295,6 +295,16 @@ std::optional<Placement> read_placement(const Reader& rd, const json& member, co
   return p;
 }
 
+std::optional<RankSaved> read_rank_saved(const Reader& rd, const json& member, const std::string& path) {
+  if (!member.contains("saved")) return std::nullopt;
+  const std::string here = join(path, "saved");
+  const json& j = rd.object(member, path, "saved");
+  RankSaved s;
+  s.after_forward_bytes = rd.count(j, here, "after_forward_bytes");
+  s.after_forward_tensors = rd.count(j, here, "after_forward_tensors", kCount);
+  return s;
+}
+
 RankRecord read_rank(const Reader& rd, const json& member, const std::string& path) {
   rd.as_object(member, path, "a rank record (an object)");
   RankRecord r;
@@ -310,6 +320,7 @@ RankRecord read_rank(const Reader& rd, const json& member, const std::string& pa
   r.predicted.peak_phase = rd.text(p, here, "peak_phase", "a phase name");
   r.predicted.peak_where = rd.text(p, here, "peak_where", "a place");
   r.predicted.comm_bytes = rd.count(p, here, "comm_bytes");
+  r.predicted.saved = read_rank_saved(rd, p, here);
   r.allocator = read_allocator(rd, member, path);
   r.comm = read_comm(rd, member, path);
   r.comm_bytes = rd.count(member, path, "comm_bytes");
@@ -320,6 +331,7 @@ RankRecord read_rank(const Reader& rd, const json& member, const std::string& pa
   r.loss = rd.numbers(rd.need(member, path, "loss", "an array of losses"), join(path, "loss"), "loss");
   r.timeline = read_optional_timeline(rd, member, path);
   r.placement = read_placement(rd, member, path);
+  r.saved = read_rank_saved(rd, member, path);
   return r;
 }
 

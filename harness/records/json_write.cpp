@@ -84,6 +84,10 @@ json to_json(const TimelineRecord& t) {
 
 namespace {
 
+json rank_saved_json(const RankSaved& s) {
+  return {{"after_forward_bytes", s.after_forward_bytes}, {"after_forward_tensors", s.after_forward_tensors}};
+}
+
 json saved_json(const SavedFigures& s) {
   return {{"peak_live_tensors", s.peak_live_tensors},
           {"peak_live_bytes", s.peak_live_bytes},
@@ -205,13 +209,15 @@ json to_json(const RankPredicted& p) {
             {"peak_phase", nullptr},
             {"peak_where", nullptr},
             {"comm_bytes", p.comm_bytes}};
-  return {{"resting_total", p.resting_total},
-          {"resting", to_json(p.resting)},
-          {"peak_total", p.peak_total},
-          {"peak_by_category", to_json(p.peak_by_category)},
-          {"peak_phase", p.peak_phase},
-          {"peak_where", p.peak_where},
-          {"comm_bytes", p.comm_bytes}};
+  json j = {{"resting_total", p.resting_total},
+            {"resting", to_json(p.resting)},
+            {"peak_total", p.peak_total},
+            {"peak_by_category", to_json(p.peak_by_category)},
+            {"peak_phase", p.peak_phase},
+            {"peak_where", p.peak_where},
+            {"comm_bytes", p.comm_bytes}};
+  if (p.saved) j["saved"] = rank_saved_json(*p.saved);
+  return j;
 }
 
 json to_json(const RankRecord& rank) {
@@ -230,6 +236,7 @@ json to_json(const RankRecord& rank) {
   r["loss"] = rank.loss;
   if (rank.timeline) r["timeline"] = to_json(*rank.timeline);
   add_placement(rank.placement, r);
+  if (rank.saved) r["saved"] = rank_saved_json(*rank.saved);
   return r;
 }
 

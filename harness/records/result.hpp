@@ -53,6 +53,15 @@ struct TimeSummary {
   std::optional<double> max;
 };
 
+// A data-parallel rank's "saved" (and its predicted figures, in "predicted"): what the
+// saved-tensor instrument holds when the forward, loss included, has ended: the
+// distinct saved storages holding bytes (parameters excluded) and their bytes. Files
+// written before these existed leave "saved" out.
+struct RankSaved {
+  std::int64_t after_forward_bytes = 0;
+  std::int64_t after_forward_tensors = 0;
+};
+
 // A data-parallel rank's "predicted".
 struct RankPredicted {
   std::int64_t resting_total = 0;
@@ -65,6 +74,7 @@ struct RankPredicted {
   std::string peak_phase;
   std::string peak_where;
   std::int64_t comm_bytes = 0;
+  std::optional<RankSaved> saved;
 };
 
 // The allocator-granular figures: "rounded", "pool" (null on cpu),
@@ -138,6 +148,7 @@ struct RankRecord {
   std::vector<double> loss;
   std::optional<TimelineRecord> timeline;  // left out when not recorded
   std::optional<Placement> placement;
+  std::optional<RankSaved> saved;
 };
 
 // A pipeline stage's saved-tensor counts ("saved", and the same four in "predicted").

@@ -31,7 +31,10 @@ RankPredicted rank_predicted(const Prediction& p) {
           category_figures(p.peak_by_category),
           std::string(phase_name(p.peak_phase)),
           p.peak_where,
-          p.comm_total()};
+          p.comm_total(),
+          // Known with the peak: both come from the model's activation forms.
+          p.peak_known ? std::optional<RankSaved>(RankSaved{p.saved_after_forward_bytes, p.saved_after_forward_tensors})
+                       : std::nullopt};
 }
 
 ModelRecord model_record(const ModelConfig& m) {

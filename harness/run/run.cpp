@@ -117,6 +117,8 @@ RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicato
   r.comm_ms = time_summary(comm_ms);
   r.comm_ms_all = comm_ms;
   r.loss = losses;
+  const SavedAfterForward saved = strategy->saved_after_forward();
+  r.saved = RankSaved{saved.bytes, saved.tensors};
   if (tr.recording()) r.timeline = timeline_record(tr.timeline());
   return r;
 }

@@ -37,6 +37,7 @@ float DataParallelStrategy::step() {
     ScopedRange r(backend_, "forward");
     tape = model_->forward(mc, 0, model_->blocks(), x.data(), rows, false);
     loss = model_->loss_forward(mc, tape, target.data(), 1.0f);
+    saved_after_forward_ = {saved_.live_bytes(), saved_.live_storages()};
   }
   {
     ScopedRange r(backend_, "backward");

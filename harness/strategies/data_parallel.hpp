@@ -17,6 +17,7 @@ class DataParallelStrategy : public Strategy {
   void prepare_batch(int index) override;
   float step() override;
   const SavedTensors& saved() const { return saved_; }
+  SavedAfterForward saved_after_forward() const override { return saved_after_forward_; }
 
  protected:
   // The block access the engine uses (gathers for ZeRO-2/3 happen in its hooks).
@@ -39,6 +40,7 @@ class DataParallelStrategy : public Strategy {
   std::unique_ptr<Model> model_;  // the blocks and the loss cfg.model names
   AdamWHyper hyper_;
   int steps_done_ = 0;
+  SavedAfterForward saved_after_forward_;
 
  private:
   DataSlice batch_slice() const;  // the rank's rows of the batch prepare_batch drew

@@ -23,6 +23,10 @@ struct Prediction {
   Phase peak_phase = Phase::setup;
   std::string peak_where;
   std::array<std::int64_t, kCollKindCount> comm_bytes{};  // per step, nccl-tests' sizes
+  // What the saved-tensor instrument holds when the forward, loss included, has ended:
+  // distinct saved storages holding bytes (parameters excluded) and their bytes.
+  std::int64_t saved_after_forward_bytes = 0;
+  int saved_after_forward_tensors = 0;
   std::int64_t comm_total() const {
     std::int64_t t = 0;
     for (auto b : comm_bytes) t += b;

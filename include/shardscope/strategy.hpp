@@ -2,6 +2,7 @@
 // one file in harness/strategies/ plus one line in registry.cpp.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +19,13 @@ struct HostState {
   std::vector<float> grads;
   std::vector<float> exp_avg;
   std::vector<float> exp_avg_sq;
+};
+
+// What the saved-tensor instrument held when the last step's forward, loss included,
+// ended: distinct saved storages holding bytes (parameters excluded) and their bytes.
+struct SavedAfterForward {
+  std::int64_t bytes = 0;
+  int tensors = 0;
 };
 
 struct StrategyContext {
@@ -39,6 +47,8 @@ class Strategy {
   virtual HostState gather_state() = 0;
   // U: how many units parameters are gathered in (1 for ddp and zero1).
   virtual int units() const { return 1; }
+  // The saves held at the end of the last step's forward.
+  virtual SavedAfterForward saved_after_forward() const = 0;
 };
 
 // The strategy cfg.strategy names (harness/strategies/registry.cpp).
