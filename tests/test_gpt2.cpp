@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "harness/comm/fake_comm.hpp"
+#include "harness/predict/gpt2_forms.hpp"
 #include "support/dp_harness.hpp"
 
 namespace shardscope {
@@ -251,6 +252,40 @@ TEST(Gpt2, DataParallelAtOneRankTrainsLikeTheReference) {
       EXPECT_EQ(e.saved.tensors, r.saved.tensors);
     }
   }
+}
+
+// The closed forms (harness/predict/gpt2_forms.hpp) against every emulated rank: the
+// saves after forward, and the step's peak beyond its resting bytes, per category,
+// with its phase and place; shapes where the logits dominate and where they do not.
+TEST(Gpt2, StepPeakAndSavesEqualTheClosedFormsOnEveryRank) {
+  const Shape shapes[] = {{2, 64, 4, 100, 16, 2}, {3, 96, 6, 257, 24, 3}, {2, 32, 2, 5, 8, 2}, {1, 16, 4, 3, 32, 1}};
+  for (const Shape& shape : shapes)
+    for (AttentionMode mode : {AttentionMode::math, AttentionMode::flash})
+      for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"})
+        for (int world : {1, 2, 3})
+          for (int rank = 0; rank < world; ++rank) {
+            RunConfig cfg;
+            cfg.model = gpt2_model(shape, mode);
+            cfg.steps = 2;
+            cfg.strategy = parse_strategy(strategy);
+            SCOPED_TRACE(std::string(strategy) + " " + mode_name(mode) + " h=" + std::to_string(shape.hidden) +
+                         " V=" + std::to_string(shape.vocab) + " W=" + std::to_string(world) + " r=" +
+                         std::to_string(rank));
+            CpuBackend backend;
+            auto comm = make_fake_communicator(world, rank, &backend);
+            const auto r = testing::run_dp(cfg, backend, *comm, false);
+            const SavedForm saved = gpt2_saved_after_forward(cfg.model.transformer, shape.batch);
+            EXPECT_EQ(r.saved.bytes, saved.bytes);
+            EXPECT_EQ(r.saved.tensors, saved.tensors);
+            const bool fsdp = cfg.strategy == StrategyKind::zero2 || cfg.strategy == StrategyKind::zero3;
+            const std::int64_t P = make_model(cfg.model)->params();
+            const std::int64_t gathered = fsdp ? 4 * ((P + world - 1) / world) * world : 0;
+            const StepTransient t = gpt2_step_transient(cfg.model.transformer, shape.batch, gathered);
+            for (int k = 0; k < kCategoryCount; ++k)
+              EXPECT_EQ(r.peak.by_category.bytes[k] - r.resting.bytes[k], t.bytes.bytes[k]) << kCategoryNames[k];
+            EXPECT_EQ(std::string(phase_name(r.peak.phase)), std::string(phase_name(t.phase)));
+            EXPECT_EQ(r.where, t.where);
+          }
 }
 
 }  // namespace
