@@ -126,4 +126,18 @@ StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, std:
   return best;
 }
 
+void add_gpt2_step(const ModelConfig& model, std::int64_t gathered, std::vector<Prediction>& ranks) {
+  const StepTransient t = gpt2_step_transient(model.transformer, model.batch, gathered);
+  const SavedForm saved = gpt2_saved_after_forward(model.transformer, model.batch);
+  for (Prediction& p : ranks) {
+    p.peak_by_category = p.resting;
+    for (int k = 0; k < kCategoryCount; ++k) p.peak_by_category.bytes[k] += t.bytes.bytes[k];
+    p.peak_total = p.peak_by_category.total();
+    p.peak_phase = t.phase;
+    p.peak_where = t.where;
+    p.saved_after_forward_bytes = saved.bytes;
+    p.saved_after_forward_tensors = saved.tensors;
+  }
+}
+
 }  // namespace shardscope

@@ -11,9 +11,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "shardscope/category.hpp"
 #include "shardscope/config.hpp"
+#include "shardscope/predict.hpp"
 
 namespace shardscope {
 
@@ -42,5 +44,10 @@ struct StepTransient {
   std::string where;
 };
 StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, std::int64_t gathered);
+
+// Completes a GPT-2's data-parallel predictions, whose resting bytes are filled: the
+// peak (resting + the step's transient, `gathered` as above) and the saves after
+// forward, on every rank.
+void add_gpt2_step(const ModelConfig& model, std::int64_t gathered, std::vector<Prediction>& ranks);
 
 }  // namespace shardscope
