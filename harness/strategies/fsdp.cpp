@@ -10,9 +10,44 @@ namespace shardscope {
 FsdpStrategy::FsdpStrategy(const StrategyContext& ctx, bool full_shard)
     : DataParallelStrategy(ctx),
       full_shard_(full_shard),
-      units_(fsdp_units(model_->block_sizes(), ctx.cfg.layers_per_unit, ctx.comm.world())) {
-  for (int u = 0; u < static_cast<int>(units_.size()); ++u)
-    for (int b = units_[u].first_block; b < units_[u].last_block; ++b) unit_of_block_.push_back(u);
+      units_(fsdp_units(ctx.cfg.model, ctx.cfg.layers_per_unit, ctx.comm.world())) {
+  unit_of_block_.assign(static_cast<std::size_t>(model_->blocks()), -1);
+  block_offset_in_unit_.assign(static_cast<std::size_t>(model_->blocks()), 0);
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    std::int64_t at = 0;
+    for (int b : blocks_of(u)) {
+      unit_of_block_[b] = u;
+      block_offset_in_unit_[b] = at;
+      at += model_->block_elems(b);
+    }
+  }
+}
+
+std::vector<int> FsdpStrategy::blocks_of(int u) const {
+  const Unit& unit = units_[u];
+  if (!unit.blocks.empty()) return unit.blocks;
+  std::vector<int> out;
+  for (int b = unit.first_block; b < unit.last_block; ++b) out.push_back(b);
+  return out;
+}
+
+bool FsdpStrategy::reshard_after_forward(int u) const {
+  if (!full_shard_ || units_.size() == 1) return false;
+  // A transformer's unit 0 is its root (the embeddings and the final block).
+  return !(cfg_.model.is_transformer() && u == 0);
+}
+
+std::vector<float> FsdpStrategy::init_unit_slice(int u, std::int64_t begin, std::int64_t count) const {
+  std::vector<float> out(static_cast<std::size_t>(count), 0.0f);
+  for (int b : blocks_of(u)) {
+    // Block b occupies [at, at + n) of the unit's flat vector.
+    const std::int64_t at = block_offset_in_unit_[b], n = model_->block_elems(b);
+    const std::int64_t lo = std::max(begin, at), hi = std::min(begin + count, at + n);
+    if (lo >= hi) continue;
+    const std::vector<float> part = model_->init_flat_slice(cfg_.seed, model_->block_offset(b) + (lo - at), hi - lo);
+    std::copy(part.begin(), part.end(), out.begin() + (lo - begin));
+  }
+  return out;
 }
 
 void FsdpStrategy::setup() {
@@ -24,12 +59,7 @@ void FsdpStrategy::setup() {
     const std::size_t n = static_cast<std::size_t>(unit.shard);
     // The rank's slice of the unit's flat parameter; past the unit's end is padding (0).
     state_[u].shard = backend_.alloc(Category::param, n);
-    std::vector<float> host(n, 0.0f);
-    const std::int64_t real = std::clamp<std::int64_t>(unit.elems - begin, 0, unit.shard);
-    if (real > 0) {
-      const std::vector<float> init = model_->init_flat_slice(cfg_.seed, unit.flat_offset + begin, real);
-      std::copy(init.begin(), init.end(), host.begin());
-    }
+    const std::vector<float> host = init_unit_slice(static_cast<int>(u), begin, unit.shard);
     backend_.upload(state_[u].shard.data(), host.data(), n);
     state_[u].grad_shard = zeros(Category::grad, n);
     state_[u].adam = make_adam_state(backend_, n);
@@ -37,7 +67,8 @@ void FsdpStrategy::setup() {
 }
 
 std::int64_t FsdpStrategy::offset_in_unit(int block, int tensor) const {
-  return model_->tensor_offset(model_->first_tensor(block) + tensor) - units_[unit_of_block_[block]].flat_offset;
+  return block_offset_in_unit_[block] + model_->tensor_offset(model_->first_tensor(block) + tensor) -
+         model_->block_offset(block);
 }
 
 const float* FsdpStrategy::param(int block, int tensor) {
@@ -76,7 +107,7 @@ void FsdpStrategy::before_forward(int block) {
 void FsdpStrategy::after_forward(int block) {
   const int u = unit_of_block_[block];
   if (block + 1 != units_[u].last_block) return;
-  if (reshard_after_forward()) state_[u].full.reset();
+  if (reshard_after_forward(u)) state_[u].full.reset();
   backend_.range_pop();
 }
 
@@ -134,7 +165,10 @@ HostState FsdpStrategy::gather_state() {
       Buffer full = backend_.alloc(Category::temp, static_cast<std::size_t>(unit.padded));
       comm_.all_gather(sources[k]->data(), full.data(), n);
       const std::vector<float> host = download(full);
-      std::copy(host.begin(), host.begin() + unit.elems, targets[k]->begin() + unit.flat_offset);
+      for (int b : blocks_of(static_cast<int>(u))) {
+        const auto from = host.begin() + block_offset_in_unit_[b];
+        std::copy(from, from + model_->block_elems(b), targets[k]->begin() + model_->block_offset(b));
+      }
     }
   }
   return h;

@@ -1,9 +1,13 @@
 // zero2 and zero3 as torch FSDP1 with use_orig_params=False: one flat parameter per
 // unit, padded to a multiple of W; rank r owns the r-th contiguous slice of each.
-// A unit is K consecutive blocks of the model (--units K).
+// A unit is K consecutive blocks of the model (--units K); a transformer's units are K
+// transformer blocks each after a root unit of the embeddings and the final block
+// (blocks {0, L + 1}, not contiguous: fsdp_units), whose flat parameter concatenates
+// the two blocks' parameters.
 // Forward all-gathers a unit before its first block; zero3 frees it after the unit's
-// forward (except a single root unit, which torch never reshards after forward) and
-// gathers it again in backward; zero2 keeps it until the unit's backward ends.
+// forward (except a root unit, which torch never reshards after forward: the MLP's
+// single unit, a transformer's unit 0) and gathers it again in backward; zero2 keeps it
+// until the unit's backward ends.
 // Backward gives each unit a full flat gradient, reduce-scattered into the shard.
 #pragma once
 
@@ -38,13 +42,19 @@ class FsdpStrategy : public DataParallelStrategy, private BlockAccess {
 
   void gather(int unit);
   void begin_unit_range(int unit);  // "unit 3"; closed by range_pop in the hooks
-  bool reshard_after_forward() const { return full_shard_ && units_.size() > 1; }
+  bool reshard_after_forward(int unit) const;
   // Where tensor `tensor` of block `block` starts in its unit's flat vector.
   std::int64_t offset_in_unit(int block, int tensor) const;
+  // Unit u's blocks, in the order its flat parameter concatenates them.
+  std::vector<int> blocks_of(int unit) const;
+  // Elements [begin, begin + count) of unit u's flat parameter at initialisation (past
+  // its end: padding, zero).
+  std::vector<float> init_unit_slice(int unit, std::int64_t begin, std::int64_t count) const;
 
   bool full_shard_;  // zero3
   std::vector<Unit> units_;
   std::vector<int> unit_of_block_;
+  std::vector<std::int64_t> block_offset_in_unit_;  // where each block starts in its unit's flat vector
   struct UnitState {
     Buffer shard;       // (shard) param
     Buffer grad_shard;  // (shard) grad
