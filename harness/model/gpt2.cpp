@@ -204,7 +204,9 @@ class TransformerBlock final : public Block {
 
     // c_attn: saves its input (ln_1's output, addmm's mat1) and its weight.
     const bool flash = s_.attention == AttentionMode::flash;
-    Buffer qkv = be.alloc(flash ? Category::activation : Category::temp, floats(3 * n * h));  // (N, 3h)
+    // (N, 3h): saved by flash, and by math when its v is a view of it
+    const bool qkv_saved = flash || v_is_view(c.rows);
+    Buffer qkv = be.alloc(qkv_saved ? Category::activation : Category::temp, floats(3 * n * h));
     linear_forward(be, qkv.data(), held[kLn1].data(), param(kAttnW), param(kAttnB), n, s_.hidden, 3 * s_.hidden,
                    0.0f);
     c.saved.save(held[kLn1].data(), a);
@@ -224,30 +226,35 @@ class TransformerBlock final : public Block {
       y = held[kAttnOut].data();
     } else {
       // Math SDPA: head-major copies of q and k (bmm 1's operands), the probabilities
-      // (B, heads, T, T) (softmax's result and bmm 2's self), a copy of v (bmm 2's
-      // mat2); its head-major output is copied token-major for c_proj (which saves it).
+      // (B, heads, T, T) (softmax's result and bmm 2's self), v (bmm 2's mat2: a copy,
+      // or with one sequence or one head a view of qkv, as torch's matmul reshapes it);
+      // its head-major output is copied token-major for c_proj (which saves it).
       const int bh = c.rows * s_.heads, t = s_.seq, hd = s_.head_dim;
       const i64 st = static_cast<i64>(t) * hd;
+      const bool v_view = v_is_view(c.rows);
       for (int j : {kQ, kK, kV}) {
+        if (j == kV && v_view) continue;
         held[j] = act(n * h);
         be.permute_heads(held[j].data(), qkv.data() + (j == kQ ? 0 : j == kK ? h : 2 * h), 3 * s_.hidden, c.rows,
                          t, s_.heads, hd, true);
       }
+      if (v_view) held[kQkv] = std::move(qkv);
       qkv.reset();
+      const V v = v_operand(c.rows, held);
       held[kProbs] = act(static_cast<i64>(bh) * t * t);
       be.gemm_batched(Trans::no, Trans::yes, t, t, hd, 1.0f, held[kQ].data(), hd, st, held[kK].data(), hd, st, 0.0f,
                       held[kProbs].data(), t, static_cast<i64>(t) * t, bh);
       be.causal_softmax_forward(held[kProbs].data(), bh, t, scale());
       Buffer heads_out = be.alloc(Category::temp, floats(n * h));  // (B, heads, T, hd)
-      be.gemm_batched(Trans::no, Trans::no, t, hd, t, 1.0f, held[kProbs].data(), t, static_cast<i64>(t) * t,
-                      held[kV].data(), hd, st, 0.0f, heads_out.data(), hd, st, bh);
+      be.gemm_batched(Trans::no, Trans::no, t, hd, t, 1.0f, held[kProbs].data(), t, static_cast<i64>(t) * t, v.data,
+                      v.ld, v.stride, 0.0f, heads_out.data(), hd, st, bh);
       held[kAttnOut] = act(n * h);  // y = out.transpose(1, 2).contiguous(), (N, h)
       be.permute_heads(held[kAttnOut].data(), heads_out.data(), s_.hidden, c.rows, t, s_.heads, hd, false);
       heads_out.reset();
       c.saved.save(held[kQ].data(), a);
       c.saved.save(held[kK].data(), a);
       c.saved.save(held[kProbs].data(), 4 * static_cast<i64>(bh) * t * t);
-      c.saved.save(held[kV].data(), a);
+      c.saved.save(held[v_view ? static_cast<int>(kQkv) : static_cast<int>(kV)].data(), v_view ? 3 * a : a);
       y = held[kAttnOut].data();
     }
 
@@ -370,6 +377,22 @@ class TransformerBlock final : public Block {
  private:
   i64 tokens(int rows) const { return static_cast<i64>(rows) * s_.seq; }
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(s_.head_dim)); }
+
+  // torch's math attention multiplies the probabilities by v reshaped to (B·heads, T,
+  // hd): a view of the qkv output when B or heads is 1 (the two dimensions merge), a
+  // copy otherwise. Then qkv is what is saved (3a bytes) instead of a copy of v (a).
+  bool v_is_view(int rows) const { return rows == 1 || s_.heads == 1; }
+  struct V {
+    const float* data;
+    int ld;
+    i64 stride;  // between the B·heads matrices
+  };
+  V v_operand(int rows, const std::vector<Buffer>& held) const {
+    if (!v_is_view(rows)) return {held[kV].data(), s_.head_dim, static_cast<i64>(s_.seq) * s_.head_dim};
+    // One sequence: head j starts j·hd columns in; one head: sequence b starts b·T rows in.
+    const i64 stride = rows == 1 ? s_.head_dim : static_cast<i64>(s_.seq) * 3 * s_.hidden;
+    return {held[kQkv].data() + 2 * s_.hidden, 3 * s_.hidden, stride};
+  }
   static RunError split() { return RunError("gpt2: the zero-bubble split (zb-h1) of its blocks is not implemented"); }
 
   AttentionArgs attention(int rows, const float* qkv) const {
@@ -419,13 +442,14 @@ class TransformerBlock final : public Block {
     dattn.reset();
     // dP = dout V^T, dV = P^T dout
     Buffer dp = be.alloc(Category::temp, floats(bh * tt));
-    be.gemm_batched(Trans::no, Trans::yes, t, t, hd, 1.0f, dout.data(), hd, st, held[kV].data(), hd, st, 0.0f,
+    const V v = v_operand(c.rows, held);
+    be.gemm_batched(Trans::no, Trans::yes, t, t, hd, 1.0f, dout.data(), hd, st, v.data, v.ld, v.stride, 0.0f,
                     dp.data(), t, tt, bh);
     Buffer dv = be.alloc(Category::temp, floats(n * h));
     be.gemm_batched(Trans::yes, Trans::no, t, hd, t, 1.0f, held[kProbs].data(), t, tt, dout.data(), hd, st, 0.0f,
                     dv.data(), hd, st, bh);
     dout.reset();
-    drop(kV);
+    drop(v_is_view(c.rows) ? static_cast<int>(kQkv) : static_cast<int>(kV));
     // dS = softmax'(dP); scores = scale q k^T: dq = scale dS k, dk = scale dS^T q
     be.softmax_backward(dp.data(), held[kProbs].data(), static_cast<i64>(bh) * t, t);
     drop(kProbs);
