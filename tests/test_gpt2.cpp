@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "harness/comm/fake_comm.hpp"
-#include "harness/predict/gpt2_forms.hpp"
 #include "support/dp_harness.hpp"
 
 namespace shardscope {
@@ -82,6 +81,12 @@ float loss_of(const ModelConfig& m, std::vector<float>& params, std::uint64_t se
 //     math torch 309636 B in 39 storages / flash torch 294276 B in 35 storages
 //   bench/torch_saved.py --layers 3 --hidden 96 --heads 6 --vocab 257 --seq 24 --batch 3
 //     math torch 1586212 B in 54 storages / flash torch 1466980 B in 48 storages
+// and where torch's math attention saves v as a view of the qkv output (one sequence,
+// or one head: its reshape needs no copy):
+//   bench/torch_saved.py --layers 2 --hidden 48 --heads 3 --vocab 50 --seq 12 --batch 1
+//     math torch 94180 B in 39 storages / flash torch 81796 B in 35 storages
+//   bench/torch_saved.py --layers 1 --hidden 16 --heads 1 --vocab 7 --seq 5 --batch 2
+//     math torch 13724 B in 24 storages / flash torch 12284 B in 22 storages
 struct TorchSaved {
   Shape shape;
   AttentionMode mode;
@@ -93,12 +98,17 @@ const TorchSaved kTorchSaved[] = {
     {{2, 64, 4, 100, 16, 2}, AttentionMode::flash, 294276, 35},
     {{3, 96, 6, 257, 24, 3}, AttentionMode::math, 1586212, 54},
     {{3, 96, 6, 257, 24, 3}, AttentionMode::flash, 1466980, 48},
+    {{2, 48, 3, 50, 12, 1}, AttentionMode::math, 94180, 39},
+    {{2, 48, 3, 50, 12, 1}, AttentionMode::flash, 81796, 35},
+    {{1, 16, 1, 7, 5, 2}, AttentionMode::math, 13724, 24},
+    {{1, 16, 1, 7, 5, 2}, AttentionMode::flash, 12284, 22},
 };
 
 TEST(Gpt2, SavesWhatTorchSavesAfterForwardAndReleasesItInBackward) {
   for (const TorchSaved& c : kTorchSaved) {
     const ModelConfig m = gpt2_model(c.shape, c.mode);
-    SCOPED_TRACE(std::string(mode_name(c.mode)) + " L=" + std::to_string(c.shape.layers));
+    SCOPED_TRACE(std::string(mode_name(c.mode)) + " L=" + std::to_string(c.shape.layers) + " h=" +
+                 std::to_string(c.shape.hidden));
     // Through the engine, as a strategy runs it.
     RunConfig cfg;
     cfg.model = m;
@@ -132,44 +142,49 @@ TEST(Gpt2, TheParameterCountCountsTheTiedHeadOnce) {
 
 // Central differences of the fp32 loss against the backward's gradient, on a tiny model
 // with parameters drawn large enough that every path carries signal.
-TEST(Gpt2, GradientsEqualFiniteDifferencesOfTheLoss) {
-  for (AttentionMode mode : {AttentionMode::math, AttentionMode::flash}) {
-    SCOPED_TRACE(mode_name(mode));
-    const ModelConfig m = gpt2_model({1, 8, 2, 11, 4, 2}, mode);
-    const auto model = make_model(m);
-    std::vector<float> params = model->init_flat_slice(7, 0, model->params());
-    for (std::size_t i = 0; i < params.size(); ++i)
-      params[i] += 0.3f * hashed_uniform(99, 1, i);  // biases and norms off their zeros and ones
+void check_gradients(const Shape& shape, AttentionMode mode) {
+  SCOPED_TRACE(std::string(mode_name(mode)) + " B=" + std::to_string(shape.batch) + " H=" +
+               std::to_string(shape.heads));
+  const ModelConfig m = gpt2_model(shape, mode);
+  const auto model = make_model(m);
+  std::vector<float> params = model->init_flat_slice(7, 0, model->params());
+  for (std::size_t i = 0; i < params.size(); ++i)
+    params[i] += 0.3f * hashed_uniform(99, 1, i);  // biases and norms off their zeros and ones
 
-    Pass p;
-    forward(p, m, params, 5);
-    {
-      FlatAccess access(*p.model, params.data(), p.grads.data());
-      ModelContext mc{p.backend, p.saved, access};
-      p.model->backward(mc, p.tape, Buffer{}, 0.0f);
-    }
-    EXPECT_EQ(p.saved.live(), 0);
-    ASSERT_TRUE(any_nonzero(p.grads));
-    const std::vector<float> grads = p.grads;
-    // Every tensor: its first elements and one in the middle.
-    int checked = 0;
-    for (int t = 0; t < model->param_tensors(); ++t) {
-      const std::int64_t off = model->tensor_offset(t), n = model->tensor_elems(t);
-      for (std::int64_t e : {std::int64_t{0}, std::int64_t{1}, n / 2, n - 1}) {
-        const std::size_t i = static_cast<std::size_t>(off + e);
-        const float keep = params[i], h = 1e-2f;
-        params[i] = keep + h;
-        const double up = loss_of(m, params, 5);
-        params[i] = keep - h;
-        const double down = loss_of(m, params, 5);
-        params[i] = keep;
-        const double fd = (up - down) / (2.0 * h);
-        EXPECT_NEAR(grads[i], fd, 2e-3 + 2e-2 * std::fabs(fd)) << model->tensor(t).name << "[" << e << "]";
-        ++checked;
-      }
-    }
-    EXPECT_EQ(checked, 4 * model->param_tensors());
+  Pass p;
+  forward(p, m, params, 5);
+  {
+    FlatAccess access(*p.model, params.data(), p.grads.data());
+    ModelContext mc{p.backend, p.saved, access};
+    p.model->backward(mc, p.tape, Buffer{}, 0.0f);
   }
+  EXPECT_EQ(p.saved.live(), 0);
+  ASSERT_TRUE(any_nonzero(p.grads));
+  const std::vector<float> grads = p.grads;
+  // Every tensor: its first elements and one in the middle.
+  int checked = 0;
+  for (int t = 0; t < model->param_tensors(); ++t) {
+    const std::int64_t off = model->tensor_offset(t), n = model->tensor_elems(t);
+    for (std::int64_t e : {std::int64_t{0}, std::int64_t{1}, n / 2, n - 1}) {
+      const std::size_t i = static_cast<std::size_t>(off + e);
+      const float keep = params[i], h = 1e-2f;
+      params[i] = keep + h;
+      const double up = loss_of(m, params, 5);
+      params[i] = keep - h;
+      const double down = loss_of(m, params, 5);
+      params[i] = keep;
+      const double fd = (up - down) / (2.0 * h);
+      EXPECT_NEAR(grads[i], fd, 2e-3 + 2e-2 * std::fabs(fd)) << model->tensor(t).name << "[" << e << "]";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 4 * model->param_tensors());
+}
+
+TEST(Gpt2, GradientsEqualFiniteDifferencesOfTheLoss) {
+  // Two sequences of two heads; one sequence, and one head (math's v is then a view).
+  for (const Shape& shape : {Shape{1, 8, 2, 11, 4, 2}, Shape{1, 8, 2, 11, 4, 1}, Shape{1, 8, 1, 11, 4, 2}})
+    for (AttentionMode mode : {AttentionMode::math, AttentionMode::flash}) check_gradients(shape, mode);
 }
 
 // The head's gradient and the embedding's both land in wte: a backward with beta 1
@@ -254,38 +269,54 @@ TEST(Gpt2, DataParallelAtOneRankTrainsLikeTheReference) {
   }
 }
 
-// The closed forms (harness/predict/gpt2_forms.hpp) against every emulated rank: the
-// saves after forward, and the step's peak beyond its resting bytes, per category,
-// with its phase and place; shapes where the logits dominate and where they do not.
-TEST(Gpt2, StepPeakAndSavesEqualTheClosedFormsOnEveryRank) {
-  const Shape shapes[] = {{2, 64, 4, 100, 16, 2}, {3, 96, 6, 257, 24, 3}, {2, 32, 2, 5, 8, 2}, {1, 16, 4, 3, 32, 1}};
+// The closed forms (predict_data_parallel: transformer_forms.hpp's model states and
+// gpt2_forms.hpp's step) against every emulated rank: resting and peak bytes per
+// category, the peak's phase and place, the bytes handed to collectives and the saves
+// after forward; shapes where the logits dominate and where they do not, FSDP's root
+// unit alone and units of one and two blocks, with and without prefetch.
+TEST(Gpt2, MeasuredEqualsPredictedOnEveryRank) {
+  const Shape shapes[] = {{2, 64, 4, 100, 16, 2}, {3, 96, 6, 257, 24, 3}, {2, 32, 2, 5, 8, 2},
+                          {3, 16, 4, 3, 32, 1},   {2, 48, 3, 50, 12, 1},  {1, 16, 1, 7, 5, 2}};
+  struct Setting {
+    const char* strategy;
+    int units, prefetch;
+  };
+  const Setting settings[] = {{"ddp", 0, 1},   {"zero1", 0, 1}, {"zero2", 0, 1}, {"zero3", 0, 1}, {"zero2", 1, 1},
+                              {"zero3", 1, 1}, {"zero3", 1, 0}, {"zero3", 2, 1}, {"zero2", 2, 0}};
+  int checked = 0;
   for (const Shape& shape : shapes)
     for (AttentionMode mode : {AttentionMode::math, AttentionMode::flash})
-      for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"})
+      for (const Setting& setting : settings)
         for (int world : {1, 2, 3})
           for (int rank = 0; rank < world; ++rank) {
             RunConfig cfg;
             cfg.model = gpt2_model(shape, mode);
             cfg.steps = 2;
-            cfg.strategy = parse_strategy(strategy);
-            SCOPED_TRACE(std::string(strategy) + " " + mode_name(mode) + " h=" + std::to_string(shape.hidden) +
-                         " V=" + std::to_string(shape.vocab) + " W=" + std::to_string(world) + " r=" +
-                         std::to_string(rank));
+            cfg.strategy = parse_strategy(setting.strategy);
+            cfg.layers_per_unit = setting.units;
+            cfg.prefetch = setting.prefetch;
+            SCOPED_TRACE(std::string(setting.strategy) + " units=" + std::to_string(setting.units) + " prefetch=" +
+                         std::to_string(setting.prefetch) + " " + mode_name(mode) + " h=" +
+                         std::to_string(shape.hidden) + " V=" + std::to_string(shape.vocab) + " W=" +
+                         std::to_string(world) + " r=" + std::to_string(rank));
             CpuBackend backend;
             auto comm = make_fake_communicator(world, rank, &backend);
             const auto r = testing::run_dp(cfg, backend, *comm, false);
-            const SavedForm saved = gpt2_saved_after_forward(cfg.model.transformer, shape.batch);
-            EXPECT_EQ(r.saved.bytes, saved.bytes);
-            EXPECT_EQ(r.saved.tensors, saved.tensors);
-            const bool fsdp = cfg.strategy == StrategyKind::zero2 || cfg.strategy == StrategyKind::zero3;
-            const std::int64_t P = make_model(cfg.model)->params();
-            const std::int64_t gathered = fsdp ? 4 * ((P + world - 1) / world) * world : 0;
-            const StepTransient t = gpt2_step_transient(cfg.model.transformer, shape.batch, gathered);
+            const Prediction p = predict_data_parallel(cfg, world, rank);
+            ASSERT_TRUE(p.peak_known);
+            EXPECT_EQ(r.saved.bytes, p.saved_after_forward_bytes);
+            EXPECT_EQ(r.saved.tensors, p.saved_after_forward_tensors);
+            EXPECT_EQ(r.resting, p.resting);
+            EXPECT_EQ(r.peak.total, p.peak_total);
             for (int k = 0; k < kCategoryCount; ++k)
-              EXPECT_EQ(r.peak.by_category.bytes[k] - r.resting.bytes[k], t.bytes.bytes[k]) << kCategoryNames[k];
-            EXPECT_EQ(std::string(phase_name(r.peak.phase)), std::string(phase_name(t.phase)));
-            EXPECT_EQ(r.where, t.where);
+              EXPECT_EQ(r.peak.by_category.bytes[k], p.peak_by_category.bytes[k]) << kCategoryNames[k];
+            EXPECT_EQ(std::string(phase_name(r.peak.phase)), std::string(phase_name(p.peak_phase)));
+            EXPECT_EQ(r.where, p.peak_where);
+            for (int k = 0; k < kCollKindCount; ++k)
+              EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]) << kCollKindNames[k];
+            ++checked;
           }
+  EXPECT_EQ(checked, 6 * 2 * 9 * 6);
 }
 
 }  // namespace

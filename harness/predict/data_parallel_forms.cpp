@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "harness/predict/gpt2_forms.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "harness/strategies/partition.hpp"
 #include "shardscope/predict.hpp"
@@ -38,8 +39,13 @@ struct Candidate {
 }  // namespace
 
 std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int world) {
-  // A transformer's model states (transformer_forms.hpp); its peak awaits the activation forms.
-  if (cfg.model.is_transformer()) return transformer_model_states(cfg, world);
+  // A transformer's model states (transformer_forms.hpp), and GPT-2's step
+  // (gpt2_forms.hpp); the Llama family's peak awaits its activation forms.
+  if (cfg.model.is_transformer()) {
+    std::vector<Prediction> ranks = transformer_model_states(cfg, world);
+    if (cfg.model.name == "gpt2") add_gpt2_step(cfg, world, ranks);
+    return ranks;
+  }
   const ModelConfig& m = cfg.model;
   const StrategyKind s = cfg.strategy;
   const bool fsdp = shards_by_unit(s);

@@ -79,13 +79,21 @@ TEST(StrategiesMpi, TrainLikeOneRankAndMatchTheClosedForms) {
 }
 
 // GPT-2 (the head tied to the token embedding: one tensor, all-reduced and partitioned
-// once) under ddp, zero1 and zero2/zero3 with one root unit trains like one rank on the
-// concatenated batch, in both attention modes; an emulated rank saves what the real one does.
+// once) under ddp, zero1 and zero2/zero3 (one root unit, or units of blocks after a root
+// of the embeddings and the final block) trains like one rank on the concatenated batch,
+// in both attention modes; its bytes equal the closed forms, and an emulated rank holds
+// what the real one does.
 TEST(StrategiesMpi, Gpt2TrainsLikeOneRank) {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+  struct Gpt2Setting {
+    const char* strategy;
+    int units;  // transformer blocks per FSDP unit; 0: one root unit
+  };
+  for (const Gpt2Setting& setting : std::vector<Gpt2Setting>{
+           {"ddp", 0}, {"zero1", 0}, {"zero2", 0}, {"zero3", 0}, {"zero2", 1}, {"zero3", 1}, {"zero3", 2}}) {
+    const char* strategy = setting.strategy;
     for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
       RunConfig cfg;
       ModelConfig& m = cfg.model;
@@ -108,7 +116,9 @@ TEST(StrategiesMpi, Gpt2TrainsLikeOneRank) {
       cfg.steps = 3;
       cfg.seed = 5;
       cfg.strategy = parse_strategy(strategy);
-      SCOPED_TRACE(std::string(strategy) + (mode == AttentionMode::flash ? " flash" : " math") + " W=" +
+      cfg.layers_per_unit = setting.units;
+      SCOPED_TRACE(std::string(strategy) + " units=" + std::to_string(setting.units) +
+                   (mode == AttentionMode::flash ? " flash" : " math") + " W=" +
                    std::to_string(world) + " rank " + std::to_string(rank));
       CpuBackend backend;
       auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
@@ -122,6 +132,15 @@ TEST(StrategiesMpi, Gpt2TrainsLikeOneRank) {
       // added to a row of scores): its fp32 gradient is rounding noise of 1e-9, which
       // AdamW's step g / (sqrt(v) + 1e-8) turns into up to lr / 10 per step either way.
       EXPECT_EQ(worst_violation(r.state.params, ref.params, 1e-5, 4e-4, &at), 0.0) << "params at " << at;
+
+      const Prediction p = predict_data_parallel(cfg, world, rank);
+      ASSERT_TRUE(p.peak_known);
+      EXPECT_EQ(r.resting, p.resting);
+      EXPECT_EQ(r.peak.total, p.peak_total);
+      EXPECT_EQ(r.peak.by_category, p.peak_by_category);
+      for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
+      EXPECT_EQ(r.saved.bytes, p.saved_after_forward_bytes);
+      EXPECT_EQ(r.saved.tensors, p.saved_after_forward_tensors);
 
       CpuBackend backend2;
       auto fake = make_fake_communicator(world, rank, &backend2);
