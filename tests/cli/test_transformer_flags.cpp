@@ -83,11 +83,11 @@ TEST_F(TransformerFlags, PlanPrintsThePublishedParameterCounts) {
     EXPECT_EQ(model["param_bytes"].get<std::int64_t>(), 4 * std::stoll(digits));
     EXPECT_EQ(model["family"], file == "gpt2.json" ? "gpt2" : "llama");
     EXPECT_EQ(model["shape"]["seq"], 1024);
-    // ddp at rest: 16P + 4T, and no peak printed without the activation forms.
+    // ddp at rest: 16P + 4T; the peak from GPT-2's activation forms, none yet for Llama.
     const json& rank = plan["plans"][0]["rank_groups"][0]["predicted"];
     EXPECT_EQ(rank["resting_total"].get<std::int64_t>(),
               16 * std::stoll(digits) + 4 * model["param_tensors"].get<std::int64_t>());
-    EXPECT_TRUE(rank["peak_total"].is_null());
+    EXPECT_EQ(rank["peak_total"].is_null(), file != "gpt2.json");
   }
 }
 
