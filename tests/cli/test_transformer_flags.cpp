@@ -147,6 +147,25 @@ TEST_F(TransformerFlags, RunOfAFamilyWithoutAModelIsRefusedClearly) {
   EXPECT_NE(err_.find("--model llama: this build cannot run a llama yet"), std::string::npos) << err_;
 }
 
+// GPT-2 runs data parallel, every figure of the record equal to its prediction; a
+// pipeline of it is refused before anything runs.
+TEST_F(TransformerFlags, Gpt2RunsDataParallelAsPredictedAndRefusesAPipeline) {
+  const std::string g = "run --model gpt2 --layers 2 --hidden 32 --heads 2 --vocab 50 --seq 8 --batch 2 --steps 2 ";
+  for (const char* s : {"--strategy ddp", "--strategy zero1", "--strategy zero3 --units 1 --attention math"}) {
+    ASSERT_EQ(shardscope(g + s + " --emulate 2:1 --json g.json"), 0) << s << ": " << err_;
+    std::ifstream in(dir_ + "/g.json");
+    const json rank = json::parse(in)["runs"][0]["ranks"][0];
+    EXPECT_EQ(rank["saved"], rank["predicted"]["saved"]) << s;
+    EXPECT_EQ(rank["peak"]["total"], rank["predicted"]["peak_total"]) << s;
+    EXPECT_EQ(rank["peak"]["by_category"], rank["predicted"]["peak_by_category"]) << s;
+    EXPECT_EQ(rank["peak"]["where"], rank["predicted"]["peak_where"]) << s;
+    EXPECT_EQ(rank["resting"]["total"], rank["predicted"]["resting_total"]) << s;
+  }
+  EXPECT_EQ(shardscope(g + "--schedule 1f1b --emulate 2:0"), 2);
+  EXPECT_NE(err_.find("--schedule: a pipeline of a transformer (--model gpt2) is not implemented"), std::string::npos)
+      << err_;
+}
+
 TEST_F(TransformerFlags, HelpListsTheFlags) {
   ASSERT_EQ(shardscope("run --help"), 0);
   for (const char* flag : {"--model", "--hf-config", "--hidden", "--heads", "--kv-heads", "--ffn", "--vocab", "--seq",
