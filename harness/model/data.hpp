@@ -16,8 +16,8 @@ float hashed_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t ind
 // 64 random bits from (seed, stream, index): token ids are these modulo the vocabulary.
 std::uint64_t hashed_bits(std::uint64_t seed, std::uint64_t stream, std::uint64_t index);
 
-// The stream of the batch that `rank` draws at `step` (its inputs; a target draws from
-// its own stream beside it).
+// The stream of the batch that `rank` draws at `step` (its inputs; a token model's
+// targets lie past them in the same stream).
 std::uint64_t batch_stream(int step, int rank);
 
 // Rows [row_begin, row_begin + rows) of the batch that `rank` draws at `step`, each of

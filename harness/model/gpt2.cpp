@@ -13,7 +13,6 @@
 // names the op of torch that saves it. Everything saved is category activation, except
 // the token ids (the batch and the target, temp); everything else transient is temp.
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
