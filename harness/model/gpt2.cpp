@@ -13,149 +13,33 @@
 // names the op of torch that saves it. Everything saved is category activation, except
 // the token ids (the batch and the target, temp); everything else transient is temp.
 #include <cmath>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "harness/model/data.hpp"
-#include "harness/model/model.hpp"
 #include "harness/model/models.hpp"
+#include "harness/model/transformer_parts.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {
 namespace {
 
-using i64 = std::int64_t;
+using namespace transformer;
 
-std::size_t floats(i64 n) { return static_cast<std::size_t>(n); }
-
-// nanoGPT's init is normal(0, 0.02); ours is uniform with the same standard deviation.
-constexpr float kInitStd = 0.02f;
-float uniform_bound(float std) { return std * std::sqrt(3.0f); }
+const char* const kFamily = "gpt2";
 
 // The index of the weights the head ties: the embedding block's tensor 0 (wte).
 constexpr int kEmbeddingBlock = 0;
 constexpr int kWte = 0;
-constexpr int kWpe = 1;
-
-// A stable address that names a parameter in saves (a reference holds no bytes).
-struct WeightRef {
-  char id = 0;
-  const void* operator()() const { return &id; }
-};
-
-// y(N, out) = x(N, in) W^T + b, onto y (beta 1: a residual already in y).
-void linear_forward(Backend& be, float* y, const float* x, const float* w, const float* b, i64 n, int in, int out,
-                    float beta) {
-  be.gemm(Trans::no, Trans::yes, static_cast<int>(n), out, in, 1.0f, x, in, w, in, beta, y, out);
-  be.bias_activation(y, b, static_cast<int>(n), out, Activation::none);
-}
-
-// dW(out, in) = dy^T x and db = column sums of dy, with beta; dx(N, in) = dy W when dx.
-void linear_backward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                     i64 n, int in, int out, float beta) {
-  be.gemm(Trans::yes, Trans::no, out, in, static_cast<int>(n), 1.0f, dy, out, x, in, beta, dw, in);
-  be.bias_grad(db, dy, static_cast<int>(n), out, beta);
-  if (dx) be.gemm(Trans::no, Trans::no, static_cast<int>(n), in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
-}
-
-// The token ids of the slice's rows (seq tokens each), in [0, vocab): at indices
-// (row_begin + r) * seq + s of the batch's stream, past `base` (the target's ids lie
-// past the input's).
-std::vector<float> token_rows(const DataSlice& at, int seq, int vocab, std::uint64_t base) {
-  const i64 tokens = static_cast<i64>(at.rows) * seq;
-  std::vector<float> out(floats(id_floats(tokens)));
-  std::int64_t* ids = ids_of(out.data());
-  const std::uint64_t stream = batch_stream(at.step, at.rank);
-  for (i64 i = 0; i < tokens; ++i) {
-    const std::uint64_t index = base + static_cast<std::uint64_t>(at.row_begin) * seq + static_cast<std::uint64_t>(i);
-    ids[i] = static_cast<std::int64_t>(hashed_bits(at.seed, stream, index) % static_cast<std::uint64_t>(vocab));
-  }
-  return out;
-}
-constexpr std::uint64_t kInputBase = 0;
-constexpr std::uint64_t kTargetBase = std::uint64_t{1} << 62;
-
-// ---- the embedding block: wte (vocab, h), wpe (positions, h) ----
-class EmbeddingBlock final : public Block {
- public:
-  explicit EmbeddingBlock(const TransformerShape& s) : s_(s) {
-    params_ = {{"transformer.wte.weight", {s.vocab, s.hidden}, uniform_bound(kInitStd)},
-               {"transformer.wpe.weight", {s.positions, s.hidden}, uniform_bound(kInitStd)}};
-  }
-  std::string name() const override { return "embeddings"; }
-  const std::vector<ParamSpec>& params() const override { return params_; }
-  std::int64_t input_elems(int rows) const override { return id_floats(tokens(rows)); }
-  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.hidden; }
-  bool saves_input() const override { return true; }  // the ids, as EmbeddingBackward's indices
-  bool saves_output() const override { return false; }
-  std::vector<float> host_input(const DataSlice& at) const override {
-    return token_rows(at, s_.seq, s_.vocab, kInputBase);
-  }
-
-  Buffer forward(const BlockCall& c, const float* in, bool /*input_requires_grad*/, bool output_saved,
-                 BlockTape& tape) override {
-    Backend& be = c.backend;
-    const i64 n = tokens(c.rows);
-    // pos = arange(seq), int64, saved by wpe's EmbeddingBackward (activation).
-    Buffer pos = be.alloc(Category::activation, floats(id_floats(s_.seq)));
-    std::vector<float> host(floats(id_floats(s_.seq)));
-    for (int i = 0; i < s_.seq; ++i) ids_of(host.data())[i] = i;
-    be.upload(pos.data(), host.data(), host.size());
-    // x0 = wte[idx] + wpe[pos], (N, h)
-    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * s_.hidden));
-    be.embedding_forward(out.data(), ids_of(in), c.access.param(c.index, kWte), static_cast<int>(n), s_.hidden);
-    be.add_positions(out.data(), c.access.param(c.index, kWpe), c.rows, s_.seq, s_.hidden);
-    c.saved.save(in, 8 * n);
-    c.saved.save(pos.data(), 8 * static_cast<i64>(s_.seq));
-    tape.held.clear();
-    tape.held.push_back(std::move(pos));
-    return out;
-  }
-
-  Buffer backward(const BlockCall& c, const float* in, Buffer& out, Buffer dy, bool /*needs_dx*/, float beta,
-                  BlockTape& tape) override {
-    Backend& be = c.backend;
-    out.reset();
-    const i64 n = tokens(c.rows);
-    // The head (the model's last block; nanoGPT always ties it) wrote wte's gradient
-    // earlier in this backward, with `beta`: the embedding's adds onto it.
-    be.embedding_backward(c.access.grad(c.index, kWte), ids_of(in), dy.data(), static_cast<int>(n), s_.hidden,
-                          s_.vocab, 1.0f);
-    float* dwpe = c.access.grad(c.index, kWpe);
-    be.positions_backward(dwpe, dy.data(), c.rows, s_.seq, s_.hidden, beta);
-    // Positions past the sequence get no gradient: zero when overwriting (an FSDP full
-    // gradient starts uninitialised).
-    if (beta == 0.0f && s_.positions > s_.seq)
-      be.fill(dwpe + static_cast<i64>(s_.seq) * s_.hidden, 0.0f,
-              floats(static_cast<i64>(s_.positions - s_.seq) * s_.hidden));
-    dy.reset();
-    Buffer& pos = tape.held.at(0);
-    c.saved.release(in);
-    c.saved.release(pos.data());
-    pos.reset();
-    return Buffer{};  // token ids take no gradient
-  }
-
-  Buffer backward_input(const BlockCall&, Buffer&, Buffer, bool, bool, BlockTape&) override { throw split(); }
-  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override { throw split(); }
-
- private:
-  i64 tokens(int rows) const { return static_cast<i64>(rows) * s_.seq; }
-  static RunError split() { return RunError("gpt2: the zero-bubble split (zb-h1) of its blocks is not implemented"); }
-  TransformerShape s_;
-  std::vector<ParamSpec> params_;
-};
 
 // ---- a transformer block ----
 enum BlockTensor : int {
   kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kMlpProjW, kMlpProjB
 };
 
-class TransformerBlock final : public Block {
+class TransformerBlock final : public SequenceBlock {
  public:
-  TransformerBlock(const TransformerShape& s, int layer) : s_(s), name_("block " + std::to_string(layer)) {
+  TransformerBlock(const TransformerShape& s, int layer) : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)) {
     const std::string p = "transformer.h." + std::to_string(layer) + ".";
     const i64 h = s.hidden, f = s.ffn;
     const float w = uniform_bound(kInitStd);
@@ -228,8 +112,7 @@ class TransformerBlock final : public Block {
       // (B, heads, T, T) (softmax's result and bmm 2's self), v (bmm 2's mat2: a copy,
       // or with one sequence or one head a view of qkv, as torch's matmul reshapes it);
       // its head-major output is copied token-major for c_proj (which saves it).
-      const int bh = c.rows * s_.heads, t = s_.seq, hd = s_.head_dim;
-      const i64 st = static_cast<i64>(t) * hd;
+      const int t = s_.seq, hd = s_.head_dim;
       const bool v_view = v_is_view(c.rows);
       for (int j : {kQ, kK, kV}) {
         if (j == kV && v_view) continue;
@@ -239,20 +122,13 @@ class TransformerBlock final : public Block {
       }
       if (v_view) held[kQkv] = std::move(qkv);
       qkv.reset();
-      const V v = v_operand(c.rows, held);
-      held[kProbs] = act(static_cast<i64>(bh) * t * t);
-      be.gemm_batched(Trans::no, Trans::yes, t, t, hd, 1.0f, held[kQ].data(), hd, st, held[kK].data(), hd, st, 0.0f,
-                      held[kProbs].data(), t, static_cast<i64>(t) * t, bh);
-      be.causal_softmax_forward(held[kProbs].data(), bh, t, scale());
-      Buffer heads_out = be.alloc(Category::temp, floats(n * h));  // (B, heads, T, hd)
-      be.gemm_batched(Trans::no, Trans::no, t, hd, t, 1.0f, held[kProbs].data(), t, static_cast<i64>(t) * t, v.data,
-                      v.ld, v.stride, 0.0f, heads_out.data(), hd, st, bh);
-      held[kAttnOut] = act(n * h);  // y = out.transpose(1, 2).contiguous(), (N, h)
-      be.permute_heads(held[kAttnOut].data(), heads_out.data(), s_.hidden, c.rows, t, s_.heads, hd, false);
-      heads_out.reset();
+      auto [probs, attn_out] = math_attention_forward(be, math_attention(s_, c.rows), held[kQ].data(), held[kK].data(),
+                                                      v_operand(c.rows, held));
+      held[kProbs] = std::move(probs);
+      held[kAttnOut] = std::move(attn_out);  // y = out.transpose(1, 2).contiguous(), (N, h)
       c.saved.save(held[kQ].data(), a);
       c.saved.save(held[kK].data(), a);
-      c.saved.save(held[kProbs].data(), 4 * static_cast<i64>(bh) * t * t);
+      c.saved.save(held[kProbs].data(), static_cast<i64>(held[kProbs].bytes()));
       c.saved.save(held[v_view ? static_cast<int>(kQkv) : static_cast<int>(kV)].data(), v_view ? 3 * a : a);
       y = held[kAttnOut].data();
     }
@@ -370,42 +246,21 @@ class TransformerBlock final : public Block {
     return dx;
   }
 
-  Buffer backward_input(const BlockCall&, Buffer&, Buffer, bool, bool, BlockTape&) override { throw split(); }
-  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override { throw split(); }
-
  private:
-  i64 tokens(int rows) const { return static_cast<i64>(rows) * s_.seq; }
-  float scale() const { return 1.0f / std::sqrt(static_cast<float>(s_.head_dim)); }
 
   // torch's math attention multiplies the probabilities by v reshaped to (B·heads, T,
   // hd): a view of the qkv output when B or heads is 1 (the two dimensions merge), a
   // copy otherwise. Then qkv is what is saved (3a bytes) instead of a copy of v (a).
   bool v_is_view(int rows) const { return rows == 1 || s_.heads == 1; }
-  struct V {
-    const float* data;
-    int ld;
-    i64 stride;  // between the B·heads matrices
-  };
-  V v_operand(int rows, const std::vector<Buffer>& held) const {
-    if (!v_is_view(rows)) return {held[kV].data(), s_.head_dim, static_cast<i64>(s_.seq) * s_.head_dim};
+  MathOperand v_operand(int rows, const std::vector<Buffer>& held) const {
+    if (!v_is_view(rows)) return math_attention(s_, rows).head_major(held[kV].data());
     // One sequence: head j starts j·hd columns in; one head: sequence b starts b·T rows in.
     const i64 stride = rows == 1 ? s_.head_dim : static_cast<i64>(s_.seq) * 3 * s_.hidden;
     return {held[kQkv].data() + 2 * s_.hidden, 3 * s_.hidden, stride};
   }
-  static RunError split() { return RunError("gpt2: the zero-bubble split (zb-h1) of its blocks is not implemented"); }
 
   AttentionArgs attention(int rows, const float* qkv) const {
-    AttentionArgs a;
-    a.batch = rows;
-    a.seq = s_.seq;
-    a.heads = a.kv_heads = s_.heads;
-    a.head_dim = s_.head_dim;
-    a.scale = scale();
-    a.q = qkv;
-    a.k = qkv + s_.hidden;
-    a.v = qkv + 2 * s_.hidden;
-    a.ldq = a.ldk = a.ldv = 3 * s_.hidden;
-    return a;
+    return attention_args(s_, rows, qkv, qkv + s_.hidden, qkv + 2 * s_.hidden, 3 * s_.hidden, 3 * s_.hidden);
   }
 
   // Flash: dq, dk, dv into one (N, 3h) gradient laid out as qkv, from the saved qkv,
@@ -429,56 +284,28 @@ class TransformerBlock final : public Block {
   Buffer math_backward(const BlockCall& c, Buffer& dattn, std::vector<Buffer>& held) const {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), h = s_.hidden;
-    const int bh = c.rows * s_.heads, t = s_.seq, hd = s_.head_dim;
-    const i64 st = static_cast<i64>(t) * hd, tt = static_cast<i64>(t) * t;
-    auto drop = [&](int j) {
-      c.saved.release(held[j].data());
-      held[j].reset();
-    };
     held[kAttnOut].reset();
-    Buffer dout = be.alloc(Category::temp, floats(n * h));  // (B, heads, T, hd)
-    be.permute_heads(dout.data(), dattn.data(), s_.hidden, c.rows, t, s_.heads, hd, true);
-    dattn.reset();
-    // dP = dout V^T, dV = P^T dout
-    Buffer dp = be.alloc(Category::temp, floats(bh * tt));
-    const V v = v_operand(c.rows, held);
-    be.gemm_batched(Trans::no, Trans::yes, t, t, hd, 1.0f, dout.data(), hd, st, v.data, v.ld, v.stride, 0.0f,
-                    dp.data(), t, tt, bh);
-    Buffer dv = be.alloc(Category::temp, floats(n * h));
-    be.gemm_batched(Trans::yes, Trans::no, t, hd, t, 1.0f, held[kProbs].data(), t, tt, dout.data(), hd, st, 0.0f,
-                    dv.data(), hd, st, bh);
-    dout.reset();
-    drop(v_is_view(c.rows) ? static_cast<int>(kQkv) : static_cast<int>(kV));
-    // dS = softmax'(dP); scores = scale q k^T: dq = scale dS k, dk = scale dS^T q
-    be.softmax_backward(dp.data(), held[kProbs].data(), static_cast<i64>(bh) * t, t);
-    drop(kProbs);
-    Buffer dq = be.alloc(Category::temp, floats(n * h));
-    be.gemm_batched(Trans::no, Trans::no, t, hd, t, scale(), dp.data(), t, tt, held[kK].data(), hd, st, 0.0f,
-                    dq.data(), hd, st, bh);
-    Buffer dk = be.alloc(Category::temp, floats(n * h));
-    be.gemm_batched(Trans::yes, Trans::no, t, hd, t, scale(), dp.data(), t, tt, held[kQ].data(), hd, st, 0.0f,
-                    dk.data(), hd, st, bh);
-    dp.reset();
-    drop(kQ);
-    drop(kK);
+    const int v_held = v_is_view(c.rows) ? static_cast<int>(kQkv) : static_cast<int>(kV);
+    HeadGrads g = math_attention_backward(be, c.saved, math_attention(s_, c.rows), dattn, held[kQ], held[kK], held[kProbs],
+                                          v_operand(c.rows, held), held[v_held]);
     // back to token-major, laid out as qkv
     Buffer dqkv = be.alloc(Category::temp, floats(3 * n * h));
-    be.permute_heads(dqkv.data(), dq.data(), 3 * s_.hidden, c.rows, t, s_.heads, hd, false);
-    be.permute_heads(dqkv.data() + h, dk.data(), 3 * s_.hidden, c.rows, t, s_.heads, hd, false);
-    be.permute_heads(dqkv.data() + 2 * h, dv.data(), 3 * s_.hidden, c.rows, t, s_.heads, hd, false);
+    int at = 0;
+    for (const Buffer* d : {&g.dq, &g.dk, &g.dv})
+      be.permute_heads(dqkv.data() + h * at++, d->data(), 3 * s_.hidden, c.rows, s_.seq, s_.heads, s_.head_dim,
+                       false);
     return dqkv;
   }
 
-  TransformerShape s_;
   std::string name_;
   std::vector<ParamSpec> params_;
   WeightRef ln_weight_, attn_weight_, proj_weight_, ln2_weight_, fc_weight_, mlp_proj_weight_;
 };
 
 // ---- the final block: ln_f and the head, whose weight is the embedding's wte ----
-class FinalBlock final : public Block {
+class FinalBlock final : public SequenceBlock {
  public:
-  explicit FinalBlock(const TransformerShape& s) : s_(s) {
+  explicit FinalBlock(const TransformerShape& s) : SequenceBlock(s, kFamily) {
     params_ = {{"transformer.ln_f.weight", {s.hidden}, 0.0f, 1.0f}, {"transformer.ln_f.bias", {s.hidden}}};
   }
   std::string name() const override { return "final"; }
@@ -503,8 +330,7 @@ class FinalBlock final : public Block {
     c.saved.save(ln_weight_(), 0);
     // logits (N, V) = ln_f(x) wte^T: the head (mm) saves ln_f's output and the weight.
     Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * s_.vocab));
-    be.gemm(Trans::no, Trans::yes, static_cast<int>(n), s_.vocab, s_.hidden, 1.0f, held[2].data(), s_.hidden,
-            head_weight(c), s_.hidden, 0.0f, out.data(), s_.vocab);
+    head_forward(be, out.data(), held[2].data(), head_weight(c), n, s_.hidden, s_.vocab);
     c.saved.save(held[2].data(), 4 * n * h);
     c.saved.save(head_weight(c), 0);
     return out;
@@ -518,12 +344,8 @@ class FinalBlock final : public Block {
     out.reset();
     // The head: d ln_f = dlogits wte, d wte = dlogits^T ln_f, written first (with beta);
     // the embedding adds its part later in the same backward.
-    Buffer dln = be.alloc(Category::temp, floats(n * h));
-    be.gemm(Trans::no, Trans::no, static_cast<int>(n), s_.hidden, s_.vocab, 1.0f, dy.data(), s_.vocab,
-            head_weight(c), s_.hidden, 0.0f, dln.data(), s_.hidden);
-    be.gemm(Trans::yes, Trans::no, s_.vocab, s_.hidden, static_cast<int>(n), 1.0f, dy.data(), s_.vocab,
-            held[2].data(), s_.hidden, beta, c.access.grad(kEmbeddingBlock, kWte), s_.hidden);
-    dy.reset();
+    Buffer dln = head_backward(be, dy, held[2].data(), head_weight(c), c.access.grad(kEmbeddingBlock, kWte), n,
+                               s_.hidden, s_.vocab, beta);
     c.saved.release(head_weight(c));
     c.saved.release(held[2].data());
     held[2].reset();
@@ -543,72 +365,12 @@ class FinalBlock final : public Block {
     return dx;
   }
 
-  Buffer backward_input(const BlockCall&, Buffer&, Buffer, bool, bool, BlockTape&) override { throw split(); }
-  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override { throw split(); }
-
  private:
-  i64 tokens(int rows) const { return static_cast<i64>(rows) * s_.seq; }
-  static RunError split() { return RunError("gpt2: the zero-bubble split (zb-h1) of its blocks is not implemented"); }
   // The tied head reads the embedding block's wte.
   static const float* head_weight(const BlockCall& c) { return c.access.param(kEmbeddingBlock, kWte); }
 
-  TransformerShape s_;
   std::vector<ParamSpec> params_;
   WeightRef ln_weight_;
-};
-
-// ---- cross-entropy, mean over tokens ----
-// log_softmax saves its result (the log-probabilities, (N, V), activation), nll_loss
-// saves them with the target (int64, 8 B a token) and a 4-byte total_weight it makes.
-// The logits are saved by nobody: the model frees them after the loss's forward.
-class CrossEntropyLoss final : public ModelLoss {
- public:
-  explicit CrossEntropyLoss(const TransformerShape& s) : s_(s) {}
-  bool saves_input() const override { return false; }
-  bool is_mean() const override { return true; }
-  std::int64_t target_elems(int rows) const override { return id_floats(tokens(rows)); }
-  void fill_target(Backend& backend, float* target, const DataSlice& at) const override {
-    const std::vector<float> host = token_rows(at, s_.seq, s_.vocab, kTargetBase);
-    backend.upload(target, host.data(), host.size());
-  }
-
-  void forward(Backend& be, SavedTensors& saved, const float* logits, const float* target, int rows, float scale,
-               float* value) override {
-    const i64 n = tokens(rows);
-    Held& h = held_[target];  // one per micro-batch in flight, by its target
-    h.logprobs = be.alloc(Category::activation, floats(n * s_.vocab));
-    h.total_weight = be.alloc(Category::activation, 1);
-    be.log_softmax_forward(h.logprobs.data(), logits, n, s_.vocab);
-    be.fill(h.total_weight.data(), static_cast<float>(n), 1);
-    be.nll_loss_forward(value, h.logprobs.data(), ids_of(target), n, s_.vocab, scale);
-    saved.save(h.logprobs.data(), 4 * n * s_.vocab);
-    saved.save(target, 8 * n);
-    saved.save(h.total_weight.data(), 4);
-  }
-
-  Buffer backward(Backend& be, SavedTensors& saved, const float* /*logits*/, const float* target, int rows,
-                  float scale) override {
-    const i64 n = tokens(rows);
-    auto it = held_.find(target);
-    SHARDSCOPE_REQUIRE(it != held_.end(), "gpt2: cross-entropy backward without its forward");
-    Held& h = it->second;
-    Buffer dlogits = be.alloc(Category::temp, floats(n * s_.vocab));  // (N, V)
-    be.cross_entropy_backward(dlogits.data(), h.logprobs.data(), ids_of(target), n, s_.vocab, scale);
-    saved.release(h.logprobs.data());
-    saved.release(target);
-    saved.release(h.total_weight.data());
-    held_.erase(it);
-    return dlogits;
-  }
-
- private:
-  struct Held {
-    Buffer logprobs;
-    Buffer total_weight;
-  };
-  i64 tokens(int rows) const { return static_cast<i64>(rows) * s_.seq; }
-  TransformerShape s_;
-  std::map<const float*, Held> held_;
 };
 
 }  // namespace
@@ -625,10 +387,10 @@ std::unique_ptr<Model> make_gpt2(const ModelConfig& m) {
                          s.head_dim * s.heads == s.hidden,
                      "gpt2: an unchecked transformer shape");
   std::vector<std::unique_ptr<Block>> blocks;
-  blocks.push_back(std::make_unique<EmbeddingBlock>(s));
+  blocks.push_back(make_embedding_block(s, {"transformer.wte.weight", "transformer.wpe.weight"}, kFamily));
   for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<TransformerBlock>(s, i));
   blocks.push_back(std::make_unique<FinalBlock>(s));
-  return std::make_unique<Model>(std::move(blocks), std::make_unique<CrossEntropyLoss>(s));
+  return std::make_unique<Model>(std::move(blocks), make_cross_entropy(s, kFamily));
 }
 
 }  // namespace shardscope

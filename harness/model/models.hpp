@@ -9,5 +9,6 @@ namespace shardscope {
 
 std::unique_ptr<Model> make_mlp(const ModelConfig& config);   // mlp.cpp
 std::unique_ptr<Model> make_gpt2(const ModelConfig& config);  // gpt2.cpp
+std::unique_ptr<Model> make_llama(const ModelConfig& config); // llama.cpp
 
 }  // namespace shardscope

@@ -14,9 +14,10 @@ struct Entry {
 };
 
 // One line per model.
-constexpr std::array<Entry, 2> kModels = {{
+constexpr std::array<Entry, 3> kModels = {{
     {"mlp", make_mlp},
     {"gpt2", make_gpt2},
+    {"llama", make_llama},
 }};
 
 // What --model accepts: the families a plan predicts. A family without an entry above

@@ -1,0 +1,467 @@
+// The Llama family as Hugging Face's LlamaForCausalLM (--model llama; mistral and qwen2
+// configs are the same module): the token embedding (no positions), L decoder layers
+// (input RMSNorm; q, k, v projections, with biases for qwen2 or attention_bias; RoPE on q
+// and k; grouped-query causal attention; o projection; residual; post-attention RMSNorm;
+// SwiGLU MLP down(silu(gate(x)) * up(x)); residual), the final RMSNorm, the head (untied
+// lm_head unless the config ties it to the embedding) and cross-entropy over the
+// vocabulary, mean over tokens.
+//
+// A block's rows are sequences: N = rows * seq tokens, (N, features) fp32 row-major;
+// q is (N, H d), k and v (N, K d) (H heads, K kv heads, d head_dim).
+//
+// What each op saves (docs/design.md, "What the Llama family saves") is what torch's
+// eager autograd saves for the same op where it is one op of torch's: a fused RMSNorm
+// (F.rms_norm) saves its input and rstd; RoPE runs in our kernel on q and k in place,
+// so SDPA's q and k are the rotated ones and no cos/sin tensors exist; flash attention
+// saves q, k, v at their own (kv) size, its output and the log-sum-exp, as torch's SDPA
+// with enable_gqa does; math attention saves what torch's math SDPA saves on k and v
+// expanded to H heads (Hugging Face's repeat_kv); the SwiGLU saves gate's output, its
+// SiLU, up's output and their product, as Hugging Face's module does.
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/model/models.hpp"
+#include "harness/model/transformer_parts.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+namespace {
+
+using namespace transformer;
+
+const char* const kFamily = "llama";
+
+// The embedding block's table, which a tied head reads.
+constexpr int kEmbeddingBlock = 0;
+constexpr int kEmbedTokens = 0;
+
+// Copies token-major x (N, K d), row stride ld, into head-major (B, H, T, d) with kv head
+// c repeated for query heads c r .. c r + r - 1 (r = H / K): Hugging Face's repeat_kv.
+void expand_heads(Backend& be, float* dst, const float* x, int ld, int batch, int seq, int heads, int kv_heads,
+                  int head_dim) {
+  if (heads == kv_heads) {
+    be.permute_heads(dst, x, ld, batch, seq, heads, head_dim, true);
+    return;
+  }
+  const int r = heads / kv_heads;
+  const i64 st = static_cast<i64>(seq) * head_dim;
+  for (int b = 0; b < batch; ++b)
+    for (int j = 0; j < heads; ++j)
+      be.permute_heads(dst + (static_cast<i64>(b) * heads + j) * st, x + static_cast<i64>(b) * seq * ld + (j / r) * head_dim,
+                       ld, 1, seq, 1, head_dim, true);
+}
+
+// The reverse of expand_heads on a gradient: sums head-major g (B, H, T, d) over each kv
+// head's r query heads (in place in g) and writes the sums token-major into dx (N, K d),
+// row stride ld.
+void reduce_heads(Backend& be, float* dx, float* g, int ld, int batch, int seq, int heads, int kv_heads,
+                  int head_dim) {
+  if (heads == kv_heads) {
+    be.permute_heads(dx, g, ld, batch, seq, heads, head_dim, false);
+    return;
+  }
+  const int r = heads / kv_heads;
+  const i64 st = static_cast<i64>(seq) * head_dim;
+  for (int b = 0; b < batch; ++b)
+    for (int c = 0; c < kv_heads; ++c) {
+      float* first = g + (static_cast<i64>(b) * heads + static_cast<i64>(c) * r) * st;
+      for (int rep = 1; rep < r; ++rep) be.add(first, first + rep * st, floats(st));
+      be.permute_heads(dx + static_cast<i64>(b) * seq * ld + static_cast<i64>(c) * head_dim, first, ld, 1, seq, 1,
+                       head_dim, false);
+    }
+}
+
+// ---- a decoder layer ----
+class DecoderLayer final : public SequenceBlock {
+ public:
+  DecoderLayer(const TransformerShape& s, int layer) : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)) {
+    const std::string p = "model.layers." + std::to_string(layer) + ".";
+    const i64 h = s.hidden, f = s.ffn, q = qw(), kv = kvw();
+    const float w = uniform_bound(kInitStd);
+    auto add = [&](int& index, const std::string& name, std::vector<std::int64_t> shape, float bound = 0.0f,
+                   float center = 0.0f) {
+      index = static_cast<int>(params_.size());
+      params_.push_back({p + name, std::move(shape), bound, center});
+    };
+    // Hugging Face's state_dict order: self_attn (q, k, v, o), mlp (gate, up, down),
+    // input_layernorm, post_attention_layernorm. Biases start at zero, norms at one.
+    add(qW_, "self_attn.q_proj.weight", {q, h}, w);
+    if (s.qkv_bias) add(qB_, "self_attn.q_proj.bias", {q});
+    add(kW_, "self_attn.k_proj.weight", {kv, h}, w);
+    if (s.qkv_bias) add(kB_, "self_attn.k_proj.bias", {kv});
+    add(vW_, "self_attn.v_proj.weight", {kv, h}, w);
+    if (s.qkv_bias) add(vB_, "self_attn.v_proj.bias", {kv});
+    add(oW_, "self_attn.o_proj.weight", {h, q}, w);
+    if (s.out_bias) add(oB_, "self_attn.o_proj.bias", {h});
+    add(gateW_, "mlp.gate_proj.weight", {f, h}, w);
+    add(upW_, "mlp.up_proj.weight", {f, h}, w);
+    add(downW_, "mlp.down_proj.weight", {h, f}, w);
+    add(norm1_, "input_layernorm.weight", {h}, 0.0f, 1.0f);
+    add(norm2_, "post_attention_layernorm.weight", {h}, 0.0f, 1.0f);
+  }
+  std::string name() const override { return name_; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  bool saves_input() const override { return true; }  // the input RMSNorm's input
+  bool saves_output() const override { return false; }
+
+  // What the forward keeps in tape.held: q, k, v (rotated), out and lse with flash; q
+  // head-major, k and v expanded head-major, the probabilities and out with math.
+  enum Held : int { kRstd1, kY1, kQ, kK, kV, kOut, kAttn, kXmid, kRstd2, kY2, kGate, kSilu, kUp, kProd, kHeld };
+
+  Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
+                 BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
+    const i64 a = 4 * n * h;  // bytes of one (N, h) activation
+    const int hs = s_.hidden, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
+    auto param = [&](int t) { return t < 0 ? nullptr : c.access.param(c.index, t); };
+    auto act = [&](i64 count) { return be.alloc(Category::activation, floats(count)); };
+    std::vector<Buffer>& held = tape.held;
+    held.clear();
+    held.resize(kHeld);
+
+    // input_layernorm (fused RMSNorm): saves its input and rstd (N, 1).
+    held[kRstd1] = act(n);
+    held[kY1] = act(n * h);
+    be.rms_norm_forward(held[kY1].data(), held[kRstd1].data(), x, param(norm1_), static_cast<int>(n), hs,
+                        s_.norm_eps);
+    c.saved.save(x, a);
+    c.saved.save(held[kRstd1].data(), 4 * n);
+    c.saved.save(norm_ref_(), 0);
+
+    // q, k, v projections (each saves the norm's output and its weight); RoPE on q and k
+    // in place. Flash saves all three; math copies them head-major and frees them.
+    const bool flash = s_.attention == AttentionMode::flash;
+    const Category qkv_category = flash ? Category::activation : Category::temp;
+    Buffer qb = be.alloc(qkv_category, floats(n * q));
+    Buffer kb = be.alloc(qkv_category, floats(n * kv));
+    Buffer vb = be.alloc(qkv_category, floats(n * kv));
+    linear_forward(be, qb.data(), held[kY1].data(), param(qW_), param(qB_), n, hs, q, 0.0f);
+    linear_forward(be, kb.data(), held[kY1].data(), param(kW_), param(kB_), n, hs, kv, 0.0f);
+    linear_forward(be, vb.data(), held[kY1].data(), param(vW_), param(vB_), n, hs, kv, 0.0f);
+    for (const WeightRef* ref : {&q_ref_, &k_ref_, &v_ref_}) {
+      c.saved.save(held[kY1].data(), a);
+      c.saved.save((*ref)(), 0);
+    }
+    be.rope(qb.data(), q, c.rows, s_.seq, s_.heads, s_.head_dim, s_.rope_theta, false);
+    be.rope(kb.data(), kv, c.rows, s_.seq, s_.kv_heads, s_.head_dim, s_.rope_theta, false);
+
+    if (flash) {
+      // SDPA (flash, GQA native) saves q, k, v, its output (token-major: o_proj's input
+      // too) and the log-sum-exp (B, H, T).
+      held[kOut] = act(n * q);
+      held[kAttn] = act(lse_elems(c.rows));
+      be.flash_attention_forward(flash_args(c.rows, qb.data(), kb.data(), vb.data()), held[kOut].data(), q,
+                                 held[kAttn].data());
+      held[kQ] = std::move(qb);
+      held[kK] = std::move(kb);
+      held[kV] = std::move(vb);
+      c.saved.save(held[kQ].data(), 4 * n * q);
+      c.saved.save(held[kK].data(), 4 * n * kv);
+      c.saved.save(held[kV].data(), 4 * n * kv);
+      c.saved.save(held[kOut].data(), 4 * n * q);
+      c.saved.save(held[kAttn].data(), 4 * lse_elems(c.rows));
+    } else {
+      // Math SDPA on k and v expanded to H heads: q head-major, k and v expanded (bmm's
+      // operands), the probabilities (B, H, T, T); its output copied token-major.
+      held[kQ] = act(n * q);
+      be.permute_heads(held[kQ].data(), qb.data(), q, c.rows, s_.seq, s_.heads, s_.head_dim, true);
+      held[kK] = act(n * q);
+      expand_heads(be, held[kK].data(), kb.data(), kv, c.rows, s_.seq, s_.heads, s_.kv_heads, s_.head_dim);
+      held[kV] = act(n * q);
+      expand_heads(be, held[kV].data(), vb.data(), kv, c.rows, s_.seq, s_.heads, s_.kv_heads, s_.head_dim);
+      qb.reset();
+      kb.reset();
+      vb.reset();
+      const MathAttention m = math_attention(s_, c.rows);
+      auto [probs, out] = math_attention_forward(be, m, held[kQ].data(), held[kK].data(), m.head_major(held[kV].data()));
+      held[kAttn] = std::move(probs);
+      held[kOut] = std::move(out);
+      for (int j : {kQ, kK, kAttn, kV}) c.saved.save(held[j].data(), static_cast<i64>(held[j].bytes()));
+    }
+
+    // x_mid = x + o_proj(out): o_proj saves out and its weight.
+    held[kXmid] = act(n * h);
+    be.copy(held[kXmid].data(), x, floats(n * h));
+    linear_forward(be, held[kXmid].data(), held[kOut].data(), param(oW_), param(oB_), n, q, hs, 1.0f);
+    c.saved.save(held[kOut].data(), 4 * n * q);
+    c.saved.save(o_ref_(), 0);
+
+    // post_attention_layernorm
+    held[kRstd2] = act(n);
+    held[kY2] = act(n * h);
+    be.rms_norm_forward(held[kY2].data(), held[kRstd2].data(), held[kXmid].data(), param(norm2_),
+                        static_cast<int>(n), hs, s_.norm_eps);
+    c.saved.save(held[kXmid].data(), a);
+    c.saved.save(held[kRstd2].data(), 4 * n);
+    c.saved.save(norm2_ref_(), 0);
+
+    // The MLP in Hugging Face's order: gate (saves y2), SiLU (saves gate's output), up
+    // (saves y2), the product (saves both factors), down (saves the product).
+    const int fs = s_.ffn;
+    held[kGate] = act(n * f);
+    linear_forward(be, held[kGate].data(), held[kY2].data(), param(gateW_), nullptr, n, hs, fs, 0.0f);
+    c.saved.save(held[kY2].data(), a);
+    c.saved.save(gate_ref_(), 0);
+    held[kSilu] = act(n * f);
+    be.silu_forward(held[kSilu].data(), held[kGate].data(), floats(n * f));
+    c.saved.save(held[kGate].data(), 4 * n * f);
+    held[kUp] = act(n * f);
+    linear_forward(be, held[kUp].data(), held[kY2].data(), param(upW_), nullptr, n, hs, fs, 0.0f);
+    c.saved.save(held[kY2].data(), a);
+    c.saved.save(up_ref_(), 0);
+    held[kProd] = act(n * f);
+    be.mul(held[kProd].data(), held[kSilu].data(), held[kUp].data(), floats(n * f));
+    c.saved.save(held[kSilu].data(), 4 * n * f);
+    c.saved.save(held[kUp].data(), 4 * n * f);
+
+    // out = x_mid + down_proj(product): (N, h), activation when the next block saves it.
+    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * h));
+    be.copy(out.data(), held[kXmid].data(), floats(n * h));
+    linear_forward(be, out.data(), held[kProd].data(), param(downW_), nullptr, n, fs, hs, 1.0f);
+    c.saved.save(held[kProd].data(), 4 * n * f);
+    c.saved.save(down_ref_(), 0);
+    return out;
+  }
+
+  Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                  BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
+    const int hs = s_.hidden, fs = s_.ffn, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
+    auto param = [&](int t) { return c.access.param(c.index, t); };
+    auto grad = [&](int t) { return t < 0 ? nullptr : c.access.grad(c.index, t); };
+    auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
+    std::vector<Buffer>& held = tape.held;
+    auto drop = [&](int j) {  // releases held[j]'s save and frees it
+      c.saved.release(held[j].data());
+      held[j].reset();
+    };
+    out.reset();  // nothing in this block needs its output
+
+    // down_proj, then the product's factors: d up = dp * silu, d silu = dp * up, d gate = SiLU'(d silu)
+    Buffer dp = temp(n * f);
+    linear_backward(be, dp.data(), grad(downW_), nullptr, dy.data(), held[kProd].data(), param(downW_), n, fs, hs,
+                    beta);
+    c.saved.release(down_ref_());
+    drop(kProd);
+    Buffer du = temp(n * f);
+    be.mul(du.data(), dp.data(), held[kSilu].data(), floats(n * f));
+    drop(kSilu);
+    be.mul(dp.data(), dp.data(), held[kUp].data(), floats(n * f));
+    drop(kUp);
+    be.silu_backward(dp.data(), dp.data(), held[kGate].data(), floats(n * f));
+    drop(kGate);
+    // gate_proj and up_proj: dy2 = d gate W_gate + d up W_up
+    Buffer dy2 = temp(n * h);
+    linear_backward(be, dy2.data(), grad(gateW_), nullptr, dp.data(), held[kY2].data(), param(gateW_), n, hs, fs,
+                    beta);
+    dp.reset();
+    linear_backward(be, dy2.data(), grad(upW_), nullptr, du.data(), held[kY2].data(), param(upW_), n, hs, fs, beta,
+                    1.0f);
+    du.reset();
+    c.saved.release(gate_ref_());
+    c.saved.release(up_ref_());
+    c.saved.release(held[kY2].data());
+    drop(kY2);
+
+    // post_attention_layernorm, then the residual: dx_mid = the norm's dx + dy
+    Buffer dmid = temp(n * h);
+    be.rms_norm_backward(dmid.data(), grad(norm2_), dy2.data(), held[kXmid].data(), held[kRstd2].data(),
+                         param(norm2_), static_cast<int>(n), hs, beta);
+    dy2.reset();
+    c.saved.release(norm2_ref_());
+    drop(kXmid);
+    drop(kRstd2);
+    be.add(dmid.data(), dy.data(), floats(n * h));
+    dy.reset();
+
+    // o_proj
+    Buffer dout = temp(n * q);
+    linear_backward(be, dout.data(), grad(oW_), grad(oB_), dmid.data(), held[kOut].data(), param(oW_), n, q, hs,
+                    beta);
+    c.saved.release(o_ref_());
+    c.saved.release(held[kOut].data());  // o_proj's save of out
+
+    // attention: dq (N, H d), dk and dv (N, K d) in one buffer, laid out one after another
+    Buffer dqkv = s_.attention == AttentionMode::flash ? flash_backward(c, dout, held) : math_backward(c, dout, held);
+    float* dq = dqkv.data();
+    float* dk = dq + n * q;
+    float* dv = dk + n * kv;
+    be.rope(dq, q, c.rows, s_.seq, s_.heads, s_.head_dim, s_.rope_theta, true);
+    be.rope(dk, kv, c.rows, s_.seq, s_.kv_heads, s_.head_dim, s_.rope_theta, true);
+
+    // q, k, v projections: dy1 = dq W_q + dk W_k + dv W_v
+    Buffer dy1 = temp(n * h);
+    linear_backward(be, dy1.data(), grad(qW_), grad(qB_), dq, held[kY1].data(), param(qW_), n, hs, q, beta);
+    linear_backward(be, dy1.data(), grad(kW_), grad(kB_), dk, held[kY1].data(), param(kW_), n, hs, kv, beta, 1.0f);
+    linear_backward(be, dy1.data(), grad(vW_), grad(vB_), dv, held[kY1].data(), param(vW_), n, hs, kv, beta, 1.0f);
+    dqkv.reset();
+    for (const WeightRef* ref : {&q_ref_, &k_ref_, &v_ref_}) c.saved.release((*ref)());
+    c.saved.release(held[kY1].data());
+    c.saved.release(held[kY1].data());
+    drop(kY1);
+
+    // input_layernorm, then the residual: dx = the norm's dx + dx_mid
+    Buffer dx = temp(n * h);
+    be.rms_norm_backward(dx.data(), grad(norm1_), dy1.data(), x, held[kRstd1].data(), param(norm1_),
+                         static_cast<int>(n), hs, beta);
+    dy1.reset();
+    c.saved.release(norm_ref_());
+    c.saved.release(x);
+    drop(kRstd1);
+    be.add(dx.data(), dmid.data(), floats(n * h));
+    dmid.reset();
+    held.clear();
+    if (!needs_dx) dx.reset();
+    return dx;
+  }
+
+ private:
+  i64 qw() const { return static_cast<i64>(s_.heads) * s_.head_dim; }      // q's width, H d
+  i64 kvw() const { return static_cast<i64>(s_.kv_heads) * s_.head_dim; }  // k's and v's, K d
+  i64 lse_elems(int rows) const { return static_cast<i64>(rows) * s_.heads * s_.seq; }
+
+  AttentionArgs flash_args(int rows, const float* q, const float* k, const float* v) const {
+    return attention_args(s_, rows, q, k, v, static_cast<int>(qw()), static_cast<int>(kvw()));
+  }
+
+  // Flash: dq, dk, dv from the saved q, k, v, output and lse (all released and freed);
+  // frees dout.
+  Buffer flash_backward(const BlockCall& c, Buffer& dout, std::vector<Buffer>& held) const {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), q = qw(), kv = kvw();
+    Buffer dqkv = be.alloc(Category::temp, floats(n * (q + 2 * kv)));
+    be.flash_attention_backward(flash_args(c.rows, held[kQ].data(), held[kK].data(), held[kV].data()),
+                                held[kOut].data(), static_cast<int>(q), dout.data(), held[kAttn].data(), dqkv.data(),
+                                dqkv.data() + n * q, dqkv.data() + n * (q + kv));
+    dout.reset();
+    for (int j : {kQ, kK, kV, kOut, kAttn}) {
+      c.saved.release(held[j].data());
+      held[j].reset();
+    }
+    return dqkv;
+  }
+
+  // Math: through the saved q, expanded k, probabilities and expanded v (released and
+  // freed; out, which only o_proj saved, freed first); frees dout. k's and v's
+  // gradients are summed over each kv head's query heads.
+  Buffer math_backward(const BlockCall& c, Buffer& dout, std::vector<Buffer>& held) const {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), q = qw(), kv = kvw();
+    held[kOut].reset();
+    const MathAttention m = math_attention(s_, c.rows);
+    HeadGrads g = math_attention_backward(be, c.saved, m, dout, held[kQ], held[kK], held[kAttn],
+                                          m.head_major(held[kV].data()), held[kV]);
+    Buffer dqkv = be.alloc(Category::temp, floats(n * (q + 2 * kv)));
+    float* dq = dqkv.data();
+    be.permute_heads(dq, g.dq.data(), static_cast<int>(q), c.rows, s_.seq, s_.heads, s_.head_dim, false);
+    reduce_heads(be, dq + n * q, g.dk.data(), static_cast<int>(kv), c.rows, s_.seq, s_.heads, s_.kv_heads,
+                 s_.head_dim);
+    reduce_heads(be, dq + n * (q + kv), g.dv.data(), static_cast<int>(kv), c.rows, s_.seq, s_.heads, s_.kv_heads,
+                 s_.head_dim);
+    return dqkv;
+  }
+
+  std::string name_;
+  std::vector<ParamSpec> params_;
+  // Tensor indices in params() (-1: the shape has no such bias).
+  int qW_ = -1, qB_ = -1, kW_ = -1, kB_ = -1, vW_ = -1, vB_ = -1, oW_ = -1, oB_ = -1;
+  int gateW_ = -1, upW_ = -1, downW_ = -1, norm1_ = -1, norm2_ = -1;
+  WeightRef norm_ref_, q_ref_, k_ref_, v_ref_, o_ref_, norm2_ref_, gate_ref_, up_ref_, down_ref_;
+};
+
+// ---- the final block: model.norm and the head (lm_head, or the embedding when tied) ----
+class FinalBlock final : public SequenceBlock {
+ public:
+  explicit FinalBlock(const TransformerShape& s) : SequenceBlock(s, kFamily) {
+    params_ = {{"model.norm.weight", {s.hidden}, 0.0f, 1.0f}};
+    if (!s.tied_embeddings) params_.push_back({"lm_head.weight", {s.vocab, s.hidden}, uniform_bound(kInitStd)});
+  }
+  std::string name() const override { return "final"; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.vocab; }
+  bool saves_input() const override { return true; }    // the norm's input
+  bool saves_output() const override { return false; }  // the logits: log_softmax saves its result
+
+  enum Held : int { kRstd, kY };
+
+  Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
+                 BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden;
+    std::vector<Buffer>& held = tape.held;
+    held.clear();
+    held.push_back(be.alloc(Category::activation, floats(n)));      // rstd
+    held.push_back(be.alloc(Category::activation, floats(n * h)));  // the norm's output
+    be.rms_norm_forward(held[kY].data(), held[kRstd].data(), x, c.access.param(c.index, 0), static_cast<int>(n),
+                        s_.hidden, s_.norm_eps);
+    c.saved.save(x, 4 * n * h);
+    c.saved.save(held[kRstd].data(), 4 * n);
+    c.saved.save(norm_ref_(), 0);
+    // logits (N, V) = y W^T: the head (mm) saves y and its weight.
+    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * s_.vocab));
+    head_forward(be, out.data(), held[kY].data(), head_weight(c), n, s_.hidden, s_.vocab);
+    c.saved.save(held[kY].data(), 4 * n * h);
+    c.saved.save(head_ref_(), 0);
+    return out;
+  }
+
+  Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                  BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows);
+    std::vector<Buffer>& held = tape.held;
+    out.reset();
+    // The head: dy_norm = dlogits W and dW = dlogits^T y (a tied head writes the
+    // embedding's gradient first, with beta; the embedding adds its part later).
+    Buffer dnorm = head_backward(be, dy, held[kY].data(), head_weight(c), head_grad(c), n, s_.hidden, s_.vocab, beta);
+    c.saved.release(head_ref_());
+    c.saved.release(held[kY].data());
+    held[kY].reset();
+    Buffer dx = be.alloc(Category::temp, floats(n * s_.hidden));
+    be.rms_norm_backward(dx.data(), c.access.grad(c.index, 0), dnorm.data(), x, held[kRstd].data(),
+                         c.access.param(c.index, 0), static_cast<int>(n), s_.hidden, beta);
+    dnorm.reset();
+    c.saved.release(norm_ref_());
+    c.saved.release(x);
+    c.saved.release(held[kRstd].data());
+    held.clear();
+    if (!needs_dx) dx.reset();
+    return dx;
+  }
+
+ private:
+  const float* head_weight(const BlockCall& c) const {
+    return s_.tied_embeddings ? c.access.param(kEmbeddingBlock, kEmbedTokens) : c.access.param(c.index, 1);
+  }
+  float* head_grad(const BlockCall& c) const {
+    return s_.tied_embeddings ? c.access.grad(kEmbeddingBlock, kEmbedTokens) : c.access.grad(c.index, 1);
+  }
+
+  std::vector<ParamSpec> params_;
+  WeightRef norm_ref_, head_ref_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_llama(const ModelConfig& m) {
+  TransformerShape s = m.transformer;
+  if (s.head_dim == 0 && s.heads > 0) s.head_dim = s.hidden / s.heads;
+  if (s.kv_heads == 0) s.kv_heads = s.heads;
+  SHARDSCOPE_REQUIRE(s.layers > 0 && s.hidden > 0 && s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0 &&
+                         s.head_dim > 0 && s.head_dim % 2 == 0 && s.ffn > 0 && s.vocab > 0 && s.seq > 0,
+                     "llama: an unchecked transformer shape");
+  std::vector<std::unique_ptr<Block>> blocks;
+  blocks.push_back(make_embedding_block(s, {"model.embed_tokens.weight", ""}, kFamily));
+  for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<DecoderLayer>(s, i));
+  blocks.push_back(std::make_unique<FinalBlock>(s));
+  return std::make_unique<Model>(std::move(blocks), make_cross_entropy(s, kFamily));
+}
+
+}  // namespace shardscope

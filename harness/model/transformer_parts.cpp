@@ -1,0 +1,277 @@
+#include "harness/model/transformer_parts.hpp"
+
+#include <cmath>
+
+#include "harness/model/data.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+namespace transformer {
+
+float uniform_bound(float std) { return std * std::sqrt(3.0f); }
+
+void linear_forward(Backend& be, float* y, const float* x, const float* w, const float* b, i64 n, int in, int out,
+                    float beta) {
+  be.gemm(Trans::no, Trans::yes, static_cast<int>(n), out, in, 1.0f, x, in, w, in, beta, y, out);
+  if (b) be.bias_activation(y, b, static_cast<int>(n), out, Activation::none);
+}
+
+void linear_backward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                     i64 n, int in, int out, float beta, float dx_beta) {
+  be.gemm(Trans::yes, Trans::no, out, in, static_cast<int>(n), 1.0f, dy, out, x, in, beta, dw, in);
+  if (db) be.bias_grad(db, dy, static_cast<int>(n), out, beta);
+  if (dx) be.gemm(Trans::no, Trans::no, static_cast<int>(n), in, out, 1.0f, dy, out, w, in, dx_beta, dx, in);
+}
+
+std::vector<float> token_rows(const DataSlice& at, int seq, int vocab, std::uint64_t base) {
+  const i64 tokens = static_cast<i64>(at.rows) * seq;
+  std::vector<float> out(floats(id_floats(tokens)));
+  std::int64_t* ids = ids_of(out.data());
+  const std::uint64_t stream = batch_stream(at.step, at.rank);
+  for (i64 i = 0; i < tokens; ++i) {
+    const std::uint64_t index = base + static_cast<std::uint64_t>(at.row_begin) * seq + static_cast<std::uint64_t>(i);
+    ids[i] = static_cast<std::int64_t>(hashed_bits(at.seed, stream, index) % static_cast<std::uint64_t>(vocab));
+  }
+  return out;
+}
+
+namespace {
+
+// ---- the embedding block ----
+class EmbeddingBlock final : public SequenceBlock {
+ public:
+  EmbeddingBlock(const TransformerShape& s, const EmbeddingNames& names, const char* family)
+      : SequenceBlock(s, family), positions_(!names.positions.empty()) {
+    params_ = {{names.tokens, {s.vocab, s.hidden}, uniform_bound(kInitStd)}};
+    if (positions_) params_.push_back({names.positions, {s.positions, s.hidden}, uniform_bound(kInitStd)});
+  }
+  std::string name() const override { return "embeddings"; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  std::int64_t input_elems(int rows) const override { return id_floats(tokens(rows)); }
+  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  bool saves_input() const override { return true; }  // the ids, as EmbeddingBackward's indices
+  bool saves_output() const override { return false; }
+  std::vector<float> host_input(const DataSlice& at) const override {
+    return token_rows(at, s_.seq, s_.vocab, kInputBase);
+  }
+
+  Buffer forward(const BlockCall& c, const float* in, bool /*input_requires_grad*/, bool output_saved,
+                 BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows);
+    tape.held.clear();
+    if (positions_) {
+      // pos = arange(seq), int64, saved by the positions' EmbeddingBackward (activation).
+      Buffer pos = be.alloc(Category::activation, floats(id_floats(s_.seq)));
+      std::vector<float> host(floats(id_floats(s_.seq)));
+      for (int i = 0; i < s_.seq; ++i) ids_of(host.data())[i] = i;
+      be.upload(pos.data(), host.data(), host.size());
+      tape.held.push_back(std::move(pos));
+    }
+    // x0 = tokens[idx] (+ positions[pos]), (N, h)
+    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * s_.hidden));
+    be.embedding_forward(out.data(), ids_of(in), c.access.param(c.index, 0), static_cast<int>(n), s_.hidden);
+    if (positions_) be.add_positions(out.data(), c.access.param(c.index, 1), c.rows, s_.seq, s_.hidden);
+    c.saved.save(in, 8 * n);
+    if (positions_) c.saved.save(tape.held[0].data(), 8 * static_cast<i64>(s_.seq));
+    return out;
+  }
+
+  Buffer backward(const BlockCall& c, const float* in, Buffer& out, Buffer dy, bool /*needs_dx*/, float beta,
+                  BlockTape& tape) override {
+    Backend& be = c.backend;
+    out.reset();
+    const i64 n = tokens(c.rows);
+    // A tied head (the model's last block) wrote the table's gradient earlier in this
+    // backward, with `beta`: the embedding adds onto it.
+    be.embedding_backward(c.access.grad(c.index, 0), ids_of(in), dy.data(), static_cast<int>(n), s_.hidden,
+                          s_.vocab, s_.tied_embeddings ? 1.0f : beta);
+    if (positions_) {
+      float* dpos = c.access.grad(c.index, 1);
+      be.positions_backward(dpos, dy.data(), c.rows, s_.seq, s_.hidden, beta);
+      // Positions past the sequence get no gradient: zero when overwriting (an FSDP full
+      // gradient starts uninitialised).
+      if (beta == 0.0f && s_.positions > s_.seq)
+        be.fill(dpos + static_cast<i64>(s_.seq) * s_.hidden, 0.0f,
+                floats(static_cast<i64>(s_.positions - s_.seq) * s_.hidden));
+    }
+    dy.reset();
+    c.saved.release(in);
+    if (positions_) c.saved.release(tape.held[0].data());
+    tape.held.clear();
+    return Buffer{};  // token ids take no gradient
+  }
+
+ private:
+  bool positions_;
+  std::vector<ParamSpec> params_;
+};
+
+// ---- cross-entropy, mean over tokens ----
+class CrossEntropyLoss final : public ModelLoss {
+ public:
+  CrossEntropyLoss(const TransformerShape& s, const char* family) : s_(s), family_(family) {}
+  bool saves_input() const override { return false; }
+  bool is_mean() const override { return true; }
+  std::int64_t target_elems(int rows) const override { return id_floats(tokens(rows)); }
+  void fill_target(Backend& backend, float* target, const DataSlice& at) const override {
+    const std::vector<float> host = token_rows(at, s_.seq, s_.vocab, kTargetBase);
+    backend.upload(target, host.data(), host.size());
+  }
+
+  void forward(Backend& be, SavedTensors& saved, const float* logits, const float* target, int rows, float scale,
+               float* value) override {
+    const i64 n = tokens(rows);
+    Held& h = held_[target];  // one per micro-batch in flight, by its target
+    h.logprobs = be.alloc(Category::activation, floats(n * s_.vocab));
+    h.total_weight = be.alloc(Category::activation, 1);
+    be.log_softmax_forward(h.logprobs.data(), logits, n, s_.vocab);
+    be.fill(h.total_weight.data(), static_cast<float>(n), 1);
+    be.nll_loss_forward(value, h.logprobs.data(), ids_of(target), n, s_.vocab, scale);
+    saved.save(h.logprobs.data(), 4 * n * s_.vocab);
+    saved.save(target, 8 * n);
+    saved.save(h.total_weight.data(), 4);
+  }
+
+  Buffer backward(Backend& be, SavedTensors& saved, const float* /*logits*/, const float* target, int rows,
+                  float scale) override {
+    const i64 n = tokens(rows);
+    auto it = held_.find(target);
+    SHARDSCOPE_REQUIRE(it != held_.end(), std::string(family_) + ": cross-entropy backward without its forward");
+    Held& h = it->second;
+    Buffer dlogits = be.alloc(Category::temp, floats(n * s_.vocab));  // (N, V)
+    be.cross_entropy_backward(dlogits.data(), h.logprobs.data(), ids_of(target), n, s_.vocab, scale);
+    saved.release(h.logprobs.data());
+    saved.release(target);
+    saved.release(h.total_weight.data());
+    held_.erase(it);
+    return dlogits;
+  }
+
+ private:
+  struct Held {
+    Buffer logprobs;
+    Buffer total_weight;
+  };
+  i64 tokens(int rows) const { return static_cast<i64>(rows) * s_.seq; }
+  TransformerShape s_;
+  const char* family_;
+  std::map<const float*, Held> held_;
+};
+
+}  // namespace
+
+RunError SequenceBlock::no_split() const {
+  return RunError(std::string(family_) + ": the zero-bubble split (zb-h1) of its blocks is not implemented");
+}
+Buffer SequenceBlock::backward_input(const BlockCall&, Buffer&, Buffer, bool, bool, BlockTape&) { throw no_split(); }
+void SequenceBlock::backward_weight(const BlockCall&, const float*, float, BlockTape&) { throw no_split(); }
+
+std::unique_ptr<Block> make_embedding_block(const TransformerShape& shape, const EmbeddingNames& names,
+                                            const char* family) {
+  return std::make_unique<EmbeddingBlock>(shape, names, family);
+}
+
+std::unique_ptr<ModelLoss> make_cross_entropy(const TransformerShape& shape, const char* family) {
+  return std::make_unique<CrossEntropyLoss>(shape, family);
+}
+
+
+void head_forward(Backend& be, float* logits, const float* x, const float* w, i64 n, int hidden, int vocab) {
+  be.gemm(Trans::no, Trans::yes, static_cast<int>(n), vocab, hidden, 1.0f, x, hidden, w, hidden, 0.0f, logits,
+          vocab);
+}
+
+Buffer head_backward(Backend& be, Buffer& dlogits, const float* x, const float* w, float* dw, i64 n, int hidden,
+                     int vocab, float beta) {
+  Buffer dx = be.alloc(Category::temp, floats(n * hidden));
+  be.gemm(Trans::no, Trans::no, static_cast<int>(n), hidden, vocab, 1.0f, dlogits.data(), vocab, w, hidden, 0.0f,
+          dx.data(), hidden);
+  be.gemm(Trans::yes, Trans::no, vocab, hidden, static_cast<int>(n), 1.0f, dlogits.data(), vocab, x, hidden, beta,
+          dw, hidden);
+  dlogits.reset();
+  return dx;
+}
+
+AttentionArgs attention_args(const TransformerShape& s, int rows, const float* q, const float* k, const float* v,
+                             int ldq, int ldkv) {
+  AttentionArgs a;
+  a.batch = rows;
+  a.seq = s.seq;
+  a.heads = s.heads;
+  a.kv_heads = s.kv_heads;
+  a.head_dim = s.head_dim;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.ldq = ldq;
+  a.ldk = a.ldv = ldkv;
+  return a;
+}
+
+MathAttention math_attention(const TransformerShape& s, int rows) {
+  MathAttention m;
+  m.batch = rows;
+  m.seq = s.seq;
+  m.heads = s.heads;
+  m.head_dim = s.head_dim;
+  m.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  return m;
+}
+
+std::pair<Buffer, Buffer> math_attention_forward(Backend& be, const MathAttention& m, const float* qh,
+                                                 const float* kh, MathOperand v) {
+  const int bh = m.batch * m.heads, t = m.seq, hd = m.head_dim;
+  const i64 st = static_cast<i64>(t) * hd, tt = static_cast<i64>(t) * t;
+  Buffer probs = be.alloc(Category::activation, floats(m.prob_elems()));
+  be.gemm_batched(Trans::no, Trans::yes, t, t, hd, 1.0f, qh, hd, st, kh, hd, st, 0.0f, probs.data(), t, tt, bh);
+  be.causal_softmax_forward(probs.data(), bh, t, m.scale);
+  Buffer heads_out = be.alloc(Category::temp, floats(m.tokens() * m.width()));  // (B, H, T, d)
+  be.gemm_batched(Trans::no, Trans::no, t, hd, t, 1.0f, probs.data(), t, tt, v.data, v.ld, v.stride, 0.0f,
+                  heads_out.data(), hd, st, bh);
+  // y = out.transpose(1, 2).contiguous(), (N, H d)
+  Buffer out = be.alloc(Category::activation, floats(m.tokens() * m.width()));
+  be.permute_heads(out.data(), heads_out.data(), static_cast<int>(m.width()), m.batch, t, m.heads, hd, false);
+  return {std::move(probs), std::move(out)};
+}
+
+HeadGrads math_attention_backward(Backend& be, SavedTensors& saved, const MathAttention& m, Buffer& dout, Buffer& qh,
+                                  Buffer& kh, Buffer& probs, MathOperand v, Buffer& v_held) {
+  const int bh = m.batch * m.heads, t = m.seq, hd = m.head_dim;
+  const i64 st = static_cast<i64>(t) * hd, tt = static_cast<i64>(t) * t;
+  const i64 nw = m.tokens() * m.width();
+  auto drop = [&](Buffer& b) {
+    saved.release(b.data());
+    b.reset();
+  };
+  Buffer doh = be.alloc(Category::temp, floats(nw));  // (B, H, T, d)
+  be.permute_heads(doh.data(), dout.data(), static_cast<int>(m.width()), m.batch, t, m.heads, hd, true);
+  dout.reset();
+  // dP = dout V^T, dV = P^T dout
+  Buffer dp = be.alloc(Category::temp, floats(m.prob_elems()));
+  be.gemm_batched(Trans::no, Trans::yes, t, t, hd, 1.0f, doh.data(), hd, st, v.data, v.ld, v.stride, 0.0f, dp.data(),
+                  t, tt, bh);
+  HeadGrads g;
+  g.dv = be.alloc(Category::temp, floats(nw));
+  be.gemm_batched(Trans::yes, Trans::no, t, hd, t, 1.0f, probs.data(), t, tt, doh.data(), hd, st, 0.0f, g.dv.data(),
+                  hd, st, bh);
+  doh.reset();
+  drop(v_held);
+  // dS = softmax'(dP); scores = scale q k^T: dq = scale dS k, dk = scale dS^T q
+  be.softmax_backward(dp.data(), probs.data(), static_cast<i64>(bh) * t, t);
+  drop(probs);
+  g.dq = be.alloc(Category::temp, floats(nw));
+  be.gemm_batched(Trans::no, Trans::no, t, hd, t, m.scale, dp.data(), t, tt, kh.data(), hd, st, 0.0f, g.dq.data(),
+                  hd, st, bh);
+  g.dk = be.alloc(Category::temp, floats(nw));
+  be.gemm_batched(Trans::yes, Trans::no, t, hd, t, m.scale, dp.data(), t, tt, qh.data(), hd, st, 0.0f, g.dk.data(),
+                  hd, st, bh);
+  dp.reset();
+  drop(qh);
+  drop(kh);
+  return g;
+}
+
+}  // namespace transformer
+}  // namespace shardscope

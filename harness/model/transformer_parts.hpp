@@ -1,0 +1,131 @@
+// What the transformer families (gpt2.cpp, llama.cpp) share: their Linear, their data
+// (token ids and targets), the embedding block, the head, the causal attention's math
+// path, and cross-entropy over the vocabulary. Each part allocates, saves and frees in
+// the same order whichever family calls it, so the families' closed forms
+// (harness/predict/transformer_step_forms) walk one order.
+//
+// Layouts as everywhere in the model: (N, features) fp32 row-major, N = rows * seq
+// tokens; head-major tensors are (B, heads, T, head_dim) contiguous.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/model/model.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+namespace transformer {
+
+using i64 = std::int64_t;
+
+inline std::size_t floats(i64 n) { return static_cast<std::size_t>(n); }
+
+// Both reference modules draw Linear weights and embeddings from normal(0, 0.02); ours
+// are uniform with the same standard deviation.
+constexpr float kInitStd = 0.02f;
+float uniform_bound(float std);
+
+// A stable address that names a parameter in saves (a reference holds no bytes).
+struct WeightRef {
+  char id = 0;
+  const void* operator()() const { return &id; }
+};
+
+// y(N, out) = x(N, in) W^T + b (b may be null), onto y with `beta` (1: a residual
+// already in y).
+void linear_forward(Backend& be, float* y, const float* x, const float* w, const float* b, i64 n, int in, int out,
+                    float beta);
+// dW(out, in) = dy^T x and db = column sums of dy (when db), with beta; dx(N, in) =
+// dy W + dx_beta * dx when dx.
+void linear_backward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                     i64 n, int in, int out, float beta, float dx_beta = 0.0f);
+
+// The token ids of the slice's rows (seq tokens each) in [0, vocab), as a Buffer's floats
+// (id_floats): the model's input (kInputBase) or its target (kTargetBase, past the
+// input's ids in the same stream).
+constexpr std::uint64_t kInputBase = 0;
+constexpr std::uint64_t kTargetBase = std::uint64_t{1} << 62;
+std::vector<float> token_rows(const DataSlice& at, int seq, int vocab, std::uint64_t base);
+
+// A block of a transformer family: its rows are sequences of shape.seq tokens (N = rows
+// * seq); the zero-bubble split (zb-h1's B and W halves) is refused, naming the family.
+class SequenceBlock : public Block {
+ public:
+  SequenceBlock(const TransformerShape& shape, const char* family) : s_(shape), family_(family) {}
+  Buffer backward_input(const BlockCall& call, Buffer& output, Buffer dy, bool needs_dx, bool free_output,
+                        BlockTape& tape) override;
+  void backward_weight(const BlockCall& call, const float* input, float beta, BlockTape& tape) override;
+
+ protected:
+  i64 tokens(int rows) const { return static_cast<i64>(rows) * s_.seq; }
+  const TransformerShape s_;
+
+ private:
+  RunError no_split() const;
+  const char* family_;
+};
+
+// The embedding block: the token embedding (vocab, h) and, for gpt2, learned positions
+// (positions, h). Saves the ids (EmbeddingBackward's indices, 8 B a token) and, with
+// positions, arange(seq) (int64). When the head is tied to the token embedding, the
+// head wrote its gradient earlier in the same backward (with beta) and the embedding
+// adds onto it.
+struct EmbeddingNames {
+  std::string tokens;     // "transformer.wte.weight", "model.embed_tokens.weight"
+  std::string positions;  // "transformer.wpe.weight"; empty: no learned positions
+};
+std::unique_ptr<Block> make_embedding_block(const TransformerShape& shape, const EmbeddingNames& names,
+                                            const char* family);
+
+// The head: logits (N, V) = x W^T, W (V, h); its backward writes dW with beta and
+// returns dx (temp, (N, h)), freeing dlogits first.
+void head_forward(Backend& be, float* logits, const float* x, const float* w, i64 n, int hidden, int vocab);
+Buffer head_backward(Backend& be, Buffer& dlogits, const float* x, const float* w, float* dw, i64 n, int hidden,
+                     int vocab, float beta);
+
+// Causal attention's math path, as torch's math SDPA runs it on head-major q and k
+// (B, H, T, d), each its own storage, and v: the probabilities (B, H, T, T) = causal
+// softmax(scale q k^T) (activation, saved) and the output, token-major (N, H d)
+// (activation: the output projection saves it), through a head-major temp.
+struct MathOperand {  // B·H matrices (T, d): matrix i at data + i·stride, rows ld apart
+  const float* data = nullptr;
+  int ld = 0;
+  i64 stride = 0;
+};
+struct MathAttention {
+  int batch = 0, seq = 0, heads = 0, head_dim = 0;
+  float scale = 0.0f;
+  i64 tokens() const { return static_cast<i64>(batch) * seq; }
+  i64 width() const { return static_cast<i64>(heads) * head_dim; }
+  i64 prob_elems() const { return static_cast<i64>(batch) * heads * seq * seq; }
+  MathOperand head_major(const float* x) const { return {x, head_dim, static_cast<i64>(seq) * head_dim}; }
+};
+// Causal attention over `rows` sequences of the shape, scale 1 / sqrt(head_dim): q with
+// row stride ldq, k and v with ldkv (transformer_args.hpp); and its math path's shape.
+AttentionArgs attention_args(const TransformerShape& s, int rows, const float* q, const float* k, const float* v,
+                             int ldq, int ldkv);
+MathAttention math_attention(const TransformerShape& s, int rows);
+// Returns {probs, out}.
+std::pair<Buffer, Buffer> math_attention_forward(Backend& be, const MathAttention& m, const float* qh,
+                                                 const float* kh, MathOperand v);
+// The gradients at q, k, v, head-major (temp each), from dout (token-major (N, H d),
+// freed) through the saved q, k, probabilities and v (v_held: the storage v lies in),
+// each released from `saved` and freed as soon as it is used.
+struct HeadGrads {
+  Buffer dq, dk, dv;
+};
+HeadGrads math_attention_backward(Backend& be, SavedTensors& saved, const MathAttention& m, Buffer& dout, Buffer& qh,
+                                  Buffer& kh, Buffer& probs, MathOperand v, Buffer& v_held);
+
+// Cross-entropy over the vocabulary, mean over tokens, as F.cross_entropy: log_softmax
+// saves its result (the log-probabilities, (N, V), activation), nll_loss saves them with
+// the target (int64, 8 B a token) and a 4-byte total_weight it makes. The logits are
+// saved by nobody.
+std::unique_ptr<ModelLoss> make_cross_entropy(const TransformerShape& shape, const char* family);
+
+}  // namespace transformer
+}  // namespace shardscope
