@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "harness/predict/gpt2_forms.hpp"
+#include "harness/predict/llama_forms.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "harness/strategies/partition.hpp"
 #include "shardscope/predict.hpp"
@@ -39,11 +40,17 @@ struct Candidate {
 }  // namespace
 
 std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int world) {
-  // A transformer's model states (transformer_forms.hpp), and GPT-2's step
-  // (gpt2_forms.hpp); the Llama family's peak awaits its activation forms.
+  // A transformer's model states (transformer_forms.hpp), and its step (gpt2_forms.hpp,
+  // llama_forms.hpp).
   if (cfg.model.is_transformer()) {
     std::vector<Prediction> ranks = transformer_model_states(cfg, world);
-    if (cfg.model.name == "gpt2") add_gpt2_step(cfg, world, ranks);
+    const TransformerShape& t = cfg.model.transformer;
+    const int b = cfg.model.batch;
+    const StepUnits units = step_units(cfg, world);
+    if (cfg.model.name == "gpt2")
+      complete_step(gpt2_step_transient(t, b, units), gpt2_saved_after_forward(t, b), ranks);
+    else
+      complete_step(llama_step_transient(t, b, units), llama_saved_after_forward(t, b), ranks);
     return ranks;
   }
   const ModelConfig& m = cfg.model;

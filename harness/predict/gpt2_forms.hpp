@@ -10,13 +10,9 @@
 // it is a view of (3a: torch's matmul reshapes it without a copy). Token ids are int64.
 #pragma once
 
-#include <cstdint>
-#include <string>
 #include <vector>
 
-#include "shardscope/category.hpp"
-#include "shardscope/config.hpp"
-#include "shardscope/predict.hpp"
+#include "harness/predict/transformer_step.hpp"
 
 namespace shardscope {
 
@@ -27,35 +23,11 @@ namespace shardscope {
 //   the model   8N + 8T + L·block + a + 8N + a + Λ + 8N + 4     in 9 + 13L | 9 + 15L
 // (the ids and arange(T); the blocks; ln_f's input, mean and rstd, and output; the
 // log-probabilities, the target and nll_loss's total_weight).
-struct SavedForm {
-  std::int64_t bytes = 0;
-  int tensors = 0;
-};
 SavedForm gpt2_block_saved(const TransformerShape& shape, int batch);
 SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch);
 
-// FSDP's units of a GPT-2 as the step's walk needs them (harness/strategies/partition.hpp
-// forms them): unit 0 the root (the embeddings and the final block), then units of
-// transformer blocks. Empty for ddp and zero1.
-struct Gpt2Units {
-  std::vector<std::int64_t> bytes;  // 4 × each unit's padded flat parameter
-  std::vector<int> top_block;       // each unit's last block (a model block index)
-  bool reshard = false;             // zero3: units but the root are freed after their forward
-  bool prefetch = true;             // --prefetch 1: a unit's backward gathers the next
-};
-
-// What a data-parallel step holds beyond its resting bytes at its peak, per category,
-// with the phase and place of that instant.
-struct StepTransient {
-  CategoryBytes bytes;
-  Phase phase = Phase::forward;
-  std::string where;
-};
-StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const Gpt2Units& units);
-
-// Completes a GPT-2's data-parallel predictions of `world` ranks running cfg.strategy,
-// whose model states are filled (transformer_model_states): the peak (resting + the
-// step's transient) and the saves after forward, on every rank.
-void add_gpt2_step(const RunConfig& cfg, int world, std::vector<Prediction>& ranks);
+// What a data-parallel step holds beyond its resting bytes at its peak
+// (transformer_step.hpp walks it; the blocks' part is GPT-2's).
+StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units);
 
 }  // namespace shardscope

@@ -6,7 +6,7 @@
 
 #include "harness/comm/fake_comm.hpp"
 #include "shardscope/comm.hpp"
-#include "support/dp_harness.hpp"
+#include "support/transformer_testbed.hpp"
 
 namespace shardscope {
 namespace {
@@ -78,78 +78,108 @@ TEST(StrategiesMpi, TrainLikeOneRankAndMatchTheClosedForms) {
   }
 }
 
-// GPT-2 (the head tied to the token embedding: one tensor, all-reduced and partitioned
-// once) under ddp, zero1 and zero2/zero3 (one root unit, or units of blocks after a root
-// of the embeddings and the final block) trains like one rank on the concatenated batch,
-// in both attention modes; its bytes equal the closed forms, and an emulated rank holds
-// what the real one does.
-TEST(StrategiesMpi, Gpt2TrainsLikeOneRank) {
+// A transformer's run under MPI at this world: it trains like one rank on the
+// concatenated batch, its bytes equal the closed forms, and an emulated rank holds what
+// the real one does.
+void expect_transformer_trains_like_one_rank(const RunConfig& cfg, int world, int rank) {
+  CpuBackend backend;
+  auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+  const auto r = testing::run_dp(cfg, backend, *comm, true);
+  const HostState ref = testing::reference_training(cfg, world);
+  ASSERT_TRUE(any_nonzero(ref.grads));
+  std::size_t at = 0;
+  EXPECT_EQ(worst_violation(r.state.grads, ref.grads, 1e-5, 1e-7, &at), 0.0) << "grads at " << at;
+  EXPECT_EQ(worst_violation(r.state.exp_avg, ref.exp_avg, 1e-5, 1e-7, &at), 0.0) << "exp_avg at " << at;
+  // The key bias's gradient is zero in exact arithmetic (softmax ignores a constant
+  // added to a row of scores): its fp32 gradient is rounding noise of 1e-9, which
+  // AdamW's step g / (sqrt(v) + 1e-8) turns into up to lr / 10 per step either way.
+  EXPECT_EQ(worst_violation(r.state.params, ref.params, 1e-5, 4e-4, &at), 0.0) << "params at " << at;
+
+  const Prediction p = predict_data_parallel(cfg, world, rank);
+  ASSERT_TRUE(p.peak_known);
+  EXPECT_EQ(r.resting, p.resting);
+  EXPECT_EQ(r.peak.total, p.peak_total);
+  EXPECT_EQ(r.peak.by_category, p.peak_by_category);
+  for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
+  EXPECT_EQ(r.saved.bytes, p.saved_after_forward_bytes);
+  EXPECT_EQ(r.saved.tensors, p.saved_after_forward_tensors);
+
+  CpuBackend backend2;
+  auto fake = make_fake_communicator(world, rank, &backend2);
+  const auto e = testing::run_dp(cfg, backend2, *fake, false);
+  EXPECT_EQ(e.saved.bytes, r.saved.bytes);
+  EXPECT_EQ(e.saved.tensors, r.saved.tensors);
+  EXPECT_EQ(e.resting, r.resting);
+  EXPECT_EQ(e.peak.total, r.peak.total);
+}
+
+// ddp, zero1 and zero2/zero3 (one root unit, or units of blocks after a root of the
+// embeddings and the final block), in both attention modes: cfg's strategy, units and
+// attention set in turn.
+void expect_every_strategy_trains_like_one_rank(RunConfig cfg) {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  struct Gpt2Setting {
+  struct TransformerSetting {
     const char* strategy;
     int units;  // transformer blocks per FSDP unit; 0: one root unit
   };
-  for (const Gpt2Setting& setting : std::vector<Gpt2Setting>{
+  for (const TransformerSetting& setting : std::vector<TransformerSetting>{
            {"ddp", 0}, {"zero1", 0}, {"zero2", 0}, {"zero3", 0}, {"zero2", 1}, {"zero3", 1}, {"zero3", 2}}) {
-    const char* strategy = setting.strategy;
     for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
-      RunConfig cfg;
-      ModelConfig& m = cfg.model;
-      m.name = "gpt2";
-      m.layers = 2;
-      m.width = 16;
-      m.batch = 2;
-      TransformerShape& t = m.transformer;
-      t.model_type = "gpt2";
-      t.layers = 2;
-      t.hidden = 16;
-      t.heads = t.kv_heads = 2;
-      t.head_dim = 8;
-      t.ffn = 64;
-      t.vocab = 29;
-      t.seq = 6;
-      t.positions = 8;
-      t.tied_embeddings = t.qkv_bias = t.out_bias = true;
-      t.attention = mode;
-      cfg.steps = 3;
-      cfg.seed = 5;
-      cfg.strategy = parse_strategy(strategy);
+      cfg.model.transformer.attention = mode;
+      cfg.strategy = parse_strategy(setting.strategy);
       cfg.layers_per_unit = setting.units;
-      SCOPED_TRACE(std::string(strategy) + " units=" + std::to_string(setting.units) +
-                   (mode == AttentionMode::flash ? " flash" : " math") + " W=" +
-                   std::to_string(world) + " rank " + std::to_string(rank));
-      CpuBackend backend;
-      auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
-      const auto r = testing::run_dp(cfg, backend, *comm, true);
-      const HostState ref = testing::reference_training(cfg, world);
-      ASSERT_TRUE(any_nonzero(ref.grads));
-      std::size_t at = 0;
-      EXPECT_EQ(worst_violation(r.state.grads, ref.grads, 1e-5, 1e-7, &at), 0.0) << "grads at " << at;
-      EXPECT_EQ(worst_violation(r.state.exp_avg, ref.exp_avg, 1e-5, 1e-7, &at), 0.0) << "exp_avg at " << at;
-      // The key bias's gradient is zero in exact arithmetic (softmax ignores a constant
-      // added to a row of scores): its fp32 gradient is rounding noise of 1e-9, which
-      // AdamW's step g / (sqrt(v) + 1e-8) turns into up to lr / 10 per step either way.
-      EXPECT_EQ(worst_violation(r.state.params, ref.params, 1e-5, 4e-4, &at), 0.0) << "params at " << at;
-
-      const Prediction p = predict_data_parallel(cfg, world, rank);
-      ASSERT_TRUE(p.peak_known);
-      EXPECT_EQ(r.resting, p.resting);
-      EXPECT_EQ(r.peak.total, p.peak_total);
-      EXPECT_EQ(r.peak.by_category, p.peak_by_category);
-      for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
-      EXPECT_EQ(r.saved.bytes, p.saved_after_forward_bytes);
-      EXPECT_EQ(r.saved.tensors, p.saved_after_forward_tensors);
-
-      CpuBackend backend2;
-      auto fake = make_fake_communicator(world, rank, &backend2);
-      const auto e = testing::run_dp(cfg, backend2, *fake, false);
-      EXPECT_EQ(e.saved.bytes, r.saved.bytes);
-      EXPECT_EQ(e.saved.tensors, r.saved.tensors);
-      EXPECT_EQ(e.resting, r.resting);
-      EXPECT_EQ(e.peak.total, r.peak.total);
+      SCOPED_TRACE(cfg.model.name + " " + setting.strategy + " units=" + std::to_string(setting.units) +
+                   (mode == AttentionMode::flash ? " flash" : " math") + " W=" + std::to_string(world) + " rank " +
+                   std::to_string(rank));
+      expect_transformer_trains_like_one_rank(cfg, world, rank);
     }
+  }
+}
+
+// GPT-2: the head tied to the token embedding, one tensor all-reduced and partitioned once.
+TEST(StrategiesMpi, Gpt2TrainsLikeOneRank) {
+  TransformerShape t;
+  t.model_type = "gpt2";
+  t.layers = 2;
+  t.hidden = 16;
+  t.heads = t.kv_heads = 2;
+  t.head_dim = 8;
+  t.ffn = 64;
+  t.vocab = 29;
+  t.seq = 6;
+  t.positions = 8;
+  t.tied_embeddings = t.qkv_bias = t.out_bias = true;
+  RunConfig cfg;
+  cfg.model = testing::transformer_model("gpt2", t, 2);
+  cfg.steps = 3;
+  cfg.seed = 5;
+  expect_every_strategy_trains_like_one_rank(cfg);
+}
+
+// Llama: grouped-query attention (4 heads, 2 kv heads), qwen2's q, k, v biases, RoPE; the
+// head untied, then tied.
+TEST(StrategiesMpi, LlamaTrainsLikeOneRank) {
+  for (bool tied : {false, true}) {
+    TransformerShape t;
+    t.model_type = "qwen2";
+    t.layers = 2;
+    t.hidden = 16;
+    t.heads = 4;
+    t.kv_heads = 2;
+    t.head_dim = 4;
+    t.ffn = 24;
+    t.vocab = 29;
+    t.seq = 6;
+    t.positions = 8;
+    t.qkv_bias = true;
+    t.tied_embeddings = tied;
+    RunConfig cfg;
+    cfg.model = testing::transformer_model("llama", t, 2);
+    cfg.steps = 3;
+    cfg.seed = 5;
+    expect_every_strategy_trains_like_one_rank(cfg);
   }
 }
 

@@ -212,7 +212,7 @@ TEST(TransformerForms, ModelStatesPerRankFollowEachStrategysForm) {
       // ddp: 4P + 4P + 8P + 4T on every rank.
       for (const Prediction& p : predict_data_parallel_ranks(config(s, StrategyKind::ddp), W)) {
         EXPECT_EQ(p.resting.total(), 16 * P + 4 * T);
-        EXPECT_EQ(p.peak_known, s.model_type == "gpt2");  // gpt2_forms.hpp has GPT-2's step
+        EXPECT_TRUE(p.peak_known);  // gpt2_forms.hpp and llama_forms.hpp have each family's step
         EXPECT_EQ(comm(p, CollKind::all_reduce), 4 * P);
       }
       RunConfig copy = config(s, StrategyKind::ddp);

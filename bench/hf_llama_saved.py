@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""What Hugging Face's LlamaForCausalLM saves for backward in eager torch, after forward + loss.
+
+The module is transformers' LlamaForCausalLM (fp32, CPU, train mode, untied head unless
+--tied) built from a LlamaConfig of the given shape; the loss is the model's own
+(labels = the input ids: HF shifts them inside). Every tensor autograd saves during
+forward and loss passes through torch.autograd.graph.saved_tensors_hooks; the figure is
+the unique untyped storages among them, parameters excluded, and their bytes: what is
+held for backward when the forward, loss included, has ended. shardscope's
+`saved.after_forward_bytes` and `saved.after_forward_tensors` count the same for
+`--model llama`; docs/results.md sets the two side by side and itemizes the difference.
+
+--attention picks HF's attn_implementation and SDPA's backend:
+  eager       repeat_kv, matmul, softmax (the probabilities saved)
+  sdpa        F.scaled_dot_product_attention as HF calls it (on the CPU torch's flash
+              kernel: q, k, v, the output and the log-sum-exp saved)
+  sdpa-math   the same call under SDPBackend.MATH
+  all         the three, one line each
+--itemize lists each saved storage (bytes, shape, dtype) in the order first saved, with
+the autograd nodes that saved it.
+With --shardscope BINARY, runs `BINARY run --model llama ...` on the same shape (one
+step, one rank; flash beside sdpa, math beside eager and sdpa-math) and prints its
+figures beside HF's.
+
+Prints one line per attention mode:
+  <mode> hf <bytes> B in <n> storages [shardscope <mode> <bytes> B in <n> storages, hf - ours <bytes> B]
+Exit status 0; 2 when torch or transformers cannot be imported.
+torch and transformers are dependencies of this script only (a bench), never of the build.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def hf_saved(torch, transformers, args, mode):
+    """(bytes, storages, items) HF's LlamaForCausalLM holds for backward after forward + loss."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(args.seed)
+    cfg = transformers.LlamaConfig(
+        hidden_size=args.hidden, intermediate_size=args.ffn, num_hidden_layers=args.layers,
+        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
+        max_position_embeddings=max(args.seq, 64), tie_word_embeddings=args.tied,
+        attention_bias=args.attention_bias, attn_implementation="eager" if mode == "eager" else "sdpa")
+    model = transformers.LlamaForCausalLM(cfg)
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq))
+    seen = {}  # storage pointer -> [bytes, shape, dtype], in the order first saved
+
+    def pack(t):
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in params and key not in seen:
+            seen[key] = [storage.nbytes(), tuple(t.shape), str(t.dtype), set()]
+        return t
+
+    import contextlib
+    backend = sdpa_kernel(SDPBackend.MATH) if mode == "sdpa-math" else contextlib.nullcontext()
+    with backend, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(input_ids=ids, labels=ids)
+    # Name the nodes that saved each storage (walking the graph from the loss).
+    stack, visited = [out.loss.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        for attr in dir(node):
+            if attr.startswith("_saved_"):
+                try:
+                    value = getattr(node, attr)
+                except Exception:
+                    continue
+                if isinstance(value, torch.Tensor):
+                    key = value.untyped_storage().data_ptr()
+                    if key in seen:
+                        seen[key][3].add(node.name() + "." + attr[len("_saved_"):])
+        stack.extend(n for n, _ in node.next_functions)
+    items = list(seen.values())
+    return sum(i[0] for i in items), len(items), items
+
+
+def shardscope_saved(binary, args, mode):
+    """(bytes, storages) of `binary run --model llama` on the shape: one step, one rank."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "run.json")
+        cmd = [binary, "run", "--model", "llama", "--layers", str(args.layers), "--hidden", str(args.hidden),
+               "--heads", str(args.heads), "--kv-heads", str(args.kv_heads), "--ffn", str(args.ffn),
+               "--vocab", str(args.vocab), "--seq", str(args.seq), "--batch", str(args.batch),
+               "--attention", mode, "--strategy", "ddp", "--steps", "1",
+               "--backend", "cpu", "--json", path]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(path) as f:
+            doc = json.load(f)
+    rank = doc["runs"][0]["ranks"][0]
+    saved = rank["saved"]
+    return saved["after_forward_bytes"], saved["after_forward_tensors"]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--ffn", type=int, default=160)
+    p.add_argument("--vocab", type=int, default=100)
+    p.add_argument("--seq", type=int, default=16)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--tied", action="store_true")
+    p.add_argument("--attention-bias", action="store_true")
+    p.add_argument("--attention", choices=["eager", "sdpa", "sdpa-math", "all"], default="all")
+    p.add_argument("--itemize", action="store_true")
+    p.add_argument("--shardscope", metavar="BINARY")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        print(f"hf_llama_saved: {e}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    modes = ["eager", "sdpa", "sdpa-math"] if args.attention == "all" else [args.attention]
+    for mode in modes:
+        total, count, items = hf_saved(torch, transformers, args, mode)
+        line = f"{mode} hf {total} B in {count} storages"
+        if args.shardscope:
+            ours_mode = "flash" if mode == "sdpa" else "math"
+            b, n = shardscope_saved(args.shardscope, args, ours_mode)
+            line += f" shardscope {ours_mode} {b} B in {n} storages, hf - ours {total - b} B"
+        print(line)
+        if args.itemize:
+            for nbytes, shape, dtype, savers in items:
+                print(f"    {nbytes:>10} {str(shape):<22} {dtype:<14} {', '.join(sorted(savers))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

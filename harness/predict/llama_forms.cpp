@@ -1,0 +1,86 @@
+// Llama's saved bytes and what its blocks hold in a data-parallel step's walk
+// (llama_forms.hpp has the symbols; transformer_step.cpp the walk itself).
+//
+// Live bytes by category (X = 16N: the batch's ids and the target, temp throughout):
+//   per decoder layer, activation  K = the layer's saves less its input, plus its output
+//     (which the next block saves): the same bytes as its saves (flash 4a + 2Q + 2C + 8N
+//     + A + 4F, math 4a + 4Q + 8N + A + 4F)
+//   the embeddings: x0 a; the final norm: rstd 4N, output a
+// The top layer's backward: each gradient buffer as it is made. Math's forward passes
+// through temporaries too, which never set the peak: q, k, v token-major beside their
+// head-major copies (Q + 2C) hold a less than the same layer's d q, k, v token-major in
+// backward, and the head-major output beside the token-major one (Q) a less than its
+// d out head-major (with the same or more gathered parameters).
+#include "harness/predict/llama_forms.hpp"
+
+#include <string>
+
+namespace shardscope {
+namespace {
+
+using i64 = std::int64_t;
+
+struct Sizes : TokenSizes {
+  i64 Q = 0, C = 0;  // q's (and math's expanded k's and v's) bytes, and k's and v's
+};
+
+Sizes sizes(const TransformerShape& s, int batch) {
+  Sizes z;
+  static_cast<TokenSizes&>(z) = token_sizes(s, batch);
+  z.Q = 4 * z.N * s.heads * s.head_dim;
+  z.C = 4 * z.N * s.kv_heads * s.head_dim;
+  return z;
+}
+
+}  // namespace
+
+SavedForm llama_block_saved(const TransformerShape& shape, int batch) {
+  const Sizes z = sizes(shape, batch);
+  const i64 attention = z.flash ? 2 * z.Q + 2 * z.C : 4 * z.Q;
+  return {4 * z.a + attention + 8 * z.N + z.A + 4 * z.F, 15};
+}
+
+SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch) {
+  const Sizes z = sizes(shape, batch);
+  const SavedForm block = llama_block_saved(shape, batch);
+  return {8 * z.N + z.L * block.bytes + 2 * z.a + 4 * z.N + z.lambda + 8 * z.N + 4, 7 + z.L * block.tensors};
+}
+
+StepTransient llama_step_transient(const TransformerShape& shape, int batch, const StepUnits& units) {
+  const Sizes z = sizes(shape, batch);
+  const i64 a = z.a, Q = z.Q, C = z.C, F = z.F, A = z.A, N = z.N;
+  const i64 X = 16 * N;
+  StepBlocks blocks(z);
+  blocks.base = a;  // x0
+  blocks.K = llama_block_saved(shape, batch).bytes;
+  blocks.final_held = 4 * N + a;  // the final norm's rstd and output
+  // A top layer's gradient buffers, from its output freed (A4), dy = a.
+  blocks.backward = [&](PeakWalk& walk, i64 A4, i64 pu, i64 gu, const std::string& where) {
+    auto consider = [&](i64 temp, i64 act) { walk.consider(temp, act, pu, gu, Phase::backward, where); };
+    consider(X + a + F, A4);                  // d product
+    consider(X + a + 2 * F, A4 - F);          // d up
+    consider(X + 2 * a + 2 * F, A4 - 4 * F);  // d y2
+    consider(X + 3 * a, A4 - 4 * F - a);      // d x_mid
+    const i64 A5 = A4 - 4 * F - 2 * a - 4 * N;
+    consider(X + a + Q, A5);                  // d out
+    i64 A6 = 0;
+    if (z.flash) {
+      consider(X + a + 2 * Q + 2 * C, A5);    // d q, k, v
+      A6 = A5 - 2 * Q - 2 * C - A;
+    } else {
+      const i64 Am = A5 - Q;  // out, which only o_proj saved, freed
+      consider(X + a + 2 * Q, Am);              // d out, head-major
+      consider(X + a + Q + A, Am);              // d probabilities
+      consider(X + a + 2 * Q + A, Am);          // d v (expanded)
+      consider(X + a + 2 * Q + A, Am - Q - A);  // d q
+      consider(X + a + 3 * Q + A, Am - Q - A);  // d k (expanded)
+      A6 = Am - 3 * Q - A;
+      consider(X + a + 4 * Q + 2 * C, A6);      // d q, k, v token-major
+    }
+    consider(X + 2 * a + Q + 2 * C, A6);      // d y1
+    consider(X + 3 * a, A6 - a);              // dx
+  };
+  return transformer_step_transient(blocks, units);
+}
+
+}  // namespace shardscope

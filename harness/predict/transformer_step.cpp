@@ -1,0 +1,142 @@
+// The walk of a transformer's data-parallel step (transformer_step.hpp). Live bytes by
+// category, beside the resting ones:
+//   forward's end (the loss's total_weight made): activation
+//     A_f = base + L·K + final_held + Λ + 4, temp X + Λ (the logits) + 4 (the loss scalar)
+//   the backward's instants: the loss's dlogits (Λ); the final block's d norm (a) and
+//   dx (a); in the top transformer block (the first one backward reaches: every later
+//   block's instants hold less, its saves and the blocks above it released) each
+//   gradient buffer as it is made (the family's). A lower block's instant holds K less
+//   than the same instant of the block above; the activations when block b's backward
+//   begins are S_b = base + b·K.
+#include "harness/predict/transformer_step.hpp"
+
+#include "harness/strategies/partition.hpp"
+#include "shardscope/strategy_kind.hpp"
+
+namespace shardscope {
+namespace {
+
+using i64 = std::int64_t;
+
+std::string unit(int u) { return "unit " + std::to_string(u); }
+std::string layer(int b) { return "layer " + std::to_string(b); }
+
+}  // namespace
+
+void PeakWalk::consider(i64 temp, i64 act, i64 gathered, i64 grad_full, Phase phase, const std::string& where) {
+  const i64 total = temp + act + gathered + grad_full;
+  if (total <= best_total_) return;
+  best_total_ = total;
+  best_.bytes = CategoryBytes{};
+  best_.bytes[Category::temp] = temp;
+  best_.bytes[Category::activation] = act;
+  best_.bytes[Category::param_unsharded] = gathered;
+  best_.bytes[Category::grad_unsharded] = grad_full;
+  best_.phase = phase;
+  best_.where = where;
+}
+
+TokenSizes token_sizes(const TransformerShape& s, int batch) {
+  TokenSizes z;
+  z.N = static_cast<i64>(batch) * s.seq;
+  z.T = s.seq;
+  z.a = 4 * z.N * s.hidden;
+  z.F = 4 * z.N * s.ffn;
+  z.lambda = 4 * z.N * s.vocab;
+  z.flash = s.attention == AttentionMode::flash;
+  const i64 bht = static_cast<i64>(batch) * s.heads * s.seq;
+  z.A = z.flash ? 4 * bht : 4 * bht * s.seq;
+  z.L = s.layers;
+  return z;
+}
+
+StepUnits step_units(const RunConfig& cfg, int world) {
+  StepUnits g;
+  if (!shards_by_unit(cfg.strategy)) return g;
+  const std::vector<Unit> units = fsdp_units(cfg.model, cfg.layers_per_unit, world);
+  for (const Unit& u : units) {
+    g.bytes.push_back(4 * u.padded);
+    g.top_block.push_back(u.last_block - 1);
+  }
+  g.reshard = cfg.strategy == StrategyKind::zero3 && units.size() > 1;
+  g.prefetch = cfg.prefetch != 0;
+  return g;
+}
+
+StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& units) {
+  const i64 a = z.a, lambda = z.lambda, X = 16 * z.N, K = z.K;
+  const bool fsdp = !units.bytes.empty();
+  const int U = static_cast<int>(units.bytes.size());
+  auto f = [&](int u) { return units.bytes[u]; };
+  i64 all_units = 0;  // Σ f_u over the units of blocks (u >= 1)
+  for (int u = 1; u < U; ++u) all_units += f(u);
+  const i64 f0 = fsdp ? f(0) : 0;
+  auto held_at = [&](int b) { return z.base + b * K; };
+  PeakWalk walk;
+
+  // Forward: each unit of blocks at its top block's output (zero3 holds the root and
+  // that unit, zero2 every unit so far).
+  i64 so_far = 0;
+  for (int u = 1; u < U; ++u) {
+    so_far += f(u);
+    walk.consider(X, held_at(units.top_block[u]), f0 + (units.reshard ? f(u) : so_far), 0, Phase::forward, unit(u));
+  }
+  // Forward's end (the loss's total_weight made): every save, the logits, the loss scalar.
+  const i64 after_forward = f0 + (units.reshard ? 0 : all_units);
+  const i64 A_f = held_at(z.L) + z.final_held + lambda + 4;
+  walk.consider(X + lambda + 4, A_f, after_forward, 0, Phase::forward, fsdp ? unit(0) : layer(z.L + 1));
+  // The loss's gradient (before the root unit's backward hook), then the root's full
+  // gradient (log-probabilities and total_weight released).
+  walk.consider(X + lambda, A_f, after_forward, 0, Phase::backward, layer(z.L + 1));
+  const i64 A1 = A_f - lambda - 4;
+  if (fsdp) walk.consider(X + lambda, A1, after_forward, f0, Phase::backward, unit(0));
+  const std::string fin = fsdp ? unit(0) : layer(z.L + 1);
+  // The final block: d norm, then dx (dlogits and the norm's output gone).
+  walk.consider(X + lambda + a, A1, after_forward, f0, Phase::backward, fin);
+  walk.consider(X + 2 * a, A1 - a, after_forward, f0, Phase::backward, fin);
+  if (U <= 1) {
+    // ddp, zero1, a root unit: the top transformer block; every lower block's instants
+    // hold K less.
+    z.backward(walk, held_at(z.L) - a, f0, f0, fsdp ? unit(0) : layer(z.L));
+    return walk.best();
+  }
+  // Units of blocks, from the last: when its backward begins dy = a and S_b are held;
+  // zero3 gathers it (unless the unit above prefetched it) and prefetches the next
+  // (not the root, still gathered); its full gradient; its top block's buffers. Lower
+  // blocks of a unit hold K less at each instant.
+  i64 pu = after_forward;
+  for (int u = U - 1; u >= 1; --u) {
+    const int b = units.top_block[u];
+    const i64 held = held_at(b);
+    if (units.reshard) {
+      const bool prefetched = units.prefetch && u + 1 < U;
+      if (!prefetched) {
+        pu += f(u);
+        walk.consider(X + a, held, pu, f0, Phase::backward, unit(u));
+      }
+      if (units.prefetch && u - 1 >= 1) {
+        pu += f(u - 1);
+        walk.consider(X + a, held, pu, f0, Phase::backward, unit(u));
+      }
+    }
+    walk.consider(X + a, held, pu, f0 + f(u), Phase::backward, unit(u));  // the unit's full gradient
+    z.backward(walk, held - a, pu, f0 + f(u), unit(u));
+    pu -= f(u);  // resharded after its backward
+  }
+  return walk.best();
+}
+
+void complete_step(const StepTransient& t, const SavedForm& saved, std::vector<Prediction>& ranks) {
+  for (Prediction& p : ranks) {
+    p.peak_known = true;
+    p.peak_by_category = p.resting;
+    for (int k = 0; k < kCategoryCount; ++k) p.peak_by_category.bytes[k] += t.bytes.bytes[k];
+    p.peak_total = p.peak_by_category.total();
+    p.peak_phase = t.phase;
+    p.peak_where = t.where;
+    p.saved_after_forward_bytes = saved.bytes;
+    p.saved_after_forward_tensors = saved.tensors;
+  }
+}
+
+}  // namespace shardscope

@@ -1,0 +1,93 @@
+// What a transformer's data-parallel step holds besides its model states, walked once
+// for both families (docs/formulas.md, "A transformer's step"): the instants at which a
+// step's live bytes can be highest, in time order, each a formula. The family says what
+// its blocks hold (gpt2_forms.hpp, llama_forms.hpp); the walk says when FSDP's units are
+// gathered, prefetched and given their full gradients, and which block is the top one
+// backward reaches.
+//
+// Symbols: N = B·T tokens, a = 4Nh (one (N, h) activation), Λ = 4NV (the logits),
+// X = 16N (the batch's ids and the target: temp for the whole step).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shardscope/category.hpp"
+#include "shardscope/config.hpp"
+#include "shardscope/predict.hpp"
+
+namespace shardscope {
+
+// Saved for backward: unique storages holding bytes (parameters excluded), as torch's
+// saved_tensors_hooks count them.
+struct SavedForm {
+  std::int64_t bytes = 0;
+  int tensors = 0;
+};
+
+// FSDP's units as the step's walk needs them (harness/strategies/partition.hpp forms
+// them): unit 0 the root (the embeddings and the final block), then units of
+// transformer blocks. Empty for ddp and zero1.
+struct StepUnits {
+  std::vector<std::int64_t> bytes;  // 4 × each unit's padded flat parameter
+  std::vector<int> top_block;       // each unit's last block (a model block index)
+  bool reshard = false;             // zero3: units but the root are freed after their forward
+  bool prefetch = true;             // --prefetch 1: a unit's backward gathers the next
+};
+StepUnits step_units(const RunConfig& cfg, int world);
+
+// What a data-parallel step holds beyond its resting bytes at its peak, per category,
+// with the phase and place of that instant.
+struct StepTransient {
+  CategoryBytes bytes;
+  Phase phase = Phase::forward;
+  std::string where;
+};
+
+// The walk's instants: the first of the largest total is kept, as the tracker keeps it.
+class PeakWalk {
+ public:
+  // One instant: temp and activation beyond the resting bytes, gathered parameters and
+  // full gradients.
+  void consider(std::int64_t temp, std::int64_t act, std::int64_t gathered, std::int64_t grad_full, Phase phase,
+                const std::string& where);
+  const StepTransient& best() const { return best_; }
+
+ private:
+  StepTransient best_;
+  std::int64_t best_total_ = -1;
+};
+
+// A shape's sizes in bytes, for `batch` sequences: N = B·T tokens, a = 4Nh, F = 4Nf,
+// Λ = 4NV, and the attention's save A: flash's log-sum-exp 4·B·H·T, math's
+// probabilities 4·B·H·T².
+struct TokenSizes {
+  std::int64_t N = 0, T = 0, a = 0, F = 0, lambda = 0, A = 0;
+  int L = 0;
+  bool flash = true;
+};
+TokenSizes token_sizes(const TransformerShape& shape, int batch);
+
+// What a family's blocks hold, for the walk.
+struct StepBlocks {
+  explicit StepBlocks(const TokenSizes& z) : N(z.N), a(z.a), lambda(z.lambda), L(z.L) {}
+  std::int64_t N = 0, a = 0, lambda = 0;
+  int L = 0;
+  std::int64_t base = 0;        // activations before block 1: the embeddings' saves beside the ids, and x0
+  std::int64_t K = 0;           // a transformer block's: its saves less its input, with its output
+  std::int64_t final_held = 0;  // the final block's beside its input: the norm's statistics and output
+  // A top block's backward: each gradient buffer as it is made, from A4 (the
+  // activations once its output is freed) with dy = a held.
+  std::function<void(PeakWalk&, std::int64_t A4, std::int64_t gathered, std::int64_t grad_full,
+                     const std::string& where)>
+      backward;
+};
+StepTransient transformer_step_transient(const StepBlocks& blocks, const StepUnits& units);
+
+// Completes a transformer's data-parallel predictions, whose model states are filled:
+// the peak (resting + the step's transient) and the saves after forward, on every rank.
+void complete_step(const StepTransient& step, const SavedForm& saved, std::vector<Prediction>& ranks);
+
+}  // namespace shardscope
