@@ -2,7 +2,8 @@
 """What Hugging Face's LlamaForCausalLM saves for backward in eager torch, after forward + loss.
 
 The module is transformers' LlamaForCausalLM (fp32, CPU, train mode, untied head unless
---tied) built from a LlamaConfig of the given shape; the loss is the model's own
+--tied), or with --model-type qwen2 its Qwen2ForCausalLM (q, k, v biases), built from a
+config of the given shape; the loss is the model's own
 (labels = the input ids: HF shifts them inside). Every tensor autograd saves during
 forward and loss passes through torch.autograd.graph.saved_tensors_hooks; the figure is
 the unique untyped storages among them, parameters excluded, and their bytes: what is
@@ -40,12 +41,15 @@ def hf_saved(torch, transformers, args, mode):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     torch.manual_seed(args.seed)
-    cfg = transformers.LlamaConfig(
+    shape = dict(
         hidden_size=args.hidden, intermediate_size=args.ffn, num_hidden_layers=args.layers,
         num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
         max_position_embeddings=max(args.seq, 64), tie_word_embeddings=args.tied,
-        attention_bias=args.attention_bias, attn_implementation="eager" if mode == "eager" else "sdpa")
-    model = transformers.LlamaForCausalLM(cfg)
+        attn_implementation="eager" if mode == "eager" else "sdpa")
+    if args.model_type == "qwen2":  # q, k, v biases
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**shape))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(attention_bias=args.attention_bias, **shape))
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     ids = torch.randint(0, args.vocab, (args.batch, args.seq))
@@ -93,6 +97,16 @@ def shardscope_saved(binary, args, mode):
                "--vocab", str(args.vocab), "--seq", str(args.seq), "--batch", str(args.batch),
                "--attention", mode, "--strategy", "ddp", "--steps", "1",
                "--backend", "cpu", "--json", path]
+        # The shape flags alone describe llama; qwen2's biases and a tied head come from a config.
+        if args.model_type == "qwen2" or args.tied or args.attention_bias:
+            config = os.path.join(tmp, "config.json")
+            with open(config, "w") as f:
+                json.dump({"model_type": args.model_type, "hidden_size": args.hidden, "intermediate_size": args.ffn,
+                           "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
+                           "num_key_value_heads": args.kv_heads, "vocab_size": args.vocab,
+                           "max_position_embeddings": max(args.seq, 64), "tie_word_embeddings": args.tied,
+                           "attention_bias": args.attention_bias}, f)
+            cmd[2:4] = ["--hf-config", config]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(path) as f:
             doc = json.load(f)
@@ -111,6 +125,7 @@ def main():
     p.add_argument("--vocab", type=int, default=100)
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--model-type", choices=["llama", "qwen2"], default="llama")
     p.add_argument("--tied", action="store_true")
     p.add_argument("--attention-bias", action="store_true")
     p.add_argument("--attention", choices=["eager", "sdpa", "sdpa-math", "all"], default="all")

@@ -145,17 +145,20 @@ TEST_F(TransformerFlags, RefusalsAreExitTwoWithOneLineNamingTheField) {
 // a pipeline of it is refused before anything runs.
 class TransformerRuns : public TransformerFlags {
  protected:
+  // The run's record (rank 1 of 2, emulated): its saves, peak and resting bytes equal
+  // their predictions.
+  void expect_record_as_predicted(const std::string& run) {
+    ASSERT_EQ(shardscope(run + " --emulate 2:1 --json g.json"), 0) << run << ": " << err_;
+    std::ifstream in(dir_ + "/g.json");
+    const json rank = json::parse(in)["runs"][0]["ranks"][0];
+    EXPECT_EQ(rank["saved"], rank["predicted"]["saved"]) << run;
+    EXPECT_EQ(rank["peak"]["total"], rank["predicted"]["peak_total"]) << run;
+    EXPECT_EQ(rank["peak"]["by_category"], rank["predicted"]["peak_by_category"]) << run;
+    EXPECT_EQ(rank["peak"]["where"], rank["predicted"]["peak_where"]) << run;
+    EXPECT_EQ(rank["resting"]["total"], rank["predicted"]["resting_total"]) << run;
+  }
   void expect_runs_as_predicted(const std::string& family, const std::string& run, const char* const (&settings)[3]) {
-    for (const char* s : settings) {
-      ASSERT_EQ(shardscope(run + s + " --emulate 2:1 --json g.json"), 0) << s << ": " << err_;
-      std::ifstream in(dir_ + "/g.json");
-      const json rank = json::parse(in)["runs"][0]["ranks"][0];
-      EXPECT_EQ(rank["saved"], rank["predicted"]["saved"]) << s;
-      EXPECT_EQ(rank["peak"]["total"], rank["predicted"]["peak_total"]) << s;
-      EXPECT_EQ(rank["peak"]["by_category"], rank["predicted"]["peak_by_category"]) << s;
-      EXPECT_EQ(rank["peak"]["where"], rank["predicted"]["peak_where"]) << s;
-      EXPECT_EQ(rank["resting"]["total"], rank["predicted"]["resting_total"]) << s;
-    }
+    for (const char* s : settings) expect_record_as_predicted(run + s);
     EXPECT_EQ(shardscope(run + "--schedule 1f1b --emulate 2:0"), 2);
     EXPECT_NE(err_.find("--schedule: a pipeline of a transformer (--model " + family + ") is not implemented"),
               std::string::npos)
@@ -173,6 +176,15 @@ TEST_F(TransformerRuns, LlamaRunsDataParallelAsPredictedAndRefusesAPipeline) {
                            "run --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --ffn 48 --vocab 50 "
                            "--seq 8 --batch 2 --steps 2 ",
                            {"--strategy ddp --attention math", "--strategy zero1", "--strategy zero3 --units 1"});
+}
+
+// The published Llama-3-8B and Qwen2-0.5B configs (rope_theta, rms_norm_eps; qwen2's q,
+// k, v biases and tied head) run at a small shape the flags give, as predicted.
+TEST_F(TransformerRuns, PublishedLlamaFamilyConfigsRunAsPredicted) {
+  for (const char* file : {"llama-3-8b.json", "qwen2-0.5b.json"})
+    expect_record_as_predicted("run --hf-config '" + hf(file) +
+                               "' --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 96 --vocab 101 --seq 8 "
+                               "--batch 2 --steps 2 --strategy zero3 --units 1");
 }
 
 TEST_F(TransformerFlags, HelpListsTheFlags) {
