@@ -39,7 +39,8 @@ enum BlockTensor : int {
 
 class TransformerBlock final : public SequenceBlock {
  public:
-  TransformerBlock(const TransformerShape& s, int layer) : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)) {
+  TransformerBlock(const TransformerShape& s, int layer)
+      : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)) {
     const std::string p = "transformer.h." + std::to_string(layer) + ".";
     const i64 h = s.hidden, f = s.ffn;
     const float w = uniform_bound(kInitStd);
@@ -286,8 +287,8 @@ class TransformerBlock final : public SequenceBlock {
     const i64 n = tokens(c.rows), h = s_.hidden;
     held[kAttnOut].reset();
     const int v_held = v_is_view(c.rows) ? static_cast<int>(kQkv) : static_cast<int>(kV);
-    HeadGrads g = math_attention_backward(be, c.saved, math_attention(s_, c.rows), dattn, held[kQ], held[kK], held[kProbs],
-                                          v_operand(c.rows, held), held[v_held]);
+    HeadGrads g = math_attention_backward(be, c.saved, math_attention(s_, c.rows), dattn, held[kQ], held[kK],
+                                          held[kProbs], v_operand(c.rows, held), held[v_held]);
     // back to token-major, laid out as qkv
     Buffer dqkv = be.alloc(Category::temp, floats(3 * n * h));
     int at = 0;

@@ -9,7 +9,7 @@
 // A block's rows are sequences: N = rows * seq tokens, (N, features) fp32 row-major;
 // q is (N, H d), k and v (N, K d) (H heads, K kv heads, d head_dim).
 //
-// What each op saves (docs/design.md, "What the Llama family saves") is what torch's
+// What each op saves (docs/design.md §2, "Llama") is what torch's
 // eager autograd saves for the same op where it is one op of torch's: a fused RMSNorm
 // (F.rms_norm) saves its input and rstd; RoPE runs in our kernel on q and k in place,
 // so SDPA's q and k are the rotated ones and no cos/sin tensors exist; flash attention
@@ -49,8 +49,8 @@ void expand_heads(Backend& be, float* dst, const float* x, int ld, int batch, in
   const i64 st = static_cast<i64>(seq) * head_dim;
   for (int b = 0; b < batch; ++b)
     for (int j = 0; j < heads; ++j)
-      be.permute_heads(dst + (static_cast<i64>(b) * heads + j) * st, x + static_cast<i64>(b) * seq * ld + (j / r) * head_dim,
-                       ld, 1, seq, 1, head_dim, true);
+      be.permute_heads(dst + (static_cast<i64>(b) * heads + j) * st,
+                       x + static_cast<i64>(b) * seq * ld + (j / r) * head_dim, ld, 1, seq, 1, head_dim, true);
 }
 
 // The reverse of expand_heads on a gradient: sums head-major g (B, H, T, d) over each kv
@@ -76,7 +76,8 @@ void reduce_heads(Backend& be, float* dx, float* g, int ld, int batch, int seq, 
 // ---- a decoder layer ----
 class DecoderLayer final : public SequenceBlock {
  public:
-  DecoderLayer(const TransformerShape& s, int layer) : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)) {
+  DecoderLayer(const TransformerShape& s, int layer)
+      : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)) {
     const std::string p = "model.layers." + std::to_string(layer) + ".";
     const i64 h = s.hidden, f = s.ffn, q = qw(), kv = kvw();
     const float w = uniform_bound(kInitStd);
@@ -178,7 +179,8 @@ class DecoderLayer final : public SequenceBlock {
       kb.reset();
       vb.reset();
       const MathAttention m = math_attention(s_, c.rows);
-      auto [probs, out] = math_attention_forward(be, m, held[kQ].data(), held[kK].data(), m.head_major(held[kV].data()));
+      auto [probs, out] =
+          math_attention_forward(be, m, held[kQ].data(), held[kK].data(), m.head_major(held[kV].data()));
       held[kAttn] = std::move(probs);
       held[kOut] = std::move(out);
       for (int j : {kQ, kK, kAttn, kV}) c.saved.save(held[j].data(), static_cast<i64>(held[j].bytes()));

@@ -167,7 +167,8 @@ class TransformerRuns : public TransformerFlags {
 };
 
 TEST_F(TransformerRuns, Gpt2RunsDataParallelAsPredictedAndRefusesAPipeline) {
-  expect_runs_as_predicted("gpt2", "run --model gpt2 --layers 2 --hidden 32 --heads 2 --vocab 50 --seq 8 --batch 2 --steps 2 ",
+  expect_runs_as_predicted("gpt2",
+                           "run --model gpt2 --layers 2 --hidden 32 --heads 2 --vocab 50 --seq 8 --batch 2 --steps 2 ",
                            {"--strategy ddp", "--strategy zero1", "--strategy zero3 --units 1 --attention math"});
 }
 
