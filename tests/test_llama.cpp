@@ -103,7 +103,8 @@ TEST(Llama, ParametersAreHuggingFacesInNameShapeAndOrder) {
 // forward and shared by the layers (our RoPE computes them in the kernel). Flash is set
 // beside HF's sdpa (torch's CPU flash kernel, GQA native), math beside HF's eager
 // attention (repeat_kv, matmul, softmax: the same storages as torch's math SDPA on k and
-// v expanded).
+// v expanded). (With one sequence HF's target is 8 B more: its shifted labels view the
+// labels padded by one; these shapes have more.)
 TEST(Llama, SavesHuggingFacesFigureLessItsNormProductsAndRotaryTables) {
   struct Case {
     Shape shape;
