@@ -248,7 +248,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
       if (app.count(flag) > 0)
         throw UsageError(std::string(flag) + " is the MLP's flag; a transformer (--model gpt2|llama, --hf-config) "
                          "takes --layers --hidden --heads --kv-heads --ffn --vocab --seq --positions --attention");
-    c.model.batch = app.count("--batch") > 0 ? parse_bounded("--batch", f.batch, 10'000'000) : 1;
+    c.model.batch = app.count("--batch") > 0 ? parse_bounded("--batch", f.batch, kMostBatch) : 1;
     TransformerFlags t;
     if (app.count("--model") > 0) t.model = f.model;
     t.hf_config = f.hf_config;
@@ -274,7 +274,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
                          "(the MLP takes --layers --width --batch --activation --loss)");
     c.model.layers = parse_bounded("--layers", f.layers, 100'000);
     c.model.width = parse_bounded("--width", f.width, 1'000'000);
-    c.model.batch = parse_bounded("--batch", f.batch, 10'000'000);
+    c.model.batch = parse_bounded("--batch", f.batch, kMostBatch);
     if (f.activation == "none") c.model.activation = Activation::none;
     else if (f.activation == "relu") c.model.activation = Activation::relu;
     else throw UsageError("--activation: unknown '" + f.activation + "'; allowed: none, relu");

@@ -6,6 +6,9 @@
 #include "shardscope/config.hpp"
 
 namespace shardscope {
+// The largest --batch a run accepts (rows or sequences per rank, or per pipeline).
+inline constexpr int kMostBatch = 10'000'000;
+
 // Runs `shardscope run|sweep ...`; returns the process exit code (0, 2 or 3).
 int cli_main(int argc, char** argv);
 

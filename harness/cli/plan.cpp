@@ -55,7 +55,7 @@ PlanRequest parse_plan_args(const std::vector<std::string>& args) {
     const std::string name = arg.substr(0, eq);
     for (const auto& [flag, why] : kRunningFlags)
       if (name == flag) throw UsageError(name + ": not a plan flag: " + why);
-    if (name != "--json" && name != "--memory") {
+    if (name != "--json" && name != "--memory" && name != "--fit") {
       f.sweep_args.push_back(arg);
       continue;
     }
@@ -72,11 +72,17 @@ PlanRequest parse_plan_args(const std::vector<std::string>& args) {
       if (json_given) throw UsageError("--json: given twice; give it once");
       json_given = true;
       f.json_path = value;
+    } else if (name == "--fit") {
+      if (f.fit) throw UsageError("--fit: given twice; give it once");
+      f.fit = parse_fit_dimension(value);
     } else {
       if (f.memory) throw UsageError("--memory: given twice; give it once");
       f.memory = parse_memory_size(value);
     }
   }
+  if (f.fit && !f.memory)
+    throw UsageError(std::string("--fit ") + fit_dimension_name(*f.fit) +
+                     " needs --memory SIZE: the size every rank's peak must fit in (e.g. --memory 80GiB)");
   return f;
 }
 
@@ -127,6 +133,38 @@ DataParallelPlan plan_data_parallel(const RunConfig& cfg, int world, const std::
   }
   plan.fits_every_rank = every;
   return plan;
+}
+
+// What --fit asks of a data-parallel configuration: its ranks' predictions, the highest
+// peak and resting bytes among them.
+ConfigPeak data_parallel_peak(const RunConfig& cfg, int world) {
+  ConfigPeak out;
+  const std::vector<Prediction> predicted = predict_data_parallel_ranks(cfg, world);
+  for (int r = 0; r < world; ++r) {
+    const Prediction& p = predicted[r];
+    out.known = out.known && p.peak_known;
+    out.resting = std::max(out.resting, p.resting.total());
+    if (p.peak_known && (r == 0 || p.peak_total > out.peak)) {
+      out.peak = p.peak_total;
+      out.limiting = r;
+    }
+  }
+  return out;
+}
+
+// The same of a pipeline, stage by stage (stage s is rank s).
+ConfigPeak pipeline_peak(const RunConfig& cfg, int stages) {
+  ConfigPeak out;
+  const PipelineShape shape = pipeline_shape(cfg, stages);
+  for (int s = 0; s < stages; ++s) {
+    const StageForms forms = predict_pipeline_stage(shape, s);
+    out.resting = std::max(out.resting, forms.resting.total());
+    if (s == 0 || forms.peak.total() > out.peak) {
+      out.peak = forms.peak.total();
+      out.limiting = s;
+    }
+  }
+  return out;
 }
 
 PipelinePlan plan_pipeline(const RunConfig& cfg, int stages, const std::optional<std::int64_t>& memory) {
@@ -207,7 +245,12 @@ PlanDocument make_plan(const PlanRequest& flags) {
   std::vector<RunConfig> configs;
   std::vector<std::string> known = sweep_flag_names();
   known.insert(known.end(), {"--json", "--memory"});
+  known.push_back("--fit");
   for (const SweepJob& job : jobs) configs.push_back(parse_run_args(job.run_args, known, "plan"));
+  if (flags.fit == FitDimension::seq)
+    for (const RunConfig& cfg : configs)
+      if (!cfg.model.is_transformer())
+        throw UsageError("--fit seq: the MLP has no sequence length; --fit batch fits its rows per rank");
   PlanDocument plan;
   plan.version = SHARDSCOPE_VERSION;
   plan.command = flags.command;
@@ -215,10 +258,24 @@ PlanDocument make_plan(const PlanRequest& flags) {
   plan.not_counted = kNotCounted;
   for (std::size_t n = 0; n < jobs.size(); ++n) {
     try {
-      if (jobs[n].kind == "pipeline")
-        plan.plans.push_back(plan_pipeline(configs[n], jobs[n].world, flags.memory));
-      else
-        plan.plans.push_back(plan_data_parallel(configs[n], jobs[n].world, flags.memory));
+      const RunConfig& cfg = configs[n];
+      const int world = jobs[n].world;
+      if (jobs[n].kind == "pipeline") {
+        PipelinePlan pipeline = plan_pipeline(cfg, world, flags.memory);
+        // A pipeline's batch is cut into M micro-batches of at least a row each: any
+        // batch from M up runs (tensor_split), so the fit steps by a row from M.
+        const std::int64_t smallest = flags.fit == FitDimension::batch ? pipeline_microbatches(cfg, world) : 1;
+        if (flags.fit)
+          pipeline.fit = fit_configuration(cfg, *flags.fit, *flags.memory, smallest,
+                                           [&](const RunConfig& c) { return pipeline_peak(c, world); });
+        plan.plans.push_back(std::move(pipeline));
+      } else {
+        DataParallelPlan data_parallel = plan_data_parallel(cfg, world, flags.memory);
+        if (flags.fit)
+          data_parallel.fit = fit_configuration(cfg, *flags.fit, *flags.memory, 1,
+                                                [&](const RunConfig& c) { return data_parallel_peak(c, world); });
+        plan.plans.push_back(std::move(data_parallel));
+      }
     } catch (const UsageError& e) {
       plan.plans.push_back(SkippedRun{jobs[n].config, e.what()});
     }
@@ -243,7 +300,7 @@ int plan_main(const std::vector<std::string>& args) {
 }
 
 std::string plan_usage() {
-  return "usage: shardscope plan [sweep flags] [run flags] [--memory SIZE] [--json FILE]\n"
+  return "usage: shardscope plan [sweep flags] [run flags] [--memory SIZE [--fit batch|seq]] [--json FILE]\n"
          "\n"
          "Prints the closed forms (docs/formulas.md) of every rank of every configuration that\n"
          "`shardscope sweep` with the same flags would run: bytes at rest and at the peak, where the\n"
@@ -255,6 +312,10 @@ std::string plan_usage() {
          "  --memory SIZE   say for every rank whether its peak fits in SIZE (80GiB, 141GB, 512MiB or\n"
          "                  bytes; \"80G\" is ambiguous and refused), and at which of the worlds\n"
          "                  planned each configuration fits\n"
+         "  --fit batch|seq with --memory: per configuration, the largest batch (sequences or rows per\n"
+         "                  rank; per pipeline for a pipeline, from M up) or sequence length\n"
+         "                  (transformers) at which every rank's peak fits, the peak there and one\n"
+         "                  above, the rank that decides, and what bounds it when memory does not\n"
          "  --json FILE     write the plan (schema shardscope-plan/1) here\n"
          "\n"
          "Sweep flags: --worlds, --strategies, --schedules, --microbatches, --preset (see\n"

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "harness/cli/plan_fit.hpp"
 #include "harness/records/result.hpp"
 
 namespace shardscope {
@@ -25,12 +26,13 @@ std::int64_t parse_memory_size(const std::string& text);
 struct PlanRequest {
   std::string json_path;                // --json FILE
   std::optional<std::int64_t> memory;   // --memory SIZE
+  std::optional<FitDimension> fit;      // --fit batch|seq (needs --memory)
   std::vector<std::string> sweep_args;  // every other flag
   std::string command;                  // "shardscope plan ..."
 };
 
 // Throws UsageError naming the flag: plan's own flags given twice or without a value,
-// and the sweep's flags that need running (--out, --trace, --emulate, ...).
+// --fit without --memory, and the sweep's flags that need running (--out, --trace, ...).
 PlanRequest parse_plan_args(const std::vector<std::string>& args);
 
 // The plan document (schema "shardscope-plan/1"); throws UsageError naming the flag when

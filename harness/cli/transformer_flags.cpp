@@ -121,18 +121,23 @@ TransformerModel transformer_from_flags(const TransformerFlags& f) {
   const i128 per_block = 4 * i128{s.hidden} * (i128{s.heads} + 2 * s.kv_heads) * s.head_dim +
                          3 * i128{s.hidden} * s.ffn + 16 * i128{s.hidden} + 3 * i128{s.ffn};
   const i128 params = i128{s.layers} * per_block + 2 * i128{s.vocab} * s.hidden + i128{s.positions} * s.hidden;
-  const i128 tokens = i128{f.batch} * s.seq;
-  const i128 step = 4 * tokens *
-                    (i128{s.vocab} + i128{s.layers} * (64 * i128{s.hidden} + 8 * i128{s.ffn} + i128{s.heads} * s.seq));
   constexpr i128 kMost = i128{1} << 62;
   if (16 * params > kMost)
     throw UsageError("the model's sizes (layers " + layers.source + ", hidden " + hidden.source + ", heads " +
                      heads.source + " of " + std::to_string(s.head_dim) + " dimensions, ffn " + ffn.source +
                      ", vocab " + vocab.source + ") make more than 2^62 bytes of model states");
-  if (step > kMost)
+  if (!step_within_bounds(s, f.batch))
     throw UsageError("--batch " + std::to_string(f.batch) + " x --seq " + std::to_string(s.seq) +
                      " tokens make more than 2^62 bytes of activations for this model; lower one of them");
   return {base.family, s};
+}
+
+bool step_within_bounds(const TransformerShape& s, std::int64_t batch) {
+  using i128 = __int128;
+  const i128 tokens = i128{batch} * s.seq;
+  const i128 step = 4 * tokens *
+                    (i128{s.vocab} + i128{s.layers} * (64 * i128{s.hidden} + 8 * i128{s.ffn} + i128{s.heads} * s.seq));
+  return step <= (i128{1} << 62);
 }
 
 }  // namespace shardscope

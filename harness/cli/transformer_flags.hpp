@@ -45,4 +45,10 @@ struct TransformerModel {
 };
 TransformerModel transformer_from_flags(const TransformerFlags& flags);
 
+// Whether a step of `batch` sequences of shape.seq tokens stays inside the generous
+// bound transformer_from_flags holds every shape to (4 B x batch x seq x (vocab + layers
+// x (64 hidden + 8 ffn + heads x seq)) <= 2^62): rising in batch and in seq, so the
+// values it accepts are a prefix (plan --fit searches no further).
+bool step_within_bounds(const TransformerShape& shape, std::int64_t batch);
+
 }  // namespace shardscope

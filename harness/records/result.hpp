@@ -347,12 +347,34 @@ struct StagePlan {
   std::optional<bool> fits;
 };
 
+// `plan --fit batch|seq`: the largest value of `dimension` (sequences or rows per rank, or
+// per pipeline; tokens per sequence) at which every rank's (stage's) predicted peak fits
+// --memory, the other sizes as planned. "bound" says what ends it: "memory" (value + 1
+// does not fit), "positions" (the model has no more positions), "largest_accepted" (the
+// largest value the flag accepts), "model_states" or "peak" (not even `smallest` fits:
+// the model states at rest alone, or the peak at it, exceed --memory), "peak_unknown"
+// (the model's peak has no closed form in this build).
+struct FitRecord {
+  std::string dimension;                    // "batch" or "seq"
+  std::int64_t smallest = 1;                // the least value the configuration accepts (a pipeline's M)
+  std::optional<std::int64_t> value;        // the largest that fits
+  std::optional<std::int64_t> peak_bytes;   // the highest rank's peak at value
+  // The highest peak at the least value above `value` (value + 1, or `smallest` when
+  // none fits); none when value is the largest accepted or the peak is unknown.
+  std::optional<std::int64_t> peak_bytes_next;
+  std::optional<int> limiting;              // the rank (stage) with that peak, the lowest of equals
+  std::optional<std::int64_t> resting_bytes;  // the highest rank's model states at rest
+  std::string bound;
+  std::string reason;                       // a sentence: why the search ended there
+};
+
 // A run's header as a run writes it, without what only a run has (steps, timed_steps,
 // seed, its ranks or stages, where it ran).
 struct DataParallelPlan {
   DataParallelRun run;
   std::vector<RankGroupPlan> rank_groups;
   std::optional<bool> fits_every_rank;
+  std::optional<FitRecord> fit;  // with --fit
 };
 
 struct PipelinePlan {
@@ -360,6 +382,7 @@ struct PipelinePlan {
   double bubble_fraction_theory = 0.0;
   std::vector<StagePlan> stages;
   std::optional<bool> fits_every_rank;
+  std::optional<FitRecord> fit;  // with --fit
 };
 
 using PlanRecord = std::variant<DataParallelPlan, PipelinePlan, SkippedRun>;

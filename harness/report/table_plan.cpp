@@ -140,6 +140,60 @@ void print_verdicts(const PlanDocument& plan, std::ostream& os) {
   os << '\n';
 }
 
+// With --fit: per configuration the largest batch (seq) at which every rank's peak fits,
+// the peak there and one above, the rank (stage) that decides, and what ends the search;
+// every bound other than memory, and a pipeline's steps, said in words below.
+void print_fits(const PlanDocument& plan, const TableOptions& options, std::ostream& os) {
+  struct Row {
+    std::string name, world;
+    const FitRecord* fit;
+    bool pipeline;
+  };
+  std::vector<Row> rows;
+  for (const PlanRecord& record : plan.plans) {
+    if (const auto* dp = std::get_if<DataParallelPlan>(&record); dp && dp->fit)
+      rows.push_back({data_parallel_name(dp->run), "W=" + std::to_string(dp->run.world), &*dp->fit, false});
+    else if (const auto* pp = std::get_if<PipelinePlan>(&record); pp && pp->fit)
+      rows.push_back({pipeline_name(pp->run), "S=" + std::to_string(pp->run.world), &*pp->fit, true});
+  }
+  if (rows.empty() || !plan.memory_bytes) return;
+  const std::string dimension = rows.front().fit->dimension;
+  const bool batch = dimension == "batch";
+  const bool any_pipeline = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.pipeline; });
+  os << (batch ? "largest batch (per rank; per pipeline for a pipeline)"
+               : "largest seq (tokens per sequence, at the batch planned)")
+     << " at which every rank's peak fits " << format_bytes_short(*plan.memory_bytes) << ":\n";
+  const std::string next = batch ? "peak at batch + 1" : "peak at seq + 1";
+  TextTable table({"configuration", "world", dimension, "peak at it", next, "limiting", "bound"},
+                  {Align::left, Align::left, Align::right, Align::right, Align::right, Align::left, Align::left});
+  std::vector<std::string> notes;
+  for (const Row& row : rows) {
+    const FitRecord& fit = *row.fit;
+    const auto bytes = [&](const std::optional<std::int64_t>& b) {
+      return b ? cells::bytes(*b, options) : std::string(cells::kMissing);
+    };
+    const std::string value = fit.value ? cells::group_digits(*fit.value)
+                              : fit.bound == "peak_unknown" ? std::string("unknown")
+                                                            : std::string("none");
+    const std::string limiting =
+        fit.limiting ? std::string(row.pipeline ? "stage " : "rank ") + std::to_string(*fit.limiting) : cells::kMissing;
+    table.add_row({row.name, row.world, value, bytes(fit.peak_bytes), bytes(fit.peak_bytes_next), limiting,
+                   fit.bound == "largest_accepted" ? "largest accepted" : fit.bound == "model_states" ? "model states"
+                   : fit.bound == "peak_unknown"   ? "peak unknown"
+                                                   : fit.bound});
+    if (fit.bound != "memory") notes.push_back(row.name + " " + row.world + ": " + fit.reason);
+  }
+  table.print(os);
+  for (const std::string& note : notes) os << tables::wrap_text("  " + note, " ", 96, "    ") << '\n';
+  if (any_pipeline && batch)
+    os << tables::wrap_text("  A pipeline's batch is cut into M micro-batches of at least a row each, sizes differing by "
+                            "at most one (torch.tensor_split): every batch from M up runs, so its fit steps by one "
+                            "row from M.",
+                            " ", 96, "  ")
+       << '\n';
+  os << '\n';
+}
+
 void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, const PlanDocument& plan,
                          const TableOptions& options, std::ostream& os) {
   const std::vector<std::string> head = {"strategy", "W", "units", "ranks"};
@@ -312,6 +366,7 @@ void print_plan(const PlanDocument& plan, std::ostream& os, const TableOptions& 
   }
   print_skipped(skipped, os);
   print_verdicts(plan, os);
+  print_fits(plan, options, os);
   if (!data_parallel.empty() || !pipeline.empty()) os << bytes_footnote(options, false);
   // The note, wrapped at 96 columns.
   if (!plan.not_counted.empty()) os << tables::wrap_text(plan.not_counted, " ", 96, "") << '\n';
