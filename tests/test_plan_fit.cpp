@@ -109,8 +109,8 @@ TEST(PlanFit, TheSearchFindsTheLargestValueThatFitsInLogarithmicallyManyPredicti
 
 // What the bisection rests on (docs/formulas.md, "Fitting a memory size"): every rank's
 // (stage's) peak at batch b + 1 is at least its peak at b, for every strategy and
-// schedule, units, worlds, activations, losses, GPT-2 in both attention modes (whose
-// math attention saves differently at one sequence), and at every sequence length.
+// schedule, units, worlds, activations, losses, GPT-2 (whose math attention saves
+// differently at one sequence) and Llama in both attention modes, at every sequence length.
 TEST(PlanFit, EveryPeakRisesWithTheBatchAndTheSequence) {
   std::vector<std::pair<std::vector<std::string>, int>> cases;
   for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"})
@@ -130,6 +130,12 @@ TEST(PlanFit, EveryPeakRisesWithTheBatchAndTheSequence) {
       cases.push_back({{"--model", "gpt2", "--strategy", strategy, "--layers", "2", "--hidden", "32", "--heads", "4",
                         "--vocab", "97", "--positions", "96", "--seq", "24", "--attention", attention},
                        2});
+  for (const char* strategy : {"ddp", "zero2", "zero3"})
+    for (const char* attention : {"flash", "math"})
+      cases.push_back({{"--model", "llama", "--strategy", strategy, "--layers", "2", "--hidden", "32", "--heads", "4",
+                        "--kv-heads", "2", "--ffn", "48", "--vocab", "97", "--positions", "96", "--seq", "24",
+                        "--attention", attention},
+                       3});
   int checked = 0;
   for (const auto& [flags, world] : cases) {
     RunConfig cfg = config(flags);

@@ -190,24 +190,41 @@ TEST_F(PlanFit, BoundsOtherThanMemoryAndNothingFitting) {
   EXPECT_NE(out_.find("even at batch 3 (one row per micro-batch) the peak of stage"), std::string::npos) << out_;
 }
 
-// Llama-3-8B at 8,192 tokens: a fit when the build has its peak, "peak unknown" until then.
-TEST_F(PlanFit, Llama3At8192TokensAnswersAtOnce) {
-  const std::string flags =
-      "--hf-config '" + hf("llama-3-8b.json") + "' --seq 8192 --worlds 8 --strategies zero3 --memory 80GiB";
-  ASSERT_EQ(plan(flags + " --fit batch"), 0) << line_;
-  const json fit = doc_["plans"][0]["fit"];
+// Llama-3-8B at W = 8 under zero3 and 80 GiB (the question, answered in
+// milliseconds): at 8,192 tokens not even one sequence fits (the peak at batch 1, as a
+// plan at batch 1 says); at 1,024 tokens a batch does, and by seq at one sequence. Until
+// a family's peak is in the build its fit says "peak unknown".
+TEST_F(PlanFit, Llama3AtWorld8AnswersTheFittingQuestion) {
+  const std::string llama = "--hf-config '" + hf("llama-3-8b.json") + "' --worlds 8 --strategies zero3 --memory 80GiB ";
+  ASSERT_EQ(plan(llama + "--seq 8192 --fit batch"), 0) << line_;
+  json fit = doc_["plans"][0]["fit"];
   if (doc_["plans"][0]["rank_groups"][0]["predicted"]["peak_total"].is_null()) {
     EXPECT_EQ(fit["bound"], "peak_unknown");
     EXPECT_TRUE(fit["value"].is_null());
     EXPECT_NE(out_.find("peak unknown"), std::string::npos) << out_;
     return;
   }
-  if (fit["bound"] != "memory") GTEST_SKIP() << "not even one sequence fits: " << fit["reason"];
-  const std::int64_t b = fit["value"];
-  ASSERT_EQ(plan(flags + " --batch " + std::to_string(b)), 0) << line_;
-  EXPECT_EQ(doc_["plans"][0]["fits_every_rank"], true);
-  ASSERT_EQ(plan(flags + " --batch " + std::to_string(b + 1)), 0) << line_;
+  EXPECT_EQ(fit["bound"], "peak");
+  EXPECT_TRUE(fit["value"].is_null());
+  EXPECT_NE(out_.find("even at batch 1 the peak of rank 0 is"), std::string::npos) << out_;
+  const std::int64_t at_one = fit["peak_bytes_next"];
+  ASSERT_EQ(plan(llama + "--seq 8192 --batch 1"), 0) << line_;
   EXPECT_EQ(doc_["plans"][0]["fits_every_rank"], false);
+  EXPECT_EQ(highest_peak(doc_["plans"][0]).first, at_one);
+  for (const std::string dimension : {"batch", "seq"}) {
+    const std::string flags = llama + (dimension == "batch" ? "--seq 1024" : "--batch 1");
+    SCOPED_TRACE(flags + " --fit " + dimension);
+    ASSERT_EQ(plan(flags + " --fit " + dimension), 0) << line_;
+    fit = doc_["plans"][0]["fit"];
+    ASSERT_EQ(fit["bound"], "memory") << fit["reason"];
+    const std::int64_t b = fit["value"];
+    ASSERT_EQ(plan(flags + " --" + dimension + " " + std::to_string(b)), 0) << line_;
+    EXPECT_EQ(doc_["plans"][0]["fits_every_rank"], true);
+    EXPECT_EQ(highest_peak(doc_["plans"][0]).first, fit["peak_bytes"].get<std::int64_t>());
+    ASSERT_EQ(plan(flags + " --" + dimension + " " + std::to_string(b + 1)), 0) << line_;
+    EXPECT_EQ(doc_["plans"][0]["fits_every_rank"], false);
+    EXPECT_EQ(highest_peak(doc_["plans"][0]).first, fit["peak_bytes_next"].get<std::int64_t>());
+  }
 }
 
 TEST_F(PlanFit, RefusalsNameTheFlag) {
