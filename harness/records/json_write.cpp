@@ -313,19 +313,18 @@ json plan_header(json run) {
   return run;
 }
 
-// --fit's answer, or null without it; `limiting` names the rank ("limiting_rank") or the
-// stage ("limiting_stage").
-json fit_json(const std::optional<FitRecord>& fit, const char* limiting) {
-  if (!fit) return nullptr;
-  return {{"dimension", fit->dimension},
-          {"smallest", fit->smallest},
-          {"value", or_null(fit->value)},
-          {"peak_bytes", or_null(fit->peak_bytes)},
-          {"peak_bytes_next", or_null(fit->peak_bytes_next)},
-          {limiting, or_null(fit->limiting)},
-          {"resting_bytes", or_null(fit->resting_bytes)},
-          {"bound", fit->bound},
-          {"reason", fit->reason}};
+// --fit's answer (a plan without --fit has no "fit", and is written as before);
+// `limiting` names the rank ("limiting_rank") or the stage ("limiting_stage").
+json fit_json(const FitRecord& fit, const char* limiting) {
+  return {{"dimension", fit.dimension},
+          {"smallest", fit.smallest},
+          {"value", or_null(fit.value)},
+          {"peak_bytes", or_null(fit.peak_bytes)},
+          {"peak_bytes_next", or_null(fit.peak_bytes_next)},
+          {limiting, or_null(fit.limiting)},
+          {"resting_bytes", or_null(fit.resting_bytes)},
+          {"bound", fit.bound},
+          {"reason", fit.reason}};
 }
 
 json plan_json(const PlanRecord& plan) {
@@ -336,7 +335,7 @@ json plan_json(const PlanRecord& plan) {
       groups.push_back({{"first", g.first}, {"last", g.last}, {"predicted", to_json(g.predicted)}, {"fits", or_null(g.fits)}});
     run["rank_groups"] = std::move(groups);
     run["fits_every_rank"] = or_null(dp->fits_every_rank);
-    run["fit"] = fit_json(dp->fit, "limiting_rank");
+    if (dp->fit) run["fit"] = fit_json(*dp->fit, "limiting_rank");
     return run;
   }
   if (const auto* pp = std::get_if<PipelinePlan>(&plan)) {
@@ -352,7 +351,7 @@ json plan_json(const PlanRecord& plan) {
     }
     run["stages"] = std::move(stages);
     run["fits_every_rank"] = or_null(pp->fits_every_rank);
-    run["fit"] = fit_json(pp->fit, "limiting_stage");
+    if (pp->fit) run["fit"] = fit_json(*pp->fit, "limiting_stage");
     return run;
   }
   return skipped_json(std::get<SkippedRun>(plan));
