@@ -152,15 +152,27 @@ ConfigPeak data_parallel_peak(const RunConfig& cfg, int world) {
   return out;
 }
 
-// The same of a pipeline, stage by stage (stage s is rank s).
+// Every stage's closed forms (stage s is rank s), what plan_pipeline prints and --fit
+// asks, from one place; `shape` is set to the checked shape.
+std::vector<StageForms> predict_stages(const RunConfig& cfg, int stages, PipelineShape* shape) {
+  if (cfg.model.is_transformer())
+    throw UsageError("a pipeline of a transformer has no closed forms in this build yet (its stages' forms come "
+                     "with the activation forms); data-parallel plans give its model states");
+  *shape = pipeline_shape(cfg, stages);
+  std::vector<StageForms> forms;
+  for (int s = 0; s < stages; ++s) forms.push_back(predict_pipeline_stage(*shape, s));
+  return forms;
+}
+
+// What --fit asks of a pipeline: the highest stage's peak and resting bytes.
 ConfigPeak pipeline_peak(const RunConfig& cfg, int stages) {
   ConfigPeak out;
-  const PipelineShape shape = pipeline_shape(cfg, stages);
+  PipelineShape shape;
+  const std::vector<StageForms> forms = predict_stages(cfg, stages, &shape);
   for (int s = 0; s < stages; ++s) {
-    const StageForms forms = predict_pipeline_stage(shape, s);
-    out.resting = std::max(out.resting, forms.resting.total());
-    if (s == 0 || forms.peak.total() > out.peak) {
-      out.peak = forms.peak.total();
+    out.resting = std::max(out.resting, forms[s].resting.total());
+    if (s == 0 || forms[s].peak.total() > out.peak) {
+      out.peak = forms[s].peak.total();
       out.limiting = s;
     }
   }
@@ -168,10 +180,8 @@ ConfigPeak pipeline_peak(const RunConfig& cfg, int stages) {
 }
 
 PipelinePlan plan_pipeline(const RunConfig& cfg, int stages, const std::optional<std::int64_t>& memory) {
-  if (cfg.model.is_transformer())
-    throw UsageError("a pipeline of a transformer has no closed forms in this build yet (its stages' forms come "
-                     "with the activation forms); data-parallel plans give its model states");
-  const PipelineShape shape = pipeline_shape(cfg, stages);
+  PipelineShape shape;
+  const std::vector<StageForms> forms = predict_stages(cfg, stages, &shape);
   // The lists (bounded by pipeline_shape's cap on forward actions) give the live
   // micro-batch counts beside their formulas; the bytes are closed forms.
   const PipelineLayout layout = make_pipeline_layout(shape);
@@ -184,10 +194,9 @@ PipelinePlan plan_pipeline(const RunConfig& cfg, int stages, const std::optional
     stage.stage = s;
     stage.rank = s;
     stage_layers(layout, s, &stage.layers, &stage.chunks_layers);
-    const StageForms forms = predict_pipeline_stage(shape, s);
-    stage.predicted = stage_predicted(forms, layout.schedule, s);
-    stage.fits = fits(memory, forms.peak.total());
-    highest = std::max(highest, forms.peak.total());
+    stage.predicted = stage_predicted(forms[s], layout.schedule, s);
+    stage.fits = fits(memory, forms[s].peak.total());
+    highest = std::max(highest, forms[s].peak.total());
     plan.stages.push_back(std::move(stage));
   }
   plan.fits_every_rank = fits(memory, highest);
