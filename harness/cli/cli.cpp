@@ -118,7 +118,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--prefetch", f.prefetch, "0 | 1: gather the next unit during backward (default 1)")->type_name("0|1");
   app.add_option("--microbatches", f.microbatches, "pipeline micro-batches M (default: stages)")->type_name("M");
   app.add_option("--chunks", f.chunks, "model chunks per stage for interleaved-1f1b (default 1)")->type_name("V");
-  app.add_option("--split", f.split, "layers per stage, e.g. 4,4 (default even)")->type_name("LIST");
+  app.add_option("--split", f.split, "layers per stage, e.g. 4,4 (default even; a transformer: its transformer blocks)")->type_name("LIST");
   app.add_option("--backend", f.backend, "cpu | cuda (default cuda when a GPU is visible)")->type_name("cpu|cuda");
   app.add_option("--comm", f.comm, "self | mpi | nccl | fake (default from backend and launch)")->type_name("NAME");
   app.add_option("--emulate", f.emulate, "W:r: play rank r of a world of W in this one process")->type_name("W:r");

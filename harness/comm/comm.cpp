@@ -158,6 +158,17 @@ void Communicator::broadcast(float* buf, std::size_t count, int root) {
         [&] { do_broadcast(buf, count, root); });
 }
 
+void Communicator::pair_all_reduce_sum(float* buf, float* scratch, std::size_t count, int peer) {
+  SHARDSCOPE_REQUIRE(peer >= 0 && peer < world_ && peer != rank_,
+                     "all_reduce of a pair: peer " + std::to_string(peer) + " is not another rank of world " +
+                         std::to_string(world_));
+  SHARDSCOPE_REQUIRE(backend_ != nullptr, "all_reduce of a pair: the communicator has no backend to add with");
+  timed(CollKind::all_reduce, payload_bytes(count), "all_reduce", [&] {
+    do_p2p({{true, buf, count, peer}, {false, scratch, count, peer}});
+  });
+  backend_->add(buf, scratch, count);
+}
+
 // One do_p2p for the whole group, so the ops progress together. The ledger counts one
 // call per op. The group's wall time is charged in full to each direction that has ops
 // (an exchange of b bytes each way in t ms is b/t in each direction, as nccl-tests'

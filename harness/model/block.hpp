@@ -70,6 +70,12 @@ struct BlockTape {
   std::vector<Buffer> held;
 };
 
+// A parameter tensor named by its block and its index in that block's params().
+struct TensorRef {
+  int block = -1;  // -1: none
+  int tensor = -1;
+};
+
 class Block {
  public:
   virtual ~Block() = default;
@@ -86,6 +92,12 @@ class Block {
   // an output is an activation (someone saves it) or a temporary.
   virtual bool saves_input() const = 0;
   virtual bool saves_output() const = 0;
+  // A parameter of another block that this block also reads and whose gradient it
+  // writes (a tied head reads the token embedding's weight, and writes its gradient
+  // first in backward, with beta; the embedding adds its part onto it). A pipeline that
+  // places the two blocks on different stages holds the tensor on both and all-reduces
+  // its gradient between them (docs/design.md, "Transformers").
+  virtual TensorRef tied_param() const { return {}; }
   // The model's input when this block is the first, on the host: the slice's rows of
   // input_elems(1) values each. By default hashed values in [-1, 1) (hashed_rows, the
   // MLP's batch); a token embedding draws token ids.

@@ -315,6 +315,7 @@ class FinalBlock final : public SequenceBlock {
   std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.vocab; }
   bool saves_input() const override { return true; }    // ln_f's input
   bool saves_output() const override { return false; }  // the logits: log_softmax saves its result
+  TensorRef tied_param() const override { return {kEmbeddingBlock, kWte}; }
 
   Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
                  BlockTape& tape) override {

@@ -390,6 +390,9 @@ class FinalBlock final : public SequenceBlock {
   std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.vocab; }
   bool saves_input() const override { return true; }    // the norm's input
   bool saves_output() const override { return false; }  // the logits: log_softmax saves its result
+  TensorRef tied_param() const override {
+    return s_.tied_embeddings ? TensorRef{kEmbeddingBlock, kEmbedTokens} : TensorRef{};
+  }
 
   enum Held : int { kRstd, kY };
 

@@ -22,6 +22,21 @@ std::vector<int> tensor_split_sizes(int n, int parts) {
   return out;
 }
 
+int pipeline_layers(const ModelConfig& model) {
+  return model.is_transformer() ? model.transformer.layers : model.layers;
+}
+
+std::vector<int> block_bounds(const ModelConfig& model, const std::vector<int>& split) {
+  // A transformer's model blocks are the embeddings, the L transformer blocks, the final
+  // block: virtual stage k holds transformer blocks [1 + Σ_{j<k} n_j, 1 + Σ_{j<=k} n_j),
+  // the first also block 0 and the last also block L + 1.
+  const int extra = model.is_transformer() ? 1 : 0;
+  std::vector<int> bounds(1, 0);
+  for (int n : split) bounds.push_back(bounds.back() + n + (bounds.size() == 1 ? extra : 0));
+  bounds.back() += extra;
+  return bounds;
+}
+
 int pipeline_microbatches(const RunConfig& cfg, int stages) {
   return cfg.microbatches > 0 ? cfg.microbatches : stages;
 }
@@ -29,7 +44,16 @@ int pipeline_microbatches(const RunConfig& cfg, int stages) {
 PipelineShape pipeline_shape(const RunConfig& cfg, int stages) {
   SHARDSCOPE_REQUIRE(cfg.pipeline(), "pipeline_shape: a data-parallel configuration (no --schedule)");
   const int M = pipeline_microbatches(cfg, stages);
-  const int B = cfg.model.batch, L = cfg.model.layers, v = cfg.chunks;
+  // What --split counts: the MLP's layers, a transformer's transformer blocks (its
+  // embedding block rides with the first virtual stage, its final block and loss with
+  // the last: docs/design.md, "Transformers").
+  const int B = cfg.model.batch, L = pipeline_layers(cfg.model), v = cfg.chunks;
+  if (cfg.model.is_transformer() && *cfg.schedule == ScheduleKind::zb_h1)
+    throw UsageError("--schedule zb-h1: the zero-bubble split of a transformer's blocks (--model " + cfg.model.name +
+                     ") is not implemented in this build; gpipe, 1f1b and interleaved-1f1b run it");
+  if (cfg.model.is_transformer() && cfg.model.name != "gpt2")
+    throw UsageError("--schedule: a pipeline of --model " + cfg.model.name +
+                     " has no closed forms for its stages in this build; --model gpt2 and mlp run pipelined");
   if (M > B)
     throw UsageError("--microbatches " + str(M) + (cfg.microbatches > 0 ? "" : " (default: one per stage)") +
                      " exceeds --batch " + str(B) + ": every micro-batch needs at least one row");
@@ -53,7 +77,8 @@ PipelineShape pipeline_shape(const RunConfig& cfg, int stages) {
                          " is " + str(cfg.split[i]) + ")");
     const long long sum = std::accumulate(cfg.split.begin(), cfg.split.end(), 0LL);
     if (sum != L)
-      throw UsageError("--split: entries sum to " + std::to_string(sum) + ", expected --layers " + str(L));
+      throw UsageError("--split: entries sum to " + std::to_string(sum) + ", expected --layers " + str(L) +
+                       (cfg.model.is_transformer() ? " (transformer blocks)" : ""));
     split = cfg.split;
   } else {
     if (V > L)
@@ -75,8 +100,7 @@ PipelineLayout make_pipeline_layout(const PipelineShape& shape) {
   const int M = shape.microbatches;
   PipelineLayout layout;
   layout.schedule = make_schedule(shape.schedule, shape.stages, M, shape.chunks);
-  layout.bounds.assign(1, 0);
-  for (int n : shape.split) layout.bounds.push_back(layout.bounds.back() + n);
+  layout.bounds = block_bounds(shape.model, shape.split);
   layout.rows = tensor_split_sizes(shape.model.batch, M);
   layout.row_offset.assign(1, 0);
   for (int m = 0; m + 1 < M; ++m) layout.row_offset.push_back(layout.row_offset.back() + layout.rows[m]);
@@ -102,6 +126,8 @@ float* PipelineStage::Access::at(int block, int tensor, bool grad) {
     if (block >= c.first && block < c.last)
       return (grad ? c.grads.data() : c.params.data()) + model_.tensor_offset(model_.first_tensor(block) + tensor) -
              model_.block_offset(c.first);
+  if (tied_.copy && block == tied_.ref.block && tensor == tied_.ref.tensor)
+    return grad ? tied_.grads.data() : tied_.params.data();
   throw RunError("pipeline stage: block " + str(block) + " is not held here");
 }
 
@@ -115,7 +141,7 @@ PipelineStage::PipelineStage(const RunConfig& cfg, Backend& backend, Communicato
       layout_(std::move(layout)),
       stage_(comm.rank()),
       model_(make_model(cfg.model)),
-      access_(*model_, chunks_) {
+      access_(*model_, chunks_, tied_) {
   program_ = lower(layout_.schedule).at(stage_);
 }
 
@@ -143,8 +169,53 @@ void PipelineStage::setup() {
     for (int t = m.first_tensor(ch.first); t < m.first_tensor(ch.last); ++t)
       ch.state.push_back(make_adam_state(backend_, static_cast<std::size_t>(m.tensor_elems(t))));
   }
+  setup_tied();
   backend_.synchronize();
   backend_.tracker().mark(Phase::idle);
+}
+
+void PipelineStage::setup_tied() {
+  const Model& m = *model_;
+  tied_ = Tied{};
+  int reader = -1;
+  for (int b = 0; b < m.blocks(); ++b)
+    if (m.block(b).tied_param().block >= 0) reader = b, tied_.ref = m.block(b).tied_param();
+  if (reader < 0) return;
+  auto stage_of_block = [&](int b) {
+    int k = 0;
+    while (layout_.end_layer(k) <= b) ++k;
+    return stage_of_vstage(layout_.schedule, k);
+  };
+  const int owner_stage = stage_of_block(tied_.ref.block), reader_stage = stage_of_block(reader);
+  if (owner_stage == reader_stage || (stage_ != owner_stage && stage_ != reader_stage)) return;
+  tied_.peer = stage_ == owner_stage ? reader_stage : owner_stage;
+  const int t = m.first_tensor(tied_.ref.block) + tied_.ref.tensor;
+  tied_.elems = static_cast<std::size_t>(m.tensor_elems(t));
+  if (stage_ != reader_stage) return;
+  // The reader's copy, initialised as the owner's tensor is.
+  tied_.copy = true;
+  tied_.params = backend_.alloc(Category::param, tied_.elems);
+  const std::vector<float> host = m.init_flat_slice(cfg_.seed, m.tensor_offset(t), static_cast<std::int64_t>(tied_.elems));
+  backend_.upload(tied_.params.data(), host.data(), tied_.elems);
+  tied_.grads = backend_.alloc(Category::grad, tied_.elems);
+  backend_.fill(tied_.grads.data(), 0.0f, tied_.elems);
+  tied_.state = make_adam_state(backend_, tied_.elems);
+}
+
+void PipelineStage::all_reduce_tied() {
+  if (tied_.peer < 0) return;
+  Tracker& tracker = backend_.tracker();
+  tracker.mark(Phase::communication);
+  const std::int64_t before = tracker.peak().total;
+  Buffer scratch = backend_.alloc(Category::comm, tied_.elems);
+  if (comm_.emulated()) backend_.fill(scratch.data(), 0.0f, tied_.elems);  // the fake moves nothing
+  peak_comm_bytes_ = std::max(peak_comm_bytes_, tracker.current()[Category::comm]);
+  {
+    ScopedRange r(backend_, "tied all-reduce");
+    comm_.pair_all_reduce_sum(access_.grad(tied_.ref.block, tied_.ref.tensor), scratch.data(), tied_.elems, tied_.peer);
+  }
+  scratch.reset();
+  note_peak(before, "tied all-reduce");
 }
 
 DataSlice PipelineStage::batch_slice() const {
@@ -198,6 +269,10 @@ float PipelineStage::step() {
   slots_.resize(static_cast<std::size_t>(layout_.chunks()) * layout_.microbatches());
   pending_.clear();
   std::vector<bool> grads_written(layout_.chunks(), false);
+  // The owner of a tied tensor whose reader is on another stage: the reader wrote its
+  // gradient first (with beta) when both were here; the owner's part only adds onto it.
+  if (tied_.peer >= 0 && !tied_.copy)
+    backend_.fill(access_.grad(tied_.ref.block, tied_.ref.tensor), 0.0f, tied_.elems);
   double loss = 0.0;
   for (const ProgramStep& ps : program_) {
     run_group(ps);
@@ -209,6 +284,7 @@ float PipelineStage::step() {
   slots_.clear();
   x.reset();
   target.reset();
+  all_reduce_tied();
 
   tracker.mark(Phase::optimizer);
   {
@@ -373,6 +449,11 @@ void PipelineStage::optimizer_step(int step) {
                       static_cast<std::size_t>(m.tensor_elems(t)), step});
     }
   }
+  if (tied_.copy) {
+    backend_.fill(tied_.state.step.data(), static_cast<float>(step), 1);
+    list.push_back({tied_.params.data(), tied_.grads.data(), tied_.state.exp_avg.data(), tied_.state.exp_avg_sq.data(),
+                    tied_.elems, step});
+  }
   if (!list.empty()) backend_.adamw(hyper_, list);
 }
 
@@ -390,6 +471,10 @@ std::vector<float> PipelineStage::download_params(int chunk) const {
   const Chunk& ch = chunks_.at(chunk);
   return download(ch.params.data(), ch.params.count());
 }
+
+std::vector<float> PipelineStage::download_tied_params() const { return download(tied_.params.data(), tied_.params.count()); }
+
+std::vector<float> PipelineStage::download_tied_grads() const { return download(tied_.grads.data(), tied_.grads.count()); }
 
 std::vector<float> PipelineStage::download_grads(int chunk) const {
   const Chunk& ch = chunks_.at(chunk);

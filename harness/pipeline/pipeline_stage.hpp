@@ -47,6 +47,14 @@ struct PipelineLayout {
   int end_layer(int vstage) const { return bounds[vstage + 1]; }  // exclusive
 };
 
+// What --split and the default split count: the MLP's layers, a transformer's
+// transformer blocks.
+int pipeline_layers(const ModelConfig& model);
+// The V + 1 model-block boundaries of the virtual stages holding `split` (layers or
+// transformer blocks each): a transformer's embedding block joins the first, its final
+// block the last.
+std::vector<int> block_bounds(const ModelConfig& model, const std::vector<int>& split);
+
 // M = cfg.microbatches, or S when 0.
 int pipeline_microbatches(const RunConfig& cfg, int stages);
 
@@ -103,6 +111,12 @@ class PipelineStage {
   std::int64_t peak_comm_bytes() const { return peak_comm_bytes_; }
   const std::string& peak_where() const { return peak_where_; }
 
+  // Whether this stage holds its own copy of a tied parameter whose owner block lives on
+  // another stage (a GPT-2's last stage holds wte for its head), and that copy's state.
+  bool holds_tied_copy() const { return tied_.copy; }
+  std::vector<float> download_tied_params() const;
+  std::vector<float> download_tied_grads() const;
+
   // Chunk state on the host, torch's flat order over the chunk's blocks.
   std::vector<float> download_params(int chunk) const;
   std::vector<float> download_grads(int chunk) const;
@@ -118,9 +132,23 @@ class PipelineStage {
     Buffer grads;   // same layout, grad
     std::vector<AdamState> state;  // per parameter tensor, torch order
   };
+  // A parameter two blocks read (block.hpp, tied_param) placed on two stages: the
+  // owner's stage keeps it in its chunk; the reader's holds a copy here, with its
+  // gradient and AdamW state (as Megatron keeps the embedding on its last stage). After
+  // the step's backward the two all-reduce its gradient; both then step it alike.
+  struct Tied {
+    TensorRef ref;       // the owner block and the tensor
+    int peer = -1;       // the other stage holding it (-1: not split across stages)
+    bool copy = false;   // this stage is the reader's: it holds the copy below
+    std::size_t elems = 0;
+    Buffer params;       // param
+    Buffer grads;        // grad
+    AdamState state;
+  };
   class Access : public BlockAccess {
    public:
-    Access(const Model& model, std::vector<Chunk>& chunks) : model_(model), chunks_(chunks) {}
+    Access(const Model& model, std::vector<Chunk>& chunks, Tied& tied)
+        : model_(model), chunks_(chunks), tied_(tied) {}
     const float* param(int block, int tensor) override { return at(block, tensor, false); }
     float* grad(int block, int tensor) override { return at(block, tensor, true); }
 
@@ -128,6 +156,7 @@ class PipelineStage {
     float* at(int block, int tensor, bool grad);
     const Model& model_;
     std::vector<Chunk>& chunks_;
+    Tied& tied_;
   };
   // What one (micro-batch, chunk) holds during a step.
   struct Slot {
@@ -147,6 +176,9 @@ class PipelineStage {
   void run_group(const ProgramStep& step);
   float run_action(const Action& a, const Buffer& x, const Buffer& target, std::vector<bool>& grads_written);
   void optimizer_step(int step);
+  void setup_tied();
+  // The tied gradient's all-reduce between its two stages (none when not split).
+  void all_reduce_tied();
   void note_peak(std::int64_t before, const std::string& what);
   std::vector<float> download(const float* p, std::size_t n) const;
   // One AdamW moment (&AdamState::exp_avg or exp_avg_sq) of every tensor of the chunk, in order.
@@ -164,6 +196,7 @@ class PipelineStage {
   SavedTensors saved_;
   std::unique_ptr<Model> model_;
   std::vector<Chunk> chunks_;
+  Tied tied_;
   Access access_;
   AdamWHyper hyper_;
   int steps_done_ = 0;

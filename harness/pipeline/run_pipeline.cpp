@@ -45,9 +45,10 @@ StagePredicted stage_predicted(const StageForms& forms, const Schedule& sched, i
   p.resting_total = forms.resting.total();
   p.peak_total = forms.peak.total();
   p.peak_by_category = category_figures(forms.peak);
-  // Sent, and as many received: p2p.sent_bytes, p2p.recv_bytes; comm_bytes is both.
+  // Sent, and as many received: p2p.sent_bytes, p2p.recv_bytes; comm_bytes is both, and
+  // the tied embedding's all-reduce on the first and last stage.
   p.p2p_sent_bytes = forms.p2p_sent_bytes;
-  p.comm_bytes = 2 * forms.p2p_sent_bytes;
+  p.comm_bytes = 2 * forms.p2p_sent_bytes + forms.tied_all_reduce_bytes;
   // From F to B (docs/design.md §4's theory), and until the last backward action, which is how
   // long saved tensors stay (differs for zb-h1): counted on the schedule's lists beside
   // their formulas.

@@ -12,6 +12,7 @@
 
 #include <vector>
 
+#include "harness/predict/piece_forms.hpp"
 #include "harness/predict/transformer_step.hpp"
 
 namespace shardscope {
@@ -29,5 +30,18 @@ SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch);
 // What a data-parallel step holds beyond its resting bytes at its peak
 // (transformer_step.hpp walks it; the blocks' part is GPT-2's).
 StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units);
+
+// One micro-batch of `rows` sequences through a pipeline piece of GPT-2 (piece_forms.hpp):
+// place.blocks transformer blocks, with the embeddings when first and the final block and
+// the loss when last (docs/formulas.md, "Transformers: the pipeline"). Its figures are the
+// data-parallel walk's, cut at the piece's ends: held from F to B
+//   blocks n·K (each saves its input: x0, the received buffer, the block before's output;
+//   less the input a when it is the previous chunk's on the same stage, held there as temp),
+//   first + 8T (arange), last + 8N + 2a (ln_f's mean, rstd, input, output) + Λ + 4
+//   (log-probabilities, total_weight);
+// the end of F adds its unsaved output a, or on the last piece the logits Λ and the loss
+// scalar 4 (temp); B's instants are the loss's and the final block's (last piece) and the
+// top transformer block's gradient buffers, each lower block holding K less.
+PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace& place);
 
 }  // namespace shardscope

@@ -13,7 +13,10 @@
 #include <algorithm>
 #include <set>
 
+#include "harness/predict/gpt2_forms.hpp"
 #include "harness/predict/interleaved_timing.hpp"
+#include "harness/predict/piece_forms.hpp"
+#include "harness/predict/transformer_forms.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {
@@ -36,6 +39,7 @@ struct Rows {
 
 // One virtual stage as this stage runs it.
 struct Piece {
+  PieceForms big, small;  // one micro-batch of q+1 rows, of q rows (piece_forms.hpp)
   int k = 0;           // virtual stage
   i64 n = 0;           // layers
   bool first = false;  // k == 0: its input is the batch, which needs no gradient
@@ -55,7 +59,45 @@ struct Ctx {
   bool relu, mse;
   Rows rows;
   std::vector<Piece> pieces;  // by chunk
+  bool transformer = false;
+  i64 batch_bytes = 0, target_bytes = 0;  // the whole batch's input and the loss's target (0: none)
 };
+
+// A figure of one piece for micro-batch m (0 outside [0, M)), and its sum over [lo, hi).
+i64 at(const Rows& r, const Piece& p, i64 PieceForms::*f, i64 m) {
+  if (m < 0 || m >= r.M) return 0;
+  return (m < r.e ? p.big : p.small).*f;
+}
+i64 sum(const Rows& r, const Piece& p, i64 PieceForms::*f, i64 lo, i64 hi) {
+  lo = std::clamp<i64>(lo, 0, r.M);
+  hi = std::clamp<i64>(hi, 0, r.M);
+  if (lo >= hi) return 0;
+  const i64 bigs = std::max<i64>(0, std::min(hi, r.e) - lo);
+  return bigs * (p.big.*f) + (hi - lo - bigs) * (p.small.*f);
+}
+const std::vector<PieceMoment>& moments(const Rows& r, const Piece& p, i64 m) {
+  return (m < r.e ? p.big : p.small).backward;
+}
+
+// The MLP's piece (piece_forms.hpp) for r rows, a = 4·width·r: held from F to B
+// a·([received] + n-1 + [ls]) (its input when received, the outputs its layers saved),
+// the end of F adds its unsaved last output and the loss scalar (4, last piece), and B's
+// one instant is its dy (received, comm; or the loss gradient, temp) with the first dx
+// (temp, unless n = 1 on virtual stage 0).
+PieceForms mlp_piece(const Piece& p, i64 row_bytes, i64 r) {
+  const i64 a = row_bytes * r;
+  PieceForms f;
+  f.boundary = f.input = a;
+  f.held_act = a * ((p.recv_act ? 1 : 0) + p.n - 1 + (p.ls ? 1 : 0));
+  f.held_temp = !p.ls && !p.last && !p.send_act ? a : 0;
+  f.forward_temp = (p.ls ? 0 : a) + (p.last ? 4 : 0);
+  f.output_saved = p.ls;
+  f.saved_bytes = p.save_rows * a;
+  f.saves = p.saves;
+  const i64 dx = p.n > 1 || !p.first ? a : 0;
+  f.backward = {{0, (p.last ? a : 0) + dx, true}};
+  return f;
+}
 
 Ctx make_ctx(const PipelineShape& sh, int s) {
   Ctx c{sh, s, sh.stages, sh.microbatches, sh.chunks, sh.stages * sh.chunks,
@@ -67,6 +109,16 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
   c.rows.q = sh.model.batch / c.M;
   c.rows.e = sh.model.batch % c.M;
   c.rows.row_bytes = 4 * static_cast<i64>(sh.model.width);
+  c.transformer = sh.model.is_transformer();
+  const TransformerShape& ts = sh.model.transformer;
+  if (c.transformer) {
+    SHARDSCOPE_REQUIRE(sh.model.name == "gpt2", "pipeline forms: no piece forms for --model " + sh.model.name);
+    c.relu = c.mse = false;
+    c.batch_bytes = c.target_bytes = 8 * static_cast<i64>(sh.model.batch) * ts.seq;  // int64 token ids
+  } else {
+    c.batch_bytes = c.rows.row_bytes * sh.model.batch;
+    c.target_bytes = c.mse ? c.batch_bytes : 0;
+  }
   auto stage_of = [&](int k) { return k % c.S; };
   for (int ch = 0; ch < c.v; ++ch) {
     Piece p;
@@ -83,6 +135,14 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
     p.saves = p.n + (p.n - (p.first ? 1 : 0)) + (c.relu ? p.n : 0) + (loss_saves ? 2 : 0);
     // input + the n-1 outputs the next Linear saves + the last output (relu or mse) + target
     p.save_rows = p.n + (p.ls ? 1 : 0) + (loss_saves ? 1 : 0);
+    for (PieceForms* f : {&p.big, &p.small}) {
+      const i64 r = c.rows.q + (f == &p.big ? 1 : 0);
+      if (c.transformer)
+        *f = gpt2_piece(ts, static_cast<int>(r), {static_cast<int>(p.n), p.first, p.last, p.recv_act, p.send_act});
+      else
+        *f = mlp_piece(p, c.rows.row_bytes, r);
+    }
+    p.saves = p.big.saves;
     c.pieces.push_back(p);
   }
   return c;
@@ -90,7 +150,42 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
 
 // ---- resting and p2p ------------------------------------------------------------------
 
+// A transformer's tied embedding (the head reads wte; gpt2 always ties it) held on two
+// stages: the first (the embeddings) and the last (the head), when they differ.
+bool tied_split(const Ctx& c) {
+  const TransformerShape& ts = c.sh.model.transformer;
+  return c.transformer && (c.sh.model.name == "gpt2" || ts.tied_embeddings) && c.S > 1;
+}
+i64 tied_elems(const Ctx& c) {
+  return static_cast<i64>(c.sh.model.transformer.vocab) * c.sh.model.transformer.hidden;
+}
+bool holds_tied(const Ctx& c) { return tied_split(c) && (c.s == 0 || c.s == c.S - 1); }
+
+// A transformer stage: its pieces' blocks (the embeddings with virtual stage 0, the final
+// block with V-1), 16 B a parameter and 4 B a tensor (AdamW's step); the last stage adds
+// its copy of the tied embedding (16·V·h + 4).
+CategoryBytes transformer_resting(const Ctx& c) {
+  const TransformerShape& ts = c.sh.model.transformer;
+  const int L = ts.layers;
+  std::vector<i64> tensors(static_cast<std::size_t>(L) + 2, 0);
+  for (const TransformerTensor& t : transformer_tensors(ts)) ++tensors[static_cast<std::size_t>(t.block)];
+  i64 P = 0, T = 0;
+  for (const Piece& p : c.pieces) {
+    P += p.n * block_params(ts);
+    T += p.n * tensors[1];
+    if (p.first) P += embedding_params(ts), T += tensors[0];
+    if (p.last) P += final_params(ts), T += tensors[static_cast<std::size_t>(L) + 1];
+  }
+  if (tied_split(c) && c.s == c.S - 1) P += tied_elems(c), T += 1;
+  CategoryBytes b;
+  b[Category::param] = 4 * P;
+  b[Category::grad] = 4 * P;
+  b[Category::optim] = 8 * P + 4 * T;
+  return b;
+}
+
 CategoryBytes resting(const Ctx& c) {
+  if (c.transformer) return transformer_resting(c);
   i64 layers = 0;
   for (const Piece& p : c.pieces) layers += p.n;
   const i64 per_layer = c.sh.model.layer_elems();
@@ -106,9 +201,11 @@ CategoryBytes resting(const Ctx& c) {
 // to the previous one, when those live on another stage: over the M micro-batches,
 // B·width·4 bytes per neighbour and direction.
 i64 p2p_sent(const Ctx& c) {
-  i64 neighbours = 0;
-  for (const Piece& p : c.pieces) neighbours += (p.send_act ? 1 : 0) + (p.send_grad ? 1 : 0);
-  return neighbours * c.rows.sum(0, c.M);
+  i64 bytes = 0;
+  for (const Piece& p : c.pieces)
+    bytes += (p.send_act ? sum(c.rows, p, &PieceForms::boundary, 0, c.M) : 0) +
+             (p.send_grad ? sum(c.rows, p, &PieceForms::input, 0, c.M) : 0);
+  return bytes;
 }
 
 // ---- saved tensors --------------------------------------------------------------------
@@ -121,7 +218,6 @@ i64 p2p_sent(const Ctx& c) {
 SavedForms saved_one_chunk(const Ctx& c, ScheduleKind kind) {
   const Piece& p = c.pieces[0];
   const i64 M = c.M, s = c.s;
-  const i64 D = p.save_rows * c.rows.row_bytes;  // bytes per row of one pair's saves
   SavedForms f;
   f.total_tensors = M * p.saves;
   // F's before the first B: gpipe all M; 1f1b and zb-h1 the warm-up min(S-s-1, M) and one more.
@@ -132,7 +228,7 @@ SavedForms saved_one_chunk(const Ctx& c, ScheduleKind kind) {
     // A window of h consecutive micro-batches is live after each F; the first, 0..h-1,
     // holds the largest rows.
     f.peak_live_tensors = h * p.saves;
-    f.peak_live_bytes = D / c.rows.row_bytes * c.rows.sum(0, h);
+    f.peak_live_bytes = sum(c.rows, p, &PieceForms::saved_bytes, 0, h);
     return f;
   }
   // zb-h1: at the end of F(w+b), b = 0..M-1-w, pairs b..w+b are whole and pairs
@@ -171,7 +267,7 @@ struct Windows {
     const Piece& p = c.pieces[ch];
     bytes += overlap(ch) + overlap(ch + 1);
     count += sign * (to - end[ch]) * p.saves;
-    bytes += sign * p.save_rows * c.rows.sum(end[ch], to);
+    bytes += sign * sum(c.rows, p, &PieceForms::saved_bytes, end[ch], to);
     end[ch] = to;
     bytes -= overlap(ch) + overlap(ch + 1);
   }
@@ -278,22 +374,20 @@ CategoryBytes peak_one_f_one_b(const Ctx& c, i64 w, const CategoryBytes& base) {
   const Piece& p = c.pieces[0];
   const Rows& r = c.rows;
   const i64 M = c.M;
-  const i64 h = (p.recv_act ? 1 : 0) + (p.n - 1) + (p.ls ? 1 : 0);
-  auto pending_f = [&](i64 m) { return p.send_act && !c.relu ? r.a(m) : 0; };
-  auto pending_b = [&](i64 m) { return p.send_grad ? r.a(m) : 0; };
+  auto fig = [&](i64 PieceForms::*f, i64 m) { return at(r, p, f, m); };
+  auto pending_f = [&](i64 m) { return p.send_act && !p.big.output_saved ? fig(&PieceForms::boundary, m) : 0; };
+  auto pending_b = [&](i64 m) { return p.send_grad ? fig(&PieceForms::input, m) : 0; };
   Peak peak(base);
   auto forward = [&](i64 m, i64 lo, i64 hi, i64 pending) {
-    const i64 held = h * r.sum(lo, hi);
-    peak.visit({held + (p.recv_act ? r.a(m) : 0), pending, 0});
-    peak.visit({held + r.a(m) * ((p.recv_act ? 1 : 0) + p.n - 1 + (p.ls ? 1 : 0)),
-                (p.ls ? 0 : r.a(m)) + (p.last ? 4 : 0), 0});
+    const i64 held = sum(r, p, &PieceForms::held_act, lo, hi);
+    peak.visit({held + (p.recv_act ? fig(&PieceForms::input, m) : 0), pending, 0});
+    peak.visit({held + fig(&PieceForms::held_act, m), fig(&PieceForms::forward_temp, m), 0});
   };
   auto backward = [&](i64 m, i64 lo, i64 hi, i64 pending) {
-    const i64 held = h * r.sum(lo, hi);
-    const i64 dy_comm = p.recv_grad ? r.a(m) : 0;
+    const i64 held = sum(r, p, &PieceForms::held_act, lo, hi);
+    const i64 dy_comm = p.recv_grad ? fig(&PieceForms::boundary, m) : 0;
     peak.visit({held, pending, dy_comm});
-    const i64 dx = p.n > 1 || !p.first ? r.a(m) : 0;
-    peak.visit({held, (p.last ? r.a(m) : 0) + dx, dy_comm});
+    for (const PieceMoment& d : moments(r, p, m)) peak.visit({held + d.activation, d.temp, d.dy_live ? dy_comm : 0});
   };
   for (i64 j : breakpoints(0, w - 1, r.e, {0, -1})) forward(j, 0, j, j > 0 ? pending_f(j - 1) : 0);
   for (i64 t : breakpoints(0, M - w - 1, r.e, {0, -1, w, w + 1})) {
@@ -381,12 +475,7 @@ CategoryBytes peak_interleaved(const Ctx& c, const CategoryBytes& base) {
   const InterleavedTiming t(c.S, c.M, c.v);
   const Rows& r = c.rows;
   const i64 s = c.s, S = c.S, v = c.v, n = t.steps();
-  std::vector<i64> held_act(c.v), held_temp(c.v);  // rows of a_m held per pair of chunk c
-  for (int ch = 0; ch < c.v; ++ch) {
-    const Piece& p = c.pieces[ch];
-    held_act[ch] = (p.recv_act ? 1 : 0) + p.n - 1 + (p.ls ? 1 : 0);
-    held_temp[ch] = !p.ls && !p.last && !p.send_act ? 1 : 0;
-  }
+  auto fig = [&](const Piece& p, i64 PieceForms::*f, i64 m) { return at(r, p, f, m); };
   // The buffer position p leaves pending, and the step that frees it (0 bytes: none).
   struct Buffer {
     i64 step = 0, bytes = 0;
@@ -398,11 +487,12 @@ CategoryBytes peak_interleaved(const Ctx& c, const CategoryBytes& base) {
     const Piece& pc = c.pieces[ch];
     if (S == 1) {  // the input gradient stays as the previous chunk's dy
       if (fwd || pc.first) return {};
-      return {t.backward_position(s, t.backward_index(m, ch - 1)) + 1, r.a(m)};
+      return {t.backward_position(s, t.backward_index(m, ch - 1)) + 1, fig(pc, &PieceForms::input, m)};
     }
-    if (fwd ? !pc.send_act || pc.ls : !pc.send_grad) return {};
+    if (fwd ? !pc.send_act || pc.big.output_saved : !pc.send_grad) return {};
     const InterleavedTiming::Consumer to = t.consumer(s, p);
-    return {t.send_step(s, p, t.round(to.stage, to.position)), r.a(m)};
+    return {t.send_step(s, p, t.round(to.stage, to.position)),
+            fig(pc, fwd ? &PieceForms::boundary : &PieceForms::input, m)};
   };
   i64 act = 0, temp = 0, pending_bytes = 0;
   std::vector<Buffer> pending;
@@ -413,8 +503,8 @@ CategoryBytes peak_interleaved(const Ctx& c, const CategoryBytes& base) {
     const i64 fwds = t.forwards_before(s, p), bwds = t.backwards_before(s, p);
     for (int ch = 0; ch < c.v; ++ch) {
       const i64 hi = round_count(fwds, ch, c.S, c.v), lo = round_count(bwds, c.v - 1 - ch, c.S, c.v);
-      act += held_act[ch] * r.sum(lo, hi);
-      temp += held_temp[ch] * r.sum(lo, hi);
+      act += sum(r, c.pieces[ch], &PieceForms::held_act, lo, hi);
+      temp += sum(r, c.pieces[ch], &PieceForms::held_temp, lo, hi);
     }
     for (i64 q = std::max<i64>(0, p - 4 * S); q < p; ++q) {
       const Buffer b = leaves(q);
@@ -424,10 +514,11 @@ CategoryBytes peak_interleaved(const Ctx& c, const CategoryBytes& base) {
   Peak peak(base);
   auto visit = [&](i64 p) {
     const bool fwd = t.is_forward(s, p);
-    const i64 k = t.index_at(s, p), m = t.microbatch(k), a = r.a(m);
+    const i64 k = t.index_at(s, p), m = t.microbatch(k);
     const int ch = static_cast<int>(fwd ? t.forward_chunk(k) : t.backward_chunk(k));
     const Piece& pc = c.pieces[ch];
-    const i64 recv = (fwd ? pc.recv_act : pc.recv_grad) ? a : 0;
+    const i64 recv = fwd ? (pc.recv_act ? fig(pc, &PieceForms::input, m) : 0)
+                         : (pc.recv_grad ? fig(pc, &PieceForms::boundary, m) : 0);
     peak.visit({act + (fwd ? recv : 0), temp + pending_bytes, fwd ? 0 : recv});
     for (std::size_t i = 0; i < pending.size();) {
       if (pending[i].step > p) {
@@ -439,15 +530,19 @@ CategoryBytes peak_interleaved(const Ctx& c, const CategoryBytes& base) {
       pending.pop_back();
     }
     if (fwd) {
-      peak.visit({act + recv + (pc.n - 1 + (pc.ls ? 1 : 0)) * a,
-                  temp + pending_bytes + (pc.ls ? 0 : a) + (pc.last ? 4 : 0), 0});
-      act += held_act[ch] * a;
-      temp += held_temp[ch] * a;
+      peak.visit({act + fig(pc, &PieceForms::held_act, m),
+                  temp + pending_bytes + fig(pc, &PieceForms::forward_temp, m), 0});
+      act += fig(pc, &PieceForms::held_act, m);
+      temp += fig(pc, &PieceForms::held_temp, m);
     } else {
-      const i64 dx = pc.n > 1 || !pc.first ? a : 0;
-      peak.visit({act, temp + pending_bytes + (pc.last ? a : 0) + dx, recv});
-      act -= held_act[ch] * a;
-      temp -= held_temp[ch] * a;
+      // On one stage the dy of a chunk but the last is the next chunk's input gradient,
+      // pending here until this B frees it.
+      const i64 dy_local = S == 1 && !pc.last ? fig(pc, &PieceForms::boundary, m) : 0;
+      for (const PieceMoment& d : moments(r, pc, m))
+        peak.visit({act + d.activation, temp + pending_bytes + d.temp - (d.dy_live ? 0 : dy_local),
+                    d.dy_live ? recv : 0});
+      act -= fig(pc, &PieceForms::held_act, m);
+      temp -= fig(pc, &PieceForms::held_temp, m);
     }
     const Buffer b = leaves(p);
     if (b.bytes > 0) pending.push_back(b), pending_bytes += b.bytes;
@@ -476,14 +571,21 @@ StageForms predict_pipeline_stage(const PipelineShape& shape, int stage) {
   // The step's base: the batch (B, width) on the first virtual stage's stage, mse's
   // target (B, width) on the last's, both temp, held through the whole schedule.
   CategoryBytes base = out.resting;
-  const i64 batch_bytes = c.rows.sum(0, c.M);
-  if (c.s == 0) base[Category::temp] += batch_bytes;
-  if ((c.V - 1) % c.S == c.s && c.mse) base[Category::temp] += batch_bytes;
+  if (c.s == 0) base[Category::temp] += c.batch_bytes;
+  if ((c.V - 1) % c.S == c.s) base[Category::temp] += c.target_bytes;
   switch (kind) {
     case ScheduleKind::gpipe: out.peak = peak_one_f_one_b(c, c.M, base); break;
     case ScheduleKind::one_f_one_b: out.peak = peak_one_f_one_b(c, std::min(c.S - c.s - 1, c.M), base); break;
     case ScheduleKind::zb_h1: out.peak = peak_zb_h1(c, base); break;
     case ScheduleKind::interleaved_1f1b: out.peak = peak_interleaved(c, base); break;
+  }
+  // A tied embedding on two stages: after the program (the batch and target freed) the
+  // two all-reduce its gradient through a received copy (comm, 4·V·h), a later instant.
+  if (holds_tied(c)) {
+    out.tied_all_reduce_bytes = 4 * tied_elems(c);
+    CategoryBytes at_reduce = out.resting;
+    at_reduce[Category::comm] += out.tied_all_reduce_bytes;
+    if (at_reduce.total() > out.peak.total()) out.peak = at_reduce;
   }
   return out;
 }

@@ -28,7 +28,7 @@ struct PipelineShape {
   int stages = 1;        // S
   int microbatches = 1;  // M
   int chunks = 1;        // v
-  std::vector<int> split;  // layers per virtual stage
+  std::vector<int> split;  // layers (a transformer: transformer blocks) per virtual stage
 };
 
 // The saved-tensor instrument's figures (docs/design.md §2).
@@ -44,6 +44,9 @@ struct StageForms {
   CategoryBytes resting;  // params, grads, AdamW state of the stage's layers
   CategoryBytes peak;     // the tracker's first instant of the step's maximum, per category
   std::int64_t p2p_sent_bytes = 0;  // one step; as many are received
+  // A tied embedding's gradient all-reduced between the first and the last stage (both
+  // hold it): the all-reduce's bytes (nccl-tests' size, 4·vocab·hidden), 0 elsewhere.
+  std::int64_t tied_all_reduce_bytes = 0;
 };
 
 // Stage `stage` (0 <= stage < S) of `shape`, which the caller has checked

@@ -175,11 +175,6 @@ JobSetup prepare_job(const RunConfig& cfg, const MpiSession& mpi) {
     throw UsageError("the ranks of this job do not all see a GPU: pass --backend cpu or --backend cuda");
   setup.comm = choose_comm(cfg, setup.backend, mpi);
   setup.world = setup.comm.kind == "fake" ? setup.comm.emulate_world : mpi.world();
-  // A transformer's pipeline stages (the embeddings on the first, the head and loss on the
-  // last, the tied weight on both) are not built yet: refused before anything runs.
-  if (cfg.pipeline() && cfg.model.is_transformer())
-    throw UsageError("--schedule: a pipeline of a transformer (--model " + cfg.model.name +
-                     ") is not implemented in this build; run it data parallel (--strategy)");
   if (cfg.pipeline())
     validate_pipeline(cfg, setup.world);
   else

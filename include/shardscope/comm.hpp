@@ -88,6 +88,12 @@ class Communicator {
   // Waitall; NCCL group). Ops to the same peer match in order. Pipelines use this
   // so that a send and the next receive cannot deadlock against the peer's pair.
   void p2p(const std::vector<P2pOp>& ops);
+  // A sum all-reduce of two ranks inside the world, this one and `peer` (a pipeline's
+  // first and last stage, which both hold a tied weight, as Megatron's embedding group
+  // does): each sends buf and receives the other's into `scratch` (count floats, the
+  // caller's), then the backend adds it: buf = the two ranks' sum on both. Recorded as
+  // one all_reduce of count floats (nccl-tests' size: the buffer).
+  void pair_all_reduce_sum(float* buf, float* scratch, std::size_t count, int peer);
   void send(const float* buf, std::size_t count, int peer);  // p2p({send})
   void recv(float* buf, std::size_t count, int peer);        // p2p({recv})
   void barrier();

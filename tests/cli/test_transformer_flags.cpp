@@ -141,8 +141,7 @@ TEST_F(TransformerFlags, RefusalsAreExitTwoWithOneLineNamingTheField) {
   EXPECT_NE(err_.find("--hf-config missing.json: cannot read it"), std::string::npos) << err_;
 }
 
-// Each family runs data parallel, every figure of the record equal to its prediction;
-// a pipeline of it is refused before anything runs.
+// Each family runs data parallel, every figure of the record equal to its prediction.
 class TransformerRuns : public TransformerFlags {
  protected:
   // The run's record (rank 1 of 2, emulated): its saves, peak and resting bytes equal
@@ -157,24 +156,43 @@ class TransformerRuns : public TransformerFlags {
     EXPECT_EQ(rank["peak"]["where"], rank["predicted"]["peak_where"]) << run;
     EXPECT_EQ(rank["resting"]["total"], rank["predicted"]["resting_total"]) << run;
   }
-  void expect_runs_as_predicted(const std::string& family, const std::string& run, const char* const (&settings)[3]) {
+  void expect_runs_as_predicted(const std::string& run, const char* const (&settings)[3]) {
     for (const char* s : settings) expect_record_as_predicted(run + s);
-    EXPECT_EQ(shardscope(run + "--schedule 1f1b --emulate 2:0"), 2);
-    EXPECT_NE(err_.find("--schedule: a pipeline of a transformer (--model " + family + ") is not implemented"),
-              std::string::npos)
-        << err_;
   }
 };
 
-TEST_F(TransformerRuns, Gpt2RunsDataParallelAsPredictedAndRefusesAPipeline) {
-  expect_runs_as_predicted("gpt2",
-                           "run --model gpt2 --layers 2 --hidden 32 --heads 2 --vocab 50 --seq 8 --batch 2 --steps 2 ",
+TEST_F(TransformerRuns, Gpt2RunsDataParallelAsPredicted) {
+  expect_runs_as_predicted("run --model gpt2 --layers 2 --hidden 32 --heads 2 --vocab 50 --seq 8 --batch 2 --steps 2 ",
                            {"--strategy ddp", "--strategy zero1", "--strategy zero3 --units 1 --attention math"});
 }
 
-TEST_F(TransformerRuns, LlamaRunsDataParallelAsPredictedAndRefusesAPipeline) {
-  expect_runs_as_predicted("llama",
-                           "run --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --ffn 48 --vocab 50 "
+// GPT-2 pipelined, every figure of a stage's record equal to its prediction (the last
+// stage with its copy of the tied wte, the all-reduce of its gradient in comm_bytes);
+// zb-h1's split of a transformer's blocks is refused.
+TEST_F(TransformerRuns, Gpt2RunsPipelinedAsPredicted) {
+  const std::string g = "run --model gpt2 --layers 4 --hidden 32 --heads 2 --vocab 50 --seq 8 --batch 2 --steps 2 ";
+  for (const char* s : {"--schedule gpipe --emulate 2:0", "--schedule 1f1b --emulate 2:1 --attention math",
+                        "--schedule interleaved-1f1b --chunks 2 --emulate 2:1"}) {
+    ASSERT_EQ(shardscope(g + s + " --json p.json"), 0) << s << ": " << err_;
+    std::ifstream in(dir_ + "/p.json");
+    const json stage = json::parse(in)["runs"][0]["stages"][0];
+    const json& p = stage["predicted"];
+    for (const char* k : {"peak_live_tensors", "peak_live_bytes", "total_tensors", "before_first_backward"})
+      EXPECT_EQ(stage["saved"][k], p[k]) << s << " " << k;
+    EXPECT_EQ(stage["peak"]["by_category"], p["peak_by_category"]) << s;
+    EXPECT_EQ(stage["resting"]["total"], p["resting_total"]) << s;
+    EXPECT_EQ(stage["p2p"]["sent_bytes"], p["p2p_sent_bytes"]) << s;
+    // Both stages hold wte: the p2p both ways and the all-reduce of 4 x 50 x 32 B.
+    EXPECT_EQ(stage["comm_bytes"], p["comm_bytes"]) << s;
+    EXPECT_EQ(stage["comm_bytes"].get<std::int64_t>(), 2 * stage["p2p"]["sent_bytes"].get<std::int64_t>() + 6400) << s;
+  }
+  EXPECT_EQ(shardscope(g + "--schedule zb-h1 --emulate 2:0"), 2);
+  EXPECT_NE(err_.find("--schedule zb-h1: the zero-bubble split of a transformer's blocks"), std::string::npos)
+      << err_;
+}
+
+TEST_F(TransformerRuns, LlamaRunsDataParallelAsPredicted) {
+  expect_runs_as_predicted("run --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --ffn 48 --vocab 50 "
                            "--seq 8 --batch 2 --steps 2 ",
                            {"--strategy ddp --attention math", "--strategy zero1", "--strategy zero3 --units 1"});
 }

@@ -124,6 +124,78 @@ TEST(PipelineMpi, EveryStageTrainsLikeTheFullBatch) {
       }
 }
 
+// GPT-2 pipelined over real ranks: the embeddings with the first stage, the final block
+// and loss with the last, wte held on both and its gradient all-reduced between them.
+// Each stage's chunks hold the reference's gradients, parameters and AdamW state (the
+// last stage's copy of wte the reference's wte: the head's part and the embeddings'),
+// and every measured figure equals its closed form.
+TEST(PipelineMpi, Gpt2EveryStageTrainsLikeTheFullBatch) {
+  const World w;
+  const int S = w.size;
+  struct Case {
+    std::string schedule;
+    int chunks;
+    std::vector<int> microbatches;
+  };
+  const std::vector<Case> cases = {{"gpipe", 1, {S, 3}}, {"1f1b", 1, {1, S, 5}}, {"interleaved-1f1b", 2, {S, 2 * S}}};
+  for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+    for (const Case& c : cases)
+      for (int M : c.microbatches) {
+        const ModelConfig model = testing::gpt2_of(2 * S + 1, 8, 2, 13, 4, 2 * S + 1, mode);
+        if (M > model.batch) continue;
+        const RunConfig cfg = pipeline_config(c.schedule, M, c.chunks, model);
+        SCOPED_TRACE(c.schedule + " S=" + std::to_string(S) + " M=" + std::to_string(M) + " stage " +
+                     std::to_string(w.rank) + (mode == AttentionMode::flash ? " flash" : " math"));
+        CpuBackend backend;
+        auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+        PipelineStage stage(cfg, backend, *comm);
+        stage.setup();
+        for (int i = 0; i < cfg.steps; ++i) {
+          stage.prepare_batch(i);
+          stage.step();
+        }
+        const HostState ref = testing::reference_training(cfg, 1);
+        const std::unique_ptr<Model> m = make_model(cfg.model);
+        std::size_t at = 0;
+        auto expect_state = [&](const std::string& what, const std::vector<float>& grads,
+                                const std::vector<float>& params, std::int64_t begin) {
+          const std::int64_t count = static_cast<std::int64_t>(grads.size());
+          EXPECT_TRUE(any_nonzero(grads)) << what;
+          EXPECT_EQ(worst_violation(grads, slice(ref.grads, begin, count), 1e-5, 1e-7, &at), 0.0)
+              << "grads of " << what << " at " << at;
+          // The key bias's gradient is zero in exact arithmetic: rounding noise, which
+          // AdamW's g / (sqrt(v) + 1e-8) turns into up to lr / 10 a step.
+          EXPECT_EQ(worst_violation(params, slice(ref.params, begin, count), 1e-5, 4e-4, &at), 0.0)
+              << "params of " << what << " at " << at;
+        };
+        for (int ch = 0; ch < c.chunks; ++ch) {
+          const int k = stage.vstage(ch);
+          expect_state("chunk " + std::to_string(ch), stage.download_grads(ch), stage.download_params(ch),
+                       m->block_offset(stage.layout().first_layer(k)));
+          std::vector<float> exp_avg = stage.download_exp_avg(ch);
+          EXPECT_EQ(worst_violation(exp_avg, slice(ref.exp_avg, m->block_offset(stage.layout().first_layer(k)),
+                                                   static_cast<std::int64_t>(exp_avg.size())),
+                                    1e-5, 1e-7, &at),
+                    0.0)
+              << "exp_avg of chunk " << ch << " at " << at;
+        }
+        EXPECT_EQ(stage.holds_tied_copy(), S > 1 && w.rank == S - 1);
+        if (stage.holds_tied_copy())  // wte, the model's tensor 0
+          expect_state("the tied copy of wte", stage.download_tied_grads(), stage.download_tied_params(), 0);
+
+        const StageForms p = predict_pipeline_stage(pipeline_shape(cfg, S), w.rank);
+        EXPECT_EQ(stage.saved().peak_live(), p.saved.peak_live_tensors);
+        EXPECT_EQ(stage.saved().peak_live_bytes(), p.saved.peak_live_bytes);
+        EXPECT_EQ(stage.saved().total(), p.saved.total_tensors);
+        EXPECT_EQ(stage.saved().before_first_backward(), p.saved.before_first_backward);
+        EXPECT_EQ(backend.tracker().current(), p.resting);
+        EXPECT_EQ(backend.tracker().peak().by_category, p.peak);
+        EXPECT_EQ(comm->ledger()[CollKind::send].bytes, p.p2p_sent_bytes);
+        EXPECT_EQ(comm->ledger()[CollKind::recv].bytes, p.p2p_sent_bytes);
+        EXPECT_EQ(comm->ledger()[CollKind::all_reduce].bytes, p.tied_all_reduce_bytes);
+      }
+}
+
 // Stage records gathered on rank 0 (as run_job does) get their replayed bubbles.
 TEST(PipelineMpi, RecordsAndReplayedBubble) {
   const World w;

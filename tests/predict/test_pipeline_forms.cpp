@@ -100,6 +100,84 @@ TEST(PipelineForms, EqualTheExecutorOnRandomConfigurations) {
   EXPECT_GT(uneven_split, 400);
 }
 
+// The same for GPT-2 (the embeddings with the first virtual stage, the final block and
+// loss with the last, the tied embedding on the first and last stage): drawn shapes
+// where each of the step's instants gets its turn at the peak (an ffn below or far above
+// the hidden size, sequences long enough for math's probabilities to dominate, one or
+// many heads, a vocabulary below or above the hidden size), both attention modes,
+// gpipe, 1f1b and interleaved-1f1b (up to M = 7S, where its peak's form skips whole
+// steady-state periods), uneven splits and micro-batches; every stage played alone.
+TEST(PipelineForms, TransformerEqualTheExecutorOnRandomConfigurations) {
+  std::mt19937 rng(20261202);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved-1f1b"};
+  int stages_checked = 0, uneven_rows = 0, uneven_split = 0, math = 0, skipping = 0;
+  for (int n = 0; n < 300; ++n) {
+    const int S = pick(1, 4);
+    const std::string schedule = names[static_cast<std::size_t>(pick(0, 2))];
+    const bool interleaved = schedule == "interleaved-1f1b";
+    const int v = interleaved ? pick(2, 3) : 1;
+    const int M = interleaved ? S * pick(1, 7) : pick(1, 8);
+    const int B = M + pick(0, 2 * M + 3);
+    const int V = S * v, L = V + pick(0, 3);
+    const int heads = pick(1, 3), hidden = heads * pick(1, 4), seq = pick(1, 9);
+    const AttentionMode mode = pick(0, 1) ? AttentionMode::math : AttentionMode::flash;
+    const ModelConfig model = testing::gpt2_of(L, hidden, heads, pick(2, 40), seq, B, mode, pick(0, 1) ? pick(1, hidden) : pick(1, 5 * hidden),
+                                               seq + pick(0, 2));
+    RunConfig cfg = testing::pipeline_config(schedule, M, v, model, pick(1, 2), 3);
+    if (pick(0, 1)) {
+      cfg.split.assign(static_cast<std::size_t>(V), 1);
+      for (int extra = L - V; extra > 0; --extra) ++cfg.split[static_cast<std::size_t>(pick(0, V - 1))];
+    }
+    const TransformerShape& t = model.transformer;
+    std::string label = schedule + " S=" + std::to_string(S) + " M=" + std::to_string(M) + " v=" + std::to_string(v) +
+                        " B=" + std::to_string(B) + " L=" + std::to_string(L) + " h=" + std::to_string(hidden) +
+                        " heads=" + std::to_string(heads) + " ffn=" + std::to_string(t.ffn) + " vocab=" +
+                        std::to_string(t.vocab) + " seq=" + std::to_string(seq) +
+                        (mode == AttentionMode::math ? " math" : " flash");
+    for (int k : cfg.split) label += " " + std::to_string(k);
+    SCOPED_TRACE(label);
+    const PipelineShape shape = pipeline_shape(cfg, S);
+    uneven_rows += B % M != 0;
+    uneven_split += !cfg.split.empty();
+    math += mode == AttentionMode::math;
+    skipping += interleaved && M > 2 * S + 6 * S / v;
+    for (int s = 0; s < S; ++s) {
+      SCOPED_TRACE("stage " + std::to_string(s));
+      CpuBackend backend;
+      auto comm = S == 1 ? make_communicator(CommOptions{"self", 0, 0}, &backend)
+                         : make_fake_communicator(S, s, &backend);
+      PipelineStage stage(cfg, backend, *comm);
+      stage.setup();
+      for (int i = 0; i < cfg.steps; ++i) {
+        stage.prepare_batch(i);
+        stage.step();
+      }
+      const StageForms p = predict_pipeline_stage(shape, s);
+      const Tracker& tr = backend.tracker();
+      ASSERT_GT(stage.saved().total(), 0);
+      ASSERT_GT(tr.peak().total, tr.current_total());
+      EXPECT_EQ(stage.saved().peak_live(), p.saved.peak_live_tensors);
+      EXPECT_EQ(stage.saved().peak_live_bytes(), p.saved.peak_live_bytes);
+      EXPECT_EQ(stage.saved().total(), p.saved.total_tensors);
+      EXPECT_EQ(stage.saved().before_first_backward(), p.saved.before_first_backward);
+      EXPECT_EQ(tr.current(), p.resting);
+      EXPECT_EQ(tr.peak().total, p.peak.total()) << "measured at " << stage.peak_where();
+      for (int k = 0; k < kCategoryCount; ++k)
+        EXPECT_EQ(tr.peak().by_category.bytes[k], p.peak.bytes[k]) << "at the peak " << kCategoryNames[k];
+      EXPECT_EQ(comm->ledger()[CollKind::send].bytes, p.p2p_sent_bytes);
+      EXPECT_EQ(comm->ledger()[CollKind::recv].bytes, p.p2p_sent_bytes);
+      EXPECT_EQ(comm->ledger()[CollKind::all_reduce].bytes, p.tied_all_reduce_bytes);
+      ++stages_checked;
+    }
+  }
+  EXPECT_GT(stages_checked, 600);
+  EXPECT_GT(uneven_rows, 100);
+  EXPECT_GT(uneven_split, 100);
+  EXPECT_GT(math, 100);
+  EXPECT_GT(skipping, 10);
+}
+
 // Interleaved 1F1B with a steady state long enough that its peak's form skips whole
 // periods (M > 2S + 6S/v), beyond the random draw's M <= 3S: the executor itself, not
 // only the walk of the lowered program (test_interleaved_peak), agrees.

@@ -18,6 +18,30 @@ inline ModelConfig model_of(int layers, int width, int batch, Activation act, Lo
   return m;
 }
 
+// A GPT-2 of the given shape (head_dim hidden / heads; ffn 4·hidden unless given;
+// positions seq unless given), `batch` sequences.
+inline ModelConfig gpt2_of(int layers, int hidden, int heads, int vocab, int seq, int batch, AttentionMode mode,
+                           int ffn = 0, int positions = 0) {
+  ModelConfig m;
+  m.name = "gpt2";
+  m.layers = layers;
+  m.width = hidden;
+  m.batch = batch;
+  TransformerShape& t = m.transformer;
+  t.model_type = "gpt2";
+  t.layers = layers;
+  t.hidden = hidden;
+  t.heads = t.kv_heads = heads;
+  t.head_dim = hidden / heads;
+  t.ffn = ffn > 0 ? ffn : 4 * hidden;
+  t.vocab = vocab;
+  t.seq = seq;
+  t.positions = positions > 0 ? positions : seq;
+  t.tied_embeddings = t.qkv_bias = t.out_bias = true;
+  t.attention = mode;
+  return m;
+}
+
 inline RunConfig pipeline_config(const std::string& schedule, int microbatches, int chunks,
                                  const ModelConfig& model, int steps, std::uint64_t seed) {
   RunConfig cfg;

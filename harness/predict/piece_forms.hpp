@@ -1,0 +1,46 @@
+// What one micro-batch costs a pipeline piece (docs/formulas.md, "The pipeline forms,
+// written out" and "Transformers"): a piece is the run of blocks one virtual stage holds
+// (the MLP's layers; a transformer's blocks, the embeddings with the first and the final
+// block and loss with the last). The pipeline forms (pipeline_forms.cpp) place these
+// figures in the schedule; each family writes its own (the MLP's in pipeline_forms.cpp,
+// GPT-2's in gpt2_forms.cpp), so the schedules' forms know nothing of a family.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace shardscope {
+
+// Where a piece sits: what the forms of one family need to know of it.
+struct PiecePlace {
+  int blocks = 0;         // layers (MLP) or transformer blocks
+  bool first = false;     // virtual stage 0: its input is the batch
+  bool last = false;      // virtual stage V-1: it computes the loss
+  bool recv_act = false;  // its input comes from another stage (a received buffer)
+  bool send_act = false;  // its output goes to another stage
+};
+
+// One instant of the piece's B, relative to the moment B starts: activation and temp
+// bytes beyond what is held then (this micro-batch's held bytes included), and whether
+// the gradient of the piece's output (received, or left by the next chunk on one stage)
+// is still alive then.
+struct PieceMoment {
+  std::int64_t activation = 0;
+  std::int64_t temp = 0;
+  bool dy_live = false;
+};
+
+// One micro-batch of r rows through the piece; bytes.
+struct PieceForms {
+  std::int64_t boundary = 0;     // its output: what it sends forward, and its gradient back
+  std::int64_t input = 0;        // its input when received, and the input gradient it sends back
+  std::int64_t held_act = 0;     // activation held from its F to its B (a received input included)
+  std::int64_t held_temp = 0;    // temp held from its F to its B (an unsaved output the next chunk of the same stage reads)
+  std::int64_t forward_temp = 0; // temp at the end of its F beyond held_temp: its unsaved output, the logits, the loss scalar
+  bool output_saved = false;     // its output is saved (by itself or the loss): never pending, never temp
+  std::int64_t saved_bytes = 0;  // distinct bytes its F saves (the saved-tensor instrument)
+  std::int64_t saves = 0;        // saves its F records
+  std::vector<PieceMoment> backward;  // the instants of its B where bytes can be highest, in time order
+};
+
+}  // namespace shardscope
