@@ -51,9 +51,6 @@ PipelineShape pipeline_shape(const RunConfig& cfg, int stages) {
   if (cfg.model.is_transformer() && *cfg.schedule == ScheduleKind::zb_h1)
     throw UsageError("--schedule zb-h1: the zero-bubble split of a transformer's blocks (--model " + cfg.model.name +
                      ") is not implemented in this build; gpipe, 1f1b and interleaved-1f1b run it");
-  if (cfg.model.is_transformer() && cfg.model.name != "gpt2")
-    throw UsageError("--schedule: a pipeline of --model " + cfg.model.name +
-                     " has no closed forms for its stages in this build; --model gpt2 and mlp run pipelined");
   if (M > B)
     throw UsageError("--microbatches " + str(M) + (cfg.microbatches > 0 ? "" : " (default: one per stage)") +
                      " exceeds --batch " + str(B) + ": every micro-batch needs at least one row");

@@ -10,6 +10,8 @@
 // The top block's backward: each gradient buffer as it is made.
 #include "harness/predict/gpt2_forms.hpp"
 
+#include "harness/predict/transformer_piece.hpp"
+
 #include <string>
 #include <vector>
 
@@ -43,7 +45,7 @@ SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch) {
           9 + z.L * block.tensors};
 }
 
-StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units) {
+StepBlocks gpt2_blocks(const TransformerShape& shape, int batch) {
   const Sizes z = sizes(shape, batch);
   const i64 a = z.a, F = z.F, A = z.A, N = z.N;
   const i64 X = 16 * N;
@@ -53,11 +55,13 @@ StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, cons
   blocks.K = gpt2_block_saved(shape, batch).bytes;
   blocks.final_held = 8 * N + a;  // ln_f's mean, rstd and output
   // A top block's gradient buffers, from its output freed (A4), dy = a.
-  blocks.backward = [&](PeakWalk& walk, i64 A4, i64 pu, i64 gu, const std::string& where) {
-    auto consider = [&](i64 temp, i64 act) { walk.consider(temp, act, pu, gu, Phase::backward, where); };
-    consider(X + a + F, A4);                   // d gelu
-    consider(X + 2 * a + F, A4 - 2 * F);       // d ln_2 out
-    consider(X + 3 * a, A4 - 2 * F - a);       // d x_mid
+  blocks.backward = [=](PeakWalk& walk, i64 A4, i64 pu, i64 gu, const std::string& where) {
+    auto consider = [&](i64 temp, i64 act, bool dy_live = false) {
+      walk.consider(temp, act, pu, gu, Phase::backward, where, dy_live);
+    };
+    consider(X + a + F, A4, true);                   // d gelu
+    consider(X + 2 * a + F, A4 - 2 * F, true);       // d ln_2 out
+    consider(X + 3 * a, A4 - 2 * F - a, true);       // d x_mid
     const i64 A8 = A4 - 2 * F - 2 * a - 8 * N;
     consider(X + 2 * a, A8);                   // d attention output
     if (z.flash) {
@@ -74,74 +78,21 @@ StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, cons
     consider(X + 5 * a, A9);                   // d ln_1 out
     consider(X + 3 * a, A9 - a);               // dx
   };
-  return transformer_step_transient(blocks, units);
+  return blocks;
+}
+
+StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units) {
+  return transformer_step_transient(gpt2_blocks(shape, batch), units);
 }
 
 PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace& place) {
-  const Sizes z = sizes(shape, rows);
-  const i64 a = z.a, F = z.F, A = z.A, lambda = z.lambda, N = z.N, n = place.blocks;
-  const i64 K = gpt2_block_saved(shape, rows).bytes;
-  // Saves a transformer block records: x, ln_1's mean, rstd, weight and output, c_attn's
-  // weight, then flash's qkv, output and lse or math's q, k, probabilities and v; c_proj's
-  // input and weight, x_mid, ln_2's mean, rstd, weight and output, c_fc's weight, its
-  // output (GELU's input), GELU's output and mlp c_proj's weight.
-  const i64 block_saves = z.flash ? 20 : 21;
-  PieceForms p;
-  p.boundary = a;
-  p.input = a;
-  p.saves = n * block_saves;
-  p.saved_bytes = n * K;
-  // The blocks' K counts each one's input: x0 (the embeddings' output, activation), the
-  // received buffer (activation), or the previous chunk's unsaved output on this stage
-  // (temp, held by that chunk).
-  p.held_act = n * K - (place.first || place.recv_act ? 0 : a);
-  if (place.first) {  // the token ids (the batch's slice, temp) and arange(T)
-    p.saves += 2;
-    p.saved_bytes += 8 * N + 8 * z.T;
-    p.held_act += 8 * z.T;
-  }
-  if (place.last) {  // ln_f (input, mean, rstd, weight, output), the head's weight; the loss's three
-    p.saves += 6 + 3;
-    p.saved_bytes += 8 * N + 2 * a + lambda + 8 * N + 4;
-    p.held_act += 8 * N + 2 * a + lambda + 4;
-  }
-  p.held_temp = !place.last && !place.send_act ? a : 0;
-  p.forward_temp = place.last ? lambda + 4 : a;
-  // B. The last piece: the loss's dlogits, the head's d ln_f, ln_f's dx (dlogits and ln_f's
-  // output freed); then its top block starts with the final block's saves released and its
-  // own output (ln_f's input) freed, dy the final block's dx (temp). Any other piece's top
-  // block frees its output (held as temp on one stage, already sent on more) and reads the
-  // gradient of it (dy_live until the residual adds it in).
-  std::vector<PieceMoment>& m = p.backward;
-  i64 y = 0, dy = 0;  // the top block's start: activation beyond held, its dy when temp
-  const bool outer = !place.last;
-  if (place.last) {
-    m.push_back({0, lambda, false});
-    m.push_back({-lambda - 4, lambda + a, false});
-    m.push_back({-lambda - 4 - a, 2 * a, false});
-    y = -(lambda + 4 + 2 * a + 8 * N);
-    dy = a;
-  }
-  const i64 t = place.last ? 0 : -p.held_temp;  // the output a non-last piece held as temp is gone
-  m.push_back({y, t + dy + F, outer});                      // d gelu
-  m.push_back({y - 2 * F, t + dy + F + a, outer});          // d ln_2 out
-  m.push_back({y - 2 * F - a, t + dy + 2 * a, outer});      // d x_mid
-  const i64 a8 = y - 2 * F - 2 * a - 8 * N;
-  m.push_back({a8, t + 2 * a, false});                      // d attention output (dy freed)
-  if (z.flash) {
-    m.push_back({a8, t + 5 * a, false});                    // d qkv
-  } else {
-    m.push_back({a8 - a, t + 3 * a, false});                // d out, head-major
-    m.push_back({a8 - a, t + 2 * a + A, false});            // d probabilities
-    m.push_back({a8 - a, t + 3 * a + A, false});            // d v
-    m.push_back({a8 - a - z.v - A, t + 3 * a + A, false});  // d q
-    m.push_back({a8 - a - z.v - A, t + 4 * a + A, false});  // d k
-    m.push_back({a8 - 3 * a - z.v - A, t + 7 * a, false});  // d qkv
-  }
-  const i64 a9 = z.flash ? a8 - 4 * a - A : a8 - 3 * a - z.v - A;
-  m.push_back({a9, t + 5 * a, false});                      // d ln_1 out
-  m.push_back({a9 - a, t + 3 * a, false});                  // dx
-  return p;
+  // Saves a block records: x, ln_1's mean, rstd, weight and output, c_attn's weight, then
+  // flash's qkv, output and lse or math's q, k, probabilities and v; c_proj's input and
+  // weight, x_mid, ln_2's mean, rstd, weight and output, c_fc's weight, its output (GELU's
+  // input), GELU's output and mlp c_proj's weight. The embeddings: the ids and arange;
+  // the final block: ln_f's input, mean, rstd, weight and output, and the head's weight.
+  const int block = shape.attention == AttentionMode::flash ? 20 : 21;
+  return transformer_piece(gpt2_blocks(shape, rows), {2, block, 6}, place);
 }
 
 }  // namespace shardscope

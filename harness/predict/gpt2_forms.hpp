@@ -29,6 +29,8 @@ SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch);
 
 // What a data-parallel step holds beyond its resting bytes at its peak
 // (transformer_step.hpp walks it; the blocks' part is GPT-2's).
+// What GPT-2's blocks hold, for `batch` sequences, as the walk and a pipeline's pieces read it.
+StepBlocks gpt2_blocks(const TransformerShape& shape, int batch);
 StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units);
 
 // One micro-batch of `rows` sequences through a pipeline piece of GPT-2 (piece_forms.hpp):

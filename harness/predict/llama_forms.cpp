@@ -13,6 +13,8 @@
 // d out head-major (with the same or more gathered parameters).
 #include "harness/predict/llama_forms.hpp"
 
+#include "harness/predict/transformer_piece.hpp"
+
 #include <string>
 
 namespace shardscope {
@@ -46,7 +48,7 @@ SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch) {
   return {8 * z.N + z.L * block.bytes + 2 * z.a + 4 * z.N + z.lambda + 8 * z.N + 4, 7 + z.L * block.tensors};
 }
 
-StepTransient llama_step_transient(const TransformerShape& shape, int batch, const StepUnits& units) {
+StepBlocks llama_blocks(const TransformerShape& shape, int batch) {
   const Sizes z = sizes(shape, batch);
   const i64 a = z.a, Q = z.Q, C = z.C, F = z.F, A = z.A, N = z.N;
   const i64 X = 16 * N;
@@ -55,12 +57,14 @@ StepTransient llama_step_transient(const TransformerShape& shape, int batch, con
   blocks.K = llama_block_saved(shape, batch).bytes;
   blocks.final_held = 4 * N + a;  // the final norm's rstd and output
   // A top layer's gradient buffers, from its output freed (A4), dy = a.
-  blocks.backward = [&](PeakWalk& walk, i64 A4, i64 pu, i64 gu, const std::string& where) {
-    auto consider = [&](i64 temp, i64 act) { walk.consider(temp, act, pu, gu, Phase::backward, where); };
-    consider(X + a + F, A4);                  // d product
-    consider(X + a + 2 * F, A4 - F);          // d up
-    consider(X + 2 * a + 2 * F, A4 - 4 * F);  // d y2
-    consider(X + 3 * a, A4 - 4 * F - a);      // d x_mid
+  blocks.backward = [=](PeakWalk& walk, i64 A4, i64 pu, i64 gu, const std::string& where) {
+    auto consider = [&](i64 temp, i64 act, bool dy_live = false) {
+      walk.consider(temp, act, pu, gu, Phase::backward, where, dy_live);
+    };
+    consider(X + a + F, A4, true);                  // d product
+    consider(X + a + 2 * F, A4 - F, true);          // d up
+    consider(X + 2 * a + 2 * F, A4 - 4 * F, true);  // d y2
+    consider(X + 3 * a, A4 - 4 * F - a, true);      // d x_mid
     const i64 A5 = A4 - 4 * F - 2 * a - 4 * N;
     consider(X + a + Q, A5);                  // d out
     i64 A6 = 0;
@@ -80,7 +84,23 @@ StepTransient llama_step_transient(const TransformerShape& shape, int batch, con
     consider(X + 2 * a + Q + 2 * C, A6);      // d y1
     consider(X + 3 * a, A6 - a);              // dx
   };
-  return transformer_step_transient(blocks, units);
+  return blocks;
+}
+
+StepTransient llama_step_transient(const TransformerShape& shape, int batch, const StepUnits& units) {
+  return transformer_step_transient(llama_blocks(shape, batch), units);
+}
+
+PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace& place) {
+  // Saves a layer records: x, its rstd and the norm's weight; the norm's output and a
+  // weight for each of q, k and v; flash's q, k, v, output and lse or math's q, k, the
+  // probabilities and v; o_proj's input and weight; x_mid, its rstd and the norm's weight;
+  // the norm's output and gate's weight, gate's output, the norm's output and up's
+  // weight, SiLU's output and up's output, their product and down's weight. The
+  // embedding: the ids; the final block: the norm's input, rstd, weight and output, and
+  // the head's weight.
+  const int layer = shape.attention == AttentionMode::flash ? 28 : 27;
+  return transformer_piece(llama_blocks(shape, rows), {1, layer, 5}, place);
 }
 
 }  // namespace shardscope

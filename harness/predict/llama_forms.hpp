@@ -12,6 +12,7 @@
 
 #include <vector>
 
+#include "harness/predict/piece_forms.hpp"
 #include "harness/predict/transformer_step.hpp"
 
 namespace shardscope {
@@ -27,6 +28,13 @@ SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch);
 
 // What a data-parallel step holds beyond its resting bytes at its peak
 // (transformer_step.hpp walks it; the blocks' part is Llama's).
+// What Llama's blocks hold, for `batch` sequences, as the walk and a pipeline's pieces read it.
+StepBlocks llama_blocks(const TransformerShape& shape, int batch);
 StepTransient llama_step_transient(const TransformerShape& shape, int batch, const StepUnits& units);
+
+// One micro-batch of `rows` sequences through a pipeline piece of Llama
+// (transformer_piece.hpp): place.blocks decoder layers, with the embedding when first and
+// the final norm, the head and the loss when last.
+PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace& place);
 
 }  // namespace shardscope

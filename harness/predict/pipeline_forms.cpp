@@ -12,9 +12,11 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "harness/predict/gpt2_forms.hpp"
 #include "harness/predict/interleaved_timing.hpp"
+#include "harness/predict/llama_forms.hpp"
 #include "harness/predict/piece_forms.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "shardscope/check.hpp"
@@ -112,7 +114,8 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
   c.transformer = sh.model.is_transformer();
   const TransformerShape& ts = sh.model.transformer;
   if (c.transformer) {
-    SHARDSCOPE_REQUIRE(sh.model.name == "gpt2", "pipeline forms: no piece forms for --model " + sh.model.name);
+    SHARDSCOPE_REQUIRE(sh.model.name == "gpt2" || sh.model.name == "llama",
+                       "pipeline forms: no piece forms for --model " + sh.model.name);
     c.relu = c.mse = false;
     c.batch_bytes = c.target_bytes = 8 * static_cast<i64>(sh.model.batch) * ts.seq;  // int64 token ids
   } else {
@@ -120,6 +123,7 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
     c.target_bytes = c.mse ? c.batch_bytes : 0;
   }
   auto stage_of = [&](int k) { return k % c.S; };
+  c.pieces.reserve(static_cast<std::size_t>(c.v));
   for (int ch = 0; ch < c.v; ++ch) {
     Piece p;
     p.k = ch * c.S + s;
@@ -137,13 +141,15 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
     p.save_rows = p.n + (p.ls ? 1 : 0) + (loss_saves ? 1 : 0);
     for (PieceForms* f : {&p.big, &p.small}) {
       const i64 r = c.rows.q + (f == &p.big ? 1 : 0);
+      const PiecePlace place{static_cast<int>(p.n), p.first, p.last, p.recv_act, p.send_act};
       if (c.transformer)
-        *f = gpt2_piece(ts, static_cast<int>(r), {static_cast<int>(p.n), p.first, p.last, p.recv_act, p.send_act});
+        *f = sh.model.name == "gpt2" ? gpt2_piece(ts, static_cast<int>(r), place)
+                                     : llama_piece(ts, static_cast<int>(r), place);
       else
         *f = mlp_piece(p, c.rows.row_bytes, r);
     }
     p.saves = p.big.saves;
-    c.pieces.push_back(p);
+    c.pieces.push_back(std::move(p));
   }
   return c;
 }

@@ -23,7 +23,9 @@ std::string layer(int b) { return "layer " + std::to_string(b); }
 
 }  // namespace
 
-void PeakWalk::consider(i64 temp, i64 act, i64 gathered, i64 grad_full, Phase phase, const std::string& where) {
+void PeakWalk::consider(i64 temp, i64 act, i64 gathered, i64 grad_full, Phase phase, const std::string& where,
+                        bool dy_live) {
+  if (record_) record_->push_back({temp, act, dy_live});
   const i64 total = temp + act + gathered + grad_full;
   if (total <= best_total_) return;
   best_total_ = total;

@@ -46,18 +46,28 @@ struct StepTransient {
   std::string where;
 };
 
+// One instant of a walk, as a pipeline's piece reads a top block's (transformer_piece.hpp):
+// temp and activation, and whether the block's dy (a, counted in temp) is still alive.
+struct WalkInstant {
+  std::int64_t temp = 0, act = 0;
+  bool dy_live = false;
+};
+
 // The walk's instants: the first of the largest total is kept, as the tracker keeps it.
 class PeakWalk {
  public:
   // One instant: temp and activation beyond the resting bytes, gathered parameters and
-  // full gradients.
+  // full gradients; dy_live: a block's backward still holds its dy (in temp).
   void consider(std::int64_t temp, std::int64_t act, std::int64_t gathered, std::int64_t grad_full, Phase phase,
-                const std::string& where);
+                const std::string& where, bool dy_live = false);
   const StepTransient& best() const { return best_; }
+  // Every instant considered is also appended here (none when null).
+  void record(std::vector<WalkInstant>* into) { record_ = into; }
 
  private:
   StepTransient best_;
   std::int64_t best_total_ = -1;
+  std::vector<WalkInstant>* record_ = nullptr;
 };
 
 // A shape's sizes in bytes, for `batch` sequences: N = B·T tokens, a = 4Nh, F = 4Nf,

@@ -166,25 +166,36 @@ TEST_F(TransformerRuns, Gpt2RunsDataParallelAsPredicted) {
                            {"--strategy ddp", "--strategy zero1", "--strategy zero3 --units 1 --attention math"});
 }
 
-// GPT-2 pipelined, every figure of a stage's record equal to its prediction (the last
-// stage with its copy of the tied wte, the all-reduce of its gradient in comm_bytes);
-// zb-h1's split of a transformer's blocks is refused.
-TEST_F(TransformerRuns, Gpt2RunsPipelinedAsPredicted) {
+// GPT-2 and Llama pipelined, every figure of a stage's record equal to its prediction (the
+// last stage with its copy of a tied embedding, the all-reduce of its gradient in
+// comm_bytes); zb-h1's split of a transformer's blocks is refused.
+TEST_F(TransformerRuns, TransformersRunPipelinedAsPredicted) {
   const std::string g = "run --model gpt2 --layers 4 --hidden 32 --heads 2 --vocab 50 --seq 8 --batch 2 --steps 2 ";
-  for (const char* s : {"--schedule gpipe --emulate 2:0", "--schedule 1f1b --emulate 2:1 --attention math",
-                        "--schedule interleaved-1f1b --chunks 2 --emulate 2:1"}) {
-    ASSERT_EQ(shardscope(g + s + " --json p.json"), 0) << s << ": " << err_;
+  const std::string l = "run --model llama --layers 4 --hidden 32 --heads 4 --kv-heads 2 --ffn 48 --vocab 50 --seq 8 "
+                        "--batch 2 --steps 2 ";
+  struct Case {
+    std::string run;
+    std::int64_t tied_bytes;  // the all-reduce on the first and last stage
+  };
+  for (const Case& c : {Case{g + "--schedule gpipe --emulate 2:0", 6400},
+                        Case{g + "--schedule 1f1b --emulate 2:1 --attention math", 6400},
+                        Case{g + "--schedule interleaved-1f1b --chunks 2 --emulate 2:1", 6400},
+                        Case{l + "--schedule 1f1b --emulate 2:1", 0},
+                        Case{l + "--schedule gpipe --emulate 2:0 --attention math", 0}}) {
+    ASSERT_EQ(shardscope(c.run + " --json p.json"), 0) << c.run << ": " << err_;
     std::ifstream in(dir_ + "/p.json");
     const json stage = json::parse(in)["runs"][0]["stages"][0];
     const json& p = stage["predicted"];
     for (const char* k : {"peak_live_tensors", "peak_live_bytes", "total_tensors", "before_first_backward"})
-      EXPECT_EQ(stage["saved"][k], p[k]) << s << " " << k;
-    EXPECT_EQ(stage["peak"]["by_category"], p["peak_by_category"]) << s;
-    EXPECT_EQ(stage["resting"]["total"], p["resting_total"]) << s;
-    EXPECT_EQ(stage["p2p"]["sent_bytes"], p["p2p_sent_bytes"]) << s;
-    // Both stages hold wte: the p2p both ways and the all-reduce of 4 x 50 x 32 B.
-    EXPECT_EQ(stage["comm_bytes"], p["comm_bytes"]) << s;
-    EXPECT_EQ(stage["comm_bytes"].get<std::int64_t>(), 2 * stage["p2p"]["sent_bytes"].get<std::int64_t>() + 6400) << s;
+      EXPECT_EQ(stage["saved"][k], p[k]) << c.run << " " << k;
+    EXPECT_EQ(stage["peak"]["by_category"], p["peak_by_category"]) << c.run;
+    EXPECT_EQ(stage["resting"]["total"], p["resting_total"]) << c.run;
+    EXPECT_EQ(stage["p2p"]["sent_bytes"], p["p2p_sent_bytes"]) << c.run;
+    EXPECT_EQ(stage["comm_bytes"], p["comm_bytes"]) << c.run;
+    // The p2p both ways, and GPT-2's tied wte all-reduced (4 x 50 x 32 B).
+    EXPECT_EQ(stage["comm_bytes"].get<std::int64_t>(),
+              2 * stage["p2p"]["sent_bytes"].get<std::int64_t>() + c.tied_bytes)
+        << c.run;
   }
   EXPECT_EQ(shardscope(g + "--schedule zb-h1 --emulate 2:0"), 2);
   EXPECT_NE(err_.find("--schedule zb-h1: the zero-bubble split of a transformer's blocks"), std::string::npos)

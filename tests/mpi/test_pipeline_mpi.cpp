@@ -124,12 +124,13 @@ TEST(PipelineMpi, EveryStageTrainsLikeTheFullBatch) {
       }
 }
 
-// GPT-2 pipelined over real ranks: the embeddings with the first stage, the final block
-// and loss with the last, wte held on both and its gradient all-reduced between them.
-// Each stage's chunks hold the reference's gradients, parameters and AdamW state (the
-// last stage's copy of wte the reference's wte: the head's part and the embeddings'),
-// and every measured figure equals its closed form.
-TEST(PipelineMpi, Gpt2EveryStageTrainsLikeTheFullBatch) {
+// GPT-2 and Llama (its head untied and tied) pipelined over real ranks: the embeddings
+// with the first stage, the final block and loss with the last, a tied embedding held on
+// both and its gradient all-reduced between them. Each stage's chunks hold the
+// reference's gradients, parameters and AdamW state (the last stage's copy of the tied
+// table the reference's: the head's part and the embeddings'), and every measured figure
+// equals its closed form.
+TEST(PipelineMpi, TransformersEveryStageTrainsLikeTheFullBatch) {
   const World w;
   const int S = w.size;
   struct Case {
@@ -138,14 +139,22 @@ TEST(PipelineMpi, Gpt2EveryStageTrainsLikeTheFullBatch) {
     std::vector<int> microbatches;
   };
   const std::vector<Case> cases = {{"gpipe", 1, {S, 3}}, {"1f1b", 1, {1, S, 5}}, {"interleaved-1f1b", 2, {S, 2 * S}}};
-  for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+  std::vector<ModelConfig> models;
+  for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+    models.push_back(testing::gpt2_of(2 * S + 1, 8, 2, 13, 4, 2 * S + 1, mode));
+    for (const bool tied : {false, true})
+      models.push_back(testing::llama_of(2 * S + 1, 8, 4, 2, 12, 13, 4, 2 * S + 1, mode, tied));
+  }
+  for (const ModelConfig& model : models)
     for (const Case& c : cases)
       for (int M : c.microbatches) {
-        const ModelConfig model = testing::gpt2_of(2 * S + 1, 8, 2, 13, 4, 2 * S + 1, mode);
+        const AttentionMode mode = model.transformer.attention;
+        const bool tied = model.name == "gpt2" || model.transformer.tied_embeddings;
         if (M > model.batch) continue;
         const RunConfig cfg = pipeline_config(c.schedule, M, c.chunks, model);
-        SCOPED_TRACE(c.schedule + " S=" + std::to_string(S) + " M=" + std::to_string(M) + " stage " +
-                     std::to_string(w.rank) + (mode == AttentionMode::flash ? " flash" : " math"));
+        SCOPED_TRACE(model.name + (tied ? " tied " : " untied ") + c.schedule + " S=" + std::to_string(S) + " M=" +
+                     std::to_string(M) + " stage " + std::to_string(w.rank) +
+                     (mode == AttentionMode::flash ? " flash" : " math"));
         CpuBackend backend;
         auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
         PipelineStage stage(cfg, backend, *comm);
@@ -179,9 +188,9 @@ TEST(PipelineMpi, Gpt2EveryStageTrainsLikeTheFullBatch) {
                     0.0)
               << "exp_avg of chunk " << ch << " at " << at;
         }
-        EXPECT_EQ(stage.holds_tied_copy(), S > 1 && w.rank == S - 1);
-        if (stage.holds_tied_copy())  // wte, the model's tensor 0
-          expect_state("the tied copy of wte", stage.download_tied_grads(), stage.download_tied_params(), 0);
+        EXPECT_EQ(stage.holds_tied_copy(), tied && S > 1 && w.rank == S - 1);
+        if (stage.holds_tied_copy())  // the token embedding, the model's tensor 0
+          expect_state("the tied copy of the embedding", stage.download_tied_grads(), stage.download_tied_params(), 0);
 
         const StageForms p = predict_pipeline_stage(pipeline_shape(cfg, S), w.rank);
         EXPECT_EQ(stage.saved().peak_live(), p.saved.peak_live_tensors);

@@ -1,6 +1,6 @@
-// Pipelines of a transformer (docs/design.md, "Transformers": the pipeline): GPT-2's
+// Pipelines of a transformer (docs/design.md §4, "Transformers"): GPT-2's and Llama's
 // stages of whole blocks, the embeddings with the first virtual stage and the final block
-// and loss with the last, the tied embedding held on the first and the last stage and its
+// and loss with the last, a tied embedding held on the first and the last stage and its
 // gradient all-reduced between them. Every stage of gpipe, 1f1b and interleaved-1f1b at
 // S = 1 to 4 (played alone with the fake communicator past one stage), both attention
 // modes, even and uneven splits and micro-batches: saved tensors, resting and peak bytes
@@ -23,6 +23,7 @@ namespace {
 
 using testing::any_nonzero;
 using testing::gpt2_of;
+using testing::llama_of;
 using testing::worst_violation;
 
 const char* mode_name(AttentionMode m) { return m == AttentionMode::flash ? "flash" : "math"; }
@@ -59,9 +60,10 @@ void expect_stage_equals_forms(const RunConfig& cfg, int stages, int s) {
   // The tied embedding: held on the first and the last stage when they differ, the copy
   // on the last; 4·V·h all-reduced on both.
   const TransformerShape& t = cfg.model.transformer;
-  const bool holder = stages > 1 && (s == 0 || s == stages - 1);
+  const bool tied = cfg.model.name == "gpt2" || t.tied_embeddings;
+  const bool holder = tied && stages > 1 && (s == 0 || s == stages - 1);
   EXPECT_EQ(p.tied_all_reduce_bytes, holder ? 4LL * t.vocab * t.hidden : 0);
-  EXPECT_EQ(stage.holds_tied_copy(), stages > 1 && s == stages - 1);
+  EXPECT_EQ(stage.holds_tied_copy(), tied && stages > 1 && s == stages - 1);
 }
 
 struct Grid {
@@ -143,6 +145,64 @@ TEST(PipelineTransformer, Gpt2OneStageTrainsLikeTheFullBatch) {
         // The key bias's gradient is zero in exact arithmetic (softmax ignores a constant
         // added to a row of scores): its fp32 gradient is rounding noise, summed here in
         // micro-batches, which AdamW's g / (sqrt(v) + 1e-8) turns into up to lr / 10 a step.
+        EXPECT_EQ(worst_violation(params, ref.params, 1e-5, 4e-4, &at), 0.0) << "params at " << at;
+      }
+}
+
+// Llama: grouped-query attention (2 kv heads of 4), an untied head and a tied one (the
+// tied embedding then on the first and the last stage, as GPT-2's).
+TEST(PipelineTransformer, LlamaMeasuredEqualsPredictedOnEveryStage) {
+  const std::vector<Grid> schedules = {{"gpipe", 1}, {"1f1b", 1}, {"interleaved-1f1b", 2}};
+  int checked = 0;
+  for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+    for (const bool tied : {false, true})
+      for (int S = 1; S <= 4; ++S)
+        for (const Grid& g : schedules)
+          for (int M : {1, 2, 4})
+            for (const bool uneven : {false, true}) {
+              if (g.chunks > 1 && M % S != 0) continue;
+              const int V = S * g.chunks, L = V + 2;
+              const ModelConfig model = llama_of(L, 8, 4, 2, 12, 11, 4, 7, mode, tied);
+              RunConfig cfg = testing::pipeline_config(g.schedule, M, g.chunks, model, 2, 5);
+              if (uneven) {
+                cfg.split.assign(static_cast<std::size_t>(V), 1);
+                cfg.split[static_cast<std::size_t>(V) - 1] += 2;  // the last virtual stage takes the extra blocks
+              }
+              for (int s = 0; s < S; ++s) {
+                SCOPED_TRACE(g.schedule + " S=" + std::to_string(S) + " s=" + std::to_string(s) + " M=" +
+                             std::to_string(M) + (uneven ? " uneven" : " even") + (tied ? " tied " : " untied ") +
+                             mode_name(mode));
+                expect_stage_equals_forms(cfg, S, s);
+                ++checked;
+              }
+            }
+  EXPECT_GT(checked, 200);
+}
+
+TEST(PipelineTransformer, LlamaOneStageTrainsLikeTheFullBatch) {
+  for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+    for (const bool tied : {false, true})
+      for (const Grid& g : {Grid{"1f1b", 1}, Grid{"interleaved-1f1b", 2}}) {
+        RunConfig cfg =
+            testing::pipeline_config(g.schedule, 3, g.chunks, llama_of(3, 8, 4, 2, 12, 13, 4, 5, mode, tied), 2, 11);
+        SCOPED_TRACE(g.schedule + (tied ? " tied " : " untied ") + mode_name(mode));
+        CpuBackend backend;
+        auto comm = make_communicator(CommOptions{"self", 0, 0}, &backend);
+        PipelineStage stage(cfg, backend, *comm);
+        stage.setup();
+        for (int i = 0; i < cfg.steps; ++i) {
+          stage.prepare_batch(i);
+          EXPECT_GT(stage.step(), 0.0f);
+        }
+        const HostState ref = testing::reference_training(cfg, 1);
+        ASSERT_TRUE(any_nonzero(ref.grads));
+        std::vector<float> params, grads;
+        for (int c = 0; c < g.chunks; ++c)
+          for (auto [dst, src] : {std::pair{&params, stage.download_params(c)}, std::pair{&grads, stage.download_grads(c)}})
+            dst->insert(dst->end(), src.begin(), src.end());
+        ASSERT_EQ(grads.size(), ref.grads.size());
+        std::size_t at = 0;
+        EXPECT_EQ(worst_violation(grads, ref.grads, 1e-5, 1e-7, &at), 0.0) << "grads at " << at;
         EXPECT_EQ(worst_violation(params, ref.params, 1e-5, 4e-4, &at), 0.0) << "params at " << at;
       }
 }

@@ -100,8 +100,9 @@ TEST(PipelineForms, EqualTheExecutorOnRandomConfigurations) {
   EXPECT_GT(uneven_split, 400);
 }
 
-// The same for GPT-2 (the embeddings with the first virtual stage, the final block and
-// loss with the last, the tied embedding on the first and last stage): drawn shapes
+// The same for GPT-2 and Llama (the embeddings with the first virtual stage, the final
+// block and loss with the last, a tied embedding on the first and last stage; Llama's
+// heads grouped or not, its head tied or not): drawn shapes
 // where each of the step's instants gets its turn at the peak (an ffn below or far above
 // the hidden size, sequences long enough for math's probabilities to dominate, one or
 // many heads, a vocabulary below or above the hidden size), both attention modes,
@@ -111,8 +112,8 @@ TEST(PipelineForms, TransformerEqualTheExecutorOnRandomConfigurations) {
   std::mt19937 rng(20261202);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved-1f1b"};
-  int stages_checked = 0, uneven_rows = 0, uneven_split = 0, math = 0, skipping = 0;
-  for (int n = 0; n < 300; ++n) {
+  int stages_checked = 0, uneven_rows = 0, uneven_split = 0, math = 0, skipping = 0, llamas = 0;
+  for (int n = 0; n < 400; ++n) {
     const int S = pick(1, 4);
     const std::string schedule = names[static_cast<std::size_t>(pick(0, 2))];
     const bool interleaved = schedule == "interleaved-1f1b";
@@ -120,17 +121,23 @@ TEST(PipelineForms, TransformerEqualTheExecutorOnRandomConfigurations) {
     const int M = interleaved ? S * pick(1, 7) : pick(1, 8);
     const int B = M + pick(0, 2 * M + 3);
     const int V = S * v, L = V + pick(0, 3);
-    const int heads = pick(1, 3), hidden = heads * pick(1, 4), seq = pick(1, 9);
+    const bool llama = pick(0, 1) == 1;
+    // Llama's RoPE rotates pairs: an even head_dim
+    const int heads = pick(1, 4), hidden = heads * (llama ? 2 * pick(1, 2) : pick(1, 4)), seq = pick(1, 9);
     const AttentionMode mode = pick(0, 1) ? AttentionMode::math : AttentionMode::flash;
-    const ModelConfig model = testing::gpt2_of(L, hidden, heads, pick(2, 40), seq, B, mode, pick(0, 1) ? pick(1, hidden) : pick(1, 5 * hidden),
-                                               seq + pick(0, 2));
+    const int ffn = pick(0, 1) ? pick(1, hidden) : pick(1, 5 * hidden);
+    const int kv_heads = heads % 2 == 0 && pick(0, 1) ? heads / 2 : heads;  // grouped-query or not
+    const ModelConfig model =
+        llama ? testing::llama_of(L, hidden, heads, kv_heads, ffn, pick(2, 40), seq, B, mode, pick(0, 1) == 1)
+              : testing::gpt2_of(L, hidden, heads, pick(2, 40), seq, B, mode, ffn, seq + pick(0, 2));
+    llamas += llama;
     RunConfig cfg = testing::pipeline_config(schedule, M, v, model, pick(1, 2), 3);
     if (pick(0, 1)) {
       cfg.split.assign(static_cast<std::size_t>(V), 1);
       for (int extra = L - V; extra > 0; --extra) ++cfg.split[static_cast<std::size_t>(pick(0, V - 1))];
     }
     const TransformerShape& t = model.transformer;
-    std::string label = schedule + " S=" + std::to_string(S) + " M=" + std::to_string(M) + " v=" + std::to_string(v) +
+    std::string label = model.name + " " + schedule + " S=" + std::to_string(S) + " M=" + std::to_string(M) + " v=" + std::to_string(v) +
                         " B=" + std::to_string(B) + " L=" + std::to_string(L) + " h=" + std::to_string(hidden) +
                         " heads=" + std::to_string(heads) + " ffn=" + std::to_string(t.ffn) + " vocab=" +
                         std::to_string(t.vocab) + " seq=" + std::to_string(seq) +
@@ -176,6 +183,7 @@ TEST(PipelineForms, TransformerEqualTheExecutorOnRandomConfigurations) {
   EXPECT_GT(uneven_split, 100);
   EXPECT_GT(math, 100);
   EXPECT_GT(skipping, 10);
+  EXPECT_GT(llamas, 150);
 }
 
 // Interleaved 1F1B with a steady state long enough that its peak's form skips whole

@@ -42,6 +42,32 @@ inline ModelConfig gpt2_of(int layers, int hidden, int heads, int vocab, int seq
   return m;
 }
 
+// A Llama of the given shape (head_dim hidden / heads, no biases; `tied`: the head is the
+// token embedding), `batch` sequences.
+inline ModelConfig llama_of(int layers, int hidden, int heads, int kv_heads, int ffn, int vocab, int seq, int batch,
+                            AttentionMode mode, bool tied) {
+  ModelConfig m;
+  m.name = "llama";
+  m.layers = layers;
+  m.width = hidden;
+  m.batch = batch;
+  TransformerShape& t = m.transformer;
+  t.model_type = "llama";
+  t.layers = layers;
+  t.hidden = hidden;
+  t.heads = heads;
+  t.kv_heads = kv_heads;
+  t.head_dim = hidden / heads;
+  t.ffn = ffn;
+  t.vocab = vocab;
+  t.seq = seq;
+  t.positions = seq;
+  t.tied_embeddings = tied;
+  t.norm_eps = 1e-6f;
+  t.attention = mode;
+  return m;
+}
+
 inline RunConfig pipeline_config(const std::string& schedule, int microbatches, int chunks,
                                  const ModelConfig& model, int steps, std::uint64_t seed) {
   RunConfig cfg;
