@@ -150,6 +150,13 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   r.p2p_recv_bytes = ledger[CollKind::recv].bytes;
   r.p2p_peak_comm_bytes = stage.peak_comm_bytes();
   r.comm = comm_figures(ledger, comm.world(), comm.emulated());
+  // A pipeline's only all-reduce is the tied embedding's, between two ranks (its first
+  // and last stage): nccl-tests' factor for a world of 2.
+  {
+    CommFigures pair = comm_figures(ledger, 2, comm.emulated());
+    const int k = static_cast<int>(CollKind::all_reduce);
+    r.comm[k] = pair[k];
+  }
   r.comm_bytes = ledger.total_bytes();
 
   double busy = 0.0;

@@ -205,6 +205,25 @@ TEST(PipelineMpi, TransformersEveryStageTrainsLikeTheFullBatch) {
       }
 }
 
+// The tied embedding's all-reduce is one of two ranks, the first and last stage, whatever
+// the world: its record carries its bytes and nccl-tests' bus bandwidth for 2 ranks
+// (factor 1, the algorithm bandwidth); the stages between move none.
+TEST(PipelineMpi, TiedAllReduceIsOneOfTwoRanks) {
+  const World w;
+  const RunConfig cfg =
+      pipeline_config("1f1b", w.size, 1, testing::gpt2_of(w.size, 8, 2, 13, 4, w.size, AttentionMode::flash));
+  CpuBackend backend;
+  auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+  const nlohmann::json record = to_json(run_pipeline(cfg, backend, *comm));
+  const nlohmann::json& ar = record["comm"]["all_reduce"];
+  const bool holder = w.size > 1 && (w.rank == 0 || w.rank == w.size - 1);
+  EXPECT_EQ(ar["bytes"].get<std::int64_t>(), holder ? 4 * 13 * 8 : 0);
+  EXPECT_EQ(ar["calls"].get<std::int64_t>(), holder ? 1 : 0);
+  if (holder && ar["ms"].get<double>() > 0.0) {
+    EXPECT_DOUBLE_EQ(ar["busbw_gbps"].get<double>(), ar["bytes"].get<double>() / (ar["ms"].get<double>() * 1e-3) / 1e9);
+  }
+}
+
 // Stage records gathered on rank 0 (as run_job does) get their replayed bubbles.
 TEST(PipelineMpi, RecordsAndReplayedBubble) {
   const World w;
