@@ -17,6 +17,10 @@ held for backward when the forward, loss included, has ended. shardscope's
               kernel: q, k, v, the output and the log-sum-exp saved)
   sdpa-math   the same call under SDPBackend.MATH
   all         the three, one line each
+--checkpoint none|full|every:K: HF's gradient checkpointing (gradient_checkpointing_enable
+with use_reentrant=False: torch.utils.checkpoint around each decoder layer, its hidden
+states the one tensor argument), then every layer but 0, K, 2K, ... unwrapped again; the
+checkpoint's empty dummy tensor holds no bytes and is not counted.
 --itemize lists each saved storage (bytes, shape, dtype) in the order first saved, with
 the autograd nodes that saved it.
 With --shardscope BINARY, runs `BINARY run --model llama ...` on the same shape (one
@@ -51,6 +55,11 @@ def hf_saved(torch, transformers, args, mode):
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(attention_bias=args.attention_bias, **shape))
     model.train()
+    if args.checkpoint != "none":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        k = 1 if args.checkpoint == "full" else int(args.checkpoint.split(":", 1)[1])
+        for i, layer in enumerate(model.model.layers):
+            layer.gradient_checkpointing = i % k == 0
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     ids = torch.randint(0, args.vocab, (args.batch, args.seq))
     seen = {}  # storage pointer -> [bytes, shape, dtype], in the order first saved
@@ -58,7 +67,7 @@ def hf_saved(torch, transformers, args, mode):
     def pack(t):
         storage = t.untyped_storage()
         key = storage.data_ptr()
-        if key not in params and key not in seen:
+        if key not in params and key not in seen and storage.nbytes() > 0:
             seen[key] = [storage.nbytes(), tuple(t.shape), str(t.dtype), set()]
         return t
 
@@ -96,7 +105,7 @@ def shardscope_saved(binary, args, mode):
                "--heads", str(args.heads), "--kv-heads", str(args.kv_heads), "--ffn", str(args.ffn),
                "--vocab", str(args.vocab), "--seq", str(args.seq), "--batch", str(args.batch),
                "--attention", mode, "--strategy", "ddp", "--steps", "1",
-               "--backend", "cpu", "--json", path]
+               "--backend", "cpu", "--checkpoint", args.checkpoint, "--json", path]
         # The shape flags alone describe llama; qwen2's biases and a tied head come from a config.
         if args.model_type == "qwen2" or args.tied or args.attention_bias:
             config = os.path.join(tmp, "config.json")
@@ -129,6 +138,7 @@ def main():
     p.add_argument("--tied", action="store_true")
     p.add_argument("--attention-bias", action="store_true")
     p.add_argument("--attention", choices=["eager", "sdpa", "sdpa-math", "all"], default="all")
+    p.add_argument("--checkpoint", default="none", help="none | full | every:K (default none)")
     p.add_argument("--itemize", action="store_true")
     p.add_argument("--shardscope", metavar="BINARY")
     p.add_argument("--seed", type=int, default=0)

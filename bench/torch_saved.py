@@ -13,6 +13,11 @@ record) count the same.
 
 --attention math|flash|both picks SDPA's backend (SDPBackend.MATH materialises the
 probabilities; SDPBackend.FLASH_ATTENTION saves the output and the log-sum-exp).
+--checkpoint none|full|every:K wraps transformer blocks 0, K, 2K, ... (full: every
+block; the embeddings, ln_f and the head never) in torch.utils.checkpoint.checkpoint(
+block, x, use_reentrant=False): autograd then saves the wrapped block's input alone
+(through _NoopSaveInputs, beside an empty tensor, which holds no bytes and is not
+counted), the block's own saves going to the checkpoint's holders.
 --itemize lists each saved storage (bytes, shape, dtype) in the order it was saved.
 With --shardscope BINARY, runs `BINARY run --model gpt2 ...` on the same shape (one
 step, one rank) and prints its figures beside torch's.
@@ -30,7 +35,15 @@ import sys
 import tempfile
 
 
-def build_gpt(torch, layers, hidden, heads, vocab, positions):
+def wraps(checkpoint, i):
+    """Whether transformer block i is checkpointed under --checkpoint."""
+    if checkpoint == "none":
+        return False
+    k = 1 if checkpoint == "full" else int(checkpoint.split(":", 1)[1])
+    return i % k == 0
+
+
+def build_gpt(torch, layers, hidden, heads, vocab, positions, checkpoint="none"):
     nn = torch.nn
     F = torch.nn.functional
 
@@ -84,8 +97,11 @@ def build_gpt(torch, layers, hidden, heads, vocab, positions):
         def forward(self, idx, targets):
             pos = torch.arange(0, idx.size(1), dtype=torch.long)
             x = self.wte(idx) + self.wpe(pos)
-            for block in self.h:
-                x = block(x)
+            for i, block in enumerate(self.h):
+                if wraps(checkpoint, i):
+                    x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+                else:
+                    x = block(x)
             logits = self.lm_head(self.ln_f(x))
             return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
@@ -97,7 +113,7 @@ def torch_saved(torch, args, mode):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     torch.manual_seed(args.seed)
-    model = build_gpt(torch, args.layers, args.hidden, args.heads, args.vocab, args.positions)
+    model = build_gpt(torch, args.layers, args.hidden, args.heads, args.vocab, args.positions, args.checkpoint)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     idx = torch.randint(0, args.vocab, (args.batch, args.seq))
     targets = torch.randint(0, args.vocab, (args.batch, args.seq))
@@ -106,7 +122,7 @@ def torch_saved(torch, args, mode):
     def pack(t):
         storage = t.untyped_storage()
         key = storage.data_ptr()
-        if key not in params and key not in seen:
+        if key not in params and key not in seen and storage.nbytes() > 0:
             seen[key] = (storage.nbytes(), tuple(t.shape), str(t.dtype))
         return t
 
@@ -125,7 +141,7 @@ def shardscope_saved(binary, args, mode):
         cmd = [binary, "run", "--model", "gpt2", "--layers", str(args.layers), "--hidden", str(args.hidden),
                "--heads", str(args.heads), "--vocab", str(args.vocab), "--seq", str(args.seq),
                "--positions", str(args.positions), "--batch", str(args.batch), "--attention", mode,
-               "--steps", "1", "--backend", "cpu", "--json", out]
+               "--steps", "1", "--backend", "cpu", "--checkpoint", args.checkpoint, "--json", out]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
             doc = json.load(f)
@@ -144,6 +160,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=2, help="sequences")
     ap.add_argument("--attention", choices=["math", "flash", "both"], default="both")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpoint", default="none", help="none | full | every:K (default none)")
     ap.add_argument("--itemize", action="store_true", help="list every saved storage")
     ap.add_argument("--shardscope", metavar="BINARY", help="also run BINARY on the same shape")
     args = ap.parse_args()

@@ -80,6 +80,7 @@ struct RunFlags {
   std::string ddp_bucket = "view", bucket_mb = "0";
   std::string bytes = "binary";
   std::string comm_timeout = "300";
+  std::string checkpoint = "none";
   bool tf32 = false, wide = false;
   // Transformers (--model gpt2|llama, --hf-config): empty when not given.
   std::string hf_config, hidden, heads, kv_heads, ffn, vocab, seq, positions, attention = "flash";
@@ -114,6 +115,10 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--seed", f.seed, "seed of data and initial parameters (default 0)")->type_name("N");
   app.add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | zero3 (default ddp)")->type_name("NAME");
   app.add_option("--schedule", f.schedule, schedule_names_text(" | ") + " (a pipeline run)")->type_name("NAME");
+  app.add_option("--checkpoint", f.checkpoint,
+                 "none | full | every:K: recompute each (every K-th) layer or transformer block in backward, "
+                 "keeping only its input (default none)")
+      ->type_name("MODE");
   app.add_option("--units", f.units, "layers (transformer: blocks, beside a root unit of embeddings and head) per unit for zero2/zero3: K, or all for one root unit (default 1)")->type_name("K|all");
   app.add_option("--prefetch", f.prefetch, "0 | 1: gather the next unit during backward (default 1)")->type_name("0|1");
   app.add_option("--microbatches", f.microbatches, "pipeline micro-batches M (default: stages)")->type_name("M");
@@ -236,6 +241,20 @@ void check_option_values(const CLI::App& app, const std::vector<std::string>& ar
   }
 }
 
+// --checkpoint: none, full (every:1) or every:K with K a positive integer.
+CheckpointPolicy parse_checkpoint(const std::string& v) {
+  CheckpointPolicy p;
+  if (v == "none") return p;
+  p.kind = CheckpointKind::every;
+  if (v == "full") return p;
+  const std::string prefix = "every:";
+  if (v.rfind(prefix, 0) == 0 && all_digits(v.substr(prefix.size())) && v.size() > prefix.size()) {
+    p.every = parse_positive("--checkpoint every:K", v.substr(prefix.size()), 100'000);
+    return p;
+  }
+  throw UsageError("--checkpoint: unknown '" + v + "'; allowed: none, full, every:K (K >= 1)");
+}
+
 RunConfig to_config(const RunFlags& f, CLI::App& app) {
   RunConfig c;
   // Caps that keep every byte count of the closed forms inside 64 bits (and the
@@ -326,6 +345,10 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
     if (mb > 1e6) throw UsageError("--bucket-mb: " + f.bucket_mb + " is above the largest allowed, 1000000 MiB");
     c.bucket_mb = mb;
   }
+  c.model.checkpoint = parse_checkpoint(f.checkpoint);
+  if (has_schedule && c.model.checkpoint.any())
+    throw UsageError("--checkpoint " + f.checkpoint + " and --schedule: a pipeline's stages do not checkpoint; "
+                     "give --checkpoint none or a data-parallel --strategy");
   if (has_schedule && f.schedule.empty()) throw UsageError("--schedule: empty; allowed: " + schedule_names_text());
   if (has_schedule) c.schedule = parse_schedule(f.schedule);
   if (!has_schedule) {

@@ -98,6 +98,9 @@ class Block {
   // places the two blocks on different stages holds the tensor on both and all-reduces
   // its gradient between them (docs/design.md, "Transformers").
   virtual TensorRef tied_param() const { return {}; }
+  // Whether --checkpoint may wrap it (config.hpp: CheckpointPolicy): the MLP's layers
+  // and a transformer's blocks; not a transformer's embedding or final block.
+  virtual bool checkpointable() const { return true; }
   // The model's input when this block is the first, on the host: the slice's rows of
   // input_elems(1) values each. By default hashed values in [-1, 1) (hashed_rows, the
   // MLP's batch); a token embedding draws token ids.

@@ -53,6 +53,7 @@ class TransformerBlock final : public SequenceBlock {
                {p + "mlp.c_fc.weight", {f, h}, w},        {p + "mlp.c_fc.bias", {f}},
                {p + "mlp.c_proj.weight", {h, f}, wr},     {p + "mlp.c_proj.bias", {h}}};
   }
+  bool checkpointable() const override { return true; }
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return params_; }
   std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }

@@ -102,6 +102,7 @@ class DecoderLayer final : public SequenceBlock {
     add(norm1_, "input_layernorm.weight", {h}, 0.0f, 1.0f);
     add(norm2_, "post_attention_layernorm.weight", {h}, 0.0f, 1.0f);
   }
+  bool checkpointable() const override { return true; }
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return params_; }
   std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }

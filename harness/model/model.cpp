@@ -30,6 +30,23 @@ Model::Model(std::vector<std::unique_ptr<Block>> blocks, std::unique_ptr<ModelLo
     }
   }
   first_tensor_.push_back(static_cast<int>(tensors_.size()));
+  set_checkpoint(CheckpointPolicy{});
+}
+
+void Model::set_checkpoint(const CheckpointPolicy& policy) {
+  checkpointed_.assign(blocks_.size(), false);
+  ordinal_.assign(blocks_.size(), -1);
+  int c = 0;
+  for (int b = 0; b < blocks(); ++b) {
+    if (!blocks_[b]->checkpointable()) continue;
+    ordinal_[b] = c;
+    checkpointed_[b] = policy.wraps(c);
+    ++c;
+  }
+}
+
+bool Model::any_checkpointed() const {
+  return std::find(checkpointed_.begin(), checkpointed_.end(), true) != checkpointed_.end();
 }
 
 std::vector<std::int64_t> Model::tensor_sizes() const {
@@ -77,8 +94,8 @@ Buffer Model::make_target(Backend& backend, const DataSlice& at) const {
 }
 
 bool Model::output_saved(int b, int last) const {
-  if (block(b).saves_output()) return true;
-  if (b + 1 < last) return block(b + 1).saves_input();
+  if (block(b).saves_output() && !checkpointed(b)) return true;
+  if (b + 1 < last) return checkpointed(b + 1) || block(b + 1).saves_input();
   return b + 1 == blocks() && loss_->saves_input();
 }
 
@@ -105,8 +122,19 @@ Tape Model::forward(ModelContext& ctx, int first, int last, const float* input, 
       // The block's range closes before the hooks' work (a zero3 reshard), so a unit's
       // range (opened and closed by the hooks) nests around its blocks'.
       ScopedRange range(ctx.backend, block_range("forward", block(b)).c_str());
-      out = blocks_[b]->forward(call(ctx, b, rows), in, in_requires_grad, output_saved(b, last),
-                                tape.blocks[b - first]);
+      if (checkpointed(b)) {
+        // torch's checkpoint saves the function's input (_NoopSaveInputs) and packs
+        // every save inside into a holder that keeps no tensor: so the block's saves go
+        // to an instrument that is dropped, and what it kept for backward is freed.
+        ctx.saved.save(in, input_bytes(b, rows));
+        SavedTensors dropped;
+        out = blocks_[b]->forward({ctx.backend, dropped, ctx.access, b, rows}, in, in_requires_grad,
+                                  output_saved(b, last), tape.blocks[b - first]);
+        tape.blocks[b - first].held.clear();
+      } else {
+        out = blocks_[b]->forward(call(ctx, b, rows), in, in_requires_grad, output_saved(b, last),
+                                  tape.blocks[b - first]);
+      }
     }
     ctx.access.after_forward(b);
     in = out.data();
@@ -140,16 +168,34 @@ Buffer Model::backward(ModelContext& ctx, Tape& tape, Buffer dy, float beta) {
   ctx.saved.begin_backward();
   if (tape.has_loss) dy = loss_gradient(ctx, tape);
   for (int b = tape.last - 1; b >= tape.first; --b) {
+    const int j = b - tape.first;
+    const bool recompute = checkpointed(b);
+    // The forward's output of a checkpointed block: the block above (or the loss) has
+    // consumed it, and the re-run makes the one its backward uses.
+    if (recompute) tape.outputs[j].reset();
     ctx.backend.tracker().mark(Phase::backward, {PlaceKind::layer, b});
     ctx.access.before_backward(b);
+    const bool needs_dx = b > tape.first || tape.input_requires_grad;
+    const float* in = block_input(tape, b);
+    if (recompute) {
+      const Place was = ctx.backend.tracker().place();
+      ctx.backend.tracker().mark(Phase::backward, {PlaceKind::recompute, checkpoint_ordinal(b)});
+      {
+        ScopedRange range(ctx.backend, block_range("recompute", block(b)).c_str());
+        tape.outputs[j] = blocks_[b]->forward(call(ctx, b, tape.rows), in, needs_dx, block(b).saves_output(),
+                                              tape.blocks[j]);
+        // Nothing holds a re-run output the block does not save: freed at once.
+        if (!block(b).saves_output()) tape.outputs[j].reset();
+      }
+      ctx.backend.tracker().mark(Phase::backward, was);
+    }
     Buffer dx;
     {
       // Closes before the hooks' reduce-scatter.
       ScopedRange range(ctx.backend, block_range("backward", block(b)).c_str());
-      const bool needs_dx = b > tape.first || tape.input_requires_grad;
-      const int j = b - tape.first;
-      dx = blocks_[b]->backward(call(ctx, b, tape.rows), block_input(tape, b), tape.outputs[j], std::move(dy),
-                                needs_dx, beta, tape.blocks[j]);
+      dx = blocks_[b]->backward(call(ctx, b, tape.rows), in, tape.outputs[j], std::move(dy), needs_dx, beta,
+                                tape.blocks[j]);
+      if (recompute) ctx.saved.release(in);  // the checkpoint's save of its input
     }
     ctx.access.after_backward(b);
     dy = std::move(dx);
@@ -158,6 +204,7 @@ Buffer Model::backward(ModelContext& ctx, Tape& tape, Buffer dy, float beta) {
 }
 
 Buffer Model::backward_input(ModelContext& ctx, Tape& tape, Buffer dy) {
+  SHARDSCOPE_REQUIRE(!any_checkpointed(), "zero-bubble halves of a checkpointed model");
   ctx.saved.begin_backward();
   if (tape.has_loss) dy = loss_gradient(ctx, tape);
   for (int b = tape.last - 1; b >= tape.first; --b) {

@@ -108,18 +108,33 @@ class Model {
   Buffer make_target(Backend& backend, const DataSlice& at) const;
 
   // Whether block b's output is saved for backward when the segment ends at `last`:
-  // by the block itself, by the next block of the segment, or by the loss.
+  // by the block itself (unless it is checkpointed: its saves are dropped), by the next
+  // block of the segment (a checkpointed one saves its input), or by the loss.
   bool output_saved(int b, int last) const;
+
+  // ---- activation checkpointing (--checkpoint) ----
+  // Wraps the checkpointable blocks the policy names (CheckpointPolicy in config.hpp).
+  void set_checkpoint(const CheckpointPolicy& policy);
+  bool checkpointed(int b) const { return checkpointed_[b]; }
+  bool any_checkpointed() const;
+  // Block b's place among the checkpointable blocks (-1 when it is not one): the c of
+  // every:K, and the N of the place "recompute of block N".
+  int checkpoint_ordinal(int b) const { return ordinal_[b]; }
 
   // ---- engine ----
   // Forward through blocks [first, last) of `rows` rows.
+  // A checkpointed block runs with its saves dropped (what it kept is freed once it
+  // returns) and saves only its input, as torch's non-reentrant checkpoint does.
   Tape forward(ModelContext& ctx, int first, int last, const float* input, int rows, bool input_requires_grad);
   // The loss of the model's output (the tape must end at the last block); returns its
   // value scaled by `scale`.
   float loss_forward(ModelContext& ctx, Tape& tape, const float* target, float scale);
   // Whole backward of the tape. `dy` is the gradient of the segment's output (empty
   // when the tape ends with the loss). Gradients are written with `beta` (0 overwrite,
-  // 1 accumulate). Returns dx (temp) when the input requires grad.
+  // 1 accumulate). Returns dx (temp) when the input requires grad. A checkpointed
+  // block frees its forward's output, and once the strategy's before_backward hook has
+  // run, re-runs its forward (place "recompute of block N"), recording its saves again;
+  // the re-run output is kept only when the block saves it; then the usual backward.
   Buffer backward(ModelContext& ctx, Tape& tape, Buffer dy, float beta);
   // Zero-bubble halves: B computes the input gradient, keeping in each block's tape
   // what W needs; W computes the parameter gradients and frees what is left.
@@ -130,12 +145,15 @@ class Model {
   Buffer loss_gradient(ModelContext& ctx, Tape& tape);
   const float* block_input(const Tape& tape, int b) const;
   BlockCall call(ModelContext& ctx, int b, int rows) const { return {ctx.backend, ctx.saved, ctx.access, b, rows}; }
+  std::int64_t input_bytes(int b, int rows) const { return 4 * blocks_[b]->input_elems(rows); }
 
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<ModelLoss> loss_;
   std::vector<const ParamSpec*> tensors_;
   std::vector<std::int64_t> tensor_offset_;  // T + 1 entries
   std::vector<int> first_tensor_;            // blocks() + 1 entries
+  std::vector<bool> checkpointed_;           // blocks() entries
+  std::vector<int> ordinal_;                 // blocks() entries
 };
 
 // The model cfg.model.name names (harness/model/registry.cpp); UsageError naming

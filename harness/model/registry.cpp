@@ -52,7 +52,9 @@ void check_model_runnable(const std::string& name) {
 
 std::unique_ptr<Model> make_model(const ModelConfig& config) {
   check_model_runnable(config.name);
-  return find_model(config.name)->make(config);
+  std::unique_ptr<Model> model = find_model(config.name)->make(config);
+  model->set_checkpoint(config.checkpoint);
+  return model;
 }
 
 }  // namespace shardscope

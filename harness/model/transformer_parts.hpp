@@ -56,6 +56,8 @@ std::vector<float> token_rows(const DataSlice& at, int seq, int vocab, std::uint
 class SequenceBlock : public Block {
  public:
   SequenceBlock(const TransformerShape& shape, const char* family) : s_(shape), family_(family) {}
+  // The embedding and final blocks are not wrapped by --checkpoint; the layers say so.
+  bool checkpointable() const override { return false; }
   Buffer backward_input(const BlockCall& call, Buffer& output, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape& tape) override;
   void backward_weight(const BlockCall& call, const float* input, float beta, BlockTape& tape) override;

@@ -11,6 +11,7 @@
 // for each unit in backward the moment its full gradient (and the first input
 // gradient) is allocated.
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "harness/predict/gpt2_forms.hpp"
@@ -34,7 +35,7 @@ struct Transient {
 struct Candidate {
   Transient bytes;
   Phase phase;
-  int layer;
+  std::string where;
 };
 
 }  // namespace
@@ -47,10 +48,11 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
     const TransformerShape& t = cfg.model.transformer;
     const int b = cfg.model.batch;
     const StepUnits units = step_units(cfg, world);
+    const CheckpointPolicy& ck = cfg.model.checkpoint;
     if (cfg.model.name == "gpt2")
-      complete_step(gpt2_step_transient(t, b, units), gpt2_saved_after_forward(t, b), ranks);
+      complete_step(gpt2_step_transient(t, b, units, ck), gpt2_saved_after_forward(t, b, ck), ranks);
     else
-      complete_step(llama_step_transient(t, b, units), llama_saved_after_forward(t, b), ranks);
+      complete_step(llama_step_transient(t, b, units, ck), llama_saved_after_forward(t, b, ck), ranks);
     return ranks;
   }
   const ModelConfig& m = cfg.model;
@@ -96,10 +98,17 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
   }
 
   // ---- transient candidates, in time order (the same on every rank) ----
+  // With --checkpoint, c_i says whether layer i is wrapped: its forward is the same
+  // (a Linear's input is saved either way), only the last layer's own save of its
+  // output (relu) is dropped; its backward frees its forward's output, then re-runs
+  // the layer (the re-run output: activation when relu saves it, else temp, freed
+  // at once), then the usual backward.
+  const CheckpointPolicy& ck = m.checkpoint;
   const std::int64_t a = m.activation_bytes(m.batch);
   const std::int64_t X = a;
   const std::int64_t t = m.loss == Loss::mse ? a : 0;
-  const std::int64_t k = (m.activation == Activation::relu || m.loss == Loss::mse) ? 1 : 0;
+  const bool relu = m.activation == Activation::relu;
+  const std::int64_t k = ((relu && !ck.wraps(L - 1)) || m.loss == Loss::mse) ? 1 : 0;
   const bool zero3_multi = s == StrategyKind::zero3 && U > 1;
   // Units hold K layers each (the last what is left): a layer's unit is a division.
   const int per_unit = fsdp ? units[0].last_block - units[0].first_block : L;
@@ -107,9 +116,9 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
   auto where = [&](int layer) {
     return fsdp ? "unit " + std::to_string(unit_of(layer)) : "layer " + std::to_string(layer);
   };
-  Candidate best{{-1, 0, 0, 0}, Phase::setup, -1};
-  auto consider = [&](const Transient& bytes, Phase phase, int layer) {
-    if (bytes.total() > best.bytes.total()) best = {bytes, phase, layer};  // the first instant of the maximum
+  Candidate best{{-1, 0, 0, 0}, Phase::setup, ""};
+  auto consider = [&](const Transient& bytes, Phase phase, const std::string& at) {
+    if (bytes.total() > best.bytes.total()) best = {bytes, phase, at};  // the first instant of the maximum
   };
   // Forward: gathered params while layer i's output is allocated; the model's last
   // output is saved only when k = 1.
@@ -117,31 +126,40 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
     const int u = unit_of(i);
     const std::int64_t gathered = !fsdp ? 0 : zero3_multi ? f[u] : f_upto[u];
     const std::int64_t unsaved = (i == L - 1 && k == 0) ? a : 0;
-    consider({X + t + unsaved, (i + 1) * a - unsaved, gathered, 0}, Phase::forward, i);
+    consider({X + t + unsaved, (i + 1) * a - unsaved, gathered, 0}, Phase::forward, where(i));
   }
   const std::int64_t gathered_end = fsdp && !zero3_multi ? f_upto[U - 1] : 0;  // still gathered after forward
   const std::int64_t last_unsaved = k == 0 ? a : 0;
-  consider({X + t + last_unsaved + 4, (L - 1 + k) * a, gathered_end, 0}, Phase::forward, L - 1);  // loss scalar
-  consider({X + t + a, (L - 1 + k) * a, gathered_end, 0}, Phase::backward, L - 1);                // dy
+  consider({X + t + last_unsaved + 4, (L - 1 + k) * a, gathered_end, 0}, Phase::forward, where(L - 1));  // loss scalar
+  consider({X + t + a, (L - 1 + k) * a, gathered_end, 0}, Phase::backward, where(L - 1));                // dy
   // Backward, per unit from the last: its top layer j still holds its output (the
   // model's last layer only when k), plus dy, the gathered params (and the prefetched
-  // unit below), the full gradient and, when j > 0, the input gradient dx.
+  // unit below), the full gradient and, when j > 0, the input gradient dx. A wrapped
+  // top layer holds j outputs when its hook has run, then the re-run output; a lower
+  // layer of the unit never holds more.
   for (int u = U - 1; u >= 0; --u) {
     const int j = fsdp ? units[u].last_block - 1 : L - 1;
-    const std::int64_t outs = (j == L - 1) ? (L - 1 + k) : (j + 1);
+    const bool wrapped = ck.wraps(j);
+    const std::int64_t outs = wrapped ? j : (j == L - 1) ? (L - 1 + k) : (j + 1);
     Transient at{X + t + a, outs * a, 0, 0};
     if (fsdp) {
       at.param_unsharded = zero3_multi ? f[u] + (cfg.prefetch && u > 0 ? f[u - 1] : 0) : f_upto[u];
       at.grad_unsharded = f[u];  // the unit's full flat gradient
     }
-    consider(at, Phase::backward, j);
+    consider(at, Phase::backward, where(j));
+    if (wrapped) {
+      (relu ? at.activation : at.temp) += a;  // the re-run output
+      consider(at, Phase::backward, "recompute of block " + std::to_string(j));
+      if (!relu) at.temp -= a;  // freed at once
+    }
     at.temp += a;  // dx
-    if (j > 0) consider(at, Phase::backward, j);
+    if (j > 0) consider(at, Phase::backward, where(j));
   }
   p.peak_phase = best.phase;
-  p.peak_where = where(best.layer);
-  // Saved after forward: every Linear's input (the batch and the first L - 1 outputs),
-  // the last output when relu or mse saves it, and mse's target.
+  p.peak_where = best.where;
+  // Saved after forward: every Linear's input (the batch and the first L - 1 outputs;
+  // a wrapped layer's checkpoint saves the same input), the last output when relu
+  // (unless the last layer is wrapped) or mse saves it, and mse's target.
   const int mse = m.loss == Loss::mse ? 1 : 0;
   p.saved_after_forward_tensors = L + static_cast<int>(k) + mse;
   p.saved_after_forward_bytes = p.saved_after_forward_tensors * a;

@@ -38,11 +38,12 @@ SavedForm gpt2_block_saved(const TransformerShape& shape, int batch) {
   return {8 * z.a + 2 * z.F + 16 * z.N + z.A + (z.flash ? 0 : z.v - z.a), z.flash ? 13 : 15};
 }
 
-SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch) {
+SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch, const CheckpointPolicy& checkpoint) {
   const Sizes z = sizes(shape, batch);
   const SavedForm block = gpt2_block_saved(shape, batch);
-  return {8 * z.N + 8 * z.T + z.L * block.bytes + z.a + 8 * z.N + z.a + z.lambda + 8 * z.N + 4,
-          9 + z.L * block.tensors};
+  const int w = checkpoint.wrapped_of(z.L);  // each saves its input alone
+  return {8 * z.N + 8 * z.T + (z.L - w) * block.bytes + w * z.a + z.a + 8 * z.N + z.a + z.lambda + 8 * z.N + 4,
+          9 + (z.L - w) * block.tensors + w};
 }
 
 StepBlocks gpt2_blocks(const TransformerShape& shape, int batch) {
@@ -54,6 +55,13 @@ StepBlocks gpt2_blocks(const TransformerShape& shape, int batch) {
   blocks.base = 8 * z.T + a;  // arange(T) and x0
   blocks.K = gpt2_block_saved(shape, batch).bytes;
   blocks.final_held = 8 * N + a;  // ln_f's mean, rstd and output
+  // A wrapped block's re-run: its allocations only grow up to its output (math's qkv,
+  // copied head-major and freed, and the head-major attention output hold less:
+  // 8N + 7a and 8N + 6a + A beside K + a), so its highest instant is the output made.
+  const i64 K = blocks.K;
+  blocks.recompute = [=](PeakWalk& walk, i64 S, i64 pu, i64 gu, const std::string& where) {
+    walk.consider(X + 2 * a, S + K - a, pu, gu, Phase::backward, where, true);
+  };
   // A top block's gradient buffers, from its output freed (A4), dy = a.
   blocks.backward = [=](PeakWalk& walk, i64 A4, i64 pu, i64 gu, const std::string& where) {
     auto consider = [&](i64 temp, i64 act, bool dy_live = false) {
@@ -81,8 +89,11 @@ StepBlocks gpt2_blocks(const TransformerShape& shape, int batch) {
   return blocks;
 }
 
-StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units) {
-  return transformer_step_transient(gpt2_blocks(shape, batch), units);
+StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
+                                  const CheckpointPolicy& checkpoint) {
+  StepBlocks blocks = gpt2_blocks(shape, batch);
+  blocks.checkpoint = checkpoint;
+  return transformer_step_transient(blocks, units);
 }
 
 PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace& place) {

@@ -25,13 +25,16 @@ namespace shardscope {
 // (the ids and arange(T); the blocks; ln_f's input, mean and rstd, and output; the
 // log-probabilities, the target and nll_loss's total_weight).
 SavedForm gpt2_block_saved(const TransformerShape& shape, int batch);
-SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch);
+// Under --checkpoint a wrapped block saves only its input: a in 1 storage.
+SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch,
+                                   const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 
 // What a data-parallel step holds beyond its resting bytes at its peak
 // (transformer_step.hpp walks it; the blocks' part is GPT-2's).
 // What GPT-2's blocks hold, for `batch` sequences, as the walk and a pipeline's pieces read it.
 StepBlocks gpt2_blocks(const TransformerShape& shape, int batch);
-StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units);
+StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
+                                  const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 
 // One micro-batch of `rows` sequences through a pipeline piece of GPT-2 (piece_forms.hpp):
 // place.blocks transformer blocks, with the embeddings when first and the final block and

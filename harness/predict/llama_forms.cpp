@@ -42,10 +42,12 @@ SavedForm llama_block_saved(const TransformerShape& shape, int batch) {
   return {4 * z.a + attention + 8 * z.N + z.A + 4 * z.F, 15};
 }
 
-SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch) {
+SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch, const CheckpointPolicy& checkpoint) {
   const Sizes z = sizes(shape, batch);
   const SavedForm block = llama_block_saved(shape, batch);
-  return {8 * z.N + z.L * block.bytes + 2 * z.a + 4 * z.N + z.lambda + 8 * z.N + 4, 7 + z.L * block.tensors};
+  const int w = checkpoint.wrapped_of(z.L);  // each saves its input alone
+  return {8 * z.N + (z.L - w) * block.bytes + w * z.a + 2 * z.a + 4 * z.N + z.lambda + 8 * z.N + 4,
+          7 + (z.L - w) * block.tensors + w};
 }
 
 StepBlocks llama_blocks(const TransformerShape& shape, int batch) {
@@ -56,6 +58,18 @@ StepBlocks llama_blocks(const TransformerShape& shape, int batch) {
   blocks.base = a;  // x0
   blocks.K = llama_block_saved(shape, batch).bytes;
   blocks.final_held = 4 * N + a;  // the final norm's rstd and output
+  // A wrapped layer's re-run, from S with dy = a: math's q, k, v token-major (temp)
+  // beside their head-major copies, then (those freed) the probabilities and the
+  // head-major output (temp) beside the token-major one; then its output (temp).
+  const i64 K = blocks.K;
+  blocks.recompute = [=](PeakWalk& walk, i64 S, i64 pu, i64 gu, const std::string& where) {
+    auto consider = [&](i64 temp, i64 act) { walk.consider(temp, act, pu, gu, Phase::backward, where, true); };
+    if (!z.flash) {
+      consider(X + a + Q + 2 * C, S + 4 * N + a + 3 * Q);
+      consider(X + a + Q, S + 4 * N + a + 4 * Q + A);
+    }
+    consider(X + 2 * a, S + K - a);
+  };
   // A top layer's gradient buffers, from its output freed (A4), dy = a.
   blocks.backward = [=](PeakWalk& walk, i64 A4, i64 pu, i64 gu, const std::string& where) {
     auto consider = [&](i64 temp, i64 act, bool dy_live = false) {
@@ -87,8 +101,11 @@ StepBlocks llama_blocks(const TransformerShape& shape, int batch) {
   return blocks;
 }
 
-StepTransient llama_step_transient(const TransformerShape& shape, int batch, const StepUnits& units) {
-  return transformer_step_transient(llama_blocks(shape, batch), units);
+StepTransient llama_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
+                                   const CheckpointPolicy& checkpoint) {
+  StepBlocks blocks = llama_blocks(shape, batch);
+  blocks.checkpoint = checkpoint;
+  return transformer_step_transient(blocks, units);
 }
 
 PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace& place) {

@@ -24,13 +24,16 @@ namespace shardscope {
 // (the ids; the blocks; the final norm's input, rstd and output; the log-probabilities,
 // the target and nll_loss's total_weight).
 SavedForm llama_block_saved(const TransformerShape& shape, int batch);
-SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch);
+// Under --checkpoint a wrapped layer saves only its input: a in 1 storage.
+SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch,
+                                    const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 
 // What a data-parallel step holds beyond its resting bytes at its peak
 // (transformer_step.hpp walks it; the blocks' part is Llama's).
 // What Llama's blocks hold, for `batch` sequences, as the walk and a pipeline's pieces read it.
 StepBlocks llama_blocks(const TransformerShape& shape, int batch);
-StepTransient llama_step_transient(const TransformerShape& shape, int batch, const StepUnits& units);
+StepTransient llama_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
+                                   const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 
 // One micro-batch of `rows` sequences through a pipeline piece of Llama
 // (transformer_piece.hpp): place.blocks decoder layers, with the embedding when first and

@@ -10,6 +10,8 @@
 //   begins are S_b = base + b·K.
 #include "harness/predict/transformer_step.hpp"
 
+#include <vector>
+
 #include "harness/strategies/partition.hpp"
 #include "shardscope/strategy_kind.hpp"
 
@@ -73,15 +75,21 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
   i64 all_units = 0;  // Σ f_u over the units of blocks (u >= 1)
   for (int u = 1; u < U; ++u) all_units += f(u);
   const i64 f0 = fsdp ? f(0) : 0;
-  auto held_at = [&](int b) { return z.base + b * K; };
+  // Model block b (1..L) is transformer block b - 1; a wrapped one holds a, else K.
+  auto wrapped = [&](int b) { return z.checkpoint.wraps(b - 1); };
+  std::vector<i64> held(z.L + 1, z.base);  // held[b] = S_{b+1}: after block b's forward
+  for (int b = 1; b <= z.L; ++b) held[b] = held[b - 1] + (wrapped(b) ? a : K);
+  auto held_at = [&](int b) { return held[b]; };
+  auto recompute_of = [](int b) { return "recompute of block " + std::to_string(b - 1); };
   PeakWalk walk;
 
   // Forward: each unit of blocks at its top block's output (zero3 holds the root and
-  // that unit, zero2 every unit so far).
+  // that unit, zero2 every unit so far); a wrapped block's saves are freed only after.
   i64 so_far = 0;
   for (int u = 1; u < U; ++u) {
     so_far += f(u);
-    walk.consider(X, held_at(units.top_block[u]), f0 + (units.reshard ? f(u) : so_far), 0, Phase::forward, unit(u));
+    const int b = units.top_block[u];
+    walk.consider(X, held_at(b - 1) + K, f0 + (units.reshard ? f(u) : so_far), 0, Phase::forward, unit(u));
   }
   // Forward's end (the loss's total_weight made): every save, the logits, the loss scalar.
   const i64 after_forward = f0 + (units.reshard ? 0 : all_units);
@@ -96,33 +104,43 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
   // The final block: d norm, then dx (dlogits and the norm's output gone).
   walk.consider(X + lambda + a, A1, after_forward, f0, Phase::backward, fin);
   walk.consider(X + 2 * a, A1 - a, after_forward, f0, Phase::backward, fin);
+  // Blocks [lo, hi] backward, from hi, in one unit's gathered parameters and full
+  // gradient: a wrapped block's re-run, then its gradient buffers from A4 = S_b + K - a
+  // (its output freed). Lower blocks hold less at each instant than the unit's top
+  // one; walked all the same, since a re-run's instants can meet a later block's.
+  auto blocks_backward = [&](int hi, int lo, i64 pu, i64 gu, const std::string& where) {
+    for (int b = hi; b >= lo; --b) {
+      if (wrapped(b)) z.recompute(walk, held_at(b - 1), pu, gu, recompute_of(b));
+      z.backward(walk, held_at(b - 1) + K - a, pu, gu, fsdp ? where : layer(b));
+    }
+  };
   if (U <= 1) {
-    // ddp, zero1, a root unit: the top transformer block; every lower block's instants
-    // hold K less.
-    z.backward(walk, held_at(z.L) - a, f0, f0, fsdp ? unit(0) : layer(z.L));
+    // ddp, zero1, a root unit: every transformer block from the top.
+    blocks_backward(z.L, 1, f0, f0, unit(0));
     return walk.best();
   }
-  // Units of blocks, from the last: when its backward begins dy = a and S_b are held;
-  // zero3 gathers it (unless the unit above prefetched it) and prefetches the next
-  // (not the root, still gathered); its full gradient; its top block's buffers. Lower
-  // blocks of a unit hold K less at each instant.
+  // Units of blocks, from the last: when its backward begins dy = a and S_b are held
+  // (S_b less a wrapped top block's output, freed first); zero3 gathers it (unless the
+  // unit above prefetched it) and prefetches the next (not the root, still gathered);
+  // its full gradient; its blocks' buffers.
   i64 pu = after_forward;
   for (int u = U - 1; u >= 1; --u) {
     const int b = units.top_block[u];
-    const i64 held = held_at(b);
+    const int first = u == 1 ? 1 : units.top_block[u - 1] + 1;
+    const i64 S = wrapped(b) ? held_at(b - 1) : held_at(b);
     if (units.reshard) {
       const bool prefetched = units.prefetch && u + 1 < U;
       if (!prefetched) {
         pu += f(u);
-        walk.consider(X + a, held, pu, f0, Phase::backward, unit(u));
+        walk.consider(X + a, S, pu, f0, Phase::backward, unit(u));
       }
       if (units.prefetch && u - 1 >= 1) {
         pu += f(u - 1);
-        walk.consider(X + a, held, pu, f0, Phase::backward, unit(u));
+        walk.consider(X + a, S, pu, f0, Phase::backward, unit(u));
       }
     }
-    walk.consider(X + a, held, pu, f0 + f(u), Phase::backward, unit(u));  // the unit's full gradient
-    z.backward(walk, held - a, pu, f0 + f(u), unit(u));
+    walk.consider(X + a, S, pu, f0 + f(u), Phase::backward, unit(u));  // the unit's full gradient
+    blocks_backward(b, first, pu, f0 + f(u), unit(u));
     pu -= f(u);  // resharded after its backward
   }
   return walk.best();

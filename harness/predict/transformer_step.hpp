@@ -88,11 +88,20 @@ struct StepBlocks {
   std::int64_t base = 0;        // activations before block 1: the embeddings' saves beside the ids, and x0
   std::int64_t K = 0;           // a transformer block's: its saves less its input, with its output
   std::int64_t final_held = 0;  // the final block's beside its input: the norm's statistics and output
+  // --checkpoint: transformer block i (model block i + 1) wrapped when checkpoint.wraps(i);
+  // a wrapped block holds only its output (a) between its forward and its backward.
+  CheckpointPolicy checkpoint;
   // A top block's backward: each gradient buffer as it is made, from A4 (the
   // activations once its output is freed) with dy = a held.
   std::function<void(PeakWalk&, std::int64_t A4, std::int64_t gathered, std::int64_t grad_full,
                      const std::string& where)>
       backward;
+  // A wrapped block's re-run at the start of its backward: its forward's instants from
+  // S (the activations below it, its input among them) with dy = a held; the re-run
+  // output is temp (no block saves its own output) and freed at once.
+  std::function<void(PeakWalk&, std::int64_t S, std::int64_t gathered, std::int64_t grad_full,
+                     const std::string& where)>
+      recompute;
 };
 StepTransient transformer_step_transient(const StepBlocks& blocks, const StepUnits& units);
 

@@ -181,6 +181,7 @@ json to_json(const ModelRecord& m) {
             {"loss", m.loss},
             {"batch", m.batch}};
   if (m.family) j["family"] = *m.family;
+  if (m.checkpoint) j["checkpoint"] = *m.checkpoint;
   if (m.shape) {
     const TransformerShapeRecord& s = *m.shape;
     j["shape"] = {{"model_type", s.model_type},

@@ -245,6 +245,7 @@ struct ModelRecord {
   int batch = 0;
   std::optional<std::string> family;               // left out for the MLP
   std::optional<TransformerShapeRecord> shape;     // left out for the MLP
+  std::optional<std::string> checkpoint;           // --checkpoint full | every:K; left out for none
 };
 
 // What every run says of where it ran ("backend", "comm", "emulated", and "rank": the

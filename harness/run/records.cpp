@@ -37,7 +37,9 @@ RankPredicted rank_predicted(const Prediction& p) {
                        : std::nullopt};
 }
 
-ModelRecord model_record(const ModelConfig& m) {
+namespace {
+
+ModelRecord model_record_of_shape(const ModelConfig& m) {
   if (m.is_transformer()) {
     const TransformerShape& s = m.transformer;
     const std::int64_t params = transformer_params(s);
@@ -52,7 +54,8 @@ ModelRecord model_record(const ModelConfig& m) {
                   m.name,
                   TransformerShapeRecord{s.model_type, s.hidden, s.heads, s.kv_heads, s.head_dim, s.ffn, s.vocab, s.seq,
                                          s.positions, s.tied_embeddings, s.qkv_bias, s.out_bias,
-                                         s.attention == AttentionMode::math ? "math" : "flash"}};
+                                         s.attention == AttentionMode::math ? "math" : "flash"},
+                  std::nullopt};
     return r;
   }
   return {m.layers,
@@ -64,7 +67,16 @@ ModelRecord model_record(const ModelConfig& m) {
           m.loss == Loss::mse ? "mse" : "sum",
           m.batch,
           std::nullopt,
+          std::nullopt,
           std::nullopt};
+}
+
+}  // namespace
+
+ModelRecord model_record(const ModelConfig& m) {
+  ModelRecord r = model_record_of_shape(m);
+  if (m.checkpoint.any()) r.checkpoint = m.checkpoint.text();
+  return r;
 }
 
 int timed_steps(int steps) { return steps > 1 ? steps - 1 : 0; }

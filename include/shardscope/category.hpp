@@ -55,8 +55,9 @@ inline constexpr std::string_view phase_name(Phase p) {
   return names[static_cast<int>(p)];
 }
 
-// Where in the model: a layer, a unit (FSDP-style group of layers) or a micro-batch action.
-enum class PlaceKind : std::uint8_t { none, layer, unit, tensor, microbatch };
+// Where in the model: a layer, a unit (FSDP-style group of layers), a micro-batch
+// action, or the re-run of a checkpointed block's forward at the start of its backward.
+enum class PlaceKind : std::uint8_t { none, layer, unit, tensor, microbatch, recompute };
 
 struct Place {
   PlaceKind kind = PlaceKind::none;
@@ -64,13 +65,15 @@ struct Place {
   bool operator==(const Place& o) const { return kind == o.kind && index == o.index; }
 };
 
-// "layer 3", "unit 3", "tensor 3", "micro-batch 3"; "-" for no place.
+// "layer 3", "unit 3", "tensor 3", "micro-batch 3", "recompute of block 3" (the
+// model's block index); "-" for no place.
 inline std::string describe_place(const Place& place) {
   switch (place.kind) {
     case PlaceKind::layer: return "layer " + std::to_string(place.index);
     case PlaceKind::unit: return "unit " + std::to_string(place.index);
     case PlaceKind::tensor: return "tensor " + std::to_string(place.index);
     case PlaceKind::microbatch: return "micro-batch " + std::to_string(place.index);
+    case PlaceKind::recompute: return "recompute of block " + std::to_string(place.index);
     case PlaceKind::none: break;
   }
   return "-";

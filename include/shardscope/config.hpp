@@ -37,6 +37,29 @@ struct TransformerShape {
   std::string model_type;        // the config.json's model_type ("gpt2", "llama", "mistral", "qwen2"), or the family
 };
 
+// --checkpoint (docs/design.md §2): which blocks torch's non-reentrant checkpoint
+// wraps. A model's checkpointable blocks are the MLP's layers and a transformer's
+// blocks (h.i, layers.i), never its embedding or final block; they are numbered
+// c = 0, 1, ... in model order, and every:K wraps those with c % K == 0 (full is
+// every:1). A wrapped block saves only its input in forward and re-runs its whole
+// forward at the start of its backward.
+enum class CheckpointKind : std::uint8_t { none, every };
+struct CheckpointPolicy {
+  CheckpointKind kind = CheckpointKind::none;
+  int every = 1;  // K of every:K; full is 1
+
+  bool any() const { return kind != CheckpointKind::none; }
+  // Whether the c-th checkpointable block is wrapped.
+  bool wraps(int c) const { return kind == CheckpointKind::every && c % every == 0; }
+  // How many of n checkpointable blocks are wrapped: ceil(n / K), or 0.
+  int wrapped_of(int n) const { return kind == CheckpointKind::every ? (n + every - 1) / every : 0; }
+  // "none", "full", "every:K": the flag's spelling, for labels.
+  std::string text() const {
+    if (kind == CheckpointKind::none) return "none";
+    return every == 1 ? "full" : "every:" + std::to_string(every);
+  }
+};
+
 struct ModelConfig {
   std::string name = "mlp";  // --model: the registry's entry (harness/model/registry.cpp)
   TransformerShape transformer;  // when name is a transformer family (gpt2, llama)
@@ -45,6 +68,7 @@ struct ModelConfig {
   int batch = 32;  // rows per rank (data parallel) or per pipeline (pipeline)
   Activation activation = Activation::none;
   Loss loss = Loss::sum;
+  CheckpointPolicy checkpoint;  // --checkpoint
 
   // gpt2 or llama: the shape is `transformer`, and the MLP's sizes below do not apply
   // (harness/predict/transformer_forms.hpp has the transformer's).

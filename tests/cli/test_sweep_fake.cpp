@@ -152,7 +152,7 @@ class SweepFake : public ::testing::Test {
     st["rank"] = "@R@";
     st["world"] = "@WORLD@";
     put("stage.json", st);
-    ModelRecord model{1, 1, 526336, 2, 2105344, "none", "sum", 1, std::nullopt, std::nullopt};
+    ModelRecord model{1, 1, 526336, 2, 2105344, "none", "sum", 1, std::nullopt, std::nullopt, std::nullopt};
     DataParallelRun dp;
     dp.units = 1;
     dp.model = model;

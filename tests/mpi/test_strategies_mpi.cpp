@@ -183,5 +183,48 @@ TEST(StrategiesMpi, LlamaTrainsLikeOneRank) {
   }
 }
 
+// --checkpoint under MPI: GPT-2 under full checkpointing (zero3 over units of one
+// block, flash) and Llama under every:2 (ddp, math) train like one rank, and their
+// bytes, saves and the peak's place ("recompute of block c" among them) equal the
+// closed forms.
+TEST(StrategiesMpi, CheckpointedTransformersTrainLikeOneRank) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  TransformerShape g;
+  g.model_type = "gpt2";
+  g.layers = 3, g.hidden = 16, g.heads = g.kv_heads = 2, g.head_dim = 8, g.ffn = 64, g.vocab = 29, g.seq = 6;
+  g.positions = 8;
+  g.tied_embeddings = g.qkv_bias = g.out_bias = true;
+  TransformerShape l;
+  l.model_type = "llama";
+  l.layers = 3, l.hidden = 16, l.heads = 4, l.kv_heads = 2, l.head_dim = 4, l.ffn = 24, l.vocab = 29, l.seq = 6;
+  l.positions = 8;
+  l.attention = AttentionMode::math;
+  struct Case {
+    const char* family;
+    TransformerShape shape;
+    int every;
+    const char* strategy;
+    int units;
+  };
+  for (const Case& c : {Case{"gpt2", g, 1, "zero3", 1}, Case{"llama", l, 2, "ddp", 0}}) {
+    RunConfig cfg;
+    cfg.model = testing::transformer_model(c.family, c.shape, 2);
+    cfg.model.checkpoint = {CheckpointKind::every, c.every};
+    cfg.steps = 3;
+    cfg.seed = 5;
+    cfg.strategy = parse_strategy(c.strategy);
+    cfg.layers_per_unit = c.units;
+    SCOPED_TRACE(std::string(c.family) + " checkpoint=" + cfg.model.checkpoint.text() + " " + c.strategy +
+                 " W=" + std::to_string(world) + " rank " + std::to_string(rank));
+    expect_transformer_trains_like_one_rank(cfg, world, rank);
+    CpuBackend backend;
+    auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+    const auto r = testing::run_dp(cfg, backend, *comm, false);
+    EXPECT_EQ(r.where, predict_data_parallel(cfg, world, rank).peak_where);
+  }
+}
+
 }  // namespace
 }  // namespace shardscope
