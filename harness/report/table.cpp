@@ -161,6 +161,7 @@ std::string model_line(const ModelRecord& model, bool batch_per_rank, const Tabl
     line += ", loss " + model.loss;
     line += ", batch " + std::to_string(model.batch) + (batch_per_rank ? "/rank" : "");
   }
+  if (model.checkpoint) line += ", checkpoint " + *model.checkpoint;
   line += ", P = " + cells::group_digits(model.params) + " params";
   line += ", 4P = " + (options.exact_bytes ? cells::group_digits(model.param_bytes) + " B"
                                            : cells::bytes(model.param_bytes, options));
