@@ -346,9 +346,6 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
     c.bucket_mb = mb;
   }
   c.model.checkpoint = parse_checkpoint(f.checkpoint);
-  if (has_schedule && c.model.checkpoint.any())
-    throw UsageError("--checkpoint " + f.checkpoint + " and --schedule: a pipeline's stages do not checkpoint; "
-                     "give --checkpoint none or a data-parallel --strategy");
   if (has_schedule && f.schedule.empty()) throw UsageError("--schedule: empty; allowed: " + schedule_names_text());
   if (has_schedule) c.schedule = parse_schedule(f.schedule);
   if (!has_schedule) {

@@ -155,6 +155,7 @@ ConfigPeak data_parallel_peak(const RunConfig& cfg, int world) {
 // Every stage's closed forms (stage s is rank s), what plan_pipeline prints and --fit
 // asks, from one place; `shape` is set to the checked shape.
 std::vector<StageForms> predict_stages(const RunConfig& cfg, int stages, PipelineShape* shape) {
+  refuse_checkpointed_pipeline(cfg);
   *shape = pipeline_shape(cfg, stages);
   std::vector<StageForms> forms;
   for (int s = 0; s < stages; ++s) forms.push_back(predict_pipeline_stage(*shape, s));

@@ -75,6 +75,12 @@ void validate_data_parallel(const RunConfig& cfg) {
                      std::to_string(cfg.model.layers) + "; use --units all for one root unit");
 }
 
+void refuse_checkpointed_pipeline(const RunConfig& cfg) {
+  if (cfg.pipeline() && cfg.model.checkpoint.any())
+    throw UsageError("--checkpoint " + cfg.model.checkpoint.text() + " and --schedule: a pipeline's stages do not "
+                     "checkpoint; give --checkpoint none or a data-parallel --strategy");
+}
+
 namespace {
 
 RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicator& comm) {
@@ -175,6 +181,7 @@ JobSetup prepare_job(const RunConfig& cfg, const MpiSession& mpi) {
     throw UsageError("the ranks of this job do not all see a GPU: pass --backend cpu or --backend cuda");
   setup.comm = choose_comm(cfg, setup.backend, mpi);
   setup.world = setup.comm.kind == "fake" ? setup.comm.emulate_world : mpi.world();
+  refuse_checkpointed_pipeline(cfg);
   if (cfg.pipeline())
     validate_pipeline(cfg, setup.world);
   else

@@ -35,6 +35,9 @@ std::optional<ResultDocument> run_job(const RunConfig& cfg, const JobSetup& setu
 // zero3 with more layers per unit than layers. (zero1 with more ranks than parameter
 // tensors runs, as torch's ZeroRedundancyOptimizer does: some ranks own nothing.)
 void validate_data_parallel(const RunConfig& cfg);
+// UsageError naming --checkpoint and --schedule when a pipeline is asked to checkpoint
+// (its stages do not: docs/design.md §2); a plan or sweep lists it as skipped.
+void refuse_checkpointed_pipeline(const RunConfig& cfg);
 
 // A data-parallel run's fields before its ranks (docs/design.md §7): strategy, world, units,
 // layers_per_unit, prefetch, ddp_bucket, bucket_mb, steps, timed_steps, seed, model.

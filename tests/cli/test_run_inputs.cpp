@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -105,6 +106,31 @@ TEST_F(RunInputs, ABucketCapBelowTheSmallestDoubleIsOneBucketPerTensor) {
   std::string line;
   EXPECT_EQ(run("--bucket-mb 1" + std::string(400, '0'), &line), 2);
   EXPECT_NE(line.find("is above the largest allowed, 1000000 MiB"), std::string::npos) << line;
+}
+
+TEST_F(RunInputs, CheckpointIsNoneFullOrEveryKAndNeverAPipelines) {
+  std::string line;
+  EXPECT_EQ(run("--checkpoint every:0", &line), 2);
+  EXPECT_NE(line.find("--checkpoint"), std::string::npos) << line;
+  EXPECT_EQ(run("--checkpoint attention", &line), 2);
+  EXPECT_NE(line.find("allowed: none, full, every:K"), std::string::npos) << line;
+  EXPECT_EQ(run("--checkpoint full --schedule gpipe --emulate 2:0", &line), 2);
+  EXPECT_NE(line.find("--checkpoint full and --schedule"), std::string::npos) << line;
+  EXPECT_EQ(run("--checkpoint every:2 --strategy zero3 --emulate 2:1 --steps 2"), 0);
+}
+
+// A plan of every strategy and schedule under --checkpoint plans the data-parallel ones
+// (their model line says so) and lists each pipeline as skipped with the reason.
+TEST_F(RunInputs, APlanUnderCheckpointSkipsItsPipelines) {
+  const std::string out = dir_ + "/plan.txt";
+  ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan --layers 4 --width 16 --worlds 2 " +
+                  "--checkpoint full > '" + out + "' 2>&1"),
+            0);
+  std::ifstream in(out);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("checkpoint full"), std::string::npos) << text;
+  EXPECT_NE(text.find("zero3"), std::string::npos) << text;
+  EXPECT_NE(text.find("--checkpoint full and --schedule"), std::string::npos) << text;
 }
 
 TEST_F(RunInputs, HugePipelinesAreRefusedAtOnce) {
