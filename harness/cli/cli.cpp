@@ -74,7 +74,7 @@ struct RunFlags {
   std::string activation = "none", loss = "sum";
   // One layer per unit, as FSDP's per-layer wrap policy and DeepSpeed shard; "all" is
   // the root unit alone (torch FSDP without a wrap policy).
-  std::string strategy = "ddp", schedule, units = "1", prefetch = "1";
+  std::string strategy = "ddp", schedule, units = "1", prefetch = "1", engine = "torch";
   std::string microbatches, chunks = "1", split;
   std::string backend, comm, emulate, json, trace, timeline = "on", csv;
   std::string ddp_bucket = "view", bucket_mb = "0";
@@ -114,6 +114,10 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--steps", f.steps, "optimizer steps; the first is warm-up (default 11: ten timed)")->type_name("N");
   app.add_option("--seed", f.seed, "seed of data and initial parameters (default 0)")->type_name("N");
   app.add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | zero3 (default ddp)")->type_name("NAME");
+  app.add_option("--engine", f.engine,
+                 "torch | fsdp2: whose layout zero2/zero3 take: torch's FSDP1 flat units, or fully_shard's "
+                 "per-tensor dim-0 shards; ddp and zero1 are torch's under either (default torch; deepspeed is not built yet)")
+      ->type_name("torch|fsdp2");
   app.add_option("--schedule", f.schedule, schedule_names_text(" | ") + " (a pipeline run)")->type_name("NAME");
   app.add_option("--checkpoint", f.checkpoint,
                  "none | full | every:K: recompute each (every K-th) layer or transformer block in backward, "
@@ -316,6 +320,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   if (has_schedule && app.count("--strategy") > 0)
     throw UsageError("--strategy and --schedule: a run is either data parallel or a pipeline, not both");
   c.strategy = parse_strategy(f.strategy);
+  c.engine = parse_engine(f.engine);
   c.layers_per_unit = f.units == "all" ? 0 : parse_positive("--units (K or all)", f.units, 100'000);
   if (f.prefetch != "0" && f.prefetch != "1") throw UsageError("--prefetch: '" + f.prefetch + "'; allowed: 0, 1");
   c.prefetch = f.prefetch == "1";
@@ -352,7 +357,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
     for (const char* flag : {"--microbatches", "--chunks", "--split"})
       if (app.count(flag) > 0) throw UsageError(std::string(flag) + " is only valid with --schedule");
   } else {
-    for (const char* flag : {"--units", "--prefetch", "--ddp-bucket", "--bucket-mb"})
+    for (const char* flag : {"--units", "--prefetch", "--ddp-bucket", "--bucket-mb", "--engine"})
       if (app.count(flag) > 0) throw UsageError(std::string(flag) + " is only valid with --strategy (data parallel)");
   }
   // A schedule is validated action by action before it runs: M and v are capped so

@@ -487,6 +487,7 @@ std::string run_label(const json& run, bool pipeline) {
     const std::optional<StrategyKind> kind = find_strategy(name);
     if (const json* k = Reader::present(run, "layers_per_unit"); k && kind && shards_by_unit(*kind))
       label += " units=" + text(*k);
+    if (const json* e = Reader::present(run, "engine"); e && *e != "torch") label += " engine=" + text(*e);
   } else {
     if (const json* m = Reader::present(run, "microbatches")) label += " M=" + text(*m);
     if (const json* v = Reader::present(run, "chunks")) label += " chunks=" + text(*v);
@@ -507,6 +508,10 @@ void check_numbers_distinct(const Reader& rd, const json& list, const std::vecto
 DataParallelRun read_data_parallel(const Reader& rd, const json& run) {
   DataParallelRun dp;
   dp.strategy = run["strategy"].get<std::string>();
+  if (Reader::present(run, "engine")) {
+    dp.engine = rd.text(run, "", "engine", "torch or fsdp2");
+    if (dp.engine != "torch" && dp.engine != "fsdp2") rd.refuse("engine", &run["engine"], "torch or fsdp2");
+  }
   dp.world = rd.positive(run, "", "world");
   dp.model = read_model(rd, run);
   dp.units = rd.positive(run, "", "units");

@@ -116,6 +116,7 @@ json data_parallel_json(const DataParallelRun& dp) {
   json run;
   run["kind"] = "data_parallel";
   run["strategy"] = dp.strategy;
+  run["engine"] = dp.engine;
   run["world"] = dp.world;
   run["units"] = dp.units;
   run["layers_per_unit"] = dp.layers_per_unit ? json(*dp.layers_per_unit) : json("all");

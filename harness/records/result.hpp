@@ -259,6 +259,10 @@ struct RunPlace {
 
 struct DataParallelRun {
   std::string strategy;
+  // Whose layout the run took (--engine): "torch", or "fsdp2" for zero2/zero3 under
+  // --engine fsdp2 (ddp and zero1 are torch's under either). Records from before the
+  // field read as torch.
+  std::string engine = "torch";
   int world = 0;
   int units = 0;
   std::optional<int> layers_per_unit;  // nullopt: "all"

@@ -54,6 +54,7 @@ std::string run_label(const json& run) {
   if (const json* w = cells::at(run, {"world"})) label += (pipeline ? " S=" : " W=") + cells::text(w);
   if (!pipeline) {
     if (const json* k = cells::at(run, {"layers_per_unit"}); k && uses_units(run)) label += " " + units_label(k);
+    if (const json* e = cells::at(run, {"engine"}); e && cells::text(e) != "torch") label += " engine=" + cells::text(e);
   } else {
     if (const json* m = cells::at(run, {"microbatches"})) label += " M=" + cells::text(m);
     if (const json* v = cells::at(run, {"chunks"})) label += " chunks=" + cells::text(v);
@@ -64,6 +65,7 @@ std::string run_label(const json& run) {
 std::string run_label(const DataParallelRun& run) {
   std::string label = run.strategy + " W=" + std::to_string(run.world);
   if (tables::uses_units(run)) label += " " + tables::units_setting(run);
+  if (run.engine != "torch") label += " engine=" + run.engine;
   return label;
 }
 

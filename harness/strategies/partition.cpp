@@ -90,4 +90,17 @@ std::vector<Unit> fsdp_units(const ModelConfig& model, int layers_per_unit, int 
   return fsdp_units(std::vector<std::int64_t>(model.layers, model.layer_elems()), layers_per_unit, world);
 }
 
+std::int64_t Dim0Shard::local_rows(int rank) const {
+  const std::int64_t begin = chunk_rows * rank;
+  return std::max<std::int64_t>(0, std::min(chunk_rows, rows - begin));
+}
+
+Dim0Shard dim0_shard(const std::vector<std::int64_t>& shape, int world) {
+  Dim0Shard s;
+  s.rows = shape.empty() ? 1 : shape.front();
+  for (std::size_t d = 1; d < shape.size(); ++d) s.row_elems *= shape[d];
+  s.chunk_rows = (s.rows + world - 1) / world;
+  return s;
+}
+
 }  // namespace shardscope

@@ -46,4 +46,23 @@ std::vector<Unit> fsdp_units(const ModelConfig& model, int layers_per_unit, int 
 std::vector<Unit> fsdp_units(const std::vector<std::int64_t>& block_elems, const std::vector<std::vector<int>>& groups,
                              int world);
 
+// One parameter tensor under torch's fully_shard (--engine fsdp2): `rows` rows along dim 0
+// of `row_elems` elements each, split in torch.chunk sizes: every rank's shard is
+// `chunk_rows` = ceil(rows / W) rows, rank r holding rows [r chunk_rows, r chunk_rows +
+// local_rows(r)): the full chunk, the rows left, or none (the last ranks may get fewer
+// rows or none). The sharded storage is padded to chunk_rows rows on every rank.
+struct Dim0Shard {
+  std::int64_t rows = 0;
+  std::int64_t row_elems = 1;
+  std::int64_t chunk_rows = 0;
+
+  std::int64_t elems() const { return rows * row_elems; }
+  std::int64_t padded() const { return chunk_rows * row_elems; }  // elements of every rank's storage
+  std::int64_t local_rows(int rank) const;
+  std::int64_t local(int rank) const { return local_rows(rank) * row_elems; }  // unpadded elements
+};
+
+// The shard of a tensor of `shape` (dim 0 first; a scalar is one row) over `world` ranks.
+Dim0Shard dim0_shard(const std::vector<std::int64_t>& shape, int world);
+
 }  // namespace shardscope

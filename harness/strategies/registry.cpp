@@ -13,6 +13,8 @@ constexpr std::array<Factory, kStrategyCount> kFactories = {make_ddp, make_zero1
 }  // namespace
 
 std::unique_ptr<Strategy> make_strategy(const StrategyContext& ctx) {
+  if (effective_engine(ctx.cfg.engine, ctx.cfg.strategy) == EngineKind::fsdp2)
+    return make_fsdp2(ctx, ctx.cfg.strategy == StrategyKind::zero3);
   return kFactories[static_cast<int>(ctx.cfg.strategy)](ctx);
 }
 

@@ -11,5 +11,7 @@ std::unique_ptr<Strategy> make_ddp(const StrategyContext& ctx);
 std::unique_ptr<Strategy> make_zero1(const StrategyContext& ctx);
 std::unique_ptr<Strategy> make_zero2(const StrategyContext& ctx);
 std::unique_ptr<Strategy> make_zero3(const StrategyContext& ctx);
+// zero2 (full_shard false) or zero3 under --engine fsdp2 (fsdp2.hpp).
+std::unique_ptr<Strategy> make_fsdp2(const StrategyContext& ctx, bool full_shard);
 
 }  // namespace shardscope

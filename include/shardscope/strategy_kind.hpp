@@ -39,4 +39,30 @@ std::string strategy_names_text();
 // zero1, zero2, zero3") for any other name.
 StrategyKind parse_strategy(const std::string& name, const std::string& flag = "--strategy");
 
+// Whose layout the sharded strategies take (--engine, docs/design.md §3):
+//   torch  DDP, ZeroRedundancyOptimizer and FSDP1 flat parameters (one per unit);
+//   fsdp2  zero2/zero3 as torch's fully_shard: every parameter tensor its own shard along
+//          dim 0 (torch.chunk sizes); ddp and zero1 stay the torch engine's.
+// deepspeed is named (so that the flag refuses it by name) but not built yet.
+enum class EngineKind : std::uint8_t { torch, fsdp2, deepspeed };
+
+inline constexpr int kEngineCount = 3;
+
+inline constexpr std::array<std::string_view, kEngineCount> kEngineNames = {"torch", "fsdp2", "deepspeed"};
+
+inline constexpr std::string_view engine_name(EngineKind e) { return kEngineNames[static_cast<int>(e)]; }
+
+// Whether this build runs engine `e` (deepspeed: not yet).
+inline constexpr bool engine_built(EngineKind e) { return e != EngineKind::deepspeed; }
+
+// The engine a run of strategy `s` under --engine `e` actually lays out: fsdp2 changes
+// zero2 and zero3 only.
+inline constexpr EngineKind effective_engine(EngineKind e, StrategyKind s) {
+  return shards_by_unit(s) ? e : EngineKind::torch;
+}
+
+// The engine named `name` that this build runs; throws UsageError naming --engine for an
+// unknown name ("allowed: torch, fsdp2") and for deepspeed ("not built yet").
+EngineKind parse_engine(const std::string& name);
+
 }  // namespace shardscope

@@ -1,0 +1,200 @@
+// Closed forms for zero2/zero3 under --engine fsdp2 (fsdp2_forms.hpp; docs/formulas.md, "FSDP2").
+//
+// The MLP's peak: as the torch engine's walk (data_parallel_forms.cpp), with a unit's
+// gathered bytes G_u = 4·W·A_u, its full gradients E_u = 4·Σ_{t∈u} d_t·e_t (unpadded,
+// one per tensor) and two instants more per gather and per reduce-scatter, where the
+// flat comm buffer (4·W·A_u) is live beside them: the copy-out of a gather (the flat
+// buffer and every gathered tensor of the unit) and the copy-in of a reduce-scatter
+// (the flat input beside the unit's full gradients).
+#include "harness/predict/fsdp2_forms.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "harness/predict/transformer_forms.hpp"
+#include "harness/strategies/partition.hpp"
+
+namespace shardscope {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Elements of one dim-0 row of the transformer tensor `name` (1 for a 1-D tensor).
+std::int64_t transformer_row_elems(const TransformerShape& s, const std::string& name) {
+  const std::int64_t h = s.hidden, f = s.ffn, q = static_cast<std::int64_t>(s.heads) * s.head_dim;
+  if (ends_with(name, ".bias") || ends_with(name, "ln_1.weight") || ends_with(name, "ln_2.weight") ||
+      ends_with(name, "ln_f.weight") || ends_with(name, "layernorm.weight") || name == "model.norm.weight")
+    return 1;
+  if (ends_with(name, "mlp.c_proj.weight") || ends_with(name, "mlp.down_proj.weight")) return f;  // (h, f)
+  if (ends_with(name, "self_attn.o_proj.weight")) return q;                                        // (h, q)
+  return h;  // embeddings (num, h), the head (V, h) and every other Linear (out, h)
+}
+
+struct Transient {
+  std::int64_t temp = 0, activation = 0, param_unsharded = 0, grad_unsharded = 0, comm = 0;
+  std::int64_t total() const { return temp + activation + param_unsharded + grad_unsharded + comm; }
+};
+
+}  // namespace
+
+std::vector<std::pair<std::int64_t, std::int64_t>> fsdp2_tensor_rows(const ModelConfig& model) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  if (!model.is_transformer()) {
+    for (int l = 0; l < model.layers; ++l) {
+      out.push_back({model.width, model.width});  // weight (w, w)
+      out.push_back({model.width, 1});            // bias (w)
+    }
+    return out;
+  }
+  for (const TransformerTensor& t : transformer_tensors(model.transformer)) {
+    const std::int64_t e = transformer_row_elems(model.transformer, t.name);
+    out.push_back({t.elems / e, e});
+  }
+  return out;
+}
+
+std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
+  const ModelConfig& m = cfg.model;
+  const std::vector<Unit> units = fsdp_units(m, cfg.layers_per_unit, world);
+  const int U = static_cast<int>(units.size());
+  const std::vector<std::pair<std::int64_t, std::int64_t>> rows = fsdp2_tensor_rows(m);
+  // Each tensor's block: the MLP's two a layer; a transformer's as its forms list them.
+  std::vector<int> block_of(rows.size(), 0);
+  if (m.is_transformer()) {
+    const std::vector<TransformerTensor> tensors = transformer_tensors(m.transformer);
+    for (std::size_t t = 0; t < tensors.size(); ++t) block_of[t] = tensors[t].block;
+  } else {
+    for (std::size_t t = 0; t < rows.size(); ++t) block_of[t] = static_cast<int>(t / 2);
+  }
+  std::vector<int> unit_of_block;
+  for (int u = 0; u < U; ++u) {
+    std::vector<int> blocks = units[u].blocks;
+    if (blocks.empty())
+      for (int b = units[u].first_block; b < units[u].last_block; ++b) blocks.push_back(b);
+    for (int b : blocks) {
+      if (b >= static_cast<int>(unit_of_block.size())) unit_of_block.resize(b + 1, 0);
+      unit_of_block[b] = u;
+    }
+  }
+  std::vector<std::int64_t> A(U, 0), E(U, 0);  // padded shards a rank, full gradient elements
+  std::vector<std::int64_t> optim(world, 0);
+  for (std::size_t t = 0; t < rows.size(); ++t) {
+    const auto [d, e] = rows[t];
+    const std::int64_t c = (d + world - 1) / world;
+    const int u = unit_of_block[block_of[t]];
+    A[u] += c * e;
+    E[u] += d * e;
+    for (int r = 0; r < world; ++r) {
+      const std::int64_t n = std::max<std::int64_t>(0, std::min(c, d - c * r));
+      optim[r] += 8 * n * e + 4;
+    }
+  }
+  Prediction p;
+  std::vector<std::int64_t> G(U), G_upto(U);  // gathered bytes of unit u, of units 0..u
+  std::int64_t sum_g = 0;
+  for (int u = 0; u < U; ++u) {
+    p.resting[Category::param] += 4 * A[u];
+    p.resting[Category::grad] += 4 * A[u];
+    G[u] = 4 * world * A[u];
+    G_upto[u] = G[u] + (u > 0 ? G_upto[u - 1] : 0);
+    sum_g += G[u];
+  }
+  // Units resharded after forward are gathered again in backward: zero3's, but a root's.
+  const bool zero3_multi = cfg.strategy == StrategyKind::zero3 && U > 1;
+  std::int64_t regathered = 0;
+  for (int u = 0; u < U; ++u)
+    if (zero3_multi && !(m.is_transformer() && u == 0)) regathered += G[u];
+  p.comm_bytes[static_cast<int>(CollKind::all_gather)] = sum_g + regathered;
+  p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)] = sum_g;
+
+  std::vector<Prediction> ranks(world, p);
+  if (m.is_transformer()) {
+    for (int r = 0; r < world; ++r) {
+      ranks[r].resting[Category::optim] = optim[r];
+      ranks[r].peak_known = false;
+    }
+    return ranks;
+  }
+
+  // ---- the MLP's transient candidates, in time order (the same on every rank) ----
+  const int L = m.layers;
+  const std::int64_t a = m.activation_bytes(m.batch);
+  const std::int64_t X = a;
+  const std::int64_t t = m.loss == Loss::mse ? a : 0;
+  const std::int64_t k = (m.activation == Activation::relu || m.loss == Loss::mse) ? 1 : 0;
+  struct Best {
+    Transient bytes{-1, 0, 0, 0, 0};
+    Phase phase = Phase::setup;
+    int unit = -1;
+  } best;
+  auto consider = [&](const Transient& bytes, Phase phase, int unit) {
+    if (bytes.total() > best.bytes.total()) best = {bytes, phase, unit};  // the first instant of the maximum
+  };
+  // Forward: a unit's gather at its first layer (the flat buffer beside every gathered
+  // tensor of the unit, and the units still gathered), then each layer's output.
+  for (int u = 0; u < U; ++u) {
+    const std::int64_t held = zero3_multi || u == 0 ? 0 : G_upto[u - 1];
+    const int first = units[u].first_block;
+    consider({X + t, first * a, held + G[u], 0, G[u]}, Phase::forward, u);
+    for (int i = first; i < units[u].last_block; ++i) {
+      const std::int64_t gathered = zero3_multi ? G[u] : G_upto[u];
+      const std::int64_t unsaved = (i == L - 1 && k == 0) ? a : 0;
+      consider({X + t + unsaved, (i + 1) * a - unsaved, gathered, 0, 0}, Phase::forward, u);
+    }
+  }
+  const std::int64_t gathered_end = zero3_multi ? 0 : G_upto[U - 1];
+  const std::int64_t last_unsaved = k == 0 ? a : 0;
+  consider({X + t + last_unsaved + 4, (L - 1 + k) * a, gathered_end, 0, 0}, Phase::forward, U - 1);  // loss
+  consider({X + t + a, (L - 1 + k) * a, gathered_end, 0, 0}, Phase::backward, U - 1);                // dy
+  // Backward, per unit from the last.
+  for (int u = U - 1; u >= 0; --u) {
+    const int j = units[u].last_block - 1, first = units[u].first_block;
+    const std::int64_t outs = (j == L - 1) ? (L - 1 + k) : (j + 1);
+    const Transient base{X + t + a, outs * a, 0, 0, 0};
+    std::int64_t gathered = G_upto[u];
+    if (zero3_multi) {
+      // The unit is gathered here unless the unit above prefetched it.
+      const bool own_gather = u == U - 1 || !cfg.prefetch;
+      if (own_gather) consider({base.temp, base.activation, G[u], 0, G[u]}, Phase::backward, u);
+      gathered = G[u];
+      if (cfg.prefetch && u > 0) {
+        consider({base.temp, base.activation, G[u] + G[u - 1], 0, G[u - 1]}, Phase::backward, u - 1);
+        gathered += G[u - 1];
+      }
+    }
+    Transient at = base;
+    at.param_unsharded = gathered;
+    at.grad_unsharded = 4 * E[u];  // each tensor's full gradient
+    consider(at, Phase::backward, u);
+    at.temp += a;  // dx
+    if (j > 0) consider(at, Phase::backward, u);
+    // The reduce-scatter's copy-in: the unit's first layer done, its dx (when it has a
+    // layer below) and the outputs below it live.
+    consider({X + t + (first > 0 ? a : 0), first * a, gathered, 4 * E[u], G[u]}, Phase::backward, u);
+  }
+  p.peak_phase = best.phase;
+  p.peak_where = "unit " + std::to_string(best.unit);
+  const int mse = m.loss == Loss::mse ? 1 : 0;
+  p.saved_after_forward_tensors = L + static_cast<int>(k) + mse;
+  p.saved_after_forward_bytes = p.saved_after_forward_tensors * a;
+  for (int r = 0; r < world; ++r) {
+    Prediction& rank = ranks[r];
+    rank.peak_phase = p.peak_phase;
+    rank.peak_where = p.peak_where;
+    rank.saved_after_forward_tensors = p.saved_after_forward_tensors;
+    rank.saved_after_forward_bytes = p.saved_after_forward_bytes;
+    rank.resting[Category::optim] = optim[r];
+    rank.peak_by_category = rank.resting;
+    rank.peak_by_category[Category::temp] += best.bytes.temp;
+    rank.peak_by_category[Category::activation] += best.bytes.activation;
+    rank.peak_by_category[Category::param_unsharded] += best.bytes.param_unsharded;
+    rank.peak_by_category[Category::grad_unsharded] += best.bytes.grad_unsharded;
+    rank.peak_by_category[Category::comm] += best.bytes.comm;
+    rank.peak_total = rank.peak_by_category.total();
+  }
+  return ranks;
+}
+
+}  // namespace shardscope

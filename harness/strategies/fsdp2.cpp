@@ -1,0 +1,212 @@
+#include "harness/strategies/fsdp2.hpp"
+
+#include <cstdio>
+#include <string>
+
+namespace shardscope {
+
+Fsdp2Strategy::Fsdp2Strategy(const StrategyContext& ctx, bool full_shard)
+    : DataParallelStrategy(ctx),
+      full_shard_(full_shard),
+      units_(fsdp_units(ctx.cfg.model, ctx.cfg.layers_per_unit, ctx.comm.world())) {
+  const int world = ctx.comm.world();
+  unit_of_block_.assign(static_cast<std::size_t>(model_->blocks()), -1);
+  tensors_.resize(static_cast<std::size_t>(model_->param_tensors()));
+  unit_tensors_.resize(units_.size());
+  unit_flat_.assign(units_.size(), 0);
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
+    for (int b : blocks_of(u)) {
+      unit_of_block_[b] = u;
+      for (int t = model_->first_tensor(b); t < model_->first_tensor(b + 1); ++t) {
+        TensorState& s = tensors_[t];
+        s.shard = dim0_shard(model_->tensor(t).shape, world);
+        s.unit = u;
+        s.offset = unit_flat_[u];
+        unit_flat_[u] += s.shard.padded();
+        unit_tensors_[u].push_back(t);
+      }
+    }
+  }
+  gathered_.assign(units_.size(), false);
+}
+
+std::vector<int> Fsdp2Strategy::blocks_of(int u) const {
+  const Unit& unit = units_[u];
+  if (!unit.blocks.empty()) return unit.blocks;
+  std::vector<int> out;
+  for (int b = unit.first_block; b < unit.last_block; ++b) out.push_back(b);
+  return out;
+}
+
+bool Fsdp2Strategy::reshard_after_forward(int u) const {
+  if (!full_shard_ || units_.size() == 1) return false;
+  return !(cfg_.model.is_transformer() && u == 0);  // a transformer's root unit
+}
+
+void Fsdp2Strategy::setup() {
+  backend_.tracker().mark(Phase::setup);
+  const int rank = comm_.rank();
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    TensorState& s = tensors_[t];
+    // The rank's rows of the tensor, then zero rows up to the chunk.
+    s.param = backend_.alloc(Category::param, static_cast<std::size_t>(s.shard.padded()));
+    const std::int64_t begin = model_->tensor_offset(static_cast<int>(t)) + s.shard.padded() * rank;
+    std::vector<float> host = model_->init_flat_slice(cfg_.seed, begin, s.shard.local(rank));
+    host.resize(static_cast<std::size_t>(s.shard.padded()), 0.0f);
+    backend_.upload(s.param.data(), host.data(), host.size());
+    // AdamW's state on the unpadded local shard (none when the rank holds no rows).
+    const std::size_t local = static_cast<std::size_t>(s.shard.local(rank));
+    s.adam.exp_avg = zeros(Category::optim, local);
+    s.adam.exp_avg_sq = zeros(Category::optim, local);
+    s.adam.step = zeros(Category::optim, 1);
+  }
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    unit_grad_.push_back(zeros(Category::grad, static_cast<std::size_t>(unit_flat_[u])));
+}
+
+const float* Fsdp2Strategy::param(int block, int tensor) {
+  return tensors_[model_->first_tensor(block) + tensor].full.data();
+}
+float* Fsdp2Strategy::grad(int block, int tensor) {
+  return tensors_[model_->first_tensor(block) + tensor].full_grad.data();
+}
+
+void Fsdp2Strategy::gather(int u) {
+  if (gathered_[u]) return;
+  backend_.tracker().mark(backend_.tracker().phase(), {PlaceKind::unit, u});
+  const std::int64_t world = comm_.world(), a = unit_flat_[u];
+  // foreach_all_gather: this rank's padded shards copied into its slot, gathered in place.
+  Buffer flat = backend_.alloc(Category::comm, static_cast<std::size_t>(world * a));
+  float* own = flat.data() + a * comm_.rank();
+  for (int t : tensors_of(u)) {
+    const TensorState& s = tensors_[t];
+    backend_.copy(own + s.offset, s.param.data(), static_cast<std::size_t>(s.shard.padded()));
+  }
+  comm_.all_gather(own, flat.data(), static_cast<std::size_t>(a));
+  // Copy-out: each tensor's chunks, rank by rank, into its own gathered buffer.
+  for (int t : tensors_of(u)) {
+    TensorState& s = tensors_[t];
+    const std::int64_t n = s.shard.padded();
+    s.full = backend_.alloc(Category::param_unsharded, static_cast<std::size_t>(world * n));
+    for (std::int64_t r = 0; r < world; ++r)
+      backend_.copy(s.full.data() + r * n, flat.data() + r * a + s.offset, static_cast<std::size_t>(n));
+  }
+  flat.reset();
+  gathered_[u] = true;
+}
+
+void Fsdp2Strategy::reshard(int u) {
+  for (int t : tensors_of(u)) tensors_[t].full.reset();
+  gathered_[u] = false;
+}
+
+void Fsdp2Strategy::begin_unit_range(int u) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "unit %d", u);
+  backend_.range_push(name);
+}
+
+void Fsdp2Strategy::before_forward(int block) {
+  const int u = unit_of_block_[block];
+  if (block == units_[u].first_block) {
+    begin_unit_range(u);
+    gather(u);
+  }
+  backend_.tracker().mark(Phase::forward, {PlaceKind::unit, u});
+}
+
+void Fsdp2Strategy::after_forward(int block) {
+  const int u = unit_of_block_[block];
+  if (block + 1 != units_[u].last_block) return;
+  if (reshard_after_forward(u)) reshard(u);
+  backend_.range_pop();
+}
+
+void Fsdp2Strategy::before_backward(int block) {
+  const int u = unit_of_block_[block];
+  backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
+  if (block + 1 != units_[u].last_block) return;  // only when the unit's backward begins
+  begin_unit_range(u);
+  gather(u);
+  // Backward prefetch: the next unit in backward order is gathered now.
+  if (cfg_.prefetch && u > 0) {
+    gather(u - 1);
+    backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
+  }
+  // Each tensor's own full gradient, as autograd makes it (unpadded; overwritten).
+  for (int t : tensors_of(u)) {
+    TensorState& s = tensors_[t];
+    s.full_grad = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(s.shard.elems()));
+  }
+}
+
+void Fsdp2Strategy::after_backward(int block) {
+  const int u = unit_of_block_[block];
+  if (block != units_[u].first_block) return;  // only when the unit's backward ends
+  const int world = comm_.world();
+  const std::int64_t a = unit_flat_[u];
+  // foreach_reduce: the full gradients chunked into rank-major slots, padding zero.
+  Buffer input = backend_.alloc(Category::comm, static_cast<std::size_t>(world * a));
+  for (int t : tensors_of(u)) {
+    TensorState& s = tensors_[t];
+    for (int r = 0; r < world; ++r) {
+      float* slot = input.data() + a * r + s.offset;
+      const std::int64_t local = s.shard.local(r), pad = s.shard.padded() - local;
+      if (local > 0) backend_.copy(slot, s.full_grad.data() + s.shard.padded() * r, static_cast<std::size_t>(local));
+      if (pad > 0) backend_.fill(slot + local, 0.0f, static_cast<std::size_t>(pad));
+    }
+    s.full_grad.reset();
+  }
+  float* grad = unit_grad_[u].data();
+  comm_.reduce_scatter_sum(input.data(), grad, static_cast<std::size_t>(a));
+  backend_.scale(grad, 1.0f / static_cast<float>(world), static_cast<std::size_t>(a));
+  input.reset();
+  reshard(u);  // every unit is resharded after its backward
+  backend_.range_pop();
+}
+
+void Fsdp2Strategy::optimizer_step(int step) {
+  std::vector<AdamWTensor> list;
+  const int rank = comm_.rank();
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    TensorState& s = tensors_[t];
+    backend_.fill(s.adam.step.data(), static_cast<float>(step), 1);
+    const std::size_t local = static_cast<std::size_t>(s.shard.local(rank));
+    if (local == 0) continue;
+    float* grad = unit_grad_[s.unit].data() + s.offset;
+    list.push_back({s.param.data(), grad, s.adam.exp_avg.data(), s.adam.exp_avg_sq.data(), local, step});
+  }
+  backend_.adamw(hyper_, list);
+}
+
+HostState Fsdp2Strategy::gather_state() {
+  HostState h;
+  for (auto* v : {&h.params, &h.grads, &h.exp_avg, &h.exp_avg_sq}) v->resize(static_cast<std::size_t>(model_->params()));
+  const int world = comm_.world(), rank = comm_.rank();
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    TensorState& s = tensors_[t];
+    const std::size_t n = static_cast<std::size_t>(s.shard.padded());
+    const std::size_t local = static_cast<std::size_t>(s.shard.local(rank));
+    const float* grad = unit_grad_[s.unit].data() + s.offset;
+    const float* sources[4] = {s.param.data(), grad, s.adam.exp_avg.data(), s.adam.exp_avg_sq.data()};
+    std::vector<float>* targets[4] = {&h.params, &h.grads, &h.exp_avg, &h.exp_avg_sq};
+    for (int k = 0; k < 4; ++k) {
+      // Padded to the chunk (AdamW's state is unpadded: its rows, then zeros).
+      Buffer mine = zeros(Category::temp, n);
+      const std::size_t valid = k < 2 ? n : local;
+      if (valid > 0) backend_.copy(mine.data(), sources[k], valid);
+      Buffer full = backend_.alloc(Category::temp, n * static_cast<std::size_t>(world));
+      comm_.all_gather(mine.data(), full.data(), n);
+      const std::vector<float> host = download(full);
+      std::copy(host.begin(), host.begin() + s.shard.elems(),
+                targets[k]->begin() + model_->tensor_offset(static_cast<int>(t)));
+    }
+  }
+  return h;
+}
+
+std::unique_ptr<Strategy> make_fsdp2(const StrategyContext& ctx, bool full_shard) {
+  return std::make_unique<Fsdp2Strategy>(ctx, full_shard);
+}
+
+}  // namespace shardscope

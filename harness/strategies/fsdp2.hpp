@@ -1,0 +1,77 @@
+// zero2 and zero3 under --engine fsdp2: torch's fully_shard (FSDP2) on the units the
+// torch engine uses (--units; fsdp_units), reshard_after_forward false (zero2) or true
+// (zero3; never for a root unit, as fully_shard leaves the root gathered after forward).
+//
+// Every parameter tensor is its own shard along dim 0 in torch.chunk sizes (Dim0Shard):
+//   param  each tensor's padded shard, chunk_rows rows, allocated on its own;
+//   grad   one flat buffer per unit, the tensors' padded shards one after another (the
+//          reduce-scatter's output, which the gradients are views of);
+//   optim  per tensor exp_avg and exp_avg_sq of the unpadded local rows, and one step.
+// A gather (foreach_all_gather) copies the unit's padded shards into this rank's slot of
+// a flat buffer of W x A_u elements (A_u: the unit's padded shards together; category
+// comm), all-gathers in place, then copies each tensor out of it into the tensor's own
+// gathered buffer of W x padded elements (param_unsharded; its first rows are the
+// tensor), and frees the flat buffer.
+// A unit's backward gives each tensor its own full gradient (grad_unsharded, unpadded).
+// When the unit's backward ends (foreach_reduce) they are copied, chunk by chunk with zero
+// padding, into a flat reduce-scatter input of W x A_u elements (comm) laid out as the
+// gather's, freed, and the input is reduce-scattered into the unit's gradient and freed.
+#pragma once
+
+#include <vector>
+
+#include "harness/model/adam_state.hpp"
+#include "harness/strategies/data_parallel.hpp"
+#include "harness/strategies/partition.hpp"
+
+namespace shardscope {
+
+class Fsdp2Strategy : public DataParallelStrategy, private BlockAccess {
+ public:
+  Fsdp2Strategy(const StrategyContext& ctx, bool full_shard);
+  void setup() override;
+  HostState gather_state() override;
+  int units() const override { return static_cast<int>(units_.size()); }
+
+ protected:
+  BlockAccess& access() override { return *this; }
+  void reduce_gradients() override {}  // done per unit in backward
+  void optimizer_step(int step) override;
+
+ private:
+  // BlockAccess
+  const float* param(int block, int tensor) override;
+  float* grad(int block, int tensor) override;
+  void before_forward(int block) override;
+  void after_forward(int block) override;
+  void before_backward(int block) override;
+  void after_backward(int block) override;
+
+  void gather(int unit);
+  void reshard(int unit);
+  void begin_unit_range(int unit);
+  bool reshard_after_forward(int unit) const;
+  std::vector<int> blocks_of(int unit) const;
+  // Unit u's tensors, in the order its flat buffers lay them out.
+  const std::vector<int>& tensors_of(int unit) const { return unit_tensors_[unit]; }
+
+  bool full_shard_;  // zero3
+  std::vector<Unit> units_;
+  std::vector<int> unit_of_block_;
+  std::vector<std::vector<int>> unit_tensors_;
+  std::vector<std::int64_t> unit_flat_;  // A_u: the unit's padded shards together
+  struct TensorState {
+    Dim0Shard shard;
+    int unit = 0;
+    std::int64_t offset = 0;  // in its unit's flat buffers (per rank's slot)
+    Buffer param;             // (padded shard) param
+    AdamState adam;           // (local rows) optim
+    Buffer full;              // (W x padded) param_unsharded while gathered
+    Buffer full_grad;         // (elems) grad_unsharded during the unit's backward
+  };
+  std::vector<TensorState> tensors_;
+  std::vector<Buffer> unit_grad_;  // (A_u) grad
+  std::vector<bool> gathered_;
+};
+
+}  // namespace shardscope

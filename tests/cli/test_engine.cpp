@@ -1,0 +1,96 @@
+// --engine through the binary: fsdp2's record says so and holds its predictions on every
+// rank (emulated and under mpirun at W = 2), the table labels the engine, ddp and zero1
+// stay torch's, and deepspeed and a pipeline's engine are refused (exit 2, one line).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "support/shell.hpp"
+
+namespace {
+
+using nlohmann::json;
+using shardscope::testing::first_line;
+using shardscope::testing::shell;
+
+class Engine : public shardscope::testing::BinaryTest {
+ protected:
+  json run_record(const std::string& flags, const std::string& file, std::string* out = nullptr) {
+    const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ +
+                         "' run --backend cpu --layers 4 --width 37 --batch 6 --activation relu --loss mse --steps 2 " +
+                         flags + " --json " + file + " > out.txt 2> err.txt");
+    EXPECT_EQ(rc, 0) << flags << ": " << first_line(dir_ + "/err.txt");
+    if (out) {
+      std::ifstream o(dir_ + "/out.txt");
+      *out = std::string((std::istreambuf_iterator<char>(o)), std::istreambuf_iterator<char>());
+    }
+    std::ifstream in(dir_ + "/" + file);
+    return json::parse(in);
+  }
+  static void expect_predicted(const json& rank, const std::string& what) {
+    const json& p = rank["predicted"];
+    EXPECT_EQ(rank["resting"], p["resting"]) << what;
+    EXPECT_EQ(rank["peak"]["total"], p["peak_total"]) << what;
+    EXPECT_EQ(rank["peak"]["by_category"], p["peak_by_category"]) << what;
+    EXPECT_EQ(rank["comm_bytes"], p["comm_bytes"]) << what;
+  }
+};
+
+TEST_F(Engine, Fsdp2RecordsItsEngineAndEveryRankItsPrediction) {
+  for (int r = 0; r < 3; ++r) {
+    std::string out;
+    const json doc = run_record("--engine fsdp2 --strategy zero3 --units 1 --emulate 3:" + std::to_string(r),
+                                "r.json", &out);
+    const json& run = doc["runs"][0];
+    EXPECT_EQ(run["engine"], "fsdp2");
+    expect_predicted(run["ranks"][0], "rank " + std::to_string(r));
+    EXPECT_NE(out.find("engine=fsdp2"), std::string::npos) << out;
+  }
+  // The torch engine's record says torch; ddp under --engine fsdp2 is torch's.
+  EXPECT_EQ(run_record("--strategy zero3 --units 1", "t.json")["runs"][0]["engine"], "torch");
+  EXPECT_EQ(run_record("--engine fsdp2 --strategy ddp", "d.json")["runs"][0]["engine"], "torch");
+}
+
+TEST_F(Engine, DeepspeedAndAPipelinesEngineAreRefused) {
+  const struct {
+    const char* flags;
+    const char* line;
+  } cases[] = {
+      {"--engine deepspeed --strategy zero2",
+       "shardscope: error: --engine deepspeed: not built yet; allowed: torch, fsdp2"},
+      {"--engine fsdp3", "shardscope: error: --engine: unknown 'fsdp3'; allowed: torch, fsdp2"},
+      {"--schedule gpipe --engine fsdp2",
+       "shardscope: error: --engine is only valid with --strategy (data parallel)"},
+  };
+  for (const auto& c : cases) {
+    const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu --layers 4 --width 16 " +
+                         c.flags + " > /dev/null 2> err.txt");
+    EXPECT_EQ(rc, 2) << c.flags;
+    EXPECT_EQ(first_line(dir_ + "/err.txt"), c.line) << c.flags;
+  }
+}
+
+TEST_F(Engine, Fsdp2UnderMpirunHoldsItsPredictionsOnBothRanks) {
+#ifndef SHARDSCOPE_WITH_MPI
+  GTEST_SKIP() << "no MPI in this build";
+#else
+  if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
+  for (const char* strategy : {"zero2", "zero3"}) {
+    const int rc = shell("cd '" + dir_ + "' && timeout -k 5 120 mpirun --oversubscribe -np 2 '" + bin_ +
+                         "' run --backend cpu --comm mpi --layers 4 --width 37 --batch 6 --activation relu --loss mse"
+                         " --steps 2 --engine fsdp2 --units 1 --strategy " + strategy +
+                         " --json m.json > out.txt 2> err.txt");
+    ASSERT_EQ(rc, 0) << first_line(dir_ + "/err.txt");
+    std::ifstream in(dir_ + "/m.json");
+    const json run = json::parse(in)["runs"][0];
+    EXPECT_EQ(run["engine"], "fsdp2");
+    ASSERT_EQ(run["ranks"].size(), 2u);
+    for (const json& rank : run["ranks"]) expect_predicted(rank, std::string(strategy) + " rank " + rank["rank"].dump());
+  }
+#endif
+}
+
+}  // namespace
