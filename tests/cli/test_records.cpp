@@ -2,7 +2,8 @@
 // reads back into them and writes out byte for byte as it was; the writer gives the
 // fields, types and figures the JSON-building code before it gave (golden files under
 // tests/reference/records/, written by that code, plus the fields added since, each
-// added to them by hand: outside_pool_source, null on cpu); a bad file is refused naming
+// added to them by hand: outside_pool_source, null on cpu; a data-parallel run's engine,
+// "torch"); a bad file is refused naming
 // the file, the run, the rank and the field.
 #include <gtest/gtest.h>
 
