@@ -351,6 +351,9 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
     c.bucket_mb = mb;
   }
   c.model.checkpoint = parse_checkpoint(f.checkpoint);
+  if (c.model.checkpoint.any() && effective_engine(c.engine, c.strategy) == EngineKind::fsdp2)
+    throw UsageError("--checkpoint " + f.checkpoint + " and --engine fsdp2: fsdp2's checkpointed step is not built yet; "
+                     "give --checkpoint none or --engine torch");
   if (has_schedule && f.schedule.empty()) throw UsageError("--schedule: empty; allowed: " + schedule_names_text());
   if (has_schedule) c.schedule = parse_schedule(f.schedule);
   if (!has_schedule) {

@@ -62,6 +62,9 @@ TEST_F(Engine, DeepspeedAndAPipelinesEngineAreRefused) {
       {"--engine deepspeed --strategy zero2",
        "shardscope: error: --engine deepspeed: not built yet; allowed: torch, fsdp2"},
       {"--engine fsdp3", "shardscope: error: --engine: unknown 'fsdp3'; allowed: torch, fsdp2"},
+      {"--engine fsdp2 --strategy zero3 --checkpoint full",
+       "shardscope: error: --checkpoint full and --engine fsdp2: fsdp2's checkpointed step is not built yet; give "
+       "--checkpoint none or --engine torch"},
       {"--schedule gpipe --engine fsdp2",
        "shardscope: error: --engine is only valid with --strategy (data parallel)"},
   };
