@@ -59,18 +59,20 @@ TEST_F(Engine, DeepspeedAndAPipelinesEngineAreRefused) {
     const char* flags;
     const char* line;
   } cases[] = {
-      {"--engine deepspeed --strategy zero2",
+      {"--layers 4 --width 16 --engine deepspeed --strategy zero2",
        "shardscope: error: --engine deepspeed: not built yet; allowed: torch, fsdp2"},
-      {"--engine fsdp3", "shardscope: error: --engine: unknown 'fsdp3'; allowed: torch, fsdp2"},
-      {"--engine fsdp2 --strategy zero3 --checkpoint full",
+      {"--layers 4 --width 16 --engine fsdp3", "shardscope: error: --engine: unknown 'fsdp3'; allowed: torch, fsdp2"},
+      {"--layers 4 --width 16 --engine fsdp2 --strategy zero3 --checkpoint full",
        "shardscope: error: --checkpoint full and --engine fsdp2: fsdp2's checkpointed step is not built yet; give "
        "--checkpoint none or --engine torch"},
-      {"--schedule gpipe --engine fsdp2",
+      {"--engine fsdp2 --strategy zero3 --model gpt2 --hidden 16 --heads 2 --vocab 29 --seq 6 --layers 2 --steps 1",
+       "shardscope: error: --engine fsdp2 and --model gpt2: fsdp2's transformer step is not built yet (plan predicts "
+       "its model states); give --engine torch or --model mlp"},
+      {"--layers 4 --width 16 --schedule gpipe --engine fsdp2",
        "shardscope: error: --engine is only valid with --strategy (data parallel)"},
   };
   for (const auto& c : cases) {
-    const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu --layers 4 --width 16 " +
-                         c.flags + " > /dev/null 2> err.txt");
+    const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + c.flags + " > /dev/null 2> err.txt");
     EXPECT_EQ(rc, 2) << c.flags;
     EXPECT_EQ(first_line(dir_ + "/err.txt"), c.line) << c.flags;
   }
