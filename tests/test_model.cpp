@@ -86,7 +86,7 @@ class ShiftBlock final : public Block {
     out.reset();
     return dx;
   }
-  Buffer backward_input(const BlockCall& c, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
+  Buffer backward_input(const BlockCall& c, const float*, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape& tape) override {
     if (free_output) out.reset();
     Buffer dx = needs_dx ? pass(c, dy) : Buffer{};
@@ -130,7 +130,7 @@ class DoubleBlock final : public Block {
     out.reset();
     return dx;
   }
-  Buffer backward_input(const BlockCall& c, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
+  Buffer backward_input(const BlockCall& c, const float*, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape&) override {
     if (free_output) out.reset();
     return needs_dx ? twice(c, dy) : Buffer{};

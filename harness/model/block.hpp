@@ -121,7 +121,7 @@ class Block {
   // Zero-bubble halves. B: returns the input gradient (when `needs_dx`) and keeps in
   // `tape` what W needs; frees `output` once it is done with it when `free_output` (no
   // later block of the segment takes it as input).
-  virtual Buffer backward_input(const BlockCall& call, Buffer& output, Buffer dy, bool needs_dx,
+  virtual Buffer backward_input(const BlockCall& call, const float* input, Buffer& output, Buffer dy, bool needs_dx,
                                 bool free_output, BlockTape& tape) = 0;
   // W: the parameter gradients from what B kept; releases the remaining saves and frees
   // what B kept.

@@ -64,6 +64,10 @@ class TransformerBlock final : public SequenceBlock {
   // What the forward keeps in tape.held: qkv and lse with flash only, the last four with math only.
   enum Held : int { kMean1, kRstd1, kLn1, kQkv, kAttnOut, kLse, kXmid, kMean2, kRstd2, kLn2, kFc, kGelu };
   enum HeldMath : int { kQ = kGelu + 1, kK, kV, kProbs, kHeld };
+  // What the zero-bubble B keeps besides for W: each Linear's and each norm's output
+  // gradient (temp): mlp.c_proj's dy, c_fc's (after GELU), ln_2's, attn.c_proj's (the
+  // residual's dx_mid), c_attn's dqkv, ln_1's.
+  enum Kept : int { kDy = kHeld, kDfc, kDln2, kDmid, kDqkv, kDln1, kKept };
 
   Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
                  BlockTape& tape) override {
@@ -248,6 +252,102 @@ class TransformerBlock final : public SequenceBlock {
     return dx;
   }
 
+  // B: dx through the same ops as backward, without the weights' gradients. What W
+  // reads stays: every Linear's saved input, each norm's saved input, mean, rstd and
+  // weight reference, and the output gradients (Kept). GELU's and the attention's saves
+  // go as backward lets them go; each Linear's weight reference goes with its dx.
+  Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
+                        BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
+    const int hs = s_.hidden, fs = s_.ffn;
+    auto param = [&](int t) { return c.access.param(c.index, t); };
+    auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
+    std::vector<Buffer>& held = tape.held;
+    held.resize(kKept);
+    if (free_output) out.reset();
+
+    // mlp c_proj, GELU, c_fc
+    held[kDfc] = temp(n * f);
+    linear_input_grad(be, held[kDfc].data(), dy.data(), param(kMlpProjW), n, fs, hs);
+    c.saved.release(mlp_proj_weight_());
+    be.gelu_tanh_backward(held[kDfc].data(), held[kDfc].data(), held[kFc].data(), floats(n * f));
+    c.saved.release(held[kFc].data());
+    held[kFc].reset();
+    held[kDln2] = temp(n * h);
+    linear_input_grad(be, held[kDln2].data(), held[kDfc].data(), param(kFcW), n, hs, fs);
+    c.saved.release(fc_weight_());
+
+    // ln_2, then the residual
+    held[kDmid] = temp(n * h);
+    layer_norm_input_grad(be, held[kDmid].data(), held[kDln2].data(), held[kXmid].data(), held[kMean2].data(),
+                          held[kRstd2].data(), param(kLn2W), n, hs);
+    be.add(held[kDmid].data(), dy.data(), floats(n * h));
+    held[kDy] = std::move(dy);
+
+    // attention's c_proj, the attention, c_attn
+    Buffer dattn = temp(n * h);
+    linear_input_grad(be, dattn.data(), held[kDmid].data(), param(kProjW), n, hs, hs);
+    c.saved.release(proj_weight_());
+    held[kDqkv] = s_.attention == AttentionMode::flash ? flash_backward(c, dattn, held, /*keep_out*/ true)
+                                                       : math_backward(c, dattn, held, /*keep_out*/ true);
+    held[kDln1] = temp(n * h);
+    linear_input_grad(be, held[kDln1].data(), held[kDqkv].data(), param(kAttnW), n, hs, 3 * hs);
+    c.saved.release(attn_weight_());
+
+    // ln_1, then the residual
+    Buffer dx;
+    if (needs_dx) {
+      dx = temp(n * h);
+      layer_norm_input_grad(be, dx.data(), held[kDln1].data(), x, held[kMean1].data(),
+                            held[kRstd1].data(), param(kLn1W), n, hs);
+      be.add(dx.data(), held[kDmid].data(), floats(n * h));
+    }
+    return dx;
+  }
+
+  // W: the parameter gradients in the order backward writes them, each from its kept
+  // output gradient (freed) and its saved input (released and freed).
+  void backward_weight(const BlockCall& c, const float* x, float beta, BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows);
+    const int hs = s_.hidden, fs = s_.ffn;
+    auto param = [&](int t) { return c.access.param(c.index, t); };
+    auto grad = [&](int t) { return c.access.grad(c.index, t); };
+    std::vector<Buffer>& held = tape.held;
+    auto drop = [&](int j) {
+      c.saved.release(held[j].data());
+      held[j].reset();
+    };
+    linear_weight_grad(be, grad(kMlpProjW), grad(kMlpProjB), held[kDy].data(), held[kGelu].data(), n, fs, hs, beta);
+    held[kDy].reset();
+    drop(kGelu);
+    linear_weight_grad(be, grad(kFcW), grad(kFcB), held[kDfc].data(), held[kLn2].data(), n, hs, fs, beta);
+    held[kDfc].reset();
+    drop(kLn2);
+    layer_norm_weight_grad(be, grad(kLn2W), grad(kLn2B), held[kDln2].data(), held[kXmid].data(), held[kMean2].data(),
+                           held[kRstd2].data(), param(kLn2W), n, hs, beta);
+    held[kDln2].reset();
+    c.saved.release(ln2_weight_());
+    drop(kXmid);
+    drop(kMean2);
+    drop(kRstd2);
+    linear_weight_grad(be, grad(kProjW), grad(kProjB), held[kDmid].data(), held[kAttnOut].data(), n, hs, hs, beta);
+    held[kDmid].reset();
+    drop(kAttnOut);  // c_proj's save of y
+    linear_weight_grad(be, grad(kAttnW), grad(kAttnB), held[kDqkv].data(), held[kLn1].data(), n, hs, 3 * hs, beta);
+    held[kDqkv].reset();
+    drop(kLn1);
+    layer_norm_weight_grad(be, grad(kLn1W), grad(kLn1B), held[kDln1].data(), x, held[kMean1].data(),
+                           held[kRstd1].data(), param(kLn1W), n, hs, beta);
+    held[kDln1].reset();
+    c.saved.release(ln_weight_());
+    c.saved.release(x);
+    drop(kMean1);
+    drop(kRstd1);
+    held.clear();
+  }
+
  private:
 
   // torch's math attention multiplies the probabilities by v reshaped to (B·heads, T,
@@ -267,7 +367,8 @@ class TransformerBlock final : public SequenceBlock {
 
   // Flash: dq, dk, dv into one (N, 3h) gradient laid out as qkv, from the saved qkv,
   // output and lse (all three released and freed); frees dattn.
-  Buffer flash_backward(const BlockCall& c, Buffer& dattn, std::vector<Buffer>& held) const {
+  // With keep_out (the split's B) y stays, still saved by c_proj for W.
+  Buffer flash_backward(const BlockCall& c, Buffer& dattn, std::vector<Buffer>& held, bool keep_out = false) const {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), h = s_.hidden;
     Buffer dqkv = be.alloc(Category::temp, floats(3 * n * h));
@@ -276,17 +377,17 @@ class TransformerBlock final : public SequenceBlock {
     dattn.reset();
     for (int j : {kQkv, kAttnOut, kLse}) {
       c.saved.release(held[j].data());
-      held[j].reset();
+      if (j != kAttnOut || !keep_out) held[j].reset();
     }
     return dqkv;
   }
 
   // Math: through the saved q, k, probabilities and v (released and freed; y, which
   // only c_proj saved, freed too); frees dattn. Returns the (N, 3h) gradient.
-  Buffer math_backward(const BlockCall& c, Buffer& dattn, std::vector<Buffer>& held) const {
+  Buffer math_backward(const BlockCall& c, Buffer& dattn, std::vector<Buffer>& held, bool keep_out = false) const {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), h = s_.hidden;
-    held[kAttnOut].reset();
+    if (!keep_out) held[kAttnOut].reset();
     const int v_held = v_is_view(c.rows) ? static_cast<int>(kQkv) : static_cast<int>(kV);
     HeadGrads g = math_attention_backward(be, c.saved, math_attention(s_, c.rows), dattn, held[kQ], held[kK],
                                           held[kProbs], v_operand(c.rows, held), held[v_held]);
@@ -366,6 +467,51 @@ class FinalBlock final : public SequenceBlock {
     held.clear();
     if (!needs_dx) dx.reset();
     return dx;
+  }
+
+  // B: d ln_f = dlogits wte, then ln_f's dx; dlogits (N, V) and d ln_f (N, h) are kept
+  // (temp) for W, with ln_f's output, input, mean, rstd and weight reference saved.
+  Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
+                        BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden;
+    std::vector<Buffer>& held = tape.held;
+    if (free_output) out.reset();
+    Buffer dln = be.alloc(Category::temp, floats(n * h));
+    head_input_grad(be, dln.data(), dy.data(), head_weight(c), n, s_.hidden, s_.vocab);
+    c.saved.release(head_weight(c));
+    Buffer dx;
+    if (needs_dx) {
+      dx = be.alloc(Category::temp, floats(n * h));
+      layer_norm_input_grad(be, dx.data(), dln.data(), x, held[0].data(), held[1].data(), c.access.param(c.index, 0),
+                            n, s_.hidden);
+    }
+    held.push_back(std::move(dy));   // [3] dlogits
+    held.push_back(std::move(dln));  // [4] d ln_f
+    return dx;
+  }
+
+  // W: the head's gradient into wte's (first, with beta: the embedding adds its part
+  // later), then ln_f's.
+  void backward_weight(const BlockCall& c, const float* x, float beta, BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows);
+    std::vector<Buffer>& held = tape.held;
+    head_weight_grad(be, c.access.grad(kEmbeddingBlock, kWte), held[3].data(), held[2].data(), n, s_.hidden,
+                     s_.vocab, beta);
+    held[3].reset();
+    c.saved.release(held[2].data());
+    held[2].reset();
+    layer_norm_weight_grad(be, c.access.grad(c.index, 0), c.access.grad(c.index, 1), held[4].data(), x,
+                           held[0].data(), held[1].data(), c.access.param(c.index, 0), n, s_.hidden, beta);
+    held[4].reset();
+    c.saved.release(ln_weight_());
+    c.saved.release(x);
+    for (int j : {0, 1}) {
+      c.saved.release(held[j].data());
+      held[j].reset();
+    }
+    held.clear();
   }
 
  private:

@@ -113,6 +113,11 @@ class DecoderLayer final : public SequenceBlock {
   // What the forward keeps in tape.held: q, k, v (rotated), out and lse with flash; q
   // head-major, k and v expanded head-major, the probabilities and out with math.
   enum Held : int { kRstd1, kY1, kQ, kK, kV, kOut, kAttn, kXmid, kRstd2, kY2, kGate, kSilu, kUp, kProd, kHeld };
+  // What the zero-bubble B keeps besides for W: each Linear's and each norm's output
+  // gradient (temp): down_proj's dy, gate_proj's and up_proj's, the post-attention
+  // norm's, o_proj's (the residual's dx_mid), q/k/v's (one buffer, rotated back), the
+  // input norm's.
+  enum Kept : int { kDy = kHeld, kDgate, kDup, kDy2, kDmid, kDqkv, kDy1, kKept };
 
   Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
                  BlockTape& tape) override {
@@ -324,6 +329,126 @@ class DecoderLayer final : public SequenceBlock {
     return dx;
   }
 
+  // B: dx through the same ops as backward, without the weights' gradients. What W
+  // reads stays: every Linear's saved input, each norm's saved input, rstd and weight
+  // reference, and the output gradients (Kept). SiLU's, the product's and the
+  // attention's saves go as backward lets them go; each Linear's weight reference goes
+  // with its dx.
+  Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
+                        BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
+    const int hs = s_.hidden, fs = s_.ffn, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
+    auto param = [&](int t) { return c.access.param(c.index, t); };
+    auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
+    std::vector<Buffer>& held = tape.held;
+    auto drop = [&](int j) {
+      c.saved.release(held[j].data());
+      held[j].reset();
+    };
+    held.resize(kKept);
+    if (free_output) out.reset();
+
+    // down_proj, the product's factors, SiLU
+    Buffer& dp = held[kDgate];
+    dp = temp(n * f);
+    linear_input_grad(be, dp.data(), dy.data(), param(downW_), n, fs, hs);
+    c.saved.release(down_ref_());
+    held[kDup] = temp(n * f);
+    be.mul(held[kDup].data(), dp.data(), held[kSilu].data(), floats(n * f));
+    drop(kSilu);
+    be.mul(dp.data(), dp.data(), held[kUp].data(), floats(n * f));
+    drop(kUp);
+    be.silu_backward(dp.data(), dp.data(), held[kGate].data(), floats(n * f));
+    drop(kGate);
+    // gate_proj and up_proj
+    held[kDy2] = temp(n * h);
+    linear_input_grad(be, held[kDy2].data(), dp.data(), param(gateW_), n, hs, fs);
+    linear_input_grad(be, held[kDy2].data(), held[kDup].data(), param(upW_), n, hs, fs, 1.0f);
+    c.saved.release(gate_ref_());
+    c.saved.release(up_ref_());
+
+    // post_attention_layernorm, then the residual
+    held[kDmid] = temp(n * h);
+    rms_norm_input_grad(be, held[kDmid].data(), held[kDy2].data(), held[kXmid].data(), held[kRstd2].data(),
+                        param(norm2_), n, hs);
+    be.add(held[kDmid].data(), dy.data(), floats(n * h));
+    held[kDy] = std::move(dy);
+
+    // o_proj, the attention, the q, k, v projections
+    Buffer dout = temp(n * q);
+    linear_input_grad(be, dout.data(), held[kDmid].data(), param(oW_), n, q, hs);
+    c.saved.release(o_ref_());
+    held[kDqkv] = s_.attention == AttentionMode::flash ? flash_backward(c, dout, held, /*keep_out*/ true)
+                                                       : math_backward(c, dout, held, /*keep_out*/ true);
+    float* dq = held[kDqkv].data();
+    float* dk = dq + n * q;
+    float* dv = dk + n * kv;
+    be.rope(dq, q, c.rows, s_.seq, s_.heads, s_.head_dim, s_.rope_theta, true);
+    be.rope(dk, kv, c.rows, s_.seq, s_.kv_heads, s_.head_dim, s_.rope_theta, true);
+    held[kDy1] = temp(n * h);
+    linear_input_grad(be, held[kDy1].data(), dq, param(qW_), n, hs, q);
+    linear_input_grad(be, held[kDy1].data(), dk, param(kW_), n, hs, kv, 1.0f);
+    linear_input_grad(be, held[kDy1].data(), dv, param(vW_), n, hs, kv, 1.0f);
+    for (const WeightRef* ref : {&q_ref_, &k_ref_, &v_ref_}) c.saved.release((*ref)());
+
+    // input_layernorm, then the residual
+    Buffer dx;
+    if (needs_dx) {
+      dx = temp(n * h);
+      rms_norm_input_grad(be, dx.data(), held[kDy1].data(), x, held[kRstd1].data(), param(norm1_), n, hs);
+      be.add(dx.data(), held[kDmid].data(), floats(n * h));
+    }
+    return dx;
+  }
+
+  // W: the parameter gradients in the order backward writes them, each from its kept
+  // output gradient (freed) and its saved input (released and freed).
+  void backward_weight(const BlockCall& c, const float* x, float beta, BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows);
+    const int hs = s_.hidden, fs = s_.ffn, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
+    auto param = [&](int t) { return c.access.param(c.index, t); };
+    auto grad = [&](int t) { return t < 0 ? nullptr : c.access.grad(c.index, t); };
+    std::vector<Buffer>& held = tape.held;
+    auto drop = [&](int j) {
+      c.saved.release(held[j].data());
+      held[j].reset();
+    };
+    linear_weight_grad(be, grad(downW_), nullptr, held[kDy].data(), held[kProd].data(), n, fs, hs, beta);
+    held[kDy].reset();
+    drop(kProd);
+    linear_weight_grad(be, grad(gateW_), nullptr, held[kDgate].data(), held[kY2].data(), n, hs, fs, beta);
+    held[kDgate].reset();
+    linear_weight_grad(be, grad(upW_), nullptr, held[kDup].data(), held[kY2].data(), n, hs, fs, beta);
+    held[kDup].reset();
+    c.saved.release(held[kY2].data());
+    drop(kY2);
+    rms_norm_weight_grad(be, grad(norm2_), held[kDy2].data(), held[kXmid].data(), held[kRstd2].data(), param(norm2_),
+                         n, hs, beta);
+    held[kDy2].reset();
+    c.saved.release(norm2_ref_());
+    drop(kXmid);
+    drop(kRstd2);
+    linear_weight_grad(be, grad(oW_), grad(oB_), held[kDmid].data(), held[kOut].data(), n, q, hs, beta);
+    held[kDmid].reset();
+    drop(kOut);  // o_proj's save of out
+    const float* dq = held[kDqkv].data();
+    linear_weight_grad(be, grad(qW_), grad(qB_), dq, held[kY1].data(), n, hs, q, beta);
+    linear_weight_grad(be, grad(kW_), grad(kB_), dq + n * q, held[kY1].data(), n, hs, kv, beta);
+    linear_weight_grad(be, grad(vW_), grad(vB_), dq + n * (q + kv), held[kY1].data(), n, hs, kv, beta);
+    held[kDqkv].reset();
+    c.saved.release(held[kY1].data());
+    c.saved.release(held[kY1].data());
+    drop(kY1);
+    rms_norm_weight_grad(be, grad(norm1_), held[kDy1].data(), x, held[kRstd1].data(), param(norm1_), n, hs, beta);
+    held[kDy1].reset();
+    c.saved.release(norm_ref_());
+    c.saved.release(x);
+    drop(kRstd1);
+    held.clear();
+  }
+
  private:
   i64 qw() const { return static_cast<i64>(s_.heads) * s_.head_dim; }      // q's width, H d
   i64 kvw() const { return static_cast<i64>(s_.kv_heads) * s_.head_dim; }  // k's and v's, K d
@@ -335,7 +460,8 @@ class DecoderLayer final : public SequenceBlock {
 
   // Flash: dq, dk, dv from the saved q, k, v, output and lse (all released and freed);
   // frees dout.
-  Buffer flash_backward(const BlockCall& c, Buffer& dout, std::vector<Buffer>& held) const {
+  // With keep_out (the split's B) out stays, still saved by o_proj for W.
+  Buffer flash_backward(const BlockCall& c, Buffer& dout, std::vector<Buffer>& held, bool keep_out = false) const {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), q = qw(), kv = kvw();
     Buffer dqkv = be.alloc(Category::temp, floats(n * (q + 2 * kv)));
@@ -345,7 +471,7 @@ class DecoderLayer final : public SequenceBlock {
     dout.reset();
     for (int j : {kQ, kK, kV, kOut, kAttn}) {
       c.saved.release(held[j].data());
-      held[j].reset();
+      if (j != kOut || !keep_out) held[j].reset();
     }
     return dqkv;
   }
@@ -353,10 +479,10 @@ class DecoderLayer final : public SequenceBlock {
   // Math: through the saved q, expanded k, probabilities and expanded v (released and
   // freed; out, which only o_proj saved, freed first); frees dout. k's and v's
   // gradients are summed over each kv head's query heads.
-  Buffer math_backward(const BlockCall& c, Buffer& dout, std::vector<Buffer>& held) const {
+  Buffer math_backward(const BlockCall& c, Buffer& dout, std::vector<Buffer>& held, bool keep_out = false) const {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), q = qw(), kv = kvw();
-    held[kOut].reset();
+    if (!keep_out) held[kOut].reset();
     const MathAttention m = math_attention(s_, c.rows);
     HeadGrads g = math_attention_backward(be, c.saved, m, dout, held[kQ], held[kK], held[kAttn],
                                           m.head_major(held[kV].data()), held[kV]);
@@ -442,7 +568,51 @@ class FinalBlock final : public SequenceBlock {
     return dx;
   }
 
+  // B: the norm's gradient = dlogits W, then the norm's dx; dlogits (N, V) and the
+  // norm's output gradient (N, h) are kept (temp) for W, with the norm's output, input,
+  // rstd and weight reference saved.
+  Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
+                        BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows);
+    std::vector<Buffer>& held = tape.held;
+    if (free_output) out.reset();
+    Buffer dnorm = be.alloc(Category::temp, floats(n * s_.hidden));
+    head_input_grad(be, dnorm.data(), dy.data(), head_weight(c), n, s_.hidden, s_.vocab);
+    c.saved.release(head_ref_());
+    Buffer dx;
+    if (needs_dx) {
+      dx = be.alloc(Category::temp, floats(n * s_.hidden));
+      rms_norm_input_grad(be, dx.data(), dnorm.data(), x, held[kRstd].data(), c.access.param(c.index, 0), n,
+                          s_.hidden);
+    }
+    held.push_back(std::move(dy));     // kDlogits
+    held.push_back(std::move(dnorm));  // kDnorm
+    return dx;
+  }
+
+  // W: the head's gradient (a tied head's first, with beta: the embedding adds its part
+  // later), then the norm's.
+  void backward_weight(const BlockCall& c, const float* x, float beta, BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows);
+    std::vector<Buffer>& held = tape.held;
+    head_weight_grad(be, head_grad(c), held[kDlogits].data(), held[kY].data(), n, s_.hidden, s_.vocab, beta);
+    held[kDlogits].reset();
+    c.saved.release(held[kY].data());
+    held[kY].reset();
+    rms_norm_weight_grad(be, c.access.grad(c.index, 0), held[kDnorm].data(), x, held[kRstd].data(),
+                         c.access.param(c.index, 0), n, s_.hidden, beta);
+    held[kDnorm].reset();
+    c.saved.release(norm_ref_());
+    c.saved.release(x);
+    c.saved.release(held[kRstd].data());
+    held.clear();
+  }
+
  private:
+  enum Kept : int { kDlogits = kY + 1, kDnorm };
+
   const float* head_weight(const BlockCall& c) const {
     return s_.tied_embeddings ? c.access.param(kEmbeddingBlock, kEmbedTokens) : c.access.param(c.index, 1);
   }

@@ -65,7 +65,7 @@ class LinearBlock final : public Block {
     return dx;
   }
 
-  Buffer backward_input(const BlockCall& c, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
+  Buffer backward_input(const BlockCall& c, const float* /*in*/, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape& tape) override {
     activation_backward(c, out, dy);
     // The weight gradients need only the input and dz: the output can go.

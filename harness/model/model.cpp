@@ -214,7 +214,7 @@ Buffer Model::backward_input(ModelContext& ctx, Tape& tape, Buffer dy) {
     const bool needs_dx = b > tape.first || tape.input_requires_grad;
     const int j = b - tape.first;
     // The segment's last output is no block's input: its block frees it once done.
-    dy = blocks_[b]->backward_input(call(ctx, b, tape.rows), tape.outputs[j], std::move(dy), needs_dx,
+    dy = blocks_[b]->backward_input(call(ctx, b, tape.rows), block_input(tape, b), tape.outputs[j], std::move(dy), needs_dx,
                                     b == tape.last - 1, tape.blocks[j]);
   }
   return dy;

@@ -18,9 +18,19 @@ void linear_forward(Backend& be, float* y, const float* x, const float* w, const
 
 void linear_backward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                      i64 n, int in, int out, float beta, float dx_beta) {
+  linear_weight_grad(be, dw, db, dy, x, n, in, out, beta);
+  if (dx) linear_input_grad(be, dx, dy, w, n, in, out, dx_beta);
+}
+
+void linear_weight_grad(Backend& be, float* dw, float* db, const float* dy, const float* x, i64 n, int in, int out,
+                        float beta) {
   be.gemm(Trans::yes, Trans::no, out, in, static_cast<int>(n), 1.0f, dy, out, x, in, beta, dw, in);
   if (db) be.bias_grad(db, dy, static_cast<int>(n), out, beta);
-  if (dx) be.gemm(Trans::no, Trans::no, static_cast<int>(n), in, out, 1.0f, dy, out, w, in, dx_beta, dx, in);
+}
+
+void linear_input_grad(Backend& be, float* dx, const float* dy, const float* w, i64 n, int in, int out,
+                       float dx_beta) {
+  be.gemm(Trans::no, Trans::no, static_cast<int>(n), in, out, 1.0f, dy, out, w, in, dx_beta, dx, in);
 }
 
 std::vector<float> token_rows(const DataSlice& at, int seq, int vocab, std::uint64_t base) {
@@ -79,8 +89,28 @@ class EmbeddingBlock final : public SequenceBlock {
 
   Buffer backward(const BlockCall& c, const float* in, Buffer& out, Buffer dy, bool /*needs_dx*/, float beta,
                   BlockTape& tape) override {
-    Backend& be = c.backend;
     out.reset();
+    weight_grads(c, in, dy, beta, tape);
+    return Buffer{};  // token ids take no gradient
+  }
+
+  // B: nothing to compute (the ids take no gradient); dy (N, h) is kept for W.
+  Buffer backward_input(const BlockCall& /*c*/, const float* /*in*/, Buffer& out, Buffer dy, bool /*needs_dx*/, bool free_output,
+                        BlockTape& tape) override {
+    if (free_output) out.reset();
+    tape.held.push_back(std::move(dy));
+    return Buffer{};
+  }
+  void backward_weight(const BlockCall& c, const float* in, float beta, BlockTape& tape) override {
+    Buffer dy = std::move(tape.held.back());
+    tape.held.pop_back();
+    weight_grads(c, in, dy, beta, tape);
+  }
+
+ private:
+  // The tables' gradients from dy (freed), releasing the saves.
+  void weight_grads(const BlockCall& c, const float* in, Buffer& dy, float beta, BlockTape& tape) {
+    Backend& be = c.backend;
     const i64 n = tokens(c.rows);
     // A tied head (the model's last block) wrote the table's gradient earlier in this
     // backward, with `beta`: the embedding adds onto it.
@@ -99,10 +129,8 @@ class EmbeddingBlock final : public SequenceBlock {
     c.saved.release(in);
     if (positions_) c.saved.release(tape.held[0].data());
     tape.held.clear();
-    return Buffer{};  // token ids take no gradient
   }
 
- private:
   bool positions_;
   std::vector<ParamSpec> params_;
 };
@@ -161,11 +189,6 @@ class CrossEntropyLoss final : public ModelLoss {
 
 }  // namespace
 
-RunError SequenceBlock::no_split() const {
-  return RunError(std::string(family_) + ": the zero-bubble split (zb-h1) of its blocks is not implemented");
-}
-Buffer SequenceBlock::backward_input(const BlockCall&, Buffer&, Buffer, bool, bool, BlockTape&) { throw no_split(); }
-void SequenceBlock::backward_weight(const BlockCall&, const float*, float, BlockTape&) { throw no_split(); }
 
 std::unique_ptr<Block> make_embedding_block(const TransformerShape& shape, const EmbeddingNames& names,
                                             const char* family) {
@@ -185,12 +208,44 @@ void head_forward(Backend& be, float* logits, const float* x, const float* w, i6
 Buffer head_backward(Backend& be, Buffer& dlogits, const float* x, const float* w, float* dw, i64 n, int hidden,
                      int vocab, float beta) {
   Buffer dx = be.alloc(Category::temp, floats(n * hidden));
-  be.gemm(Trans::no, Trans::no, static_cast<int>(n), hidden, vocab, 1.0f, dlogits.data(), vocab, w, hidden, 0.0f,
-          dx.data(), hidden);
-  be.gemm(Trans::yes, Trans::no, vocab, hidden, static_cast<int>(n), 1.0f, dlogits.data(), vocab, x, hidden, beta,
-          dw, hidden);
+  head_input_grad(be, dx.data(), dlogits.data(), w, n, hidden, vocab);
+  head_weight_grad(be, dw, dlogits.data(), x, n, hidden, vocab, beta);
   dlogits.reset();
   return dx;
+}
+
+void head_input_grad(Backend& be, float* dx, const float* dlogits, const float* w, i64 n, int hidden, int vocab) {
+  be.gemm(Trans::no, Trans::no, static_cast<int>(n), hidden, vocab, 1.0f, dlogits, vocab, w, hidden, 0.0f, dx, hidden);
+}
+
+void head_weight_grad(Backend& be, float* dw, const float* dlogits, const float* x, i64 n, int hidden, int vocab,
+                      float beta) {
+  be.gemm(Trans::yes, Trans::no, vocab, hidden, static_cast<int>(n), 1.0f, dlogits, vocab, x, hidden, beta, dw, hidden);
+}
+
+void layer_norm_input_grad(Backend& be, float* dx, const float* dy, const float* x, const float* mean,
+                           const float* rstd, const float* gamma, i64 n, int hidden) {
+  Buffer scratch = be.alloc(Category::temp, floats(2 * static_cast<i64>(hidden)));  // dgamma, dbias: dropped
+  be.layer_norm_backward(dx, scratch.data(), scratch.data() + hidden, dy, x, mean, rstd, gamma, static_cast<int>(n),
+                         hidden, 0.0f);
+}
+
+void layer_norm_weight_grad(Backend& be, float* dgamma, float* dbias, const float* dy, const float* x,
+                            const float* mean, const float* rstd, const float* gamma, i64 n, int hidden, float beta) {
+  Buffer scratch = be.alloc(Category::temp, floats(n * hidden));  // dx: dropped
+  be.layer_norm_backward(scratch.data(), dgamma, dbias, dy, x, mean, rstd, gamma, static_cast<int>(n), hidden, beta);
+}
+
+void rms_norm_input_grad(Backend& be, float* dx, const float* dy, const float* x, const float* rstd,
+                         const float* gamma, i64 n, int hidden) {
+  Buffer scratch = be.alloc(Category::temp, floats(hidden));  // dgamma: dropped
+  be.rms_norm_backward(dx, scratch.data(), dy, x, rstd, gamma, static_cast<int>(n), hidden, 0.0f);
+}
+
+void rms_norm_weight_grad(Backend& be, float* dgamma, const float* dy, const float* x, const float* rstd,
+                          const float* gamma, i64 n, int hidden, float beta) {
+  Buffer scratch = be.alloc(Category::temp, floats(n * hidden));  // dx: dropped
+  be.rms_norm_backward(scratch.data(), dgamma, dy, x, rstd, gamma, static_cast<int>(n), hidden, beta);
 }
 
 AttentionArgs attention_args(const TransformerShape& s, int rows, const float* q, const float* k, const float* v,

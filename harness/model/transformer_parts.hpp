@@ -43,6 +43,12 @@ void linear_forward(Backend& be, float* y, const float* x, const float* w, const
 // dy W + dx_beta * dx when dx.
 void linear_backward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                      i64 n, int in, int out, float beta, float dx_beta = 0.0f);
+// Its two halves, as the zero-bubble split runs them: the weight's (and bias's) gradient
+// in W, the input's in B; linear_backward is the one, then the other.
+void linear_weight_grad(Backend& be, float* dw, float* db, const float* dy, const float* x, i64 n, int in, int out,
+                        float beta);
+void linear_input_grad(Backend& be, float* dx, const float* dy, const float* w, i64 n, int in, int out,
+                       float dx_beta = 0.0f);
 
 // The token ids of the slice's rows (seq tokens each) in [0, vocab), as a Buffer's floats
 // (id_floats): the model's input (kInputBase) or its target (kTargetBase, past the
@@ -52,22 +58,21 @@ constexpr std::uint64_t kTargetBase = std::uint64_t{1} << 62;
 std::vector<float> token_rows(const DataSlice& at, int seq, int vocab, std::uint64_t base);
 
 // A block of a transformer family: its rows are sequences of shape.seq tokens (N = rows
-// * seq); the zero-bubble split (zb-h1's B and W halves) is refused, naming the family.
+// * seq). Each family's blocks run the zero-bubble split (zb-h1's B and W halves): B
+// keeps each Linear's and each norm's output gradient (temp) for W, and W writes the
+// parameter gradients in the whole backward's order (docs/design.md, "Transformers").
 class SequenceBlock : public Block {
  public:
   SequenceBlock(const TransformerShape& shape, const char* family) : s_(shape), family_(family) {}
   // The embedding and final blocks are not wrapped by --checkpoint; the layers say so.
   bool checkpointable() const override { return false; }
-  Buffer backward_input(const BlockCall& call, Buffer& output, Buffer dy, bool needs_dx, bool free_output,
-                        BlockTape& tape) override;
-  void backward_weight(const BlockCall& call, const float* input, float beta, BlockTape& tape) override;
 
  protected:
   i64 tokens(int rows) const { return static_cast<i64>(rows) * s_.seq; }
+  const char* family() const { return family_; }
   const TransformerShape s_;
 
  private:
-  RunError no_split() const;
   const char* family_;
 };
 
@@ -88,6 +93,25 @@ std::unique_ptr<Block> make_embedding_block(const TransformerShape& shape, const
 void head_forward(Backend& be, float* logits, const float* x, const float* w, i64 n, int hidden, int vocab);
 Buffer head_backward(Backend& be, Buffer& dlogits, const float* x, const float* w, float* dw, i64 n, int hidden,
                      int vocab, float beta);
+// Its halves: dx (N, h) = dlogits W (overwritten) in B, dW = dlogits^T x with beta in W.
+void head_input_grad(Backend& be, float* dx, const float* dlogits, const float* w, i64 n, int hidden, int vocab);
+void head_weight_grad(Backend& be, float* dw, const float* dlogits, const float* x, i64 n, int hidden, int vocab,
+                      float beta);
+
+// The norms' halves. A norm's backward kernel writes dx and its parameters' gradients
+// in one call; each half runs it whole and drops what the other half owns into a
+// scratch temp freed before it returns: B's the parameter gradients (2h floats for
+// LayerNorm's gamma and bias, h for RMSNorm's gamma, written with beta 0), W's dx (N·h
+// floats). Both calls read the same saved x, mean, rstd, gamma and dy: W's parameter
+// gradients are the whole backward's to the bit.
+void layer_norm_input_grad(Backend& be, float* dx, const float* dy, const float* x, const float* mean,
+                           const float* rstd, const float* gamma, i64 n, int hidden);
+void layer_norm_weight_grad(Backend& be, float* dgamma, float* dbias, const float* dy, const float* x,
+                            const float* mean, const float* rstd, const float* gamma, i64 n, int hidden, float beta);
+void rms_norm_input_grad(Backend& be, float* dx, const float* dy, const float* x, const float* rstd,
+                         const float* gamma, i64 n, int hidden);
+void rms_norm_weight_grad(Backend& be, float* dgamma, const float* dy, const float* x, const float* rstd,
+                          const float* gamma, i64 n, int hidden, float beta);
 
 // Causal attention's math path, as torch's math SDPA runs it on head-major q and k
 // (B, H, T, d), each its own storage, and v: the probabilities (B, H, T, T) = causal
