@@ -198,7 +198,7 @@ TEST_F(TransformerRuns, TransformersRunPipelinedAsPredicted) {
         << c.run;
   }
   EXPECT_EQ(shardscope(g + "--schedule zb-h1 --emulate 2:0"), 2);
-  EXPECT_NE(err_.find("--schedule zb-h1: the zero-bubble split of a transformer's blocks"), std::string::npos)
+  EXPECT_NE(err_.find("--schedule zb-h1: the per-stage closed forms of a transformer's zero-bubble split"), std::string::npos)
       << err_;
 }
 
