@@ -3,13 +3,16 @@
 // two passes (beta 0, then 1: the accumulation a pipeline's micro-batches make), on a
 // model cut in two segments as a pipeline cuts it (the embeddings alone, after a
 // transformer block, the final block alone); every save is released and nothing the
-// forward or backward made outlives them.
+// forward or backward made outlives them. What a pipeline piece holds between its B and
+// its W equals its closed form (gpt2_piece, llama_piece: PieceForms' half figures).
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "harness/predict/gpt2_forms.hpp"
+#include "harness/predict/llama_forms.hpp"
 #include "support/transformer_testbed.hpp"
 
 namespace shardscope {
@@ -126,6 +129,75 @@ TEST(TransformerSplit, LlamaBThenWIsTheWholeBackwardToTheBit) {
         expect_split_equals_whole(m, std::string("llama ") + mode_name(mode) + (tied ? " tied" : " untied") +
                                          (bias ? " bias" : ""));
       }
+}
+
+// One micro-batch of `rows` sequences through a piece of n transformer blocks, as a
+// pipeline stage runs it: its input received (activation) unless first, its unsaved
+// output sent (freed) unless last, the received dy (comm) unless last, its dx sent
+// (freed) unless first. Between its B and its W the bytes beyond those before its F,
+// and the saves, equal the piece's closed form; after W nothing is left.
+void expect_half_equals_form(const ModelConfig& m, int rows, const PiecePlace& place) {
+  const auto model = make_model(m);
+  const TransformerShape& ts = m.transformer;
+  const PieceForms form = m.name == "gpt2" ? gpt2_piece(ts, rows, place) : llama_piece(ts, rows, place);
+  std::vector<float> params = model->init_flat_slice(3, 0, model->params()), grads(params.size(), 0.0f);
+  CpuBackend backend;
+  SavedTensors saved;
+  FlatAccess access(*model, params.data(), grads.data());
+  ModelContext mc{backend, saved, access};
+  const int lo = place.first ? 0 : 2, hi = place.last ? model->blocks() : 1 + (place.first ? 0 : 1) + place.blocks;
+  ASSERT_EQ(hi - lo, place.blocks + (place.first ? 1 : 0) + (place.last ? 1 : 0));
+  const DataSlice at{9, 0, 0, 0, rows};
+  const std::vector<float> ids = model->host_input(at);
+  Buffer target = model->make_target(backend, at);
+  const CategoryBytes before = backend.tracker().current();
+  Buffer in;
+  if (!place.first) {
+    in = backend.alloc(Category::activation, static_cast<std::size_t>(model->output_elems(lo - 1, rows)));
+    backend.fill(in.data(), 0.25f, in.count());
+  }
+  Tape tape = model->forward(mc, lo, hi, place.first ? ids.data() : in.data(), rows, !place.first);
+  Buffer dy;
+  if (place.last) {
+    model->loss_forward(mc, tape, target.data(), 1.0f);
+  } else {
+    tape.outputs.back().reset();  // sent
+    dy = backend.alloc(Category::comm, static_cast<std::size_t>(model->output_elems(hi - 1, rows)));
+    backend.fill(dy.data(), 0.01f, dy.count());
+  }
+  Buffer dx = model->backward_input(mc, tape, std::move(dy));
+  EXPECT_EQ(static_cast<bool>(dx), !place.first);
+  dx.reset();  // sent
+  const CategoryBytes& now = backend.tracker().current();
+  EXPECT_EQ(now[Category::activation] - before[Category::activation], form.half_act);
+  EXPECT_EQ(now[Category::temp] - before[Category::temp], form.half_temp);
+  EXPECT_EQ(now[Category::comm] - before[Category::comm], form.half_comm);
+  EXPECT_EQ(saved.live(), form.half_saves);
+  EXPECT_EQ(saved.live_bytes(), form.half_saved_bytes);
+  EXPECT_GT(form.half_act, 0);
+  model->backward_weight(mc, tape, 0.0f);
+  in.reset();
+  EXPECT_EQ(saved.live(), 0);
+  for (Category c : {Category::activation, Category::temp, Category::comm})
+    EXPECT_EQ(backend.tracker().current()[c], before[c]) << category_name(c);
+}
+
+TEST(TransformerSplit, WhatBKeepsForWIsThePiecesClosedForm) {
+  int checked = 0;
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+    for (int rows : {1, 2})
+      for (const ModelConfig& m : {transformer("gpt2", 3, 16, 2, 2, 23, 6, rows, mode, true, true),
+                                   transformer("llama", 3, 16, 4, 2, 23, 6, rows, mode, false, false),
+                                   transformer("llama", 3, 16, 4, 2, 23, 6, rows, mode, true, true)})
+        for (const PiecePlace& place : {PiecePlace{3, true, true, false, false}, PiecePlace{2, true, false, false, true},
+                                        PiecePlace{1, false, false, true, true}, PiecePlace{2, false, true, true, false}}) {
+          SCOPED_TRACE(m.name + " " + mode_name(mode) + " rows=" + std::to_string(rows) + " n=" +
+                       std::to_string(place.blocks) + (place.first ? " first" : "") + (place.last ? " last" : "") +
+                       (m.transformer.tied_embeddings ? " tied" : ""));
+          expect_half_equals_form(m, rows, place);
+          ++checked;
+        }
+  EXPECT_EQ(checked, 48);
 }
 
 }  // namespace

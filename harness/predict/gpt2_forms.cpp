@@ -103,7 +103,24 @@ PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace&
   // input), GELU's output and mlp c_proj's weight. The embeddings: the ids and arange;
   // the final block: ln_f's input, mean, rstd, weight and output, and the head's weight.
   const int block = shape.attention == AttentionMode::flash ? 20 : 21;
-  return transformer_piece(gpt2_blocks(shape, rows), {2, block, 6}, place);
+  PieceForms p = transformer_piece(gpt2_blocks(shape, rows), {2, block, 6}, place);
+  // Between B and W (zb-h1). A block keeps saved its input x, ln_1's and ln_2's mean,
+  // rstd and output, y, x_mid and GELU's output (5a + 16N + F, in 12 saves with the two
+  // norms' weights), and as temp its output gradients: c_fc's (F), ln_2's, c_proj's
+  // (dx_mid) and ln_1's (a each), dqkv (3a), and its dy (a: the block above's dx; the
+  // top block's on a piece other than the last is the received gradient, comm). The
+  // embeddings keep arange (8T; the ids, 8N, saved too) and their dy (a); the final
+  // block its input, ln_f's mean, rstd and output (2a + 8N, 5 saves) and dlogits and
+  // d ln_f (Λ + a).
+  const TokenSizes z = token_sizes(shape, rows);
+  const std::int64_t n = place.blocks, a = z.a, N = z.N;
+  p.half_act = n * (5 * a + 16 * N + z.F) + (place.first ? 8 * z.T : 0) + (place.last ? 2 * a + 8 * N : 0);
+  p.half_temp = n * (6 * a + z.F) + (n - (place.last ? 0 : 1)) * a + (place.first ? a : 0) +
+                (place.last ? z.lambda + a : 0);
+  p.half_comm = place.last ? 0 : a;
+  p.half_saves = 12 * n + (place.first ? 2 : 0) + (place.last ? 5 : 0);
+  p.half_saved_bytes = p.half_act + (place.first ? 8 * N : 0);
+  return p;
 }
 
 }  // namespace shardscope

@@ -117,7 +117,26 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
   // embedding: the ids; the final block: the norm's input, rstd, weight and output, and
   // the head's weight.
   const int layer = shape.attention == AttentionMode::flash ? 28 : 27;
-  return transformer_piece(llama_blocks(shape, rows), {1, layer, 5}, place);
+  PieceForms p = transformer_piece(llama_blocks(shape, rows), {1, layer, 5}, place);
+  // Between B and W (zb-h1). A layer keeps saved its input x, both norms' rstd and
+  // output, o_proj's input (Q = 4N·H·d), x_mid and the product (4a + 8N + Q + F, in 13
+  // saves: the input norm's output thrice, the other's twice, the two norms' weights),
+  // and as temp its output gradients: gate's and up's (F each), the post-attention
+  // norm's, o_proj's (dx_mid) and the input norm's (a each), q/k/v's (Q + 2·4N·K·d),
+  // and its dy (a: the layer above's dx; the top layer's on a piece other than the last
+  // is the received gradient, comm). The embedding keeps its dy (a; the ids, 8N, stay
+  // saved); the final block its input, rstd and the norm's output (2a + 4N, 4 saves) and
+  // dlogits and the norm's gradient (Λ + a).
+  const TokenSizes z = token_sizes(shape, rows);
+  const std::int64_t n = place.blocks, a = z.a, N = z.N;
+  const std::int64_t Q = 4 * N * shape.heads * shape.head_dim, KV = 4 * N * shape.kv_heads * shape.head_dim;
+  p.half_act = n * (4 * a + 8 * N + Q + z.F) + (place.last ? 2 * a + 4 * N : 0);
+  p.half_temp = n * (3 * a + 2 * z.F + Q + 2 * KV) + (n - (place.last ? 0 : 1)) * a + (place.first ? a : 0) +
+                (place.last ? z.lambda + a : 0);
+  p.half_comm = place.last ? 0 : a;
+  p.half_saves = 13 * n + (place.first ? 1 : 0) + (place.last ? 4 : 0);
+  p.half_saved_bytes = p.half_act + (place.first ? 8 * N : 0);
+  return p;
 }
 
 }  // namespace shardscope

@@ -41,6 +41,13 @@ struct PieceForms {
   std::int64_t saved_bytes = 0;  // distinct bytes its F saves (the saved-tensor instrument)
   std::int64_t saves = 0;        // saves its F records
   std::vector<PieceMoment> backward;  // the instants of its B where bytes can be highest, in time order
+  // A transformer's zero-bubble split (zb-h1): what the piece holds from its B to its W
+  // beyond what it held before its F, per category (docs/formulas.md, "Transformers: what
+  // B keeps for W"): the saves W reads (activation), the kept output gradients (temp), the
+  // received dy its top block keeps (comm); and the saves still recorded (count, distinct
+  // bytes).
+  std::int64_t half_act = 0, half_temp = 0, half_comm = 0;
+  std::int64_t half_saves = 0, half_saved_bytes = 0;
 };
 
 }  // namespace shardscope
