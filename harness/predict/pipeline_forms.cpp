@@ -98,6 +98,14 @@ PieceForms mlp_piece(const Piece& p, i64 row_bytes, i64 r) {
   f.saves = p.saves;
   const i64 dx = p.n > 1 || !p.first ? a : 0;
   f.backward = {{0, (p.last ? a : 0) + dx, true}};
+  // zb-h1, B done and W not: its input (received) and the n-1 outputs W still reads,
+  // and the n dz, the first the received dy (comm) or the loss gradient; the n Linear
+  // inputs stay saved.
+  f.half_act = a * ((p.recv_act ? 1 : 0) + p.n - 1);
+  f.half_comm = p.recv_grad ? a : 0;
+  f.half_temp = a * p.n - f.half_comm;
+  f.half_saves = p.n;
+  f.half_saved_bytes = p.n * a;
   return f;
 }
 
@@ -219,7 +227,8 @@ i64 p2p_sent(const Ctx& c) {
 // Saves only grow during an F and only shrink during a B or W, so both peaks are at the
 // end of some F: the pairs (micro-batch, chunk) whose F has run and whose B has not
 // hold all their saves; with a split backward (zb-h1) a pair between B and W still
-// holds its n Linear inputs (n saves, n·a_m bytes).
+// holds the saves W reads (the piece's half_saves and half_saved_bytes: the MLP's n
+// Linear inputs, n·a_m bytes; a transformer's per piece_forms.hpp).
 
 SavedForms saved_one_chunk(const Ctx& c, ScheduleKind kind) {
   const Piece& p = c.pieces[0];
@@ -241,9 +250,10 @@ SavedForms saved_one_chunk(const Ctx& c, ScheduleKind kind) {
   // max(0, b-s)..b-1 wait for their W (W(j) follows B(j+s)). The count grows with b up
   // to b = s; past it both windows slide towards smaller rows, so b <= min(s, M-1-w).
   const i64 top = std::min<i64>(s, M - 1 - w);
-  f.peak_live_tensors = (w + 1) * p.saves + top * p.n;
+  f.peak_live_tensors = (w + 1) * p.saves + top * p.big.half_saves;
   for (i64 b = 0; b <= top; ++b)
-    f.peak_live_bytes = std::max(f.peak_live_bytes, p.save_rows * c.rows.sum(b, w + b + 1) + p.n * c.rows.sum(0, b));
+    f.peak_live_bytes = std::max(f.peak_live_bytes, sum(c.rows, p, &PieceForms::saved_bytes, b, w + b + 1) +
+                                                        sum(c.rows, p, &PieceForms::half_saved_bytes, 0, b));
   return f;
 }
 
