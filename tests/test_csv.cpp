@@ -78,27 +78,33 @@ TEST(Csv, DataParallelOneRowPerRankAndCategory) {
   const Rows rows = parse_csv(data_parallel_csv(doc));
   ASSERT_FALSE(rows.empty());
   EXPECT_EQ(rows[0], kDpHeader);
-  // zero2 (2 ranks), zero3 (2), zero3 root unit (2), ddp (4): 10 ranks x 8 categories.
-  ASSERT_EQ(rows.size(), 1u + 10u * 8u);
+  // zero2 (2 ranks), zero3 (2), zero3 root unit (2), ddp (4): 10 ranks x 9 categories
+  // (the document predates workspace: its rows read 0).
+  const std::size_t k = kCategoryCount;
+  ASSERT_EQ(k, 9u);
+  ASSERT_EQ(rows.size(), 1u + 10u * k);
   for (const auto& row : rows) ASSERT_EQ(row.size(), kDpHeader.size());
   // zero2 rank 0, in category order.
   for (std::size_t c = 0; c < 8; ++c) EXPECT_EQ(rows[1 + c][6], testing::kReportCategories[c]);
+  EXPECT_EQ(rows[1 + 8][6], "workspace");
+  EXPECT_EQ(rows[1 + 8][7], "0");
   const std::vector<std::string> param_unsharded = {"2", "zero2", "1", "1", "", "0", "param_unsharded", "0", "8192",
                                                     "0", "28288", "backward", "unit 3", "6144", "1.25", "8192", "0.75"};
   EXPECT_EQ(rows[2], param_unsharded);
-  EXPECT_EQ(rows[1 + 8][5], "1");                // zero2 rank 1
-  EXPECT_EQ(rows[1 + 16][1], "zero3");           // zero3 rank 0
-  EXPECT_EQ(rows[1 + 16 + 1][8], "4096");        // its gathered units at the peak
-  EXPECT_EQ(rows[1 + 32][2], "all");             // root unit
+  EXPECT_EQ(rows[1 + k][5], "1");                // zero2 rank 1
+  EXPECT_EQ(rows[1 + 2 * k][1], "zero3");        // zero3 rank 0
+  EXPECT_EQ(rows[1 + 2 * k + 1][8], "4096");     // its gathered units at the peak
+  EXPECT_EQ(rows[1 + 4 * k][2], "all");          // root unit
   // ddp: no units or prefetch; its bucket instead.
-  const auto& ddp = rows[1 + 48];
+  const auto& ddp = rows[1 + 6 * k];
   EXPECT_EQ(ddp[0], "4");
   EXPECT_EQ(ddp[1], "ddp");
   EXPECT_EQ(ddp[2], "");
   EXPECT_EQ(ddp[3], "");
   EXPECT_EQ(ddp[4], "view");
   EXPECT_EQ(rows.back()[5], "3");
-  EXPECT_EQ(rows.back()[6], "temp");
+  EXPECT_EQ(rows.back()[6], "workspace");
+  EXPECT_EQ(rows[rows.size() - 2][6], "temp");
 }
 
 // The CSV once filled a missing comm_bytes with the sum over kinds and a missing peak

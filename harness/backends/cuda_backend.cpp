@@ -98,14 +98,17 @@ CudaBackend::CudaBackend(int local_rank, bool allow_tf32) {
     CUBLAS_CHECK(cublasCreate(&cublas_));
     // cublasSetStream resets the workspace to cuBLAS's default: set the stream first.
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-    CUDA_CHECK(cudaMalloc(&workspace_, static_cast<std::size_t>(kWorkspaceBytes)));
-    CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, static_cast<std::size_t>(kWorkspaceBytes)));
+    // cuBLAS's workspace from the pool, tracked (category workspace), on the stream cuBLAS
+    // runs on: cuBLAS advises 32 MiB on Hopper (cublasSetWorkspace). After the stream, before
+    // any GEMM.
+    workspace_ = alloc(Category::workspace, static_cast<std::size_t>(kWorkspaceBytes) / sizeof(float));
+    CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_.data(), static_cast<std::size_t>(kWorkspaceBytes)));
     CUBLAS_CHECK(cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
     set_allow_tf32(allow_tf32);
   } catch (...) {
     // The destructor does not run for a half-built object: release what exists.
     if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
-    if (workspace_ != nullptr) (void)cudaFree(workspace_);
+    workspace_.reset();
     if (pool_ != nullptr) (void)cudaMemPoolDestroy(pool_);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
     throw;
@@ -116,17 +119,21 @@ CudaBackend::~CudaBackend() {
   // Pinned staging: freed while this class's host_free is still callable (the base
   // class would free it with std::free); a broken context only makes this warn.
   release_staging();
-  // Every Buffer must be gone by now (they point at this backend). Wait for queued work
-  // and frees; if the context is already broken (a kernel faulted), the error that broke
-  // it is on its way to the user, and releasing now would only fail again: skip.
+  // Every Buffer but the workspace must be gone by now (they point at this backend). Wait
+  // for queued work and frees; if the context is already broken (a kernel faulted), the
+  // error that broke it is on its way to the user, and releasing now would only fail
+  // again: skip (the workspace's free included).
   const cudaError_t e = cudaStreamSynchronize(stream_);
   if (e != cudaSuccess) {
+    broken_ = true;
     std::fprintf(stderr, "shardscope: warning: CUDA backend teardown skipped: %s\n",
                  cudaGetErrorString(e));
     return;
   }
+  CUBLAS_CHECK_NOEXCEPT(cublasSetWorkspace(cublas_, nullptr, 0));
+  workspace_.reset();  // the tracker sees it go
+  CUDA_CHECK_NOEXCEPT(cudaStreamSynchronize(stream_));  // its free has run before the pool goes
   CUBLAS_CHECK_NOEXCEPT(cublasDestroy(cublas_));
-  CUDA_CHECK_NOEXCEPT(cudaFree(workspace_));
   CUDA_CHECK_NOEXCEPT(cudaMemPoolDestroy(pool_));
   CUDA_CHECK_NOEXCEPT(cudaStreamDestroy(stream_));
 }
@@ -170,6 +177,7 @@ void* CudaBackend::raw_alloc(std::size_t bytes) {
 }
 
 void CudaBackend::raw_free(void* p, std::size_t /*bytes*/) noexcept {
+  if (broken_) return;  // teardown after a broken context: nothing can be freed
   const cudaError_t e = cudaFreeAsync(p, stream_);
   if (e == cudaSuccess) return;
   // Buffers freed while an earlier CUDA error unwinds the stack: the context may be broken

@@ -3,8 +3,9 @@
 //
 // Memory accounting: after a stream sync, the pool's UsedMemCurrent equals the tracker's
 // rounded figure, and UsedMemHigh (reset together with the tracker's peak) equals its
-// rounded peak. Only tracked Buffers live in the pool: the cuBLAS workspace, NCCL's and
-// cuBLAS's own buffers and the CUDA context are "outside the pool" (outside_pool_bytes()).
+// rounded peak. Only tracked Buffers live in the pool, cuBLAS's workspace among them (one
+// Buffer of category workspace); NCCL's and cuBLAS's own buffers and the CUDA context are
+// "outside the pool" (outside_pool_bytes()).
 #pragma once
 
 #include <cublas_v2.h>
@@ -118,12 +119,11 @@ class CudaBackend final : public Backend {
   void set_allow_tf32(bool allow) override;
   bool allow_tf32() const { return allow_tf32_; }
 
-  // The cuBLAS workspace, allocated once for the backend's life with cudaMalloc: outside
-  // the pool (so the pool holds tracked Buffers only) and untracked (so resting bytes
-  // equal the CPU backend's). 4 MiB: cuBLAS's default size before Hopper; on Hopper
-  // cuBLAS's own default is 32 MiB, which only widens the kernel choice for large GEMMs.
-  static constexpr std::int64_t kWorkspaceBytes = 4 << 20;
-  std::int64_t workspace_bytes() const { return kWorkspaceBytes; }
+  // cuBLAS's workspace: kCudaWorkspaceBytes (32 MiB, NVIDIA's advice for Hopper) from the
+  // pool, tracked as category workspace, handed to cublasSetWorkspace with the stream
+  // before any GEMM and freed when the backend goes.
+  static constexpr std::int64_t kWorkspaceBytes = kCudaWorkspaceBytes;
+  std::int64_t workspace_bytes() const override { return kWorkspaceBytes; }
 
   int device() const override { return device_; }
   cudaStream_t stream() const { return stream_; }
@@ -145,7 +145,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cudaMemPool_t pool_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  void* workspace_ = nullptr;
+  Buffer workspace_;     // kWorkspaceBytes of category workspace, from the pool
+  bool broken_ = false;  // set by a teardown that found the context broken
   std::string pci_bus_id_;
   // The device's used bytes (cudaMemGetInfo) just after the context was made: the origin
   // of outside_pool()'s fallback when NVML has no figure for this process.

@@ -15,6 +15,7 @@
 #include "harness/run/records.hpp"
 #include "harness/run/run.hpp"
 #include "harness/pipeline/run_pipeline.hpp"
+#include "harness/predict/workspace_forms.hpp"
 #include "shardscope/check.hpp"
 #include "shardscope/predict.hpp"
 #include "shardscope/schedule.hpp"
@@ -38,7 +39,8 @@ const std::vector<std::pair<std::string, std::string>> kRunningFlags = {
 // What the figures leave out, printed under the tables and kept in the document.
 constexpr const char* kNotCounted =
     "Bytes are what shardscope's allocator hook counts: every tensor, buffer and workspace a "
-    "step allocates, equal on cpu and cuda (docs/results.md, \"GPU\"). Left out: what a process holds "
+    "step allocates, equal on cpu and cuda (docs/results.md, \"GPU\") but for cuBLAS's 32 MiB workspace, "
+    "which cuda holds and --backend cuda adds. Left out: what a process holds "
     "outside that hook (on a GPU the CUDA context and NCCL's and cuBLAS's own buffers: 620,756,992 B "
     "per process on one H200, measured), and allocator fragmentation. Leave room for them.";
 
@@ -102,6 +104,15 @@ std::optional<bool> fits(const std::optional<std::int64_t>& memory, const Predic
   return resting && !*resting ? resting : std::nullopt;
 }
 
+// Every rank's closed forms on the backend the flags name: `--backend cuda` adds cuBLAS's
+// workspace to each (plan runs nothing, so no flag or cpu plans the allocator's bytes as
+// cpu holds them; docs/cli.md).
+std::vector<Prediction> predict_ranks(const RunConfig& cfg, int world) {
+  std::vector<Prediction> predicted = predict_data_parallel_ranks(cfg, world);
+  for (Prediction& p : predicted) add_backend_workspace(p, cfg.backend);
+  return predicted;
+}
+
 DataParallelPlan plan_data_parallel(const RunConfig& cfg, int world, const std::optional<std::int64_t>& memory) {
   validate_data_parallel(cfg);
   DataParallelPlan plan;
@@ -109,7 +120,7 @@ DataParallelPlan plan_data_parallel(const RunConfig& cfg, int world, const std::
   // Consecutive ranks with the same figures share one entry: a world of 65,536 ranks
   // stays a few lines (zero1's whole-tensor partition makes a few groups at most; every
   // other strategy one).
-  const std::vector<Prediction> predicted = predict_data_parallel_ranks(cfg, world);
+  const std::vector<Prediction> predicted = predict_ranks(cfg, world);
   json last;  // the last group's figures, as written
   for (int r = 0; r < world; ++r) {
     RankPredicted p = rank_predicted(predicted[r]);
@@ -139,7 +150,7 @@ DataParallelPlan plan_data_parallel(const RunConfig& cfg, int world, const std::
 // peak and resting bytes among them.
 ConfigPeak data_parallel_peak(const RunConfig& cfg, int world) {
   ConfigPeak out;
-  const std::vector<Prediction> predicted = predict_data_parallel_ranks(cfg, world);
+  const std::vector<Prediction> predicted = predict_ranks(cfg, world);
   for (int r = 0; r < world; ++r) {
     const Prediction& p = predicted[r];
     out.known = out.known && p.peak_known;
@@ -158,7 +169,10 @@ std::vector<StageForms> predict_stages(const RunConfig& cfg, int stages, Pipelin
   refuse_checkpointed_pipeline(cfg);
   *shape = pipeline_shape(cfg, stages);
   std::vector<StageForms> forms;
-  for (int s = 0; s < stages; ++s) forms.push_back(predict_pipeline_stage(*shape, s));
+  for (int s = 0; s < stages; ++s) {
+    forms.push_back(predict_pipeline_stage(*shape, s));
+    add_backend_workspace(forms.back(), cfg.backend);
+  }
   return forms;
 }
 

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "harness/pipeline/pipeline_stage.hpp"
+#include "harness/predict/workspace_forms.hpp"
 #include "harness/records/json_write.hpp"
 #include "harness/run/records.hpp"
 #include "shardscope/check.hpp"
@@ -93,7 +94,8 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   // The closed forms first, from the flags alone: the memory check compares their peak
   // before the stage builds its schedule, program or anything of the model's size.
   const PipelineShape shape = pipeline_shape(cfg, comm.world());
-  const StageForms forms = predict_pipeline_stage(shape, s);
+  StageForms forms = predict_pipeline_stage(shape, s);
+  add_backend_workspace(forms, backend.name());
   const std::int64_t predicted_peak = forms.peak.total();
   check_memory(predicted_peak, backend, comm.rank());
   // Untracked host bookkeeping grows with the schedule (every stage's action list, its

@@ -177,7 +177,11 @@ CategoryFigures read_categories(const Reader& rd, const json& obj, const std::st
   const json& j = rd.object(obj, path, key);
   CategoryFigures f;
   f.total = rd.count(j, here, "total");
-  for (int c = 0; c < kCategoryCount; ++c) f.bytes[c] = rd.count(j, here, kCategoryNames[c]);
+  for (int c = 0; c < kCategoryCount; ++c) {
+    // "workspace" came after the first files were written: missing, it held nothing.
+    if (c == static_cast<int>(Category::workspace) && !j.contains(kCategoryNames[c])) continue;
+    f.bytes[c] = rd.count(j, here, kCategoryNames[c]);
+  }
   return f;
 }
 
@@ -232,9 +236,12 @@ AllocatorFigures read_allocator(const Reader& rd, const json& member, const std:
   return a;
 }
 
-std::array<std::int64_t, kCategoryCount> row_bytes(const Reader& rd, const json& row, const std::string& path) {
+// A row's bytes of the file's first `count` categories (kCategoryNames' first `count`);
+// the others, which the file predates, held nothing.
+std::array<std::int64_t, kCategoryCount> row_bytes(const Reader& rd, const json& row, const std::string& path,
+                                                   int count) {
   std::array<std::int64_t, kCategoryCount> b{};
-  for (int c = 0; c < kCategoryCount; ++c) b[c] = rd.as_count(row[c + 1], item(path, c + 1), kByteCount);
+  for (int c = 0; c < count; ++c) b[c] = rd.as_count(row[c + 1], item(path, c + 1), kByteCount);
   return b;
 }
 
@@ -247,15 +254,24 @@ TimelineRecord read_timeline(const Reader& rd, const json& t, const std::string&
   r.events = rd.count(t, path, "events", kCount);
   r.sample_limit = rd.count(t, path, "sample_limit", kCount);
   const json& categories = rd.array(t, path, "categories", "the category names");
-  json names = kCategoryNames;
-  if (categories != names) rd.refuse(join(path, "categories"), &categories, "the 8 category names in order");
+  // The current names in order, or the first 8 of them (files written before "workspace").
+  json names = json::array(), before_workspace = json::array();
+  for (int c = 0; c < kCategoryCount; ++c) {
+    names.push_back(kCategoryNames[c]);
+    if (c < static_cast<int>(Category::workspace)) before_workspace.push_back(kCategoryNames[c]);
+  }
+  if (categories != names && categories != before_workspace)
+    rd.refuse(join(path, "categories"), &categories,
+              "the " + std::to_string(kCategoryCount) + " category names in order (or the first " +
+                  std::to_string(before_workspace.size()) + ", before workspace)");
+  const int count = static_cast<int>(categories.size());
   const json& memory = rd.array(t, path, "memory", "an array of rows");
   for (std::size_t i = 0; i < memory.size(); ++i) {
     const json& row = memory[i];
     const std::string at = item(join(path, "memory"), i);
-    if (!row.is_array() || row.size() != kCategoryCount + 1)
-      rd.refuse(at, &row, "a row [t_ms, bytes of each of the 8 categories]");
-    r.memory.push_back({rd.number(row[0], item(at, 0), kTime, true), row_bytes(rd, row, at)});
+    if (!row.is_array() || row.size() != static_cast<std::size_t>(count) + 1)
+      rd.refuse(at, &row, "a row [t_ms, bytes of each of the " + std::to_string(count) + " categories]");
+    r.memory.push_back({rd.number(row[0], item(at, 0), kTime, true), row_bytes(rd, row, at, count)});
   }
   const json& marks = rd.array(t, path, "marks", "an array of marks");
   for (std::size_t i = 0; i < marks.size(); ++i) {

@@ -12,6 +12,7 @@
 #include "harness/model/data.hpp"
 #include "harness/model/model.hpp"
 #include "harness/pipeline/run_pipeline.hpp"
+#include "harness/predict/workspace_forms.hpp"
 #include "harness/records/json_read.hpp"
 #include "harness/records/json_write.hpp"
 #include "harness/run/memory_check.hpp"
@@ -86,7 +87,8 @@ namespace {
 RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicator& comm) {
   const int world = comm.world();
   const int rank = comm.rank();
-  const Prediction pred = predict_data_parallel(cfg, world, rank);
+  Prediction pred = predict_data_parallel(cfg, world, rank);
+  add_backend_workspace(pred, backend.name());
   check_memory(pred.peak_total, backend, rank);
 
   StrategyContext ctx{cfg, backend, comm};

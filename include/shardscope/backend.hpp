@@ -64,6 +64,12 @@ struct OutsidePool {
   const char* source = nullptr; // null when unknown
 };
 
+// cuBLAS's workspace on cuda: 32 MiB, what NVIDIA's cuBLAS documentation (cublasSetWorkspace)
+// recommends for Hopper (4 MiB before it). The CUDA backend allocates it from its pool as
+// one tracked Buffer of category `workspace` when it starts and holds it for its life, so
+// every CUDA rank rests and peaks that much above a CPU rank (docs/gpu.md, "Workspace").
+inline constexpr std::int64_t kCudaWorkspaceBytes = std::int64_t{32} << 20;
+
 struct PoolStats {
   std::int64_t used_current = 0;
   std::int64_t used_high = 0;
@@ -217,6 +223,9 @@ class Backend {
   // the figure came from (see OutsidePool); bytes -1 and no source on cpu.
   virtual OutsidePool outside_pool() { return {}; }
   std::int64_t outside_pool_bytes() { return outside_pool().bytes; }
+  // Bytes of category `workspace` the backend holds for its whole life from when it is
+  // made (cuBLAS's workspace on cuda: kCudaWorkspaceBytes); 0 on cpu.
+  virtual std::int64_t workspace_bytes() const { return 0; }
   // TF32 tensor-core GEMMs (CUDA only; off by default so cpu and cuda agree).
   virtual void set_allow_tf32(bool /*allow*/) {}
   // Free device memory in bytes (cudaMemGetInfo); -1 on host backends.

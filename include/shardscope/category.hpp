@@ -16,16 +16,17 @@ enum class Category : std::uint8_t {
   optim,            // optimizer state (exp_avg, exp_avg_sq, step)
   activation,       // tensors computed by the model and saved for backward
   comm,             // collective and p2p staging buffers
-  temp,             // every other transient: unsaved outputs, batch, target, workspaces
+  temp,             // every other transient: unsaved outputs, batch, target, scratch
+  workspace,        // a backend's own resident buffers: cuBLAS's workspace on cuda (none on cpu)
 };
 
-inline constexpr int kCategoryCount = 8;
+inline constexpr int kCategoryCount = 9;
 
 // The categories' names, in Category's order: the JSON's keys, the CSV's rows, the
 // timeline's columns and the order every table and chart stacks them in.
 inline constexpr std::array<const char*, kCategoryCount> kCategoryNames = {
     "param", "param_unsharded", "grad", "grad_unsharded",
-    "optim", "activation",      "comm", "temp"};
+    "optim", "activation",      "comm", "temp", "workspace"};
 
 inline constexpr std::string_view category_name(Category c) {
   return kCategoryNames[static_cast<int>(c)];

@@ -221,3 +221,51 @@ TEST(PlanMemory, SizesInEveryUnitAndTheirRefusals) {
 
 }  // namespace
 }  // namespace shardscope
+
+namespace shardscope {
+namespace {
+
+// --backend cuda plans cuBLAS's workspace (32 MiB, category workspace) on every rank and
+// stage, at rest and at the peak; no flag (or cpu) plans none, as a cpu run measures.
+TEST_F(Plan, CudaAddsCublasWorkspaceToEveryRankCpuNone) {
+  const std::string flags = "--strategies ddp,zero3 --schedules 1f1b --worlds 2 --layers 4 --width 16 --batch 4";
+  ASSERT_EQ(shardscope("plan", flags + " --json cpu.json"), 0) << line_;
+  ASSERT_EQ(shardscope("plan", flags + " --backend cuda --json cuda.json --memory 32MiB"), 0) << line_;
+  const json cpu = read_json(dir_ + "/cpu.json"), cuda = read_json(dir_ + "/cuda.json");
+  ASSERT_EQ(cpu["plans"].size(), 3u);
+  ASSERT_EQ(cuda["plans"].size(), 3u);
+  constexpr std::int64_t kWorkspace = 33'554'432;
+  int ranks = 0;
+  for (std::size_t n = 0; n < cpu["plans"].size(); ++n) {
+    const bool pipeline = cpu["plans"][n]["kind"] == "pipeline";
+    const json& a = cpu["plans"][n][pipeline ? "stages" : "rank_groups"];
+    const json& b = cuda["plans"][n][pipeline ? "stages" : "rank_groups"];
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t r = 0; r < a.size(); ++r, ++ranks) {
+      const json &p = a[r]["predicted"], &q = b[r]["predicted"];
+      EXPECT_EQ(p["peak_by_category"]["workspace"], 0);
+      EXPECT_EQ(q["peak_by_category"]["workspace"], kWorkspace);
+      EXPECT_EQ(q["peak_total"].get<std::int64_t>(), p["peak_total"].get<std::int64_t>() + kWorkspace);
+      EXPECT_EQ(q["resting_total"].get<std::int64_t>(), p["resting_total"].get<std::int64_t>() + kWorkspace);
+      if (!pipeline) {
+        EXPECT_EQ(p["resting"]["workspace"], 0);
+        EXPECT_EQ(q["resting"]["workspace"], kWorkspace);
+      }
+      // Every peak here is under 1 MiB: 32 MiB fits it alone, not beside the workspace.
+      EXPECT_EQ(b[r]["fits"], false);
+    }
+  }
+  EXPECT_EQ(ranks, 1 + 1 + 2);  // ddp's and zero3's ranks in one group each; 1f1b's two stages
+  // A cpu run measures no workspace, and predicts none.
+  ASSERT_EQ(shardscope("run", "--backend cpu --layers 2 --width 8 --batch 4 --steps 2 --emulate 2:0 --json run.json"), 0)
+      << line_;
+  const json rank = read_json(dir_ + "/run.json")["runs"][0]["ranks"][0];
+  EXPECT_EQ(rank["resting"]["workspace"], 0);
+  EXPECT_EQ(rank["peak"]["by_category"]["workspace"], 0);
+  EXPECT_EQ(rank["predicted"]["resting"]["workspace"], 0);
+  EXPECT_EQ(rank["predicted"]["peak_by_category"]["workspace"], 0);
+  EXPECT_EQ(rank["timeline"]["categories"].back(), "workspace");
+}
+
+}  // namespace
+}  // namespace shardscope

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -157,6 +158,35 @@ TEST_F(Records, TheWriterKeepsTheFieldsAndFiguresOfTheCodeBeforeIt) {
   }
 }
 
+// Files written before the workspace category (no "workspace" key, 8 timeline columns)
+// still read, their workspace 0, and write back as today's files with workspace 0.
+TEST_F(Records, FilesFromBeforeTheWorkspaceCategoryRead) {
+  const std::string golden = testing::env("SHARDSCOPE_REFERENCE_DIR") + "/records/zero3-emulated.json";
+  const json now = read_json_file(golden);
+  json before = now;
+  int dropped = 0;
+  std::function<void(json&)> strip = [&](json& j) {
+    if (j.is_object()) {
+      if (j.contains("workspace") && j.contains("temp")) {
+        ASSERT_EQ(j["workspace"], 0);
+        j.erase("workspace");
+        ++dropped;
+      }
+      if (j.contains("categories") && j.contains("memory")) {
+        ASSERT_EQ(j["categories"].back(), "workspace");
+        j["categories"].erase(j["categories"].size() - 1);
+        for (json& row : j["memory"]) row.erase(row.size() - 1);
+      }
+      for (auto& [key, value] : j.items()) strip(value);
+    } else if (j.is_array()) {
+      for (json& v : j) strip(v);
+    }
+  };
+  strip(before);
+  EXPECT_EQ(dropped, 4);  // resting, peak.by_category, predicted.resting and .peak_by_category
+  EXPECT_EQ(to_json(read_result(before, "before.json")), to_json(read_result(now, "now.json")));
+}
+
 // The plan (no times, nothing measured) is written byte for byte as the JSON-building
 // code before the records wrote it: tests/reference/records/plan.json, a skipped
 // configuration and --memory's verdicts among its plans.
@@ -208,7 +238,7 @@ TEST_F(Records, ABadFileIsRefusedNamingTheFileRunRankAndField) {
   bad = dp;
   bad["runs"][0]["ranks"][0]["timeline"]["memory"][1] = json::array({0.5, 1});
   EXPECT_EQ(refusal(bad, "dp.json"),
-            dp_at + "ranks[0].timeline.memory[1] is [0.5,1], not a row [t_ms, bytes of each of the 8 categories]");
+            dp_at + "ranks[0].timeline.memory[1] is [0.5,1], not a row [t_ms, bytes of each of the 9 categories]");
   bad = dp;
   bad["runs"][0]["layers_per_unit"] = 0;
   EXPECT_EQ(refusal(bad, "dp.json"), "'dp.json': runs[0] (zero2 W=2 units=0): layers_per_unit is 0, not a positive "

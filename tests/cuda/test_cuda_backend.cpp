@@ -8,11 +8,15 @@
 #include <vector>
 
 #include "cuda_testbed.hpp"
+#include "kernels/host_ops.hpp"
 #include "nvtx_counter.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope::testing {
 namespace {
+
+// cuBLAS's workspace: tracked, in the pool, from the backend's start to its end.
+constexpr std::int64_t kWorkspace = CudaBackend::kWorkspaceBytes;
 
 PoolStats stats_of(CudaBackend& b) {
   PoolStats s;
@@ -76,15 +80,16 @@ TEST_F(CudaTest, PoolRoundingMatchesUsedMemCurrent) {
   }
   const PoolStats end = stats_of(*backend_);
   print_stats("after the probe", end, backend_->tracker());
-  EXPECT_EQ(end.used_current, 0);
+  EXPECT_EQ(end.used_current, kWorkspace);
 }
 
 // After allocations and frees and a sync, UsedMemCurrent is the tracker's rounded figure.
+// A fresh backend holds cuBLAS's workspace alone.
 TEST_F(CudaTest, PoolUsedCurrentEqualsTrackedRounded) {
   PoolStats s = stats_of(*backend_);
   print_stats("fresh backend", s, backend_->tracker());
-  EXPECT_EQ(s.used_current, 0);
-  EXPECT_EQ(backend_->tracker().rounded_current(), 0);
+  EXPECT_EQ(s.used_current, kWorkspace);
+  EXPECT_EQ(backend_->tracker().rounded_current(), kWorkspace);
 
   const std::vector<std::size_t> floats = {1,     3,      127,     128,       129,     1000,
                                            4096,  65537,  262144,  1 << 20,   (1 << 20) + 1,
@@ -104,8 +109,8 @@ TEST_F(CudaTest, PoolUsedCurrentEqualsTrackedRounded) {
   live.clear();
   s = stats_of(*backend_);
   print_stats("after freeing everything", s, backend_->tracker());
-  EXPECT_EQ(s.used_current, 0);
-  EXPECT_EQ(backend_->tracker().rounded_current(), 0);
+  EXPECT_EQ(s.used_current, kWorkspace);
+  EXPECT_EQ(backend_->tracker().rounded_current(), kWorkspace);
   EXPECT_GT(s.reserved_current, 0) << "release threshold UINT64_MAX keeps freed memory reserved";
 }
 
@@ -143,7 +148,7 @@ TEST_F(CudaTest, PoolUsedHighEqualsTrackedRoundedPeak) {
 TEST_F(CudaTest, OutOfMemoryIsARunErrorAndTheBackendStaysUsable) {
   const std::size_t huge = std::size_t{1} << 40;  // 4 TiB of floats
   EXPECT_THROW(backend_->alloc(Category::activation, huge), RunError);
-  EXPECT_EQ(backend_->tracker().current_total(), 0);
+  EXPECT_EQ(backend_->tracker().current_total(), kWorkspace);
   Buffer ok = backend_->alloc(Category::temp, 1000);
   backend_->fill(ok.data(), 2.0f, ok.count());
   EXPECT_TRUE(all_close(to_host(ok), std::vector<float>(1000, 2.0f), 0.0, 0.0));
@@ -165,8 +170,42 @@ TEST_F(CudaTest, DescribesTheDeviceAndMemoryOutsideThePool) {
   // backend started; either way a figure, and the source says which.
   const std::string source = outside.source;
   EXPECT_TRUE(source == "nvml" || source == "cuda_mem_get_info_delta") << source;
-  // The cuBLAS workspace lives outside the pool, and was made after either origin.
-  EXPECT_GE(outside.bytes, backend_->workspace_bytes());
+  // cuBLAS's workspace is in the pool now, not outside it.
+  EXPECT_GE(s.reserved_current, backend_->workspace_bytes() + (64 << 20));
+}
+
+// cuBLAS's workspace: 33,554,432 B of category workspace from the backend's pool as soon as
+// it is made, the only thing a fresh backend holds; GEMMs large enough for cuBLAS to want a
+// workspace still match the host, and the workspace stays as it was.
+TEST_F(CudaTest, CublasWorkspaceIsTrackedInThePool) {
+  ASSERT_EQ(kWorkspace, 33'554'432);
+  EXPECT_EQ(backend_->workspace_bytes(), kWorkspace);
+  const Tracker& t = backend_->tracker();
+  EXPECT_EQ(t.current()[Category::workspace], kWorkspace);
+  EXPECT_EQ(t.current_total(), kWorkspace);
+  EXPECT_EQ(t.live_allocations(), 1);
+  const PoolStats fresh = stats_of(*backend_);
+  EXPECT_EQ(fresh.used_current, kWorkspace);
+
+  const int m = 512, n = 384, k = 1024;
+  const auto a = random_floats(static_cast<std::size_t>(m) * k, 21);
+  const auto b = random_floats(static_cast<std::size_t>(k) * n, 22);
+  std::vector<float> c_ref(static_cast<std::size_t>(m) * n, 0.0f);
+  {
+    Buffer da = to_device(a), db = to_device(b), dc = to_device(c_ref);
+    backend_->gemm(Trans::no, Trans::no, m, n, k, 1.0f, da.data(), k, db.data(), n, 0.0f, dc.data(), n);
+    host::gemm_loops(Trans::no, Trans::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c_ref.data(), n);
+    EXPECT_TRUE(all_close(to_host(dc), c_ref, 1e-4, 1e-4));
+    // Batched too (cublasSgemmStridedBatched, the same handle and workspace).
+    Buffer dcb = to_device(std::vector<float>(2 * static_cast<std::size_t>(m) * n, 0.0f));
+    backend_->gemm_batched(Trans::no, Trans::no, m, n, k, 1.0f, da.data(), k, 0, db.data(), n, 0, 0.0f, dcb.data(),
+                           n, static_cast<std::int64_t>(m) * n, 2);
+    const auto cb = to_host(dcb);
+    EXPECT_TRUE(all_close(std::vector<float>(cb.begin() + static_cast<std::ptrdiff_t>(m) * n, cb.end()), c_ref,
+                          1e-4, 1e-4));
+  }
+  EXPECT_EQ(t.current()[Category::workspace], kWorkspace);
+  EXPECT_EQ(stats_of(*backend_).used_current, kWorkspace);
 }
 
 TEST_F(CudaTest, ReportsFreeDeviceMemory) {
@@ -186,7 +225,7 @@ TEST_F(CudaTest, StagingMemoryIsPinnedAndUntracked) {
   ASSERT_EQ(cudaPointerGetAttributes(&attr, h), cudaSuccess);
   EXPECT_EQ(attr.type, cudaMemoryTypeHost);
   EXPECT_EQ(backend_->staging(0, 16), h);
-  EXPECT_EQ(backend_->tracker().current_total(), 0);
+  EXPECT_EQ(backend_->tracker().current_total(), kWorkspace);
   Buffer d = to_device(std::vector<float>(1 << 16, 2.5f));
   backend_->download(h, d.data(), 1 << 16);
   EXPECT_EQ(h[(1 << 16) - 1], 2.5f);
@@ -208,7 +247,7 @@ TEST_F(CudaTest, StagingMemoryIsPinnedAndUntracked) {
   backend_->download(grown, big.data(), 1 << 20);
   EXPECT_EQ(grown[(1 << 20) - 1], -1.5f);
   EXPECT_EQ(backend_->tracker().current_total(),
-            static_cast<std::int64_t>(((1 << 16) + (1 << 20)) * sizeof(float)));
+            kWorkspace + static_cast<std::int64_t>(((1 << 16) + (1 << 20)) * sizeof(float)));
 }
 
 TEST_F(CudaTest, RegistryMakesTheCudaBackend) {
