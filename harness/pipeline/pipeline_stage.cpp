@@ -48,9 +48,6 @@ PipelineShape pipeline_shape(const RunConfig& cfg, int stages) {
   // embedding block rides with the first virtual stage, its final block and loss with
   // the last: docs/design.md, "Transformers").
   const int B = cfg.model.batch, L = pipeline_layers(cfg.model), v = cfg.chunks;
-  if (cfg.model.is_transformer() && *cfg.schedule == ScheduleKind::zb_h1)
-    throw UsageError("--schedule zb-h1: the per-stage closed forms of a transformer's zero-bubble split (--model " +
-                     cfg.model.name + ") are not written in this build; gpipe, 1f1b and interleaved-1f1b run it");
   if (M > B)
     throw UsageError("--microbatches " + str(M) + (cfg.microbatches > 0 ? "" : " (default: one per stage)") +
                      " exceeds --batch " + str(B) + ": every micro-batch needs at least one row");

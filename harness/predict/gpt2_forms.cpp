@@ -120,6 +120,47 @@ PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace&
   p.half_comm = place.last ? 0 : a;
   p.half_saves = 12 * n + (place.first ? 2 : 0) + (place.last ? 5 : 0);
   p.half_saved_bytes = p.half_act + (place.first ? 8 * N : 0);
+  // B's instants. The last piece: dlogits (Λ, the log-probabilities and total_weight then
+  // freed), d ln_f (a), ln_f's dx (a, the top block's dy) with the norm's scratch (2h
+  // floats, 8h). Each block from (act, temp): d gelu (F), GELU's input freed, d ln_2 out
+  // (a), d x_mid (a) with the scratch, d y (a); the attention (flash: dqkv 3a beside d y,
+  // then qkv and lse freed, R = 3a + A; math: its buffers as the whole backward's, y kept,
+  // R = 2a + v + A); d ln_1 out (a), dx (a) with the scratch. A block ends F + R lower in
+  // activation and F + 7a higher in temp than it began: each instant is linear in the
+  // block's depth, so the top and the bottom block bound them.
+  const Sizes zs = sizes(shape, rows);
+  const std::int64_t F = z.F, A = z.A, V = zs.v, s8 = 8 * static_cast<std::int64_t>(shape.hidden);
+  const bool flash = shape.attention == AttentionMode::flash;
+  std::vector<PieceMoment>& m = p.split_backward;
+  std::int64_t act = 0, temp = 0;
+  if (place.last) {
+    m.push_back({0, z.lambda, true});
+    act = -z.lambda - 4;
+    m.push_back({act, z.lambda + a, true});
+    m.push_back({act, z.lambda + 2 * a + s8, true});
+    temp = z.lambda + 2 * a;
+  }
+  const std::int64_t R = flash ? 3 * a + A : 2 * a + V + A;
+  auto one_block = [&](std::int64_t x, std::int64_t t) {
+    m.push_back({x, t + F, true});
+    m.push_back({x - F, t + F + a, true});
+    m.push_back({x - F, t + F + 2 * a + s8, true});
+    m.push_back({x - F, t + F + 3 * a, true});
+    if (flash) {
+      m.push_back({x - F, t + F + 6 * a, true});
+    } else {
+      m.push_back({x - F, t + F + 4 * a, true});
+      m.push_back({x - F, t + F + 3 * a + A, true});
+      m.push_back({x - F, t + F + 4 * a + A, true});
+      m.push_back({x - F - V - A, t + F + 4 * a + A, true});
+      m.push_back({x - F - V - A, t + F + 5 * a + A, true});
+      m.push_back({x - F - V - A - 2 * a, t + F + 8 * a, true});
+    }
+    m.push_back({x - F - R, t + F + 6 * a, true});
+    m.push_back({x - F - R, t + F + 7 * a + s8, true});
+  };
+  one_block(act, temp);
+  if (n > 1) one_block(act - (n - 1) * (F + R), temp + (n - 1) * (F + 7 * a));
   return p;
 }
 

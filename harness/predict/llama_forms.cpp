@@ -136,6 +136,50 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
   p.half_comm = place.last ? 0 : a;
   p.half_saves = 13 * n + (place.first ? 1 : 0) + (place.last ? 4 : 0);
   p.half_saved_bytes = p.half_act + (place.first ? 8 * N : 0);
+  // B's instants. The last piece: dlogits (Λ, the log-probabilities and total_weight then
+  // freed), the norm's gradient (a), its dx (a, the top layer's dy) with the norm's
+  // scratch (h floats, 4h). Each layer from (act, temp): d product (F), d up (F), SiLU's
+  // and up's outputs and gate's freed, d y2 (a), d x_mid (a) with the scratch, d out
+  // (Q); the attention (flash: dq, dk, dv Q + 2C beside d out, then q, k, v and lse
+  // freed, R = Q + 2C + A; math: its buffers as the whole backward's, out kept, R = 3Q +
+  // A); d y1 (a), dx (a) with the scratch. A layer ends 3F + R lower in activation and
+  // 2F + 4a + Q + 2C higher in temp than it began: the top and the bottom layer bound
+  // every instant.
+  const Sizes zs = sizes(shape, rows);
+  const std::int64_t F = z.F, A = z.A, C = zs.C, s4 = 4 * static_cast<std::int64_t>(shape.hidden);
+  const bool flash = shape.attention == AttentionMode::flash;
+  std::vector<PieceMoment>& m = p.split_backward;
+  std::int64_t act = 0, temp = 0;
+  if (place.last) {
+    m.push_back({0, z.lambda, true});
+    act = -z.lambda - 4;
+    m.push_back({act, z.lambda + a, true});
+    m.push_back({act, z.lambda + 2 * a + s4, true});
+    temp = z.lambda + 2 * a;
+  }
+  const std::int64_t R = flash ? Q + 2 * C + A : 3 * Q + A;
+  auto one_layer = [&](std::int64_t x, std::int64_t t) {
+    m.push_back({x, t + F, true});
+    m.push_back({x, t + 2 * F, true});
+    const std::int64_t x3 = x - 3 * F, t2 = t + 2 * F;
+    m.push_back({x3, t2 + a, true});
+    m.push_back({x3, t2 + 2 * a + s4, true});
+    m.push_back({x3, t2 + 2 * a + Q, true});
+    if (flash) {
+      m.push_back({x3, t2 + 2 * a + 2 * Q + 2 * C, true});
+    } else {
+      m.push_back({x3, t2 + 2 * a + 2 * Q, true});
+      m.push_back({x3, t2 + 2 * a + Q + A, true});
+      m.push_back({x3, t2 + 2 * a + 2 * Q + A, true});
+      m.push_back({x3 - Q - A, t2 + 2 * a + 2 * Q + A, true});
+      m.push_back({x3 - Q - A, t2 + 2 * a + 3 * Q + A, true});
+      m.push_back({x3 - 3 * Q - A, t2 + 2 * a + 4 * Q + 2 * C, true});
+    }
+    m.push_back({x3 - R, t2 + 3 * a + Q + 2 * C, true});
+    m.push_back({x3 - R, t2 + 4 * a + Q + 2 * C + s4, true});
+  };
+  one_layer(act, temp);
+  if (n > 1) one_layer(act - (n - 1) * (3 * F + R), temp + (n - 1) * (2 * F + 4 * a + Q + 2 * C));
   return p;
 }
 

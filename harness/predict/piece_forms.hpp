@@ -48,6 +48,11 @@ struct PieceForms {
   // bytes).
   std::int64_t half_act = 0, half_temp = 0, half_comm = 0;
   std::int64_t half_saves = 0, half_saved_bytes = 0;
+  // The instants of its split B (zb-h1) where bytes can be highest, in time order, as
+  // `backward`'s: activation relative to B's start, temp this B holds (the received dy,
+  // comm, alive throughout, not counted). Its W's instants never pass the moment before
+  // it: each allocation of a W (a norm's scratch dx, a) follows frees of more.
+  std::vector<PieceMoment> split_backward;
 };
 
 }  // namespace shardscope

@@ -106,6 +106,10 @@ PieceForms mlp_piece(const Piece& p, i64 row_bytes, i64 r) {
   f.half_temp = a * p.n - f.half_comm;
   f.half_saves = p.n;
   f.half_saved_bytes = p.n * a;
+  // Its split B: dy (the loss gradient, temp, on the last piece), then, its saved last
+  // output freed, the n-1+[k > 0] input gradients kept to its end.
+  const i64 dy_temp = p.last ? a : 0;
+  f.split_backward = {{0, dy_temp, true}, {p.ls ? -a : 0, dy_temp + (p.n - 1 + (p.first ? 0 : 1)) * a, true}};
   return f;
 }
 
@@ -417,43 +421,44 @@ CategoryBytes peak_one_f_one_b(const Ctx& c, i64 w, const CategoryBytes& base) {
 
 // ZB-H1 on one chunk. Stage s runs w = min(S-s-1, M) forwards, then for b = 0..M-1:
 // F(w+b) while any is left, B(b), and W(b-s) once b >= s; then the last W's. B computes
-// only the input gradient and keeps each layer's dz for W, which frees them.
-//   whole pair (F done, B not): as 1F1B, a_m·h activation;
-//   half pair (B done, W not): a_m·([received] + n-1) activation (its input, the outputs
-//     W still reads), n dz: the first is dy (comm when received, else the loss
-//     gradient, temp), n-1 temp;
+// only the input gradient and keeps for W what it reads (piece_forms.hpp's half figures).
+//   whole pair (F done, B not): as 1F1B, held_act activation (held_temp temp);
+//   half pair (B done, W not): half_act activation, half_temp temp, half_comm comm (the
+//     received dy its top layer keeps). The MLP's: a_m·([received] + n-1) activation (its
+//     input, the outputs W still reads) and n dz, the first the received dy or the loss
+//     gradient; a transformer's: its blocks' saves W reads and kept output gradients;
 //   pending: F's unsaved output until the next action's group; B's input gradient until
 //     the next action's group, or past a W the next F's when F follows that W (its
 //     consumer, stage s-1's B, runs in that F's round).
-// Instants: groups and F(m) as in 1F1B; B(m): its dy (the received one is in the
-// group's figure), then, after freeing its saved last output, n-1+[k > 0] input
-// gradients (temp) kept to its end; W allocates nothing.
+// Instants: groups and F(m) as in 1F1B; B(m): its group (with the received dy), then
+// its split instants (split_backward), the dy alive throughout. A W never passes the
+// moment before it: each of its allocations (a transformer norm's scratch dx) follows
+// frees of more.
 CategoryBytes peak_zb_h1(const Ctx& c, const CategoryBytes& base) {
   const Piece& p = c.pieces[0];
   const Rows& r = c.rows;
   const i64 M = c.M, s = c.s, w = std::min<i64>(c.S - s - 1, M);
-  const i64 h = (p.recv_act ? 1 : 0) + (p.n - 1) + (p.ls ? 1 : 0);
-  const i64 half_act = (p.recv_act ? 1 : 0) + p.n - 1, half_comm = p.recv_grad ? 1 : 0,
-            half_temp = p.n - half_comm;
-  auto pending_f = [&](i64 m) { return p.send_act && !c.relu ? r.a(m) : 0; };
-  auto pending_b = [&](i64 m) { return p.send_grad ? r.a(m) : 0; };
+  auto fig = [&](i64 PieceForms::*f, i64 m) { return at(r, p, f, m); };
+  auto pending_f = [&](i64 m) { return p.send_act && !p.big.output_saved ? fig(&PieceForms::boundary, m) : 0; };
+  auto pending_b = [&](i64 m) { return p.send_grad ? fig(&PieceForms::input, m) : 0; };
   Peak peak(base);
   // Held by the whole pairs [lo, hi) and the half pairs [hlo, b).
   auto held = [&](i64 lo, i64 hi, i64 hlo, i64 b) {
-    return Moment{h * r.sum(lo, hi) + half_act * r.sum(hlo, b), half_temp * r.sum(hlo, b),
-                  half_comm * r.sum(hlo, b)};
+    return Moment{sum(r, p, &PieceForms::held_act, lo, hi) + sum(r, p, &PieceForms::half_act, hlo, b),
+                  sum(r, p, &PieceForms::held_temp, lo, hi) + sum(r, p, &PieceForms::half_temp, hlo, b),
+                  sum(r, p, &PieceForms::half_comm, hlo, b)};
   };
   auto forward = [&](i64 m, Moment held_now, i64 pending) {
-    peak.visit({held_now.activation + (p.recv_act ? r.a(m) : 0), held_now.temp + pending, held_now.comm});
-    peak.visit({held_now.activation + r.a(m) * ((p.recv_act ? 1 : 0) + p.n - 1 + (p.ls ? 1 : 0)),
-                held_now.temp + (p.ls ? 0 : r.a(m)) + (p.last ? 4 : 0), held_now.comm});
+    peak.visit({held_now.activation + (p.recv_act ? fig(&PieceForms::input, m) : 0), held_now.temp + pending,
+                held_now.comm});
+    peak.visit({held_now.activation + fig(&PieceForms::held_act, m),
+                held_now.temp + fig(&PieceForms::forward_temp, m), held_now.comm});
   };
   auto backward = [&](i64 m, Moment held_now, i64 pending) {
-    const i64 dy_comm = p.recv_grad ? r.a(m) : 0, dy_temp = p.last ? r.a(m) : 0;
+    const i64 dy_comm = p.recv_grad ? fig(&PieceForms::boundary, m) : 0;
     peak.visit({held_now.activation, held_now.temp + pending, held_now.comm + dy_comm});
-    peak.visit({held_now.activation, held_now.temp + dy_temp, held_now.comm + dy_comm});
-    const i64 dx = (p.n - 1 + (p.first ? 0 : 1)) * r.a(m);
-    peak.visit({held_now.activation - (p.ls ? r.a(m) : 0), held_now.temp + dy_temp + dx, held_now.comm + dy_comm});
+    for (const PieceMoment& d : (m < r.e ? p.big : p.small).split_backward)
+      peak.visit({held_now.activation + d.activation, held_now.temp + d.temp, held_now.comm + dy_comm});
   };
   for (i64 j : breakpoints(0, w - 1, r.e, {0, -1})) forward(j, held(0, j, 0, 0), pending_f(j - 1));
   for (i64 b : breakpoints(0, M - 1, r.e, {0, -1, w, w + 1, -s}, {s, M - w})) {

@@ -181,7 +181,9 @@ TEST_F(TransformerRuns, TransformersRunPipelinedAsPredicted) {
                         Case{g + "--schedule 1f1b --emulate 2:1 --attention math", 6400},
                         Case{g + "--schedule interleaved-1f1b --chunks 2 --emulate 2:1", 6400},
                         Case{l + "--schedule 1f1b --emulate 2:1", 0},
-                        Case{l + "--schedule gpipe --emulate 2:0 --attention math", 0}}) {
+                        Case{l + "--schedule gpipe --emulate 2:0 --attention math", 0},
+                        Case{g + "--schedule zb-h1 --microbatches 2 --emulate 2:1", 6400},
+                        Case{l + "--schedule zb-h1 --microbatches 2 --emulate 2:0 --attention math", 0}}) {
     ASSERT_EQ(shardscope(c.run + " --json p.json"), 0) << c.run << ": " << err_;
     std::ifstream in(dir_ + "/p.json");
     const json stage = json::parse(in)["runs"][0]["stages"][0];
@@ -197,9 +199,6 @@ TEST_F(TransformerRuns, TransformersRunPipelinedAsPredicted) {
               2 * stage["p2p"]["sent_bytes"].get<std::int64_t>() + c.tied_bytes)
         << c.run;
   }
-  EXPECT_EQ(shardscope(g + "--schedule zb-h1 --emulate 2:0"), 2);
-  EXPECT_NE(err_.find("--schedule zb-h1: the per-stage closed forms of a transformer's zero-bubble split"), std::string::npos)
-      << err_;
 }
 
 TEST_F(TransformerRuns, LlamaRunsDataParallelAsPredicted) {

@@ -138,7 +138,10 @@ TEST(PipelineMpi, TransformersEveryStageTrainsLikeTheFullBatch) {
     int chunks;
     std::vector<int> microbatches;
   };
-  const std::vector<Case> cases = {{"gpipe", 1, {S, 3}}, {"1f1b", 1, {1, S, 5}}, {"interleaved-1f1b", 2, {S, 2 * S}}};
+  const std::vector<Case> cases = {{"gpipe", 1, {S, 3}},
+                                   {"1f1b", 1, {1, S, 5}},
+                                   {"interleaved-1f1b", 2, {S, 2 * S}},
+                                   {"zb-h1", 1, {1, S, 5}}};
   std::vector<ModelConfig> models;
   for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
     models.push_back(testing::gpt2_of(2 * S + 1, 8, 2, 13, 4, 2 * S + 1, mode));

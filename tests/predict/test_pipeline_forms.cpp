@@ -106,16 +106,17 @@ TEST(PipelineForms, EqualTheExecutorOnRandomConfigurations) {
 // where each of the step's instants gets its turn at the peak (an ffn below or far above
 // the hidden size, sequences long enough for math's probabilities to dominate, one or
 // many heads, a vocabulary below or above the hidden size), both attention modes,
-// gpipe, 1f1b and interleaved-1f1b (up to M = 7S, where its peak's form skips whole
-// steady-state periods), uneven splits and micro-batches; every stage played alone.
+// gpipe, 1f1b, interleaved-1f1b (up to M = 7S, where its peak's form skips whole
+// steady-state periods) and zb-h1, uneven splits and micro-batches; every stage played
+// alone.
 TEST(PipelineForms, TransformerEqualTheExecutorOnRandomConfigurations) {
   std::mt19937 rng(20261202);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved-1f1b"};
+  const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"};
   int stages_checked = 0, uneven_rows = 0, uneven_split = 0, math = 0, skipping = 0, llamas = 0;
   for (int n = 0; n < 400; ++n) {
     const int S = pick(1, 4);
-    const std::string schedule = names[static_cast<std::size_t>(pick(0, 2))];
+    const std::string schedule = names[static_cast<std::size_t>(pick(0, 3))];
     const bool interleaved = schedule == "interleaved-1f1b";
     const int v = interleaved ? pick(2, 3) : 1;
     const int M = interleaved ? S * pick(1, 7) : pick(1, 8);
