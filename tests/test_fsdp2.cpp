@@ -8,6 +8,7 @@
 #include "harness/predict/fsdp2_forms.hpp"
 #include "harness/strategies/partition.hpp"
 #include "support/dp_harness.hpp"
+#include "support/pipeline_configs.hpp"
 
 namespace shardscope {
 namespace {
@@ -49,7 +50,8 @@ ModelConfig gpt2_model(int layers, int hidden, int heads, int vocab, int seq, in
 // One emulated rank against its prediction: resting per category and the bytes handed
 // to collectives always; the peak (total, categories, phase, place) and the saves after
 // forward where the forms know the peak.
-void check_rank(const RunConfig& cfg, int world, int rank, const std::string& what) {
+// Returns the measured peak's comm bytes (the flat buffer of a gather or a reduce-scatter).
+std::int64_t check_rank(const RunConfig& cfg, int world, int rank, const std::string& what) {
   CpuBackend backend;
   auto comm = make_fake_communicator(world, rank, &backend);
   const auto r = run_dp(cfg, backend, *comm, false);
@@ -59,7 +61,7 @@ void check_rank(const RunConfig& cfg, int world, int rank, const std::string& wh
     EXPECT_EQ(r.resting.bytes[k], p.resting.bytes[k]) << "resting " << kCategoryNames[k];
   for (int k = 0; k < kCollKindCount; ++k)
     EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]) << "comm " << kCollKindNames[k];
-  if (!p.peak_known) return;
+  EXPECT_TRUE(p.peak_known);
   EXPECT_EQ(r.peak.total, p.peak_total);
   for (int k = 0; k < kCategoryCount; ++k)
     EXPECT_EQ(r.peak.by_category.bytes[k], p.peak_by_category.bytes[k]) << "at the peak " << kCategoryNames[k];
@@ -67,6 +69,7 @@ void check_rank(const RunConfig& cfg, int world, int rank, const std::string& wh
   EXPECT_EQ(r.where, p.peak_where);
   EXPECT_EQ(r.saved.bytes, p.saved_after_forward_bytes);
   EXPECT_EQ(r.saved.tensors, p.saved_after_forward_tensors);
+  return r.peak.by_category[Category::comm];
 }
 
 TEST(Fsdp2, Dim0ShardsAreTorchChunkSizes) {
@@ -170,19 +173,56 @@ TEST(Fsdp2, TheFormsTensorRowsAreTheModelsShapes) {
   }
 }
 
-TEST(Fsdp2, Gpt2MeasuredEqualsPredictedEveryRank) {
+// A transformer's step: the torch engine's walk with fsdp2's buffers. Units of one block
+// (k = 1), of two, and the root alone (k = 0); prefetch on and off; flash and math; the
+// shapes chosen so that the peak falls at the flat comm buffer of a gather or a
+// reduce-scatter (a short batch beside a large vocabulary) as well as in a block's
+// backward (a long one).
+int check_transformer(const ModelConfig& m, const std::string& name, int& at_comm) {
   int checked = 0;
-  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
-    for (const char* s : {"zero2", "zero3"})
-      for (int k : {0, 1, 2})
+  for (const char* s : {"zero2", "zero3"})
+    for (int k : {0, 1, 2})
+      for (int pf : {0, 1})
         for (int world = 1; world <= 4; ++world)
           for (int rank = 0; rank < world; ++rank) {
-            // 29 tokens: the embedding's rows split unevenly at W = 2, 3, 4.
-            check_rank(fsdp2_config(gpt2_model(3, 16, 2, 29, 6, 2, mode), s, k, 1), world, rank,
-                       std::string("gpt2 ") + s + " units=" + std::to_string(k));
+            const std::int64_t comm = check_rank(fsdp2_config(m, s, k, pf), world, rank,
+                                                 name + " " + s + " units=" + std::to_string(k) +
+                                                     " prefetch=" + std::to_string(pf));
+            if (comm > 0) ++at_comm;
             ++checked;
           }
-  EXPECT_GT(checked, 100);
+  return checked;
+}
+
+TEST(Fsdp2, Gpt2MeasuredEqualsPredictedEveryRank) {
+  int checked = 0, at_comm = 0;
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+    const std::string m = mode == AttentionMode::flash ? "flash" : "math";
+    // 29 tokens: the embedding's rows split unevenly at W = 2, 3, 4.
+    checked += check_transformer(gpt2_model(3, 16, 2, 29, 6, 2, mode), "gpt2 " + m, at_comm);
+    checked += check_transformer(gpt2_model(2, 24, 3, 301, 3, 1, mode), "gpt2 short " + m, at_comm);
+    checked += check_transformer(gpt2_model(4, 8, 2, 11, 16, 4, mode), "gpt2 long " + m, at_comm);
+  }
+  EXPECT_EQ(checked, 720);
+  EXPECT_GT(at_comm, 0);
+  EXPECT_LT(at_comm, checked);
+}
+
+TEST(Fsdp2, LlamaMeasuredEqualsPredictedEveryRank) {
+  int checked = 0, at_comm = 0;
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+    for (bool tied : {false, true}) {
+      const std::string m = std::string(mode == AttentionMode::flash ? "flash" : "math") + (tied ? " tied" : "");
+      // Grouped-query (4 heads, 2 kv heads), 37 tokens.
+      checked += check_transformer(testing::llama_of(3, 16, 4, 2, 40, 37, 6, 2, mode, tied), "llama " + m, at_comm);
+      checked += check_transformer(testing::llama_of(2, 24, 2, 1, 56, 401, 3, 1, mode, tied), "llama short " + m,
+                                   at_comm);
+      checked += check_transformer(testing::llama_of(3, 8, 2, 2, 20, 13, 16, 4, mode, tied), "llama long " + m,
+                                   at_comm);
+    }
+  EXPECT_EQ(checked, 1440);
+  EXPECT_GT(at_comm, 0);
+  EXPECT_LT(at_comm, checked);
 }
 
 // ddp and zero1 under --engine fsdp2 are the torch engine's, to the byte.

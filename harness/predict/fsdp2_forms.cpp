@@ -6,12 +6,17 @@
 // flat comm buffer (4·W·A_u) is live beside them: the copy-out of a gather (the flat
 // buffer and every gathered tensor of the unit) and the copy-in of a reduce-scatter
 // (the flat input beside the unit's full gradients).
+// A transformer's peak: the torch engine's transformer walk (transformer_step.hpp) given
+// G_u as each unit's gathered bytes, 4·E_u as its full gradient and the flat buffers.
 #include "harness/predict/fsdp2_forms.hpp"
 
 #include <algorithm>
 #include <string>
 
+#include "harness/predict/gpt2_forms.hpp"
+#include "harness/predict/llama_forms.hpp"
 #include "harness/predict/transformer_forms.hpp"
+#include "harness/predict/transformer_step.hpp"
 #include "harness/strategies/partition.hpp"
 
 namespace shardscope {
@@ -111,10 +116,21 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
 
   std::vector<Prediction> ranks(world, p);
   if (m.is_transformer()) {
-    for (int r = 0; r < world; ++r) {
-      ranks[r].resting[Category::optim] = optim[r];
-      ranks[r].peak_known = false;
+    for (int r = 0; r < world; ++r) ranks[r].resting[Category::optim] = optim[r];
+    // The torch engine's walk (transformer_step.hpp) with fsdp2's per-unit buffers: the
+    // gathered tensors G_u, the full gradients 4·E_u, the flat comm buffer G_u.
+    StepUnits su = step_units(cfg, world);
+    for (int u = 0; u < U; ++u) {
+      su.bytes[u] = G[u];
+      su.grad_bytes[u] = 4 * E[u];
     }
+    su.flat_comm = true;
+    const TransformerShape& t = m.transformer;
+    const CheckpointPolicy& ck = m.checkpoint;
+    if (m.name == "gpt2")
+      complete_step(gpt2_step_transient(t, m.batch, su, ck), gpt2_saved_after_forward(t, m.batch, ck), ranks);
+    else
+      complete_step(llama_step_transient(t, m.batch, su, ck), llama_saved_after_forward(t, m.batch, ck), ranks);
     return ranks;
   }
 

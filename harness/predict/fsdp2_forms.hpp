@@ -23,8 +23,9 @@ namespace shardscope {
 std::vector<std::pair<std::int64_t, std::int64_t>> fsdp2_tensor_rows(const ModelConfig& model);
 
 // Every rank of a data-parallel job of `world` ranks running cfg.strategy (zero2 or
-// zero3) under --engine fsdp2. The MLP's peak is walked in closed form (formulas.md);
-// a transformer's peak is left unknown (peak_known false).
+// zero3) under --engine fsdp2. The MLP's peak is walked in closed form (formulas.md); a
+// transformer's is the torch engine's step walk (transformer_step.hpp) over fsdp2's
+// per-unit buffers.
 std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world);
 
 }  // namespace shardscope

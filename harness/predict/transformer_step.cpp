@@ -26,9 +26,9 @@ std::string layer(int b) { return "layer " + std::to_string(b); }
 }  // namespace
 
 void PeakWalk::consider(i64 temp, i64 act, i64 gathered, i64 grad_full, Phase phase, const std::string& where,
-                        bool dy_live) {
+                        bool dy_live, i64 comm) {
   if (record_) record_->push_back({temp, act, dy_live});
-  const i64 total = temp + act + gathered + grad_full;
+  const i64 total = temp + act + gathered + grad_full + comm;
   if (total <= best_total_) return;
   best_total_ = total;
   best_.bytes = CategoryBytes{};
@@ -36,6 +36,7 @@ void PeakWalk::consider(i64 temp, i64 act, i64 gathered, i64 grad_full, Phase ph
   best_.bytes[Category::activation] = act;
   best_.bytes[Category::param_unsharded] = gathered;
   best_.bytes[Category::grad_unsharded] = grad_full;
+  best_.bytes[Category::comm] = comm;
   best_.phase = phase;
   best_.where = where;
 }
@@ -60,6 +61,7 @@ StepUnits step_units(const RunConfig& cfg, int world) {
   const std::vector<Unit> units = fsdp_units(cfg.model, cfg.layers_per_unit, world);
   for (const Unit& u : units) {
     g.bytes.push_back(4 * u.padded);
+    g.grad_bytes.push_back(4 * u.padded);
     g.top_block.push_back(u.last_block - 1);
   }
   g.reshard = cfg.strategy == StrategyKind::zero3 && units.size() > 1;
@@ -70,11 +72,14 @@ StepUnits step_units(const RunConfig& cfg, int world) {
 StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& units) {
   const i64 a = z.a, lambda = z.lambda, X = 16 * z.N, K = z.K;
   const bool fsdp = !units.bytes.empty();
+  const bool flat = fsdp && units.flat_comm;
   const int U = static_cast<int>(units.bytes.size());
   auto f = [&](int u) { return units.bytes[u]; };
+  auto e = [&](int u) { return units.grad_bytes[u]; };
   i64 all_units = 0;  // Σ f_u over the units of blocks (u >= 1)
   for (int u = 1; u < U; ++u) all_units += f(u);
   const i64 f0 = fsdp ? f(0) : 0;
+  const i64 e0 = fsdp ? e(0) : 0;
   // Model block b (1..L) is transformer block b - 1; a wrapped one holds a, else K.
   auto wrapped = [&](int b) { return z.checkpoint.wraps(b - 1); };
   std::vector<i64> held(z.L + 1, z.base);  // held[b] = S_{b+1}: after block b's forward
@@ -85,6 +90,10 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
 
   // Forward: each unit of blocks at its top block's output (zero3 holds the root and
   // that unit, zero2 every unit so far); a wrapped block's saves are freed only after.
+  // (fsdp2's gather of a unit in forward, its flat buffer beside the unit's gathered
+  // tensors, holds less than the unit's reduce-scatter in backward: the same
+  // activations, flat buffer and gathered units or fewer, without dx and the full
+  // gradients.)
   i64 so_far = 0;
   for (int u = 1; u < U; ++u) {
     so_far += f(u);
@@ -99,11 +108,11 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
   // gradient (log-probabilities and total_weight released).
   walk.consider(X + lambda, A_f, after_forward, 0, Phase::backward, layer(z.L + 1));
   const i64 A1 = A_f - lambda - 4;
-  if (fsdp) walk.consider(X + lambda, A1, after_forward, f0, Phase::backward, unit(0));
+  if (fsdp) walk.consider(X + lambda, A1, after_forward, e0, Phase::backward, unit(0));
   const std::string fin = fsdp ? unit(0) : layer(z.L + 1);
   // The final block: d norm, then dx (dlogits and the norm's output gone).
-  walk.consider(X + lambda + a, A1, after_forward, f0, Phase::backward, fin);
-  walk.consider(X + 2 * a, A1 - a, after_forward, f0, Phase::backward, fin);
+  walk.consider(X + lambda + a, A1, after_forward, e0, Phase::backward, fin);
+  walk.consider(X + 2 * a, A1 - a, after_forward, e0, Phase::backward, fin);
   // Blocks [lo, hi] backward, from hi, in one unit's gathered parameters and full
   // gradient: a wrapped block's re-run, then its gradient buffers from A4 = S_b + K - a
   // (its output freed). Lower blocks hold less at each instant than the unit's top
@@ -114,15 +123,22 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
       z.backward(walk, held_at(b - 1) + K - a, pu, gu, fsdp ? where : layer(b));
     }
   };
+  // fsdp2: the root's reduce-scatter once the embeddings' backward is done (no dx, every
+  // save released), its flat input beside the root's full gradients.
+  auto root_reduce = [&] {
+    if (flat) walk.consider(X, 0, f0, e0, Phase::backward, unit(0), false, f0);
+  };
   if (U <= 1) {
     // ddp, zero1, a root unit: every transformer block from the top.
-    blocks_backward(z.L, 1, f0, f0, unit(0));
+    blocks_backward(z.L, 1, f0, e0, unit(0));
+    root_reduce();
     return walk.best();
   }
   // Units of blocks, from the last: when its backward begins dy = a and S_b are held
   // (S_b less a wrapped top block's output, freed first); zero3 gathers it (unless the
   // unit above prefetched it) and prefetches the next (not the root, still gathered);
-  // its full gradient; its blocks' buffers.
+  // its full gradient; its blocks' buffers; fsdp2's reduce-scatter once its first block
+  // is done (dx and S_{first} held).
   i64 pu = after_forward;
   for (int u = U - 1; u >= 1; --u) {
     const int b = units.top_block[u];
@@ -132,17 +148,21 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
       const bool prefetched = units.prefetch && u + 1 < U;
       if (!prefetched) {
         pu += f(u);
-        walk.consider(X + a, S, pu, f0, Phase::backward, unit(u));
+        if (flat) walk.consider(X + a, S, pu, e0, Phase::backward, unit(u), false, f(u));
+        walk.consider(X + a, S, pu, e0, Phase::backward, unit(u));
       }
       if (units.prefetch && u - 1 >= 1) {
         pu += f(u - 1);
-        walk.consider(X + a, S, pu, f0, Phase::backward, unit(u));
+        if (flat) walk.consider(X + a, S, pu, e0, Phase::backward, unit(u - 1), false, f(u - 1));
+        walk.consider(X + a, S, pu, e0, Phase::backward, unit(u));
       }
     }
-    walk.consider(X + a, S, pu, f0 + f(u), Phase::backward, unit(u));  // the unit's full gradient
-    blocks_backward(b, first, pu, f0 + f(u), unit(u));
+    walk.consider(X + a, S, pu, e0 + e(u), Phase::backward, unit(u));  // the unit's full gradient
+    blocks_backward(b, first, pu, e0 + e(u), unit(u));
+    if (flat) walk.consider(X + a, held_at(first - 1), pu, e0 + e(u), Phase::backward, unit(u), false, f(u));
     pu -= f(u);  // resharded after its backward
   }
+  root_reduce();
   return walk.best();
 }
 

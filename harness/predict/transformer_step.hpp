@@ -3,7 +3,8 @@
 // step's live bytes can be highest, in time order, each a formula. The family says what
 // its blocks hold (gpt2_forms.hpp, llama_forms.hpp); the walk says when FSDP's units are
 // gathered, prefetched and given their full gradients, and which block is the top one
-// backward reaches.
+// backward reaches; the units say how many bytes each holds gathered and as its full
+// gradient (FSDP1's flat parameter, or --engine fsdp2's per-tensor buffers).
 //
 // Symbols: N = B·T tokens, a = 4Nh (one (N, h) activation), Λ = 4NV (the logits),
 // X = 16N (the batch's ids and the target: temp for the whole step).
@@ -31,7 +32,12 @@ struct SavedForm {
 // them): unit 0 the root (the embeddings and the final block), then units of
 // transformer blocks. Empty for ddp and zero1.
 struct StepUnits {
-  std::vector<std::int64_t> bytes;  // 4 × each unit's padded flat parameter
+  std::vector<std::int64_t> bytes;       // each unit's gathered parameters (4 × its padded flat parameter)
+  std::vector<std::int64_t> grad_bytes;  // each unit's full gradient (4 × its padded flat parameter)
+  // --engine fsdp2: a gather copies out of, and a reduce-scatter copies into, a flat comm
+  // buffer of the unit's gathered bytes, live beside every gathered tensor of the unit
+  // (the copy-out) or every full gradient of it (the copy-in).
+  bool flat_comm = false;
   std::vector<int> top_block;       // each unit's last block (a model block index)
   bool reshard = false;             // zero3: units but the root are freed after their forward
   bool prefetch = true;             // --prefetch 1: a unit's backward gathers the next
@@ -59,7 +65,7 @@ class PeakWalk {
   // One instant: temp and activation beyond the resting bytes, gathered parameters and
   // full gradients; dy_live: a block's backward still holds its dy (in temp).
   void consider(std::int64_t temp, std::int64_t act, std::int64_t gathered, std::int64_t grad_full, Phase phase,
-                const std::string& where, bool dy_live = false);
+                const std::string& where, bool dy_live = false, std::int64_t comm = 0);
   const StepTransient& best() const { return best_; }
   // Every instant considered is also appended here (none when null).
   void record(std::vector<WalkInstant>* into) { record_ = into; }

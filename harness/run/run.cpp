@@ -189,11 +189,6 @@ JobSetup prepare_job(const RunConfig& cfg, const MpiSession& mpi) {
     validate_pipeline(cfg, setup.world);
   else
     validate_data_parallel(cfg);
-  // fsdp2 predicts a transformer's model states and traffic, not yet its step's peak,
-  // which every rank's record must hold: a run is refused, a plan prints the peak unknown.
-  if (!cfg.pipeline() && cfg.model.is_transformer() && effective_engine(cfg.engine, cfg.strategy) == EngineKind::fsdp2)
-    throw UsageError("--engine fsdp2 and --model " + cfg.model.name + ": fsdp2's transformer step is not built yet "
-                     "(plan predicts its model states); give --engine torch or --model mlp");
   return setup;
 }
 

@@ -1,6 +1,7 @@
 // --engine through the binary: fsdp2's record says so and holds its predictions on every
-// rank (emulated and under mpirun at W = 2), the table labels the engine, ddp and zero1
-// stay torch's, and deepspeed and a pipeline's engine are refused (exit 2, one line).
+// rank (emulated and under mpirun at W = 2; the MLP, GPT-2 and Llama), the table labels
+// the engine, ddp and zero1 stay torch's, and deepspeed and a pipeline's engine are
+// refused (exit 2, one line).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -18,9 +19,10 @@ using shardscope::testing::shell;
 
 class Engine : public shardscope::testing::BinaryTest {
  protected:
-  json run_record(const std::string& flags, const std::string& file, std::string* out = nullptr) {
-    const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ +
-                         "' run --backend cpu --layers 4 --width 37 --batch 6 --activation relu --loss mse --steps 2 " +
+  static constexpr const char* kMlp = "--layers 4 --width 37 --batch 6 --activation relu --loss mse ";
+  json run_record(const std::string& flags, const std::string& file, std::string* out = nullptr,
+                  const std::string& model = kMlp) {
+    const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + model + "--steps 2 " +
                          flags + " --json " + file + " > out.txt 2> err.txt");
     EXPECT_EQ(rc, 0) << flags << ": " << first_line(dir_ + "/err.txt");
     if (out) {
@@ -54,6 +56,21 @@ TEST_F(Engine, Fsdp2RecordsItsEngineAndEveryRankItsPrediction) {
   EXPECT_EQ(run_record("--engine fsdp2 --strategy ddp", "d.json")["runs"][0]["engine"], "torch");
 }
 
+// A transformer under fsdp2: every rank's record holds its step's peak as predicted.
+TEST_F(Engine, Fsdp2RunsTransformersEveryRankAsPredicted) {
+  const char* models[] = {"--model gpt2 --hidden 16 --heads 2 --vocab 29 --seq 6 --layers 2 --batch 2 ",
+                          "--model llama --hidden 16 --heads 4 --kv-heads 2 --ffn 24 --vocab 13 --seq 6 --layers 2 "
+                          "--batch 2 --attention math "};
+  for (const char* model : models)
+    for (int r = 0; r < 3; ++r) {
+      const json doc =
+          run_record("--engine fsdp2 --strategy zero3 --units 1 --emulate 3:" + std::to_string(r), "x.json", nullptr, model);
+      const json& run = doc["runs"][0];
+      EXPECT_EQ(run["engine"], "fsdp2");
+      expect_predicted(run["ranks"][0], std::string(model) + "rank " + std::to_string(r));
+    }
+}
+
 TEST_F(Engine, DeepspeedAndAPipelinesEngineAreRefused) {
   const struct {
     const char* flags;
@@ -65,9 +82,6 @@ TEST_F(Engine, DeepspeedAndAPipelinesEngineAreRefused) {
       {"--layers 4 --width 16 --engine fsdp2 --strategy zero3 --checkpoint full",
        "shardscope: error: --checkpoint full and --engine fsdp2: fsdp2's checkpointed step is not built yet; give "
        "--checkpoint none or --engine torch"},
-      {"--engine fsdp2 --strategy zero3 --model gpt2 --hidden 16 --heads 2 --vocab 29 --seq 6 --layers 2 --steps 1",
-       "shardscope: error: --engine fsdp2 and --model gpt2: fsdp2's transformer step is not built yet (plan predicts "
-       "its model states); give --engine torch or --model mlp"},
       {"--layers 4 --width 16 --schedule gpipe --engine fsdp2",
        "shardscope: error: --engine is only valid with --strategy (data parallel)"},
   };
@@ -83,17 +97,28 @@ TEST_F(Engine, Fsdp2UnderMpirunHoldsItsPredictionsOnBothRanks) {
   GTEST_SKIP() << "no MPI in this build";
 #else
   if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
-  for (const char* strategy : {"zero2", "zero3"}) {
+  // The MLP under both strategies, then GPT-2 and Llama once each.
+  const struct {
+    const char* model;
+    const char* strategy;
+  } cases[] = {
+      {kMlp, "zero2"},
+      {kMlp, "zero3"},
+      {"--model gpt2 --hidden 16 --heads 2 --vocab 29 --seq 6 --layers 2 --batch 2 ", "zero3"},
+      {"--model llama --hidden 16 --heads 4 --kv-heads 2 --ffn 24 --vocab 13 --seq 6 --layers 2 --batch 2 ", "zero2"},
+  };
+  for (const auto& c : cases) {
+    const std::string strategy = c.strategy;
     const int rc = shell("cd '" + dir_ + "' && timeout -k 5 120 mpirun --oversubscribe -np 2 '" + bin_ +
-                         "' run --backend cpu --comm mpi --layers 4 --width 37 --batch 6 --activation relu --loss mse"
-                         " --steps 2 --engine fsdp2 --units 1 --strategy " + strategy +
-                         " --json m.json > out.txt 2> err.txt");
+                         "' run --backend cpu --comm mpi " + c.model + "--steps 2 --engine fsdp2 --units 1 --strategy " +
+                         strategy + " --json m.json > out.txt 2> err.txt");
     ASSERT_EQ(rc, 0) << first_line(dir_ + "/err.txt");
     std::ifstream in(dir_ + "/m.json");
     const json run = json::parse(in)["runs"][0];
     EXPECT_EQ(run["engine"], "fsdp2");
     ASSERT_EQ(run["ranks"].size(), 2u);
-    for (const json& rank : run["ranks"]) expect_predicted(rank, std::string(strategy) + " rank " + rank["rank"].dump());
+    for (const json& rank : run["ranks"])
+      expect_predicted(rank, std::string(c.model) + strategy + " rank " + rank["rank"].dump());
   }
 #endif
 }

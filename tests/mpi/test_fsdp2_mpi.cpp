@@ -1,13 +1,15 @@
 // --engine fsdp2 over MPI at the world this binary was started with (W = 2, 3, 4 from
 // ctest): zero2 and zero3 as fully_shard train like one rank on the concatenated batch,
 // their bytes equal the closed forms (harness/predict/fsdp2_forms.hpp), and an emulated
-// rank's bytes equal the real rank's. The MLP and GPT-2.
+// rank's bytes equal the real rank's. The MLP, GPT-2 and Llama (the transformers' step
+// peaks too: harness/predict/transformer_step.hpp with fsdp2's buffers).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include "harness/comm/fake_comm.hpp"
 #include "shardscope/comm.hpp"
 #include "support/dp_harness.hpp"
+#include "support/pipeline_configs.hpp"
 
 namespace shardscope {
 namespace {
@@ -34,10 +36,10 @@ void check_against_one_rank(const RunConfig& cfg, double params_abs) {
   const Prediction p = predict_data_parallel(cfg, world, rank);
   EXPECT_EQ(r.resting, p.resting);
   for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
-  if (p.peak_known) {
-    EXPECT_EQ(r.peak.total, p.peak_total);
-    EXPECT_EQ(r.peak.by_category, p.peak_by_category);
-  }
+  EXPECT_TRUE(p.peak_known);
+  EXPECT_EQ(r.peak.total, p.peak_total);
+  EXPECT_EQ(r.peak.by_category, p.peak_by_category);
+  EXPECT_EQ(r.where, p.peak_where);
   CpuBackend backend2;
   auto fake = make_fake_communicator(world, rank, &backend2);
   const auto e = testing::run_dp(cfg, backend2, *fake, false);
@@ -98,6 +100,31 @@ TEST(Fsdp2Mpi, Gpt2TrainsLikeOneRank) {
       cfg.layers_per_unit = units;
       SCOPED_TRACE(std::string("gpt2 ") + strategy + " units=" + std::to_string(units));
       // The key bias's gradient is rounding noise (test_strategies_mpi.cpp says why).
+      check_against_one_rank(cfg, 4e-4);
+    }
+}
+
+TEST(Fsdp2Mpi, LlamaTrainsLikeOneRank) {
+  struct Setting {
+    const char* strategy;
+    int units;
+    int prefetch;
+    bool tied;
+  };
+  for (const Setting& s : std::vector<Setting>{{"zero2", 0, 1, false}, {"zero3", 1, 1, false}, {"zero3", 1, 0, true}})
+    for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+      RunConfig cfg;
+      // Grouped-query (4 heads, 2 kv heads); 13 tokens and 24 ffn rows split unevenly.
+      cfg.model = testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, mode, s.tied);
+      cfg.steps = 3;
+      cfg.seed = 5;
+      cfg.strategy = parse_strategy(s.strategy);
+      cfg.engine = EngineKind::fsdp2;
+      cfg.layers_per_unit = s.units;
+      cfg.prefetch = s.prefetch;
+      SCOPED_TRACE(std::string("llama ") + s.strategy + " units=" + std::to_string(s.units) +
+                   " prefetch=" + std::to_string(s.prefetch) + (s.tied ? " tied" : "") +
+                   (mode == AttentionMode::flash ? " flash" : " math"));
       check_against_one_rank(cfg, 4e-4);
     }
 }
