@@ -225,6 +225,28 @@ TEST(Fsdp2, LlamaMeasuredEqualsPredictedEveryRank) {
   EXPECT_LT(at_comm, checked);
 }
 
+// --checkpoint with fsdp2: a wrapped block's re-run and saves are the torch engine's
+// walk's, under fsdp2's buffers (full and every:2).
+TEST(Fsdp2, CheckpointedTransformersMeasureWhatTheyPredict) {
+  int checked = 0, at_comm = 0;
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+    for (int every : {1, 2}) {
+      CheckpointPolicy ck;
+      ck.kind = CheckpointKind::every;
+      ck.every = every;
+      std::vector<ModelConfig> models = {gpt2_model(3, 16, 2, 29, 6, 2, mode), gpt2_model(4, 8, 2, 11, 16, 4, mode),
+                                         testing::llama_of(3, 16, 4, 2, 40, 37, 6, 2, mode, false),
+                                         testing::llama_of(2, 24, 2, 1, 56, 401, 3, 1, mode, true)};
+      for (ModelConfig& m : models) {
+        m.checkpoint = ck;
+        checked += check_transformer(m, m.name + " checkpoint " + ck.text(), at_comm);
+      }
+    }
+  EXPECT_EQ(checked, 1920);
+  EXPECT_GT(at_comm, 0);
+  EXPECT_LT(at_comm, checked);
+}
+
 // ddp and zero1 under --engine fsdp2 are the torch engine's, to the byte.
 TEST(Fsdp2, DdpAndZero1AreTheTorchEngines) {
   ModelConfig m;

@@ -56,7 +56,8 @@ TEST_F(Engine, Fsdp2RecordsItsEngineAndEveryRankItsPrediction) {
   EXPECT_EQ(run_record("--engine fsdp2 --strategy ddp", "d.json")["runs"][0]["engine"], "torch");
 }
 
-// A transformer under fsdp2: every rank's record holds its step's peak as predicted.
+// A transformer under fsdp2, checkpointed or not: every rank's record holds its step's
+// peak as predicted.
 TEST_F(Engine, Fsdp2RunsTransformersEveryRankAsPredicted) {
   const char* models[] = {"--model gpt2 --hidden 16 --heads 2 --vocab 29 --seq 6 --layers 2 --batch 2 ",
                           "--model llama --hidden 16 --heads 4 --kv-heads 2 --ffn 24 --vocab 13 --seq 6 --layers 2 "
@@ -68,6 +69,11 @@ TEST_F(Engine, Fsdp2RunsTransformersEveryRankAsPredicted) {
       const json& run = doc["runs"][0];
       EXPECT_EQ(run["engine"], "fsdp2");
       expect_predicted(run["ranks"][0], std::string(model) + "rank " + std::to_string(r));
+      // Checkpointed blocks too (the MLP's checkpointed fsdp2 step is refused).
+      const json ck = run_record("--engine fsdp2 --strategy zero3 --units 1 --checkpoint every:2 --emulate 3:" +
+                                     std::to_string(r),
+                                 "c.json", nullptr, model);
+      expect_predicted(ck["runs"][0]["ranks"][0], std::string(model) + "checkpoint every:2 rank " + std::to_string(r));
     }
 }
 
@@ -80,8 +86,8 @@ TEST_F(Engine, DeepspeedAndAPipelinesEngineAreRefused) {
        "shardscope: error: --engine deepspeed: not built yet; allowed: torch, fsdp2"},
       {"--layers 4 --width 16 --engine fsdp3", "shardscope: error: --engine: unknown 'fsdp3'; allowed: torch, fsdp2"},
       {"--layers 4 --width 16 --engine fsdp2 --strategy zero3 --checkpoint full",
-       "shardscope: error: --checkpoint full and --engine fsdp2: fsdp2's checkpointed step is not built yet; give "
-       "--checkpoint none or --engine torch"},
+       "shardscope: error: --checkpoint full and --engine fsdp2: fsdp2's checkpointed MLP step is not built yet; "
+       "give --checkpoint none, --engine torch or --model gpt2|llama"},
       {"--layers 4 --width 16 --schedule gpipe --engine fsdp2",
        "shardscope: error: --engine is only valid with --strategy (data parallel)"},
   };

@@ -110,8 +110,10 @@ TEST(Fsdp2Mpi, LlamaTrainsLikeOneRank) {
     int units;
     int prefetch;
     bool tied;
+    int checkpoint_every;  // 0: none
   };
-  for (const Setting& s : std::vector<Setting>{{"zero2", 0, 1, false}, {"zero3", 1, 1, false}, {"zero3", 1, 0, true}})
+  for (const Setting& s : std::vector<Setting>{
+           {"zero2", 0, 1, false, 0}, {"zero3", 1, 1, false, 0}, {"zero3", 1, 0, true, 0}, {"zero3", 1, 1, false, 2}})
     for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
       RunConfig cfg;
       // Grouped-query (4 heads, 2 kv heads); 13 tokens and 24 ffn rows split unevenly.
@@ -122,7 +124,11 @@ TEST(Fsdp2Mpi, LlamaTrainsLikeOneRank) {
       cfg.engine = EngineKind::fsdp2;
       cfg.layers_per_unit = s.units;
       cfg.prefetch = s.prefetch;
-      SCOPED_TRACE(std::string("llama ") + s.strategy + " units=" + std::to_string(s.units) +
+      if (s.checkpoint_every > 0) {
+        cfg.model.checkpoint.kind = CheckpointKind::every;
+        cfg.model.checkpoint.every = s.checkpoint_every;
+      }
+      SCOPED_TRACE(std::string("llama ") + cfg.model.checkpoint.text() + " " + s.strategy + " units=" + std::to_string(s.units) +
                    " prefetch=" + std::to_string(s.prefetch) + (s.tied ? " tied" : "") +
                    (mode == AttentionMode::flash ? " flash" : " math"));
       check_against_one_rank(cfg, 4e-4);
