@@ -183,10 +183,7 @@ class TransformerBlock final : public SequenceBlock {
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto grad = [&](int t) { return c.access.grad(c.index, t); };
     auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
-    auto drop = [&](int j) {  // releases held[j]'s save and frees it
-      c.saved.release(tape.held[j].data());
-      tape.held[j].reset();
-    };
+    auto drop = [&](int j) { drop_saved(c.saved, tape.held[j]); };
     std::vector<Buffer>& held = tape.held;
     out.reset();  // nothing in this block needs its output
 
@@ -215,8 +212,7 @@ class TransformerBlock final : public SequenceBlock {
     drop(kXmid);
     drop(kMean2);
     drop(kRstd2);
-    be.add(dmid.data(), dy.data(), floats(n * h));
-    dy.reset();
+    add_residual(be, dmid, dy, n * h);
 
     // attention's c_proj
     Buffer dattn = temp(n * h);
@@ -245,11 +241,8 @@ class TransformerBlock final : public SequenceBlock {
     c.saved.release(x);
     drop(kMean1);
     drop(kRstd1);
-    be.add(dx.data(), dmid.data(), floats(n * h));
-    dmid.reset();
-    held.clear();
-    if (!needs_dx) dx.reset();
-    return dx;
+    add_residual(be, dx, dmid, n * h);
+    return finish_backward(held, std::move(dx), needs_dx);
   }
 
   // B: dx through the same ops as backward, without the weights' gradients. What W
@@ -272,8 +265,7 @@ class TransformerBlock final : public SequenceBlock {
     linear_input_grad(be, held[kDfc].data(), dy.data(), param(kMlpProjW), n, fs, hs);
     c.saved.release(mlp_proj_weight_());
     be.gelu_tanh_backward(held[kDfc].data(), held[kDfc].data(), held[kFc].data(), floats(n * f));
-    c.saved.release(held[kFc].data());
-    held[kFc].reset();
+    drop_saved(c.saved, held[kFc]);
     held[kDln2] = temp(n * h);
     linear_input_grad(be, held[kDln2].data(), held[kDfc].data(), param(kFcW), n, hs, fs);
     c.saved.release(fc_weight_());
@@ -315,10 +307,7 @@ class TransformerBlock final : public SequenceBlock {
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto grad = [&](int t) { return c.access.grad(c.index, t); };
     std::vector<Buffer>& held = tape.held;
-    auto drop = [&](int j) {
-      c.saved.release(held[j].data());
-      held[j].reset();
-    };
+    auto drop = [&](int j) { drop_saved(c.saved, tape.held[j]); };
     linear_weight_grad(be, grad(kMlpProjW), grad(kMlpProjB), held[kDy].data(), held[kGelu].data(), n, fs, hs, beta);
     held[kDy].reset();
     drop(kGelu);
@@ -451,8 +440,7 @@ class FinalBlock final : public SequenceBlock {
     Buffer dln = head_backward(be, dy, held[2].data(), head_weight(c), c.access.grad(kEmbeddingBlock, kWte), n,
                                s_.hidden, s_.vocab, beta);
     c.saved.release(head_weight(c));
-    c.saved.release(held[2].data());
-    held[2].reset();
+    drop_saved(c.saved, held[2]);
     Buffer dx = be.alloc(Category::temp, floats(n * h));
     be.layer_norm_backward(dx.data(), c.access.grad(c.index, 0), c.access.grad(c.index, 1), dln.data(), x,
                            held[0].data(), held[1].data(), c.access.param(c.index, 0), static_cast<int>(n),
@@ -460,13 +448,8 @@ class FinalBlock final : public SequenceBlock {
     dln.reset();
     c.saved.release(ln_weight_());
     c.saved.release(x);
-    for (int j : {0, 1}) {
-      c.saved.release(held[j].data());
-      held[j].reset();
-    }
-    held.clear();
-    if (!needs_dx) dx.reset();
-    return dx;
+    for (int j : {0, 1}) drop_saved(c.saved, held[j]);
+    return finish_backward(held, std::move(dx), needs_dx);
   }
 
   // B: d ln_f = dlogits wte, then ln_f's dx; dlogits (N, V) and d ln_f (N, h) are kept
@@ -500,17 +483,13 @@ class FinalBlock final : public SequenceBlock {
     head_weight_grad(be, c.access.grad(kEmbeddingBlock, kWte), held[3].data(), held[2].data(), n, s_.hidden,
                      s_.vocab, beta);
     held[3].reset();
-    c.saved.release(held[2].data());
-    held[2].reset();
+    drop_saved(c.saved, held[2]);
     layer_norm_weight_grad(be, c.access.grad(c.index, 0), c.access.grad(c.index, 1), held[4].data(), x,
                            held[0].data(), held[1].data(), c.access.param(c.index, 0), n, s_.hidden, beta);
     held[4].reset();
     c.saved.release(ln_weight_());
     c.saved.release(x);
-    for (int j : {0, 1}) {
-      c.saved.release(held[j].data());
-      held[j].reset();
-    }
+    for (int j : {0, 1}) drop_saved(c.saved, held[j]);
     held.clear();
   }
 

@@ -245,10 +245,7 @@ class DecoderLayer final : public SequenceBlock {
     auto grad = [&](int t) { return t < 0 ? nullptr : c.access.grad(c.index, t); };
     auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
     std::vector<Buffer>& held = tape.held;
-    auto drop = [&](int j) {  // releases held[j]'s save and frees it
-      c.saved.release(held[j].data());
-      held[j].reset();
-    };
+    auto drop = [&](int j) { drop_saved(c.saved, tape.held[j]); };
     out.reset();  // nothing in this block needs its output
 
     // down_proj, then the product's factors: d up = dp * silu, d silu = dp * up, d gate = SiLU'(d silu)
@@ -285,8 +282,7 @@ class DecoderLayer final : public SequenceBlock {
     c.saved.release(norm2_ref_());
     drop(kXmid);
     drop(kRstd2);
-    be.add(dmid.data(), dy.data(), floats(n * h));
-    dy.reset();
+    add_residual(be, dmid, dy, n * h);
 
     // o_proj
     Buffer dout = temp(n * q);
@@ -322,11 +318,8 @@ class DecoderLayer final : public SequenceBlock {
     c.saved.release(norm_ref_());
     c.saved.release(x);
     drop(kRstd1);
-    be.add(dx.data(), dmid.data(), floats(n * h));
-    dmid.reset();
-    held.clear();
-    if (!needs_dx) dx.reset();
-    return dx;
+    add_residual(be, dx, dmid, n * h);
+    return finish_backward(held, std::move(dx), needs_dx);
   }
 
   // B: dx through the same ops as backward, without the weights' gradients. What W
@@ -342,10 +335,7 @@ class DecoderLayer final : public SequenceBlock {
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
     std::vector<Buffer>& held = tape.held;
-    auto drop = [&](int j) {
-      c.saved.release(held[j].data());
-      held[j].reset();
-    };
+    auto drop = [&](int j) { drop_saved(c.saved, tape.held[j]); };
     held.resize(kKept);
     if (free_output) out.reset();
 
@@ -411,10 +401,7 @@ class DecoderLayer final : public SequenceBlock {
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto grad = [&](int t) { return t < 0 ? nullptr : c.access.grad(c.index, t); };
     std::vector<Buffer>& held = tape.held;
-    auto drop = [&](int j) {
-      c.saved.release(held[j].data());
-      held[j].reset();
-    };
+    auto drop = [&](int j) { drop_saved(c.saved, tape.held[j]); };
     linear_weight_grad(be, grad(downW_), nullptr, held[kDy].data(), held[kProd].data(), n, fs, hs, beta);
     held[kDy].reset();
     drop(kProd);
@@ -554,8 +541,7 @@ class FinalBlock final : public SequenceBlock {
     // embedding's gradient first, with beta; the embedding adds its part later).
     Buffer dnorm = head_backward(be, dy, held[kY].data(), head_weight(c), head_grad(c), n, s_.hidden, s_.vocab, beta);
     c.saved.release(head_ref_());
-    c.saved.release(held[kY].data());
-    held[kY].reset();
+    drop_saved(c.saved, held[kY]);
     Buffer dx = be.alloc(Category::temp, floats(n * s_.hidden));
     be.rms_norm_backward(dx.data(), c.access.grad(c.index, 0), dnorm.data(), x, held[kRstd].data(),
                          c.access.param(c.index, 0), static_cast<int>(n), s_.hidden, beta);
@@ -563,9 +549,7 @@ class FinalBlock final : public SequenceBlock {
     c.saved.release(norm_ref_());
     c.saved.release(x);
     c.saved.release(held[kRstd].data());
-    held.clear();
-    if (!needs_dx) dx.reset();
-    return dx;
+    return finish_backward(held, std::move(dx), needs_dx);
   }
 
   // B: the norm's gradient = dlogits W, then the norm's dx; dlogits (N, V) and the
@@ -599,8 +583,7 @@ class FinalBlock final : public SequenceBlock {
     std::vector<Buffer>& held = tape.held;
     head_weight_grad(be, head_grad(c), held[kDlogits].data(), held[kY].data(), n, s_.hidden, s_.vocab, beta);
     held[kDlogits].reset();
-    c.saved.release(held[kY].data());
-    held[kY].reset();
+    drop_saved(c.saved, held[kY]);
     rms_norm_weight_grad(be, c.access.grad(c.index, 0), held[kDnorm].data(), x, held[kRstd].data(),
                          c.access.param(c.index, 0), n, s_.hidden, beta);
     held[kDnorm].reset();

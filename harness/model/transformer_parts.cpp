@@ -291,15 +291,28 @@ std::pair<Buffer, Buffer> math_attention_forward(Backend& be, const MathAttentio
   return {std::move(probs), std::move(out)};
 }
 
+void drop_saved(SavedTensors& saved, Buffer& b) {
+  saved.release(b.data());
+  b.reset();
+}
+
+void add_residual(Backend& be, Buffer& dx, Buffer& dresidual, i64 count) {
+  be.add(dx.data(), dresidual.data(), floats(count));
+  dresidual.reset();
+}
+
+Buffer finish_backward(std::vector<Buffer>& held, Buffer dx, bool needs_dx) {
+  held.clear();
+  if (!needs_dx) dx.reset();
+  return dx;
+}
+
 HeadGrads math_attention_backward(Backend& be, SavedTensors& saved, const MathAttention& m, Buffer& dout, Buffer& qh,
                                   Buffer& kh, Buffer& probs, MathOperand v, Buffer& v_held) {
   const int bh = m.batch * m.heads, t = m.seq, hd = m.head_dim;
   const i64 st = static_cast<i64>(t) * hd, tt = static_cast<i64>(t) * t;
   const i64 nw = m.tokens() * m.width();
-  auto drop = [&](Buffer& b) {
-    saved.release(b.data());
-    b.reset();
-  };
+  auto drop = [&](Buffer& b) { drop_saved(saved, b); };
   Buffer doh = be.alloc(Category::temp, floats(nw));  // (B, H, T, d)
   be.permute_heads(doh.data(), dout.data(), static_cast<int>(m.width()), m.batch, t, m.heads, hd, true);
   dout.reset();

@@ -50,6 +50,15 @@ void linear_weight_grad(Backend& be, float* dw, float* db, const float* dy, cons
 void linear_input_grad(Backend& be, float* dx, const float* dy, const float* w, i64 n, int in, int out,
                        float dx_beta = 0.0f);
 
+// A backward's bookkeeping, the same in every block of both families. drop_saved: a
+// tensor's last use (its save released from `saved`, its buffer freed). add_residual:
+// the residual's gradient (count floats, then freed) added onto dx. finish_backward: the
+// tape's buffers freed (held cleared), then dx returned when the block before needs it,
+// freed otherwise.
+void drop_saved(SavedTensors& saved, Buffer& b);
+void add_residual(Backend& be, Buffer& dx, Buffer& dresidual, i64 count);
+Buffer finish_backward(std::vector<Buffer>& held, Buffer dx, bool needs_dx);
+
 // The token ids of the slice's rows (seq tokens each) in [0, vocab), as a Buffer's floats
 // (id_floats): the model's input (kInputBase) or its target (kTargetBase, past the
 // input's ids in the same stream).
