@@ -81,7 +81,8 @@ struct RunFlags {
   std::string bytes = "binary";
   std::string comm_timeout = "300";
   std::string checkpoint = "none";
-  bool tf32 = false, wide = false;
+  std::string accumulate = "1";
+  bool tf32 = false, wide = false, no_sync = false;
   // Transformers (--model gpt2|llama, --hf-config): empty when not given.
   std::string hf_config, hidden, heads, kv_heads, ffn, vocab, seq, positions, attention = "flash";
 };
@@ -123,6 +124,13 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "none | full | every:K: recompute each (every K-th) layer or transformer block in backward, "
                  "keeping only its input (default none)")
       ->type_name("MODE");
+  app.add_option("--accumulate", f.accumulate,
+                 "data parallel: micro-steps per optimizer step, each on the rank's whole --batch (K x batch rows "
+                 "per optimizer step), the loss scaled by 1/K, gradients accumulated (default 1; ddp and zero1)")
+      ->type_name("K");
+  app.add_flag("--no-sync", f.no_sync,
+               "with --accumulate: reduce gradients after the last micro-step only (DDP's no_sync); without it "
+               "every micro-step reduces");
   app.add_option("--units", f.units, "layers (transformer: blocks, beside a root unit of embeddings and head) per unit for zero2/zero3: K, or all for one root unit (default 1)")->type_name("K|all");
   app.add_option("--prefetch", f.prefetch, "0 | 1: gather the next unit during backward (default 1)")->type_name("0|1");
   app.add_option("--microbatches", f.microbatches, "pipeline micro-batches M (default: stages)")->type_name("M");
@@ -356,6 +364,15 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   if (c.model.checkpoint.any() && !c.model.is_transformer() && effective_engine(c.engine, c.strategy) == EngineKind::fsdp2)
     throw UsageError("--checkpoint " + f.checkpoint + " and --engine fsdp2: fsdp2's checkpointed MLP step is not built "
                      "yet; give --checkpoint none, --engine torch or --model gpt2|llama");
+  for (const char* flag : {"--accumulate", "--no-sync"})
+    if (has_schedule && app.count(flag) > 0)
+      throw UsageError(std::string(flag) + " and --schedule: a pipeline's micro-batches are already its gradient "
+                       "accumulation; give --microbatches, or --strategy with --accumulate");
+  c.accumulate = parse_positive("--accumulate", f.accumulate, 10'000);
+  c.no_sync = f.no_sync;
+  if ((c.accumulate > 1 || c.no_sync) && shards_by_unit(c.strategy))
+    throw UsageError(std::string(c.no_sync ? "--no-sync" : "--accumulate " + f.accumulate) + " and --strategy " +
+                     f.strategy + ": accumulation under zero2/zero3 is not built yet; allowed with ddp, zero1");
   if (has_schedule && f.schedule.empty()) throw UsageError("--schedule: empty; allowed: " + schedule_names_text());
   if (has_schedule) c.schedule = parse_schedule(f.schedule);
   if (!has_schedule) {

@@ -19,6 +19,7 @@
 #include "harness/predict/llama_forms.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "harness/strategies/partition.hpp"
+#include "shardscope/check.hpp"
 #include "shardscope/predict.hpp"
 
 namespace shardscope {
@@ -41,7 +42,10 @@ struct Candidate {
 
 }  // namespace
 
-std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int world) {
+namespace {
+
+// One micro-step's forward, backward and reduction, and the optimizer step.
+std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
   // zero2/zero3 under --engine fsdp2: per-tensor shards (fsdp2_forms.hpp).
   if (effective_engine(cfg.engine, cfg.strategy) == EngineKind::fsdp2) return predict_fsdp2_ranks(cfg, world);
   // A transformer's model states (transformer_forms.hpp), and its step (gpt2_forms.hpp,
@@ -178,6 +182,22 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
     rank.peak_by_category[Category::grad_unsharded] += best.bytes.grad_unsharded;
     rank.peak_total = rank.peak_by_category.total();
   }
+  return ranks;
+}
+
+}  // namespace
+
+// --accumulate K (ddp and zero1): every micro-step runs forward and backward again on the
+// same resting state (the full gradients are allocated throughout), each the first's
+// bytes at the same places, so the step's peak, its place and the saves after a forward
+// are one micro-step's. The all-reduce runs after every micro-step (K times its bytes),
+// or after the last only under --no-sync; zero1's broadcast follows the optimizer, once.
+std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int world) {
+  SHARDSCOPE_REQUIRE(cfg.accumulate == 1 || !shards_by_unit(cfg.strategy),
+                     "predict: --accumulate under zero2/zero3 is not built");
+  std::vector<Prediction> ranks = one_reduction_ranks(cfg, world);
+  const std::int64_t reductions = cfg.no_sync ? 1 : cfg.accumulate;
+  for (Prediction& p : ranks) p.comm_bytes[static_cast<int>(CollKind::all_reduce)] *= reductions;
   return ranks;
 }
 

@@ -504,6 +504,8 @@ std::string run_label(const json& run, bool pipeline) {
     if (const json* k = Reader::present(run, "layers_per_unit"); k && kind && shards_by_unit(*kind))
       label += " units=" + text(*k);
     if (const json* e = Reader::present(run, "engine"); e && *e != "torch") label += " engine=" + text(*e);
+    if (const json* a = Reader::present(run, "accumulate"); a && *a != 1) label += " accumulate=" + text(*a);
+    if (const json* n = Reader::present(run, "no_sync"); n && *n == true) label += " no_sync";
   } else {
     if (const json* m = Reader::present(run, "microbatches")) label += " M=" + text(*m);
     if (const json* v = Reader::present(run, "chunks")) label += " chunks=" + text(*v);
@@ -528,6 +530,8 @@ DataParallelRun read_data_parallel(const Reader& rd, const json& run) {
     dp.engine = rd.text(run, "", "engine", "torch or fsdp2");
     if (dp.engine != "torch" && dp.engine != "fsdp2") rd.refuse("engine", &run["engine"], "torch or fsdp2");
   }
+  if (Reader::present(run, "accumulate")) dp.accumulate = rd.positive(run, "", "accumulate");
+  if (Reader::present(run, "no_sync")) dp.no_sync = rd.boolean(run, "", "no_sync");
   dp.world = rd.positive(run, "", "world");
   dp.model = read_model(rd, run);
   dp.units = rd.positive(run, "", "units");

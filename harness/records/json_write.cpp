@@ -117,6 +117,8 @@ json data_parallel_json(const DataParallelRun& dp) {
   run["kind"] = "data_parallel";
   run["strategy"] = dp.strategy;
   run["engine"] = dp.engine;
+  run["accumulate"] = dp.accumulate;
+  run["no_sync"] = dp.no_sync;
   run["world"] = dp.world;
   run["units"] = dp.units;
   run["layers_per_unit"] = dp.layers_per_unit ? json(*dp.layers_per_unit) : json("all");

@@ -263,6 +263,10 @@ struct DataParallelRun {
   // --engine fsdp2 (ddp and zero1 are torch's under either). Records from before the
   // field read as torch.
   std::string engine = "torch";
+  // --accumulate K (micro-steps per optimizer step) and --no-sync; records from before
+  // the fields read as 1 and false.
+  int accumulate = 1;
+  bool no_sync = false;
   int world = 0;
   int units = 0;
   std::optional<int> layers_per_unit;  // nullopt: "all"

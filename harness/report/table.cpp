@@ -55,6 +55,8 @@ std::string run_label(const json& run) {
   if (!pipeline) {
     if (const json* k = cells::at(run, {"layers_per_unit"}); k && uses_units(run)) label += " " + units_label(k);
     if (const json* e = cells::at(run, {"engine"}); e && cells::text(e) != "torch") label += " engine=" + cells::text(e);
+    if (const json* a = cells::at(run, {"accumulate"}); a && cells::text(a) != "1") label += " accumulate=" + cells::text(a);
+    if (const json* n = cells::at(run, {"no_sync"}); n && n->is_boolean() && n->get<bool>()) label += " no_sync";
   } else {
     if (const json* m = cells::at(run, {"microbatches"})) label += " M=" + cells::text(m);
     if (const json* v = cells::at(run, {"chunks"})) label += " chunks=" + cells::text(v);
@@ -66,7 +68,7 @@ std::string run_label(const DataParallelRun& run) {
   std::string label = run.strategy + " W=" + std::to_string(run.world);
   if (tables::uses_units(run)) label += " " + tables::units_setting(run);
   if (run.engine != "torch") label += " engine=" + run.engine;
-  return label;
+  return label + tables::accumulate_label(run);
 }
 
 std::string run_label(const PipelineRun& run) {
@@ -104,6 +106,11 @@ namespace tables {
 bool uses_units(const DataParallelRun& run) {
   const std::optional<StrategyKind> kind = find_strategy(run.strategy);
   return !kind || shards_by_unit(*kind);
+}
+
+std::string accumulate_label(const DataParallelRun& run) {
+  return (run.accumulate != 1 ? " accumulate=" + std::to_string(run.accumulate) : std::string()) +
+         (run.no_sync ? " no_sync" : "");
 }
 
 std::string units_setting(const DataParallelRun& run) {

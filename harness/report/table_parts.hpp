@@ -17,6 +17,8 @@ namespace shardscope::tables {
 // Whether units (and prefetch) shape the run: zero2 and zero3, not ddp and zero1 (which
 // run under DDP, and use its bucket instead). True when the strategy is unknown.
 bool uses_units(const DataParallelRun& run);
+// " accumulate=K" and " no_sync" where not the default (--accumulate 1, syncing), else "".
+std::string accumulate_label(const DataParallelRun& run);
 // "units=1", "units=all": layers_per_unit as `--units` takes it.
 std::string units_setting(const DataParallelRun& run);
 

@@ -138,6 +138,8 @@ DataParallelRun data_parallel_run(const RunConfig& cfg, int world) {
   DataParallelRun run;
   run.strategy = std::string(strategy_name(cfg.strategy));
   run.engine = std::string(engine_name(effective_engine(cfg.engine, cfg.strategy)));
+  run.accumulate = cfg.accumulate;
+  run.no_sync = cfg.no_sync;
   run.world = world;
   run.units = fsdp ? static_cast<int>(fsdp_units(cfg.model, cfg.layers_per_unit, world).size()) : 1;
   // --units has no effect on ddp and zero1 (docs/design.md §3): their one unit is the model.

@@ -1,18 +1,58 @@
 #include "harness/strategies/data_parallel.hpp"
 
+#include "shardscope/check.hpp"
+
 
 namespace shardscope {
 
 DataParallelStrategy::DataParallelStrategy(const StrategyContext& ctx)
     : cfg_(ctx.cfg), backend_(ctx.backend), comm_(ctx.comm), model_(make_model(ctx.cfg.model)) {}
 
-DataSlice DataParallelStrategy::batch_slice() const {
-  return {cfg_.seed, batch_index_, comm_.rank(), 0, cfg_.model.batch};
+DataSlice DataParallelStrategy::batch_slice(int k) const {
+  const int rows = cfg_.model.batch;
+  return {cfg_.seed, batch_index_, comm_.rank(), k * rows, rows};
 }
 
 void DataParallelStrategy::prepare_batch(int index) {
   batch_index_ = index;
-  host_batch_ = model_->host_input(batch_slice());
+  host_batches_.clear();
+  for (int k = 0; k < cfg_.accumulate; ++k) host_batches_.push_back(model_->host_input(batch_slice(k)));
+}
+
+float DataParallelStrategy::micro_step(int k) {
+  Tracker& tracker = backend_.tracker();
+  if (k > 0) tracker.mark(Phase::forward);
+  saved_.reset();
+  const int rows = cfg_.model.batch;
+  const std::size_t n = static_cast<std::size_t>(model_->input_elems(rows));
+  Buffer x = backend_.alloc(Category::temp, n);  // the rank's batch: block 0's input
+  backend_.upload(x.data(), host_batches_[k].data(), n);
+  Buffer target = model_->make_target(backend_, batch_slice(k));  // empty when the loss takes none
+
+  float loss = 0.0f;
+  Tape tape;
+  ModelContext mc{backend_, saved_, access()};
+  {
+    ScopedRange r(backend_, "forward");
+    // torch's accumulation: each micro-batch's loss divided by K.
+    tape = model_->forward(mc, 0, model_->blocks(), x.data(), rows, false);
+    loss = model_->loss_forward(mc, tape, target.data(), 1.0f / static_cast<float>(cfg_.accumulate));
+    saved_after_forward_ = {saved_.live_bytes(), saved_.live_storages()};
+  }
+  {
+    ScopedRange r(backend_, "backward");
+    model_->backward(mc, tape, Buffer{}, k == 0 ? 0.0f : 1.0f);
+  }
+  x.reset();
+  target.reset();
+
+  // Without --no-sync every micro-step reduces; with it only the last (DDP's no_sync).
+  if (!cfg_.no_sync || k + 1 == cfg_.accumulate) {
+    tracker.mark(Phase::communication);
+    ScopedRange r(backend_, "gradient communication");
+    reduce_gradients();
+  }
+  return loss;
 }
 
 float DataParallelStrategy::step() {
@@ -21,36 +61,15 @@ float DataParallelStrategy::step() {
   tracker.reset_peak();
   backend_.reset_pool_high();
   comm_.reset_ledger();
-  saved_.reset();
   ScopedRange range(backend_, "step");
-
-  const int rows = cfg_.model.batch;
-  const std::size_t n = static_cast<std::size_t>(model_->input_elems(rows));
-  Buffer x = backend_.alloc(Category::temp, n);  // the rank's batch: block 0's input
-  backend_.upload(x.data(), host_batch_.data(), n);
-  Buffer target = model_->make_target(backend_, batch_slice());  // empty when the loss takes none
+  SHARDSCOPE_REQUIRE(cfg_.accumulate == 1 || !shards_by_unit(cfg_.strategy),
+                     "data parallel: --accumulate under zero2/zero3 is not built");
+  SHARDSCOPE_REQUIRE(static_cast<int>(host_batches_.size()) == cfg_.accumulate,
+                     "data parallel: prepare_batch was not called");
 
   float loss = 0.0f;
-  Tape tape;
-  ModelContext mc{backend_, saved_, access()};
-  {
-    ScopedRange r(backend_, "forward");
-    tape = model_->forward(mc, 0, model_->blocks(), x.data(), rows, false);
-    loss = model_->loss_forward(mc, tape, target.data(), 1.0f);
-    saved_after_forward_ = {saved_.live_bytes(), saved_.live_storages()};
-  }
-  {
-    ScopedRange r(backend_, "backward");
-    model_->backward(mc, tape, Buffer{}, 0.0f);
-  }
-  x.reset();
-  target.reset();
+  for (int k = 0; k < cfg_.accumulate; ++k) loss += micro_step(k);
 
-  tracker.mark(Phase::communication);
-  {
-    ScopedRange r(backend_, "gradient communication");
-    reduce_gradients();
-  }
   tracker.mark(Phase::optimizer);
   {
     ScopedRange r(backend_, "optimizer");

@@ -43,8 +43,12 @@ class DataParallelStrategy : public Strategy {
   SavedAfterForward saved_after_forward_;
 
  private:
-  DataSlice batch_slice() const;  // the rank's rows of the batch prepare_batch drew
-  std::vector<float> host_batch_;
+  // The rank's rows of micro-step k's batch (rows k x batch on of the K-fold batch).
+  DataSlice batch_slice(int k) const;
+  // One micro-step: forward of micro-batch k, the loss scaled by 1/K, backward with
+  // beta 0 on the first micro-step and 1 after; returns the scaled loss.
+  float micro_step(int k);
+  std::vector<std::vector<float>> host_batches_;  // one per micro-step
   int batch_index_ = 0;
 };
 

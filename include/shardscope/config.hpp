@@ -97,6 +97,12 @@ struct RunConfig {
   int prefetch = 1;
   std::string ddp_bucket = "view";  // view | copy
   double bucket_mb = 0.0;           // 0 = one flat bucket
+  // --accumulate K: micro-steps per optimizer step, each on the rank's whole batch (K x
+  // batch rows per optimizer step), the loss scaled by 1/K, gradients accumulated.
+  int accumulate = 1;
+  // --no-sync: gradients are reduced after the last micro-step only (DDP's no_sync on the
+  // others); without it every micro-step reduces (communication x K).
+  bool no_sync = false;
 
   // Pipeline.
   std::optional<ScheduleKind> schedule;  // --schedule; none = data parallel
