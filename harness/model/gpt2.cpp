@@ -395,110 +395,42 @@ class TransformerBlock final : public SequenceBlock {
 };
 
 // ---- the final block: ln_f and the head, whose weight is the embedding's wte ----
-class FinalBlock final : public SequenceBlock {
+class FinalBlock final : public FinalNormHead {
  public:
-  explicit FinalBlock(const TransformerShape& s) : SequenceBlock(s, kFamily) {
+  explicit FinalBlock(const TransformerShape& s) : FinalNormHead(s, kFamily, /*norm_stats: mean, rstd*/ 2) {
     params_ = {{"transformer.ln_f.weight", {s.hidden}, 0.0f, 1.0f}, {"transformer.ln_f.bias", {s.hidden}}};
   }
-  std::string name() const override { return "final"; }
   const std::vector<ParamSpec>& params() const override { return params_; }
-  std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
-  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.vocab; }
-  bool saves_input() const override { return true; }    // ln_f's input
-  bool saves_output() const override { return false; }  // the logits: log_softmax saves its result
   TensorRef tied_param() const override { return {kEmbeddingBlock, kWte}; }
 
-  Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
-                 BlockTape& tape) override {
-    Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden;
-    std::vector<Buffer>& held = tape.held;
-    held.clear();
-    for (i64 count : {n, n, n * h}) held.push_back(be.alloc(Category::activation, floats(count)));  // mean, rstd, ln_f
-    be.layer_norm_forward(held[2].data(), held[0].data(), held[1].data(), x, c.access.param(c.index, 0),
-                          c.access.param(c.index, 1), static_cast<int>(n), s_.hidden, s_.norm_eps);
-    c.saved.save(x, 4 * n * h);
-    c.saved.save(held[0].data(), 4 * n);
-    c.saved.save(held[1].data(), 4 * n);
-    c.saved.save(ln_weight_(), 0);
-    // logits (N, V) = ln_f(x) wte^T: the head (mm) saves ln_f's output and the weight.
-    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * s_.vocab));
-    head_forward(be, out.data(), held[2].data(), head_weight(c), n, s_.hidden, s_.vocab);
-    c.saved.save(held[2].data(), 4 * n * h);
-    c.saved.save(head_weight(c), 0);
-    return out;
-  }
-
-  Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
-                  BlockTape& tape) override {
-    Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden;
-    std::vector<Buffer>& held = tape.held;
-    out.reset();
-    // The head: d ln_f = dlogits wte, d wte = dlogits^T ln_f, written first (with beta);
-    // the embedding adds its part later in the same backward.
-    Buffer dln = head_backward(be, dy, held[2].data(), head_weight(c), c.access.grad(kEmbeddingBlock, kWte), n,
-                               s_.hidden, s_.vocab, beta);
-    c.saved.release(head_weight(c));
-    drop_saved(c.saved, held[2]);
-    Buffer dx = be.alloc(Category::temp, floats(n * h));
-    be.layer_norm_backward(dx.data(), c.access.grad(c.index, 0), c.access.grad(c.index, 1), dln.data(), x,
-                           held[0].data(), held[1].data(), c.access.param(c.index, 0), static_cast<int>(n),
-                           s_.hidden, beta);
-    dln.reset();
-    c.saved.release(ln_weight_());
-    c.saved.release(x);
-    for (int j : {0, 1}) drop_saved(c.saved, held[j]);
-    return finish_backward(held, std::move(dx), needs_dx);
-  }
-
-  // B: d ln_f = dlogits wte, then ln_f's dx; dlogits (N, V) and d ln_f (N, h) are kept
-  // (temp) for W, with ln_f's output, input, mean, rstd and weight reference saved.
-  Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
-                        BlockTape& tape) override {
-    Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden;
-    std::vector<Buffer>& held = tape.held;
-    if (free_output) out.reset();
-    Buffer dln = be.alloc(Category::temp, floats(n * h));
-    head_input_grad(be, dln.data(), dy.data(), head_weight(c), n, s_.hidden, s_.vocab);
-    c.saved.release(head_weight(c));
-    Buffer dx;
-    if (needs_dx) {
-      dx = be.alloc(Category::temp, floats(n * h));
-      layer_norm_input_grad(be, dx.data(), dln.data(), x, held[0].data(), held[1].data(), c.access.param(c.index, 0),
-                            n, s_.hidden);
-    }
-    held.push_back(std::move(dy));   // [3] dlogits
-    held.push_back(std::move(dln));  // [4] d ln_f
-    return dx;
-  }
-
-  // W: the head's gradient into wte's (first, with beta: the embedding adds its part
-  // later), then ln_f's.
-  void backward_weight(const BlockCall& c, const float* x, float beta, BlockTape& tape) override {
-    Backend& be = c.backend;
-    const i64 n = tokens(c.rows);
-    std::vector<Buffer>& held = tape.held;
-    head_weight_grad(be, c.access.grad(kEmbeddingBlock, kWte), held[3].data(), held[2].data(), n, s_.hidden,
-                     s_.vocab, beta);
-    held[3].reset();
-    drop_saved(c.saved, held[2]);
-    layer_norm_weight_grad(be, c.access.grad(c.index, 0), c.access.grad(c.index, 1), held[4].data(), x,
-                           held[0].data(), held[1].data(), c.access.param(c.index, 0), n, s_.hidden, beta);
-    held[4].reset();
-    c.saved.release(ln_weight_());
-    c.saved.release(x);
-    for (int j : {0, 1}) drop_saved(c.saved, held[j]);
-    held.clear();
-  }
-
  private:
-  // The tied head reads the embedding block's wte.
-  static const float* head_weight(const BlockCall& c) { return c.access.param(kEmbeddingBlock, kWte); }
+  void norm_forward(const BlockCall& c, float* y, const std::vector<Buffer>& st, const float* x,
+                    i64 n) const override {
+    c.backend.layer_norm_forward(y, st[0].data(), st[1].data(), x, param(c, 0), param(c, 1), static_cast<int>(n),
+                                 s_.hidden, s_.norm_eps);
+  }
+  void norm_backward(const BlockCall& c, float* dx, const float* dy, const float* x, const std::vector<Buffer>& st,
+                     i64 n, float beta) const override {
+    c.backend.layer_norm_backward(dx, grad(c, 0), grad(c, 1), dy, x, st[0].data(), st[1].data(), param(c, 0),
+                                  static_cast<int>(n), s_.hidden, beta);
+  }
+  void norm_input_grad(const BlockCall& c, float* dx, const float* dy, const float* x, const std::vector<Buffer>& st,
+                       i64 n) const override {
+    layer_norm_input_grad(c.backend, dx, dy, x, st[0].data(), st[1].data(), param(c, 0), n, s_.hidden);
+  }
+  void norm_weight_grad(const BlockCall& c, const float* dy, const float* x, const std::vector<Buffer>& st, i64 n,
+                        float beta) const override {
+    layer_norm_weight_grad(c.backend, grad(c, 0), grad(c, 1), dy, x, st[0].data(), st[1].data(), param(c, 0), n,
+                           s_.hidden, beta);
+  }
+  // The tied head reads and writes the embedding block's wte; its save names wte.
+  const float* head_weight(const BlockCall& c) const override { return c.access.param(kEmbeddingBlock, kWte); }
+  float* head_grad(const BlockCall& c) const override { return c.access.grad(kEmbeddingBlock, kWte); }
+  const void* head_key(const BlockCall& c) const override { return head_weight(c); }
+  static const float* param(const BlockCall& c, int t) { return c.access.param(c.index, t); }
+  static float* grad(const BlockCall& c, int t) { return c.access.grad(c.index, t); }
 
   std::vector<ParamSpec> params_;
-  WeightRef ln_weight_;
 };
 
 }  // namespace

@@ -492,119 +492,47 @@ class DecoderLayer final : public SequenceBlock {
 };
 
 // ---- the final block: model.norm and the head (lm_head, or the embedding when tied) ----
-class FinalBlock final : public SequenceBlock {
+class FinalBlock final : public FinalNormHead {
  public:
-  explicit FinalBlock(const TransformerShape& s) : SequenceBlock(s, kFamily) {
+  explicit FinalBlock(const TransformerShape& s) : FinalNormHead(s, kFamily, /*norm_stats: rstd*/ 1) {
     params_ = {{"model.norm.weight", {s.hidden}, 0.0f, 1.0f}};
     if (!s.tied_embeddings) params_.push_back({"lm_head.weight", {s.vocab, s.hidden}, uniform_bound(kInitStd)});
   }
-  std::string name() const override { return "final"; }
   const std::vector<ParamSpec>& params() const override { return params_; }
-  std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
-  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.vocab; }
-  bool saves_input() const override { return true; }    // the norm's input
-  bool saves_output() const override { return false; }  // the logits: log_softmax saves its result
   TensorRef tied_param() const override {
     return s_.tied_embeddings ? TensorRef{kEmbeddingBlock, kEmbedTokens} : TensorRef{};
   }
 
-  enum Held : int { kRstd, kY };
-
-  Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
-                 BlockTape& tape) override {
-    Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden;
-    std::vector<Buffer>& held = tape.held;
-    held.clear();
-    held.push_back(be.alloc(Category::activation, floats(n)));      // rstd
-    held.push_back(be.alloc(Category::activation, floats(n * h)));  // the norm's output
-    be.rms_norm_forward(held[kY].data(), held[kRstd].data(), x, c.access.param(c.index, 0), static_cast<int>(n),
-                        s_.hidden, s_.norm_eps);
-    c.saved.save(x, 4 * n * h);
-    c.saved.save(held[kRstd].data(), 4 * n);
-    c.saved.save(norm_ref_(), 0);
-    // logits (N, V) = y W^T: the head (mm) saves y and its weight.
-    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * s_.vocab));
-    head_forward(be, out.data(), held[kY].data(), head_weight(c), n, s_.hidden, s_.vocab);
-    c.saved.save(held[kY].data(), 4 * n * h);
-    c.saved.save(head_ref_(), 0);
-    return out;
-  }
-
-  Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
-                  BlockTape& tape) override {
-    Backend& be = c.backend;
-    const i64 n = tokens(c.rows);
-    std::vector<Buffer>& held = tape.held;
-    out.reset();
-    // The head: dy_norm = dlogits W and dW = dlogits^T y (a tied head writes the
-    // embedding's gradient first, with beta; the embedding adds its part later).
-    Buffer dnorm = head_backward(be, dy, held[kY].data(), head_weight(c), head_grad(c), n, s_.hidden, s_.vocab, beta);
-    c.saved.release(head_ref_());
-    drop_saved(c.saved, held[kY]);
-    Buffer dx = be.alloc(Category::temp, floats(n * s_.hidden));
-    be.rms_norm_backward(dx.data(), c.access.grad(c.index, 0), dnorm.data(), x, held[kRstd].data(),
-                         c.access.param(c.index, 0), static_cast<int>(n), s_.hidden, beta);
-    dnorm.reset();
-    c.saved.release(norm_ref_());
-    c.saved.release(x);
-    c.saved.release(held[kRstd].data());
-    return finish_backward(held, std::move(dx), needs_dx);
-  }
-
-  // B: the norm's gradient = dlogits W, then the norm's dx; dlogits (N, V) and the
-  // norm's output gradient (N, h) are kept (temp) for W, with the norm's output, input,
-  // rstd and weight reference saved.
-  Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
-                        BlockTape& tape) override {
-    Backend& be = c.backend;
-    const i64 n = tokens(c.rows);
-    std::vector<Buffer>& held = tape.held;
-    if (free_output) out.reset();
-    Buffer dnorm = be.alloc(Category::temp, floats(n * s_.hidden));
-    head_input_grad(be, dnorm.data(), dy.data(), head_weight(c), n, s_.hidden, s_.vocab);
-    c.saved.release(head_ref_());
-    Buffer dx;
-    if (needs_dx) {
-      dx = be.alloc(Category::temp, floats(n * s_.hidden));
-      rms_norm_input_grad(be, dx.data(), dnorm.data(), x, held[kRstd].data(), c.access.param(c.index, 0), n,
-                          s_.hidden);
-    }
-    held.push_back(std::move(dy));     // kDlogits
-    held.push_back(std::move(dnorm));  // kDnorm
-    return dx;
-  }
-
-  // W: the head's gradient (a tied head's first, with beta: the embedding adds its part
-  // later), then the norm's.
-  void backward_weight(const BlockCall& c, const float* x, float beta, BlockTape& tape) override {
-    Backend& be = c.backend;
-    const i64 n = tokens(c.rows);
-    std::vector<Buffer>& held = tape.held;
-    head_weight_grad(be, head_grad(c), held[kDlogits].data(), held[kY].data(), n, s_.hidden, s_.vocab, beta);
-    held[kDlogits].reset();
-    drop_saved(c.saved, held[kY]);
-    rms_norm_weight_grad(be, c.access.grad(c.index, 0), held[kDnorm].data(), x, held[kRstd].data(),
-                         c.access.param(c.index, 0), n, s_.hidden, beta);
-    held[kDnorm].reset();
-    c.saved.release(norm_ref_());
-    c.saved.release(x);
-    c.saved.release(held[kRstd].data());
-    held.clear();
-  }
-
  private:
-  enum Kept : int { kDlogits = kY + 1, kDnorm };
-
-  const float* head_weight(const BlockCall& c) const {
+  void norm_forward(const BlockCall& c, float* y, const std::vector<Buffer>& st, const float* x,
+                    i64 n) const override {
+    c.backend.rms_norm_forward(y, st[0].data(), x, c.access.param(c.index, 0), static_cast<int>(n), s_.hidden,
+                               s_.norm_eps);
+  }
+  void norm_backward(const BlockCall& c, float* dx, const float* dy, const float* x, const std::vector<Buffer>& st,
+                     i64 n, float beta) const override {
+    c.backend.rms_norm_backward(dx, c.access.grad(c.index, 0), dy, x, st[0].data(), c.access.param(c.index, 0),
+                                static_cast<int>(n), s_.hidden, beta);
+  }
+  void norm_input_grad(const BlockCall& c, float* dx, const float* dy, const float* x, const std::vector<Buffer>& st,
+                       i64 n) const override {
+    rms_norm_input_grad(c.backend, dx, dy, x, st[0].data(), c.access.param(c.index, 0), n, s_.hidden);
+  }
+  void norm_weight_grad(const BlockCall& c, const float* dy, const float* x, const std::vector<Buffer>& st, i64 n,
+                        float beta) const override {
+    rms_norm_weight_grad(c.backend, c.access.grad(c.index, 0), dy, x, st[0].data(), c.access.param(c.index, 0), n,
+                         s_.hidden, beta);
+  }
+  const float* head_weight(const BlockCall& c) const override {
     return s_.tied_embeddings ? c.access.param(kEmbeddingBlock, kEmbedTokens) : c.access.param(c.index, 1);
   }
-  float* head_grad(const BlockCall& c) const {
+  float* head_grad(const BlockCall& c) const override {
     return s_.tied_embeddings ? c.access.grad(kEmbeddingBlock, kEmbedTokens) : c.access.grad(c.index, 1);
   }
+  const void* head_key(const BlockCall& /*c*/) const override { return head_ref_(); }
 
   std::vector<ParamSpec> params_;
-  WeightRef norm_ref_, head_ref_;
+  WeightRef head_ref_;
 };
 
 }  // namespace

@@ -307,6 +307,87 @@ Buffer finish_backward(std::vector<Buffer>& held, Buffer dx, bool needs_dx) {
   return dx;
 }
 
+std::int64_t FinalNormHead::input_elems(int rows) const { return tokens(rows) * s_.hidden; }
+std::int64_t FinalNormHead::output_elems(int rows) const { return tokens(rows) * s_.vocab; }
+
+Buffer FinalNormHead::forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
+                              BlockTape& tape) {
+  Backend& be = c.backend;
+  const i64 n = tokens(c.rows), h = s_.hidden;
+  std::vector<Buffer>& held = tape.held;
+  held.clear();
+  for (int j = 0; j < stats_; ++j) held.push_back(be.alloc(Category::activation, floats(n)));
+  held.push_back(be.alloc(Category::activation, floats(n * h)));  // y
+  norm_forward(c, held[stats_].data(), held, x, n);
+  c.saved.save(x, 4 * n * h);
+  for (int j = 0; j < stats_; ++j) c.saved.save(held[j].data(), 4 * n);
+  c.saved.save(norm_ref_(), 0);
+  // logits (N, V) = y W^T: the head (mm) saves y and its weight.
+  Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * s_.vocab));
+  head_forward(be, out.data(), held[stats_].data(), head_weight(c), n, s_.hidden, s_.vocab);
+  c.saved.save(held[stats_].data(), 4 * n * h);
+  c.saved.save(head_key(c), 0);
+  return out;
+}
+
+Buffer FinalNormHead::backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                               BlockTape& tape) {
+  Backend& be = c.backend;
+  const i64 n = tokens(c.rows);
+  std::vector<Buffer>& held = tape.held;
+  out.reset();
+  // The head: dy_norm = dlogits W and dW = dlogits^T y (a tied head writes the
+  // embedding's gradient first, with beta; the embedding adds its part later).
+  Buffer dnorm =
+      head_backward(be, dy, held[stats_].data(), head_weight(c), head_grad(c), n, s_.hidden, s_.vocab, beta);
+  c.saved.release(head_key(c));
+  drop_saved(c.saved, held[stats_]);
+  Buffer dx = be.alloc(Category::temp, floats(n * s_.hidden));
+  norm_backward(c, dx.data(), dnorm.data(), x, held, n, beta);
+  dnorm.reset();
+  c.saved.release(norm_ref_());
+  c.saved.release(x);
+  for (int j = 0; j < stats_; ++j) drop_saved(c.saved, held[j]);
+  return finish_backward(held, std::move(dx), needs_dx);
+}
+
+Buffer FinalNormHead::backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx,
+                                     bool free_output, BlockTape& tape) {
+  Backend& be = c.backend;
+  const i64 n = tokens(c.rows);
+  std::vector<Buffer>& held = tape.held;
+  if (free_output) out.reset();
+  Buffer dnorm = be.alloc(Category::temp, floats(n * s_.hidden));
+  head_input_grad(be, dnorm.data(), dy.data(), head_weight(c), n, s_.hidden, s_.vocab);
+  c.saved.release(head_key(c));
+  Buffer dx;
+  if (needs_dx) {
+    dx = be.alloc(Category::temp, floats(n * s_.hidden));
+    norm_input_grad(c, dx.data(), dnorm.data(), x, held, n);
+  }
+  held.push_back(std::move(dy));     // dlogits
+  held.push_back(std::move(dnorm));  // the norm's output gradient
+  return dx;
+}
+
+void FinalNormHead::backward_weight(const BlockCall& c, const float* x, float beta, BlockTape& tape) {
+  Backend& be = c.backend;
+  const i64 n = tokens(c.rows);
+  std::vector<Buffer>& held = tape.held;
+  Buffer& y = held[stats_];
+  Buffer& dlogits = held[stats_ + 1];
+  Buffer& dnorm = held[stats_ + 2];
+  head_weight_grad(be, head_grad(c), dlogits.data(), y.data(), n, s_.hidden, s_.vocab, beta);
+  dlogits.reset();
+  drop_saved(c.saved, y);
+  norm_weight_grad(c, dnorm.data(), x, held, n, beta);
+  dnorm.reset();
+  c.saved.release(norm_ref_());
+  c.saved.release(x);
+  for (int j = 0; j < stats_; ++j) drop_saved(c.saved, held[j]);
+  held.clear();
+}
+
 HeadGrads math_attention_backward(Backend& be, SavedTensors& saved, const MathAttention& m, Buffer& dout, Buffer& qh,
                                   Buffer& kh, Buffer& probs, MathOperand v, Buffer& v_held) {
   const int bh = m.batch * m.heads, t = m.seq, hd = m.head_dim;

@@ -1,7 +1,8 @@
 // What the transformer families (gpt2.cpp, llama.cpp) share: their Linear, their data
-// (token ids and targets), the embedding block, the head, the causal attention's math
-// path, and cross-entropy over the vocabulary. Each part allocates, saves and frees in
-// the same order whichever family calls it, so the families' closed forms
+// (token ids and targets), the embedding block, the head and the final block around it,
+// the backward's bookkeeping, the causal attention's math path, and cross-entropy over
+// the vocabulary. Each part allocates, saves and frees in the same order whichever
+// family calls it, so the families' closed forms
 // (harness/predict/transformer_step_forms) walk one order.
 //
 // Layouts as everywhere in the model: (N, features) fp32 row-major, N = rows * seq
@@ -83,6 +84,50 @@ class SequenceBlock : public Block {
 
  private:
   const char* family_;
+};
+
+// The final block: a norm (its statistics, then its output y, activation), then the
+// head, logits (N, V) = y W^T. Forward saves x, the statistics and the norm's weight
+// reference, then y and the head's weight (by head_key); backward and the split's B and W
+// free and release in one order for both families. held: the norm's statistics (mean
+// and rstd for LayerNorm, rstd for RMSNorm, (N) each), y (N, h), and B's kept dlogits
+// (N, V) and the norm's output gradient (N, h), temp. The families say the norm and
+// where the head's weight lies.
+class FinalNormHead : public SequenceBlock {
+ public:
+  FinalNormHead(const TransformerShape& shape, const char* family, int norm_stats)
+      : SequenceBlock(shape, family), stats_(norm_stats) {}
+  std::string name() const override { return "final"; }
+  std::int64_t input_elems(int rows) const override;
+  std::int64_t output_elems(int rows) const override;
+  bool saves_input() const override { return true; }    // the norm's input
+  bool saves_output() const override { return false; }  // the logits: log_softmax saves its result
+
+  Buffer forward(const BlockCall& c, const float* x, bool input_requires_grad, bool output_saved,
+                 BlockTape& tape) override;
+  Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                  BlockTape& tape) override;
+  Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
+                        BlockTape& tape) override;
+  void backward_weight(const BlockCall& c, const float* x, float beta, BlockTape& tape) override;
+
+ protected:
+  // The norm over x (N, h) with its statistics in stats (held's first norm_stats).
+  virtual void norm_forward(const BlockCall& c, float* y, const std::vector<Buffer>& stats, const float* x,
+                            i64 n) const = 0;
+  virtual void norm_backward(const BlockCall& c, float* dx, const float* dy, const float* x,
+                             const std::vector<Buffer>& stats, i64 n, float beta) const = 0;
+  virtual void norm_input_grad(const BlockCall& c, float* dx, const float* dy, const float* x,
+                               const std::vector<Buffer>& stats, i64 n) const = 0;
+  virtual void norm_weight_grad(const BlockCall& c, const float* dy, const float* x, const std::vector<Buffer>& stats,
+                                i64 n, float beta) const = 0;
+  virtual const float* head_weight(const BlockCall& c) const = 0;
+  virtual float* head_grad(const BlockCall& c) const = 0;
+  virtual const void* head_key(const BlockCall& c) const = 0;  // what the head's save of its weight names
+  WeightRef norm_ref_;
+
+ private:
+  const int stats_;
 };
 
 // The embedding block: the token embedding (vocab, h) and, for gpt2, learned positions
