@@ -241,6 +241,15 @@ TEST(SweepPlan, EachFamilysFlagsReachOnlyItsJobs) {
 
   const std::vector<SweepJob> gpipe = plan_sweep(Args{"--strategies", "ddp", "--schedules", "gpipe", "--units", "1"});
   for (const SweepJob& job : gpipe) EXPECT_EQ(has_flag(job, "--units"), job.kind == "data_parallel") << job.label;
+
+  // --accumulate and --no-sync (a bare flag) reach ddp and zero1, not a pipeline (which refuses them).
+  const std::vector<SweepJob> acc = plan_sweep(
+      Args{"--strategies", "ddp,zero1", "--worlds", "2", "--schedules", "gpipe", "--accumulate", "2", "--no-sync"});
+  ASSERT_EQ(acc.size(), 3u);
+  for (const SweepJob& job : acc) {
+    EXPECT_EQ(contains_pair(job.run_args, "--accumulate", "2"), job.kind == "data_parallel") << job.label;
+    EXPECT_EQ(has_flag(job, "--no-sync"), job.kind == "data_parallel") << job.label;
+  }
 }
 
 // A family's flag that would reach no job is refused, not dropped.
@@ -254,6 +263,8 @@ TEST(SweepPlan, AFlagThatReachesNoJobIsRefused) {
   EXPECT_EQ(usage_error({"--schedules", "1f1b,gpipe", "--chunks", "2"}),
             "--chunks: applies to interleaved-1f1b runs only; add interleaved-1f1b to --schedules");
   EXPECT_EQ(usage_error({"--preset", "seed-pp", "--units", "1", "--strategies", "ddp"}), "");
+  EXPECT_EQ(usage_error({"--schedules", "1f1b", "--accumulate", "2"}),
+            "--accumulate: applies to data-parallel runs; add --strategies or --preset seed-dp");
 }
 
 TEST(SweepPlan, WorldSizesAreCappedAndListsHoldEachItemOnce) {
