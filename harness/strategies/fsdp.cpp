@@ -1,40 +1,21 @@
 #include "harness/strategies/fsdp.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <string>
 
 
 namespace shardscope {
 
 FsdpStrategy::FsdpStrategy(const StrategyContext& ctx, bool full_shard)
-    : DataParallelStrategy(ctx),
-      full_shard_(full_shard),
-      units_(fsdp_units(ctx.cfg.model, ctx.cfg.layers_per_unit, ctx.comm.world())) {
-  unit_of_block_.assign(static_cast<std::size_t>(model_->blocks()), -1);
+    : UnitShardedStrategy(ctx, full_shard) {
   block_offset_in_unit_.assign(static_cast<std::size_t>(model_->blocks()), 0);
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     std::int64_t at = 0;
     for (int b : blocks_of(u)) {
-      unit_of_block_[b] = u;
       block_offset_in_unit_[b] = at;
       at += model_->block_elems(b);
     }
   }
-}
-
-std::vector<int> FsdpStrategy::blocks_of(int u) const {
-  const Unit& unit = units_[u];
-  if (!unit.blocks.empty()) return unit.blocks;
-  std::vector<int> out;
-  for (int b = unit.first_block; b < unit.last_block; ++b) out.push_back(b);
-  return out;
-}
-
-bool FsdpStrategy::reshard_after_forward(int u) const {
-  if (!full_shard_ || units_.size() == 1) return false;
-  // A transformer's unit 0 is its root (the embeddings and the final block).
-  return !(cfg_.model.is_transformer() && u == 0);
 }
 
 std::vector<float> FsdpStrategy::init_unit_slice(int u, std::int64_t begin, std::int64_t count) const {
@@ -86,43 +67,7 @@ void FsdpStrategy::gather(int u) {
   comm_.all_gather(s.shard.data(), s.full.data(), static_cast<std::size_t>(units_[u].shard));
 }
 
-// A unit's range ("unit 3") spans its forward from the gather to the reshard, and its
-// backward from the gather (and the prefetch of the next unit) to the reduce-scatter;
-// its blocks' ranges nest inside (the model closes a block's range before the hooks run).
-void FsdpStrategy::begin_unit_range(int u) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "unit %d", u);
-  backend_.range_push(name);
-}
-
-void FsdpStrategy::before_forward(int block) {
-  const int u = unit_of_block_[block];
-  if (block == units_[u].first_block) {
-    begin_unit_range(u);
-    gather(u);
-  }
-  backend_.tracker().mark(Phase::forward, {PlaceKind::unit, u});
-}
-
-void FsdpStrategy::after_forward(int block) {
-  const int u = unit_of_block_[block];
-  if (block + 1 != units_[u].last_block) return;
-  if (reshard_after_forward(u)) state_[u].full.reset();
-  backend_.range_pop();
-}
-
-void FsdpStrategy::before_backward(int block) {
-  const int u = unit_of_block_[block];
-  backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
-  if (block + 1 != units_[u].last_block) return;  // only when the unit's backward begins
-  begin_unit_range(u);
-  gather(u);
-  // BACKWARD_PRE prefetch: the next unit in backward order is gathered now, while
-  // this one computes, so both are held at once.
-  if (cfg_.prefetch && u > 0) {
-    gather(u - 1);
-    backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
-  }
+void FsdpStrategy::begin_unit_gradient(int u) {
   UnitState& s = state_[u];
   // (padded) full flat gradient; the padding tail is zero, the rest gets overwritten.
   s.full_grad = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(units_[u].padded));
@@ -130,16 +75,12 @@ void FsdpStrategy::before_backward(int block) {
   if (pad > 0) backend_.fill(s.full_grad.data() + units_[u].elems, 0.0f, static_cast<std::size_t>(pad));
 }
 
-void FsdpStrategy::after_backward(int block) {
-  const int u = unit_of_block_[block];
-  if (block != units_[u].first_block) return;  // only when the unit's backward ends
+void FsdpStrategy::reduce_unit(int u) {
   UnitState& s = state_[u];
   const std::size_t n = static_cast<std::size_t>(units_[u].shard);
   comm_.reduce_scatter_sum(s.full_grad.data(), s.grad_shard.data(), n);
   backend_.scale(s.grad_shard.data(), 1.0f / static_cast<float>(comm_.world()), n);
   s.full_grad.reset();
-  s.full.reset();  // every unit is resharded after its backward
-  backend_.range_pop();
 }
 
 void FsdpStrategy::optimizer_step(int step) {

@@ -1,22 +1,17 @@
 #include "harness/strategies/fsdp2.hpp"
 
-#include <cstdio>
 #include <string>
 
 namespace shardscope {
 
 Fsdp2Strategy::Fsdp2Strategy(const StrategyContext& ctx, bool full_shard)
-    : DataParallelStrategy(ctx),
-      full_shard_(full_shard),
-      units_(fsdp_units(ctx.cfg.model, ctx.cfg.layers_per_unit, ctx.comm.world())) {
+    : UnitShardedStrategy(ctx, full_shard) {
   const int world = ctx.comm.world();
-  unit_of_block_.assign(static_cast<std::size_t>(model_->blocks()), -1);
   tensors_.resize(static_cast<std::size_t>(model_->param_tensors()));
   unit_tensors_.resize(units_.size());
   unit_flat_.assign(units_.size(), 0);
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     for (int b : blocks_of(u)) {
-      unit_of_block_[b] = u;
       for (int t = model_->first_tensor(b); t < model_->first_tensor(b + 1); ++t) {
         TensorState& s = tensors_[t];
         s.shard = dim0_shard(model_->tensor(t).shape, world);
@@ -28,19 +23,6 @@ Fsdp2Strategy::Fsdp2Strategy(const StrategyContext& ctx, bool full_shard)
     }
   }
   gathered_.assign(units_.size(), false);
-}
-
-std::vector<int> Fsdp2Strategy::blocks_of(int u) const {
-  const Unit& unit = units_[u];
-  if (!unit.blocks.empty()) return unit.blocks;
-  std::vector<int> out;
-  for (int b = unit.first_block; b < unit.last_block; ++b) out.push_back(b);
-  return out;
-}
-
-bool Fsdp2Strategy::reshard_after_forward(int u) const {
-  if (!full_shard_ || units_.size() == 1) return false;
-  return !(cfg_.model.is_transformer() && u == 0);  // a transformer's root unit
 }
 
 void Fsdp2Strategy::setup() {
@@ -100,39 +82,7 @@ void Fsdp2Strategy::reshard(int u) {
   gathered_[u] = false;
 }
 
-void Fsdp2Strategy::begin_unit_range(int u) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "unit %d", u);
-  backend_.range_push(name);
-}
-
-void Fsdp2Strategy::before_forward(int block) {
-  const int u = unit_of_block_[block];
-  if (block == units_[u].first_block) {
-    begin_unit_range(u);
-    gather(u);
-  }
-  backend_.tracker().mark(Phase::forward, {PlaceKind::unit, u});
-}
-
-void Fsdp2Strategy::after_forward(int block) {
-  const int u = unit_of_block_[block];
-  if (block + 1 != units_[u].last_block) return;
-  if (reshard_after_forward(u)) reshard(u);
-  backend_.range_pop();
-}
-
-void Fsdp2Strategy::before_backward(int block) {
-  const int u = unit_of_block_[block];
-  backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
-  if (block + 1 != units_[u].last_block) return;  // only when the unit's backward begins
-  begin_unit_range(u);
-  gather(u);
-  // Backward prefetch: the next unit in backward order is gathered now.
-  if (cfg_.prefetch && u > 0) {
-    gather(u - 1);
-    backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
-  }
+void Fsdp2Strategy::begin_unit_gradient(int u) {
   // Each tensor's own full gradient, as autograd makes it (unpadded; overwritten).
   for (int t : tensors_of(u)) {
     TensorState& s = tensors_[t];
@@ -140,9 +90,7 @@ void Fsdp2Strategy::before_backward(int block) {
   }
 }
 
-void Fsdp2Strategy::after_backward(int block) {
-  const int u = unit_of_block_[block];
-  if (block != units_[u].first_block) return;  // only when the unit's backward ends
+void Fsdp2Strategy::reduce_unit(int u) {
   const int world = comm_.world();
   const std::int64_t a = unit_flat_[u];
   // foreach_reduce: the full gradients chunked into rank-major slots, padding zero.
@@ -161,8 +109,6 @@ void Fsdp2Strategy::after_backward(int block) {
   comm_.reduce_scatter_sum(input.data(), grad, static_cast<std::size_t>(a));
   backend_.scale(grad, 1.0f / static_cast<float>(world), static_cast<std::size_t>(a));
   input.reset();
-  reshard(u);  // every unit is resharded after its backward
-  backend_.range_pop();
 }
 
 void Fsdp2Strategy::optimizer_step(int step) {

@@ -21,43 +21,31 @@
 #include <vector>
 
 #include "harness/model/adam_state.hpp"
-#include "harness/strategies/data_parallel.hpp"
-#include "harness/strategies/partition.hpp"
+#include "harness/strategies/unit_sharded.hpp"
 
 namespace shardscope {
 
-class Fsdp2Strategy : public DataParallelStrategy, private BlockAccess {
+class Fsdp2Strategy : public UnitShardedStrategy {
  public:
   Fsdp2Strategy(const StrategyContext& ctx, bool full_shard);
   void setup() override;
   HostState gather_state() override;
-  int units() const override { return static_cast<int>(units_.size()); }
 
  protected:
-  BlockAccess& access() override { return *this; }
-  void reduce_gradients() override {}  // done per unit in backward
   void optimizer_step(int step) override;
+  void gather(int unit) override;
+  void reshard(int unit) override;
+  void begin_unit_gradient(int unit) override;
+  void reduce_unit(int unit) override;
 
  private:
   // BlockAccess
   const float* param(int block, int tensor) override;
   float* grad(int block, int tensor) override;
-  void before_forward(int block) override;
-  void after_forward(int block) override;
-  void before_backward(int block) override;
-  void after_backward(int block) override;
 
-  void gather(int unit);
-  void reshard(int unit);
-  void begin_unit_range(int unit);
-  bool reshard_after_forward(int unit) const;
-  std::vector<int> blocks_of(int unit) const;
   // Unit u's tensors, in the order its flat buffers lay them out.
   const std::vector<int>& tensors_of(int unit) const { return unit_tensors_[unit]; }
 
-  bool full_shard_;  // zero3
-  std::vector<Unit> units_;
-  std::vector<int> unit_of_block_;
   std::vector<std::vector<int>> unit_tensors_;
   std::vector<std::int64_t> unit_flat_;  // A_u: the unit's padded shards together
   struct TensorState {

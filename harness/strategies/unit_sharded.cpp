@@ -1,0 +1,75 @@
+#include "harness/strategies/unit_sharded.hpp"
+
+#include <cstdio>
+
+namespace shardscope {
+
+UnitShardedStrategy::UnitShardedStrategy(const StrategyContext& ctx, bool full_shard)
+    : DataParallelStrategy(ctx),
+      full_shard_(full_shard),
+      units_(fsdp_units(ctx.cfg.model, ctx.cfg.layers_per_unit, ctx.comm.world())) {
+  unit_of_block_.assign(static_cast<std::size_t>(model_->blocks()), -1);
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u)
+    for (int b : blocks_of(u)) unit_of_block_[b] = u;
+}
+
+std::vector<int> UnitShardedStrategy::blocks_of(int u) const {
+  const Unit& unit = units_[u];
+  if (!unit.blocks.empty()) return unit.blocks;
+  std::vector<int> out;
+  for (int b = unit.first_block; b < unit.last_block; ++b) out.push_back(b);
+  return out;
+}
+
+bool UnitShardedStrategy::reshard_after_forward(int u) const {
+  if (!full_shard_ || units_.size() == 1) return false;
+  // A transformer's unit 0 is its root (the embeddings and the final block).
+  return !(cfg_.model.is_transformer() && u == 0);
+}
+
+void UnitShardedStrategy::begin_unit_range(int u) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "unit %d", u);
+  backend_.range_push(name);
+}
+
+void UnitShardedStrategy::before_forward(int block) {
+  const int u = unit_of_block_[block];
+  if (block == units_[u].first_block) {
+    begin_unit_range(u);
+    gather(u);
+  }
+  backend_.tracker().mark(Phase::forward, {PlaceKind::unit, u});
+}
+
+void UnitShardedStrategy::after_forward(int block) {
+  const int u = unit_of_block_[block];
+  if (block + 1 != units_[u].last_block) return;
+  if (reshard_after_forward(u)) reshard(u);
+  backend_.range_pop();
+}
+
+void UnitShardedStrategy::before_backward(int block) {
+  const int u = unit_of_block_[block];
+  backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
+  if (block + 1 != units_[u].last_block) return;  // only when the unit's backward begins
+  begin_unit_range(u);
+  gather(u);
+  // BACKWARD_PRE prefetch: the next unit in backward order is gathered now, while
+  // this one computes, so both are held at once.
+  if (cfg_.prefetch && u > 0) {
+    gather(u - 1);
+    backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
+  }
+  begin_unit_gradient(u);
+}
+
+void UnitShardedStrategy::after_backward(int block) {
+  const int u = unit_of_block_[block];
+  if (block != units_[u].first_block) return;  // only when the unit's backward ends
+  reduce_unit(u);
+  reshard(u);  // every unit is resharded after its backward
+  backend_.range_pop();
+}
+
+}  // namespace shardscope

@@ -1,0 +1,57 @@
+// What zero2 and zero3 share under both engines (fsdp.hpp: FSDP1's flat units; fsdp2.hpp:
+// fully_shard's per-tensor shards): the units (fsdp_units) and when each is gathered,
+// resharded and reduced around its blocks.
+//   forward   a unit is gathered before its first block; zero3 reshards it after its
+//             last block, except a root unit (the MLP's single unit, a transformer's unit
+//             0), which torch never reshards after forward;
+//   backward  when a unit's backward begins it is gathered (with --prefetch the next
+//             unit in backward order too) and its full gradients are allocated; when it
+//             ends they are reduce-scattered into the shard and the unit is resharded.
+// A unit's range ("unit 3") spans its forward from the gather to the reshard and its
+// backward from the gather to the reduce-scatter; its blocks' ranges nest inside (the
+// model closes a block's range before the hooks run).
+#pragma once
+
+#include <vector>
+
+#include "harness/strategies/data_parallel.hpp"
+#include "harness/strategies/partition.hpp"
+
+namespace shardscope {
+
+class UnitShardedStrategy : public DataParallelStrategy, private BlockAccess {
+ public:
+  UnitShardedStrategy(const StrategyContext& ctx, bool full_shard);
+  int units() const override { return static_cast<int>(units_.size()); }
+
+ protected:
+  BlockAccess& access() override { return *this; }
+  void reduce_gradients() override {}  // done per unit in backward
+
+  // The engine's side: gathering a unit (nothing when it is gathered already), freeing
+  // its gathered parameters, allocating its full gradients when its backward begins,
+  // and reduce-scattering them into the shard (freeing them) when it ends.
+  virtual void gather(int unit) = 0;
+  virtual void reshard(int unit) = 0;
+  virtual void begin_unit_gradient(int unit) = 0;
+  virtual void reduce_unit(int unit) = 0;
+
+  // Unit u's blocks, in the order its flat buffers concatenate them.
+  std::vector<int> blocks_of(int unit) const;
+
+  bool full_shard_;  // zero3
+  std::vector<Unit> units_;
+  std::vector<int> unit_of_block_;
+
+ private:
+  // BlockAccess's hooks; param() and grad() are the engine's.
+  void before_forward(int block) final;
+  void after_forward(int block) final;
+  void before_backward(int block) final;
+  void after_backward(int block) final;
+
+  void begin_unit_range(int unit);  // closed by range_pop in the hooks
+  bool reshard_after_forward(int unit) const;
+};
+
+}  // namespace shardscope
