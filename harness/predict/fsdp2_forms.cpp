@@ -75,10 +75,7 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
   }
   std::vector<int> unit_of_block;
   for (int u = 0; u < U; ++u) {
-    std::vector<int> blocks = units[u].blocks;
-    if (blocks.empty())
-      for (int b = units[u].first_block; b < units[u].last_block; ++b) blocks.push_back(b);
-    for (int b : blocks) {
+    for (int b : units[u].block_list()) {
       if (b >= static_cast<int>(unit_of_block.size())) unit_of_block.resize(b + 1, 0);
       unit_of_block[b] = u;
     }
@@ -110,7 +107,7 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
   const bool zero3_multi = cfg.strategy == StrategyKind::zero3 && U > 1;
   std::int64_t regathered = 0;
   for (int u = 0; u < U; ++u)
-    if (zero3_multi && !(m.is_transformer() && u == 0)) regathered += G[u];
+    if (cfg.strategy == StrategyKind::zero3 && !units[u].root) regathered += G[u];
   p.comm_bytes[static_cast<int>(CollKind::all_gather)] = sum_g + regathered;
   p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)] = sum_g;
 

@@ -213,7 +213,7 @@ std::vector<Prediction> transformer_model_states(const RunConfig& cfg, int world
       p.resting[Category::grad] += 4 * units[u].shard;
       unit_optim += 8 * units[u].shard + 4;  // exp_avg, exp_avg_sq of the shard, one step
       gathered += 4 * units[u].padded;
-      if (u > 0) regathered += 4 * units[u].padded;  // unit 0 is the root
+      if (!units[u].root) regathered += 4 * units[u].padded;
     }
     std::fill(optim.begin(), optim.end(), unit_optim);
     comm(CollKind::all_gather) = gathered + (strategy == StrategyKind::zero3 ? regathered : 0);

@@ -55,6 +55,8 @@ std::vector<Unit> fsdp_units(const std::vector<std::int64_t>& block_elems, int b
     offset += u.elems;
     units.push_back(u);
   }
+  // One unit of the whole model is the root (torch's only FSDP module).
+  if (units.size() == 1) units.front().root = true;
   return units;
 }
 
@@ -84,10 +86,20 @@ std::vector<Unit> fsdp_units(const std::vector<std::int64_t>& block_elems, const
 }
 
 std::vector<Unit> fsdp_units(const ModelConfig& model, int layers_per_unit, int world) {
-  if (model.is_transformer())
-    return fsdp_units(transformer_block_sizes(model.transformer),
-                      transformer_unit_blocks(model.transformer, layers_per_unit), world);
+  if (model.is_transformer()) {
+    std::vector<Unit> units = fsdp_units(transformer_block_sizes(model.transformer),
+                                         transformer_unit_blocks(model.transformer, layers_per_unit), world);
+    units.front().root = true;  // transformer_unit_blocks puts the root first
+    return units;
+  }
   return fsdp_units(std::vector<std::int64_t>(model.layers, model.layer_elems()), layers_per_unit, world);
+}
+
+std::vector<int> Unit::block_list() const {
+  if (!blocks.empty()) return blocks;
+  std::vector<int> out;
+  for (int b = first_block; b < last_block; ++b) out.push_back(b);
+  return out;
 }
 
 std::int64_t Dim0Shard::local_rows(int rank) const {

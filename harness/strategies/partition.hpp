@@ -29,10 +29,14 @@ struct Unit {
   int first_block = 0;
   int last_block = 0;
   std::vector<int> blocks;  // only when not contiguous
+  bool root = false;        // the root unit, which torch never reshards after forward
   std::int64_t flat_offset = 0;
   std::int64_t elems = 0;
   std::int64_t padded = 0;
   std::int64_t shard = 0;
+
+  // The unit's blocks, in the order its flat parameter concatenates them.
+  std::vector<int> block_list() const;
 };
 
 // K blocks per unit (the last takes what is left); K = 0 means one root unit. Takes

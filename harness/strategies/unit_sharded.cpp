@@ -13,19 +13,7 @@ UnitShardedStrategy::UnitShardedStrategy(const StrategyContext& ctx, bool full_s
     for (int b : blocks_of(u)) unit_of_block_[b] = u;
 }
 
-std::vector<int> UnitShardedStrategy::blocks_of(int u) const {
-  const Unit& unit = units_[u];
-  if (!unit.blocks.empty()) return unit.blocks;
-  std::vector<int> out;
-  for (int b = unit.first_block; b < unit.last_block; ++b) out.push_back(b);
-  return out;
-}
-
-bool UnitShardedStrategy::reshard_after_forward(int u) const {
-  if (!full_shard_ || units_.size() == 1) return false;
-  // A transformer's unit 0 is its root (the embeddings and the final block).
-  return !(cfg_.model.is_transformer() && u == 0);
-}
+bool UnitShardedStrategy::reshard_after_forward(int u) const { return full_shard_ && !units_[u].root; }
 
 void UnitShardedStrategy::begin_unit_range(int u) {
   char name[32];

@@ -37,7 +37,7 @@ class UnitShardedStrategy : public DataParallelStrategy, private BlockAccess {
   virtual void reduce_unit(int unit) = 0;
 
   // Unit u's blocks, in the order its flat buffers concatenate them.
-  std::vector<int> blocks_of(int unit) const;
+  std::vector<int> blocks_of(int unit) const { return units_[unit].block_list(); }
 
   bool full_shard_;  // zero3
   std::vector<Unit> units_;
