@@ -13,6 +13,8 @@
 namespace shardscope {
 namespace {
 
+using testing::shape;
+
 ModelConfig mlp(Activation activation, Loss loss) {
   ModelConfig m;
   m.layers = 4;
@@ -93,25 +95,6 @@ TEST(Accumulate, MicroStepsEqualOneStepOnTheKFoldBatch) {
       }
 }
 
-
-TransformerShape shape(const char* family, int layers, int hidden, int heads, int kv_heads, int ffn, int vocab,
-                       int seq, AttentionMode mode) {
-  TransformerShape t;
-  t.model_type = family;
-  t.layers = layers;
-  t.hidden = hidden;
-  t.heads = heads;
-  t.kv_heads = kv_heads;
-  t.head_dim = hidden / heads;
-  t.ffn = ffn;
-  t.vocab = vocab;
-  t.seq = seq;
-  t.positions = seq;
-  const bool gpt2 = std::string(family) == "gpt2";
-  t.tied_embeddings = t.qkv_bias = t.out_bias = gpt2;
-  t.attention = mode;
-  return t;
-}
 
 const TransformerShape kShapes[] = {
     shape("gpt2", 2, 16, 2, 2, 64, 29, 6, AttentionMode::flash),

@@ -12,6 +12,8 @@
 namespace shardscope {
 namespace {
 
+using testing::shape;
+
 using testing::DpSetting;
 using testing::kDpSettings;
 
@@ -117,25 +119,6 @@ void expect_same_training(const ModelConfig& model, const std::string& label) {
       EXPECT_EQ(plain.state.exp_avg_sq, checked.state.exp_avg_sq);
       ASSERT_TRUE(testing::any_nonzero(plain.state.grads));
     }
-}
-
-TransformerShape shape(const char* family, int layers, int hidden, int heads, int kv_heads, int ffn, int vocab,
-                       int seq, AttentionMode mode) {
-  TransformerShape t;
-  t.model_type = family;
-  t.layers = layers;
-  t.hidden = hidden;
-  t.heads = heads;
-  t.kv_heads = kv_heads;
-  t.head_dim = hidden / heads;
-  t.ffn = ffn;
-  t.vocab = vocab;
-  t.seq = seq;
-  t.positions = seq;
-  const bool gpt2 = std::string(family) == "gpt2";
-  t.tied_embeddings = t.qkv_bias = t.out_bias = gpt2;
-  t.attention = mode;
-  return t;
 }
 
 std::string family_of(const TransformerShape& t) { return t.model_type == "gpt2" ? "gpt2" : "llama"; }

@@ -16,6 +16,28 @@
 
 namespace shardscope::testing {
 
+// A small transformer of `family` ("gpt2": tied head and biases; "llama": neither), head_dim
+// hidden / heads, positions = seq.
+inline TransformerShape shape(const char* family, int layers, int hidden, int heads, int kv_heads, int ffn, int vocab,
+                       int seq, AttentionMode mode) {
+  TransformerShape t;
+  t.model_type = family;
+  t.layers = layers;
+  t.hidden = hidden;
+  t.heads = heads;
+  t.kv_heads = kv_heads;
+  t.head_dim = hidden / heads;
+  t.ffn = ffn;
+  t.vocab = vocab;
+  t.seq = seq;
+  t.positions = seq;
+  const bool gpt2 = std::string(family) == "gpt2";
+  t.tied_embeddings = t.qkv_bias = t.out_bias = gpt2;
+  t.attention = mode;
+  return t;
+}
+
+
 inline const char* mode_name(AttentionMode m) { return m == AttentionMode::flash ? "flash" : "math"; }
 
 // The model config of a transformer family (`family`: the registry's name) of this shape,
