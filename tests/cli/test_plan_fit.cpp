@@ -192,18 +192,12 @@ TEST_F(PlanFit, BoundsOtherThanMemoryAndNothingFitting) {
 
 // Llama-3-8B at W = 8 under zero3 and 80 GiB (the question, answered in
 // milliseconds): at 8,192 tokens not even one sequence fits (the peak at batch 1, as a
-// plan at batch 1 says); at 1,024 tokens a batch does, and by seq at one sequence. Until
-// a family's peak is in the build its fit says "peak unknown".
+// plan at batch 1 says); at 1,024 tokens a batch does, and by seq at one sequence.
 TEST_F(PlanFit, Llama3AtWorld8AnswersTheFittingQuestion) {
   const std::string llama = "--hf-config '" + hf("llama-3-8b.json") + "' --worlds 8 --strategies zero3 --memory 80GiB ";
   ASSERT_EQ(plan(llama + "--seq 8192 --fit batch"), 0) << line_;
   json fit = doc_["plans"][0]["fit"];
-  if (doc_["plans"][0]["rank_groups"][0]["predicted"]["peak_total"].is_null()) {
-    EXPECT_EQ(fit["bound"], "peak_unknown");
-    EXPECT_TRUE(fit["value"].is_null());
-    EXPECT_NE(out_.find("peak unknown"), std::string::npos) << out_;
-    return;
-  }
+  ASSERT_FALSE(doc_["plans"][0]["rank_groups"][0]["predicted"]["peak_total"].is_null()) << "Llama's peak has its forms";
   EXPECT_EQ(fit["bound"], "peak");
   EXPECT_TRUE(fit["value"].is_null());
   EXPECT_NE(out_.find("even at batch 1 the peak of rank 0 is"), std::string::npos) << out_;
