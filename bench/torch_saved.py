@@ -4,7 +4,10 @@
 The module is nanoGPT's (token and position embeddings, blocks of LayerNorm, a fused QKV
 Linear, F.scaled_dot_product_attention(is_causal=True), the output Linear, LayerNorm,
 Linear h -> 4h, GELU(approximate="tanh"), Linear 4h -> h; ln_f; lm_head tied to wte;
-F.cross_entropy over the vocabulary), fp32 on the CPU. Every tensor autograd saves
+F.cross_entropy over the vocabulary), fp32 on the CPU (parameters fp32 always; with
+--precision bf16 the forward and loss run under torch.autocast("cpu", dtype=torch.bfloat16),
+as torch's mixed precision does: the Linears' GEMMs in bf16 on bf16 casts of their input
+and weight, LayerNorm, softmax and the loss in fp32). Every tensor autograd saves
 during forward and loss passes through torch.autograd.graph.saved_tensors_hooks; the
 figure is the unique untyped storages among them, parameters excluded, and their bytes:
 what is held for backward when the forward, loss included, has ended. shardscope's
@@ -18,12 +21,20 @@ block; the embeddings, ln_f and the head never) in torch.utils.checkpoint.checkp
 block, x, use_reentrant=False): autograd then saves the wrapped block's input alone
 (through _NoopSaveInputs, beside an empty tensor, which holds no bytes and is not
 counted), the block's own saves going to the checkpoint's holders.
---itemize lists each saved storage (bytes, shape, dtype) in the order it was saved.
+--precision fp32|bf16|both (default fp32). Under autocast a Linear saves a bf16 cast of its
+weight (autocast's cast cache makes it once per forward; autograd holds it until that
+Linear's backward): a storage that is no parameter, counted among the saved storages as
+torch's hooks see it, and reported apart as param_cast (a saved bf16 tensor equal to a
+parameter's bf16 cast, transposed or not).
+--itemize lists each saved storage (bytes, shape, dtype, the autograd nodes that saved it,
+and "param_cast" for a weight's cast) in the order it was saved.
 With --shardscope BINARY, runs `BINARY run --model gpt2 ...` on the same shape (one
 step, one rank) and prints its figures beside torch's.
 
 Prints one line per attention mode:
-  <mode> torch <bytes> B in <n> storages [shardscope <bytes> B in <n> storages, equal|DIFFERENT]
+  [<precision> ]<mode> torch <bytes> B in <n> storages[ (param_cast <bytes> B in <n>)]
+      [shardscope <bytes> B in <n> storages, equal|DIFFERENT]
+(the precision and param_cast parts under bf16 only, so fp32's lines read as before).
 Exit status 0; 1 when a shardscope figure differs; 2 when torch cannot be imported.
 torch is a dependency of this script only (a bench), never of the build or its tests.
 """
@@ -108,8 +119,47 @@ def build_gpt(torch, layers, hidden, heads, vocab, positions, checkpoint="none")
     return Gpt()
 
 
-def torch_saved(torch, args, mode):
-    """(bytes, storages, items) torch holds for backward after forward + loss."""
+def is_param_cast(torch, t, params):
+    """Whether saved tensor t is a bf16 cast of a parameter (autocast's cast cache), as saved: t or t.T."""
+    if t.dtype != torch.bfloat16:
+        return False
+    for p in params:
+        if p.numel() != t.numel():
+            continue
+        cast = p.detach().to(torch.bfloat16)
+        for view in (cast, cast.t()) if cast.dim() == 2 else (cast,):
+            if view.shape == t.shape and torch.equal(view, t.detach()):
+                return True
+    return False
+
+
+def saved_nodes(loss, seen):
+    """Name, for each storage in seen, the autograd nodes (and their slots) that saved it."""
+    import torch
+    stack, visited = [loss.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, attr)
+            except Exception:
+                continue
+            if isinstance(value, torch.Tensor):
+                key = value.untyped_storage().data_ptr()
+                if key in seen:
+                    seen[key]["savers"].add(node.name() + "." + attr[len("_saved_"):])
+        stack.extend(n for n, _ in node.next_functions)
+
+
+def torch_saved(torch, args, mode, precision="fp32"):
+    """(bytes, storages, items) torch holds for backward after forward + loss; each item a
+    dict of bytes, shape, dtype, savers and cast (a parameter's bf16 cast)."""
+    import contextlib
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     torch.manual_seed(args.seed)
@@ -117,24 +167,33 @@ def torch_saved(torch, args, mode):
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     idx = torch.randint(0, args.vocab, (args.batch, args.seq))
     targets = torch.randint(0, args.vocab, (args.batch, args.seq))
-    seen = {}  # storage pointer -> (bytes, shape, dtype), in the order first saved
+    seen = {}  # storage pointer -> item, in the order first saved
+    keep = []  # the saved tensors themselves, to tell a weight's cast once the forward is done
 
     def pack(t):
         storage = t.untyped_storage()
         key = storage.data_ptr()
         if key not in params and key not in seen and storage.nbytes() > 0:
-            seen[key] = (storage.nbytes(), tuple(t.shape), str(t.dtype))
+            seen[key] = {"bytes": storage.nbytes(), "shape": tuple(t.shape), "dtype": str(t.dtype),
+                         "savers": set(), "cast": False}
+            keep.append((key, t))
         return t
 
     backend = SDPBackend.MATH if mode == "math" else SDPBackend.FLASH_ATTENTION
-    with sdpa_kernel(backend), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
+                else contextlib.nullcontext())
+    with sdpa_kernel(backend), autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = model(idx, targets)
+    saved_nodes(loss, seen)
+    weights = list(model.parameters())
+    for key, t in keep:
+        seen[key]["cast"] = is_param_cast(torch, t, weights)
     del loss
     items = list(seen.values())
-    return sum(b for b, _, _ in items), len(items), items
+    return sum(i["bytes"] for i in items), len(items), items
 
 
-def shardscope_saved(binary, args, mode):
+def shardscope_saved(binary, args, mode, precision="fp32"):
     """(bytes, storages) of rank 0's saved.after_forward_* from one step of `binary`."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "run.json")
@@ -142,6 +201,8 @@ def shardscope_saved(binary, args, mode):
                "--heads", str(args.heads), "--vocab", str(args.vocab), "--seq", str(args.seq),
                "--positions", str(args.positions), "--batch", str(args.batch), "--attention", mode,
                "--steps", "1", "--backend", "cpu", "--checkpoint", args.checkpoint, "--json", out]
+        if precision != "fp32":
+            cmd[-2:-2] = ["--precision", precision]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
             doc = json.load(f)
@@ -161,6 +222,8 @@ def main() -> int:
     ap.add_argument("--attention", choices=["math", "flash", "both"], default="both")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", default="none", help="none | full | every:K (default none)")
+    ap.add_argument("--precision", choices=["fp32", "bf16", "both"], default="fp32",
+                    help="fp32, or bf16 under torch.autocast('cpu', bfloat16) (default fp32)")
     ap.add_argument("--itemize", action="store_true", help="list every saved storage")
     ap.add_argument("--shardscope", metavar="BINARY", help="also run BINARY on the same shape")
     args = ap.parse_args()
@@ -174,18 +237,25 @@ def main() -> int:
     torch.set_num_threads(1)
 
     status = 0
-    for mode in (["math", "flash"] if args.attention == "both" else [args.attention]):
-        nbytes, count, items = torch_saved(torch, args, mode)
-        line = f"{mode} torch {nbytes} B in {count} storages"
-        if args.shardscope:
-            ours, ours_count = shardscope_saved(args.shardscope, args, mode)
-            same = ours == nbytes and ours_count == count
-            line += f" shardscope {ours} B in {ours_count} storages, {'equal' if same else 'DIFFERENT'}"
-            status = status or (0 if same else 1)
-        print(line)
-        if args.itemize:
-            for b, shape, dtype in items:
-                print(f"  {b:>12} B  {shape} {dtype}")
+    precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
+    for precision in precisions:
+        for mode in (["math", "flash"] if args.attention == "both" else [args.attention]):
+            nbytes, count, items = torch_saved(torch, args, mode, precision)
+            line = f"{mode} torch {nbytes} B in {count} storages"
+            if precision != "fp32":
+                casts = [i for i in items if i["cast"]]
+                line = f"{precision} {line} (param_cast {sum(i['bytes'] for i in casts)} B in {len(casts)})"
+            if args.shardscope:
+                ours, ours_count = shardscope_saved(args.shardscope, args, mode, precision)
+                same = ours == nbytes and ours_count == count
+                line += f" shardscope {ours} B in {ours_count} storages, {'equal' if same else 'DIFFERENT'}"
+                status = status or (0 if same else 1)
+            print(line)
+            if args.itemize:
+                for i in items:
+                    cast = "  param_cast" if i["cast"] else ""
+                    print(f"  {i['bytes']:>12} B  {str(i['shape']):<18} {i['dtype']:<15} "
+                          f"{', '.join(sorted(i['savers']))}{cast}")
     return status
 
 
