@@ -21,14 +21,21 @@ held for backward when the forward, loss included, has ended. shardscope's
 with use_reentrant=False: torch.utils.checkpoint around each decoder layer, its hidden
 states the one tensor argument), then every layer but 0, K, 2K, ... unwrapped again; the
 checkpoint's empty dummy tensor holds no bytes and is not counted.
+--precision fp32|bf16|both (default fp32): bf16 runs the forward and loss under
+torch.autocast("cpu", dtype=torch.bfloat16) (parameters fp32; each Linear's GEMM in bf16 on
+bf16 casts of its input and weight; the norms, softmax and loss in fp32). A Linear's weight
+cast (autocast's cast cache; autograd holds it until that Linear's backward) is a saved
+storage that is no parameter: counted, and reported apart as param_cast.
 --itemize lists each saved storage (bytes, shape, dtype) in the order first saved, with
-the autograd nodes that saved it.
+the autograd nodes that saved it (and "param_cast" for a weight's bf16 cast).
 With --shardscope BINARY, runs `BINARY run --model llama ...` on the same shape (one
 step, one rank; flash beside sdpa, math beside eager and sdpa-math) and prints its
 figures beside HF's.
 
 Prints one line per attention mode:
-  <mode> hf <bytes> B in <n> storages [shardscope <mode> <bytes> B in <n> storages, hf - ours <bytes> B]
+  [<precision> ]<mode> hf <bytes> B in <n> storages[ (param_cast <bytes> B in <n>)]
+      [shardscope <mode> <bytes> B in <n> storages, hf - ours <bytes> B]
+(the precision and param_cast parts under bf16 only).
 Exit status 0; 2 when torch or transformers cannot be imported.
 torch and transformers are dependencies of this script only (a bench), never of the build.
 """
@@ -40,7 +47,21 @@ import sys
 import tempfile
 
 
-def hf_saved(torch, transformers, args, mode):
+def is_param_cast(torch, t, params):
+    """Whether saved tensor t is a bf16 cast of a parameter (autocast's cast cache), as saved: t or t.T."""
+    if t.dtype != torch.bfloat16:
+        return False
+    for p in params:
+        if p.numel() != t.numel():
+            continue
+        cast = p.detach().to(torch.bfloat16)
+        for view in (cast, cast.t()) if cast.dim() == 2 else (cast,):
+            if view.shape == t.shape and torch.equal(view, t.detach()):
+                return True
+    return False
+
+
+def hf_saved(torch, transformers, args, mode, precision="fp32"):
     """(bytes, storages, items) HF's LlamaForCausalLM holds for backward after forward + loss."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -62,19 +83,26 @@ def hf_saved(torch, transformers, args, mode):
             layer.gradient_checkpointing = i % k == 0
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     ids = torch.randint(0, args.vocab, (args.batch, args.seq))
-    seen = {}  # storage pointer -> [bytes, shape, dtype], in the order first saved
+    seen = {}  # storage pointer -> [bytes, shape, dtype, savers, param_cast], in the order first saved
+    keep = []  # the saved tensors, to tell a weight's cast once the forward is done
 
     def pack(t):
         storage = t.untyped_storage()
         key = storage.data_ptr()
         if key not in params and key not in seen and storage.nbytes() > 0:
-            seen[key] = [storage.nbytes(), tuple(t.shape), str(t.dtype), set()]
+            seen[key] = [storage.nbytes(), tuple(t.shape), str(t.dtype), set(), False]
+            keep.append((key, t))
         return t
 
     import contextlib
     backend = sdpa_kernel(SDPBackend.MATH) if mode == "sdpa-math" else contextlib.nullcontext()
-    with backend, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
+                else contextlib.nullcontext())
+    with backend, autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = model(input_ids=ids, labels=ids)
+    weights = list(model.parameters())
+    for key, t in keep:
+        seen[key][4] = is_param_cast(torch, t, weights)
     # Name the nodes that saved each storage (walking the graph from the loss).
     stack, visited = [out.loss.grad_fn], set()
     while stack:
@@ -97,7 +125,7 @@ def hf_saved(torch, transformers, args, mode):
     return sum(i[0] for i in items), len(items), items
 
 
-def shardscope_saved(binary, args, mode):
+def shardscope_saved(binary, args, mode, precision="fp32"):
     """(bytes, storages) of `binary run --model llama` on the shape: one step, one rank."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "run.json")
@@ -106,6 +134,8 @@ def shardscope_saved(binary, args, mode):
                "--vocab", str(args.vocab), "--seq", str(args.seq), "--batch", str(args.batch),
                "--attention", mode, "--strategy", "ddp", "--steps", "1",
                "--backend", "cpu", "--checkpoint", args.checkpoint, "--json", path]
+        if precision != "fp32":
+            cmd[-2:-2] = ["--precision", precision]
         # The shape flags alone describe llama; qwen2's biases and a tied head come from a config.
         if args.model_type == "qwen2" or args.tied or args.attention_bias:
             config = os.path.join(tmp, "config.json")
@@ -139,6 +169,7 @@ def main():
     p.add_argument("--attention-bias", action="store_true")
     p.add_argument("--attention", choices=["eager", "sdpa", "sdpa-math", "all"], default="all")
     p.add_argument("--checkpoint", default="none", help="none | full | every:K (default none)")
+    p.add_argument("--precision", choices=["fp32", "bf16", "both"], default="fp32")
     p.add_argument("--itemize", action="store_true")
     p.add_argument("--shardscope", metavar="BINARY")
     p.add_argument("--seed", type=int, default=0)
@@ -151,17 +182,22 @@ def main():
         return 2
     torch.set_num_threads(1)
     modes = ["eager", "sdpa", "sdpa-math"] if args.attention == "all" else [args.attention]
-    for mode in modes:
-        total, count, items = hf_saved(torch, transformers, args, mode)
-        line = f"{mode} hf {total} B in {count} storages"
-        if args.shardscope:
-            ours_mode = "flash" if mode == "sdpa" else "math"
-            b, n = shardscope_saved(args.shardscope, args, ours_mode)
-            line += f" shardscope {ours_mode} {b} B in {n} storages, hf - ours {total - b} B"
-        print(line)
-        if args.itemize:
-            for nbytes, shape, dtype, savers in items:
-                print(f"    {nbytes:>10} {str(shape):<22} {dtype:<14} {', '.join(sorted(savers))}")
+    for precision in ["fp32", "bf16"] if args.precision == "both" else [args.precision]:
+        for mode in modes:
+            total, count, items = hf_saved(torch, transformers, args, mode, precision)
+            line = f"{mode} hf {total} B in {count} storages"
+            if precision != "fp32":
+                casts = [i for i in items if i[4]]
+                line = f"{precision} {line} (param_cast {sum(i[0] for i in casts)} B in {len(casts)})"
+            if args.shardscope:
+                ours_mode = "flash" if mode == "sdpa" else "math"
+                b, n = shardscope_saved(args.shardscope, args, ours_mode, precision)
+                line += f" shardscope {ours_mode} {b} B in {n} storages, hf - ours {total - b} B"
+            print(line)
+            if args.itemize:
+                for nbytes, shape, dtype, savers, cast in items:
+                    print(f"    {nbytes:>10} {str(shape):<22} {dtype:<14} {', '.join(sorted(savers))}"
+                          f"{'  param_cast' if cast else ''}")
     return 0
 
 
