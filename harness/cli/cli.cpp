@@ -126,10 +126,10 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
       ->type_name("MODE");
   app.add_option("--accumulate", f.accumulate,
                  "data parallel: micro-steps per optimizer step, each on the rank's whole --batch (K x batch rows "
-                 "per optimizer step), the loss scaled by 1/K, gradients accumulated (default 1; ddp and zero1)")
+                 "per optimizer step), the loss scaled by 1/K, gradients accumulated (default 1)")
       ->type_name("K");
   app.add_flag("--no-sync", f.no_sync,
-               "with --accumulate: reduce gradients after the last micro-step only (DDP's no_sync); without it "
+               "with --accumulate: reduce gradients after the last micro-step only (DDP's and FSDP's no_sync); without it "
                "every micro-step reduces");
   app.add_option("--units", f.units, "layers (transformer: blocks, beside a root unit of embeddings and head) per unit for zero2/zero3: K, or all for one root unit (default 1)")->type_name("K|all");
   app.add_option("--prefetch", f.prefetch, "0 | 1: gather the next unit during backward (default 1)")->type_name("0|1");
@@ -370,9 +370,6 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
                        "accumulation; give --microbatches, or --strategy with --accumulate");
   c.accumulate = parse_positive("--accumulate", f.accumulate, 10'000);
   c.no_sync = f.no_sync;
-  if ((c.accumulate > 1 || c.no_sync) && shards_by_unit(c.strategy))
-    throw UsageError(std::string(c.no_sync ? "--no-sync" : "--accumulate " + f.accumulate) + " and --strategy " +
-                     f.strategy + ": accumulation under zero2/zero3 is not built yet; allowed with ddp, zero1");
   if (has_schedule && f.schedule.empty()) throw UsageError("--schedule: empty; allowed: " + schedule_names_text());
   if (has_schedule) c.schedule = parse_schedule(f.schedule);
   if (!has_schedule) {

@@ -17,6 +17,7 @@
 #include "harness/predict/fsdp2_forms.hpp"
 #include "harness/predict/gpt2_forms.hpp"
 #include "harness/predict/llama_forms.hpp"
+#include "harness/predict/micro_steps.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "harness/strategies/partition.hpp"
 #include "shardscope/check.hpp"
@@ -30,8 +31,8 @@ namespace {
 // outputs activation; gathered units param_unsharded; a unit's full gradient
 // grad_unsharded.
 struct Transient {
-  std::int64_t temp = 0, activation = 0, param_unsharded = 0, grad_unsharded = 0;
-  std::int64_t total() const { return temp + activation + param_unsharded + grad_unsharded; }
+  std::int64_t temp = 0, activation = 0, param_unsharded = 0, grad_unsharded = 0, comm = 0;
+  std::int64_t total() const { return temp + activation + param_unsharded + grad_unsharded + comm; }
 };
 
 struct Candidate {
@@ -44,7 +45,8 @@ struct Candidate {
 
 namespace {
 
-// One micro-step's forward, backward and reduction, and the optimizer step.
+// The step's forward, backward and reduction (each distinct micro-step's under
+// zero2/zero3), and the optimizer step; the communication of one micro-step.
 std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
   // zero2/zero3 under --engine fsdp2: per-tensor shards (fsdp2_forms.hpp).
   if (effective_engine(cfg.engine, cfg.strategy) == EngineKind::fsdp2) return predict_fsdp2_ranks(cfg, world);
@@ -123,44 +125,68 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
   auto where = [&](int layer) {
     return fsdp ? "unit " + std::to_string(unit_of(layer)) : "layer " + std::to_string(layer);
   };
-  Candidate best{{-1, 0, 0, 0}, Phase::setup, ""};
+  Candidate best{{-1, 0, 0, 0, 0}, Phase::setup, ""};
   auto consider = [&](const Transient& bytes, Phase phase, const std::string& at) {
     if (bytes.total() > best.bytes.total()) best = {bytes, phase, at};  // the first instant of the maximum
   };
-  // Forward: gathered params while layer i's output is allocated; the model's last
-  // output is saved only when k = 1.
-  for (int i = 0; i < L; ++i) {
-    const int u = unit_of(i);
-    const std::int64_t gathered = !fsdp ? 0 : zero3_multi ? f[u] : f_upto[u];
-    const std::int64_t unsaved = (i == L - 1 && k == 0) ? a : 0;
-    consider({X + t + unsaved, (i + 1) * a - unsaved, gathered, 0}, Phase::forward, where(i));
-  }
-  const std::int64_t gathered_end = fsdp && !zero3_multi ? f_upto[U - 1] : 0;  // still gathered after forward
-  const std::int64_t last_unsaved = k == 0 ? a : 0;
-  consider({X + t + last_unsaved + 4, (L - 1 + k) * a, gathered_end, 0}, Phase::forward, where(L - 1));  // loss scalar
-  consider({X + t + a, (L - 1 + k) * a, gathered_end, 0}, Phase::backward, where(L - 1));                // dy
-  // Backward, per unit from the last: its top layer j still holds its output (the
-  // model's last layer only when k), plus dy, the gathered params (and the prefetched
-  // unit below), the full gradient and, when j > 0, the input gradient dx. A wrapped
-  // top layer holds j outputs when its hook has run, then the re-run output; a lower
-  // layer of the unit never holds more.
-  for (int u = U - 1; u >= 0; --u) {
-    const int j = fsdp ? units[u].last_block - 1 : L - 1;
-    const bool wrapped = ck.wraps(j);
-    const std::int64_t outs = wrapped ? j : (j == L - 1) ? (L - 1 + k) : (j + 1);
-    Transient at{X + t + a, outs * a, 0, 0};
-    if (fsdp) {
-      at.param_unsharded = zero3_multi ? f[u] + (cfg.prefetch && u > 0 ? f[u - 1] : 0) : f_upto[u];
-      at.grad_unsharded = f[u];  // the unit's full flat gradient
+  // --accumulate under zero2/zero3 (micro_steps.hpp): the walk runs once per distinct
+  // micro-step. kept(u) = the full gradients held besides unit u's while u's backward
+  // runs (u = U: before any unit's backward): the units above when the micro-step does
+  // not reduce, the units below when they were kept from the micro-step before.
+  const std::vector<MicroStep> micros = fsdp ? micro_steps(cfg) : std::vector<MicroStep>{MicroStep{}};
+  for (const MicroStep& ms : micros) {
+    auto kept = [&](int u) {
+      std::int64_t held = 0;
+      for (int v = 0; v < U; ++v)
+        if (v != u && (v > u ? !ms.reduces : ms.grads_held)) held += f[v];
+      return fsdp ? held : 0;
+    };
+    // zero2 gathers units as forward reaches them and holds them to their backward's end
+    // (FSDP1 under --no-sync: every unit from the first micro-step's gather on).
+    auto gathered_fwd = [&](int u) { return ms.params_held ? f_upto[U - 1] : f_upto[u]; };
+    auto gathered_bwd = [&](int u) { return ms.keeps_params ? f_upto[U - 1] : f_upto[u]; };
+    // Forward: gathered params while layer i's output is allocated; the model's last
+    // output is saved only when k = 1.
+    for (int i = 0; i < L; ++i) {
+      const int u = unit_of(i);
+      const std::int64_t gathered = !fsdp ? 0 : zero3_multi ? f[u] : gathered_fwd(u);
+      const std::int64_t unsaved = (i == L - 1 && k == 0) ? a : 0;
+      consider({X + t + unsaved, (i + 1) * a - unsaved, gathered, kept(U)}, Phase::forward, where(i));
     }
-    consider(at, Phase::backward, where(j));
-    if (wrapped) {
-      (relu ? at.activation : at.temp) += a;  // the re-run output
-      consider(at, Phase::backward, "recompute of block " + std::to_string(j));
-      if (!relu) at.temp -= a;  // freed at once
+    const std::int64_t gathered_end = fsdp && !zero3_multi ? f_upto[U - 1] : 0;  // still gathered after forward
+    const std::int64_t last_unsaved = k == 0 ? a : 0;
+    consider({X + t + last_unsaved + 4, (L - 1 + k) * a, gathered_end, kept(U)}, Phase::forward, where(L - 1));  // loss scalar
+    consider({X + t + a, (L - 1 + k) * a, gathered_end, kept(U)}, Phase::backward, where(L - 1));                // dy
+    // Backward, per unit from the last: its top layer j still holds its output (the
+    // model's last layer only when k), plus dy, the gathered params (and the prefetched
+    // unit below), the full gradient and, when j > 0, the input gradient dx. A wrapped
+    // top layer holds j outputs when its hook has run, then the re-run output; a lower
+    // layer of the unit never holds more. A reduce-scatter adding onto the shard holds its
+    // staging output (4·shard_u) beside the full gradient once the unit's first layer is
+    // done (its dx, when it has a layer below, and the outputs below it live).
+    for (int u = U - 1; u >= 0; --u) {
+      const int j = fsdp ? units[u].last_block - 1 : L - 1;
+      const bool wrapped = ck.wraps(j);
+      const std::int64_t outs = wrapped ? j : (j == L - 1) ? (L - 1 + k) : (j + 1);
+      Transient at{X + t + a, outs * a, 0, 0};
+      if (fsdp) {
+        at.param_unsharded = zero3_multi ? f[u] + (cfg.prefetch && u > 0 ? f[u - 1] : 0) : gathered_bwd(u);
+        at.grad_unsharded = f[u] + kept(u);  // the unit's full flat gradient
+      }
+      consider(at, Phase::backward, where(j));
+      if (wrapped) {
+        (relu ? at.activation : at.temp) += a;  // the re-run output
+        consider(at, Phase::backward, "recompute of block " + std::to_string(j));
+        if (!relu) at.temp -= a;  // freed at once
+      }
+      at.temp += a;  // dx
+      if (j > 0) consider(at, Phase::backward, where(j));
+      if (fsdp && ms.adds_to_shard) {
+        const int first = units[u].first_block;
+        consider({X + t + (first > 0 ? a : 0), first * a, at.param_unsharded, at.grad_unsharded, 4 * units[u].shard},
+                 Phase::backward, where(first));
+      }
     }
-    at.temp += a;  // dx
-    if (j > 0) consider(at, Phase::backward, where(j));
   }
   p.peak_phase = best.phase;
   p.peak_where = best.where;
@@ -180,6 +206,7 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
     rank.peak_by_category[Category::activation] += best.bytes.activation;
     rank.peak_by_category[Category::param_unsharded] += best.bytes.param_unsharded;
     rank.peak_by_category[Category::grad_unsharded] += best.bytes.grad_unsharded;
+    rank.peak_by_category[Category::comm] += best.bytes.comm;
     rank.peak_total = rank.peak_by_category.total();
   }
   return ranks;
@@ -187,17 +214,22 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
 
 }  // namespace
 
-// --accumulate K (ddp and zero1): every micro-step runs forward and backward again on the
+// --accumulate K: ddp and zero1 run every micro-step forward and backward again on the
 // same resting state (the full gradients are allocated throughout), each the first's
 // bytes at the same places, so the step's peak, its place and the saves after a forward
-// are one micro-step's. The all-reduce runs after every micro-step (K times its bytes),
+// are one micro-step's; the all-reduce runs after every micro-step (K times its bytes),
 // or after the last only under --no-sync; zero1's broadcast follows the optimizer, once.
+// zero2/zero3's micro-steps differ (micro_steps.hpp: the walks take each); their
+// gathers and reduce-scatters repeat as gathers_per_step and reductions_per_step say.
 std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int world) {
-  SHARDSCOPE_REQUIRE(cfg.accumulate == 1 || !shards_by_unit(cfg.strategy),
-                     "predict: --accumulate under zero2/zero3 is not built");
   std::vector<Prediction> ranks = one_reduction_ranks(cfg, world);
-  const std::int64_t reductions = cfg.no_sync ? 1 : cfg.accumulate;
-  for (Prediction& p : ranks) p.comm_bytes[static_cast<int>(CollKind::all_reduce)] *= reductions;
+  const std::int64_t reductions = reductions_per_step(cfg);
+  const std::int64_t gathers = gathers_per_step(cfg);
+  for (Prediction& p : ranks) {
+    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] *= reductions;
+    p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)] *= reductions;
+    p.comm_bytes[static_cast<int>(CollKind::all_gather)] *= gathers;
+  }
   return ranks;
 }
 

@@ -15,6 +15,7 @@
 
 #include "harness/predict/gpt2_forms.hpp"
 #include "harness/predict/llama_forms.hpp"
+#include "harness/predict/micro_steps.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "harness/predict/transformer_step.hpp"
 #include "harness/strategies/partition.hpp"
@@ -120,6 +121,7 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
     for (int u = 0; u < U; ++u) {
       su.bytes[u] = G[u];
       su.grad_bytes[u] = 4 * E[u];
+      su.shard_bytes[u] = 4 * A[u];
     }
     su.flat_comm = true;
     const TransformerShape& t = m.transformer;
@@ -145,47 +147,66 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
   auto consider = [&](const Transient& bytes, Phase phase, int unit) {
     if (bytes.total() > best.bytes.total()) best = {bytes, phase, unit};  // the first instant of the maximum
   };
-  // Forward: a unit's gather at its first layer (the flat buffer beside every gathered
-  // tensor of the unit, and the units still gathered), then each layer's output.
-  for (int u = 0; u < U; ++u) {
-    const std::int64_t held = zero3_multi || u == 0 ? 0 : G_upto[u - 1];
-    const int first = units[u].first_block;
-    consider({X + t, first * a, held + G[u], 0, G[u]}, Phase::forward, u);
-    for (int i = first; i < units[u].last_block; ++i) {
-      const std::int64_t gathered = zero3_multi ? G[u] : G_upto[u];
-      const std::int64_t unsaved = (i == L - 1 && k == 0) ? a : 0;
-      consider({X + t + unsaved, (i + 1) * a - unsaved, gathered, 0, 0}, Phase::forward, u);
-    }
-  }
-  const std::int64_t gathered_end = zero3_multi ? 0 : G_upto[U - 1];
-  const std::int64_t last_unsaved = k == 0 ? a : 0;
-  consider({X + t + last_unsaved + 4, (L - 1 + k) * a, gathered_end, 0, 0}, Phase::forward, U - 1);  // loss
-  consider({X + t + a, (L - 1 + k) * a, gathered_end, 0, 0}, Phase::backward, U - 1);                // dy
-  // Backward, per unit from the last.
-  for (int u = U - 1; u >= 0; --u) {
-    const int j = units[u].last_block - 1, first = units[u].first_block;
-    const std::int64_t outs = (j == L - 1) ? (L - 1 + k) : (j + 1);
-    const Transient base{X + t + a, outs * a, 0, 0, 0};
-    std::int64_t gathered = G_upto[u];
-    if (zero3_multi) {
-      // The unit is gathered here unless the unit above prefetched it.
-      const bool own_gather = u == U - 1 || !cfg.prefetch;
-      if (own_gather) consider({base.temp, base.activation, G[u], 0, G[u]}, Phase::backward, u);
-      gathered = G[u];
-      if (cfg.prefetch && u > 0) {
-        consider({base.temp, base.activation, G[u] + G[u - 1], 0, G[u - 1]}, Phase::backward, u - 1);
-        gathered += G[u - 1];
+  // --accumulate (micro_steps.hpp): one walk per distinct micro-step; kept(u) = the full
+  // gradients held besides unit u's while u's backward runs (u = U: before any unit's),
+  // and a reduce-scatter adding onto the shard holds its output (4·A_u) beside the flat
+  // input once the unit's full gradients are copied in and freed.
+  for (const MicroStep& ms : micro_steps(cfg)) {
+    auto kept = [&](int u) {
+      std::int64_t held = 0;
+      for (int v = 0; v < U; ++v)
+        if (v != u && (v > u ? !ms.reduces : ms.grads_held)) held += 4 * E[v];
+      return held;
+    };
+    // Forward: a unit's gather at its first layer (the flat buffer beside every gathered
+    // tensor of the unit, and the units still gathered), then each layer's output.
+    for (int u = 0; u < U; ++u) {
+      const std::int64_t held = zero3_multi || u == 0 ? 0 : G_upto[u - 1];
+      const int first = units[u].first_block;
+      consider({X + t, first * a, held + G[u], kept(U), G[u]}, Phase::forward, u);
+      for (int i = first; i < units[u].last_block; ++i) {
+        const std::int64_t gathered = zero3_multi ? G[u] : G_upto[u];
+        const std::int64_t unsaved = (i == L - 1 && k == 0) ? a : 0;
+        consider({X + t + unsaved, (i + 1) * a - unsaved, gathered, kept(U), 0}, Phase::forward, u);
       }
     }
-    Transient at = base;
-    at.param_unsharded = gathered;
-    at.grad_unsharded = 4 * E[u];  // each tensor's full gradient
-    consider(at, Phase::backward, u);
-    at.temp += a;  // dx
-    if (j > 0) consider(at, Phase::backward, u);
-    // The reduce-scatter's copy-in: the unit's first layer done, its dx (when it has a
-    // layer below) and the outputs below it live.
-    consider({X + t + (first > 0 ? a : 0), first * a, gathered, 4 * E[u], G[u]}, Phase::backward, u);
+    const std::int64_t gathered_end = zero3_multi ? 0 : G_upto[U - 1];
+    const std::int64_t last_unsaved = k == 0 ? a : 0;
+    consider({X + t + last_unsaved + 4, (L - 1 + k) * a, gathered_end, kept(U), 0}, Phase::forward, U - 1);  // loss
+    consider({X + t + a, (L - 1 + k) * a, gathered_end, kept(U), 0}, Phase::backward, U - 1);                // dy
+    // Backward, per unit from the last.
+    for (int u = U - 1; u >= 0; --u) {
+      const int j = units[u].last_block - 1, first = units[u].first_block;
+      const std::int64_t outs = (j == L - 1) ? (L - 1 + k) : (j + 1);
+      const Transient base{X + t + a, outs * a, 0, 0, 0};
+      // Before the unit's full gradients are made: those kept, its own among them when
+      // they were kept from the micro-step before.
+      const std::int64_t before = kept(u) + (ms.grads_held ? 4 * E[u] : 0);
+      std::int64_t gathered = G_upto[u];
+      if (zero3_multi) {
+        // The unit is gathered here unless the unit above prefetched it.
+        const bool own_gather = u == U - 1 || !cfg.prefetch;
+        if (own_gather) consider({base.temp, base.activation, G[u], before, G[u]}, Phase::backward, u);
+        gathered = G[u];
+        if (cfg.prefetch && u > 0) {
+          consider({base.temp, base.activation, G[u] + G[u - 1], before, G[u - 1]}, Phase::backward, u - 1);
+          gathered += G[u - 1];
+        }
+      }
+      Transient at = base;
+      at.param_unsharded = gathered;
+      at.grad_unsharded = 4 * E[u] + kept(u);  // each tensor's full gradient
+      consider(at, Phase::backward, u);
+      at.temp += a;  // dx
+      if (j > 0) consider(at, Phase::backward, u);
+      if (!ms.reduces) continue;
+      // The reduce-scatter's copy-in: the unit's first layer done, its dx (when it has a
+      // layer below) and the outputs below it live.
+      const Transient done{X + t + (first > 0 ? a : 0), first * a, gathered, 4 * E[u] + kept(u), G[u]};
+      consider(done, Phase::backward, u);
+      if (ms.adds_to_shard)
+        consider({done.temp, done.activation, gathered, kept(u), G[u] + 4 * A[u]}, Phase::backward, u);
+    }
   }
   p.peak_phase = best.phase;
   p.peak_where = "unit " + std::to_string(best.unit);

@@ -62,10 +62,12 @@ StepUnits step_units(const RunConfig& cfg, int world) {
   for (const Unit& u : units) {
     g.bytes.push_back(4 * u.padded);
     g.grad_bytes.push_back(4 * u.padded);
+    g.shard_bytes.push_back(4 * u.shard);
     g.top_block.push_back(u.last_block - 1);
   }
   g.reshard = cfg.strategy == StrategyKind::zero3 && units.size() > 1;
   g.prefetch = cfg.prefetch != 0;
+  g.micro = micro_steps(cfg);
   return g;
 }
 
@@ -76,6 +78,7 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
   const int U = static_cast<int>(units.bytes.size());
   auto f = [&](int u) { return units.bytes[u]; };
   auto e = [&](int u) { return units.grad_bytes[u]; };
+  auto s = [&](int u) { return units.shard_bytes[u]; };
   i64 all_units = 0;  // Σ f_u over the units of blocks (u >= 1)
   for (int u = 1; u < U; ++u) all_units += f(u);
   const i64 f0 = fsdp ? f(0) : 0;
@@ -88,81 +91,125 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
   auto recompute_of = [](int b) { return "recompute of block " + std::to_string(b - 1); };
   PeakWalk walk;
 
-  // Forward: each unit of blocks at its top block's output (zero3 holds the root and
-  // that unit, zero2 every unit so far); a wrapped block's saves are freed only after.
-  // (fsdp2's gather of a unit in forward, its flat buffer beside the unit's gathered
-  // tensors, holds less than the unit's reduce-scatter in backward: the same
-  // activations, flat buffer and gathered units or fewer, without dx and the full
-  // gradients.)
-  i64 so_far = 0;
-  for (int u = 1; u < U; ++u) {
-    so_far += f(u);
-    const int b = units.top_block[u];
-    walk.consider(X, held_at(b - 1) + K, f0 + (units.reshard ? f(u) : so_far), 0, Phase::forward, unit(u));
-  }
-  // Forward's end (the loss's total_weight made): every save, the logits, the loss scalar.
-  const i64 after_forward = f0 + (units.reshard ? 0 : all_units);
-  const i64 A_f = held_at(z.L) + z.final_held + lambda + 4;
-  walk.consider(X + lambda + 4, A_f, after_forward, 0, Phase::forward, fsdp ? unit(0) : layer(z.L + 1));
-  // The loss's gradient (before the root unit's backward hook), then the root's full
-  // gradient (log-probabilities and total_weight released).
-  walk.consider(X + lambda, A_f, after_forward, 0, Phase::backward, layer(z.L + 1));
-  const i64 A1 = A_f - lambda - 4;
-  if (fsdp) walk.consider(X + lambda, A1, after_forward, e0, Phase::backward, unit(0));
-  const std::string fin = fsdp ? unit(0) : layer(z.L + 1);
-  // The final block: d norm, then dx (dlogits and the norm's output gone).
-  walk.consider(X + lambda + a, A1, after_forward, e0, Phase::backward, fin);
-  walk.consider(X + 2 * a, A1 - a, after_forward, e0, Phase::backward, fin);
-  // Blocks [lo, hi] backward, from hi, in one unit's gathered parameters and full
-  // gradient: a wrapped block's re-run, then its gradient buffers from A4 = S_b + K - a
-  // (its output freed). Lower blocks hold less at each instant than the unit's top
-  // one; walked all the same, since a re-run's instants can meet a later block's.
-  auto blocks_backward = [&](int hi, int lo, i64 pu, i64 gu, const std::string& where) {
-    for (int b = hi; b >= lo; --b) {
-      if (wrapped(b)) z.recompute(walk, held_at(b - 1), pu, gu, recompute_of(b));
-      z.backward(walk, held_at(b - 1) + K - a, pu, gu, fsdp ? where : layer(b));
+  // One micro-step (micro_steps.hpp); kept(u) = the full gradients of units of blocks
+  // held besides unit u's while u's backward runs (u = U: before any of theirs): the
+  // units above when the micro-step does not reduce, those below when kept from the
+  // micro-step before. The root's (e_0) is held from the start when kept.
+  auto micro_step = [&](const MicroStep& ms) {
+    auto kept = [&](int u) {
+      i64 sum = 0;
+      for (int v = 1; v < U; ++v)
+        if (v != u && (v > u ? !ms.reduces : ms.grads_held)) sum += e(v);
+      return sum;
+    };
+    const i64 fwd_grads = (ms.grads_held ? e0 : 0) + kept(U);
+    // Forward: each unit of blocks at its top block's output (zero3 holds the root and
+    // that unit, zero2 every unit so far, or every unit when FSDP1 kept them gathered);
+    // a wrapped block's saves are freed only after.
+    // fsdp2's gathers in forward, the flat buffer beside the unit's gathered tensors: the
+    // root's before the embeddings, each unit's before its first block (below the
+    // unit's reduce-scatter in backward, unless the full gradients kept from the
+    // micro-step before outweigh what backward adds).
+    if (flat) walk.consider(X, 0, f0, fwd_grads, Phase::forward, unit(0), false, f0);
+    i64 so_far = 0;
+    for (int u = 1; u < U; ++u) {
+      if (flat) {
+        const int first = u == 1 ? 1 : units.top_block[u - 1] + 1;
+        walk.consider(X, held_at(first - 1), f0 + (units.reshard ? 0 : so_far) + f(u), fwd_grads, Phase::forward,
+                      unit(u), false, f(u));
+      }
+      so_far += f(u);
+      const int b = units.top_block[u];
+      const i64 gathered = units.reshard ? f(u) : ms.params_held ? all_units : so_far;
+      walk.consider(X, held_at(b - 1) + K, f0 + gathered, fwd_grads, Phase::forward, unit(u));
     }
-  };
-  // fsdp2: the root's reduce-scatter once the embeddings' backward is done (no dx, every
-  // save released), its flat input beside the root's full gradients.
-  auto root_reduce = [&] {
-    if (flat) walk.consider(X, 0, f0, e0, Phase::backward, unit(0), false, f0);
-  };
-  if (U <= 1) {
-    // ddp, zero1, a root unit: every transformer block from the top.
-    blocks_backward(z.L, 1, f0, e0, unit(0));
+    // Forward's end (the loss's total_weight made): every save, the logits, the loss scalar.
+    const i64 after_forward = f0 + (units.reshard ? 0 : all_units);
+    const i64 A_f = held_at(z.L) + z.final_held + lambda + 4;
+    walk.consider(X + lambda + 4, A_f, after_forward, fwd_grads, Phase::forward, fsdp ? unit(0) : layer(z.L + 1));
+    // The loss's gradient (before the root unit's backward hook), then the root's full
+    // gradient (log-probabilities and total_weight released).
+    walk.consider(X + lambda, A_f, after_forward, fwd_grads, Phase::backward, layer(z.L + 1));
+    const i64 A1 = A_f - lambda - 4;
+    const i64 root_grads = e0 + kept(U);
+    if (fsdp) walk.consider(X + lambda, A1, after_forward, root_grads, Phase::backward, unit(0));
+    const std::string fin = fsdp ? unit(0) : layer(z.L + 1);
+    // The final block: d norm, then dx (dlogits and the norm's output gone).
+    walk.consider(X + lambda + a, A1, after_forward, root_grads, Phase::backward, fin);
+    walk.consider(X + 2 * a, A1 - a, after_forward, root_grads, Phase::backward, fin);
+    // Blocks [lo, hi] backward, from hi, in one unit's gathered parameters and full
+    // gradient: a wrapped block's re-run, then its gradient buffers from A4 = S_b + K - a
+    // (its output freed). Lower blocks hold less at each instant than the unit's top
+    // one; walked all the same, since a re-run's instants can meet a later block's.
+    auto blocks_backward = [&](int hi, int lo, i64 pu, i64 gu, const std::string& where) {
+      for (int b = hi; b >= lo; --b) {
+        if (wrapped(b)) z.recompute(walk, held_at(b - 1), pu, gu, recompute_of(b));
+        z.backward(walk, held_at(b - 1) + K - a, pu, gu, fsdp ? where : layer(b));
+      }
+    };
+    // The root's reduce-scatter once the embeddings' backward is done (no dx, every save
+    // released): fsdp2's flat input beside the root's full gradients, then (adding onto
+    // the shard) its output beside the input, the full gradients freed; FSDP1's staging
+    // shard beside the full gradient.
+    auto root_reduce = [&] {
+      if (!fsdp || !ms.reduces) return;
+      if (flat) walk.consider(X, 0, f0, e0, Phase::backward, unit(0), false, f0);
+      if (ms.adds_to_shard) {
+        if (flat)
+          walk.consider(X, 0, f0, 0, Phase::backward, unit(0), false, f0 + s(0));
+        else
+          walk.consider(X, 0, f0, e0, Phase::backward, unit(0), false, s(0));
+      }
+    };
+    if (U <= 1) {
+      // ddp, zero1, a root unit: every transformer block from the top.
+      blocks_backward(z.L, 1, f0, e0, unit(0));
+      root_reduce();
+      return;
+    }
+    // Units of blocks, from the last: when its backward begins dy = a and S_b are held
+    // (S_b less a wrapped top block's output, freed first); zero3 gathers it (unless the
+    // unit above prefetched it) and prefetches the next (not the root, still gathered);
+    // its full gradient; its blocks' buffers; its reduce-scatter once its first block is
+    // done (dx and S_{first} held): fsdp2's copy-in, and a staging output when it adds
+    // onto the shard.
+    i64 pu = after_forward;
+    for (int u = U - 1; u >= 1; --u) {
+      const int b = units.top_block[u];
+      const int first = u == 1 ? 1 : units.top_block[u - 1] + 1;
+      const i64 S = wrapped(b) ? held_at(b - 1) : held_at(b);
+      const i64 before = e0 + kept(u) + (ms.grads_held ? e(u) : 0);  // before its full gradient is made
+      if (units.reshard) {
+        const bool prefetched = units.prefetch && u + 1 < U;
+        if (!prefetched) {
+          pu += f(u);
+          if (flat) walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, f(u));
+          walk.consider(X + a, S, pu, before, Phase::backward, unit(u));
+        }
+        if (units.prefetch && u - 1 >= 1) {
+          pu += f(u - 1);
+          if (flat) walk.consider(X + a, S, pu, before, Phase::backward, unit(u - 1), false, f(u - 1));
+          walk.consider(X + a, S, pu, before, Phase::backward, unit(u));
+        }
+      }
+      const i64 gu = e0 + e(u) + kept(u);
+      walk.consider(X + a, S, pu, gu, Phase::backward, unit(u));  // the unit's full gradient
+      blocks_backward(b, first, pu, gu, unit(u));
+      if (ms.reduces) {
+        const i64 S_first = held_at(first - 1);
+        if (flat) walk.consider(X + a, S_first, pu, gu, Phase::backward, unit(u), false, f(u));
+        if (ms.adds_to_shard) {
+          if (flat)
+            walk.consider(X + a, S_first, pu, gu - e(u), Phase::backward, unit(u), false, f(u) + s(u));
+          else
+            walk.consider(X + a, S_first, pu, gu, Phase::backward, unit(u), false, s(u));
+        }
+      }
+      if (!ms.keeps_params) pu -= f(u);  // resharded after its backward
+    }
     root_reduce();
-    return walk.best();
-  }
-  // Units of blocks, from the last: when its backward begins dy = a and S_b are held
-  // (S_b less a wrapped top block's output, freed first); zero3 gathers it (unless the
-  // unit above prefetched it) and prefetches the next (not the root, still gathered);
-  // its full gradient; its blocks' buffers; fsdp2's reduce-scatter once its first block
-  // is done (dx and S_{first} held).
-  i64 pu = after_forward;
-  for (int u = U - 1; u >= 1; --u) {
-    const int b = units.top_block[u];
-    const int first = u == 1 ? 1 : units.top_block[u - 1] + 1;
-    const i64 S = wrapped(b) ? held_at(b - 1) : held_at(b);
-    if (units.reshard) {
-      const bool prefetched = units.prefetch && u + 1 < U;
-      if (!prefetched) {
-        pu += f(u);
-        if (flat) walk.consider(X + a, S, pu, e0, Phase::backward, unit(u), false, f(u));
-        walk.consider(X + a, S, pu, e0, Phase::backward, unit(u));
-      }
-      if (units.prefetch && u - 1 >= 1) {
-        pu += f(u - 1);
-        if (flat) walk.consider(X + a, S, pu, e0, Phase::backward, unit(u - 1), false, f(u - 1));
-        walk.consider(X + a, S, pu, e0, Phase::backward, unit(u));
-      }
-    }
-    walk.consider(X + a, S, pu, e0 + e(u), Phase::backward, unit(u));  // the unit's full gradient
-    blocks_backward(b, first, pu, e0 + e(u), unit(u));
-    if (flat) walk.consider(X + a, held_at(first - 1), pu, e0 + e(u), Phase::backward, unit(u), false, f(u));
-    pu -= f(u);  // resharded after its backward
-  }
-  root_reduce();
+  };
+  for (const MicroStep& ms : units.micro) micro_step(ms);
   return walk.best();
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/predict/micro_steps.hpp"
 #include "shardscope/category.hpp"
 #include "shardscope/config.hpp"
 #include "shardscope/predict.hpp"
@@ -38,9 +39,13 @@ struct StepUnits {
   // buffer of the unit's gathered bytes, live beside every gathered tensor of the unit
   // (the copy-out) or every full gradient of it (the copy-in).
   bool flat_comm = false;
+  std::vector<std::int64_t> shard_bytes;  // each unit's reduce-scatter output (4 × shard; fsdp2's 4·A_u)
   std::vector<int> top_block;       // each unit's last block (a model block index)
   bool reshard = false;             // zero3: units but the root are freed after their forward
   bool prefetch = true;             // --prefetch 1: a unit's backward gathers the next
+  // --accumulate: the step's distinct micro-steps in time order (micro_steps.hpp), each
+  // walked; one plain step without.
+  std::vector<MicroStep> micro{MicroStep{}};
 };
 StepUnits step_units(const RunConfig& cfg, int world);
 

@@ -22,6 +22,7 @@ void DataParallelStrategy::prepare_batch(int index) {
 float DataParallelStrategy::micro_step(int k) {
   Tracker& tracker = backend_.tracker();
   if (k > 0) tracker.mark(Phase::forward);
+  micro_ = k;
   saved_.reset();
   const int rows = cfg_.model.batch;
   const std::size_t n = static_cast<std::size_t>(model_->input_elems(rows));
@@ -41,13 +42,13 @@ float DataParallelStrategy::micro_step(int k) {
   }
   {
     ScopedRange r(backend_, "backward");
-    model_->backward(mc, tape, Buffer{}, k == 0 ? 0.0f : 1.0f);
+    model_->backward(mc, tape, Buffer{}, backward_beta(k));
   }
   x.reset();
   target.reset();
 
   // Without --no-sync every micro-step reduces; with it only the last (DDP's no_sync).
-  if (!cfg_.no_sync || k + 1 == cfg_.accumulate) {
+  if (syncs()) {
     tracker.mark(Phase::communication);
     ScopedRange r(backend_, "gradient communication");
     reduce_gradients();
@@ -62,8 +63,6 @@ float DataParallelStrategy::step() {
   backend_.reset_pool_high();
   comm_.reset_ledger();
   ScopedRange range(backend_, "step");
-  SHARDSCOPE_REQUIRE(cfg_.accumulate == 1 || !shards_by_unit(cfg_.strategy),
-                     "data parallel: --accumulate under zero2/zero3 is not built");
   SHARDSCOPE_REQUIRE(static_cast<int>(host_batches_.size()) == cfg_.accumulate,
                      "data parallel: prepare_batch was not called");
 

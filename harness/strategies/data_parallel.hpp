@@ -26,6 +26,14 @@ class DataParallelStrategy : public Strategy {
   virtual void reduce_gradients() = 0;
   // The optimizer on what this rank owns; `step` counts from 1.
   virtual void optimizer_step(int step) = 0;
+  // The backward's beta for micro-step k (0 overwrites the gradients its access gives,
+  // 1 adds onto them): the full gradients accumulate from the second micro-step on.
+  virtual float backward_beta(int k) const { return k == 0 ? 0.0f : 1.0f; }
+
+  // --accumulate: which micro-step runs (0 to K - 1), and whether it reduces the
+  // gradients (every micro-step, or only the last under --no-sync).
+  int micro_step_index() const { return micro_; }
+  bool syncs() const { return !cfg_.no_sync || micro_ + 1 == cfg_.accumulate; }
 
   // Allocates and initialises a tensor (category param) from the flat slice.
   Buffer init_params(std::int64_t flat_begin, std::int64_t count);
@@ -50,6 +58,7 @@ class DataParallelStrategy : public Strategy {
   float micro_step(int k);
   std::vector<std::vector<float>> host_batches_;  // one per micro-step
   int batch_index_ = 0;
+  int micro_ = 0;
 };
 
 // Plain pointers into full (unsharded) flat parameter and gradient vectors, laid out

@@ -69,6 +69,7 @@ void FsdpStrategy::gather(int u) {
 
 void FsdpStrategy::begin_unit_gradient(int u) {
   UnitState& s = state_[u];
+  if (s.full_grad) return;  // kept from the micro-step before (--no-sync)
   // (padded) full flat gradient; the padding tail is zero, the rest gets overwritten.
   s.full_grad = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(units_[u].padded));
   const std::int64_t pad = units_[u].padded - units_[u].elems;
@@ -78,8 +79,18 @@ void FsdpStrategy::begin_unit_gradient(int u) {
 void FsdpStrategy::reduce_unit(int u) {
   UnitState& s = state_[u];
   const std::size_t n = static_cast<std::size_t>(units_[u].shard);
-  comm_.reduce_scatter_sum(s.full_grad.data(), s.grad_shard.data(), n);
-  backend_.scale(s.grad_shard.data(), 1.0f / static_cast<float>(comm_.world()), n);
+  const float inv_world = 1.0f / static_cast<float>(comm_.world());
+  if (adds_to_shard()) {
+    // FSDP1's _accumulate_sharded_grad: the reduce-scatter's output is a new shard (comm),
+    // added onto the saved one and freed.
+    Buffer out = backend_.alloc(Category::comm, n);
+    comm_.reduce_scatter_sum(s.full_grad.data(), out.data(), n);
+    backend_.scale(out.data(), inv_world, n);
+    backend_.add(s.grad_shard.data(), out.data(), n);
+  } else {
+    comm_.reduce_scatter_sum(s.full_grad.data(), s.grad_shard.data(), n);
+    backend_.scale(s.grad_shard.data(), inv_world, n);
+  }
   s.full_grad.reset();
 }
 

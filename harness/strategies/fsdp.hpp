@@ -27,6 +27,9 @@ class FsdpStrategy : public UnitShardedStrategy {
   void reshard(int unit) override { state_[unit].full.reset(); }
   void begin_unit_gradient(int unit) override;
   void reduce_unit(int unit) override;
+  // FSDP1 frees an unsharded flat parameter after a backward without sync only under
+  // strategies that reshard after forward (_should_free_in_backward): zero3's.
+  bool keeps_gathered_unsynced() const override { return !full_shard_; }
 
  private:
   // BlockAccess

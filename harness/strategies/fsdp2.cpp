@@ -83,7 +83,9 @@ void Fsdp2Strategy::reshard(int u) {
 }
 
 void Fsdp2Strategy::begin_unit_gradient(int u) {
-  // Each tensor's own full gradient, as autograd makes it (unpadded; overwritten).
+  // Each tensor's own full gradient, as autograd makes it (unpadded; overwritten), unless
+  // kept from the micro-step before (--no-sync: set_requires_gradient_sync(False)).
+  if (tensors_[tensors_of(u).front()].full_grad) return;
   for (int t : tensors_of(u)) {
     TensorState& s = tensors_[t];
     s.full_grad = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(s.shard.elems()));
@@ -106,8 +108,18 @@ void Fsdp2Strategy::reduce_unit(int u) {
     s.full_grad.reset();
   }
   float* grad = unit_grad_[u].data();
-  comm_.reduce_scatter_sum(input.data(), grad, static_cast<std::size_t>(a));
-  backend_.scale(grad, 1.0f / static_cast<float>(world), static_cast<std::size_t>(a));
+  const std::size_t n = static_cast<std::size_t>(a);
+  if (adds_to_shard()) {
+    // foreach_reduce's output is a new flat buffer (comm) beside the input; the shards'
+    // gradients add it (sharded_param.grad += ...), then both are freed.
+    Buffer out = backend_.alloc(Category::comm, n);
+    comm_.reduce_scatter_sum(input.data(), out.data(), n);
+    backend_.scale(out.data(), 1.0f / static_cast<float>(world), n);
+    backend_.add(grad, out.data(), n);
+  } else {
+    comm_.reduce_scatter_sum(input.data(), grad, n);
+    backend_.scale(grad, 1.0f / static_cast<float>(world), n);
+  }
   input.reset();
 }
 

@@ -55,8 +55,12 @@ void UnitShardedStrategy::before_backward(int block) {
 void UnitShardedStrategy::after_backward(int block) {
   const int u = unit_of_block_[block];
   if (block != units_[u].first_block) return;  // only when the unit's backward ends
-  reduce_unit(u);
-  reshard(u);  // every unit is resharded after its backward
+  if (syncs()) {
+    reduce_unit(u);
+    reshard(u);  // every unit is resharded after its backward
+  } else if (!keeps_gathered_unsynced()) {
+    reshard(u);  // its full gradients kept for the next micro-step
+  }
   backend_.range_pop();
 }
 

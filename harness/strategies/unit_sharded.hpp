@@ -7,6 +7,12 @@
 //   backward  when a unit's backward begins it is gathered (with --prefetch the next
 //             unit in backward order too) and its full gradients are allocated; when it
 //             ends they are reduce-scattered into the shard and the unit is resharded.
+// --accumulate K: a micro-step that does not sync (--no-sync, all but the last) neither
+// reduce-scatters nor frees a unit's full gradients: they are kept, unsharded, and the
+// next micro-steps' backward adds onto them (FSDP1's no_sync, fully_shard's
+// set_requires_gradient_sync(False)); the unit is resharded as usual, except where the
+// engine keeps it gathered (FSDP1's SHARD_GRAD_OP). Without --no-sync every micro-step
+// reduce-scatters fresh full gradients, adding onto the shard after the first.
 // A unit's range ("unit 3") spans its forward from the gather to the reshard and its
 // backward from the gather to the reduce-scatter; its blocks' ranges nest inside (the
 // model closes a block's range before the hooks run).
@@ -35,6 +41,15 @@ class UnitShardedStrategy : public DataParallelStrategy, private BlockAccess {
   virtual void reshard(int unit) = 0;
   virtual void begin_unit_gradient(int unit) = 0;
   virtual void reduce_unit(int unit) = 0;
+  // Under --no-sync, whether a unit stays gathered after a backward that did not sync
+  // (FSDP1 keeps SHARD_GRAD_OP's, a heuristic trading memory for fewer gathers).
+  virtual bool keeps_gathered_unsynced() const { return false; }
+  // Whether this micro-step's reduce-scatter adds onto the shard's gradient (through a
+  // staging output) rather than writing it: every micro-step after the first, unless
+  // --no-sync reduces only once.
+  bool adds_to_shard() const { return !cfg_.no_sync && micro_step_index() > 0; }
+  // A fresh full gradient every micro-step that reduces; kept ones (--no-sync) add.
+  float backward_beta(int k) const override { return cfg_.no_sync && k > 0 ? 1.0f : 0.0f; }
 
   // Unit u's blocks, in the order its flat buffers concatenate them.
   std::vector<int> blocks_of(int unit) const { return units_[unit].block_list(); }

@@ -1,6 +1,7 @@
 // --accumulate and --no-sync through the binary: the record says them, holds its
 // predictions on every rank (emulated at W = 3, under mpirun at W = 2), the table's label
-// names them, and a pipeline's or zero2/zero3's accumulation is refused (exit 2, one line).
+// names them (zero2/zero3 of both engines too), and a pipeline's accumulation is refused
+// (exit 2, one line).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -41,7 +42,7 @@ class AccumulateCli : public shardscope::testing::BinaryTest {
 };
 
 TEST_F(AccumulateCli, RecordsSayItAndEveryRankHoldsItsPrediction) {
-  for (const char* strategy : {"ddp", "zero1"})
+  for (const char* strategy : {"ddp", "zero1", "zero2 --units 1", "zero3 --units 1 --engine fsdp2"})
     for (int r = 0; r < 3; ++r) {
       std::string out;
       const json doc = run_record(std::string("--strategy ") + strategy + " --accumulate 3 --no-sync --emulate 3:" +
@@ -66,7 +67,7 @@ TEST_F(AccumulateCli, RecordsSayItAndEveryRankHoldsItsPrediction) {
   EXPECT_EQ(out.find("accumulate="), std::string::npos) << out;
 }
 
-TEST_F(AccumulateCli, PipelinesShardedStrategiesAndBadCountsAreRefused) {
+TEST_F(AccumulateCli, PipelinesAndBadCountsAreRefused) {
   const struct {
     const char* flags;
     const char* line;
@@ -77,12 +78,6 @@ TEST_F(AccumulateCli, PipelinesShardedStrategiesAndBadCountsAreRefused) {
       {"--schedule 1f1b --no-sync",
        "shardscope: error: --no-sync and --schedule: a pipeline's micro-batches are already its gradient "
        "accumulation; give --microbatches, or --strategy with --accumulate"},
-      {"--strategy zero2 --accumulate 2",
-       "shardscope: error: --accumulate 2 and --strategy zero2: accumulation under zero2/zero3 is not built yet; "
-       "allowed with ddp, zero1"},
-      {"--strategy zero3 --accumulate 2 --no-sync",
-       "shardscope: error: --no-sync and --strategy zero3: accumulation under zero2/zero3 is not built yet; "
-       "allowed with ddp, zero1"},
   };
   for (const auto& c : cases) {
     const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu" + kModel + c.flags +
@@ -104,9 +99,10 @@ TEST_F(AccumulateCli, UnderMpirunBothRanksHoldTheirPredictions) {
   GTEST_SKIP() << "no MPI in this build";
 #else
   if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
-  for (const char* sync : {"", "--no-sync"}) {
+  for (const char* sync : {"--strategy zero1", "--strategy zero1 --no-sync", "--strategy zero3 --units 1",
+                           "--strategy zero2 --units 1 --no-sync", "--strategy zero3 --engine fsdp2 --no-sync"}) {
     const int rc = shell("cd '" + dir_ + "' && timeout -k 5 120 mpirun --oversubscribe -np 2 '" + bin_ +
-                         "' run --backend cpu --comm mpi" + kModel + "--strategy zero1 --accumulate 2 " + sync +
+                         "' run --backend cpu --comm mpi" + kModel + "--accumulate 2 " + sync +
                          " --json m.json > out.txt 2> err.txt");
     ASSERT_EQ(rc, 0) << first_line(dir_ + "/err.txt");
     std::ifstream in(dir_ + "/m.json");
