@@ -75,6 +75,7 @@ struct RunFlags {
   // One layer per unit, as FSDP's per-layer wrap policy and DeepSpeed shard; "all" is
   // the root unit alone (torch FSDP without a wrap policy).
   std::string strategy = "ddp", schedule, units = "1", prefetch = "1", engine = "torch";
+  std::string precision = "fp32";
   std::string microbatches, chunks = "1", split;
   std::string backend, comm, emulate, json, trace, timeline = "on", csv;
   std::string ddp_bucket = "view", bucket_mb = "0";
@@ -119,6 +120,9 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "torch | fsdp2: whose layout zero2/zero3 take: torch's FSDP1 flat units, or fully_shard's "
                  "per-tensor dim-0 shards; ddp and zero1 are torch's under either (default torch; deepspeed is not built yet)")
       ->type_name("torch|fsdp2");
+  app.add_option("--precision", f.precision,
+                 "fp32 | bf16: bf16 trains in the engine's mixed-precision regime (default fp32; bf16 is not built yet)")
+      ->type_name("fp32|bf16");
   app.add_option("--schedule", f.schedule, schedule_names_text(" | ") + " (a pipeline run)")->type_name("NAME");
   app.add_option("--checkpoint", f.checkpoint,
                  "none | full | every:K: recompute each (every K-th) layer or transformer block in backward, "
@@ -267,6 +271,13 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
   throw UsageError("--checkpoint: unknown '" + v + "'; allowed: none, full, every:K (K >= 1)");
 }
 
+// --precision bf16 runs only where its regime is built; everywhere else it is refused by
+// name, never quietly run in fp32.
+void refuse_unbuilt_precision(const RunConfig& c) {
+  if (c.precision == PrecisionKind::fp32) return;
+  throw UsageError("--precision " + std::string(precision_name(c.precision)) + ": not built yet; allowed: fp32");
+}
+
 RunConfig to_config(const RunFlags& f, CLI::App& app) {
   RunConfig c;
   // Caps that keep every byte count of the closed forms inside 64 bits (and the
@@ -329,6 +340,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
     throw UsageError("--strategy and --schedule: a run is either data parallel or a pipeline, not both");
   c.strategy = parse_strategy(f.strategy);
   c.engine = parse_engine(f.engine);
+  c.precision = parse_precision(f.precision);
   c.layers_per_unit = f.units == "all" ? 0 : parse_positive("--units (K or all)", f.units, 100'000);
   if (f.prefetch != "0" && f.prefetch != "1") throw UsageError("--prefetch: '" + f.prefetch + "'; allowed: 0, 1");
   c.prefetch = f.prefetch == "1";
@@ -386,6 +398,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
   }
   c.chunks = parse_positive("--chunks", f.chunks, 1'000);
   if (!f.split.empty()) c.split = parse_list("--split", f.split);
+  refuse_unbuilt_precision(c);
   c.wide_tables = f.wide;
   c.exact_bytes = exact_bytes_value(f.bytes);
   if (!f.backend.empty() && f.backend != "cpu" && f.backend != "cuda")

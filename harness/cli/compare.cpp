@@ -47,9 +47,10 @@ json match_key(const RunRecord& run) {
   if (const DataParallelRun* dp = data_parallel(run))
     return json::array({"data_parallel", dp->strategy, dp->world,
                         dp->layers_per_unit ? json(*dp->layers_per_unit) : json("all"), dp->prefetch,
-                        dp->ddp_bucket, dp->bucket_mb, model_key(dp->model), dp->engine});
+                        dp->ddp_bucket, dp->bucket_mb, model_key(dp->model), dp->engine, dp->precision});
   const PipelineRun& pp = *pipeline(run);
-  return json::array({"pipeline", pp.schedule, pp.world, pp.microbatches, pp.chunks, pp.split, model_key(pp.model)});
+  return json::array(
+      {"pipeline", pp.schedule, pp.world, pp.microbatches, pp.chunks, pp.split, model_key(pp.model), pp.precision});
 }
 
 // What makes two runs comparable across settings: the same model and kind (and, where

@@ -70,6 +70,7 @@ PipelineRun pipeline_run(const RunConfig& cfg, int stages) {
   const PipelineShape shape = pipeline_shape(cfg, stages);
   PipelineRun run;
   run.schedule = std::string(schedule_name(shape.schedule));
+  run.precision = std::string(precision_name(cfg.precision));
   run.world = stages;
   run.microbatches = shape.microbatches;
   run.chunks = shape.chunks;

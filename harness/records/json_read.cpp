@@ -504,11 +504,13 @@ std::string run_label(const json& run, bool pipeline) {
     if (const json* k = Reader::present(run, "layers_per_unit"); k && kind && shards_by_unit(*kind))
       label += " units=" + text(*k);
     if (const json* e = Reader::present(run, "engine"); e && *e != "torch") label += " engine=" + text(*e);
+    if (const json* p = Reader::present(run, "precision"); p && *p != "fp32") label += " precision=" + text(*p);
     if (const json* a = Reader::present(run, "accumulate"); a && *a != 1) label += " accumulate=" + text(*a);
     if (const json* n = Reader::present(run, "no_sync"); n && *n == true) label += " no_sync";
   } else {
     if (const json* m = Reader::present(run, "microbatches")) label += " M=" + text(*m);
     if (const json* v = Reader::present(run, "chunks")) label += " chunks=" + text(*v);
+    if (const json* p = Reader::present(run, "precision"); p && *p != "fp32") label += " precision=" + text(*p);
   }
   return label;
 }
@@ -523,6 +525,13 @@ void check_numbers_distinct(const Reader& rd, const json& list, const std::vecto
       rd.refuse(join(item(list_key, i), id), &list[i][id], std::string("a ") + id + " number no other record has");
 }
 
+// "precision": fp32 or bf16 (a record without it is fp32).
+std::string read_precision(const Reader& rd, const json& run) {
+  const std::string p = rd.text(run, "", "precision", "fp32 or bf16");
+  if (!find_named<PrecisionKind>(kPrecisionNames, p)) rd.refuse("precision", &run["precision"], "fp32 or bf16");
+  return p;
+}
+
 DataParallelRun read_data_parallel(const Reader& rd, const json& run) {
   DataParallelRun dp;
   dp.strategy = run["strategy"].get<std::string>();
@@ -530,6 +539,7 @@ DataParallelRun read_data_parallel(const Reader& rd, const json& run) {
     dp.engine = rd.text(run, "", "engine", "torch or fsdp2");
     if (dp.engine != "torch" && dp.engine != "fsdp2") rd.refuse("engine", &run["engine"], "torch or fsdp2");
   }
+  if (Reader::present(run, "precision")) dp.precision = read_precision(rd, run);
   if (Reader::present(run, "accumulate")) dp.accumulate = rd.positive(run, "", "accumulate");
   if (Reader::present(run, "no_sync")) dp.no_sync = rd.boolean(run, "", "no_sync");
   dp.world = rd.positive(run, "", "world");
@@ -553,6 +563,7 @@ DataParallelRun read_data_parallel(const Reader& rd, const json& run) {
 PipelineRun read_pipeline(const Reader& rd, const json& run) {
   PipelineRun pp;
   pp.schedule = run["schedule"].get<std::string>();
+  if (Reader::present(run, "precision")) pp.precision = read_precision(rd, run);
   pp.world = rd.positive(run, "", "world");
   pp.model = read_model(rd, run);
   pp.microbatches = rd.positive(run, "", "microbatches");

@@ -117,6 +117,7 @@ json data_parallel_json(const DataParallelRun& dp) {
   run["kind"] = "data_parallel";
   run["strategy"] = dp.strategy;
   run["engine"] = dp.engine;
+  run["precision"] = dp.precision;
   run["accumulate"] = dp.accumulate;
   run["no_sync"] = dp.no_sync;
   run["world"] = dp.world;
@@ -140,6 +141,7 @@ json pipeline_json(const PipelineRun& pp) {
   json run;
   run["kind"] = "pipeline";
   run["schedule"] = pp.schedule;
+  run["precision"] = pp.precision;
   run["world"] = pp.world;
   run["microbatches"] = pp.microbatches;
   run["chunks"] = pp.chunks;

@@ -263,6 +263,9 @@ struct DataParallelRun {
   // --engine fsdp2 (ddp and zero1 are torch's under either). Records from before the
   // field read as torch.
   std::string engine = "torch";
+  // --precision: "fp32", or "bf16" (the engine's mixed-precision regime). Records from
+  // before the field read as fp32.
+  std::string precision = "fp32";
   // --accumulate K (micro-steps per optimizer step) and --no-sync; records from before
   // the fields read as 1 and false.
   int accumulate = 1;
@@ -283,6 +286,7 @@ struct DataParallelRun {
 
 struct PipelineRun {
   std::string schedule;
+  std::string precision = "fp32";  // --precision, as DataParallelRun's
   int world = 0;  // stages
   int microbatches = 0;
   int chunks = 0;

@@ -55,11 +55,13 @@ std::string run_label(const json& run) {
   if (!pipeline) {
     if (const json* k = cells::at(run, {"layers_per_unit"}); k && uses_units(run)) label += " " + units_label(k);
     if (const json* e = cells::at(run, {"engine"}); e && cells::text(e) != "torch") label += " engine=" + cells::text(e);
+    if (const json* p = cells::at(run, {"precision"}); p && cells::text(p) != "fp32") label += " precision=" + cells::text(p);
     if (const json* a = cells::at(run, {"accumulate"}); a && cells::text(a) != "1") label += " accumulate=" + cells::text(a);
     if (const json* n = cells::at(run, {"no_sync"}); n && n->is_boolean() && n->get<bool>()) label += " no_sync";
   } else {
     if (const json* m = cells::at(run, {"microbatches"})) label += " M=" + cells::text(m);
     if (const json* v = cells::at(run, {"chunks"})) label += " chunks=" + cells::text(v);
+    if (const json* p = cells::at(run, {"precision"}); p && cells::text(p) != "fp32") label += " precision=" + cells::text(p);
   }
   return label;
 }
@@ -68,12 +70,13 @@ std::string run_label(const DataParallelRun& run) {
   std::string label = run.strategy + " W=" + std::to_string(run.world);
   if (tables::uses_units(run)) label += " " + tables::units_setting(run);
   if (run.engine != "torch") label += " engine=" + run.engine;
+  if (run.precision != "fp32") label += " precision=" + run.precision;
   return label + tables::accumulate_label(run);
 }
 
 std::string run_label(const PipelineRun& run) {
   return run.schedule + " S=" + std::to_string(run.world) + " M=" + std::to_string(run.microbatches) +
-         " chunks=" + std::to_string(run.chunks);
+         " chunks=" + std::to_string(run.chunks) + (run.precision != "fp32" ? " precision=" + run.precision : "");
 }
 
 std::string run_label(const RunRecord& run) {

@@ -16,4 +16,8 @@ EngineKind parse_engine(const std::string& name) {
   return *e;
 }
 
+PrecisionKind parse_precision(const std::string& name) {
+  return parse_named<PrecisionKind>(kPrecisionNames, name, "--precision");
+}
+
 }  // namespace shardscope

@@ -93,6 +93,7 @@ struct RunConfig {
   // Data parallel (when there is no `schedule`).
   StrategyKind strategy = StrategyKind::ddp;
   EngineKind engine = EngineKind::torch;  // --engine: whose layout zero2/zero3 take
+  PrecisionKind precision = PrecisionKind::fp32;  // --precision: fp32, or the engine's bf16 regime
   int layers_per_unit = 0;  // --units K; 0 = "all" (one root unit)
   int prefetch = 1;
   std::string ddp_bucket = "view";  // view | copy

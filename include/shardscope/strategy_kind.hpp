@@ -65,4 +65,21 @@ inline constexpr EngineKind effective_engine(EngineKind e, StrategyKind s) {
 // unknown name ("allowed: torch, fsdp2") and for deepspeed ("not built yet").
 EngineKind parse_engine(const std::string& name);
 
+// The arithmetic a run trains in (--precision, docs/design.md §2):
+//   fp32  every tensor fp32 (the seed's semantics);
+//   bf16  each engine's own mixed-precision regime: the torch engine's autocast (ddp,
+//         zero1) or FSDP MixedPrecision(param_dtype=bf16, reduce_dtype=fp32) (zero2,
+//         zero3); fsdp2's MixedPrecisionPolicy of the same dtypes.
+enum class PrecisionKind : std::uint8_t { fp32, bf16 };
+
+inline constexpr int kPrecisionCount = 2;
+
+inline constexpr std::array<std::string_view, kPrecisionCount> kPrecisionNames = {"fp32", "bf16"};
+
+inline constexpr std::string_view precision_name(PrecisionKind p) { return kPrecisionNames[static_cast<int>(p)]; }
+
+// The precision named `name`; throws UsageError("--precision: unknown '<name>'; allowed:
+// fp32, bf16") for any other name. Whether a configuration runs it is the CLI's check.
+PrecisionKind parse_precision(const std::string& name);
+
 }  // namespace shardscope

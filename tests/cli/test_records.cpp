@@ -3,7 +3,7 @@
 // fields, types and figures the JSON-building code before it gave (golden files under
 // tests/reference/records/, written by that code, plus the fields added since, each
 // added to them by hand: outside_pool_source, null on cpu; a data-parallel run's engine,
-// "torch"); a bad file is refused naming
+// "torch"; every run's precision, "fp32"); a bad file is refused naming
 // the file, the run, the rank and the field.
 #include <gtest/gtest.h>
 
