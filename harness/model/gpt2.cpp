@@ -446,6 +446,7 @@ std::unique_ptr<Model> make_gpt2(const ModelConfig& m) {
                          s.seq > 0 && s.seq <= s.positions && s.kv_heads == s.heads &&
                          s.head_dim * s.heads == s.hidden,
                      "gpt2: an unchecked transformer shape");
+  if (m.autocast) return make_gpt2_autocast(s);
   std::vector<std::unique_ptr<Block>> blocks;
   blocks.push_back(make_embedding_block(s, {"transformer.wte.weight", "transformer.wpe.weight"}, kFamily));
   for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<TransformerBlock>(s, i));

@@ -69,6 +69,9 @@ struct ModelConfig {
   Activation activation = Activation::none;
   Loss loss = Loss::sum;
   CheckpointPolicy checkpoint;  // --checkpoint
+  // --precision bf16 with the torch engine: a transformer runs as torch.autocast(bfloat16)
+  // runs it (bf16 GEMMs on casts of their inputs and weights, norms and loss in fp32).
+  bool autocast = false;
 
   // gpt2 or llama: the shape is `transformer`, and the MLP's sizes below do not apply
   // (harness/predict/transformer_forms.hpp has the transformer's).

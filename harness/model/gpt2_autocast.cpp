@@ -1,0 +1,451 @@
+// GPT-2 under the torch engine's --precision bf16: nanoGPT's module run as
+// torch.autocast("cpu", dtype=torch.bfloat16) runs it (harness/predict/autocast_forms.hpp
+// has the account, docs/formulas.md "bf16: what autocast saves"). Parameters, their
+// gradients and the embeddings stay fp32. Each Linear runs its GEMM in bf16: on a bf16 cast
+// of its input (made at the call) and of its weight (made once per forward, as autocast's
+// cast cache makes it, and held, saved, until that Linear's backward), its output bf16.
+// LayerNorm, the residual stream (fp32 + bf16 is fp32), the math attention's softmax
+// (torch upcasts q, k, v to fp32 on the CPU) and the loss run in fp32; flash attention
+// takes and saves bf16 q, k, v and output with an fp32 log-sum-exp.
+//
+// Every save below is torch's (bench/torch_saved.py --precision bf16 --itemize lists
+// them), in torch's dtype: saved.after_forward equals torch's figure byte for byte.
+// A bf16 tensor of e elements is a Buffer of e / 2 floats (the hidden size is even, so e
+// is). The arithmetic is the CPU's: a bf16 GEMM widens its operands into fp32 temps
+// (exact), runs sgemm and rounds its result to bf16 (kernels/host_bf16.hpp: OpenBLAS has
+// no sbgemm here); the backward computes in fp32 from the saved bf16 values, each
+// gradient of a bf16 tensor rounded to bf16 as autograd's would be, and accumulates the
+// weights' gradients in fp32 (torch rounds a weight's gradient to bf16 before its fp32
+// accumulation; ours keeps those bits).
+//
+// The weights' casts are allocated as activation until the core's param_cast category
+// lands; they are saved tensors either way and the saved-tensor instrument counts them.
+// The zero-bubble split is not built under bf16 (the CLI refuses a pipeline under it).
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/model/models.hpp"
+#include "harness/model/transformer_parts.hpp"
+#include "kernels/host_bf16.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+namespace {
+
+using namespace transformer;
+
+const char* const kFamily = "gpt2";
+constexpr int kEmbeddingBlock = 0;
+constexpr int kWte = 0;
+// Where a weight's bf16 cast is counted (the core's param_cast, once it is a category).
+constexpr Category kCastCategory = Category::activation;
+
+bf16* half(const Buffer& b) { return reinterpret_cast<bf16*>(b.data()); }
+
+// A bf16 tensor of `elems` elements (even).
+Buffer alloc_bf16(Backend& be, Category c, i64 elems) { return be.alloc(c, floats(elems / 2)); }
+
+// The bf16 copy of fp32 x (elems), in a new buffer of category c.
+Buffer cast_bf16(Backend& be, Category c, const float* x, i64 elems) {
+  Buffer b = alloc_bf16(be, c, elems);
+  bf16_round(half(b), x, elems);
+  return b;
+}
+
+// fp32 temp holding the values of bf16 x (elems): what a CPU GEMM multiplies.
+Buffer widen(Backend& be, const Buffer& x, i64 elems) {
+  Buffer w = be.alloc(Category::temp, floats(elems));
+  bf16_widen(w.data(), half(x), elems);
+  return w;
+}
+
+// A Linear's GEMM under autocast: bf16(x W^T + b) for bf16 x (n, in) and W (out, in), the
+// bias cast to bf16 too; returned as an fp32 temp (n, out) of bf16 values.
+Buffer autocast_linear(Backend& be, const Buffer& x, const Buffer& w, const float* b, i64 n, int in, int out) {
+  Buffer xf = widen(be, x, n * in);
+  Buffer wf = widen(be, w, static_cast<i64>(out) * in);
+  Buffer y = be.alloc(Category::temp, floats(n * out));
+  if (b) {
+    Buffer bb = be.alloc(Category::temp, floats(out));
+    be.copy(bb.data(), b, floats(out));
+    bf16_round_in_place(bb.data(), out);
+    linear_forward(be, y.data(), xf.data(), wf.data(), bb.data(), n, in, out, 0.0f);
+  } else {
+    linear_forward(be, y.data(), xf.data(), wf.data(), nullptr, n, in, out, 0.0f);
+  }
+  bf16_round_in_place(y.data(), n * out);
+  return y;
+}
+
+// The Linear's backward from dy (fp32 temp (n, out), bf16 values): dW and db onto the
+// fp32 gradients with beta, dx (n, in) a new fp32 temp of bf16 values (null unless wanted).
+Buffer autocast_linear_backward(Backend& be, const Buffer& dy, const Buffer& x, const Buffer& w, float* dw, float* db,
+                                i64 n, int in, int out, float beta) {
+  Buffer xf = widen(be, x, n * in);
+  Buffer wf = widen(be, w, static_cast<i64>(out) * in);
+  Buffer dx = be.alloc(Category::temp, floats(n * in));
+  linear_backward(be, dx.data(), dw, db, dy.data(), xf.data(), wf.data(), n, in, out, beta);
+  bf16_round_in_place(dx.data(), n * in);
+  return dx;
+}
+
+// ---- a transformer block ----
+enum BlockTensor : int {
+  kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kMlpProjW, kMlpProjB
+};
+
+class AutocastBlock final : public SequenceBlock {
+ public:
+  AutocastBlock(const TransformerShape& s, int layer)
+      : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)) {
+    const std::string p = "transformer.h." + std::to_string(layer) + ".";
+    const i64 h = s.hidden, f = s.ffn;
+    const float w = uniform_bound(kInitStd);
+    const float wr = uniform_bound(kInitStd / std::sqrt(2.0f * static_cast<float>(s.layers)));
+    params_ = {{p + "ln_1.weight", {h}, 0.0f, 1.0f},   {p + "ln_1.bias", {h}},
+               {p + "attn.c_attn.weight", {3 * h, h}, w}, {p + "attn.c_attn.bias", {3 * h}},
+               {p + "attn.c_proj.weight", {h, h}, wr},    {p + "attn.c_proj.bias", {h}},
+               {p + "ln_2.weight", {h}, 0.0f, 1.0f},   {p + "ln_2.bias", {h}},
+               {p + "mlp.c_fc.weight", {f, h}, w},        {p + "mlp.c_fc.bias", {f}},
+               {p + "mlp.c_proj.weight", {h, f}, wr},     {p + "mlp.c_proj.bias", {h}}};
+  }
+  bool checkpointable() const override { return true; }
+  std::string name() const override { return name_; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  bool saves_input() const override { return true; }  // ln_1's input
+  bool saves_output() const override { return false; }
+
+  // What the forward keeps: fp32 statistics and x_mid; bf16 the Linears' inputs, qkv
+  // (flash), the attention's output, c_fc's and GELU's outputs; bf16 weight casts; fp32
+  // q, k, v (head-major) and probabilities with math.
+  enum Held : int {
+    kMean1, kRstd1, kLn1, kWAttn, kQkv, kLse, kOut, kWProj, kXmid, kMean2, kRstd2, kLn2, kWFc, kFc, kGelu, kWMlp,
+    kQ, kK, kV, kProbs, kHeld
+  };
+
+  Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
+                 BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
+    const int hs = s_.hidden, fs = s_.ffn;
+    const i64 a = 4 * n * h;  // bytes of one fp32 (N, h) activation
+    auto param = [&](int t) { return c.access.param(c.index, t); };
+    auto act = [&](i64 count) { return be.alloc(Category::activation, floats(count)); };
+    // A weight's bf16 cast: the GEMM saves it (2 bytes an element).
+    auto weight_cast = [&](int t, i64 elems) {
+      Buffer w = cast_bf16(be, kCastCategory, param(t), elems);
+      c.saved.save(w.data(), 2 * elems);
+      return w;
+    };
+    std::vector<Buffer>& held = tape.held;
+    held.clear();
+    held.resize(kHeld);
+
+    // ln_1 (fp32): saves its input, mean and rstd; its output is cast for c_attn.
+    held[kMean1] = act(n);
+    held[kRstd1] = act(n);
+    Buffer ln = be.alloc(Category::temp, floats(n * h));
+    be.layer_norm_forward(ln.data(), held[kMean1].data(), held[kRstd1].data(), x, param(kLn1W), param(kLn1B),
+                          static_cast<int>(n), hs, s_.norm_eps);
+    c.saved.save(x, a);
+    c.saved.save(held[kMean1].data(), 4 * n);
+    c.saved.save(held[kRstd1].data(), 4 * n);
+    c.saved.save(ln_weight_(), 0);
+    held[kLn1] = cast_bf16(be, Category::activation, ln.data(), n * h);
+    ln.reset();
+
+    // c_attn (addmm saves mat1, its bf16 input, and mat2, the weight's cast)
+    held[kWAttn] = weight_cast(kAttnW, 3 * h * h);
+    Buffer qkv = autocast_linear(be, held[kLn1], held[kWAttn], param(kAttnB), n, hs, 3 * hs);
+    c.saved.save(held[kLn1].data(), a / 2);
+
+    if (s_.attention == AttentionMode::flash) {
+      // Flash SDPA on bf16 q, k, v (views of the one qkv storage): saves them, its bf16
+      // output and the fp32 log-sum-exp (B, heads, T).
+      held[kQkv] = cast_bf16(be, Category::activation, qkv.data(), 3 * n * h);
+      held[kLse] = act(static_cast<i64>(c.rows) * s_.heads * s_.seq);
+      Buffer out = be.alloc(Category::temp, floats(n * h));
+      be.flash_attention_forward(attention(c.rows, qkv.data()), out.data(), hs, held[kLse].data());
+      qkv.reset();
+      held[kOut] = cast_bf16(be, Category::activation, out.data(), n * h);
+      out.reset();
+      c.saved.save(held[kQkv].data(), 3 * a / 2);
+      c.saved.save(held[kOut].data(), a / 2);
+      c.saved.save(held[kLse].data(), 4 * static_cast<i64>(c.rows) * s_.heads * s_.seq);
+    } else {
+      // Math SDPA on the CPU upcasts q, k, v to fp32 (head-major copies, saved by its
+      // bmms: always copies), keeps the fp32 probabilities and hands back its output in
+      // bf16, copied token-major for c_proj.
+      for (int j : {kQ, kK, kV}) {
+        held[j] = act(n * h);
+        be.permute_heads(held[j].data(), qkv.data() + (j == kQ ? 0 : j == kK ? h : 2 * h), 3 * hs, c.rows, s_.seq,
+                         s_.heads, s_.head_dim, true);
+      }
+      qkv.reset();
+      const MathAttention m = math_attention(s_, c.rows);
+      auto [probs, out] = math_attention_forward(be, m, held[kQ].data(), held[kK].data(), m.head_major(held[kV].data()));
+      held[kProbs] = std::move(probs);
+      held[kOut] = cast_bf16(be, Category::activation, out.data(), n * h);
+      out.reset();
+      c.saved.save(held[kQ].data(), a);
+      c.saved.save(held[kK].data(), a);
+      c.saved.save(held[kProbs].data(), static_cast<i64>(held[kProbs].bytes()));
+      c.saved.save(held[kV].data(), a);
+    }
+
+    // x_mid = x + c_proj(y) (fp32 + bf16): c_proj saves y and its weight's cast.
+    held[kWProj] = weight_cast(kProjW, h * h);
+    Buffer r = autocast_linear(be, held[kOut], held[kWProj], param(kProjB), n, hs, hs);
+    held[kXmid] = act(n * h);
+    be.copy(held[kXmid].data(), x, floats(n * h));
+    be.add(held[kXmid].data(), r.data(), floats(n * h));
+    r.reset();
+    c.saved.save(held[kOut].data(), a / 2);
+
+    // ln_2 (fp32), its output cast for c_fc
+    held[kMean2] = act(n);
+    held[kRstd2] = act(n);
+    ln = be.alloc(Category::temp, floats(n * h));
+    be.layer_norm_forward(ln.data(), held[kMean2].data(), held[kRstd2].data(), held[kXmid].data(), param(kLn2W),
+                          param(kLn2B), static_cast<int>(n), hs, s_.norm_eps);
+    c.saved.save(held[kXmid].data(), a);
+    c.saved.save(held[kMean2].data(), 4 * n);
+    c.saved.save(held[kRstd2].data(), 4 * n);
+    c.saved.save(ln2_weight_(), 0);
+    held[kLn2] = cast_bf16(be, Category::activation, ln.data(), n * h);
+    ln.reset();
+
+    // c_fc (bf16 out, GELU's input), GELU (bf16 out, mlp c_proj's input)
+    held[kWFc] = weight_cast(kFcW, f * h);
+    Buffer fc = autocast_linear(be, held[kLn2], held[kWFc], param(kFcB), n, hs, fs);
+    c.saved.save(held[kLn2].data(), a / 2);
+    held[kFc] = cast_bf16(be, Category::activation, fc.data(), n * f);
+    be.gelu_tanh_forward(fc.data(), fc.data(), floats(n * f));
+    held[kGelu] = cast_bf16(be, Category::activation, fc.data(), n * f);
+    fc.reset();
+    c.saved.save(held[kFc].data(), 2 * n * f);
+
+    // out = x_mid + mlp.c_proj(gelu): (N, h) fp32, activation when the next block saves it.
+    held[kWMlp] = weight_cast(kMlpProjW, h * f);
+    r = autocast_linear(be, held[kGelu], held[kWMlp], param(kMlpProjB), n, fs, hs);
+    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * h));
+    be.copy(out.data(), held[kXmid].data(), floats(n * h));
+    be.add(out.data(), r.data(), floats(n * h));
+    r.reset();
+    c.saved.save(held[kGelu].data(), 2 * n * f);
+    return out;
+  }
+
+  Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                  BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
+    const int hs = s_.hidden, fs = s_.ffn;
+    auto param = [&](int t) { return c.access.param(c.index, t); };
+    auto grad = [&](int t) { return c.access.grad(c.index, t); };
+    auto drop = [&](int j) { drop_saved(c.saved, tape.held[j]); };
+    // The gradient at a bf16 tensor is bf16: an fp32 copy of dy's values rounded.
+    auto rounded = [&](const Buffer& g, i64 count) {
+      Buffer b = be.alloc(Category::temp, floats(count));
+      be.copy(b.data(), g.data(), floats(count));
+      bf16_round_in_place(b.data(), count);
+      return b;
+    };
+    std::vector<Buffer>& held = tape.held;
+    out.reset();
+
+    // mlp c_proj, GELU (in fp32 on the widened bf16 input, its gradient rounded), c_fc
+    Buffer dr = rounded(dy, n * h);
+    Buffer dg = autocast_linear_backward(be, dr, held[kGelu], held[kWMlp], grad(kMlpProjW), grad(kMlpProjB), n, fs, hs,
+                                         beta);
+    dr.reset();
+    drop(kWMlp);
+    drop(kGelu);
+    {
+      Buffer fc = widen(be, held[kFc], n * f);
+      be.gelu_tanh_backward(dg.data(), dg.data(), fc.data(), floats(n * f));
+    }
+    bf16_round_in_place(dg.data(), n * f);
+    drop(kFc);
+    Buffer dln = autocast_linear_backward(be, dg, held[kLn2], held[kWFc], grad(kFcW), grad(kFcB), n, hs, fs, beta);
+    dg.reset();
+    drop(kWFc);
+    drop(kLn2);
+
+    // ln_2, then the residual: dx_mid = ln_2's dx + dy
+    Buffer dmid = be.alloc(Category::temp, floats(n * h));
+    be.layer_norm_backward(dmid.data(), grad(kLn2W), grad(kLn2B), dln.data(), held[kXmid].data(),
+                           held[kMean2].data(), held[kRstd2].data(), param(kLn2W), static_cast<int>(n), hs, beta);
+    dln.reset();
+    c.saved.release(ln2_weight_());
+    drop(kXmid);
+    drop(kMean2);
+    drop(kRstd2);
+    add_residual(be, dmid, dy, n * h);
+
+    // attention's c_proj
+    dr = rounded(dmid, n * h);
+    Buffer dattn =
+        autocast_linear_backward(be, dr, held[kOut], held[kWProj], grad(kProjW), grad(kProjB), n, hs, hs, beta);
+    dr.reset();
+    drop(kWProj);
+    c.saved.release(held[kOut].data());  // c_proj's save of y
+
+    // attention: dqkv (N, 3h), bf16 values
+    Buffer dqkv = be.alloc(Category::temp, floats(3 * n * h));
+    if (s_.attention == AttentionMode::flash) {
+      Buffer qkv = widen(be, held[kQkv], 3 * n * h);
+      Buffer o = widen(be, held[kOut], n * h);
+      be.flash_attention_backward(attention(c.rows, qkv.data()), o.data(), hs, dattn.data(), held[kLse].data(),
+                                  dqkv.data(), dqkv.data() + h, dqkv.data() + 2 * h);
+      dattn.reset();
+      for (int j : {kQkv, kOut, kLse}) drop(j);
+    } else {
+      held[kOut].reset();
+      const MathAttention m = math_attention(s_, c.rows);
+      HeadGrads g = math_attention_backward(be, c.saved, m, dattn, held[kQ], held[kK], held[kProbs],
+                                            m.head_major(held[kV].data()), held[kV]);
+      int at = 0;
+      for (const Buffer* d : {&g.dq, &g.dk, &g.dv})
+        be.permute_heads(dqkv.data() + h * at++, d->data(), 3 * hs, c.rows, s_.seq, s_.heads, s_.head_dim, false);
+    }
+    bf16_round_in_place(dqkv.data(), 3 * n * h);
+
+    // c_attn
+    dln = autocast_linear_backward(be, dqkv, held[kLn1], held[kWAttn], grad(kAttnW), grad(kAttnB), n, hs, 3 * hs, beta);
+    dqkv.reset();
+    drop(kWAttn);
+    drop(kLn1);
+
+    // ln_1, then the residual: dx = ln_1's dx + dx_mid
+    Buffer dx = be.alloc(Category::temp, floats(n * h));
+    be.layer_norm_backward(dx.data(), grad(kLn1W), grad(kLn1B), dln.data(), x, held[kMean1].data(),
+                           held[kRstd1].data(), param(kLn1W), static_cast<int>(n), hs, beta);
+    dln.reset();
+    c.saved.release(ln_weight_());
+    c.saved.release(x);
+    drop(kMean1);
+    drop(kRstd1);
+    add_residual(be, dx, dmid, n * h);
+    return finish_backward(held, std::move(dx), needs_dx);
+  }
+
+  Buffer backward_input(const BlockCall&, const float*, Buffer&, Buffer, bool, bool, BlockTape&) override {
+    throw_unbuilt_split();
+  }
+  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override { throw_unbuilt_split(); }
+
+  [[noreturn]] static void throw_unbuilt_split() {
+    throw RunError("gpt2 under bf16: the zero-bubble split (B and W apart) is not built");
+  }
+
+ private:
+  AttentionArgs attention(int rows, const float* qkv) const {
+    return attention_args(s_, rows, qkv, qkv + s_.hidden, qkv + 2 * s_.hidden, 3 * s_.hidden, 3 * s_.hidden);
+  }
+
+  std::string name_;
+  std::vector<ParamSpec> params_;
+  WeightRef ln_weight_, ln2_weight_;
+};
+
+// ---- the final block: ln_f (fp32), its output cast, the head on the tied wte's cast ----
+class AutocastFinal final : public SequenceBlock {
+ public:
+  explicit AutocastFinal(const TransformerShape& s) : SequenceBlock(s, kFamily) {
+    params_ = {{"transformer.ln_f.weight", {s.hidden}, 0.0f, 1.0f}, {"transformer.ln_f.bias", {s.hidden}}};
+  }
+  std::string name() const override { return "final"; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  TensorRef tied_param() const override { return {kEmbeddingBlock, kWte}; }
+  std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.vocab; }
+  bool saves_input() const override { return true; }
+  bool saves_output() const override { return false; }  // log_softmax saves its own result
+
+  enum Held : int { kMean, kRstd, kY, kW, kHeld };
+
+  Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
+                 BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden, v = s_.vocab;
+    std::vector<Buffer>& held = tape.held;
+    held.clear();
+    held.resize(kHeld);
+    held[kMean] = be.alloc(Category::activation, floats(n));
+    held[kRstd] = be.alloc(Category::activation, floats(n));
+    Buffer y = be.alloc(Category::temp, floats(n * h));
+    be.layer_norm_forward(y.data(), held[kMean].data(), held[kRstd].data(), x, c.access.param(c.index, 0),
+                          c.access.param(c.index, 1), static_cast<int>(n), s_.hidden, s_.norm_eps);
+    c.saved.save(x, 4 * n * h);
+    c.saved.save(held[kMean].data(), 4 * n);
+    c.saved.save(held[kRstd].data(), 4 * n);
+    c.saved.save(norm_ref_(), 0);
+    held[kY] = cast_bf16(be, Category::activation, y.data(), n * h);
+    y.reset();
+    // logits (N, V) = bf16(y wte^T) (mm saves y's cast and wte's); the loss casts them to
+    // fp32 (what this block hands it).
+    held[kW] = cast_bf16(be, kCastCategory, c.access.param(kEmbeddingBlock, kWte), v * h);
+    Buffer logits = autocast_linear(be, held[kY], held[kW], nullptr, n, s_.hidden, s_.vocab);
+    c.saved.save(held[kY].data(), 2 * n * h);
+    c.saved.save(held[kW].data(), 2 * v * h);
+    if (!output_saved) return logits;  // temp: log_softmax saves its own result
+    Buffer out = be.alloc(Category::activation, floats(n * v));
+    be.copy(out.data(), logits.data(), floats(n * v));
+    return out;
+  }
+
+  Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                  BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden;
+    std::vector<Buffer>& held = tape.held;
+    out.reset();
+    // The head: the gradient at the bf16 logits is bf16; the tied wte's gradient written
+    // first, with beta (the embedding adds its part later).
+    bf16_round_in_place(dy.data(), n * s_.vocab);
+    Buffer dnorm = autocast_linear_backward(be, dy, held[kY], held[kW], c.access.grad(kEmbeddingBlock, kWte), nullptr,
+                                            n, s_.hidden, s_.vocab, beta);
+    dy.reset();
+    drop_saved(c.saved, held[kW]);
+    drop_saved(c.saved, held[kY]);
+    Buffer dx = be.alloc(Category::temp, floats(n * h));
+    be.layer_norm_backward(dx.data(), c.access.grad(c.index, 0), c.access.grad(c.index, 1), dnorm.data(), x,
+                           held[kMean].data(), held[kRstd].data(), c.access.param(c.index, 0), static_cast<int>(n),
+                           s_.hidden, beta);
+    dnorm.reset();
+    c.saved.release(norm_ref_());
+    c.saved.release(x);
+    drop_saved(c.saved, held[kMean]);
+    drop_saved(c.saved, held[kRstd]);
+    return finish_backward(held, std::move(dx), needs_dx);
+  }
+
+  Buffer backward_input(const BlockCall&, const float*, Buffer&, Buffer, bool, bool, BlockTape&) override {
+    AutocastBlock::throw_unbuilt_split();
+  }
+  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override {
+    AutocastBlock::throw_unbuilt_split();
+  }
+
+ private:
+  std::vector<ParamSpec> params_;
+  WeightRef norm_ref_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_gpt2_autocast(const TransformerShape& s) {
+  SHARDSCOPE_REQUIRE(s.hidden % 2 == 0, "gpt2 under bf16: an odd hidden size (a bf16 tensor is whole floats)");
+  std::vector<std::unique_ptr<Block>> blocks;
+  blocks.push_back(make_embedding_block(s, {"transformer.wte.weight", "transformer.wpe.weight"}, kFamily));
+  for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<AutocastBlock>(s, i));
+  blocks.push_back(std::make_unique<AutocastFinal>(s));
+  return std::make_unique<Model>(std::move(blocks), make_cross_entropy(s, kFamily));
+}
+
+}  // namespace shardscope
