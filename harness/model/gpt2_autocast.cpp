@@ -9,26 +9,17 @@
 // takes and saves bf16 q, k, v and output with an fp32 log-sum-exp.
 //
 // Every save below is torch's (bench/torch_saved.py --precision bf16 --itemize lists
-// them), in torch's dtype: saved.after_forward equals torch's figure byte for byte.
-// A bf16 tensor of e elements is a Buffer of e / 2 floats (the hidden size is even, so e
-// is). The arithmetic is the CPU's: a bf16 GEMM widens its operands into fp32 temps
-// (exact), runs sgemm and rounds its result to bf16 (kernels/host_bf16.hpp: OpenBLAS has
-// no sbgemm here); the backward computes in fp32 from the saved bf16 values, each
-// gradient of a bf16 tensor rounded to bf16 as autograd's would be, and accumulates the
-// weights' gradients in fp32 (torch rounds a weight's gradient to bf16 before its fp32
-// accumulation; ours keeps those bits).
-//
-// The weights' casts are allocated as activation until the core's param_cast category
-// lands; they are saved tensors either way and the saved-tensor instrument counts them.
-// The zero-bubble split is not built under bf16 (the CLI refuses a pipeline under it).
+// them), in torch's dtype: saved.after_forward equals torch's figure byte for byte. The
+// bf16 arithmetic and buffers are autocast_parts.hpp's. The weights' casts are allocated
+// as kCastCategory (activation until the core's param_cast category lands); they are saved
+// tensors either way and the saved-tensor instrument counts them.
 #include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "harness/model/autocast_parts.hpp"
 #include "harness/model/models.hpp"
-#include "harness/model/transformer_parts.hpp"
-#include "kernels/host_bf16.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {
@@ -39,57 +30,6 @@ using namespace transformer;
 const char* const kFamily = "gpt2";
 constexpr int kEmbeddingBlock = 0;
 constexpr int kWte = 0;
-// Where a weight's bf16 cast is counted (the core's param_cast, once it is a category).
-constexpr Category kCastCategory = Category::activation;
-
-bf16* half(const Buffer& b) { return reinterpret_cast<bf16*>(b.data()); }
-
-// A bf16 tensor of `elems` elements (even).
-Buffer alloc_bf16(Backend& be, Category c, i64 elems) { return be.alloc(c, floats(elems / 2)); }
-
-// The bf16 copy of fp32 x (elems), in a new buffer of category c.
-Buffer cast_bf16(Backend& be, Category c, const float* x, i64 elems) {
-  Buffer b = alloc_bf16(be, c, elems);
-  bf16_round(half(b), x, elems);
-  return b;
-}
-
-// fp32 temp holding the values of bf16 x (elems): what a CPU GEMM multiplies.
-Buffer widen(Backend& be, const Buffer& x, i64 elems) {
-  Buffer w = be.alloc(Category::temp, floats(elems));
-  bf16_widen(w.data(), half(x), elems);
-  return w;
-}
-
-// A Linear's GEMM under autocast: bf16(x W^T + b) for bf16 x (n, in) and W (out, in), the
-// bias cast to bf16 too; returned as an fp32 temp (n, out) of bf16 values.
-Buffer autocast_linear(Backend& be, const Buffer& x, const Buffer& w, const float* b, i64 n, int in, int out) {
-  Buffer xf = widen(be, x, n * in);
-  Buffer wf = widen(be, w, static_cast<i64>(out) * in);
-  Buffer y = be.alloc(Category::temp, floats(n * out));
-  if (b) {
-    Buffer bb = be.alloc(Category::temp, floats(out));
-    be.copy(bb.data(), b, floats(out));
-    bf16_round_in_place(bb.data(), out);
-    linear_forward(be, y.data(), xf.data(), wf.data(), bb.data(), n, in, out, 0.0f);
-  } else {
-    linear_forward(be, y.data(), xf.data(), wf.data(), nullptr, n, in, out, 0.0f);
-  }
-  bf16_round_in_place(y.data(), n * out);
-  return y;
-}
-
-// The Linear's backward from dy (fp32 temp (n, out), bf16 values): dW and db onto the
-// fp32 gradients with beta, dx (n, in) a new fp32 temp of bf16 values (null unless wanted).
-Buffer autocast_linear_backward(Backend& be, const Buffer& dy, const Buffer& x, const Buffer& w, float* dw, float* db,
-                                i64 n, int in, int out, float beta) {
-  Buffer xf = widen(be, x, n * in);
-  Buffer wf = widen(be, w, static_cast<i64>(out) * in);
-  Buffer dx = be.alloc(Category::temp, floats(n * in));
-  linear_backward(be, dx.data(), dw, db, dy.data(), xf.data(), wf.data(), n, in, out, beta);
-  bf16_round_in_place(dx.data(), n * in);
-  return dx;
-}
 
 // ---- a transformer block ----
 enum BlockTensor : int {
@@ -249,18 +189,13 @@ class AutocastBlock final : public SequenceBlock {
     auto grad = [&](int t) { return c.access.grad(c.index, t); };
     auto drop = [&](int j) { drop_saved(c.saved, tape.held[j]); };
     // The gradient at a bf16 tensor is bf16: an fp32 copy of dy's values rounded.
-    auto rounded = [&](const Buffer& g, i64 count) {
-      Buffer b = be.alloc(Category::temp, floats(count));
-      be.copy(b.data(), g.data(), floats(count));
-      bf16_round_in_place(b.data(), count);
-      return b;
-    };
+    auto rounded = [&](const Buffer& g, i64 count) { return rounded_copy(be, g.data(), count); };
     std::vector<Buffer>& held = tape.held;
     out.reset();
 
     // mlp c_proj, GELU (in fp32 on the widened bf16 input, its gradient rounded), c_fc
     Buffer dr = rounded(dy, n * h);
-    Buffer dg = autocast_linear_backward(be, dr, held[kGelu], held[kWMlp], grad(kMlpProjW), grad(kMlpProjB), n, fs, hs,
+    Buffer dg = autocast_linear_backward(be, dr.data(), held[kGelu], held[kWMlp], grad(kMlpProjW), grad(kMlpProjB), n, fs, hs,
                                          beta);
     dr.reset();
     drop(kWMlp);
@@ -271,7 +206,7 @@ class AutocastBlock final : public SequenceBlock {
     }
     bf16_round_in_place(dg.data(), n * f);
     drop(kFc);
-    Buffer dln = autocast_linear_backward(be, dg, held[kLn2], held[kWFc], grad(kFcW), grad(kFcB), n, hs, fs, beta);
+    Buffer dln = autocast_linear_backward(be, dg.data(), held[kLn2], held[kWFc], grad(kFcW), grad(kFcB), n, hs, fs, beta);
     dg.reset();
     drop(kWFc);
     drop(kLn2);
@@ -290,7 +225,7 @@ class AutocastBlock final : public SequenceBlock {
     // attention's c_proj
     dr = rounded(dmid, n * h);
     Buffer dattn =
-        autocast_linear_backward(be, dr, held[kOut], held[kWProj], grad(kProjW), grad(kProjB), n, hs, hs, beta);
+        autocast_linear_backward(be, dr.data(), held[kOut], held[kWProj], grad(kProjW), grad(kProjB), n, hs, hs, beta);
     dr.reset();
     drop(kWProj);
     c.saved.release(held[kOut].data());  // c_proj's save of y
@@ -316,7 +251,7 @@ class AutocastBlock final : public SequenceBlock {
     bf16_round_in_place(dqkv.data(), 3 * n * h);
 
     // c_attn
-    dln = autocast_linear_backward(be, dqkv, held[kLn1], held[kWAttn], grad(kAttnW), grad(kAttnB), n, hs, 3 * hs, beta);
+    dln = autocast_linear_backward(be, dqkv.data(), held[kLn1], held[kWAttn], grad(kAttnW), grad(kAttnB), n, hs, 3 * hs, beta);
     dqkv.reset();
     drop(kWAttn);
     drop(kLn1);
@@ -335,12 +270,10 @@ class AutocastBlock final : public SequenceBlock {
   }
 
   Buffer backward_input(const BlockCall&, const float*, Buffer&, Buffer, bool, bool, BlockTape&) override {
-    throw_unbuilt_split();
+    throw_unbuilt_autocast_split(kFamily);
   }
-  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override { throw_unbuilt_split(); }
-
-  [[noreturn]] static void throw_unbuilt_split() {
-    throw RunError("gpt2 under bf16: the zero-bubble split (B and W apart) is not built");
+  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override {
+    throw_unbuilt_autocast_split(kFamily);
   }
 
  private:
@@ -353,90 +286,6 @@ class AutocastBlock final : public SequenceBlock {
   WeightRef ln_weight_, ln2_weight_;
 };
 
-// ---- the final block: ln_f (fp32), its output cast, the head on the tied wte's cast ----
-class AutocastFinal final : public SequenceBlock {
- public:
-  explicit AutocastFinal(const TransformerShape& s) : SequenceBlock(s, kFamily) {
-    params_ = {{"transformer.ln_f.weight", {s.hidden}, 0.0f, 1.0f}, {"transformer.ln_f.bias", {s.hidden}}};
-  }
-  std::string name() const override { return "final"; }
-  const std::vector<ParamSpec>& params() const override { return params_; }
-  TensorRef tied_param() const override { return {kEmbeddingBlock, kWte}; }
-  std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
-  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.vocab; }
-  bool saves_input() const override { return true; }
-  bool saves_output() const override { return false; }  // log_softmax saves its own result
-
-  enum Held : int { kMean, kRstd, kY, kW, kHeld };
-
-  Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
-                 BlockTape& tape) override {
-    Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden, v = s_.vocab;
-    std::vector<Buffer>& held = tape.held;
-    held.clear();
-    held.resize(kHeld);
-    held[kMean] = be.alloc(Category::activation, floats(n));
-    held[kRstd] = be.alloc(Category::activation, floats(n));
-    Buffer y = be.alloc(Category::temp, floats(n * h));
-    be.layer_norm_forward(y.data(), held[kMean].data(), held[kRstd].data(), x, c.access.param(c.index, 0),
-                          c.access.param(c.index, 1), static_cast<int>(n), s_.hidden, s_.norm_eps);
-    c.saved.save(x, 4 * n * h);
-    c.saved.save(held[kMean].data(), 4 * n);
-    c.saved.save(held[kRstd].data(), 4 * n);
-    c.saved.save(norm_ref_(), 0);
-    held[kY] = cast_bf16(be, Category::activation, y.data(), n * h);
-    y.reset();
-    // logits (N, V) = bf16(y wte^T) (mm saves y's cast and wte's); the loss casts them to
-    // fp32 (what this block hands it).
-    held[kW] = cast_bf16(be, kCastCategory, c.access.param(kEmbeddingBlock, kWte), v * h);
-    Buffer logits = autocast_linear(be, held[kY], held[kW], nullptr, n, s_.hidden, s_.vocab);
-    c.saved.save(held[kY].data(), 2 * n * h);
-    c.saved.save(held[kW].data(), 2 * v * h);
-    if (!output_saved) return logits;  // temp: log_softmax saves its own result
-    Buffer out = be.alloc(Category::activation, floats(n * v));
-    be.copy(out.data(), logits.data(), floats(n * v));
-    return out;
-  }
-
-  Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
-                  BlockTape& tape) override {
-    Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden;
-    std::vector<Buffer>& held = tape.held;
-    out.reset();
-    // The head: the gradient at the bf16 logits is bf16; the tied wte's gradient written
-    // first, with beta (the embedding adds its part later).
-    bf16_round_in_place(dy.data(), n * s_.vocab);
-    Buffer dnorm = autocast_linear_backward(be, dy, held[kY], held[kW], c.access.grad(kEmbeddingBlock, kWte), nullptr,
-                                            n, s_.hidden, s_.vocab, beta);
-    dy.reset();
-    drop_saved(c.saved, held[kW]);
-    drop_saved(c.saved, held[kY]);
-    Buffer dx = be.alloc(Category::temp, floats(n * h));
-    be.layer_norm_backward(dx.data(), c.access.grad(c.index, 0), c.access.grad(c.index, 1), dnorm.data(), x,
-                           held[kMean].data(), held[kRstd].data(), c.access.param(c.index, 0), static_cast<int>(n),
-                           s_.hidden, beta);
-    dnorm.reset();
-    c.saved.release(norm_ref_());
-    c.saved.release(x);
-    drop_saved(c.saved, held[kMean]);
-    drop_saved(c.saved, held[kRstd]);
-    return finish_backward(held, std::move(dx), needs_dx);
-  }
-
-  Buffer backward_input(const BlockCall&, const float*, Buffer&, Buffer, bool, bool, BlockTape&) override {
-    AutocastBlock::throw_unbuilt_split();
-  }
-  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override {
-    AutocastBlock::throw_unbuilt_split();
-  }
-
- private:
-  std::vector<ParamSpec> params_;
-  WeightRef norm_ref_;
-};
-
 }  // namespace
 
 std::unique_ptr<Model> make_gpt2_autocast(const TransformerShape& s) {
@@ -444,7 +293,10 @@ std::unique_ptr<Model> make_gpt2_autocast(const TransformerShape& s) {
   std::vector<std::unique_ptr<Block>> blocks;
   blocks.push_back(make_embedding_block(s, {"transformer.wte.weight", "transformer.wpe.weight"}, kFamily));
   for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<AutocastBlock>(s, i));
-  blocks.push_back(std::make_unique<AutocastFinal>(s));
+  blocks.push_back(std::make_unique<AutocastFinal>(
+      s, kFamily, AutocastFinal::Norm::layer,
+      std::vector<ParamSpec>{{"transformer.ln_f.weight", {s.hidden}, 0.0f, 1.0f}, {"transformer.ln_f.bias", {s.hidden}}},
+      TensorRef{kEmbeddingBlock, kWte}));
   return std::make_unique<Model>(std::move(blocks), make_cross_entropy(s, kFamily));
 }
 

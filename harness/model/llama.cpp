@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/model/llama_heads.hpp"
 #include "harness/model/models.hpp"
 #include "harness/model/transformer_parts.hpp"
 #include "shardscope/check.hpp"
@@ -36,42 +37,6 @@ const char* const kFamily = "llama";
 // The embedding block's table, which a tied head reads.
 constexpr int kEmbeddingBlock = 0;
 constexpr int kEmbedTokens = 0;
-
-// Copies token-major x (N, K d), row stride ld, into head-major (B, H, T, d) with kv head
-// c repeated for query heads c r .. c r + r - 1 (r = H / K): Hugging Face's repeat_kv.
-void expand_heads(Backend& be, float* dst, const float* x, int ld, int batch, int seq, int heads, int kv_heads,
-                  int head_dim) {
-  if (heads == kv_heads) {
-    be.permute_heads(dst, x, ld, batch, seq, heads, head_dim, true);
-    return;
-  }
-  const int r = heads / kv_heads;
-  const i64 st = static_cast<i64>(seq) * head_dim;
-  for (int b = 0; b < batch; ++b)
-    for (int j = 0; j < heads; ++j)
-      be.permute_heads(dst + (static_cast<i64>(b) * heads + j) * st,
-                       x + static_cast<i64>(b) * seq * ld + (j / r) * head_dim, ld, 1, seq, 1, head_dim, true);
-}
-
-// The reverse of expand_heads on a gradient: sums head-major g (B, H, T, d) over each kv
-// head's r query heads (in place in g) and writes the sums token-major into dx (N, K d),
-// row stride ld.
-void reduce_heads(Backend& be, float* dx, float* g, int ld, int batch, int seq, int heads, int kv_heads,
-                  int head_dim) {
-  if (heads == kv_heads) {
-    be.permute_heads(dx, g, ld, batch, seq, heads, head_dim, false);
-    return;
-  }
-  const int r = heads / kv_heads;
-  const i64 st = static_cast<i64>(seq) * head_dim;
-  for (int b = 0; b < batch; ++b)
-    for (int c = 0; c < kv_heads; ++c) {
-      float* first = g + (static_cast<i64>(b) * heads + static_cast<i64>(c) * r) * st;
-      for (int rep = 1; rep < r; ++rep) be.add(first, first + rep * st, floats(st));
-      be.permute_heads(dx + static_cast<i64>(b) * seq * ld + static_cast<i64>(c) * head_dim, first, ld, 1, seq, 1,
-                       head_dim, false);
-    }
-}
 
 // ---- a decoder layer ----
 class DecoderLayer final : public SequenceBlock {
@@ -544,6 +509,7 @@ std::unique_ptr<Model> make_llama(const ModelConfig& m) {
   SHARDSCOPE_REQUIRE(s.layers > 0 && s.hidden > 0 && s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0 &&
                          s.head_dim > 0 && s.head_dim % 2 == 0 && s.ffn > 0 && s.vocab > 0 && s.seq > 0,
                      "llama: an unchecked transformer shape");
+  if (m.autocast) return make_llama_autocast(s);
   std::vector<std::unique_ptr<Block>> blocks;
   blocks.push_back(make_embedding_block(s, {"model.embed_tokens.weight", ""}, kFamily));
   for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<DecoderLayer>(s, i));

@@ -1,0 +1,134 @@
+#include "harness/model/autocast_parts.hpp"
+
+#include <string>
+
+namespace shardscope {
+namespace transformer {
+
+Buffer alloc_bf16(Backend& be, Category c, i64 elems) {
+  SHARDSCOPE_REQUIRE(elems % 2 == 0, "a bf16 tensor of an odd number of elements");
+  return be.alloc(c, floats(elems / 2));
+}
+
+Buffer cast_bf16(Backend& be, Category c, const float* x, i64 elems) {
+  Buffer b = alloc_bf16(be, c, elems);
+  bf16_round(half(b), x, elems);
+  return b;
+}
+
+Buffer widen(Backend& be, const Buffer& x, i64 elems) {
+  Buffer w = be.alloc(Category::temp, floats(elems));
+  bf16_widen(w.data(), half(x), elems);
+  return w;
+}
+
+Buffer rounded_copy(Backend& be, const float* x, i64 count) {
+  Buffer b = be.alloc(Category::temp, floats(count));
+  be.copy(b.data(), x, floats(count));
+  bf16_round_in_place(b.data(), count);
+  return b;
+}
+
+Buffer autocast_linear(Backend& be, const Buffer& x, const Buffer& w, const float* b, i64 n, int in, int out) {
+  Buffer xf = widen(be, x, n * in);
+  Buffer wf = widen(be, w, static_cast<i64>(out) * in);
+  Buffer y = be.alloc(Category::temp, floats(n * out));
+  Buffer bias;
+  if (b) bias = rounded_copy(be, b, out);
+  linear_forward(be, y.data(), xf.data(), wf.data(), b ? bias.data() : nullptr, n, in, out, 0.0f);
+  bf16_round_in_place(y.data(), n * out);
+  return y;
+}
+
+Buffer autocast_linear_backward(Backend& be, const float* dy, const Buffer& x, const Buffer& w, float* dw, float* db,
+                                i64 n, int in, int out, float beta) {
+  Buffer xf = widen(be, x, n * in);
+  Buffer wf = widen(be, w, static_cast<i64>(out) * in);
+  Buffer dx = be.alloc(Category::temp, floats(n * in));
+  linear_backward(be, dx.data(), dw, db, dy, xf.data(), wf.data(), n, in, out, beta);
+  bf16_round_in_place(dx.data(), n * in);
+  return dx;
+}
+
+void throw_unbuilt_autocast_split(const char* family) {
+  throw RunError(std::string(family) + " under bf16: the zero-bubble split (B and W apart) is not built");
+}
+
+AutocastFinal::AutocastFinal(const TransformerShape& s, const char* family, Norm norm, std::vector<ParamSpec> params,
+                             TensorRef tied)
+    : SequenceBlock(s, family), norm_(norm), params_(std::move(params)), tied_(tied) {}
+
+const float* AutocastFinal::head_weight(const BlockCall& c) const {
+  return tied_.block >= 0 ? c.access.param(tied_.block, tied_.tensor) : c.access.param(c.index, 1);
+}
+float* AutocastFinal::head_grad(const BlockCall& c) const {
+  return tied_.block >= 0 ? c.access.grad(tied_.block, tied_.tensor) : c.access.grad(c.index, 1);
+}
+
+Buffer AutocastFinal::forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
+                              BlockTape& tape) {
+  Backend& be = c.backend;
+  const i64 n = tokens(c.rows), h = s_.hidden, v = s_.vocab;
+  std::vector<Buffer>& held = tape.held;
+  held.clear();
+  held.resize(kHeld);
+  const bool layer = norm_ == Norm::layer;
+  if (layer) held[kMean] = be.alloc(Category::activation, floats(n));
+  held[kRstd] = be.alloc(Category::activation, floats(n));
+  Buffer y = be.alloc(Category::temp, floats(n * h));
+  if (layer)
+    be.layer_norm_forward(y.data(), held[kMean].data(), held[kRstd].data(), x, c.access.param(c.index, 0),
+                          c.access.param(c.index, 1), static_cast<int>(n), s_.hidden, s_.norm_eps);
+  else
+    be.rms_norm_forward(y.data(), held[kRstd].data(), x, c.access.param(c.index, 0), static_cast<int>(n), s_.hidden,
+                        s_.norm_eps);
+  c.saved.save(x, 4 * n * h);
+  if (layer) c.saved.save(held[kMean].data(), 4 * n);
+  c.saved.save(held[kRstd].data(), 4 * n);
+  c.saved.save(norm_ref_(), 0);
+  held[kY] = cast_bf16(be, Category::activation, y.data(), n * h);
+  y.reset();
+  // logits (N, V) = bf16(y W^T): mm saves y's cast and the weight's; the loss casts the
+  // logits to fp32, which is what this block hands it.
+  held[kW] = cast_bf16(be, kCastCategory, head_weight(c), v * h);
+  Buffer logits = autocast_linear(be, held[kY], held[kW], nullptr, n, s_.hidden, s_.vocab);
+  c.saved.save(held[kY].data(), 2 * n * h);
+  c.saved.save(held[kW].data(), 2 * v * h);
+  if (!output_saved) return logits;
+  Buffer out = be.alloc(Category::activation, floats(n * v));
+  be.copy(out.data(), logits.data(), floats(n * v));
+  return out;
+}
+
+Buffer AutocastFinal::backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                               BlockTape& tape) {
+  Backend& be = c.backend;
+  const i64 n = tokens(c.rows), h = s_.hidden;
+  std::vector<Buffer>& held = tape.held;
+  out.reset();
+  // The head: the gradient at the bf16 logits is bf16; a tied weight's gradient is written
+  // first, with beta (the embedding adds its part later).
+  bf16_round_in_place(dy.data(), n * s_.vocab);
+  Buffer dnorm = autocast_linear_backward(be, dy.data(), held[kY], held[kW], head_grad(c), nullptr, n, s_.hidden,
+                                          s_.vocab, beta);
+  dy.reset();
+  drop_saved(c.saved, held[kW]);
+  drop_saved(c.saved, held[kY]);
+  Buffer dx = be.alloc(Category::temp, floats(n * h));
+  if (norm_ == Norm::layer)
+    be.layer_norm_backward(dx.data(), c.access.grad(c.index, 0), c.access.grad(c.index, 1), dnorm.data(), x,
+                           held[kMean].data(), held[kRstd].data(), c.access.param(c.index, 0), static_cast<int>(n),
+                           s_.hidden, beta);
+  else
+    be.rms_norm_backward(dx.data(), c.access.grad(c.index, 0), dnorm.data(), x, held[kRstd].data(),
+                         c.access.param(c.index, 0), static_cast<int>(n), s_.hidden, beta);
+  dnorm.reset();
+  c.saved.release(norm_ref_());
+  c.saved.release(x);
+  if (norm_ == Norm::layer) drop_saved(c.saved, held[kMean]);
+  drop_saved(c.saved, held[kRstd]);
+  return finish_backward(held, std::move(dx), needs_dx);
+}
+
+}  // namespace transformer
+}  // namespace shardscope

@@ -1,0 +1,86 @@
+// What the transformer families share under autocast(bfloat16) (gpt2_autocast.cpp,
+// llama_autocast.cpp; harness/predict/autocast_forms.hpp has the account of what each
+// saves): bf16 tensors in Buffers, the Linear's bf16 GEMM forward and backward, and the
+// final block (the norm in fp32, its output cast, the head's GEMM on the weight's cast).
+//
+// A bf16 tensor of e elements (e even) is a Buffer of e / 2 floats holding std::uint16_t.
+// On the CPU a bf16 GEMM widens its operands into fp32 temps (exactly), runs sgemm and
+// rounds its result to bf16 once (kernels/host_bf16.hpp: OpenBLAS here has no sbgemm). The
+// backward computes in fp32 from the saved bf16 values; a gradient at a bf16 tensor is
+// rounded to bf16, as autograd's would be; the weights' gradients accumulate in fp32
+// (torch rounds each to bf16 first; ours keeps those bits).
+#pragma once
+
+#include <vector>
+
+#include "harness/model/transformer_parts.hpp"
+#include "kernels/host_bf16.hpp"
+
+namespace shardscope {
+namespace transformer {
+
+// Where a weight's bf16 cast is counted (the core's param_cast, once it is a category).
+constexpr Category kCastCategory = Category::activation;
+
+inline bf16* half(const Buffer& b) { return reinterpret_cast<bf16*>(b.data()); }
+// A bf16 tensor of `elems` elements (even), category c.
+Buffer alloc_bf16(Backend& be, Category c, i64 elems);
+// The bf16 copy of fp32 x (elems), a new buffer of category c.
+Buffer cast_bf16(Backend& be, Category c, const float* x, i64 elems);
+// An fp32 temp of bf16 x's values.
+Buffer widen(Backend& be, const Buffer& x, i64 elems);
+// An fp32 temp copy of x (count) rounded to bf16 values: the gradient at a bf16 tensor.
+Buffer rounded_copy(Backend& be, const float* x, i64 count);
+
+// A Linear's GEMM under autocast: bf16(x W^T + bf16(b)) for bf16 x (n, in) and W (out,
+// in) (b may be null), as an fp32 temp (n, out) of bf16 values.
+Buffer autocast_linear(Backend& be, const Buffer& x, const Buffer& w, const float* b, i64 n, int in, int out);
+// Its backward from dy (n, out) of bf16 values: dW and db (may be null) onto the fp32
+// gradients with beta; returns dx (n, in), an fp32 temp of bf16 values.
+Buffer autocast_linear_backward(Backend& be, const float* dy, const Buffer& x, const Buffer& w, float* dw, float* db,
+                                i64 n, int in, int out, float beta);
+
+// The zero-bubble split (B and W apart) is not built under bf16; the CLI refuses a
+// pipeline under it, so reaching this is a bug.
+[[noreturn]] void throw_unbuilt_autocast_split(const char* family);
+
+// The final block under autocast: the norm in fp32 (LayerNorm with bias: saves x, mean,
+// rstd; RMSNorm: x, rstd), its output cast to bf16 (saved by the head), the head's weight
+// cast (saved), logits bf16 handed to the loss as fp32 (the loss's cast). `head` names
+// the head's weight: the tied embedding's, or the block's own tensor 1 (head.block < 0).
+class AutocastFinal final : public SequenceBlock {
+ public:
+  enum class Norm { layer, rms };
+  AutocastFinal(const TransformerShape& s, const char* family, Norm norm, std::vector<ParamSpec> params,
+                TensorRef tied);
+  std::string name() const override { return "final"; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  TensorRef tied_param() const override { return tied_; }
+  std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.vocab; }
+  bool saves_input() const override { return true; }
+  bool saves_output() const override { return false; }  // log_softmax saves its own result
+
+  Buffer forward(const BlockCall& c, const float* x, bool input_requires_grad, bool output_saved,
+                 BlockTape& tape) override;
+  Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                  BlockTape& tape) override;
+  Buffer backward_input(const BlockCall&, const float*, Buffer&, Buffer, bool, bool, BlockTape&) override {
+    throw_unbuilt_autocast_split(family());
+  }
+  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override {
+    throw_unbuilt_autocast_split(family());
+  }
+
+ private:
+  enum Held : int { kMean, kRstd, kY, kW, kHeld };
+  const float* head_weight(const BlockCall& c) const;
+  float* head_grad(const BlockCall& c) const;
+  Norm norm_;
+  std::vector<ParamSpec> params_;
+  TensorRef tied_;
+  WeightRef norm_ref_;
+};
+
+}  // namespace transformer
+}  // namespace shardscope

@@ -1,0 +1,362 @@
+// Llama under the torch engine's --precision bf16: our Llama (llama.cpp: a fused RMSNorm,
+// RoPE in the kernel) run as torch.autocast("cpu", dtype=torch.bfloat16) runs its ops
+// (harness/predict/autocast_forms.hpp has the account). Parameters, gradients and the
+// embedding stay fp32. Each Linear's GEMM runs in bf16 on a bf16 cast of its input, made
+// at each call (q, k and v each cast the norm's output anew, and gate and up, as autocast
+// caches only parameters), and of its weight (once per forward, saved until that Linear's
+// backward); its output is bf16. The RMSNorms, the residual stream, the math attention (on
+// fp32 q, k and v expanded, as torch's CPU math SDPA upcasts) and the loss run in fp32;
+// RoPE rotates q and k in fp32 and flash attention takes and saves them in bf16 (Hugging
+// Face's rotated q and k are fp32 and SDPA's autocast casts them: the same bytes), with v,
+// its bf16 output and the fp32 log-sum-exp; SiLU and the product are bf16.
+//
+// Every save below is what torch's autocast saves for the same op (bench/hf_llama_saved.py
+// --precision bf16 --itemize lists Hugging Face's: ours is that less the composite norm's
+// x·rstd and the rotary tables, as in fp32). The bf16 arithmetic and buffers are
+// autocast_parts.hpp's; the weights' casts are allocated as kCastCategory.
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "harness/model/autocast_parts.hpp"
+#include "harness/model/llama_heads.hpp"
+#include "harness/model/models.hpp"
+
+namespace shardscope {
+namespace {
+
+using namespace transformer;
+
+const char* const kFamily = "llama";
+constexpr int kEmbeddingBlock = 0;
+constexpr int kEmbedTokens = 0;
+
+class AutocastLayer final : public SequenceBlock {
+ public:
+  AutocastLayer(const TransformerShape& s, int layer)
+      : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)) {
+    const std::string p = "model.layers." + std::to_string(layer) + ".";
+    const i64 h = s.hidden, f = s.ffn, q = qw(), kv = kvw();
+    const float w = uniform_bound(kInitStd);
+    auto add = [&](int& index, const std::string& name, std::vector<std::int64_t> shape, float bound = 0.0f,
+                   float center = 0.0f) {
+      index = static_cast<int>(params_.size());
+      params_.push_back({p + name, std::move(shape), bound, center});
+    };
+    // Hugging Face's state_dict order, as llama.cpp's DecoderLayer.
+    add(qW_, "self_attn.q_proj.weight", {q, h}, w);
+    if (s.qkv_bias) add(qB_, "self_attn.q_proj.bias", {q});
+    add(kW_, "self_attn.k_proj.weight", {kv, h}, w);
+    if (s.qkv_bias) add(kB_, "self_attn.k_proj.bias", {kv});
+    add(vW_, "self_attn.v_proj.weight", {kv, h}, w);
+    if (s.qkv_bias) add(vB_, "self_attn.v_proj.bias", {kv});
+    add(oW_, "self_attn.o_proj.weight", {h, q}, w);
+    if (s.out_bias) add(oB_, "self_attn.o_proj.bias", {h});
+    add(gateW_, "mlp.gate_proj.weight", {f, h}, w);
+    add(upW_, "mlp.up_proj.weight", {f, h}, w);
+    add(downW_, "mlp.down_proj.weight", {h, f}, w);
+    add(norm1_, "input_layernorm.weight", {h}, 0.0f, 1.0f);
+    add(norm2_, "post_attention_layernorm.weight", {h}, 0.0f, 1.0f);
+  }
+  bool checkpointable() const override { return true; }
+  std::string name() const override { return name_; }
+  const std::vector<ParamSpec>& params() const override { return params_; }
+  std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  bool saves_input() const override { return true; }  // the input RMSNorm's input
+  bool saves_output() const override { return false; }
+
+  // bf16: the five input casts (yq, yk, yv, yg, yu), q, k, v and out with flash, out with
+  // math, gate, SiLU, up, the product, the seven weight casts; fp32: the statistics,
+  // x_mid, the lse; with math q and k, v expanded, head-major, and the probabilities.
+  enum Held : int {
+    kRstd1, kYq, kYk, kYv, kWq, kWk, kWv, kQ, kK, kV, kOut, kAttn, kWo, kXmid, kRstd2, kYg, kWg, kGate, kSilu, kYu,
+    kWu, kUp, kProd, kWd, kHeld
+  };
+
+  Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
+                 BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
+    const i64 a = 4 * n * h;  // bytes of one fp32 (N, h) activation
+    const int hs = s_.hidden, fs = s_.ffn, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
+    auto param = [&](int t) { return t < 0 ? nullptr : c.access.param(c.index, t); };
+    auto act = [&](i64 count) { return be.alloc(Category::activation, floats(count)); };
+    std::vector<Buffer>& held = tape.held;
+    held.clear();
+    held.resize(kHeld);
+    // A Linear on fp32 x (n, in): its input cast (held[xi], saved), its weight's cast
+    // (held[wi], saved); returns its output, an fp32 temp of bf16 values.
+    auto linear = [&](const float* xin, int xi, int t, int wi, int bias, int in, int out) {
+      held[xi] = cast_bf16(be, Category::activation, xin, n * in);
+      held[wi] = cast_bf16(be, kCastCategory, param(t), static_cast<i64>(out) * in);
+      Buffer y = autocast_linear(be, held[xi], held[wi], param(bias), n, in, out);
+      c.saved.save(held[xi].data(), 2 * n * in);
+      c.saved.save(held[wi].data(), 2 * static_cast<i64>(out) * in);
+      return y;
+    };
+
+    // input_layernorm (fused RMSNorm, fp32): saves its input and rstd.
+    held[kRstd1] = act(n);
+    Buffer y = be.alloc(Category::temp, floats(n * h));
+    be.rms_norm_forward(y.data(), held[kRstd1].data(), x, param(norm1_), static_cast<int>(n), hs, s_.norm_eps);
+    c.saved.save(x, a);
+    c.saved.save(held[kRstd1].data(), 4 * n);
+    c.saved.save(norm_ref_(), 0);
+
+    // q, k, v projections, each on its own cast of y; RoPE on q and k (fp32), rounded to
+    // the bf16 SDPA takes.
+    Buffer qb = linear(y.data(), kYq, qW_, kWq, qB_, hs, q);
+    Buffer kb = linear(y.data(), kYk, kW_, kWk, kB_, hs, kv);
+    Buffer vb = linear(y.data(), kYv, vW_, kWv, vB_, hs, kv);
+    y.reset();
+    be.rope(qb.data(), q, c.rows, s_.seq, s_.heads, s_.head_dim, s_.rope_theta, false);
+    be.rope(kb.data(), kv, c.rows, s_.seq, s_.kv_heads, s_.head_dim, s_.rope_theta, false);
+    bf16_round_in_place(qb.data(), n * q);
+    bf16_round_in_place(kb.data(), n * kv);
+
+    if (s_.attention == AttentionMode::flash) {
+      // SDPA (flash, GQA native) saves bf16 q, k, v and output and the fp32 lse (B, H, T).
+      held[kQ] = cast_bf16(be, Category::activation, qb.data(), n * q);
+      held[kK] = cast_bf16(be, Category::activation, kb.data(), n * kv);
+      held[kV] = cast_bf16(be, Category::activation, vb.data(), n * kv);
+      held[kAttn] = act(lse_elems(c.rows));
+      Buffer o = be.alloc(Category::temp, floats(n * q));
+      be.flash_attention_forward(flash_args(c.rows, qb.data(), kb.data(), vb.data()), o.data(), q,
+                                 held[kAttn].data());
+      qb.reset();
+      kb.reset();
+      vb.reset();
+      held[kOut] = cast_bf16(be, Category::activation, o.data(), n * q);
+      o.reset();
+      c.saved.save(held[kQ].data(), 2 * n * q);
+      c.saved.save(held[kK].data(), 2 * n * kv);
+      c.saved.save(held[kV].data(), 2 * n * kv);
+      c.saved.save(held[kOut].data(), 2 * n * q);
+      c.saved.save(held[kAttn].data(), 4 * lse_elems(c.rows));
+    } else {
+      // Math SDPA upcasts to fp32: q head-major, k and v expanded to H heads, the
+      // probabilities; its output back in bf16, token-major for o_proj.
+      held[kQ] = act(n * q);
+      be.permute_heads(held[kQ].data(), qb.data(), q, c.rows, s_.seq, s_.heads, s_.head_dim, true);
+      held[kK] = act(n * q);
+      expand_heads(be, held[kK].data(), kb.data(), kv, c.rows, s_.seq, s_.heads, s_.kv_heads, s_.head_dim);
+      held[kV] = act(n * q);
+      expand_heads(be, held[kV].data(), vb.data(), kv, c.rows, s_.seq, s_.heads, s_.kv_heads, s_.head_dim);
+      qb.reset();
+      kb.reset();
+      vb.reset();
+      const MathAttention m = math_attention(s_, c.rows);
+      auto [probs, o] = math_attention_forward(be, m, held[kQ].data(), held[kK].data(), m.head_major(held[kV].data()));
+      held[kAttn] = std::move(probs);
+      held[kOut] = cast_bf16(be, Category::activation, o.data(), n * q);
+      o.reset();
+      for (int j : {kQ, kK, kAttn, kV}) c.saved.save(held[j].data(), static_cast<i64>(held[j].bytes()));
+    }
+
+    // x_mid = x + o_proj(out) (fp32 + bf16): o_proj saves out and its weight's cast.
+    held[kWo] = cast_bf16(be, kCastCategory, param(oW_), h * q);
+    Buffer r = autocast_linear(be, held[kOut], held[kWo], param(oB_), n, q, hs);
+    c.saved.save(held[kOut].data(), 2 * n * q);
+    c.saved.save(held[kWo].data(), 2 * h * q);
+    held[kXmid] = act(n * h);
+    be.copy(held[kXmid].data(), x, floats(n * h));
+    be.add(held[kXmid].data(), r.data(), floats(n * h));
+    r.reset();
+
+    // post_attention_layernorm (fp32)
+    held[kRstd2] = act(n);
+    y = be.alloc(Category::temp, floats(n * h));
+    be.rms_norm_forward(y.data(), held[kRstd2].data(), held[kXmid].data(), param(norm2_), static_cast<int>(n), hs,
+                        s_.norm_eps);
+    c.saved.save(held[kXmid].data(), a);
+    c.saved.save(held[kRstd2].data(), 4 * n);
+    c.saved.save(norm2_ref_(), 0);
+
+    // The MLP in Hugging Face's order: gate (on its cast of y2), SiLU (saves gate's
+    // output), up (on its own cast), the product (saves both factors), down.
+    Buffer g = linear(y.data(), kYg, gateW_, kWg, -1, hs, fs);
+    held[kGate] = cast_bf16(be, Category::activation, g.data(), n * f);
+    be.silu_forward(g.data(), g.data(), floats(n * f));
+    bf16_round_in_place(g.data(), n * f);
+    held[kSilu] = cast_bf16(be, Category::activation, g.data(), n * f);
+    c.saved.save(held[kGate].data(), 2 * n * f);
+    Buffer u = linear(y.data(), kYu, upW_, kWu, -1, hs, fs);
+    y.reset();
+    held[kUp] = cast_bf16(be, Category::activation, u.data(), n * f);
+    be.mul(g.data(), g.data(), u.data(), floats(n * f));
+    u.reset();
+    held[kProd] = cast_bf16(be, Category::activation, g.data(), n * f);
+    g.reset();
+    c.saved.save(held[kSilu].data(), 2 * n * f);
+    c.saved.save(held[kUp].data(), 2 * n * f);
+
+    // out = x_mid + down_proj(product): (N, h) fp32, activation when the next block saves it.
+    held[kWd] = cast_bf16(be, kCastCategory, param(downW_), h * f);
+    r = autocast_linear(be, held[kProd], held[kWd], nullptr, n, fs, hs);
+    c.saved.save(held[kProd].data(), 2 * n * f);
+    c.saved.save(held[kWd].data(), 2 * h * f);
+    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * h));
+    be.copy(out.data(), held[kXmid].data(), floats(n * h));
+    be.add(out.data(), r.data(), floats(n * h));
+    return out;
+  }
+
+  Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                  BlockTape& tape) override {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
+    const int hs = s_.hidden, fs = s_.ffn, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
+    auto param = [&](int t) { return c.access.param(c.index, t); };
+    auto grad = [&](int t) { return t < 0 ? nullptr : c.access.grad(c.index, t); };
+    std::vector<Buffer>& held = tape.held;
+    auto drop = [&](int j) { drop_saved(c.saved, tape.held[j]); };
+    out.reset();
+
+    // down_proj, then the product's factors: d up = dp * silu, d silu = dp * up, d gate =
+    // SiLU'(d silu), each a gradient at a bf16 tensor (rounded)
+    Buffer dr = rounded_copy(be, dy.data(), n * h);
+    Buffer dp = autocast_linear_backward(be, dr.data(), held[kProd], held[kWd], grad(downW_), nullptr, n, fs, hs, beta);
+    dr.reset();
+    drop(kWd);
+    drop(kProd);
+    Buffer du = be.alloc(Category::temp, floats(n * f));
+    {
+      Buffer s = widen(be, held[kSilu], n * f);
+      be.mul(du.data(), dp.data(), s.data(), floats(n * f));
+    }
+    bf16_round_in_place(du.data(), n * f);
+    drop(kSilu);
+    {
+      Buffer up = widen(be, held[kUp], n * f);
+      be.mul(dp.data(), dp.data(), up.data(), floats(n * f));
+    }
+    bf16_round_in_place(dp.data(), n * f);
+    drop(kUp);
+    {
+      Buffer gate = widen(be, held[kGate], n * f);
+      be.silu_backward(dp.data(), dp.data(), gate.data(), floats(n * f));
+    }
+    bf16_round_in_place(dp.data(), n * f);
+    drop(kGate);
+    // gate_proj and up_proj, each onto its own cast of y2; y2's gradient is their sum (fp32)
+    Buffer dy2 = autocast_linear_backward(be, dp.data(), held[kYg], held[kWg], grad(gateW_), nullptr, n, hs, fs, beta);
+    dp.reset();
+    drop(kWg);
+    drop(kYg);
+    {
+      Buffer dyu = autocast_linear_backward(be, du.data(), held[kYu], held[kWu], grad(upW_), nullptr, n, hs, fs, beta);
+      be.add(dy2.data(), dyu.data(), floats(n * h));
+    }
+    du.reset();
+    drop(kWu);
+    drop(kYu);
+
+    // post_attention_layernorm, then the residual: dx_mid = the norm's dx + dy
+    Buffer dmid = be.alloc(Category::temp, floats(n * h));
+    be.rms_norm_backward(dmid.data(), grad(norm2_), dy2.data(), held[kXmid].data(), held[kRstd2].data(),
+                         param(norm2_), static_cast<int>(n), hs, beta);
+    dy2.reset();
+    c.saved.release(norm2_ref_());
+    drop(kXmid);
+    drop(kRstd2);
+    add_residual(be, dmid, dy, n * h);
+
+    // o_proj
+    dr = rounded_copy(be, dmid.data(), n * h);
+    Buffer dout = autocast_linear_backward(be, dr.data(), held[kOut], held[kWo], grad(oW_), grad(oB_), n, q, hs, beta);
+    dr.reset();
+    drop(kWo);
+    c.saved.release(held[kOut].data());  // o_proj's save of out
+
+    // attention: dq (N, H d), dk and dv (N, K d) in one buffer, one after another
+    Buffer dqkv = be.alloc(Category::temp, floats(n * (q + 2 * kv)));
+    float* dq = dqkv.data();
+    float* dk = dq + n * q;
+    float* dv = dk + n * kv;
+    if (s_.attention == AttentionMode::flash) {
+      Buffer qf = widen(be, held[kQ], n * q);
+      Buffer kf = widen(be, held[kK], n * kv);
+      Buffer vf = widen(be, held[kV], n * kv);
+      Buffer of = widen(be, held[kOut], n * q);
+      be.flash_attention_backward(flash_args(c.rows, qf.data(), kf.data(), vf.data()), of.data(), q, dout.data(),
+                                  held[kAttn].data(), dq, dk, dv);
+      dout.reset();
+      for (int j : {kQ, kK, kV, kOut, kAttn}) drop(j);
+    } else {
+      held[kOut].reset();
+      const MathAttention m = math_attention(s_, c.rows);
+      HeadGrads hg = math_attention_backward(be, c.saved, m, dout, held[kQ], held[kK], held[kAttn],
+                                             m.head_major(held[kV].data()), held[kV]);
+      be.permute_heads(dq, hg.dq.data(), q, c.rows, s_.seq, s_.heads, s_.head_dim, false);
+      reduce_heads(be, dk, hg.dk.data(), kv, c.rows, s_.seq, s_.heads, s_.kv_heads, s_.head_dim);
+      reduce_heads(be, dv, hg.dv.data(), kv, c.rows, s_.seq, s_.heads, s_.kv_heads, s_.head_dim);
+    }
+    // SDPA's gradients are bf16; RoPE's backward in fp32; the projections' outputs' bf16.
+    bf16_round_in_place(dqkv.data(), n * (q + 2 * kv));
+    be.rope(dq, q, c.rows, s_.seq, s_.heads, s_.head_dim, s_.rope_theta, true);
+    be.rope(dk, kv, c.rows, s_.seq, s_.kv_heads, s_.head_dim, s_.rope_theta, true);
+    bf16_round_in_place(dq, n * (q + kv));
+
+    // q, k, v projections, each onto its own cast of y1; y1's gradient is their sum (fp32)
+    Buffer dy1 = autocast_linear_backward(be, dq, held[kYq], held[kWq], grad(qW_), grad(qB_), n, hs, q, beta);
+    for (auto [d, xi, wi, wt, bt, width] : {std::tuple{dk, kYk, kWk, kW_, kB_, kv}, std::tuple{dv, kYv, kWv, vW_, vB_, kv}}) {
+      Buffer part = autocast_linear_backward(be, d, held[xi], held[wi], grad(wt), grad(bt), n, hs, width, beta);
+      be.add(dy1.data(), part.data(), floats(n * h));
+    }
+    dqkv.reset();
+    for (int j : {kWq, kYq, kWk, kYk, kWv, kYv}) drop(j);
+
+    // input_layernorm, then the residual: dx = the norm's dx + dx_mid
+    Buffer dx = be.alloc(Category::temp, floats(n * h));
+    be.rms_norm_backward(dx.data(), grad(norm1_), dy1.data(), x, held[kRstd1].data(), param(norm1_),
+                         static_cast<int>(n), hs, beta);
+    dy1.reset();
+    c.saved.release(norm_ref_());
+    c.saved.release(x);
+    drop(kRstd1);
+    add_residual(be, dx, dmid, n * h);
+    return finish_backward(held, std::move(dx), needs_dx);
+  }
+
+  Buffer backward_input(const BlockCall&, const float*, Buffer&, Buffer, bool, bool, BlockTape&) override {
+    throw_unbuilt_autocast_split(kFamily);
+  }
+  void backward_weight(const BlockCall&, const float*, float, BlockTape&) override {
+    throw_unbuilt_autocast_split(kFamily);
+  }
+
+ private:
+  i64 qw() const { return static_cast<i64>(s_.heads) * s_.head_dim; }      // q's width, H d
+  i64 kvw() const { return static_cast<i64>(s_.kv_heads) * s_.head_dim; }  // k's and v's, K d
+  i64 lse_elems(int rows) const { return static_cast<i64>(rows) * s_.heads * s_.seq; }
+  AttentionArgs flash_args(int rows, const float* q, const float* k, const float* v) const {
+    return attention_args(s_, rows, q, k, v, static_cast<int>(qw()), static_cast<int>(kvw()));
+  }
+
+  std::string name_;
+  std::vector<ParamSpec> params_;
+  // Tensor indices in params() (-1: the shape has no such bias).
+  int qW_ = -1, qB_ = -1, kW_ = -1, kB_ = -1, vW_ = -1, vB_ = -1, oW_ = -1, oB_ = -1;
+  int gateW_ = -1, upW_ = -1, downW_ = -1, norm1_ = -1, norm2_ = -1;
+  WeightRef norm_ref_, norm2_ref_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_llama_autocast(const TransformerShape& s) {
+  SHARDSCOPE_REQUIRE(s.hidden % 2 == 0 && s.head_dim % 2 == 0,
+                     "llama under bf16: an odd hidden size (a bf16 tensor is whole floats)");
+  std::vector<std::unique_ptr<Block>> blocks;
+  blocks.push_back(make_embedding_block(s, {"model.embed_tokens.weight", ""}, kFamily));
+  for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<AutocastLayer>(s, i));
+  std::vector<ParamSpec> final_params = {{"model.norm.weight", {s.hidden}, 0.0f, 1.0f}};
+  if (!s.tied_embeddings) final_params.push_back({"lm_head.weight", {s.vocab, s.hidden}, uniform_bound(kInitStd)});
+  blocks.push_back(std::make_unique<AutocastFinal>(
+      s, kFamily, AutocastFinal::Norm::rms, std::move(final_params),
+      s.tied_embeddings ? TensorRef{kEmbeddingBlock, kEmbedTokens} : TensorRef{}));
+  return std::make_unique<Model>(std::move(blocks), make_cross_entropy(s, kFamily));
+}
+
+}  // namespace shardscope
