@@ -5,6 +5,10 @@
 namespace shardscope {
 namespace transformer {
 
+void autocast_round(float* x, i64 n) {
+  for (i64 i = 0; i < n; ++i) x[i] = bf16_value(bf16_bits(x[i]));
+}
+
 Buffer alloc_bf16(Backend& be, Category c, i64 elems) {
   SHARDSCOPE_REQUIRE(elems % 2 == 0, "a bf16 tensor of an odd number of elements");
   return be.alloc(c, floats(elems / 2));
@@ -12,20 +16,22 @@ Buffer alloc_bf16(Backend& be, Category c, i64 elems) {
 
 Buffer cast_bf16(Backend& be, Category c, const float* x, i64 elems) {
   Buffer b = alloc_bf16(be, c, elems);
-  bf16_round(half(b), x, elems);
+  std::uint16_t* y = half(b);
+  for (i64 i = 0; i < elems; ++i) y[i] = bf16_bits(x[i]);
   return b;
 }
 
 Buffer widen(Backend& be, const Buffer& x, i64 elems) {
   Buffer w = be.alloc(Category::temp, floats(elems));
-  bf16_widen(w.data(), half(x), elems);
+  const std::uint16_t* b = half(x);
+  for (i64 i = 0; i < elems; ++i) w.data()[i] = bf16_value(b[i]);
   return w;
 }
 
 Buffer rounded_copy(Backend& be, const float* x, i64 count) {
   Buffer b = be.alloc(Category::temp, floats(count));
   be.copy(b.data(), x, floats(count));
-  bf16_round_in_place(b.data(), count);
+  autocast_round(b.data(), count);
   return b;
 }
 
@@ -36,7 +42,7 @@ Buffer autocast_linear(Backend& be, const Buffer& x, const Buffer& w, const floa
   Buffer bias;
   if (b) bias = rounded_copy(be, b, out);
   linear_forward(be, y.data(), xf.data(), wf.data(), b ? bias.data() : nullptr, n, in, out, 0.0f);
-  bf16_round_in_place(y.data(), n * out);
+  autocast_round(y.data(), n * out);
   return y;
 }
 
@@ -46,7 +52,7 @@ Buffer autocast_linear_backward(Backend& be, const float* dy, const Buffer& x, c
   Buffer wf = widen(be, w, static_cast<i64>(out) * in);
   Buffer dx = be.alloc(Category::temp, floats(n * in));
   linear_backward(be, dx.data(), dw, db, dy, xf.data(), wf.data(), n, in, out, beta);
-  bf16_round_in_place(dx.data(), n * in);
+  autocast_round(dx.data(), n * in);
   return dx;
 }
 
@@ -108,7 +114,7 @@ Buffer AutocastFinal::backward(const BlockCall& c, const float* x, Buffer& out, 
   out.reset();
   // The head: the gradient at the bf16 logits is bf16; a tied weight's gradient is written
   // first, with beta (the embedding adds its part later).
-  bf16_round_in_place(dy.data(), n * s_.vocab);
+  autocast_round(dy.data(), n * s_.vocab);
   Buffer dnorm = autocast_linear_backward(be, dy.data(), held[kY], held[kW], head_grad(c), nullptr, n, s_.hidden,
                                           s_.vocab, beta);
   dy.reset();

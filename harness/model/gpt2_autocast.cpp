@@ -204,7 +204,7 @@ class AutocastBlock final : public SequenceBlock {
       Buffer fc = widen(be, held[kFc], n * f);
       be.gelu_tanh_backward(dg.data(), dg.data(), fc.data(), floats(n * f));
     }
-    bf16_round_in_place(dg.data(), n * f);
+    autocast_round(dg.data(), n * f);
     drop(kFc);
     Buffer dln = autocast_linear_backward(be, dg.data(), held[kLn2], held[kWFc], grad(kFcW), grad(kFcB), n, hs, fs, beta);
     dg.reset();
@@ -248,7 +248,7 @@ class AutocastBlock final : public SequenceBlock {
       for (const Buffer* d : {&g.dq, &g.dk, &g.dv})
         be.permute_heads(dqkv.data() + h * at++, d->data(), 3 * hs, c.rows, s_.seq, s_.heads, s_.head_dim, false);
     }
-    bf16_round_in_place(dqkv.data(), 3 * n * h);
+    autocast_round(dqkv.data(), 3 * n * h);
 
     // c_attn
     dln = autocast_linear_backward(be, dqkv.data(), held[kLn1], held[kWAttn], grad(kAttnW), grad(kAttnB), n, hs, 3 * hs, beta);

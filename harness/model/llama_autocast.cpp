@@ -113,8 +113,8 @@ class AutocastLayer final : public SequenceBlock {
     y.reset();
     be.rope(qb.data(), q, c.rows, s_.seq, s_.heads, s_.head_dim, s_.rope_theta, false);
     be.rope(kb.data(), kv, c.rows, s_.seq, s_.kv_heads, s_.head_dim, s_.rope_theta, false);
-    bf16_round_in_place(qb.data(), n * q);
-    bf16_round_in_place(kb.data(), n * kv);
+    autocast_round(qb.data(), n * q);
+    autocast_round(kb.data(), n * kv);
 
     if (s_.attention == AttentionMode::flash) {
       // SDPA (flash, GQA native) saves bf16 q, k, v and output and the fp32 lse (B, H, T).
@@ -179,7 +179,7 @@ class AutocastLayer final : public SequenceBlock {
     Buffer g = linear(y.data(), kYg, gateW_, kWg, -1, hs, fs);
     held[kGate] = cast_bf16(be, Category::activation, g.data(), n * f);
     be.silu_forward(g.data(), g.data(), floats(n * f));
-    bf16_round_in_place(g.data(), n * f);
+    autocast_round(g.data(), n * f);
     held[kSilu] = cast_bf16(be, Category::activation, g.data(), n * f);
     c.saved.save(held[kGate].data(), 2 * n * f);
     Buffer u = linear(y.data(), kYu, upW_, kWu, -1, hs, fs);
@@ -226,19 +226,19 @@ class AutocastLayer final : public SequenceBlock {
       Buffer s = widen(be, held[kSilu], n * f);
       be.mul(du.data(), dp.data(), s.data(), floats(n * f));
     }
-    bf16_round_in_place(du.data(), n * f);
+    autocast_round(du.data(), n * f);
     drop(kSilu);
     {
       Buffer up = widen(be, held[kUp], n * f);
       be.mul(dp.data(), dp.data(), up.data(), floats(n * f));
     }
-    bf16_round_in_place(dp.data(), n * f);
+    autocast_round(dp.data(), n * f);
     drop(kUp);
     {
       Buffer gate = widen(be, held[kGate], n * f);
       be.silu_backward(dp.data(), dp.data(), gate.data(), floats(n * f));
     }
-    bf16_round_in_place(dp.data(), n * f);
+    autocast_round(dp.data(), n * f);
     drop(kGate);
     // gate_proj and up_proj, each onto its own cast of y2; y2's gradient is their sum (fp32)
     Buffer dy2 = autocast_linear_backward(be, dp.data(), held[kYg], held[kWg], grad(gateW_), nullptr, n, hs, fs, beta);
@@ -294,10 +294,10 @@ class AutocastLayer final : public SequenceBlock {
       reduce_heads(be, dv, hg.dv.data(), kv, c.rows, s_.seq, s_.heads, s_.kv_heads, s_.head_dim);
     }
     // SDPA's gradients are bf16; RoPE's backward in fp32; the projections' outputs' bf16.
-    bf16_round_in_place(dqkv.data(), n * (q + 2 * kv));
+    autocast_round(dqkv.data(), n * (q + 2 * kv));
     be.rope(dq, q, c.rows, s_.seq, s_.heads, s_.head_dim, s_.rope_theta, true);
     be.rope(dk, kv, c.rows, s_.seq, s_.kv_heads, s_.head_dim, s_.rope_theta, true);
-    bf16_round_in_place(dq, n * (q + kv));
+    autocast_round(dq, n * (q + kv));
 
     // q, k, v projections, each onto its own cast of y1; y1's gradient is their sum (fp32)
     Buffer dy1 = autocast_linear_backward(be, dq, held[kYq], held[kWq], grad(qW_), grad(qB_), n, hs, q, beta);
