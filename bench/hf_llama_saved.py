@@ -125,6 +125,10 @@ def hf_saved(torch, transformers, args, mode, precision="fp32"):
     return sum(i[0] for i in items), len(items), items
 
 
+class ShardscopeRefused(Exception):
+    """shardscope exited non-zero; the message is its last stderr line."""
+
+
 def shardscope_saved(binary, args, mode, precision="fp32"):
     """(bytes, storages) of `binary run --model llama` on the shape: one step, one rank."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -146,7 +150,10 @@ def shardscope_saved(binary, args, mode, precision="fp32"):
                            "max_position_embeddings": max(args.seq, 64), "tie_word_embeddings": args.tied,
                            "attention_bias": args.attention_bias}, f)
             cmd[2:4] = ["--hf-config", config]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:  # refused (exit 2: a configuration not built) or failed
+            lines = done.stderr.strip().splitlines()
+            raise ShardscopeRefused(lines[-1] if lines else f"exit {done.returncode}")
         with open(path) as f:
             doc = json.load(f)
     rank = doc["runs"][0]["ranks"][0]
@@ -191,8 +198,11 @@ def main():
                 line = f"{precision} {line} (param_cast {sum(i[0] for i in casts)} B in {len(casts)})"
             if args.shardscope:
                 ours_mode = "flash" if mode == "sdpa" else "math"
-                b, n = shardscope_saved(args.shardscope, args, ours_mode, precision)
-                line += f" shardscope {ours_mode} {b} B in {n} storages, hf - ours {total - b} B"
+                try:
+                    b, n = shardscope_saved(args.shardscope, args, ours_mode, precision)
+                    line += f" shardscope {ours_mode} {b} B in {n} storages, hf - ours {total - b} B"
+                except ShardscopeRefused as e:
+                    line += f" shardscope did not run ({e})"
             print(line)
             if args.itemize:
                 for nbytes, shape, dtype, savers, cast in items:

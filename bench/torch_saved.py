@@ -35,7 +35,8 @@ Prints one line per attention mode:
   [<precision> ]<mode> torch <bytes> B in <n> storages[ (param_cast <bytes> B in <n>)]
       [shardscope <bytes> B in <n> storages, equal|DIFFERENT]
 (the precision and param_cast parts under bf16 only, so fp32's lines read as before).
-Exit status 0; 1 when a shardscope figure differs; 2 when torch cannot be imported.
+Exit status 0; 1 when a shardscope figure differs or shardscope does not run the
+configuration (its error line is printed); 2 when torch cannot be imported.
 torch is a dependency of this script only (a bench), never of the build or its tests.
 """
 import argparse
@@ -193,6 +194,10 @@ def torch_saved(torch, args, mode, precision="fp32"):
     return sum(i["bytes"] for i in items), len(items), items
 
 
+class ShardscopeRefused(Exception):
+    """shardscope exited non-zero; the message is its last stderr line."""
+
+
 def shardscope_saved(binary, args, mode, precision="fp32"):
     """(bytes, storages) of rank 0's saved.after_forward_* from one step of `binary`."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -203,7 +208,10 @@ def shardscope_saved(binary, args, mode, precision="fp32"):
                "--steps", "1", "--backend", "cpu", "--checkpoint", args.checkpoint, "--json", out]
         if precision != "fp32":
             cmd[-2:-2] = ["--precision", precision]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:  # refused (exit 2: a configuration not built) or failed
+            lines = done.stderr.strip().splitlines()
+            raise ShardscopeRefused(lines[-1] if lines else f"exit {done.returncode}")
         with open(out) as f:
             doc = json.load(f)
     saved = doc["runs"][0]["ranks"][0]["saved"]
@@ -246,9 +254,13 @@ def main() -> int:
                 casts = [i for i in items if i["cast"]]
                 line = f"{precision} {line} (param_cast {sum(i['bytes'] for i in casts)} B in {len(casts)})"
             if args.shardscope:
-                ours, ours_count = shardscope_saved(args.shardscope, args, mode, precision)
-                same = ours == nbytes and ours_count == count
-                line += f" shardscope {ours} B in {ours_count} storages, {'equal' if same else 'DIFFERENT'}"
+                try:
+                    ours, ours_count = shardscope_saved(args.shardscope, args, mode, precision)
+                    same = ours == nbytes and ours_count == count
+                    line += f" shardscope {ours} B in {ours_count} storages, {'equal' if same else 'DIFFERENT'}"
+                except ShardscopeRefused as e:
+                    same = False
+                    line += f" shardscope did not run ({e})"
                 status = status or (0 if same else 1)
             print(line)
             if args.itemize:
