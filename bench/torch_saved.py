@@ -20,7 +20,10 @@ probabilities; SDPBackend.FLASH_ATTENTION saves the output and the log-sum-exp).
 block; the embeddings, ln_f and the head never) in torch.utils.checkpoint.checkpoint(
 block, x, use_reentrant=False): autograd then saves the wrapped block's input alone
 (through _NoopSaveInputs, beside an empty tensor, which holds no bytes and is not
-counted), the block's own saves going to the checkpoint's holders.
+counted), the block's own saves going to the checkpoint's holders. --checkpoint attention
+wraps only each block's F.scaled_dot_product_attention(q, k, v) call in the same
+checkpoint (the attention core, as Megatron's selective recompute draws it): autograd
+saves its inputs q, k, v (views of c_attn's output) instead of what SDPA saves inside.
 --precision fp32|bf16|both (default fp32). Under autocast a Linear saves a bf16 cast of its
 weight (autocast's cast cache makes it once per forward; autograd holds it until that
 Linear's backward): a storage that is no parameter, counted among the saved storages as
@@ -49,7 +52,7 @@ import tempfile
 
 def wraps(checkpoint, i):
     """Whether transformer block i is checkpointed under --checkpoint."""
-    if checkpoint == "none":
+    if checkpoint in ("none", "attention"):
         return False
     k = 1 if checkpoint == "full" else int(checkpoint.split(":", 1)[1])
     return i % k == 0
@@ -71,7 +74,11 @@ def build_gpt(torch, layers, hidden, heads, vocab, positions, checkpoint="none")
             q = q.view(b, t, heads, c // heads).transpose(1, 2)
             k = k.view(b, t, heads, c // heads).transpose(1, 2)
             v = v.view(b, t, heads, c // heads).transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if checkpoint == "attention":
+                y = torch.utils.checkpoint.checkpoint(F.scaled_dot_product_attention, q, k, v, is_causal=True,
+                                                      use_reentrant=False)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
 
     class Mlp(nn.Module):
@@ -229,7 +236,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=2, help="sequences")
     ap.add_argument("--attention", choices=["math", "flash", "both"], default="both")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--checkpoint", default="none", help="none | full | every:K (default none)")
+    ap.add_argument("--checkpoint", default="none", help="none | full | every:K | attention (default none)")
     ap.add_argument("--precision", choices=["fp32", "bf16", "both"], default="fp32",
                     help="fp32, or bf16 under torch.autocast('cpu', bfloat16) (default fp32)")
     ap.add_argument("--itemize", action="store_true", help="list every saved storage")

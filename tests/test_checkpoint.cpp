@@ -1,6 +1,6 @@
 // Activation checkpointing (--checkpoint, harness/model/model.cpp): a checkpointed
 // block saves only its input in forward and re-runs its forward at the start of its
-// backward. Every emulated rank of every strategy measures what the closed forms
+// backward; under attention only the attention core is recomputed. Every emulated rank of every strategy measures what the closed forms
 // predict (its saves after forward, its peak and the peak's place, "recompute of block
 // N" among them), and the step's gradients are bit for bit those of the unchecked run.
 #include <gtest/gtest.h>
@@ -18,6 +18,7 @@ using testing::DpSetting;
 using testing::kDpSettings;
 
 CheckpointPolicy every(int k) { return {CheckpointKind::every, k}; }
+const CheckpointPolicy kAttention{CheckpointKind::attention, 1};
 
 ModelConfig mlp(int layers, Activation activation, Loss loss, CheckpointPolicy checkpoint) {
   ModelConfig m;
@@ -43,6 +44,12 @@ TEST(Checkpoint, PolicyWrapsEveryKthCheckpointableBlock) {
   EXPECT_TRUE(every(3).wraps(6));
   EXPECT_EQ(every(1).text(), "full");
   EXPECT_EQ(every(4).text(), "every:4");
+  // attention wraps no block: only the attention core recomputes.
+  EXPECT_TRUE(kAttention.any());
+  EXPECT_TRUE(kAttention.attention());
+  EXPECT_FALSE(kAttention.wraps(0));
+  EXPECT_EQ(kAttention.wrapped_of(12), 0);
+  EXPECT_EQ(kAttention.text(), "attention");
   EXPECT_EQ(CheckpointPolicy{}.text(), "none");
   // A transformer's embedding and final blocks are never wrapped: its blocks h.0, h.1,
   // ... are model blocks 1, 2, ... and checkpointable blocks 0, 1, ...
@@ -96,7 +103,8 @@ TEST(Checkpoint, MlpMeasuredEqualsPredictedOnEveryRank) {
 // are bit for bit the unchecked run's (the recompute is the same arithmetic).
 void expect_same_training(const ModelConfig& model, const std::string& label) {
   for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"})
-    for (const CheckpointPolicy ck : {every(1), every(2)}) {
+    for (const CheckpointPolicy ck : {every(1), every(2), kAttention}) {
+      if (ck.attention() && !model.is_transformer()) continue;
       SCOPED_TRACE(label + " " + strategy + " checkpoint=" + ck.text());
       auto run = [&](const CheckpointPolicy& policy) {
         RunConfig cfg;
@@ -123,9 +131,9 @@ void expect_same_training(const ModelConfig& model, const std::string& label) {
 
 std::string family_of(const TransformerShape& t) { return t.model_type == "gpt2" ? "gpt2" : "llama"; }
 
-// GPT-2 and Llama shapes, both attention modes, under full, every:2 and every:3: every
-// rank of W = 1 to 4 of every strategy setting (the root unit alone, units of one and
-// two blocks, prefetch on and off).
+// GPT-2 and Llama shapes, both attention modes, under full, every:2, every:3 and
+// attention: every rank of W = 1 to 4 of every strategy setting (the root unit alone,
+// units of one and two blocks, prefetch on and off).
 TEST(Checkpoint, TransformersMeasuredEqualsPredictedOnEveryRank) {
   const TransformerShape shapes[] = {
       shape("gpt2", 3, 32, 4, 4, 128, 50, 8, AttentionMode::flash),
@@ -136,7 +144,7 @@ TEST(Checkpoint, TransformersMeasuredEqualsPredictedOnEveryRank) {
   int checked = 0;
   for (const TransformerShape& base : shapes)
     for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
-      for (const CheckpointPolicy ck : {every(1), every(2), every(3)}) {
+      for (const CheckpointPolicy ck : {every(1), every(2), every(3), kAttention}) {
         TransformerShape t = base;
         t.attention = mode;
         ModelConfig m = testing::transformer_model(family_of(t), t, 2);
@@ -145,7 +153,59 @@ TEST(Checkpoint, TransformersMeasuredEqualsPredictedOnEveryRank) {
             m, family_of(t) + " " + testing::mode_name(mode) + " h=" + std::to_string(t.hidden) +
                    " checkpoint=" + ck.text());
       }
-  EXPECT_EQ(checked, 4 * 2 * 3 * 9 * 10);
+  EXPECT_EQ(checked, 4 * 2 * 4 * 9 * 10);
+}
+
+// --checkpoint attention (Korthikanti et al.'s selective recompute; torch's checkpoint
+// around SDPA): each block keeps its attention's own save less from forward to backward
+// (A = 4·B·H·T² under math, the probabilities; 4·B·H·T under flash, the log-sum-exp, one
+// storage either way) and makes it again in its attention's backward (math: q k^T and the
+// softmax; flash: the whole flash forward, its output too). Long sequences over narrow
+// heads (T/d = 8 and 16), where math's probabilities outweigh a block's other saves, and
+// a short one: every rank measures the prediction, the saves are the plain run's less
+// L·A, and math's peak falls below the plain run's (the blocks below the one in backward
+// no longer hold theirs) where flash's can rise (the re-run's output beside d qkv).
+TEST(Checkpoint, AttentionRecomputeDropsTheAttentionsSave) {
+  struct Case {
+    TransformerShape t;
+    bool long_seq;
+  };
+  const Case cases[] = {
+      {shape("gpt2", 2, 16, 4, 4, 8, 7, 32, AttentionMode::math), true},
+      {shape("llama", 2, 16, 4, 2, 8, 7, 64, AttentionMode::math), true},
+      {shape("gpt2", 3, 16, 2, 2, 64, 13, 6, AttentionMode::math), false},
+  };
+  int checked = 0;
+  for (const Case& c : cases)
+    for (AttentionMode mode : {AttentionMode::math, AttentionMode::flash}) {
+      TransformerShape t = c.t;
+      t.attention = mode;
+      ModelConfig m = testing::transformer_model(family_of(t), t, 2);
+      m.checkpoint = kAttention;
+      const std::string label = family_of(t) + " " + testing::mode_name(mode) + " T=" + std::to_string(t.seq) +
+                                " checkpoint=attention";
+      checked += testing::expect_measured_equals_predicted_everywhere(m, label);
+      const bool math = mode == AttentionMode::math;
+      const std::int64_t A = 4LL * 2 * t.heads * t.seq * (math ? t.seq : 1);
+      for (const DpSetting& s : kDpSettings) {
+        RunConfig cfg;
+        cfg.model = m;
+        cfg.strategy = parse_strategy(s.strategy);
+        cfg.layers_per_unit = s.units;
+        cfg.prefetch = s.prefetch;
+        RunConfig plain = cfg;
+        plain.model.checkpoint = CheckpointPolicy{};
+        const Prediction p = predict_data_parallel(cfg, 2, 0), q = predict_data_parallel(plain, 2, 0);
+        EXPECT_EQ(p.saved_after_forward_bytes, q.saved_after_forward_bytes - t.layers * A) << label;
+        EXPECT_EQ(p.saved_after_forward_tensors, q.saved_after_forward_tensors - t.layers) << label;
+        if (math && c.long_seq) {
+          EXPECT_LT(p.peak_total, q.peak_total) << label << " " << s.strategy;
+        } else if (math) {
+          EXPECT_LE(p.peak_total, q.peak_total) << label << " " << s.strategy;
+        }
+      }
+    }
+  EXPECT_EQ(checked, 3 * 2 * 9 * 10);
 }
 
 // torch 2.15's figures under torch.utils.checkpoint.checkpoint(block, x,
@@ -227,6 +287,41 @@ TEST(Checkpoint, LlamaSavesHuggingFacesCheckpointedFigureLessItsNormProductsAndR
   }
 }
 
+// torch 2.15's figures with each block's F.scaled_dot_product_attention(q, k, v) in
+// torch.utils.checkpoint.checkpoint(use_reentrant=False) (bench/torch_saved.py
+// --checkpoint attention):
+//   --layers 2 --hidden 64 --heads 4 --vocab 100 --seq 16 --batch 2
+//     math torch 293252 B in 33 storages / flash torch 293252 B in 33 storages
+//   --layers 3 --hidden 96 --heads 6 --vocab 257 --seq 24 --batch 3
+//     math torch 1461796 B in 45 storages / flash torch 1461796 B in 45 storages
+// Flash is equal; math's bytes are equal, its storages two a block more: torch's
+// checkpoint saves q, k, v as its inputs, views of c_attn's one output, where shardscope's
+// core keeps the head-major copies SDPA's math makes of them (the same 3a bytes).
+TEST(Checkpoint, Gpt2AttentionSavesWhatTorchsCheckpointAroundSdpaSaves) {
+  struct Case {
+    int layers, hidden, heads, vocab, seq, batch;
+    AttentionMode mode;
+    std::int64_t bytes;
+    int storages;
+  };
+  const Case cases[] = {
+      {2, 64, 4, 100, 16, 2, AttentionMode::math, 293252, 33},
+      {2, 64, 4, 100, 16, 2, AttentionMode::flash, 293252, 33},
+      {3, 96, 6, 257, 24, 3, AttentionMode::math, 1461796, 45},
+      {3, 96, 6, 257, 24, 3, AttentionMode::flash, 1461796, 45},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(testing::mode_name(c.mode)) + " L=" + std::to_string(c.layers));
+    ModelConfig m = testing::transformer_model(
+        "gpt2", shape("gpt2", c.layers, c.hidden, c.heads, c.heads, 4 * c.hidden, c.vocab, c.seq, c.mode), c.batch);
+    m.checkpoint = kAttention;
+    const auto r = testing::run_one_step(m);
+    EXPECT_EQ(r.saved.bytes, c.bytes);
+    EXPECT_EQ(r.saved.tensors, c.storages + (c.mode == AttentionMode::math ? 2 * c.layers : 0));
+  }
+}
+
+// (attention too: the recomputed probabilities are the same arithmetic.)
 TEST(Checkpoint, TransformersTrainBitForBitLikeTheUncheckedRun) {
   for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
     const TransformerShape g = shape("gpt2", 3, 16, 2, 2, 64, 13, 6, mode);

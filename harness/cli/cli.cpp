@@ -125,8 +125,8 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
       ->type_name("fp32|bf16");
   app.add_option("--schedule", f.schedule, schedule_names_text(" | ") + " (a pipeline run)")->type_name("NAME");
   app.add_option("--checkpoint", f.checkpoint,
-                 "none | full | every:K: recompute each (every K-th) layer or transformer block in backward, "
-                 "keeping only its input (default none)")
+                 "none | full | every:K | attention: recompute each (every K-th) layer or transformer block in "
+                 "backward, keeping only its input; attention: only a transformer's attention core (default none)")
       ->type_name("MODE");
   app.add_option("--accumulate", f.accumulate,
                  "data parallel: micro-steps per optimizer step, each on the rank's whole --batch (K x batch rows "
@@ -257,10 +257,14 @@ void check_option_values(const CLI::App& app, const std::vector<std::string>& ar
   }
 }
 
-// --checkpoint: none, full (every:1) or every:K with K a positive integer.
+// --checkpoint: none, full (every:1), every:K with K a positive integer, or attention.
 CheckpointPolicy parse_checkpoint(const std::string& v) {
   CheckpointPolicy p;
   if (v == "none") return p;
+  if (v == "attention") {
+    p.kind = CheckpointKind::attention;
+    return p;
+  }
   p.kind = CheckpointKind::every;
   if (v == "full") return p;
   const std::string prefix = "every:";
@@ -268,7 +272,7 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
     p.every = parse_positive("--checkpoint every:K", v.substr(prefix.size()), 100'000);
     return p;
   }
-  throw UsageError("--checkpoint: unknown '" + v + "'; allowed: none, full, every:K (K >= 1)");
+  throw UsageError("--checkpoint: unknown '" + v + "'; allowed: none, full, every:K (K >= 1), attention");
 }
 
 // --precision bf16 runs only where its regime is built; everywhere else it is refused by
@@ -371,6 +375,9 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
     c.bucket_mb = mb;
   }
   c.model.checkpoint = parse_checkpoint(f.checkpoint);
+  if (c.model.checkpoint.attention() && !c.model.is_transformer())
+    throw UsageError("--checkpoint attention: the MLP has no attention to recompute; allowed with --model gpt2|llama, "
+                     "or give --checkpoint none, full or every:K");
   // fsdp2 checkpoints a transformer's blocks (its step's walk is the torch engine's); the
   // MLP's checkpointed fsdp2 step has no closed form yet.
   if (c.model.checkpoint.any() && !c.model.is_transformer() && effective_engine(c.engine, c.strategy) == EngineKind::fsdp2)

@@ -101,6 +101,9 @@ class Block {
   // Whether --checkpoint may wrap it (config.hpp: CheckpointPolicy): the MLP's layers
   // and a transformer's blocks; not a transformer's embedding or final block.
   virtual bool checkpointable() const { return true; }
+  // --checkpoint attention: a transformer block's attention core recomputes what it
+  // would save (config.hpp: CheckpointPolicy); nothing else has one.
+  virtual void set_recompute_attention(bool /*on*/) {}
   // The model's input when this block is the first, on the host: the slice's rows of
   // input_elems(1) values each. By default hashed values in [-1, 1) (hashed_rows, the
   // MLP's batch); a token embedding draws token ids.

@@ -54,6 +54,7 @@ class TransformerBlock final : public SequenceBlock {
                {p + "mlp.c_proj.weight", {h, f}, wr},     {p + "mlp.c_proj.bias", {h}}};
   }
   bool checkpointable() const override { return true; }
+  void set_recompute_attention(bool on) override { recompute_attention_ = on; }
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return params_; }
   std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
@@ -110,7 +111,12 @@ class TransformerBlock final : public SequenceBlock {
       be.flash_attention_forward(attention(c.rows, qkv.data()), held[kAttnOut].data(), s_.hidden, held[kLse].data());
       c.saved.save(qkv.data(), 3 * a);
       c.saved.save(held[kAttnOut].data(), a);
-      c.saved.save(held[kLse].data(), 4 * static_cast<i64>(c.rows) * s_.heads * s_.seq);
+      // --checkpoint attention: the log-sum-exp is freed, not saved (flash_backward runs
+      // the flash forward again).
+      if (recompute_attention_)
+        held[kLse].reset();
+      else
+        c.saved.save(held[kLse].data(), 4 * static_cast<i64>(c.rows) * s_.heads * s_.seq);
       held[kQkv] = std::move(qkv);
       y = held[kAttnOut].data();
     } else {
@@ -128,13 +134,15 @@ class TransformerBlock final : public SequenceBlock {
       }
       if (v_view) held[kQkv] = std::move(qkv);
       qkv.reset();
+      // --checkpoint attention: the probabilities are freed, not saved (math_backward
+      // recomputes them).
       auto [probs, attn_out] = math_attention_forward(be, math_attention(s_, c.rows), held[kQ].data(), held[kK].data(),
-                                                      v_operand(c.rows, held));
+                                                      v_operand(c.rows, held), !recompute_attention_);
       held[kProbs] = std::move(probs);
       held[kAttnOut] = std::move(attn_out);  // y = out.transpose(1, 2).contiguous(), (N, h)
       c.saved.save(held[kQ].data(), a);
       c.saved.save(held[kK].data(), a);
-      c.saved.save(held[kProbs].data(), static_cast<i64>(held[kProbs].bytes()));
+      if (held[kProbs]) c.saved.save(held[kProbs].data(), static_cast<i64>(held[kProbs].bytes()));
       c.saved.save(held[v_view ? static_cast<int>(kQkv) : static_cast<int>(kV)].data(), v_view ? 3 * a : a);
       y = held[kAttnOut].data();
     }
@@ -357,17 +365,30 @@ class TransformerBlock final : public SequenceBlock {
   // Flash: dq, dk, dv into one (N, 3h) gradient laid out as qkv, from the saved qkv,
   // output and lse (all three released and freed); frees dattn.
   // With keep_out (the split's B) y stays, still saved by c_proj for W.
+  // --checkpoint attention: the flash forward runs again first (torch's checkpoint around
+  // SDPA, when its backward unpacks a save), making a new output and log-sum-exp
+  // (activation, saved) that its backward reads; freed with the rest.
   Buffer flash_backward(const BlockCall& c, Buffer& dattn, std::vector<Buffer>& held, bool keep_out = false) const {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), h = s_.hidden;
+    Buffer rerun;  // the re-run's output
+    if (recompute_attention_) {
+      rerun = be.alloc(Category::activation, floats(n * h));
+      held[kLse] = be.alloc(Category::activation, floats(static_cast<i64>(c.rows) * s_.heads * s_.seq));
+      be.flash_attention_forward(attention(c.rows, held[kQkv].data()), rerun.data(), s_.hidden, held[kLse].data());
+      c.saved.save(rerun.data(), static_cast<i64>(rerun.bytes()));
+      c.saved.save(held[kLse].data(), static_cast<i64>(held[kLse].bytes()));
+    }
     Buffer dqkv = be.alloc(Category::temp, floats(3 * n * h));
-    be.flash_attention_backward(attention(c.rows, held[kQkv].data()), held[kAttnOut].data(), s_.hidden,
-                                dattn.data(), held[kLse].data(), dqkv.data(), dqkv.data() + h, dqkv.data() + 2 * h);
+    be.flash_attention_backward(attention(c.rows, held[kQkv].data()), rerun ? rerun.data() : held[kAttnOut].data(),
+                                s_.hidden, dattn.data(), held[kLse].data(), dqkv.data(), dqkv.data() + h,
+                                dqkv.data() + 2 * h);
     dattn.reset();
     for (int j : {kQkv, kAttnOut, kLse}) {
       c.saved.release(held[j].data());
       if (j != kAttnOut || !keep_out) held[j].reset();
     }
+    if (rerun) drop_saved(c.saved, rerun);
     return dqkv;
   }
 
@@ -391,6 +412,7 @@ class TransformerBlock final : public SequenceBlock {
 
   std::string name_;
   std::vector<ParamSpec> params_;
+  bool recompute_attention_ = false;  // --checkpoint attention
   WeightRef ln_weight_, attn_weight_, proj_weight_, ln2_weight_, fc_weight_, mlp_proj_weight_;
 };
 

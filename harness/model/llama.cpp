@@ -68,6 +68,7 @@ class DecoderLayer final : public SequenceBlock {
     add(norm2_, "post_attention_layernorm.weight", {h}, 0.0f, 1.0f);
   }
   bool checkpointable() const override { return true; }
+  void set_recompute_attention(bool on) override { recompute_attention_ = on; }
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return params_; }
   std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
@@ -136,7 +137,12 @@ class DecoderLayer final : public SequenceBlock {
       c.saved.save(held[kK].data(), 4 * n * kv);
       c.saved.save(held[kV].data(), 4 * n * kv);
       c.saved.save(held[kOut].data(), 4 * n * q);
-      c.saved.save(held[kAttn].data(), 4 * lse_elems(c.rows));
+      // --checkpoint attention: the log-sum-exp is freed, not saved (flash_backward runs
+      // the flash forward again).
+      if (recompute_attention_)
+        held[kAttn].reset();
+      else
+        c.saved.save(held[kAttn].data(), 4 * lse_elems(c.rows));
     } else {
       // Math SDPA on k and v expanded to H heads: q head-major, k and v expanded (bmm's
       // operands), the probabilities (B, H, T, T); its output copied token-major.
@@ -150,11 +156,14 @@ class DecoderLayer final : public SequenceBlock {
       kb.reset();
       vb.reset();
       const MathAttention m = math_attention(s_, c.rows);
-      auto [probs, out] =
-          math_attention_forward(be, m, held[kQ].data(), held[kK].data(), m.head_major(held[kV].data()));
+      // --checkpoint attention: the probabilities are freed, not saved (math_backward
+      // recomputes them).
+      auto [probs, out] = math_attention_forward(be, m, held[kQ].data(), held[kK].data(),
+                                                 m.head_major(held[kV].data()), !recompute_attention_);
       held[kAttn] = std::move(probs);
       held[kOut] = std::move(out);
-      for (int j : {kQ, kK, kAttn, kV}) c.saved.save(held[j].data(), static_cast<i64>(held[j].bytes()));
+      for (int j : {kQ, kK, kAttn, kV})
+        if (held[j]) c.saved.save(held[j].data(), static_cast<i64>(held[j].bytes()));
     }
 
     // x_mid = x + o_proj(out): o_proj saves out and its weight.
@@ -413,18 +422,30 @@ class DecoderLayer final : public SequenceBlock {
   // Flash: dq, dk, dv from the saved q, k, v, output and lse (all released and freed);
   // frees dout.
   // With keep_out (the split's B) out stays, still saved by o_proj for W.
+  // --checkpoint attention: the flash forward runs again first (torch's checkpoint around
+  // SDPA, when its backward unpacks a save), making a new output and log-sum-exp
+  // (activation, saved) that its backward reads; freed with the rest.
   Buffer flash_backward(const BlockCall& c, Buffer& dout, std::vector<Buffer>& held, bool keep_out = false) const {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), q = qw(), kv = kvw();
+    const AttentionArgs args = flash_args(c.rows, held[kQ].data(), held[kK].data(), held[kV].data());
+    Buffer rerun;  // the re-run's output
+    if (recompute_attention_) {
+      rerun = be.alloc(Category::activation, floats(n * q));
+      held[kAttn] = be.alloc(Category::activation, floats(lse_elems(c.rows)));
+      be.flash_attention_forward(args, rerun.data(), q, held[kAttn].data());
+      c.saved.save(rerun.data(), static_cast<i64>(rerun.bytes()));
+      c.saved.save(held[kAttn].data(), static_cast<i64>(held[kAttn].bytes()));
+    }
     Buffer dqkv = be.alloc(Category::temp, floats(n * (q + 2 * kv)));
-    be.flash_attention_backward(flash_args(c.rows, held[kQ].data(), held[kK].data(), held[kV].data()),
-                                held[kOut].data(), static_cast<int>(q), dout.data(), held[kAttn].data(), dqkv.data(),
-                                dqkv.data() + n * q, dqkv.data() + n * (q + kv));
+    be.flash_attention_backward(args, rerun ? rerun.data() : held[kOut].data(), static_cast<int>(q), dout.data(),
+                                held[kAttn].data(), dqkv.data(), dqkv.data() + n * q, dqkv.data() + n * (q + kv));
     dout.reset();
     for (int j : {kQ, kK, kV, kOut, kAttn}) {
       c.saved.release(held[j].data());
       if (j != kOut || !keep_out) held[j].reset();
     }
+    if (rerun) drop_saved(c.saved, rerun);
     return dqkv;
   }
 
@@ -450,6 +471,7 @@ class DecoderLayer final : public SequenceBlock {
 
   std::string name_;
   std::vector<ParamSpec> params_;
+  bool recompute_attention_ = false;  // --checkpoint attention
   // Tensor indices in params() (-1: the shape has no such bias).
   int qW_ = -1, qB_ = -1, kW_ = -1, kB_ = -1, vW_ = -1, vB_ = -1, oW_ = -1, oB_ = -1;
   int gateW_ = -1, upW_ = -1, downW_ = -1, norm1_ = -1, norm2_ = -1;

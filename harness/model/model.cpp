@@ -38,6 +38,7 @@ void Model::set_checkpoint(const CheckpointPolicy& policy) {
   ordinal_.assign(blocks_.size(), -1);
   int c = 0;
   for (int b = 0; b < blocks(); ++b) {
+    blocks_[b]->set_recompute_attention(policy.attention());
     if (!blocks_[b]->checkpointable()) continue;
     ordinal_[b] = c;
     checkpointed_[b] = policy.wraps(c);

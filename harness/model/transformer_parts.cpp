@@ -275,16 +275,29 @@ MathAttention math_attention(const TransformerShape& s, int rows) {
   return m;
 }
 
-std::pair<Buffer, Buffer> math_attention_forward(Backend& be, const MathAttention& m, const float* qh,
-                                                 const float* kh, MathOperand v) {
+namespace {
+
+// probs = causal softmax(scale q k^T), (B, H, T, T), activation.
+Buffer attention_probs(Backend& be, const MathAttention& m, const float* qh, const float* kh) {
   const int bh = m.batch * m.heads, t = m.seq, hd = m.head_dim;
   const i64 st = static_cast<i64>(t) * hd, tt = static_cast<i64>(t) * t;
   Buffer probs = be.alloc(Category::activation, floats(m.prob_elems()));
   be.gemm_batched(Trans::no, Trans::yes, t, t, hd, 1.0f, qh, hd, st, kh, hd, st, 0.0f, probs.data(), t, tt, bh);
   be.causal_softmax_forward(probs.data(), bh, t, m.scale);
+  return probs;
+}
+
+}  // namespace
+
+std::pair<Buffer, Buffer> math_attention_forward(Backend& be, const MathAttention& m, const float* qh,
+                                                 const float* kh, MathOperand v, bool keep_probs) {
+  const int bh = m.batch * m.heads, t = m.seq, hd = m.head_dim;
+  const i64 st = static_cast<i64>(t) * hd, tt = static_cast<i64>(t) * t;
+  Buffer probs = attention_probs(be, m, qh, kh);
   Buffer heads_out = be.alloc(Category::temp, floats(m.tokens() * m.width()));  // (B, H, T, d)
   be.gemm_batched(Trans::no, Trans::no, t, hd, t, 1.0f, probs.data(), t, tt, v.data, v.ld, v.stride, 0.0f,
                   heads_out.data(), hd, st, bh);
+  if (!keep_probs) probs.reset();  // nothing saves them: the core's checkpoint recomputes them
   // y = out.transpose(1, 2).contiguous(), (N, H d)
   Buffer out = be.alloc(Category::activation, floats(m.tokens() * m.width()));
   be.permute_heads(out.data(), heads_out.data(), static_cast<int>(m.width()), m.batch, t, m.heads, hd, false);
@@ -397,6 +410,10 @@ HeadGrads math_attention_backward(Backend& be, SavedTensors& saved, const MathAt
   Buffer doh = be.alloc(Category::temp, floats(nw));  // (B, H, T, d)
   be.permute_heads(doh.data(), dout.data(), static_cast<int>(m.width()), m.batch, t, m.heads, hd, true);
   dout.reset();
+  if (!probs) {
+    probs = attention_probs(be, m, qh.data(), kh.data());
+    saved.save(probs.data(), static_cast<i64>(probs.bytes()));
+  }
   // dP = dout V^T, dV = P^T dout
   Buffer dp = be.alloc(Category::temp, floats(m.prob_elems()));
   be.gemm_batched(Trans::no, Trans::yes, t, t, hd, 1.0f, doh.data(), hd, st, v.data, v.ld, v.stride, 0.0f, dp.data(),

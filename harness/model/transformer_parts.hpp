@@ -189,12 +189,19 @@ struct MathAttention {
 AttentionArgs attention_args(const TransformerShape& s, int rows, const float* q, const float* k, const float* v,
                              int ldq, int ldkv);
 MathAttention math_attention(const TransformerShape& s, int rows);
-// Returns {probs, out}.
+// Returns {probs, out}. With keep_probs false (--checkpoint attention) the probabilities
+// are freed once they have been multiplied by v, before the output is copied
+// token-major, and the returned probs is empty.
 std::pair<Buffer, Buffer> math_attention_forward(Backend& be, const MathAttention& m, const float* qh,
-                                                 const float* kh, MathOperand v);
+                                                 const float* kh, MathOperand v, bool keep_probs = true);
 // The gradients at q, k, v, head-major (temp each), from dout (token-major (N, H d),
 // freed) through the saved q, k, probabilities and v (v_held: the storage v lies in),
-// each released from `saved` and freed as soon as it is used.
+// each released from `saved` and freed as soon as it is used. Empty probs (--checkpoint
+// attention) are recomputed first, as torch's non-reentrant checkpoint does when the
+// backward first unpacks a save of the core: once dout is head-major (dout freed),
+// q k^T and the softmax into a new probabilities buffer (activation, saved again); the
+// recompute stops there (torch's early stop: the product with v saves its inputs before
+// it runs, so it is never re-run).
 struct HeadGrads {
   Buffer dq, dk, dv;
 };

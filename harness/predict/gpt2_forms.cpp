@@ -40,20 +40,33 @@ SavedForm gpt2_block_saved(const TransformerShape& shape, int batch) {
 
 SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch, const CheckpointPolicy& checkpoint) {
   const Sizes z = sizes(shape, batch);
-  const SavedForm block = gpt2_block_saved(shape, batch);
+  SavedForm block = gpt2_block_saved(shape, batch);
+  // --checkpoint attention: no probabilities (math) or log-sum-exp (flash).
+  if (checkpoint.attention()) block = {block.bytes - z.A, block.tensors - 1};
   const int w = checkpoint.wrapped_of(z.L);  // each saves its input alone
   return {8 * z.N + 8 * z.T + (z.L - w) * block.bytes + w * z.a + z.a + 8 * z.N + z.a + z.lambda + 8 * z.N + 4,
           9 + (z.L - w) * block.tensors + w};
 }
 
-StepBlocks gpt2_blocks(const TransformerShape& shape, int batch) {
+StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_attention) {
   const Sizes z = sizes(shape, batch);
   const i64 a = z.a, F = z.F, A = z.A, N = z.N;
   const i64 X = 16 * N;
   const i64 V = z.v;
+  // --checkpoint attention: the attention's own save A (math's probabilities, flash's
+  // log-sum-exp) is not kept from forward to backward.
+  const i64 R = recompute_attention ? A : 0;
   StepBlocks blocks(z);
   blocks.base = 8 * z.T + a;  // arange(T) and x0
-  blocks.K = gpt2_block_saved(shape, batch).bytes;
+  blocks.K = gpt2_block_saved(shape, batch).bytes - R;
+  // Its forward's attention, from S: ln_1's mean, rstd and output (8N + a), q, k and v's
+  // save V, the probabilities A and the head-major output (temp a). The probabilities are
+  // freed before the output is copied token-major: that instant (8N + 4a + V, temp a) and
+  // the head-major copies beside qkv (8N + 4a, temp 3a) lie below the block's output.
+  if (R > 0 && !z.flash)
+    blocks.forward_attention = [=](PeakWalk& walk, i64 S, i64 pu, i64 gu, const std::string& where) {
+      walk.consider(X + a, S + 8 * N + 3 * a + V + A, pu, gu, Phase::forward, where);
+    };
   blocks.final_held = 8 * N + a;  // ln_f's mean, rstd and output
   // A wrapped block's re-run: its allocations only grow up to its output (math's qkv,
   // copied head-major and freed, and the head-major attention output hold less:
@@ -70,12 +83,19 @@ StepBlocks gpt2_blocks(const TransformerShape& shape, int batch) {
     consider(X + a + F, A4, true);                   // d gelu
     consider(X + 2 * a + F, A4 - 2 * F, true);       // d ln_2 out
     consider(X + 3 * a, A4 - 2 * F - a, true);       // d x_mid
-    const i64 A8 = A4 - 2 * F - 2 * a - 8 * N;
-    consider(X + 2 * a, A8);                   // d attention output
+    // A8: the activations at the attention's backward with the probabilities held (under
+    // --checkpoint attention only once they are recomputed, R = A before).
+    const i64 A8 = A4 - 2 * F - 2 * a - 8 * N + R;
+    consider(X + 2 * a, A8 - R);               // d attention output
     if (z.flash) {
-      consider(X + 5 * a, A8);                 // d qkv
+      if (R > 0) {                             // the flash forward again: its output, its lse
+        consider(X + 2 * a, A8 - R + a);
+        consider(X + 2 * a, A8 + a);
+      }
+      consider(X + 5 * a, A8 + (R > 0 ? a : 0));  // d qkv
     } else {
-      consider(X + 3 * a, A8 - a);             // d out, head-major
+      consider(X + 3 * a, A8 - a - R);         // d out, head-major
+      if (R > 0) consider(X + 2 * a, A8 - a);  // the probabilities recomputed (dout freed)
       consider(X + 2 * a + A, A8 - a);         // d probabilities
       consider(X + 3 * a + A, A8 - a);         // d v
       consider(X + 3 * a + A, A8 - a - V - A); // d q
@@ -91,7 +111,7 @@ StepBlocks gpt2_blocks(const TransformerShape& shape, int batch) {
 
 StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
                                   const CheckpointPolicy& checkpoint) {
-  StepBlocks blocks = gpt2_blocks(shape, batch);
+  StepBlocks blocks = gpt2_blocks(shape, batch, checkpoint.attention());
   blocks.checkpoint = checkpoint;
   return transformer_step_transient(blocks, units);
 }

@@ -25,14 +25,17 @@ namespace shardscope {
 // (the ids and arange(T); the blocks; ln_f's input, mean and rstd, and output; the
 // log-probabilities, the target and nll_loss's total_weight).
 SavedForm gpt2_block_saved(const TransformerShape& shape, int batch);
-// Under --checkpoint a wrapped block saves only its input: a in 1 storage.
+// Under --checkpoint a wrapped block saves only its input: a in 1 storage; under
+// --checkpoint attention a math block saves A (the probabilities, 1 storage) less.
 SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch,
                                    const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 
 // What a data-parallel step holds beyond its resting bytes at its peak
 // (transformer_step.hpp walks it; the blocks' part is GPT-2's).
-// What GPT-2's blocks hold, for `batch` sequences, as the walk and a pipeline's pieces read it.
-StepBlocks gpt2_blocks(const TransformerShape& shape, int batch);
+// What GPT-2's blocks hold, for `batch` sequences, as the walk and a pipeline's pieces read it;
+// recompute_attention: --checkpoint attention (math: K less A, the probabilities made
+// again in the attention's backward; the forward's attention instant).
+StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_attention = false);
 StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
                                   const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 

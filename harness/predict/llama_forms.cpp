@@ -44,19 +44,35 @@ SavedForm llama_block_saved(const TransformerShape& shape, int batch) {
 
 SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch, const CheckpointPolicy& checkpoint) {
   const Sizes z = sizes(shape, batch);
-  const SavedForm block = llama_block_saved(shape, batch);
+  SavedForm block = llama_block_saved(shape, batch);
+  // --checkpoint attention: no probabilities (math) or log-sum-exp (flash).
+  if (checkpoint.attention()) block = {block.bytes - z.A, block.tensors - 1};
   const int w = checkpoint.wrapped_of(z.L);  // each saves its input alone
   return {8 * z.N + (z.L - w) * block.bytes + w * z.a + 2 * z.a + 4 * z.N + z.lambda + 8 * z.N + 4,
           7 + (z.L - w) * block.tensors + w};
 }
 
-StepBlocks llama_blocks(const TransformerShape& shape, int batch) {
+StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute_attention) {
   const Sizes z = sizes(shape, batch);
   const i64 a = z.a, Q = z.Q, C = z.C, F = z.F, A = z.A, N = z.N;
   const i64 X = 16 * N;
+  // --checkpoint attention: the attention's own save A (math's probabilities, flash's
+  // log-sum-exp) is not kept from forward to backward.
+  const i64 R = recompute_attention ? A : 0;
   StepBlocks blocks(z);
   blocks.base = a;  // x0
-  blocks.K = llama_block_saved(shape, batch).bytes;
+  blocks.K = llama_block_saved(shape, batch).bytes - R;
+  // Its forward's attention, from S: the input norm's rstd and output (4N + a), q, k, v
+  // token-major (temp Q + 2C) beside their head-major copies (3Q); then the probabilities
+  // A and the head-major output (temp Q); then, the probabilities freed, the token-major
+  // output Q.
+  if (R > 0 && !z.flash)
+    blocks.forward_attention = [=](PeakWalk& walk, i64 S, i64 pu, i64 gu, const std::string& where) {
+      auto consider = [&](i64 temp, i64 act) { walk.consider(temp, act, pu, gu, Phase::forward, where); };
+      consider(X + Q + 2 * C, S + 4 * N + a + 3 * Q);
+      consider(X + Q, S + 4 * N + a + 3 * Q + A);
+      consider(X + Q, S + 4 * N + a + 4 * Q);
+    };
   blocks.final_held = 4 * N + a;  // the final norm's rstd and output
   // A wrapped layer's re-run, from S with dy = a: math's q, k, v token-major (temp)
   // beside their head-major copies, then (those freed) the probabilities and the
@@ -79,15 +95,22 @@ StepBlocks llama_blocks(const TransformerShape& shape, int batch) {
     consider(X + a + 2 * F, A4 - F, true);          // d up
     consider(X + 2 * a + 2 * F, A4 - 4 * F, true);  // d y2
     consider(X + 3 * a, A4 - 4 * F - a, true);      // d x_mid
-    const i64 A5 = A4 - 4 * F - 2 * a - 4 * N;
-    consider(X + a + Q, A5);                  // d out
+    // A5: the activations at the attention's backward with the probabilities held (under
+    // --checkpoint attention only once they are recomputed, R = A before).
+    const i64 A5 = A4 - 4 * F - 2 * a - 4 * N + R;
+    consider(X + a + Q, A5 - R);              // d out
     i64 A6 = 0;
     if (z.flash) {
-      consider(X + a + 2 * Q + 2 * C, A5);    // d q, k, v
+      if (R > 0) {                            // the flash forward again: its output, its lse
+        consider(X + a + Q, A5 - R + Q);
+        consider(X + a + Q, A5 + Q);
+      }
+      consider(X + a + 2 * Q + 2 * C, A5 + (R > 0 ? Q : 0));  // d q, k, v
       A6 = A5 - 2 * Q - 2 * C - A;
     } else {
       const i64 Am = A5 - Q;  // out, which only o_proj saved, freed
-      consider(X + a + 2 * Q, Am);              // d out, head-major
+      consider(X + a + 2 * Q, Am - R);          // d out, head-major
+      if (R > 0) consider(X + a + Q, Am);       // the probabilities recomputed (dout freed)
       consider(X + a + Q + A, Am);              // d probabilities
       consider(X + a + 2 * Q + A, Am);          // d v (expanded)
       consider(X + a + 2 * Q + A, Am - Q - A);  // d q
@@ -103,7 +126,7 @@ StepBlocks llama_blocks(const TransformerShape& shape, int batch) {
 
 StepTransient llama_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
                                    const CheckpointPolicy& checkpoint) {
-  StepBlocks blocks = llama_blocks(shape, batch);
+  StepBlocks blocks = llama_blocks(shape, batch, checkpoint.attention());
   blocks.checkpoint = checkpoint;
   return transformer_step_transient(blocks, units);
 }

@@ -24,14 +24,17 @@ namespace shardscope {
 // (the ids; the blocks; the final norm's input, rstd and output; the log-probabilities,
 // the target and nll_loss's total_weight).
 SavedForm llama_block_saved(const TransformerShape& shape, int batch);
-// Under --checkpoint a wrapped layer saves only its input: a in 1 storage.
+// Under --checkpoint a wrapped layer saves only its input: a in 1 storage; under
+// --checkpoint attention a math layer saves A (the probabilities, 1 storage) less.
 SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch,
                                     const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 
 // What a data-parallel step holds beyond its resting bytes at its peak
 // (transformer_step.hpp walks it; the blocks' part is Llama's).
 // What Llama's blocks hold, for `batch` sequences, as the walk and a pipeline's pieces read it.
-StepBlocks llama_blocks(const TransformerShape& shape, int batch);
+// recompute_attention: --checkpoint attention (math: K less A, the probabilities made
+// again in the attention's backward; the forward's attention instants).
+StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute_attention = false);
 StepTransient llama_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
                                    const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 

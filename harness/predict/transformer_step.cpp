@@ -111,6 +111,17 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     // unit's reduce-scatter in backward, unless the full gradients kept from the
     // micro-step before outweigh what backward adds).
     if (flat) walk.consider(X, 0, f0, fwd_grads, Phase::forward, unit(0), false, f0);
+    // --checkpoint attention: each block's attention instants, its unit gathered (a
+    // transformer block b of unit u: top_block[u - 1] < b <= top_block[u]).
+    if (z.forward_attention) {
+      int u = U > 1 ? 1 : 0;
+      i64 gathered_to = U > 1 ? f(1) : 0;  // units 1..u
+      for (int b = 1; b <= z.L; ++b) {
+        while (U > 1 && b > units.top_block[u]) gathered_to += f(++u);
+        const i64 gathered = U <= 1 ? f0 : f0 + (units.reshard ? f(u) : ms.params_held ? all_units : gathered_to);
+        z.forward_attention(walk, held_at(b - 1), gathered, fwd_grads, fsdp ? unit(u) : layer(b));
+      }
+    }
     i64 so_far = 0;
     for (int u = 1; u < U; ++u) {
       if (flat) {

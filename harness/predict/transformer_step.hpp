@@ -107,6 +107,14 @@ struct StepBlocks {
   std::function<void(PeakWalk&, std::int64_t A4, std::int64_t gathered, std::int64_t grad_full,
                      const std::string& where)>
       backward;
+  // --checkpoint attention (math): instants inside a block's forward, from S (the
+  // activations below it, its input among them), that can rise above its output once
+  // the probabilities are no longer kept: the attention's, the probabilities beside its
+  // head-major output. Empty otherwise (every forward instant then lies below the block's
+  // output or the same block's backward).
+  std::function<void(PeakWalk&, std::int64_t S, std::int64_t gathered, std::int64_t grad_full,
+                     const std::string& where)>
+      forward_attention;
   // A wrapped block's re-run at the start of its backward: its forward's instants from
   // S (the activations below it, its input among them) with dy = a held; the re-run
   // output is temp (no block saves its own output) and freed at once.

@@ -444,7 +444,7 @@ ModelRecord read_model(const Reader& rd, const json& run) {
   // A transformer's (files of an MLP, and those written before transformers, have neither).
   if (m.contains("family")) r.family = rd.text(m, "model", "family", "a model family");
   // --checkpoint when not none (files written before it have none).
-  if (m.contains("checkpoint")) r.checkpoint = rd.text(m, "model", "checkpoint", "full or every:K");
+  if (m.contains("checkpoint")) r.checkpoint = rd.text(m, "model", "checkpoint", "full, every:K or attention");
   if (m.contains("shape")) {
     const json& s = rd.object(m, "model", "shape");
     const std::string path = "model.shape";

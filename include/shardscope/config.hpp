@@ -42,20 +42,26 @@ struct TransformerShape {
 // blocks (h.i, layers.i), never its embedding or final block; they are numbered
 // c = 0, 1, ... in model order, and every:K wraps those with c % K == 0 (full is
 // every:1). A wrapped block saves only its input in forward and re-runs its whole
-// forward at the start of its backward.
-enum class CheckpointKind : std::uint8_t { none, every };
+// forward at the start of its backward. `attention` wraps no block: a transformer's
+// attention core (Korthikanti et al.'s selective recompute) drops the probabilities it
+// would save, under math attention, and recomputes them in backward (flash attention
+// saves none: its backward recomputes them from the log-sum-exp already).
+enum class CheckpointKind : std::uint8_t { none, every, attention };
 struct CheckpointPolicy {
   CheckpointKind kind = CheckpointKind::none;
   int every = 1;  // K of every:K; full is 1
 
   bool any() const { return kind != CheckpointKind::none; }
+  // --checkpoint attention: every transformer block's attention core recomputed.
+  bool attention() const { return kind == CheckpointKind::attention; }
   // Whether the c-th checkpointable block is wrapped.
   bool wraps(int c) const { return kind == CheckpointKind::every && c % every == 0; }
   // How many of n checkpointable blocks are wrapped: ceil(n / K), or 0.
   int wrapped_of(int n) const { return kind == CheckpointKind::every ? (n + every - 1) / every : 0; }
-  // "none", "full", "every:K": the flag's spelling, for labels.
+  // "none", "full", "every:K", "attention": the flag's spelling, for labels.
   std::string text() const {
     if (kind == CheckpointKind::none) return "none";
+    if (kind == CheckpointKind::attention) return "attention";
     return every == 1 ? "full" : "every:" + std::to_string(every);
   }
 };

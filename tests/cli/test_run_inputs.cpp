@@ -108,12 +108,27 @@ TEST_F(RunInputs, ABucketCapBelowTheSmallestDoubleIsOneBucketPerTensor) {
   EXPECT_NE(line.find("is above the largest allowed, 1000000 MiB"), std::string::npos) << line;
 }
 
-TEST_F(RunInputs, CheckpointIsNoneFullOrEveryKAndNeverAPipelines) {
+TEST_F(RunInputs, CheckpointIsNoneFullEveryKOrAttentionAndNeverAPipelines) {
   std::string line;
   EXPECT_EQ(run("--checkpoint every:0", &line), 2);
   EXPECT_NE(line.find("--checkpoint"), std::string::npos) << line;
+  EXPECT_EQ(run("--checkpoint sometimes", &line), 2);
+  EXPECT_NE(line.find("allowed: none, full, every:K (K >= 1), attention"), std::string::npos) << line;
+  // The MLP has no attention: refused, naming it.
   EXPECT_EQ(run("--checkpoint attention", &line), 2);
-  EXPECT_NE(line.find("allowed: none, full, every:K"), std::string::npos) << line;
+  EXPECT_EQ(line, "shardscope: error: --checkpoint attention: the MLP has no attention to recompute; allowed with "
+                  "--model gpt2|llama, or give --checkpoint none, full or every:K");
+  // A transformer's record says it, and holds its prediction.
+  ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --model gpt2 --layers 2 --hidden 16 --heads 2 " +
+                  "--vocab 11 --seq 8 --batch 2 --attention math --checkpoint attention --strategy zero3 --units 1 " +
+                  "--emulate 2:1 --steps 2 --json a.json > /dev/null 2>&1"),
+            0);
+  std::ifstream in(dir_ + "/a.json");
+  const nlohmann::json run_ = nlohmann::json::parse(in)["runs"][0];
+  EXPECT_EQ(run_["model"]["checkpoint"], "attention");
+  const nlohmann::json& rank = run_["ranks"][0];
+  EXPECT_EQ(rank["peak"]["total"], rank["predicted"]["peak_total"]);
+  EXPECT_EQ(rank["resting"], rank["predicted"]["resting"]);
   EXPECT_EQ(run("--checkpoint full --schedule gpipe --emulate 2:0", &line), 2);
   EXPECT_NE(line.find("--checkpoint full and --schedule"), std::string::npos) << line;
   EXPECT_EQ(run("--checkpoint every:2 --strategy zero3 --emulate 2:1 --steps 2"), 0);

@@ -187,7 +187,8 @@ TEST(StrategiesMpi, LlamaTrainsLikeOneRank) {
 }
 
 // --checkpoint under MPI: GPT-2 under full checkpointing (zero3 over units of one
-// block, flash) and Llama under every:2 (ddp, math) train like one rank, and their
+// block, flash), Llama under every:2 (ddp, math), and both (math) under attention
+// (GPT-2 ddp, Llama zero3 over units of one block) train like one rank, and their
 // bytes, saves and the peak's place ("recompute of block c" among them) equal the
 // closed forms.
 TEST(StrategiesMpi, CheckpointedTransformersTrainLikeOneRank) {
@@ -204,17 +205,22 @@ TEST(StrategiesMpi, CheckpointedTransformersTrainLikeOneRank) {
   l.layers = 3, l.hidden = 16, l.heads = 4, l.kv_heads = 2, l.head_dim = 4, l.ffn = 24, l.vocab = 29, l.seq = 6;
   l.positions = 8;
   l.attention = AttentionMode::math;
+  TransformerShape gm = g;  // math, for --checkpoint attention
+  gm.attention = AttentionMode::math;
   struct Case {
     const char* family;
     TransformerShape shape;
-    int every;
+    CheckpointPolicy checkpoint;
     const char* strategy;
     int units;
   };
-  for (const Case& c : {Case{"gpt2", g, 1, "zero3", 1}, Case{"llama", l, 2, "ddp", 0}}) {
+  const CheckpointPolicy attention{CheckpointKind::attention, 1};
+  for (const Case& c : {Case{"gpt2", g, {CheckpointKind::every, 1}, "zero3", 1},
+                        Case{"llama", l, {CheckpointKind::every, 2}, "ddp", 0}, Case{"gpt2", gm, attention, "ddp", 0},
+                        Case{"llama", l, attention, "zero3", 1}}) {
     RunConfig cfg;
     cfg.model = testing::transformer_model(c.family, c.shape, 2);
-    cfg.model.checkpoint = {CheckpointKind::every, c.every};
+    cfg.model.checkpoint = c.checkpoint;
     cfg.steps = 3;
     cfg.seed = 5;
     cfg.strategy = parse_strategy(c.strategy);
