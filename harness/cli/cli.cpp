@@ -30,6 +30,7 @@
 #include "harness/common/signals_held.hpp"
 #include "harness/report/csv.hpp"
 #include "harness/report/json_io.hpp"
+#include "harness/strategies/deepspeed_layout.hpp"
 #include "harness/run/provenance.hpp"
 #include "shardscope/check.hpp"
 #include "shardscope/schedule_kind.hpp"
@@ -282,7 +283,33 @@ void refuse_unbuilt_precision(const RunConfig& c) {
   throw UsageError("--precision " + std::string(precision_name(c.precision)) + ": not built yet; allowed: fp32");
 }
 
-RunConfig to_config(const RunFlags& f, CLI::App& app) {
+// --engine deepspeed's combinations (docs/cli.md): stage 3 is planned, not run; DeepSpeed has
+// no units, no checkpointed or accumulated step here, no DDP bucket copy, and its bucket must
+// hold the largest tensor (DeepSpeed's extra-large-parameter path is not built).
+void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const std::string& command) {
+  if (effective_engine(c.engine, c.strategy) != EngineKind::deepspeed) return;
+  const std::string both = "--engine deepspeed and --strategy " + f.strategy;
+  if (c.strategy == StrategyKind::zero3 && command != "plan")
+    throw UsageError(both + ": DeepSpeed's stage 3 is planned (its model states), not run yet; allowed: ddp, "
+                     "zero1, zero2 (plan takes zero3)");
+  if (app.count("--units") > 0)
+    throw UsageError("--units and --engine deepspeed: DeepSpeed's ZeRO has no units (one flat group); drop --units");
+  if (c.accumulate > 1 || c.no_sync)
+    throw UsageError(std::string(c.no_sync ? "--no-sync" : "--accumulate " + f.accumulate) +
+                     " and --engine deepspeed: DeepSpeed's accumulation is not built yet; allowed with --engine torch");
+  if (c.model.checkpoint.any())
+    throw UsageError("--checkpoint " + f.checkpoint + " and --engine deepspeed: not built yet; give --checkpoint none");
+  if (app.count("--ddp-bucket") > 0)
+    throw UsageError("--ddp-bucket and " + both + ": DeepSpeed's buckets are its own (--bucket-mb); drop --ddp-bucket");
+  std::int64_t largest = 0;
+  for (std::int64_t n : model_tensor_elems(c.model)) largest = std::max(largest, n);
+  if (c.bucket_mb > 0 && ds_bucket_elems(c.bucket_mb, 0) < largest)
+    throw UsageError("--bucket-mb " + f.bucket_mb + " and --engine deepspeed: the bucket must hold the largest " +
+                     "tensor, " + std::to_string(largest) + " elements (" + std::to_string(4 * largest) +
+                     " B); give 0 or at least that");
+}
+
+RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command = "run") {
   RunConfig c;
   // Caps that keep every byte count of the closed forms inside 64 bits (and the
   // per-layer predictions quick): 16 B x layers x width^2 and 4 B x batch x width x layers.
@@ -444,6 +471,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app) {
     for (const std::string& path : csv_paths(c.csv_dir)) outputs.emplace_back("--csv", path);
   check_distinct_outputs(outputs);
   check_folders_apart({{"--csv DIR", c.csv_dir}}, {{"--json FILE", c.json_path}, {"--trace FILE", c.trace_path}});
+  check_deepspeed(c, f, app, command);
   return c;
 }
 
@@ -658,7 +686,7 @@ RunConfig parse_run_args(const std::vector<std::string>& args, const std::vector
   } catch (const CLI::ParseError& e) {
     throw UsageError(parse_error_text(app, e, also_known, command));
   }
-  return to_config(flags, app);
+  return to_config(flags, app, command);
 }
 
 namespace {

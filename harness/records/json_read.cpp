@@ -536,8 +536,9 @@ DataParallelRun read_data_parallel(const Reader& rd, const json& run) {
   DataParallelRun dp;
   dp.strategy = run["strategy"].get<std::string>();
   if (Reader::present(run, "engine")) {
-    dp.engine = rd.text(run, "", "engine", "torch or fsdp2");
-    if (dp.engine != "torch" && dp.engine != "fsdp2") rd.refuse("engine", &run["engine"], "torch or fsdp2");
+    dp.engine = rd.text(run, "", "engine", "torch, fsdp2 or deepspeed");
+    if (dp.engine != "torch" && dp.engine != "fsdp2" && dp.engine != "deepspeed")
+      rd.refuse("engine", &run["engine"], "torch, fsdp2 or deepspeed");
   }
   if (Reader::present(run, "precision")) dp.precision = read_precision(rd, run);
   if (Reader::present(run, "accumulate")) dp.accumulate = rd.positive(run, "", "accumulate");

@@ -36,6 +36,8 @@ bool is_pipeline(const json& run) {
 bool uses_units(const json& run) {
   const json* s = cells::at(run, {"strategy"});
   const std::optional<StrategyKind> kind = s && s->is_string() ? find_strategy(s->get<std::string>()) : std::nullopt;
+  const json* e = cells::at(run, {"engine"});
+  if (e && cells::text(e) == "deepspeed") return false;  // one flat group, no units
   return !kind || shards_by_unit(*kind);
 }
 
@@ -107,6 +109,7 @@ std::string bytes_footnote(const TableOptions& options, bool predictions) {
 namespace tables {
 
 bool uses_units(const DataParallelRun& run) {
+  if (run.engine == "deepspeed") return false;  // one flat group, no units
   const std::optional<StrategyKind> kind = find_strategy(run.strategy);
   return !kind || shards_by_unit(*kind);
 }

@@ -60,7 +60,7 @@ std::string fits_header(std::int64_t memory, const TableOptions& options) {
 // A row of a plan's table: its leading cells and the predicted figures it shows.
 struct PlanRow {
   std::vector<std::string> head;
-  const CategoryFigures* peak;  // predicted peak_by_category
+  const CategoryFigures* peak;  // predicted peak_by_category; null where not predicted (printed "-")
   std::string transfer;         // communication (data parallel) or p2p bytes per step
   std::string fits;             // the --memory verdict, when the compact table has no room for it
 };
@@ -72,7 +72,8 @@ void print_above_rest(const std::vector<std::string>& head_names, const std::vec
                       std::ostream& os, const std::string& fits_name = "") {
   std::vector<Category> live;
   for (const Category c : kAboveRest)
-    if (std::any_of(rows.begin(), rows.end(), [&](const PlanRow& row) { return category_bytes(*row.peak, c) != 0; }))
+    if (std::any_of(rows.begin(), rows.end(),
+                    [&](const PlanRow& row) { return row.peak && category_bytes(*row.peak, c) != 0; }))
       live.push_back(c);
   std::vector<std::string> cols = head_names;
   for (const Category c : live) cols.emplace_back(category_name(c));
@@ -86,7 +87,8 @@ void print_above_rest(const std::vector<std::string>& head_names, const std::vec
   TextTable table(cols, align);
   for (const PlanRow& row : rows) {
     std::vector<std::string> line = row.head;
-    for (const Category c : live) line.push_back(cells::bytes(category_bytes(*row.peak, c), options));
+    for (const Category c : live)
+      line.push_back(row.peak ? cells::bytes(category_bytes(*row.peak, c), options) : std::string(cells::kMissing));
     line.push_back(row.transfer);
     if (!fits_name.empty()) line.push_back(row.fits);
     table.add_row(std::move(line));
@@ -211,7 +213,7 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
   }
   TextTable table(headers, align);
   std::vector<PlanRow> rows;
-  bool peak_unknown = false;
+  bool peak_unknown = false, stage3_unknown = false;
   for (const DataParallelPlan* dp : plans) {
     const DataParallelRun& run = dp->run;
     const std::int64_t four_p = run.model.param_bytes;
@@ -222,21 +224,26 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
                                                           : std::to_string(group.first) + "-" + std::to_string(group.last);
       const std::string units =
           !uses_units(run) ? cells::kMissing : run.layers_per_unit ? std::to_string(*run.layers_per_unit) : "all";
-      std::vector<std::string> row = {run.strategy, std::to_string(run.world), units, who};
-      rows.push_back({row, &p.peak_by_category, cells::bytes(p.comm_bytes, options), ""});
+      // The engine where it is not torch's: "zero3 engine=deepspeed".
+      const std::string strategy = run.strategy + (run.engine != "torch" ? " engine=" + run.engine : "");
+      std::vector<std::string> row = {strategy, std::to_string(run.world), units, who};
+      // DeepSpeed's stage 3 predicts neither its step nor its traffic.
+      const bool stage3 = !p.peak_known && run.engine == "deepspeed";
+      rows.push_back({row, stage3 ? nullptr : &p.peak_by_category,
+                      stage3 ? std::string(cells::kMissing) : cells::bytes(p.comm_bytes, options), ""});
       if (p.peak_known) {
         for (std::string cell : {cells::bytes(p.resting_total, options), multiple(p.resting_total, four_p),
                                  cells::bytes(p.peak_total, options), multiple(p.peak_total, four_p),
                                  p.peak_phase + ", " + p.peak_where})
           row.push_back(std::move(cell));
       } else {
-        peak_unknown = true;
+        (run.engine == "deepspeed" ? stage3_unknown : peak_unknown) = true;
         for (std::string cell : {cells::bytes(p.resting_total, options), multiple(p.resting_total, four_p),
                                  std::string(cells::kMissing), std::string(cells::kMissing), std::string("(note)")})
           row.push_back(std::move(cell));
       }
       if (options.wide)
-        row.insert(row.end(), {cells::bytes(p.comm_bytes, options),
+        row.insert(row.end(), {rows.back().transfer,
                                p.peak_known ? above_rest(p.peak_by_category) : std::string(cells::kMissing)});
       if (plan.memory_bytes) {
         // Without a peak, only resting bytes above the memory decide (that it does not fit).
@@ -255,6 +262,13 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
               "  (note) A transformer's peak needs its activation forms (issue 14, docs/formulas.md, \"Transformers\"), "
               "not in this build: the figures above are its model states at rest (parameters, gradients, AdamW), "
               "exact; what a step adds on top (activations, logits, gathered units) is not printed rather than guessed.",
+              " ", 96, "  ")
+       << '\n';
+  if (stage3_unknown)
+    os << tables::wrap_text(
+              "  (note) DeepSpeed's stage 3 is planned by its model states at rest (docs/formulas.md, \"DeepSpeed\"): "
+              "its step (gathered parameters, prefetch buckets, activations) and its traffic are not predicted in this "
+              "build, and not printed rather than guessed.",
               " ", 96, "  ")
        << '\n';
   if (!options.wide)

@@ -13,8 +13,9 @@ constexpr std::array<Factory, kStrategyCount> kFactories = {make_ddp, make_zero1
 }  // namespace
 
 std::unique_ptr<Strategy> make_strategy(const StrategyContext& ctx) {
-  if (effective_engine(ctx.cfg.engine, ctx.cfg.strategy) == EngineKind::fsdp2)
-    return make_fsdp2(ctx, ctx.cfg.strategy == StrategyKind::zero3);
+  const EngineKind engine = effective_engine(ctx.cfg.engine, ctx.cfg.strategy);
+  if (engine == EngineKind::fsdp2) return make_fsdp2(ctx, ctx.cfg.strategy == StrategyKind::zero3);
+  if (engine == EngineKind::deepspeed) return make_deepspeed(ctx, static_cast<int>(ctx.cfg.strategy));
   return kFactories[static_cast<int>(ctx.cfg.strategy)](ctx);
 }
 

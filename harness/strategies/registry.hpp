@@ -13,5 +13,7 @@ std::unique_ptr<Strategy> make_zero2(const StrategyContext& ctx);
 std::unique_ptr<Strategy> make_zero3(const StrategyContext& ctx);
 // zero2 (full_shard false) or zero3 under --engine fsdp2 (fsdp2.hpp).
 std::unique_ptr<Strategy> make_fsdp2(const StrategyContext& ctx, bool full_shard);
+// zero1 (stage 1) or zero2 (stage 2) under --engine deepspeed (deepspeed.hpp).
+std::unique_ptr<Strategy> make_deepspeed(const StrategyContext& ctx, int stage);
 
 }  // namespace shardscope

@@ -28,6 +28,8 @@ namespace shardscope {
 class UnitShardedStrategy : public DataParallelStrategy, private BlockAccess {
  public:
   UnitShardedStrategy(const StrategyContext& ctx, bool full_shard);
+  // Units of `layers_per_unit` blocks (fsdp_units' K) in place of --units'.
+  UnitShardedStrategy(const StrategyContext& ctx, bool full_shard, int layers_per_unit);
   int units() const override { return static_cast<int>(units_.size()); }
 
  protected:

@@ -43,7 +43,9 @@ StrategyKind parse_strategy(const std::string& name, const std::string& flag = "
 //   torch  DDP, ZeroRedundancyOptimizer and FSDP1 flat parameters (one per unit);
 //   fsdp2  zero2/zero3 as torch's fully_shard: every parameter tensor its own shard along
 //          dim 0 (torch.chunk sizes); ddp and zero1 stay the torch engine's.
-// deepspeed is named (so that the flag refuses it by name) but not built yet.
+//   deepspeed  zero1/zero2/zero3 as DeepSpeed's ZeRO stages 1-3 (one flat parameter group
+//          padded to the world, the ipg bucket; docs/design.md, "DeepSpeed"); ddp stays
+//          torch's. Stage 3 is planned (its model states), not run.
 enum class EngineKind : std::uint8_t { torch, fsdp2, deepspeed };
 
 inline constexpr int kEngineCount = 3;
@@ -52,17 +54,15 @@ inline constexpr std::array<std::string_view, kEngineCount> kEngineNames = {"tor
 
 inline constexpr std::string_view engine_name(EngineKind e) { return kEngineNames[static_cast<int>(e)]; }
 
-// Whether this build runs engine `e` (deepspeed: not yet).
-inline constexpr bool engine_built(EngineKind e) { return e != EngineKind::deepspeed; }
-
 // The engine a run of strategy `s` under --engine `e` actually lays out: fsdp2 changes
-// zero2 and zero3 only.
+// zero2 and zero3 only, deepspeed zero1, zero2 and zero3 (its ddp is torch's).
 inline constexpr EngineKind effective_engine(EngineKind e, StrategyKind s) {
+  if (e == EngineKind::deepspeed) return s == StrategyKind::ddp ? EngineKind::torch : e;
   return shards_by_unit(s) ? e : EngineKind::torch;
 }
 
-// The engine named `name` that this build runs; throws UsageError naming --engine for an
-// unknown name ("allowed: torch, fsdp2") and for deepspeed ("not built yet").
+// The engine named `name`; throws UsageError naming --engine for an unknown name
+// ("allowed: torch, fsdp2, deepspeed").
 EngineKind parse_engine(const std::string& name);
 
 // The arithmetic a run trains in (--precision, docs/design.md §2):

@@ -1,7 +1,7 @@
 // --engine through the binary: fsdp2's record says so and holds its predictions on every
 // rank (emulated and under mpirun at W = 2; the MLP, GPT-2 and Llama), the table labels
-// the engine, ddp and zero1 stay torch's, and deepspeed and a pipeline's engine are
-// refused (exit 2, one line).
+// the engine, ddp and zero1 stay torch's, and deepspeed's stage 3 and a pipeline's engine
+// are refused (exit 2, one line; deepspeed's runs: test_deepspeed_cli.cpp).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -77,14 +77,16 @@ TEST_F(Engine, Fsdp2RunsTransformersEveryRankAsPredicted) {
     }
 }
 
-TEST_F(Engine, DeepspeedAndAPipelinesEngineAreRefused) {
+TEST_F(Engine, DeepspeedStageThreeAndAPipelinesEngineAreRefused) {
   const struct {
     const char* flags;
     const char* line;
   } cases[] = {
-      {"--layers 4 --width 16 --engine deepspeed --strategy zero2",
-       "shardscope: error: --engine deepspeed: not built yet; allowed: torch, fsdp2"},
-      {"--layers 4 --width 16 --engine fsdp3", "shardscope: error: --engine: unknown 'fsdp3'; allowed: torch, fsdp2"},
+      {"--layers 4 --width 16 --engine deepspeed --strategy zero3",
+       "shardscope: error: --engine deepspeed and --strategy zero3: DeepSpeed's stage 3 is planned (its model states), "
+       "not run yet; allowed: ddp, zero1, zero2 (plan takes zero3)"},
+      {"--layers 4 --width 16 --engine fsdp3",
+       "shardscope: error: --engine: unknown 'fsdp3'; allowed: torch, fsdp2, deepspeed"},
       {"--layers 4 --width 16 --engine fsdp2 --strategy zero3 --checkpoint full",
        "shardscope: error: --checkpoint full and --engine fsdp2: fsdp2's checkpointed MLP step is not built yet; "
        "give --checkpoint none, --engine torch or --model gpt2|llama"},

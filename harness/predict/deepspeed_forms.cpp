@@ -1,0 +1,170 @@
+// Closed forms of DeepSpeed's ZeRO stages (deepspeed_forms.hpp; docs/formulas.md, "DeepSpeed").
+#include "harness/predict/deepspeed_forms.hpp"
+
+#include <string>
+
+#include "harness/predict/gpt2_forms.hpp"
+#include "harness/predict/llama_forms.hpp"
+#include "harness/predict/transformer_step.hpp"
+#include "harness/strategies/deepspeed_layout.hpp"
+#include "harness/strategies/partition.hpp"
+
+namespace shardscope {
+namespace {
+
+using i64 = std::int64_t;
+
+// DeepSpeed's defaults: a tensor of at most this many elements stays gathered under stage 3
+// (stage3_param_persistence_threshold), and stage 3's optimizer groups hold this many
+// elements (sub_group_size).
+constexpr i64 kPersistenceThreshold = 100'000;
+constexpr i64 kSubGroupSize = 1'000'000'000;
+
+std::vector<Prediction> stage3_model_states(const std::vector<i64>& tensors, int world) {
+  Prediction p;
+  p.peak_known = false;
+  i64 C = 0, persistent = 0, groups = 0, in_group = 0;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const i64 c = (tensors[t] + world - 1) / world;
+    C += c;
+    if (tensors[t] <= kPersistenceThreshold) persistent += tensors[t];
+    // A sub-group closes once it holds sub_group_size elements, and at the last tensor.
+    in_group += c;
+    if (in_group >= kSubGroupSize || t + 1 == tensors.size()) {
+      ++groups;
+      in_group = 0;
+    }
+  }
+  p.resting[Category::param] = 4 * C + 4 * C + 4 * persistent;
+  p.resting[Category::grad] = 4 * C;
+  p.resting[Category::optim] = 8 * C + 4 * groups;
+  return std::vector<Prediction>(static_cast<std::size_t>(world), p);
+}
+
+// A walk's instants, the first of the largest kept (as the tracker keeps it).
+struct Best {
+  CategoryBytes bytes;
+  i64 total = -1;
+  Phase phase = Phase::setup;
+  std::string where;
+  void consider(const CategoryBytes& b, Phase ph, const std::string& at) {
+    if (b.total() <= total) return;
+    bytes = b;
+    total = b.total();
+    phase = ph;
+    where = at;
+  }
+};
+
+CategoryBytes bytes_of(i64 temp, i64 act, i64 grad_unsharded, i64 comm, i64 grad) {
+  CategoryBytes b;
+  b[Category::temp] = temp;
+  b[Category::activation] = act;
+  b[Category::grad_unsharded] = grad_unsharded;
+  b[Category::comm] = comm;
+  b[Category::grad] = grad;
+  return b;
+}
+
+// The MLP's forward and backward (data_parallel_forms.cpp's walk, no gathered units): the
+// bucket Bk and stage 2's G from the backward's first block on; stage 1's autograd 4P held
+// from there, stage 2's each layer's own gradients during its backward.
+void mlp_walk(const ModelConfig& m, int stage, i64 Bk, i64 G, Best& best) {
+  const int L = m.layers;
+  const i64 a = m.activation_bytes(m.batch), X = a, t = m.loss == Loss::mse ? a : 0;
+  const i64 k = (m.activation == Activation::relu || m.loss == Loss::mse) ? 1 : 0;
+  auto where = [&](int layer) { return "unit " + std::to_string(stage == 1 ? 0 : layer); };
+  for (int i = 0; i < L; ++i) {
+    const i64 unsaved = (i == L - 1 && k == 0) ? a : 0;
+    best.consider(bytes_of(X + t + unsaved, (i + 1) * a - unsaved, 0, 0, 0), Phase::forward, where(i));
+  }
+  const i64 last_unsaved = k == 0 ? a : 0;
+  best.consider(bytes_of(X + t + last_unsaved + 4, (L - 1 + k) * a, 0, 0, 0), Phase::forward, where(L - 1));
+  best.consider(bytes_of(X + t + a, (L - 1 + k) * a, 0, 0, 0), Phase::backward, where(L - 1));
+  const i64 grads = stage == 1 ? 4 * m.params() : 4 * m.layer_elems();
+  for (int j = L - 1; j >= 0; --j) {
+    const i64 outs = j == L - 1 ? L - 1 + k : j + 1;
+    best.consider(bytes_of(X + t + a, outs * a, grads, Bk, G), Phase::backward, where(j));
+    if (j > 0) best.consider(bytes_of(X + t + 2 * a, outs * a, grads, Bk, G), Phase::backward, where(j));  // dx
+  }
+}
+
+// A transformer's: the torch engine's walk (transformer_step.hpp) over units holding nothing
+// gathered; the root unit's full gradient carries the bucket (and stage 2's G), moved to
+// their categories after.
+void transformer_walk(const RunConfig& cfg, int world, int stage, i64 Bk, i64 G, Best& best) {
+  const ModelConfig& m = cfg.model;
+  const std::vector<Unit> units = fsdp_units(m, stage == 1 ? 0 : 1, world);
+  StepUnits su;
+  for (const Unit& u : units) {
+    su.bytes.push_back(0);
+    su.grad_bytes.push_back(4 * u.elems);
+    su.top_block.push_back(u.last_block - 1);
+  }
+  su.grad_bytes[0] += Bk + G;
+  const TransformerShape& t = m.transformer;
+  StepTransient step = m.name == "gpt2" ? gpt2_step_transient(t, m.batch, su, m.checkpoint)
+                                        : llama_step_transient(t, m.batch, su, m.checkpoint);
+  if (step.bytes[Category::grad_unsharded] > 0) {
+    step.bytes[Category::grad_unsharded] -= Bk + G;
+    step.bytes[Category::comm] += Bk;
+    step.bytes[Category::grad] += G;
+  }
+  best.consider(step.bytes, step.phase, step.where);
+}
+
+}  // namespace
+
+std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world) {
+  const ModelConfig& m = cfg.model;
+  const std::vector<i64> tensors = model_tensor_elems(m);
+  if (cfg.strategy == StrategyKind::zero3) return stage3_model_states(tensors, world);
+  const int stage = cfg.strategy == StrategyKind::zero1 ? 1 : 2;
+  const std::vector<DsPartition> parts = ds_partitions(tensors, world);
+  const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
+  const i64 Bk = 4 * ds_bucket_elems(cfg.bucket_mb, P);
+  SavedForm saved;
+  if (m.is_transformer()) {
+    saved = m.name == "gpt2" ? gpt2_saved_after_forward(m.transformer, m.batch, m.checkpoint)
+                             : llama_saved_after_forward(m.transformer, m.batch, m.checkpoint);
+  } else {
+    const int k = (m.activation == Activation::relu || m.loss == Loss::mse) ? 1 : 0;
+    saved.tensors = m.layers + k + (m.loss == Loss::mse ? 1 : 0);
+    saved.bytes = saved.tensors * m.activation_bytes(m.batch);
+  }
+  std::vector<Prediction> ranks(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    const DsPartition& part = parts[r];
+    const i64 G = 4 * part.touching, pad = 4 * part.pad();
+    Prediction& p = ranks[r];
+    p.resting[Category::param] = 4 * Ppad + 4 * s;
+    p.resting[Category::optim] = 8 * s + 4;
+    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 4 * P;
+    p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 4 * Ppad;
+    // Forward and backward; stage 2 makes grads_in_partition with the bucket.
+    Best best;
+    const i64 G_early = stage == 2 ? G : 0;
+    if (m.is_transformer())
+      transformer_walk(cfg, world, stage, Bk, G_early, best);
+    else
+      mlp_walk(m, stage, Bk, G_early, best);
+    // The reduction after the backward: stage 1 makes grads_in_partition at its first copy,
+    // then (both) the padding beside the bucket (and stage 1's gradients).
+    const i64 autograd = stage == 1 ? 4 * P : 0;
+    if (stage == 1 && G > 0) best.consider(bytes_of(0, 0, autograd, Bk, G), Phase::communication, "-");
+    if (pad > 0) best.consider(bytes_of(0, 0, autograd, Bk, G + pad), Phase::communication, "-");
+    // The optimizer: the flattened partition gradient beside grads_in_partition and padding.
+    best.consider(bytes_of(0, 0, 0, 0, G + pad + 4 * s), Phase::optimizer, "-");
+    p.peak_known = true;
+    p.peak_by_category = p.resting;
+    for (int c = 0; c < kCategoryCount; ++c) p.peak_by_category.bytes[c] += best.bytes.bytes[c];
+    p.peak_total = p.peak_by_category.total();
+    p.peak_phase = best.phase;
+    p.peak_where = best.where;
+    p.saved_after_forward_bytes = saved.bytes;
+    p.saved_after_forward_tensors = saved.tensors;
+  }
+  return ranks;
+}
+
+}  // namespace shardscope

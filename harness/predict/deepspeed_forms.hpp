@@ -1,0 +1,31 @@
+// Closed forms of zero1, zero2 and zero3 under --engine deepspeed (DeepSpeed's ZeRO stages;
+// docs/formulas.md, "DeepSpeed"). fp32; P parameters, T tensors, W ranks, Ppad = P rounded
+// up to a multiple of 2W, s = Ppad / W; for rank r (deepspeed_layout.hpp): G_r = 4 × the
+// elements of every tensor touching its partition, pad_r = 4 × its partition's elements past
+// P; c = the ipg bucket's elements (--bucket-mb), Bk = 4c.
+//   stages 1, 2 at rest   param 4 Ppad + 4 s (the flat group and the optimizer's copy of
+//                         the partition), grad 0, optim 8 s + 4
+//   stage 3 at rest       per tensor t its partition c_t = ceil(n_t / W), C = Σ c_t:
+//                         param 4 C + 4 C (the partitions and the optimizer's copy) plus
+//                         4 n_t of every persistent tensor (n_t ≤ 100,000, kept gathered),
+//                         grad 4 C, optim 8 C + 4 per sub-group (of 10^9 elements)
+//   traffic (1, 2)        all-reduce 4P (the buckets), all-gather 4 Ppad (the group after
+//                         the step)
+// The peak of stages 1 and 2: the torch engine's walk of the forward and backward (one root
+// unit holding autograd's 4P and the bucket from the backward's start for stage 1; one
+// unit a block, each its gradients during its backward, the root unit also the bucket and
+// stage 2's grads_in_partition), then the reduction's instant (stage 1: 4P + Bk + G_r +
+// pad_r; stage 2: Bk + G_r + pad_r) and the optimizer's (G_r + pad_r + 4 s). Stage 3's peak
+// is not predicted (peak_known false).
+#pragma once
+
+#include <vector>
+
+#include "shardscope/config.hpp"
+#include "shardscope/predict.hpp"
+
+namespace shardscope {
+
+std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world);
+
+}  // namespace shardscope

@@ -1,0 +1,63 @@
+#include "harness/strategies/deepspeed_layout.hpp"
+
+#include <algorithm>
+
+#include "harness/predict/transformer_forms.hpp"
+
+namespace shardscope {
+
+namespace {
+
+// Rank r's partition, given where each tensor starts (starts[t], T + 1 entries).
+DsPartition partition_of(const std::vector<std::int64_t>& starts, int world, int rank) {
+  DsPartition p;
+  const int T = static_cast<int>(starts.size()) - 1;
+  p.elems = starts[T];
+  const std::int64_t align = 2 * static_cast<std::int64_t>(world);
+  p.padded = (p.elems + align - 1) / align * align;
+  p.size = p.padded / world;
+  const std::int64_t begin = p.size * rank, end = begin + p.size;
+  p.real = std::max<std::int64_t>(0, std::min(end, p.elems) - begin);
+  if (p.real == 0) return p;  // all padding: no tensor touches it
+  // The first tensor ending past `begin` and the first starting at or past `end` (empty
+  // tensors end where they start, so neither search stops at one).
+  p.first_tensor = static_cast<int>(std::upper_bound(starts.begin() + 1, starts.end(), begin) - starts.begin()) - 1;
+  p.end_tensor = static_cast<int>(std::lower_bound(starts.begin(), starts.end() - 1, end) - starts.begin());
+  p.offset = begin - starts[p.first_tensor];
+  p.touching = starts[p.end_tensor] - starts[p.first_tensor];
+  return p;
+}
+
+std::vector<std::int64_t> starts_of(const std::vector<std::int64_t>& tensor_elems) {
+  std::vector<std::int64_t> starts(tensor_elems.size() + 1, 0);
+  for (std::size_t t = 0; t < tensor_elems.size(); ++t) starts[t + 1] = starts[t] + tensor_elems[t];
+  return starts;
+}
+
+}  // namespace
+
+DsPartition ds_partition(const std::vector<std::int64_t>& tensor_elems, int world, int rank) {
+  return partition_of(starts_of(tensor_elems), world, rank);
+}
+
+std::vector<DsPartition> ds_partitions(const std::vector<std::int64_t>& tensor_elems, int world) {
+  const std::vector<std::int64_t> starts = starts_of(tensor_elems);
+  std::vector<DsPartition> out;
+  out.reserve(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) out.push_back(partition_of(starts, world, r));
+  return out;
+}
+
+std::vector<std::int64_t> model_tensor_elems(const ModelConfig& model) {
+  if (model.is_transformer()) return transformer_tensor_sizes(model.transformer);
+  std::vector<std::int64_t> out;
+  for (int t = 0; t < model.param_tensors(); ++t) out.push_back(model.tensor_elems(t));
+  return out;
+}
+
+std::int64_t ds_bucket_elems(double bucket_mb, std::int64_t params) {
+  if (bucket_mb <= 0.0) return params;
+  return static_cast<std::int64_t>(bucket_mb * 1024.0 * 1024.0 / 4.0);
+}
+
+}  // namespace shardscope

@@ -1,0 +1,49 @@
+// How DeepSpeed's ZeRO stages 1 and 2 split a model (docs/design.md, "DeepSpeed"), shared by
+// the strategy (deepspeed.hpp) and the closed forms (harness/predict/deepspeed_forms.hpp).
+//
+// Every parameter tensor, in torch's order, is one flat group: P elements padded up to a
+// multiple of 2·W (DeepSpeed's nccl_start_alignment_factor of 2 elements, times the world),
+// Ppad; rank r owns the contiguous partition [r·s, (r + 1)·s), s = Ppad / W. The tensors a
+// partition touches (whole or in part) are the ones whose gradients DeepSpeed copies, whole,
+// into the rank's grads_in_partition buffer; the partition's elements that are not
+// parameters (past P) are the padding its averaged gradient is completed with.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardscope/config.hpp"
+
+namespace shardscope {
+
+struct DsPartition {
+  std::int64_t elems = 0;   // P
+  std::int64_t padded = 0;  // Ppad, a multiple of 2·W
+  std::int64_t size = 0;    // s = Ppad / W
+  // Rank r's view: the tensors [first_tensor, end_tensor) touch its partition (none when
+  // the partition is all padding), `touching` elements together; `offset` is where the
+  // partition starts inside the first of them; `real` of its s elements are parameters.
+  int first_tensor = 0, end_tensor = 0;
+  std::int64_t touching = 0;
+  std::int64_t offset = 0;
+  std::int64_t real = 0;
+
+  std::int64_t pad() const { return size - real; }
+  bool touches(int t) const { return t >= first_tensor && t < end_tensor; }
+};
+
+// Rank `rank`'s partition of the tensors `tensor_elems` (in flat order) over `world` ranks.
+DsPartition ds_partition(const std::vector<std::int64_t>& tensor_elems, int world, int rank);
+// Every rank's, in rank order: O(T + W log T).
+std::vector<DsPartition> ds_partitions(const std::vector<std::int64_t>& tensor_elems, int world);
+
+// Every parameter tensor's elements in torch's (and the flat group's) order: the MLP's
+// weight, bias, weight, ...; a transformer's transformer_tensor_sizes.
+std::vector<std::int64_t> model_tensor_elems(const ModelConfig& model);
+
+// The ipg bucket's elements under --bucket-mb (MiB of fp32 gradients): 0 means one bucket
+// of the model's P elements (DeepSpeed's default reduce_bucket_size, 5e8 elements, holds
+// every model this tool trains whole).
+std::int64_t ds_bucket_elems(double bucket_mb, std::int64_t params);
+
+}  // namespace shardscope

@@ -1,0 +1,197 @@
+// --engine deepspeed (harness/strategies/deepspeed.hpp, harness/predict/deepspeed_forms.hpp):
+// DeepSpeed's partition of the flat group, worked by hand; the seed model's ranks rest at
+// the figure its layout gives by hand; every emulated rank measures what the closed forms
+// predict (every category at rest and at the peak, its phase and place, the saves and the
+// bytes each collective moves), for the MLP, GPT-2 and Llama at W = 1 to 4, one bucket or
+// several; stage 3's model states by hand.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "harness/comm/fake_comm.hpp"
+#include "harness/strategies/deepspeed_layout.hpp"
+#include "support/dp_harness.hpp"
+#include "support/pipeline_configs.hpp"
+
+namespace shardscope {
+namespace {
+
+using testing::run_dp;
+
+RunConfig ds_config(const ModelConfig& m, const char* strategy, double bucket_mb) {
+  RunConfig cfg;
+  cfg.model = m;
+  cfg.steps = 2;
+  cfg.strategy = parse_strategy(strategy);
+  cfg.engine = EngineKind::deepspeed;
+  cfg.bucket_mb = bucket_mb;
+  return cfg;
+}
+
+// One emulated rank against its prediction; returns the peak's phase and place.
+std::string check_rank(const RunConfig& cfg, int world, int rank, const std::string& what) {
+  CpuBackend backend;
+  auto comm = make_fake_communicator(world, rank, &backend);
+  const auto r = run_dp(cfg, backend, *comm, false);
+  const Prediction p = predict_data_parallel(cfg, world, rank);
+  SCOPED_TRACE(what + " W=" + std::to_string(world) + " r=" + std::to_string(rank));
+  EXPECT_GT(r.resting.total(), 0);
+  for (int k = 0; k < kCategoryCount; ++k)
+    EXPECT_EQ(r.resting.bytes[k], p.resting.bytes[k]) << "resting " << kCategoryNames[k];
+  for (int k = 0; k < kCollKindCount; ++k)
+    EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]) << "comm " << kCollKindNames[k];
+  EXPECT_TRUE(p.peak_known);
+  EXPECT_EQ(r.peak.total, p.peak_total);
+  for (int k = 0; k < kCategoryCount; ++k)
+    EXPECT_EQ(r.peak.by_category.bytes[k], p.peak_by_category.bytes[k]) << "at the peak " << kCategoryNames[k];
+  EXPECT_EQ(std::string(phase_name(r.peak.phase)), std::string(phase_name(p.peak_phase)));
+  EXPECT_EQ(r.where, p.peak_where);
+  EXPECT_EQ(r.saved.bytes, p.saved_after_forward_bytes);
+  EXPECT_EQ(r.saved.tensors, p.saved_after_forward_tensors);
+  return std::string(phase_name(r.peak.phase)) + " " + r.where;
+}
+
+// Tensors of 10, 3, 10 and 3 elements (P = 26) over 4 ranks: padded to a multiple of 2·4,
+// Ppad = 32, s = 8. Rank 0 holds [0, 8) of tensor 0; rank 1 [8, 16): the end of tensor 0,
+// tensor 1 and the start of tensor 2; rank 2 [16, 24): the rest of tensor 2 and the first
+// element of tensor 3; rank 3 [24, 32): tensor 3's last two elements and 6 of padding.
+TEST(DeepSpeed, PartitionsAreEvenPaddedToTwiceTheWorld) {
+  const std::vector<std::int64_t> tensors = {10, 3, 10, 3};
+  const std::vector<DsPartition> parts = ds_partitions(tensors, 4);
+  ASSERT_EQ(parts.size(), 4u);
+  for (const DsPartition& p : parts) {
+    EXPECT_EQ(p.elems, 26);
+    EXPECT_EQ(p.padded, 32);
+    EXPECT_EQ(p.size, 8);
+  }
+  struct Want {
+    int first, end;
+    std::int64_t touching, offset, real;
+  };
+  const Want want[] = {{0, 1, 10, 0, 8}, {0, 3, 23, 8, 8}, {2, 4, 13, 3, 8}, {3, 4, 3, 1, 2}};
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_EQ(parts[r].first_tensor, want[r].first);
+    EXPECT_EQ(parts[r].end_tensor, want[r].end);
+    EXPECT_EQ(parts[r].touching, want[r].touching);
+    EXPECT_EQ(parts[r].offset, want[r].offset);
+    EXPECT_EQ(parts[r].real, want[r].real);
+    EXPECT_EQ(ds_partition(tensors, 4, r).touching, want[r].touching);
+  }
+  EXPECT_EQ(parts[3].pad(), 6);
+  // A world larger than the model: the last ranks' partitions are all padding.
+  const std::vector<DsPartition> wide = ds_partitions({3}, 4);
+  EXPECT_EQ(wide[0].padded, 8);
+  EXPECT_EQ(wide[1].real, 1);
+  EXPECT_EQ(wide[2].real, 0);
+  EXPECT_EQ(wide[2].touching, 0);
+  EXPECT_EQ(wide[3].pad(), 2);
+}
+
+// The seed model (8 x 256: P = 526,336, a multiple of 2·4) at W = 4: s = 131,584; at rest
+// the flat group 4P = 2,105,344, the optimizer's copy 4s = 526,336, exp_avg and exp_avg_sq
+// 8s = 1,052,672 and one step: 3,684,356 B on every rank, under both stages; no gradient.
+TEST(DeepSpeed, TheSeedModelRestsAtItsLayoutByHand) {
+  for (const char* strategy : {"zero1", "zero2"})
+    for (int rank = 0; rank < 4; ++rank) {
+      const RunConfig cfg = ds_config(ModelConfig{}, strategy, 0);
+      CpuBackend backend;
+      auto comm = make_fake_communicator(4, rank, &backend);
+      const auto r = run_dp(cfg, backend, *comm, false);
+      SCOPED_TRACE(std::string(strategy) + " r=" + std::to_string(rank));
+      EXPECT_EQ(r.resting.total(), 3'684'356);
+      EXPECT_EQ(r.resting[Category::param], 2'105'344 + 526'336);
+      EXPECT_EQ(r.resting[Category::grad], 0);
+      EXPECT_EQ(r.resting[Category::optim], 1'052'676);
+      EXPECT_EQ(predict_data_parallel(cfg, 4, rank).resting.total(), 3'684'356);
+    }
+}
+
+TEST(DeepSpeed, MlpMeasuredEqualsPredictedEveryRank) {
+  ModelConfig seed;  // 8 x 256, none, sum, batch 32
+  ModelConfig small;
+  small.layers = 5;
+  small.width = 24;
+  small.batch = 3;
+  small.activation = Activation::relu;
+  small.loss = Loss::mse;
+  ModelConfig odd;  // P = 168: padding at W = 3 (174) and W = 4 (168 is a multiple of 8: none)
+  odd.layers = 3;
+  odd.width = 7;
+  odd.batch = 2;
+  odd.loss = Loss::mse;
+  ModelConfig tiny;  // P = 12: at W = 4 (Ppad 16) the last rank's partition is mostly padding
+  tiny.layers = 2;
+  tiny.width = 2;
+  tiny.batch = 5;
+  tiny.activation = Activation::relu;
+  ModelConfig wide_batch;  // activations above the gradients
+  wide_batch.layers = 4;
+  wide_batch.width = 16;
+  wide_batch.batch = 512;
+  std::set<std::string> places;
+  for (const ModelConfig& m : {seed, small, odd, tiny, wide_batch})
+    for (const char* s : {"zero1", "zero2"})
+      for (double bucket : {0.0, 1.0, 0.25})  // one bucket; 1 MiB; 0.25 MiB (the seed's 256 KiB weight)
+        for (int world = 1; world <= 4; ++world)
+          for (int rank = 0; rank < world; ++rank) {
+            if (bucket > 0 && bucket * 1024 * 1024 / 4 < m.weight_elems()) continue;
+            const RunConfig cfg = ds_config(m, s, bucket);
+            places.insert(check_rank(cfg, world, rank,
+                                     std::string(s) + " " + std::to_string(m.layers) + "x" + std::to_string(m.width) +
+                                         " bucket " + std::to_string(bucket)));
+          }
+  // The peak falls in backward (a block's gradients), in the reduction after it and in the
+  // optimizer's flattened gradient, each somewhere.
+  EXPECT_TRUE(places.count("communication -")) << ::testing::PrintToString(places);
+  EXPECT_TRUE(places.count("optimizer -")) << ::testing::PrintToString(places);
+  bool backward = false;
+  for (const std::string& p : places) backward = backward || p.rfind("backward", 0) == 0;
+  EXPECT_TRUE(backward) << ::testing::PrintToString(places);
+}
+
+TEST(DeepSpeed, TransformersMeasuredEqualPredictedEveryRank) {
+  std::vector<std::pair<std::string, ModelConfig>> models;
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+    const std::string how = mode == AttentionMode::flash ? " flash" : " math";
+    models.emplace_back("gpt2" + how, testing::gpt2_of(2, 16, 2, 29, 6, 2, mode));
+    models.emplace_back("llama" + how, testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, mode, false));
+    models.emplace_back("llama tied" + how, testing::llama_of(3, 16, 4, 4, 20, 11, 5, 3, mode, true));
+  }
+  std::set<std::string> phases;
+  for (const auto& [name, m] : models)
+    for (const char* s : {"zero1", "zero2"})
+      for (double bucket : {0.0, 0.005})  // one bucket; 1,310 elements, several buckets
+        for (int world = 1; world <= 4; ++world)
+          for (int rank = 0; rank < world; ++rank) {
+            std::int64_t largest = 0;
+            for (std::int64_t n : model_tensor_elems(m)) largest = std::max(largest, n);
+            if (bucket > 0 && ds_bucket_elems(bucket, 0) < largest) continue;
+            const std::string at = check_rank(ds_config(m, s, bucket), world, rank,
+                                              name + " " + s + " bucket " + std::to_string(bucket));
+            phases.insert(at.substr(0, at.find(' ')));
+          }
+  EXPECT_TRUE(phases.count("backward")) << ::testing::PrintToString(phases);
+}
+
+// Stage 3 is planned by its model states: an MLP of two 4 x 4 layers over 3 ranks. Each
+// weight (16) is partitioned in 6, each bias (4) in 2: C = 16. Every tensor is persistent
+// (at most 100,000 elements: kept gathered, 40 elements). param 4C + 4C + 4·40 = 288, grad
+// 4C = 64, optim 8C + 4 (one sub-group) = 132; the peak is not predicted.
+TEST(DeepSpeed, StageThreeModelStatesByHand) {
+  ModelConfig m;
+  m.layers = 2;
+  m.width = 4;
+  const RunConfig cfg = ds_config(m, "zero3", 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    const Prediction p = predict_data_parallel(cfg, 3, rank);
+    EXPECT_EQ(p.resting[Category::param], 288);
+    EXPECT_EQ(p.resting[Category::grad], 64);
+    EXPECT_EQ(p.resting[Category::optim], 132);
+    EXPECT_FALSE(p.peak_known);
+  }
+}
+
+}  // namespace
+}  // namespace shardscope
