@@ -265,16 +265,18 @@ TEST(Fsdp2, DdpAndZero1AreTheTorchEngines) {
     }
 }
 
-TEST(Fsdp2, DeepspeedIsRefusedUntilBuilt) {
+TEST(Fsdp2, EnginesAreParsedByName) {
   EXPECT_EQ(parse_engine("torch"), EngineKind::torch);
   EXPECT_EQ(parse_engine("fsdp2"), EngineKind::fsdp2);
+  EXPECT_EQ(parse_engine("deepspeed"), EngineKind::deepspeed);  // built: test_deepspeed.cpp
   try {
-    parse_engine("deepspeed");
-    FAIL() << "deepspeed accepted";
+    parse_engine("fsdp1");
+    FAIL() << "fsdp1 accepted";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("--engine deepspeed: not built yet"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--engine: unknown 'fsdp1'; allowed: torch, fsdp2, deepspeed"),
+              std::string::npos)
+        << e.what();
   }
-  EXPECT_THROW(parse_engine("fsdp1"), UsageError);
 }
 
 }  // namespace
