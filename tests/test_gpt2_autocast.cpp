@@ -113,5 +113,19 @@ TEST(Gpt2Autocast, LossAndGradientsAreTheFp32ModelsWithinBf16Precision) {
   }
 }
 
+// --checkpoint attention is not built under autocast: the model refuses it when it is set,
+// for both families, instead of running without it.
+TEST(Gpt2Autocast, AttentionRecomputeIsRefusedNotIgnored) {
+  for (const char* family : {"gpt2", "llama"}) {
+    SCOPED_TRACE(family);
+    ModelConfig m = testing::transformer_model(
+        family, testing::shape(family, 1, 16, 2, 2, 32, 11, 4, AttentionMode::math), 1);
+    m.autocast = true;
+    const auto model = make_model(m);
+    EXPECT_THROW(model->set_checkpoint(CheckpointPolicy{CheckpointKind::attention, 1}), RunError);
+    EXPECT_NO_THROW(model->set_checkpoint(CheckpointPolicy{CheckpointKind::every, 1}));
+  }
+}
+
 }  // namespace
 }  // namespace shardscope

@@ -52,6 +52,11 @@ class AutocastBlock final : public SequenceBlock {
                {p + "mlp.c_proj.weight", {h, f}, wr},     {p + "mlp.c_proj.bias", {h}}};
   }
   bool checkpointable() const override { return true; }
+  // --checkpoint attention (selective recompute) is not built under autocast: refused,
+  // never run as if it were not asked.
+  void set_recompute_attention(bool on) override {
+    if (on) throw RunError(std::string(kFamily) + " under bf16: --checkpoint attention is not built");
+  }
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return params_; }
   std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }

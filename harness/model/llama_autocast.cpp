@@ -60,6 +60,11 @@ class AutocastLayer final : public SequenceBlock {
     add(norm2_, "post_attention_layernorm.weight", {h}, 0.0f, 1.0f);
   }
   bool checkpointable() const override { return true; }
+  // --checkpoint attention (selective recompute) is not built under autocast: refused,
+  // never run as if it were not asked.
+  void set_recompute_attention(bool on) override {
+    if (on) throw RunError(std::string(kFamily) + " under bf16: --checkpoint attention is not built");
+  }
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return params_; }
   std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }

@@ -18,6 +18,7 @@
 // N = B·T, h hidden, f ffn, V vocab, H heads, K kv heads, d head_dim; a = 4Nh, F = 4Nf,
 // Λ = 4NV, Q = 4NHd, C = 4NKd; A = 4BHT (flash's log-sum-exp) or 4BHT² (math's
 // probabilities). A bf16 tensor takes half its fp32 bytes (a/2, F/2, Q/2, C/2).
+// --checkpoint attention (selective recompute) is not covered: the autocast models refuse it.
 #pragma once
 
 #include "harness/predict/transformer_step.hpp"
