@@ -55,13 +55,14 @@ Rows parse_csv(const std::string& text) {
 const std::vector<std::string> kDpHeader = {
     "world", "strategy", "units", "prefetch", "ddp_bucket", "rank", "category", "resting_bytes",
     "peak_bytes_at_peak", "predicted_resting_bytes", "peak_total", "peak_phase", "peak_where",
-    "comm_bytes_per_step", "step_ms_median", "predicted_peak_bytes_at_peak", "comm_ms_median"};
+    "comm_bytes_per_step", "step_ms_median", "predicted_peak_bytes_at_peak", "comm_ms_median", "engine",
+    "precision", "checkpoint", "accumulate", "no_sync"};
 const std::vector<std::string> kPpHeader = {
     "schedule", "stages", "microbatches", "chunks", "stage", "layers", "saved_peak_live_tensors",
     "saved_peak_live_bytes", "saved_total", "saved_before_first_backward", "predicted_peak_live_tensors",
     "predicted_peak_live_bytes", "resting_total", "peak_total", "busy_ms", "step_ms_median", "bubble_wall",
     "bubble_replayed", "bubble_theory", "predicted_resting_total", "predicted_peak_total", "p2p_bytes_per_step",
-    "predicted_p2p_bytes_per_step"};
+    "predicted_p2p_bytes_per_step", "precision"};
 
 TEST(Csv, FieldsAreQuotedAsRfc4180Says) {
   EXPECT_EQ(csv_field("plain"), "plain");
@@ -89,7 +90,8 @@ TEST(Csv, DataParallelOneRowPerRankAndCategory) {
   EXPECT_EQ(rows[1 + 8][6], "workspace");
   EXPECT_EQ(rows[1 + 8][7], "0");
   const std::vector<std::string> param_unsharded = {"2", "zero2", "1", "1", "", "0", "param_unsharded", "0", "8192",
-                                                    "0", "28288", "backward", "unit 3", "6144", "1.25", "8192", "0.75"};
+                                                    "0", "28288", "backward", "unit 3", "6144", "1.25", "8192", "0.75",
+                                                    "torch", "fp32", "none", "1", "false"};
   EXPECT_EQ(rows[2], param_unsharded);
   EXPECT_EQ(rows[1 + k][5], "1");                // zero2 rank 1
   EXPECT_EQ(rows[1 + 2 * k][1], "zero3");        // zero3 rank 0
@@ -130,6 +132,22 @@ TEST(Csv, AFigureMissingFromAFileIsRefusedBeforeAnyCsv) {
   EXPECT_EQ(rows[1][13], "6144");
 }
 
+// A run's settings are columns of their own: engine, precision, checkpoint, accumulate,
+// no_sync, as the record says them.
+TEST(Csv, DataParallelRowsSayTheirSettings) {
+  json doc = testing::report_document();
+  doc["runs"][0]["engine"] = "fsdp2";
+  doc["runs"][0]["precision"] = "bf16";
+  doc["runs"][0]["model"]["checkpoint"] = "attention";
+  doc["runs"][0]["accumulate"] = 3;
+  doc["runs"][0]["no_sync"] = true;
+  const Rows rows = parse_csv(data_parallel_csv(testing::records_of(doc)));
+  const std::vector<std::string> settings(rows[1].end() - 5, rows[1].end());
+  EXPECT_EQ(settings, (std::vector<std::string>{"fsdp2", "bf16", "attention", "3", "true"}));
+  const std::vector<std::string> zero3(rows[1 + 2 * kCategoryCount].end() - 5, rows[1 + 2 * kCategoryCount].end());
+  EXPECT_EQ(zero3, (std::vector<std::string>{"torch", "fp32", "none", "1", "false"}));
+}
+
 TEST(Csv, PipelineOneRowPerStageSkippedLeftOut) {
   json doc = testing::report_document();
   doc["runs"][4]["stages"][1]["chunks_layers"] = {{1, 1}, {3, 3}};
@@ -143,7 +161,7 @@ TEST(Csv, PipelineOneRowPerStageSkippedLeftOut) {
   for (const auto& row : rows) ASSERT_EQ(row.size(), kPpHeader.size());
   const std::vector<std::string> stage1 = {"a \"b\", c", "2", "2", "1", "1", "1-1,3-3", "10", "3072", "10", "10",
                                            "10", "3072", "16904", "19464", "4", "6", "0.333333333", "0.333333333",
-                                           "0.333333333", "16904", "19464", "2048", "2048"};
+                                           "0.333333333", "16904", "19464", "2048", "2048", "fp32"};
   EXPECT_EQ(rows[2], stage1);
   EXPECT_EQ(rows[3][5], "0-0");
 }

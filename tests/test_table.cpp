@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/report/html_report.hpp"
+#include "harness/report/record_label.hpp"
 #include "harness/report/table.hpp"
 #include "harness/report/text_table.hpp"
 #include "support/records_of.hpp"
@@ -93,6 +95,32 @@ int count_lines_with(const std::string& text, const std::string& needle) {
   int n = 0;
   for (std::string line; std::getline(in, line);) n += line.find(needle) != std::string::npos;
   return n;
+}
+
+// Every setting where not the default is in every label: the table's strategy cell, the
+// run's label from its JSON and from its record (compare, report), the report's
+// captions; the seed's settings add nothing.
+TEST(Table, EnginePrecisionCheckpointAndAccumulationInEveryLabel) {
+  json doc = document();
+  json& run = doc["runs"][0];
+  run["strategy"] = "zero3";
+  run["engine"] = "fsdp2";
+  run["precision"] = "bf16";
+  run["model"]["checkpoint"] = "every:2";
+  run["accumulate"] = 4;
+  run["no_sync"] = true;
+  const std::string settings = " engine=fsdp2 precision=bf16 checkpoint=every:2 accumulate=4 no_sync";
+  const std::string name = run["strategy"].get<std::string>();
+  EXPECT_NE(render(doc).find(name + settings), std::string::npos) << render(doc);
+  EXPECT_NE(run_label(run).find(settings), std::string::npos) << run_label(run);
+  const ResultDocument records = testing::records_of(doc);
+  EXPECT_NE(run_label(records.runs[0]).find(settings), std::string::npos) << run_label(records.runs[0]);
+  EXPECT_EQ(run_label(records.runs[0]), run_label(run));
+  EXPECT_NE(render_html_report(records, "shardscope sweep").find(settings), std::string::npos);
+  // The default settings: none of them.
+  const json plain = document();
+  for (const char* word : {"engine=", "precision=", "checkpoint=", "accumulate=", "no_sync"})
+    EXPECT_EQ(render(plain).find(word), std::string::npos) << word;
 }
 
 TEST(Table, HeaderNamesModelBackendAndComm) {

@@ -36,7 +36,8 @@ const ModelRecord& model_of(const RunRecord& run) {
 int world_of(const RunRecord& run) { return data_parallel(run) ? data_parallel(run)->world : pipeline(run)->world; }
 
 json model_key(const ModelRecord& m) {
-  json key = json::array({m.layers, m.width, m.params, m.param_tensors, m.param_bytes, m.activation, m.loss, m.batch});
+  json key = json::array({m.layers, m.width, m.params, m.param_tensors, m.param_bytes, m.activation, m.loss, m.batch,
+                          m.checkpoint.value_or("none")});
   // A transformer's shape (seq, attention, heads, ...) tells apart runs alike in the rest.
   if (m.shape) key.push_back(to_json(m));
   return key;
@@ -47,7 +48,8 @@ json match_key(const RunRecord& run) {
   if (const DataParallelRun* dp = data_parallel(run))
     return json::array({"data_parallel", dp->strategy, dp->world,
                         dp->layers_per_unit ? json(*dp->layers_per_unit) : json("all"), dp->prefetch,
-                        dp->ddp_bucket, dp->bucket_mb, model_key(dp->model), dp->engine, dp->precision});
+                        dp->ddp_bucket, dp->bucket_mb, model_key(dp->model), dp->engine, dp->precision,
+                        dp->accumulate, dp->no_sync});
   const PipelineRun& pp = *pipeline(run);
   return json::array(
       {"pipeline", pp.schedule, pp.world, pp.microbatches, pp.chunks, pp.split, model_key(pp.model), pp.precision});

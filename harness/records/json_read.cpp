@@ -505,6 +505,8 @@ std::string run_label(const json& run, bool pipeline) {
       label += " units=" + text(*k);
     if (const json* e = Reader::present(run, "engine"); e && *e != "torch") label += " engine=" + text(*e);
     if (const json* p = Reader::present(run, "precision"); p && *p != "fp32") label += " precision=" + text(*p);
+    if (const json* m = Reader::present(run, "model"); m && m->is_object())
+      if (const json* c = Reader::present(*m, "checkpoint")) label += " checkpoint=" + text(*c);
     if (const json* a = Reader::present(run, "accumulate"); a && *a != 1) label += " accumulate=" + text(*a);
     if (const json* n = Reader::present(run, "no_sync"); n && *n == true) label += " no_sync";
   } else {

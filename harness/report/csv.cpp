@@ -45,7 +45,8 @@ std::string data_parallel_csv(const ResultDocument& doc) {
   std::string out;
   add_row(out, {"world", "strategy", "units", "prefetch", "ddp_bucket", "rank", "category", "resting_bytes",
                 "peak_bytes_at_peak", "predicted_resting_bytes", "peak_total", "peak_phase", "peak_where",
-                "comm_bytes_per_step", "step_ms_median", "predicted_peak_bytes_at_peak", "comm_ms_median"});
+                "comm_bytes_per_step", "step_ms_median", "predicted_peak_bytes_at_peak", "comm_ms_median", "engine",
+                "precision", "checkpoint", "accumulate", "no_sync"});
   for (const RunRecord& record : doc.runs) {
     const auto* run = std::get_if<DataParallelRun>(&record);
     if (!run) continue;
@@ -60,7 +61,8 @@ std::string data_parallel_csv(const ResultDocument& doc) {
                       value(rank.peak.by_category.bytes[c]), value(rank.predicted.resting.bytes[c]),
                       value(rank.peak.total), rank.peak.phase, rank.peak.where, value(rank.comm_bytes),
                       value(rank.step_ms.median), value(rank.predicted.peak_by_category.bytes[c]),
-                      value(rank.comm_ms.median)});
+                      value(rank.comm_ms.median), run->engine, run->precision, run->model.checkpoint.value_or("none"),
+                      value(std::int64_t{run->accumulate}), run->no_sync ? "true" : "false"});
   }
   return out;
 }
@@ -71,7 +73,7 @@ std::string pipeline_csv(const ResultDocument& doc) {
                 "saved_peak_live_bytes", "saved_total", "saved_before_first_backward", "predicted_peak_live_tensors",
                 "predicted_peak_live_bytes", "resting_total", "peak_total", "busy_ms", "step_ms_median",
                 "bubble_wall", "bubble_replayed", "bubble_theory", "predicted_resting_total",
-                "predicted_peak_total", "p2p_bytes_per_step", "predicted_p2p_bytes_per_step"});
+                "predicted_peak_total", "p2p_bytes_per_step", "predicted_p2p_bytes_per_step", "precision"});
   for (const RunRecord& record : doc.runs) {
     const auto* run = std::get_if<PipelineRun>(&record);
     if (!run) continue;
@@ -84,7 +86,7 @@ std::string pipeline_csv(const ResultDocument& doc) {
                     value(st.busy_ms), value(st.step_ms.median), value(st.bubble_fraction),
                     value(st.bubble_fraction_replayed), value(st.bubble_fraction_theory),
                     value(st.predicted.resting_total), value(st.predicted.peak_total), value(st.comm_bytes),
-                    value(st.predicted.comm_bytes)});
+                    value(st.predicted.comm_bytes), run->precision});
   }
   return out;
 }

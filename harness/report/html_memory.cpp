@@ -142,6 +142,8 @@ std::string caption(const Panel& p) {
   const DataParallelRun& run = *p.run;
   std::string c = "<b>" + escape(run.strategy) + "</b>";
   if (tables::uses_units(run)) c += " · " + escape(tables::units_setting(run));
+  // engine=, precision=, checkpoint=, accumulate= where not the default.
+  if (const std::string s = tables::setting_label(run); !s.empty()) c += " ·" + escape(s);
   if (p.rank) c += " · rank " + escape(std::to_string(p.rank->rank));
   c += escape(ranks_note(p.ranks));
   if (!p.view) return c;

@@ -159,9 +159,10 @@ std::string pipeline_charts(const std::vector<const PipelineRun*>& runs) {
     std::stable_sort(rows.begin(), rows.end(),
                      [](const StageRow& a, const StageRow& b) { return a.record->stage < b.record->stage; });
     const std::string microbatches = std::to_string(run->microbatches), chunks = std::to_string(run->chunks);
-    const std::string label = run->schedule + ", M = " + microbatches + ", chunks " + chunks;
+    const std::string precision = run->precision != "fp32" ? " precision=" + run->precision : "";
+    const std::string label = run->schedule + ", M = " + microbatches + ", chunks " + chunks + precision;
     out += "<figure class=\"pipe\"><figcaption><b>" + escape(run->schedule) + "</b> · M = " + escape(microbatches) +
-           " · chunks " + escape(chunks);
+           " · chunks " + escape(chunks) + (precision.empty() ? "" : " ·" + escape(precision));
 
     // An emulated stage ran alone: its spans share no clock with the others'.
     const bool alone = run->place.emulated;

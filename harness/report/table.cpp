@@ -58,6 +58,7 @@ std::string run_label(const json& run) {
     if (const json* k = cells::at(run, {"layers_per_unit"}); k && uses_units(run)) label += " " + units_label(k);
     if (const json* e = cells::at(run, {"engine"}); e && cells::text(e) != "torch") label += " engine=" + cells::text(e);
     if (const json* p = cells::at(run, {"precision"}); p && cells::text(p) != "fp32") label += " precision=" + cells::text(p);
+    if (const json* c = cells::at(run, {"model", "checkpoint"})) label += " checkpoint=" + cells::text(c);
     if (const json* a = cells::at(run, {"accumulate"}); a && cells::text(a) != "1") label += " accumulate=" + cells::text(a);
     if (const json* n = cells::at(run, {"no_sync"}); n && n->is_boolean() && n->get<bool>()) label += " no_sync";
   } else {
@@ -71,9 +72,7 @@ std::string run_label(const json& run) {
 std::string run_label(const DataParallelRun& run) {
   std::string label = run.strategy + " W=" + std::to_string(run.world);
   if (tables::uses_units(run)) label += " " + tables::units_setting(run);
-  if (run.engine != "torch") label += " engine=" + run.engine;
-  if (run.precision != "fp32") label += " precision=" + run.precision;
-  return label + tables::accumulate_label(run);
+  return label + tables::setting_label(run);
 }
 
 std::string run_label(const PipelineRun& run) {
@@ -117,6 +116,12 @@ bool uses_units(const DataParallelRun& run) {
 std::string accumulate_label(const DataParallelRun& run) {
   return (run.accumulate != 1 ? " accumulate=" + std::to_string(run.accumulate) : std::string()) +
          (run.no_sync ? " no_sync" : "");
+}
+
+std::string setting_label(const DataParallelRun& run) {
+  return (run.engine != "torch" ? " engine=" + run.engine : std::string()) +
+         (run.precision != "fp32" ? " precision=" + run.precision : std::string()) +
+         (run.model.checkpoint ? " checkpoint=" + *run.model.checkpoint : std::string()) + accumulate_label(run);
 }
 
 std::string units_setting(const DataParallelRun& run) {

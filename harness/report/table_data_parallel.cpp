@@ -177,11 +177,9 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
   const std::size_t nhead = head.size();
   auto row_head = [&](const Row& row) {
     const bool by_unit = uses_units(*row.run);
-    // The engine where it is not torch's: "zero3 engine=fsdp2".
-    // --accumulate and --no-sync where not the default: "ddp accumulate=4 no_sync".
-    const std::string strategy = row.run->strategy + (row.run->engine != "torch" ? " engine=" + row.run->engine : "") +
-                                 (row.run->precision != "fp32" ? " precision=" + row.run->precision : "") +
-                                 accumulate_label(*row.run);
+    // The settings where not the default: "zero3 engine=fsdp2 checkpoint=full",
+    // "ddp accumulate=4 no_sync".
+    const std::string strategy = row.run->strategy + setting_label(*row.run);
     std::vector<std::string> out = {strategy, by_unit ? units_cell(*row.run) : cells::kMissing};
     if (prefetch_column) out.push_back(by_unit ? std::to_string(row.run->prefetch) : cells::kMissing);
     if (bucket_column) out.push_back(by_unit ? cells::kMissing : row.run->ddp_bucket);

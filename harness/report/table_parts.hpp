@@ -19,6 +19,10 @@ namespace shardscope::tables {
 bool uses_units(const DataParallelRun& run);
 // " accumulate=K" and " no_sync" where not the default (--accumulate 1, syncing), else "".
 std::string accumulate_label(const DataParallelRun& run);
+// Every setting a data-parallel run's label carries where it is not the default, after
+// its strategy: " engine=fsdp2", " precision=bf16", " checkpoint=full" (every:K,
+// attention), then accumulate_label's; "" for the seed's settings.
+std::string setting_label(const DataParallelRun& run);
 // "units=1", "units=all": layers_per_unit as `--units` takes it.
 std::string units_setting(const DataParallelRun& run);
 

@@ -97,9 +97,9 @@ void print_above_rest(const std::vector<std::string>& head_names, const std::vec
   table.print(os);
 }
 
-// "zero3 units=1", "zero2 units=all"; ddp and zero1 have no units.
+// "zero3 units=1", "zero2 units=all engine=fsdp2"; ddp and zero1 have no units.
 std::string data_parallel_name(const DataParallelRun& run) {
-  return uses_units(run) ? run.strategy + " " + tables::units_setting(run) : run.strategy;
+  return (uses_units(run) ? run.strategy + " " + tables::units_setting(run) : run.strategy) + tables::setting_label(run);
 }
 
 // "gpipe M=4", "interleaved-1f1b M=4 chunks=2".
@@ -224,9 +224,8 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
                                                           : std::to_string(group.first) + "-" + std::to_string(group.last);
       const std::string units =
           !uses_units(run) ? cells::kMissing : run.layers_per_unit ? std::to_string(*run.layers_per_unit) : "all";
-      // The engine where it is not torch's: "zero3 engine=deepspeed".
-      const std::string strategy = run.strategy + (run.engine != "torch" ? " engine=" + run.engine : "");
-      std::vector<std::string> row = {strategy, std::to_string(run.world), units, who};
+      // The strategy with its settings where not the default ("zero3 engine=deepspeed").
+      std::vector<std::string> row = {run.strategy + tables::setting_label(run), std::to_string(run.world), units, who};
       // DeepSpeed's stage 3 predicts neither its step nor its traffic.
       const bool stage3 = !p.peak_known && run.engine == "deepspeed";
       rows.push_back({row, stage3 ? nullptr : &p.peak_by_category,

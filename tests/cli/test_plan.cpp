@@ -125,6 +125,18 @@ TEST_F(Plan, TheSeedsTablesAndAMemoryVerdict) {
   EXPECT_NE(out_.find("  1f1b M=8         S=2       -"), std::string::npos) << out_;
 }
 
+// The plan's strategy column and its verdict name every setting that is not the
+// default (engine, precision, checkpointing, accumulation), as the run tables do.
+TEST_F(Plan, TheStrategyColumnNamesTheEngineAndTheSettings) {
+  ASSERT_EQ(shardscope("plan", "--strategies zero3 --worlds 2 --engine fsdp2 --accumulate 2 --no-sync --memory 8MiB"),
+            0)
+      << line_;
+  EXPECT_NE(out_.find("  zero3 engine=fsdp2 accumulate=2 no_sync  2"), std::string::npos) << out_;
+  EXPECT_NE(out_.find("  zero3 units=1 engine=fsdp2 accumulate=2 no_sync  W=2"), std::string::npos) << out_;
+  ASSERT_EQ(shardscope("plan", "--strategies zero2 --worlds 2 --checkpoint every:2"), 0) << line_;
+  EXPECT_NE(out_.find("  zero2 checkpoint=every:2  2"), std::string::npos) << out_;
+}
+
 // By default the plan fits 120 columns: binary units, and what the peak holds above rest
 // in a table of its own, a column per category.
 TEST_F(Plan, TheDefaultTablesFit120Columns) {

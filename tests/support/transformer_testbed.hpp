@@ -243,9 +243,9 @@ inline int expect_measured_equals_predicted_everywhere(const ModelConfig& model,
 }
 
 // A drawn strategy, FSDP units, prefetch, world and rank of the model (`pick(lo, hi)`
-// draws an int in [lo, hi]), and --checkpoint none, full, every:2 or every:3 (drawn
-// last, so the earlier draws are those made before checkpointing existed): the rank
-// measures what its closed forms predict.
+// draws an int in [lo, hi]), and --checkpoint none, full, every:2, every:3 or attention
+// (drawn last, so the earlier draws are those made before checkpointing existed): the
+// rank measures what its closed forms predict.
 template <typename Pick>
 void expect_drawn_rank_measures_its_prediction(const ModelConfig& model, std::uint64_t seed, Pick&& pick) {
   const char* strategies[] = {"ddp", "zero1", "zero2", "zero3"};
@@ -257,8 +257,11 @@ void expect_drawn_rank_measures_its_prediction(const ModelConfig& model, std::ui
   cfg.layers_per_unit = pick(0, model.transformer.layers);
   cfg.prefetch = pick(0, 1);
   const int world = pick(1, 4), rank = pick(0, world - 1);
-  const int every = pick(0, 3);
-  if (every > 0) cfg.model.checkpoint = {CheckpointKind::every, every};
+  const int every = pick(0, 4);
+  if (every == 4)
+    cfg.model.checkpoint = {CheckpointKind::attention, 1};
+  else if (every > 0)
+    cfg.model.checkpoint = {CheckpointKind::every, every};
   SCOPED_TRACE(std::string(strategy_name(cfg.strategy)) + " checkpoint=" + cfg.model.checkpoint.text() +
                " units=" + std::to_string(cfg.layers_per_unit) +
                " prefetch=" + std::to_string(cfg.prefetch) + " " + mode_name(model.transformer.attention) +
