@@ -27,6 +27,7 @@
 #include "harness/cli/transformer_flags.hpp"
 #include "harness/comm/mpi_env.hpp"
 #include "harness/model/model.hpp"
+#include "harness/model/models.hpp"
 #include "harness/common/signals_held.hpp"
 #include "harness/report/csv.hpp"
 #include "harness/report/json_io.hpp"
@@ -84,6 +85,7 @@ struct RunFlags {
   std::string comm_timeout = "300";
   std::string checkpoint = "none";
   std::string accumulate = "1";
+  std::string mesh;
   bool tf32 = false, wide = false, no_sync = false;
   // Transformers (--model gpt2|llama, --hf-config): empty when not given.
   std::string hf_config, hidden, heads, kv_heads, ffn, vocab, seq, positions, attention = "flash";
@@ -144,6 +146,10 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--backend", f.backend, "cpu | cuda (default cuda when a GPU is visible)")->type_name("cpu|cuda");
   app.add_option("--comm", f.comm, "self | mpi | nccl | fake (default from backend and launch)")->type_name("NAME");
   app.add_option("--emulate", f.emulate, "W:r: play rank r of a world of W in this one process")->type_name("W:r");
+  app.add_option("--mesh", f.mesh,
+                 "dp=D,tp=T,pp=S (any subset; D*T*S = the world; ranks tp fastest, then dp, then pp): each axis its "
+                 "own group and communicator; tp splits the MLP's Linears (column, row, ...)")
+      ->type_name("AXES");
   app.add_option("--comm-timeout", f.comm_timeout,
                  "seconds any one collective may wait before the job is aborted, exit 3 (default 300)")
       ->type_name("SECONDS");
@@ -309,6 +315,36 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
                      " B); give 0 or at least that");
 }
 
+// What a mesh can run in this build (docs/design.md, "Meshes"): data parallel along dp
+// (ddp, zero1 when tp > 1), the MLP split along tp; the world's size when it is known
+// from the flags (--emulate W:r; a launch's is checked where the job is prepared).
+void check_mesh_config(const RunConfig& c) {
+  const MeshShape& m = c.mesh;
+  const std::string mesh = "--mesh " + m.text();
+  if (c.emulate_world > 0)
+    check_mesh_world(m, c.emulate_world, "--emulate " + std::to_string(c.emulate_world) + ":" +
+                                             std::to_string(c.emulate_rank));
+  if (c.pipeline() || m.pp > 1)
+    throw UsageError(mesh + ": a mesh with a pipeline axis (--schedule, pp > 1) is not built yet; give pp=1 and "
+                     "--strategy");
+  if (m.tp == 1) return;
+  if (c.model.is_transformer())
+    throw UsageError(mesh + " and --model " + c.model.name + ": tensor parallelism of a transformer is not built "
+                     "yet; give tp=1, or --model mlp");
+  check_mlp_tensor_parallel(c.model, m.tp);
+  if (c.strategy != StrategyKind::ddp && c.strategy != StrategyKind::zero1)
+    throw UsageError(mesh + " and --strategy " + std::string(strategy_name(c.strategy)) +
+                     ": tp > 1 runs with ddp or zero1 along dp (zero2/zero3 are not built yet)");
+  if (effective_engine(c.engine, c.strategy) != EngineKind::torch)
+    throw UsageError(mesh + " and --engine " + std::string(engine_name(c.engine)) +
+                     ": tp > 1 runs the torch engine's layout along dp; give --engine torch");
+  if (c.model.checkpoint.any())
+    throw UsageError(mesh + " and --checkpoint " + c.model.checkpoint.text() +
+                     ": a checkpointed tensor-parallel step is not built yet; give --checkpoint none");
+  if (c.accumulate > 1 || c.no_sync)
+    throw UsageError(mesh + " and --accumulate/--no-sync: accumulation with tp > 1 is not built yet");
+}
+
 RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command = "run") {
   RunConfig c;
   // Caps that keep every byte count of the closed forms inside 64 bits (and the
@@ -453,6 +489,10 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
     c.emulate_rank = std::stoi(r);
     if (!f.comm.empty() && f.comm != "fake")
       throw UsageError("--comm " + f.comm + ": --emulate always uses the fake communicator");
+  }
+  if (app.count("--mesh") > 0) {
+    c.mesh = parse_mesh(f.mesh);
+    check_mesh_config(c);
   }
   c.comm_timeout_s = comm_timeout_value(f.comm_timeout);
   c.json_path = f.json;

@@ -2,6 +2,7 @@
 // bus-bandwidth factors, and the registry of communicators (make_communicator).
 #include "shardscope/comm.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -62,6 +63,22 @@ std::string allowed_comms() {
 }
 
 }  // namespace
+
+std::unique_ptr<Communicator> Communicator::split(const std::vector<int>& members) {
+  int key = -1;
+  int color = world_;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    SHARDSCOPE_REQUIRE(members[i] >= 0 && members[i] < world_, "split: a member is not a rank of the communicator");
+    if (members[i] == rank_) key = static_cast<int>(i);
+    color = std::min(color, members[i]);
+  }
+  SHARDSCOPE_REQUIRE(key >= 0, "split: this rank is not a member of its group");
+  std::unique_ptr<Communicator> made = do_split(color, key, static_cast<int>(members.size()));
+  SHARDSCOPE_REQUIRE(made->world() == static_cast<int>(members.size()) && made->rank() == key,
+                     "split: the group's size or this rank's place in it is not the one asked for");
+  made->set_timeout(timeout_s_);
+  return made;
+}
 
 // ---- bus bandwidth (nccl-tests, doc/PERFORMANCE.md) ---------------------------------------
 

@@ -46,6 +46,10 @@ class FakeCommunicator final : public Communicator {
       if (!op.is_send && op.count > 0) backend()->fill(op.buf, 0.0f, op.count);
   }
   void do_barrier() override {}
+  // The group's rank r of its size: what the real group's communicator would be.
+  std::unique_ptr<Communicator> do_split(int, int key, int size) override {
+    return std::make_unique<FakeCommunicator>(size, key, backend());
+  }
 };
 
 }  // namespace

@@ -139,6 +139,14 @@ class MpiCommunicator final : public Communicator {
     wait_posted();
   }
 
+  // MPI_Comm_split of this communicator: the group is the ranks of one color, ordered by key.
+  std::unique_ptr<Communicator> do_split(int color, int key, int) override {
+    MPI_Comm c = MPI_COMM_NULL;
+    MPI_CHECK(MPI_Comm_split(comm_, color, key, &c));
+    MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+    return std::unique_ptr<Communicator>(new MpiCommunicator(c, backend(), max_count_));
+  }
+
  private:
   static constexpr int kTag = 0;
 

@@ -145,6 +145,20 @@ class NcclCommunicator final : public Communicator {
     wait_stream();
   }
 
+  // ncclCommSplit (NCCL >= 2.18): the group is the ranks of one color, ordered by key;
+  // blocking, as ncclCommInitRank is.
+  std::unique_ptr<Communicator> do_split(int color, int key, int size) override {
+    usable();
+    ncclComm_t c = nullptr;
+    NCCL_CHECK(ncclCommSplit(comm_, color, key, &c, nullptr));
+    try {
+      return std::make_unique<NcclCommunicator>(key, size, cuda_, c);
+    } catch (...) {
+      (void)ncclCommDestroy(c);
+      throw;
+    }
+  }
+
   // The test hook stalls the stream, not the host: the collective then stays queued
   // behind a host function that sleeps, as behind a peer that never arrives.
   void do_stall(double seconds) override {

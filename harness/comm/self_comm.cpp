@@ -32,6 +32,9 @@ class SelfCommunicator final : public Communicator {
                    ": a world of 1 has no peers for point-to-point");
   }
   void do_barrier() override {}
+  std::unique_ptr<Communicator> do_split(int, int, int) override {
+    return std::make_unique<SelfCommunicator>(backend());
+  }
 
  private:
   void copy(float* dst, const float* src, std::size_t n) {

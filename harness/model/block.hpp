@@ -15,6 +15,7 @@
 
 #include "harness/model/saved_tensors.hpp"
 #include "shardscope/backend.hpp"
+#include "shardscope/comm.hpp"
 
 namespace shardscope {
 
@@ -24,8 +25,26 @@ struct ParamSpec {
   std::vector<std::int64_t> shape;  // torch's shape: a Linear weight is (out, in)
   float init_bound = 0.0f;          // initialised init_center + uniform in [-init_bound, init_bound)
   float init_center = 0.0f;         // 1 for a LayerNorm's weight (torch's ones)
+  // A tensor-parallel shard (docs/design.md, "Tensor parallelism"): `shape` is the
+  // shard's, and its element k is element shard_first + (k / shard_cols) * full_cols +
+  // k % shard_cols of the whole tensor (rows of full_cols elements), so a shard starts
+  // as the same elements of the one-rank model. full_cols 0: the whole tensor.
+  std::int64_t full_cols = 0;
+  std::int64_t shard_first = 0;
+  std::int64_t shard_cols = 0;
 
   std::int64_t elems() const;
+  // The whole tensor's element that the shard's element k is.
+  std::int64_t full_index(std::int64_t k) const {
+    return full_cols == 0 ? k : shard_first + (k / shard_cols) * full_cols + k % shard_cols;
+  }
+};
+
+// A rank's place in its tensor-parallel group: `size` ranks split each parallel Linear,
+// this one holds slice `rank` (size 1: the whole model).
+struct TensorParallel {
+  int size = 1;
+  int rank = 0;
 };
 
 // How a block reaches its parameters and gradient slots: tensor t of block b, in the
@@ -61,6 +80,7 @@ struct BlockCall {
   BlockAccess& access;
   int index = 0;  // the block's position in the model
   int rows = 0;
+  Communicator* tp = nullptr;  // the tensor-parallel group (null: none, a world of one)
 };
 
 // What one block keeps from its forward for its backward, besides its input and its

@@ -74,7 +74,17 @@ std::vector<float> Model::init_flat_slice(std::uint64_t seed, std::int64_t begin
     const std::int64_t hi = std::min(end, t0 + tensor_elems(t));
     if (lo < hi) {
       float* dst = out.data() + (lo - begin);
-      init_uniform_slice(seed, t, tensor(t).init_bound, lo - t0, hi - lo, dst);
+      const ParamSpec& spec = tensor(t);
+      if (spec.full_cols == 0) {
+        init_uniform_slice(seed, t, spec.init_bound, lo - t0, hi - lo, dst);
+      } else {
+        // A shard: its elements, row by row, are the whole tensor's at full_index.
+        for (std::int64_t k = lo - t0; k < hi - t0;) {
+          const std::int64_t run = std::min(hi - t0 - k, spec.shard_cols - k % spec.shard_cols);
+          init_uniform_slice(seed, t, spec.init_bound, spec.full_index(k), run, dst + (k - (lo - t0)));
+          k += run;
+        }
+      }
       if (const float c = tensor(t).init_center; c != 0.0f)
         for (std::int64_t i = 0; i < hi - lo; ++i) dst[i] += c;
     }
@@ -129,7 +139,7 @@ Tape Model::forward(ModelContext& ctx, int first, int last, const float* input, 
         // to an instrument that is dropped, and what it kept for backward is freed.
         ctx.saved.save(in, input_bytes(b, rows));
         SavedTensors dropped;
-        out = blocks_[b]->forward({ctx.backend, dropped, ctx.access, b, rows}, in, in_requires_grad,
+        out = blocks_[b]->forward({ctx.backend, dropped, ctx.access, b, rows, ctx.tp}, in, in_requires_grad,
                                   output_saved(b, last), tape.blocks[b - first]);
         tape.blocks[b - first].held.clear();
       } else {

@@ -67,6 +67,7 @@ struct ModelContext {
   Backend& backend;
   SavedTensors& saved;
   BlockAccess& access;
+  Communicator* tp = nullptr;  // the tensor-parallel group's, when the model is split (make_model's tp)
 };
 
 class Model {
@@ -144,7 +145,9 @@ class Model {
  private:
   Buffer loss_gradient(ModelContext& ctx, Tape& tape);
   const float* block_input(const Tape& tape, int b) const;
-  BlockCall call(ModelContext& ctx, int b, int rows) const { return {ctx.backend, ctx.saved, ctx.access, b, rows}; }
+  BlockCall call(ModelContext& ctx, int b, int rows) const {
+    return {ctx.backend, ctx.saved, ctx.access, b, rows, ctx.tp};
+  }
   std::int64_t input_bytes(int b, int rows) const { return 4 * blocks_[b]->input_elems(rows); }
 
   std::vector<std::unique_ptr<Block>> blocks_;
@@ -158,7 +161,8 @@ class Model {
 
 // The model cfg.model.name names (harness/model/registry.cpp); UsageError naming
 // --model for an unknown name, or for a family whose model this build has not registered.
-std::unique_ptr<Model> make_model(const ModelConfig& config);
+// With tp.size > 1, rank tp.rank's slice of the tensor-parallel model (the MLP's).
+std::unique_ptr<Model> make_model(const ModelConfig& config, const TensorParallel& tp = {});
 // UsageError naming --model and the families unless `name` is one of them.
 void check_model_name(const std::string& name);
 // The same, and UsageError naming --model for a family this build cannot run (no model

@@ -7,7 +7,11 @@
 
 namespace shardscope {
 
-std::unique_ptr<Model> make_mlp(const ModelConfig& config);   // mlp.cpp
+// With tp.size > 1 the MLP's Linears alternate column- and row-parallel (mlp.cpp).
+std::unique_ptr<Model> make_mlp(const ModelConfig& config, const TensorParallel& tp = {});   // mlp.cpp
+// UsageError naming --mesh and the flag when the MLP cannot be split into tp: the width
+// must divide by tp and the layers be even (column and row Linears in pairs).
+void check_mlp_tensor_parallel(const ModelConfig& config, int tp);
 std::unique_ptr<Model> make_gpt2(const ModelConfig& config);  // gpt2.cpp
 // GPT-2 under autocast(bfloat16) (config.autocast), for a shape make_gpt2 completed.
 std::unique_ptr<Model> make_gpt2_autocast(const TransformerShape& shape);  // gpt2_autocast.cpp

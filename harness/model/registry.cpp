@@ -15,7 +15,7 @@ struct Entry {
 
 // One line per model.
 constexpr std::array<Entry, 3> kModels = {{
-    {"mlp", make_mlp},
+    {"mlp", [](const ModelConfig& c) { return make_mlp(c); }},
     {"gpt2", make_gpt2},
     {"llama", make_llama},
 }};
@@ -50,9 +50,12 @@ void check_model_runnable(const std::string& name) {
                      " yet (its model is not registered); `shardscope plan` predicts its model states");
 }
 
-std::unique_ptr<Model> make_model(const ModelConfig& config) {
+std::unique_ptr<Model> make_model(const ModelConfig& config, const TensorParallel& tp) {
   check_model_runnable(config.name);
-  std::unique_ptr<Model> model = find_model(config.name)->make(config);
+  if (tp.size > 1 && config.name != "mlp")
+    throw UsageError("--mesh tp=" + std::to_string(tp.size) + " and --model " + config.name +
+                     ": this build splits only the MLP across a tensor-parallel group; give tp=1");
+  std::unique_ptr<Model> model = config.name == "mlp" ? make_mlp(config, tp) : find_model(config.name)->make(config);
   model->set_checkpoint(config.checkpoint);
   return model;
 }

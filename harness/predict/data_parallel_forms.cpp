@@ -19,6 +19,7 @@
 #include "harness/predict/gpt2_forms.hpp"
 #include "harness/predict/llama_forms.hpp"
 #include "harness/predict/micro_steps.hpp"
+#include "harness/predict/tensor_parallel_forms.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "harness/strategies/partition.hpp"
 #include "shardscope/check.hpp"
@@ -217,6 +218,8 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
 
 }  // namespace
 
+namespace {
+
 // --accumulate K: ddp and zero1 run every micro-step forward and backward again on the
 // same resting state (the full gradients are allocated throughout), each the first's
 // bytes at the same places, so the step's peak, its place and the saves after a forward
@@ -224,7 +227,7 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
 // or after the last only under --no-sync; zero1's broadcast follows the optimizer, once.
 // zero2/zero3's micro-steps differ (micro_steps.hpp: the walks take each); their
 // gathers and reduce-scatters repeat as gathers_per_step and reductions_per_step say.
-std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int world) {
+std::vector<Prediction> group_ranks(const RunConfig& cfg, int world) {
   std::vector<Prediction> ranks = one_reduction_ranks(cfg, world);
   const std::int64_t reductions = reductions_per_step(cfg);
   const std::int64_t gathers = gathers_per_step(cfg);
@@ -232,7 +235,23 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
     p.comm_bytes[static_cast<int>(CollKind::all_reduce)] *= reductions;
     p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)] *= reductions;
     p.comm_bytes[static_cast<int>(CollKind::all_gather)] *= gathers;
+    p.axis_comm_bytes[static_cast<int>(MeshAxis::dp)] = p.comm_total();
   }
+  return ranks;
+}
+
+}  // namespace
+
+// Under --mesh a rank is its data-parallel group's rank coord.dp: the group's forms (its
+// D ranks; the tensor-parallel MLP's when tp > 1), the same along tp.
+std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int world) {
+  if (!cfg.mesh.given) return group_ranks(cfg, world);
+  const MeshShape& mesh = cfg.mesh;
+  SHARDSCOPE_REQUIRE(mesh.world() == world && mesh.pp == 1, "predict: the mesh is not a data-parallel world");
+  const std::vector<Prediction> group =
+      mesh.tp > 1 ? predict_tensor_parallel_mlp(cfg, mesh.dp) : group_ranks(cfg, mesh.dp);
+  std::vector<Prediction> ranks;
+  for (int r = 0; r < world; ++r) ranks.push_back(group[mesh.coord(r).dp]);
   return ranks;
 }
 

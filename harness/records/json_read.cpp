@@ -8,6 +8,7 @@
 
 #include "harness/common/json_text.hpp"
 #include "shardscope/check.hpp"
+#include "shardscope/mesh.hpp"
 #include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
@@ -321,6 +322,33 @@ std::optional<RankSaved> read_rank_saved(const Reader& rd, const json& member, c
   return s;
 }
 
+// "comm_groups" under --mesh: one object per axis (dp, tp, pp), each its group's ledger.
+std::optional<std::vector<GroupCommRecord>> read_comm_groups(const Reader& rd, const json& member,
+                                                             const std::string& path) {
+  if (!Reader::present(member, "comm_groups")) return std::nullopt;
+  const std::string here = join(path, "comm_groups");
+  const json& j = rd.object(member, path, "comm_groups");
+  std::vector<GroupCommRecord> out;
+  for (std::string_view axis : kMeshAxisNames) {
+    const std::string name(axis);
+    if (!j.contains(name)) continue;
+    const std::string at = join(here, name);
+    const json& g = rd.object(j, here, name.c_str());
+    GroupCommRecord r;
+    r.axis = name;
+    r.world = rd.positive(g, at, "world");
+    r.rank = rd.small(g, at, "rank", "a rank in the group");
+    const json& members = rd.array(g, at, "members", "an array of world ranks");
+    for (std::size_t i = 0; i < members.size(); ++i)
+      r.members.push_back(rd.as_small(members[i], join(at, "members"), "a world rank"));
+    r.comm = read_comm(rd, g, at);
+    r.comm_bytes = rd.count(g, at, "comm_bytes");
+    r.predicted_comm_bytes = rd.count(g, at, "predicted_comm_bytes");
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 RankRecord read_rank(const Reader& rd, const json& member, const std::string& path) {
   rd.as_object(member, path, "a rank record (an object)");
   RankRecord r;
@@ -348,6 +376,7 @@ RankRecord read_rank(const Reader& rd, const json& member, const std::string& pa
   r.timeline = read_optional_timeline(rd, member, path);
   r.placement = read_placement(rd, member, path);
   r.saved = read_rank_saved(rd, member, path);
+  r.comm_groups = read_comm_groups(rd, member, path);
   return r;
 }
 
@@ -556,6 +585,10 @@ DataParallelRun read_data_parallel(const Reader& rd, const json& run) {
   dp.steps = rd.small(run, "", "steps");
   dp.timed_steps = rd.small(run, "", "timed_steps");
   dp.seed = read_seed(rd, run);
+  if (Reader::present(run, "mesh")) {
+    const json& m = rd.object(run, "", "mesh");
+    dp.mesh = MeshRecord{rd.positive(m, "mesh", "dp"), rd.positive(m, "mesh", "tp"), rd.positive(m, "mesh", "pp")};
+  }
   const json& ranks = rd.array(run, "", "ranks", "an array of rank records");
   for (std::size_t i = 0; i < ranks.size(); ++i) dp.ranks.push_back(read_rank(rd, ranks[i], item("ranks", i)));
   check_numbers_distinct(rd, ranks, dp.ranks, "ranks", "rank", &RankRecord::rank);

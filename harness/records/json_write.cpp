@@ -129,6 +129,7 @@ json data_parallel_json(const DataParallelRun& dp) {
   run["steps"] = dp.steps;
   run["timed_steps"] = dp.timed_steps;
   run["seed"] = dp.seed;
+  if (dp.mesh) run["mesh"] = {{"dp", dp.mesh->dp}, {"tp", dp.mesh->tp}, {"pp", dp.mesh->pp}};
   run["model"] = to_json(dp.model);
   json ranks = json::array();
   for (const RankRecord& r : dp.ranks) ranks.push_back(to_json(r));
@@ -243,6 +244,17 @@ json to_json(const RankRecord& rank) {
   if (rank.timeline) r["timeline"] = to_json(*rank.timeline);
   add_placement(rank.placement, r);
   if (rank.saved) r["saved"] = rank_saved_json(*rank.saved);
+  if (rank.comm_groups) {
+    json groups = json::object();
+    for (const GroupCommRecord& g : *rank.comm_groups)
+      groups[g.axis] = {{"world", g.world},
+                        {"rank", g.rank},
+                        {"members", g.members},
+                        {"comm", comm_json(g.comm)},
+                        {"comm_bytes", g.comm_bytes},
+                        {"predicted_comm_bytes", g.predicted_comm_bytes}};
+    r["comm_groups"] = std::move(groups);
+  }
   return r;
 }
 

@@ -132,6 +132,26 @@ struct Placement {
   std::optional<int> device;
 };
 
+// Under --mesh, one axis's group of a rank ("comm_groups": {"dp": {...}, "tp": {...},
+// "pp": {...}}): its size, the rank's place in it, its members (world ranks, in the
+// group's order), its own ledger (busbw with the group's size) and the bytes predicted.
+struct GroupCommRecord {
+  std::string axis;  // "dp", "tp", "pp"
+  int world = 1;
+  int rank = 0;
+  std::vector<int> members;
+  CommFigures comm;
+  std::int64_t comm_bytes = 0;
+  std::int64_t predicted_comm_bytes = 0;
+};
+
+// A run's "mesh" (--mesh dp=D,tp=T,pp=S); left out without --mesh.
+struct MeshRecord {
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+};
+
 // One rank of a data-parallel run ("runs[].ranks[]").
 struct RankRecord {
   int rank = 0;
@@ -149,6 +169,9 @@ struct RankRecord {
   std::optional<TimelineRecord> timeline;  // left out when not recorded
   std::optional<Placement> placement;
   std::optional<RankSaved> saved;
+  // Under --mesh: "comm" sums every group's ledger (its busbw null, a sum over groups of
+  // different sizes having none) and each group's is here.
+  std::optional<std::vector<GroupCommRecord>> comm_groups;
 };
 
 // A pipeline stage's saved-tensor counts ("saved", and the same four in "predicted").
@@ -279,6 +302,7 @@ struct DataParallelRun {
   int steps = 0;
   int timed_steps = 0;
   std::uint64_t seed = 0;
+  std::optional<MeshRecord> mesh;  // left out without --mesh
   ModelRecord model;
   std::vector<RankRecord> ranks;
   RunPlace place;

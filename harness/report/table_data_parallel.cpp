@@ -139,7 +139,11 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
   const DataParallelRun& first = *runs.front();
   const std::int64_t param_bytes = first.model.param_bytes;
   const bool emulated = first.place.emulated;
-  os << title_lines("data parallel, W = " + std::to_string(first.world) + ": " + model_line(first.model, true, options),
+  // Under --mesh, W is the mesh's and the bytes are a rank's slice of the model.
+  const std::string mesh = first.mesh ? " (mesh dp=" + std::to_string(first.mesh->dp) + ",tp=" +
+                                            std::to_string(first.mesh->tp) + ",pp=" + std::to_string(first.mesh->pp) + ")"
+                                      : "";
+  os << title_lines("data parallel, W = " + std::to_string(first.world) + mesh + ": " + model_line(first.model, true, options),
                     options)
      << "\n  "
      << setup_line(first.place) << steps_note(runs) << "\n";

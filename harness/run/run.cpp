@@ -1,6 +1,7 @@
 #include "harness/run/run.hpp"
 
 #include <chrono>
+#include <optional>
 
 #ifdef SHARDSCOPE_WITH_CUDA
 #include "harness/backends/cuda_backend.hpp"
@@ -84,14 +85,52 @@ void refuse_checkpointed_pipeline(const RunConfig& cfg) {
 
 namespace {
 
-RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicator& comm) {
-  const int world = comm.world();
-  const int rank = comm.rank();
+// Under --mesh, a rank's group of `axis`: its ledger, and the bytes its closed forms give.
+GroupCommRecord group_record(MeshComms& mesh, MeshAxis axis, int world_rank, const Prediction& pred) {
+  Communicator& c = mesh.group(axis);
+  GroupCommRecord g;
+  g.axis = std::string(kMeshAxisNames[static_cast<int>(axis)]);
+  g.world = c.world();
+  g.rank = c.rank();
+  g.members = mesh.shape.group(world_rank, axis);
+  g.comm = comm_figures(c.ledger(), c.world(), c.emulated());
+  g.comm_bytes = c.ledger().total_bytes();
+  g.predicted_comm_bytes = pred.axis_comm_bytes[static_cast<int>(axis)];
+  return g;
+}
+
+// Every group's ledger summed: what the rank's "comm" says under --mesh (no busbw: the
+// groups differ in size).
+CommLedger summed_ledger(MeshComms& mesh) {
+  CommLedger sum;
+  for (int a = 0; a < kMeshAxes; ++a)
+    for (int k = 0; k < kCollKindCount; ++k) {
+      const CollStats& s = mesh.groups[a]->ledger().by_kind[k];
+      sum.by_kind[k].calls += s.calls;
+      sum.by_kind[k].bytes += s.bytes;
+      sum.by_kind[k].ms += s.ms;
+    }
+  return sum;
+}
+
+RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicator& world_comm) {
+  const int world = world_comm.world();
+  const int rank = world_comm.rank();
   Prediction pred = predict_data_parallel(cfg, world, rank);
   add_backend_workspace(pred, backend.name());
   check_memory(pred.peak_total, backend, rank);
 
-  StrategyContext ctx{cfg, backend, comm};
+  // Under --mesh the strategy reduces over the rank's data-parallel group and the model
+  // splits over its tensor-parallel group; each keeps its own ledger.
+  std::optional<MeshComms> mesh;
+  if (cfg.mesh.given) mesh = make_mesh_comms(world_comm, cfg.mesh);
+  Communicator& comm = mesh ? mesh->group(MeshAxis::dp) : world_comm;
+  Communicator* tp = mesh ? &mesh->group(MeshAxis::tp) : nullptr;
+  auto step_comm_ms = [&] {
+    return mesh ? summed_ledger(*mesh).total_ms() : comm.ledger().total_ms();
+  };
+
+  StrategyContext ctx{cfg, backend, comm, tp};
   std::unique_ptr<Strategy> strategy = make_strategy(ctx);
   {
     ScopedRange range(backend, "setup");
@@ -102,13 +141,13 @@ RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicato
   for (int s = 0; s < cfg.steps; ++s) {
     strategy->prepare_batch(s);
     backend.synchronize();
-    comm.barrier();
+    world_comm.barrier();
     const auto t0 = std::chrono::steady_clock::now();
     const float loss = strategy->step();
     backend.synchronize();
     const auto t1 = std::chrono::steady_clock::now();
     step_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    comm_ms.push_back(comm.ledger().total_ms());  // the ledger holds this step's calls
+    comm_ms.push_back(step_comm_ms());  // the ledgers hold this step's calls
     losses.push_back(loss);
   }
   const Tracker& tr = backend.tracker();
@@ -118,8 +157,16 @@ RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicato
   r.peak = peak_figures(tr.peak(), describe_place(tr.peak().place));
   r.predicted = rank_predicted(pred);
   r.allocator = allocator_figures(backend);
-  r.comm = comm_figures(comm.ledger(), world, comm.emulated());
-  r.comm_bytes = comm.ledger().total_bytes();
+  if (mesh) {
+    const CommLedger sum = summed_ledger(*mesh);
+    r.comm = comm_figures(sum, world, true);  // busbw per group only
+    r.comm_bytes = sum.total_bytes();
+    r.comm_groups.emplace();
+    for (int a = 0; a < kMeshAxes; ++a) r.comm_groups->push_back(group_record(*mesh, static_cast<MeshAxis>(a), rank, pred));
+  } else {
+    r.comm = comm_figures(comm.ledger(), world, comm.emulated());
+    r.comm_bytes = comm.ledger().total_bytes();
+  }
   r.step_ms = time_summary(step_ms);
   r.step_ms_all = step_ms;
   r.comm_ms = time_summary(comm_ms);
@@ -151,6 +198,7 @@ DataParallelRun data_parallel_run(const RunConfig& cfg, int world) {
   run.steps = cfg.steps;
   run.timed_steps = timed_steps(cfg.steps);
   run.seed = cfg.seed;
+  if (cfg.mesh.given) run.mesh = MeshRecord{cfg.mesh.dp, cfg.mesh.tp, cfg.mesh.pp};
   run.model = model_record(cfg.model);
   return run;
 }
@@ -187,6 +235,9 @@ JobSetup prepare_job(const RunConfig& cfg, const MpiSession& mpi) {
     throw UsageError("the ranks of this job do not all see a GPU: pass --backend cpu or --backend cuda");
   setup.comm = choose_comm(cfg, setup.backend, mpi);
   setup.world = setup.comm.kind == "fake" ? setup.comm.emulate_world : mpi.world();
+  if (cfg.mesh.given && setup.comm.kind != "fake")
+    check_mesh_world(cfg.mesh, setup.world, setup.world == 1 ? "one process without mpirun" :
+                                            "mpirun's " + std::to_string(setup.world) + " ranks");
   refuse_checkpointed_pipeline(cfg);
   if (cfg.pipeline())
     validate_pipeline(cfg, setup.world);

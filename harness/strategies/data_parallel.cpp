@@ -6,7 +6,11 @@
 namespace shardscope {
 
 DataParallelStrategy::DataParallelStrategy(const StrategyContext& ctx)
-    : cfg_(ctx.cfg), backend_(ctx.backend), comm_(ctx.comm), model_(make_model(ctx.cfg.model)) {}
+    : cfg_(ctx.cfg),
+      backend_(ctx.backend),
+      comm_(ctx.comm),
+      tp_(ctx.tp),
+      model_(make_model(ctx.cfg.model, ctx.tp ? TensorParallel{ctx.tp->world(), ctx.tp->rank()} : TensorParallel{})) {}
 
 DataSlice DataParallelStrategy::batch_slice(int k) const {
   const int rows = cfg_.model.batch;
@@ -32,7 +36,7 @@ float DataParallelStrategy::micro_step(int k) {
 
   float loss = 0.0f;
   Tape tape;
-  ModelContext mc{backend_, saved_, access()};
+  ModelContext mc{backend_, saved_, access(), tp_};
   {
     ScopedRange r(backend_, "forward");
     // torch's accumulation: each micro-batch's loss divided by K.
@@ -62,6 +66,7 @@ float DataParallelStrategy::step() {
   tracker.reset_peak();
   backend_.reset_pool_high();
   comm_.reset_ledger();
+  if (tp_) tp_->reset_ledger();
   ScopedRange range(backend_, "step");
   SHARDSCOPE_REQUIRE(static_cast<int>(host_batches_.size()) == cfg_.accumulate,
                      "data parallel: prepare_batch was not called");

@@ -44,6 +44,7 @@ class DataParallelStrategy : public Strategy {
   const RunConfig& cfg_;
   Backend& backend_;
   Communicator& comm_;
+  Communicator* tp_;  // the tensor-parallel group's (null: none)
   SavedTensors saved_;
   std::unique_ptr<Model> model_;  // the blocks and the loss cfg.model names
   AdamWHyper hyper_;

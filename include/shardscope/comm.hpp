@@ -98,6 +98,13 @@ class Communicator {
   void recv(float* buf, std::size_t count, int peer);        // p2p({recv})
   void barrier();
 
+  // The communicator of this rank's group: `members` are ranks of this communicator, in
+  // the group's rank order, this one among them. Collective: every rank of this
+  // communicator calls it at once, each with its own group, the groups disjoint and
+  // covering it (MPI_Comm_split, ncclCommSplit; the fake communicator plays the group's
+  // rank as it plays the world's). The new one has its own ledger and the timeout.
+  std::unique_ptr<Communicator> split(const std::vector<int>& members);
+
   const CommLedger& ledger() const { return ledger_; }
   void reset_ledger() { ledger_ = {}; }
 
@@ -117,6 +124,8 @@ class Communicator {
   virtual void do_broadcast(float* buf, std::size_t count, int root) = 0;
   virtual void do_p2p(const std::vector<P2pOp>& ops) = 0;
   virtual void do_barrier() = 0;
+  // `color` names the group (its lowest member), `key` is this rank's place in it.
+  virtual std::unique_ptr<Communicator> do_split(int color, int key, int size) = 0;
 
   // The test hook's stall, inside the call (see arm_stall): the host sleeps; a device
   // communicator overrides it to stall its stream instead.

@@ -9,6 +9,7 @@
 
 #include "shardscope/comm.hpp"
 #include "shardscope/kernel_args.hpp"
+#include "shardscope/mesh.hpp"
 #include "shardscope/schedule_kind.hpp"
 #include "shardscope/strategy_kind.hpp"
 #include "shardscope/transformer_args.hpp"
@@ -119,6 +120,10 @@ struct RunConfig {
   int microbatches = 0;  // 0 = one per stage
   int chunks = 1;
   std::vector<int> split;
+
+  // --mesh dp=D,tp=T,pp=S (mesh.hpp); not given: the world is one data-parallel group or
+  // one pipeline.
+  MeshShape mesh;
 
   // Where it runs.
   std::string backend;  // empty = cuda when a GPU is visible, else cpu

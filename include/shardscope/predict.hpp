@@ -10,6 +10,7 @@
 #include "shardscope/category.hpp"
 #include "shardscope/comm.hpp"
 #include "shardscope/config.hpp"
+#include "shardscope/mesh.hpp"
 
 namespace shardscope {
 
@@ -23,6 +24,8 @@ struct Prediction {
   Phase peak_phase = Phase::setup;
   std::string peak_where;
   std::array<std::int64_t, kCollKindCount> comm_bytes{};  // per step, nccl-tests' sizes
+  // Under --mesh: comm_bytes's total split by the group that carries it (dp, tp, pp).
+  std::array<std::int64_t, kMeshAxes> axis_comm_bytes{};
   // What the saved-tensor instrument holds when the forward, loss included, has ended:
   // distinct saved storages holding bytes (parameters excluded) and their bytes.
   std::int64_t saved_after_forward_bytes = 0;
@@ -35,7 +38,8 @@ struct Prediction {
 };
 
 // Every rank of a data-parallel job of `world` ranks running cfg.strategy, in rank
-// order; linear in layers, units and ranks (zero1's partition: T log W), so a world of
+// order (under --mesh, world is the mesh's: each rank as its data-parallel group's rank,
+// its model its tensor-parallel slice); linear in layers, units and ranks (zero1's partition: T log W), so a world of
 // 65,536 ranks or a model of 100,000 one-layer units is predicted at once.
 std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int world);
 

@@ -31,7 +31,9 @@ struct SavedAfterForward {
 struct StrategyContext {
   const RunConfig& cfg;
   Backend& backend;
-  Communicator& comm;
+  Communicator& comm;  // the data-parallel group's (the world's without --mesh)
+  // --mesh's tensor-parallel group (null: none): the model is this rank's slice of it.
+  Communicator* tp = nullptr;
 };
 
 class Strategy {

@@ -1,0 +1,119 @@
+// Closed forms of the tensor-parallel MLP under ddp or zero1 along dp (docs/formulas.md,
+// "Tensor parallelism").
+//
+// Symbols: w the width, T the tensor-parallel size, D the data-parallel size, B rows per
+// rank, a = 4Bw bytes (a whole activation), o_i = a/T for a column Linear (even i) and a
+// for a row Linear (odd i; L is even, so the last Linear is a row one), n_i its input
+// (X = a for layer 0, a for a row... : n_i = o_{i-1}), t = a for mse's target, k = 1 when
+// the model's output is saved (relu or mse).
+//
+// Collectives: the data-parallel group all-reduces the rank's 4P_s gradient bytes (and
+// zero1 broadcasts them); the tensor-parallel group all-reduces each row Linear's output
+// in forward (L/2 calls of a) and each column Linear's input gradient in backward, but
+// layer 0's, whose input (the data) needs none ((L/2 - 1) calls of a).
+//
+// Peak: resting + the largest transient over the allocations of a step, in time order (the
+// tracker keeps the first instant of the maximum): each layer's output in forward, the loss
+// scalar, the loss gradient, and each layer's input gradient in backward (layer j > 0:
+// its output, those below it, dy_j = o_j and dx_j = n_j live). All-reduces are in place.
+#include "harness/predict/tensor_parallel_forms.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "harness/strategies/partition.hpp"
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+
+std::vector<std::int64_t> tensor_parallel_mlp_tensors(const ModelConfig& m, int tp) {
+  const std::int64_t w = m.width;
+  std::vector<std::int64_t> out;
+  for (int i = 0; i < m.layers; ++i) {
+    const bool column = tp > 1 && i % 2 == 0;
+    out.push_back(w * w / tp);
+    out.push_back(column ? w / tp : w);
+  }
+  if (tp == 1)
+    for (int i = 0; i < m.layers; ++i) out[2 * i] = w * w;
+  return out;
+}
+
+std::vector<Prediction> predict_tensor_parallel_mlp(const RunConfig& cfg, int dp_world) {
+  const ModelConfig& m = cfg.model;
+  const int T = cfg.mesh.tp;
+  const int L = m.layers;
+  SHARDSCOPE_REQUIRE(T > 1 && L % 2 == 0 && m.width % T == 0, "predict: the MLP does not split into tp");
+  SHARDSCOPE_REQUIRE(cfg.strategy == StrategyKind::ddp || cfg.strategy == StrategyKind::zero1,
+                     "predict: tensor parallelism runs ddp or zero1 along dp");
+  const std::vector<std::int64_t> sizes = tensor_parallel_mlp_tensors(m, T);
+  std::int64_t P = 0;
+  for (std::int64_t e : sizes) P += e;
+  const int tensors = static_cast<int>(sizes.size());
+
+  Prediction p;
+  p.resting[Category::param] = 4 * P;
+  p.resting[Category::grad] = 4 * P + (cfg.ddp_bucket == "copy" ? 4 * P : 0);
+  const std::int64_t a = m.activation_bytes(m.batch);
+  auto& comm = p.comm_bytes;
+  comm[static_cast<int>(CollKind::all_reduce)] = 4 * P + (L - 1) * a;
+  if (cfg.strategy == StrategyKind::zero1) comm[static_cast<int>(CollKind::broadcast)] = 4 * P;
+  p.axis_comm_bytes[static_cast<int>(MeshAxis::dp)] = cfg.strategy == StrategyKind::zero1 ? 8 * P : 4 * P;
+  p.axis_comm_bytes[static_cast<int>(MeshAxis::tp)] = (L - 1) * a;
+
+  // ---- transient candidates, in time order ----
+  auto o = [&](int i) { return i % 2 == 0 ? a / T : a; };
+  auto n = [&](int i) { return i == 0 ? a : o(i - 1); };
+  const std::int64_t X = a;
+  const std::int64_t t = m.loss == Loss::mse ? a : 0;
+  const bool relu = m.activation == Activation::relu;
+  const std::int64_t k = (relu || m.loss == Loss::mse) ? 1 : 0;
+  struct Candidate {
+    std::int64_t temp = -1, activation = 0;
+    Phase phase = Phase::setup;
+    int layer = 0;
+  } best;
+  auto consider = [&](std::int64_t temp, std::int64_t activation, Phase phase, int layer) {
+    if (temp + activation > best.temp + best.activation) best = {temp, activation, phase, layer};
+  };
+  std::int64_t below = 0;  // o_0 + ... + o_{i-1}
+  for (int i = 0; i < L; ++i) {
+    const std::int64_t unsaved = (i == L - 1 && k == 0) ? o(i) : 0;
+    consider(X + t + unsaved, below + o(i) - unsaved, Phase::forward, i);
+    below += o(i);
+  }
+  const std::int64_t under_last = below - o(L - 1);  // outputs 0 .. L-2
+  const std::int64_t held = under_last + k * o(L - 1);
+  consider(X + t + (k == 0 ? o(L - 1) : 0) + 4, held, Phase::forward, L - 1);  // the loss scalar
+  consider(X + t + o(L - 1), held, Phase::backward, L - 1);                      // dy
+  std::int64_t outs = held;  // outputs live while layer j's backward runs
+  for (int j = L - 1; j > 0; --j) {
+    consider(X + t + o(j) + n(j), outs, Phase::backward, j);  // dx_j beside dy_j
+    outs -= (j == L - 1) ? k * o(j) : o(j);
+  }
+  p.peak_phase = best.phase;
+  p.peak_where = "layer " + std::to_string(best.layer);
+  const int mse = m.loss == Loss::mse ? 1 : 0;
+  p.saved_after_forward_tensors = L + static_cast<int>(k) + mse;
+  p.saved_after_forward_bytes = X + under_last + k * o(L - 1) + mse * a;
+
+  std::vector<std::int64_t> optim(dp_world, 0);
+  if (cfg.strategy == StrategyKind::ddp) {
+    std::fill(optim.begin(), optim.end(), 8 * P + 4 * tensors);
+  } else {
+    const std::vector<int> owner = zero1_owners(sizes, dp_world);
+    for (int i = 0; i < tensors; ++i) optim[owner[i]] += 8 * sizes[i] + 4;
+  }
+  std::vector<Prediction> ranks(dp_world, p);
+  for (int r = 0; r < dp_world; ++r) {
+    Prediction& rank = ranks[r];
+    rank.resting[Category::optim] = optim[r];
+    rank.peak_by_category = rank.resting;
+    rank.peak_by_category[Category::temp] += best.temp;
+    rank.peak_by_category[Category::activation] += best.activation;
+    rank.peak_total = rank.peak_by_category.total();
+  }
+  return ranks;
+}
+
+}  // namespace shardscope

@@ -1,0 +1,22 @@
+// Closed forms of a tensor-parallel MLP (--mesh dp=D,tp=T; docs/formulas.md, "Tensor
+// parallelism"): every rank of a data-parallel group of D ranks, each holding its 1/T
+// slice of the Linears (column, row, column, row, ...).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardscope/predict.hpp"
+
+namespace shardscope {
+
+// The parameter elements of each tensor of a tensor-parallel rank's MLP slice, in torch
+// order (weight, bias per layer): a column Linear's width/T rows of its weight and of its
+// bias, a row Linear's width/T columns of its weight and its whole bias.
+std::vector<std::int64_t> tensor_parallel_mlp_tensors(const ModelConfig& m, int tp);
+
+// The D ranks of one data-parallel group (ddp or zero1 along dp), in dp order, with the
+// tensor-parallel group's all-reduces in comm_bytes and in axis_comm_bytes[tp].
+std::vector<Prediction> predict_tensor_parallel_mlp(const RunConfig& cfg, int dp_world);
+
+}  // namespace shardscope
