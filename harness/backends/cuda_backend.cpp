@@ -7,6 +7,7 @@
 #include <exception>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "harness/backends/nvml_query.hpp"
 #include "kernels/cuda_flash_attention.hpp"
@@ -77,6 +78,10 @@ CudaBackend::CudaBackend(int local_rank, bool allow_tf32) {
     char bus_id[32] = {};
     CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, static_cast<int>(sizeof(bus_id)), device_));
     pci_bus_id_ = bus_id;
+    // The context is all this process holds on the device yet: NVML's figure for the
+    // process is the context's. cudaMemGetInfo has no figure from before the context (it
+    // needs one), so without NVML the context is not measured.
+    if (const MeasuredPart now = device_bytes_now(); now.source == "nvml") breakdown_.cuda_context = now;
 
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     const std::string stream_name = "shardscope rank stream (device " + std::to_string(device_) + ")";
@@ -95,6 +100,10 @@ CudaBackend::CudaBackend(int local_rank, bool allow_tf32) {
     std::uint64_t threshold = std::numeric_limits<std::uint64_t>::max();
     CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
 
+    // cuBLAS's part: what the process holds after the handle is made and given its stream
+    // and our workspace, less before, less what our pool reserved for that workspace.
+    const MeasuredPart before_cublas = device_bytes_now();
+    const std::int64_t reserved_before_cublas = pool_reserved_bytes();
     CUBLAS_CHECK(cublasCreate(&cublas_));
     // cublasSetStream resets the workspace to cuBLAS's default: set the stream first.
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
@@ -105,6 +114,8 @@ CudaBackend::CudaBackend(int local_rank, bool allow_tf32) {
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_.data(), static_cast<std::size_t>(kWorkspaceBytes)));
     CUBLAS_CHECK(cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
     set_allow_tf32(allow_tf32);
+    const std::int64_t pool_growth = pool_reserved_bytes() - reserved_before_cublas;  // syncs first
+    breakdown_.cublas = growth(before_cublas, device_bytes_now(), pool_growth);
   } catch (...) {
     // The destructor does not run for a half-built object: release what exists.
     if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
@@ -217,6 +228,46 @@ OutsidePool CudaBackend::outside_pool() {
   const NvmlProcessMemory process = nvml_process_used_bytes(pci_bus_id_);
   if (process.bytes >= 0) return {process.bytes - s.reserved_current, "nvml"};
   return {device_used_bytes() - device_used_at_start_ - s.reserved_current, "cuda_mem_get_info_delta"};
+}
+
+bool CudaBackend::outside_pool_breakdown(OutsidePoolBreakdown* out) const {
+  *out = breakdown_;
+  return true;
+}
+
+MeasuredPart CudaBackend::device_bytes_now() const {
+  const NvmlProcessMemory process = nvml_process_used_bytes(pci_bus_id_);
+  if (process.bytes >= 0) return {process.bytes, "nvml"};
+  return {device_used_bytes(), "cuda_mem_get_info_delta"};
+}
+
+MeasuredPart CudaBackend::growth(const MeasuredPart& before, const MeasuredPart& after, std::int64_t pool_growth) {
+  if (before.bytes < 0 || after.bytes < 0 || before.source != after.source) return {};
+  const std::int64_t grown = after.bytes - before.bytes - pool_growth;
+  if (grown < 0) return {};  // something gave memory back meanwhile (another process, for cudaMemGetInfo)
+  return {grown, after.source};
+}
+
+std::int64_t CudaBackend::pool_reserved_bytes() {
+  synchronize();  // an allocation queued on the stream has reserved its memory once it has run
+  std::uint64_t reserved = 0;
+  CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  return static_cast<std::int64_t>(reserved);
+}
+
+std::size_t CudaBackend::add_nccl_memory(NcclMemory memory) {
+  breakdown_.nccl.push_back(std::move(memory));
+  return breakdown_.nccl.size() - 1;
+}
+
+void CudaBackend::add_nccl_growth(std::size_t index, const MeasuredPart& grown) {
+  MeasuredPart& total = breakdown_.nccl.at(index).total;
+  if (total.bytes < 0) return;  // already not measured
+  if (grown.bytes < 0 || grown.source != total.source) {
+    total = {};
+    return;
+  }
+  total.bytes += grown.bytes;
 }
 
 std::int64_t CudaBackend::device_used_bytes() const {

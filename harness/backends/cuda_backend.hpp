@@ -5,7 +5,8 @@
 // rounded figure, and UsedMemHigh (reset together with the tracker's peak) equals its
 // rounded peak. Only tracked Buffers live in the pool, cuBLAS's workspace among them (one
 // Buffer of category workspace); NCCL's and cuBLAS's own buffers and the CUDA context are
-// "outside the pool" (outside_pool_bytes()).
+// "outside the pool" (outside_pool_bytes()), each measured as it is made
+// (outside_pool_breakdown()).
 #pragma once
 
 #include <cublas_v2.h>
@@ -107,6 +108,20 @@ class CudaBackend final : public Backend {
   bool pool_stats(PoolStats* out) override;
   void reset_pool_high() override;
   OutsidePool outside_pool() override;
+  // The context's, cuBLAS's and each NCCL communicator's part of it, measured as each was made.
+  bool outside_pool_breakdown(OutsidePoolBreakdown* out) const override;
+  // This process's device memory now: NVML's figure for it ("nvml"), else the device's used
+  // bytes ("cuda_mem_get_info_delta"). A part is the growth of this figure around its making.
+  MeasuredPart device_bytes_now() const;
+  // `after` less `before` less `pool_growth` (what our pool reserved meanwhile); not measured
+  // when either is not, when their sources differ, or when the figure shrank.
+  static MeasuredPart growth(const MeasuredPart& before, const MeasuredPart& after, std::int64_t pool_growth = 0);
+  // The pool's reserved bytes (cudaMemPoolAttrReservedMemCurrent), after a stream sync.
+  std::int64_t pool_reserved_bytes();
+  // An NCCL communicator made on this backend's device reports its memory here: its init
+  // part (returns the index it is kept at), then what each first call adds to its total.
+  std::size_t add_nccl_memory(NcclMemory memory);
+  void add_nccl_growth(std::size_t index, const MeasuredPart& growth);
   // cudaMemGetInfo's free bytes on this backend's device (memory the pool has reserved
   // but not handed out is not counted as free).
   std::int64_t device_free_bytes() override;
@@ -151,6 +166,7 @@ class CudaBackend final : public Backend {
   // The device's used bytes (cudaMemGetInfo) just after the context was made: the origin
   // of outside_pool()'s fallback when NVML has no figure for this process.
   std::int64_t device_used_at_start_ = 0;
+  OutsidePoolBreakdown breakdown_;  // the parts outside the pool, as they were measured
 };
 
 }  // namespace shardscope

@@ -163,9 +163,11 @@ ComparedFile document_summary(const ResultDocument& doc, const std::string& path
   return {path, doc.backend, doc.comm, doc.emulated, doc.provenance.git, doc.provenance.host};
 }
 
+}  // namespace
+
 // The file read and checked once, into the records: a field of the wrong type is exit 2
 // naming the file, the run and the field (json_read.hpp).
-ResultDocument read_document(const std::string& path, const char* which) {
+ResultDocument read_result_file(const std::string& path, const char* which) {
   json doc;
   try {
     doc = read_json_file(path);
@@ -180,8 +182,6 @@ ResultDocument read_document(const std::string& path, const char* which) {
   make_printable(doc);
   return read_result(doc, path);
 }
-
-}  // namespace
 
 Comparison compare_documents(const ResultDocument& base, const std::string& base_path, const ResultDocument& fresh,
                              const std::string& new_path) {
@@ -323,8 +323,8 @@ int compare_main(const std::vector<std::string>& args) {
   if (files.size() != 2)
     throw UsageError("compare: expected two result files, BASE.json NEW.json; got " + std::to_string(files.size()) +
                      " argument" + (files.size() == 1 ? "" : "s") + " (shardscope compare --help)");
-  const ResultDocument base = read_document(files[0], "BASE");
-  const ResultDocument fresh = read_document(files[1], "NEW");
+  const ResultDocument base = read_result_file(files[0], "BASE");
+  const ResultDocument fresh = read_result_file(files[1], "NEW");
   const Comparison comparison = compare_documents(base, files[0], fresh, files[1]);
   print_comparison(comparison, std::cout, options);
   return fail_on_diff && comparison_differs(comparison) ? 1 : 0;

@@ -30,6 +30,12 @@ Comparison compare_documents(const ResultDocument& base, const std::string& base
 // configuration in one file only: what `compare --fail-on-diff` exits 1 on.
 bool comparison_differs(const Comparison& comparison);
 
+// A result file (a run's --json or a sweep's DIR/shardscope.json) read and checked once into
+// the records. UsageError, beginning with `which` (the argument or flag that named it), when
+// it cannot be read, is not a shardscope/1 result, or read_result refuses a field (naming
+// the run and the field).
+ResultDocument read_result_file(const std::string& path, const char* which);
+
 // `shardscope compare ...`: prints the comparison; returns the exit code (0; 1 under
 // --fail-on-diff when comparison_differs; 2 when a file is missing, unreadable, not a
 // shardscope/1 document or refused by read_result, or an argument is an unknown

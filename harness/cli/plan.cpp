@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "harness/cli/cli.hpp"
+#include "harness/cli/plan_overhead.hpp"
 #include "harness/cli/sweep_plan.hpp"
 #include "harness/cli/sweep_results.hpp"
 #include "harness/report/json_io.hpp"
@@ -17,6 +18,7 @@
 #include "harness/pipeline/run_pipeline.hpp"
 #include "harness/predict/workspace_forms.hpp"
 #include "shardscope/check.hpp"
+#include "shardscope/format.hpp"
 #include "shardscope/predict.hpp"
 #include "shardscope/schedule.hpp"
 
@@ -42,7 +44,8 @@ constexpr const char* kNotCounted =
     "step allocates, equal on cpu and cuda (docs/results.md, \"GPU\") but for cuBLAS's 32 MiB workspace, "
     "which cuda holds and --backend cuda adds. Left out: what a process holds "
     "outside that hook (on a GPU the CUDA context and NCCL's and cuBLAS's own buffers: 620,756,992 B "
-    "per process on one H200, measured), and allocator fragmentation. Leave room for them.";
+    "per process on one H200, measured while cuBLAS's 4 MiB default workspace was still outside the pool), and "
+    "allocator fragmentation. Leave room for them: --overhead RESULT.json adds a measured run's.";
 
 }  // namespace
 
@@ -57,7 +60,7 @@ PlanRequest parse_plan_args(const std::vector<std::string>& args) {
     const std::string name = arg.substr(0, eq);
     for (const auto& [flag, why] : kRunningFlags)
       if (name == flag) throw UsageError(name + ": not a plan flag: " + why);
-    if (name != "--json" && name != "--memory" && name != "--fit") {
+    if (name != "--json" && name != "--memory" && name != "--fit" && name != "--overhead") {
       f.sweep_args.push_back(arg);
       continue;
     }
@@ -74,6 +77,9 @@ PlanRequest parse_plan_args(const std::vector<std::string>& args) {
       if (json_given) throw UsageError("--json: given twice; give it once");
       json_given = true;
       f.json_path = value;
+    } else if (name == "--overhead") {
+      if (!f.overhead_path.empty()) throw UsageError("--overhead: given twice; give it once");
+      f.overhead_path = value;
     } else if (name == "--fit") {
       if (f.fit) throw UsageError("--fit: given twice; give it once");
       f.fit = parse_fit_dimension(value);
@@ -82,6 +88,10 @@ PlanRequest parse_plan_args(const std::vector<std::string>& args) {
       f.memory = parse_memory_size(value);
     }
   }
+  if (!f.overhead_path.empty() && !f.memory)
+    throw UsageError("--overhead " + f.overhead_path +
+                     " needs --memory SIZE: its bytes outside the pool are added to every peak for the --memory "
+                     "verdicts (e.g. --memory 141GB)");
   if (f.fit && !f.memory)
     throw UsageError(std::string("--fit ") + fit_dimension_name(*f.fit) +
                      " needs --memory SIZE: the size every rank's peak must fit in (e.g. --memory 80GiB)");
@@ -267,6 +277,7 @@ PlanDocument make_plan(const PlanRequest& flags) {
   std::vector<std::string> known = sweep_flag_names();
   known.insert(known.end(), {"--json", "--memory"});
   known.push_back("--fit");
+  known.push_back("--overhead");
   for (const SweepJob& job : jobs) configs.push_back(parse_run_args(job.run_args, known, "plan"));
   if (flags.fit == FitDimension::seq)
     for (const RunConfig& cfg : configs)
@@ -277,23 +288,33 @@ PlanDocument make_plan(const PlanRequest& flags) {
   plan.command = flags.command;
   plan.memory_bytes = flags.memory;
   plan.not_counted = kNotCounted;
+  if (!flags.overhead_path.empty()) {
+    plan.overhead = read_plan_overhead(flags.overhead_path);
+    if (plan.overhead->bytes >= *flags.memory)
+      throw UsageError("--overhead: the " + format_bytes(plan.overhead->bytes) + " outside the pool that '" +
+                       flags.overhead_path + "' measured (" + plan.overhead->taken_from + ") leave nothing of --memory " +
+                       format_bytes(*flags.memory));
+  }
+  // What every rank's peak is compared with: --memory less what the device holds outside
+  // the pool (--overhead), so the verdicts are about the device.
+  const std::optional<std::int64_t> budget = allocator_budget(plan);
   for (std::size_t n = 0; n < jobs.size(); ++n) {
     try {
       const RunConfig& cfg = configs[n];
       const int world = jobs[n].world;
       if (jobs[n].kind == "pipeline") {
-        PipelinePlan pipeline = plan_pipeline(cfg, world, flags.memory);
+        PipelinePlan pipeline = plan_pipeline(cfg, world, budget);
         // A pipeline's batch is cut into M micro-batches of at least a row each: any
         // batch from M up runs (tensor_split), so the fit steps by a row from M.
         const std::int64_t smallest = flags.fit == FitDimension::batch ? pipeline_microbatches(cfg, world) : 1;
         if (flags.fit)
-          pipeline.fit = fit_configuration(cfg, *flags.fit, *flags.memory, smallest,
+          pipeline.fit = fit_configuration(cfg, *flags.fit, *budget, smallest,
                                            [&](const RunConfig& c) { return pipeline_peak(c, world); });
         plan.plans.push_back(std::move(pipeline));
       } else {
-        DataParallelPlan data_parallel = plan_data_parallel(cfg, world, flags.memory);
+        DataParallelPlan data_parallel = plan_data_parallel(cfg, world, budget);
         if (flags.fit)
-          data_parallel.fit = fit_configuration(cfg, *flags.fit, *flags.memory, 1,
+          data_parallel.fit = fit_configuration(cfg, *flags.fit, *budget, 1,
                                                 [&](const RunConfig& c) { return data_parallel_peak(c, world); });
         plan.plans.push_back(std::move(data_parallel));
       }
@@ -321,7 +342,8 @@ int plan_main(const std::vector<std::string>& args) {
 }
 
 std::string plan_usage() {
-  return "usage: shardscope plan [sweep flags] [run flags] [--memory SIZE [--fit batch|seq]] [--json FILE]\n"
+  return "usage: shardscope plan [sweep flags] [run flags] [--memory SIZE [--fit batch|seq] [--overhead RESULT.json]]\n"
+         "                      [--json FILE]\n"
          "\n"
          "Prints the closed forms (docs/formulas.md) of every rank of every configuration that\n"
          "`shardscope sweep` with the same flags would run: bytes at rest and at the peak, where the\n"
@@ -337,6 +359,10 @@ std::string plan_usage() {
          "                  rank; per pipeline for a pipeline, from M up) or sequence length\n"
          "                  (transformers) at which every rank's peak fits, the peak there and one\n"
          "                  above, the rank that decides, and what bounds it when memory does not\n"
+         "  --overhead RESULT.json\n"
+         "                  with --memory: add the device memory outside the pool that a measured\n"
+         "                  --backend cuda run held (the most any of its ranks did: CUDA context,\n"
+         "                  cuBLAS, NCCL) to every rank's peak, so the verdicts are about the device\n"
          "  --json FILE     write the plan (schema shardscope-plan/1) here\n"
          "\n"
          "Sweep flags: --worlds, --strategies, --schedules, --microbatches, --preset (see\n"

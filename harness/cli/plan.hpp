@@ -27,16 +27,18 @@ struct PlanRequest {
   std::string json_path;                // --json FILE
   std::optional<std::int64_t> memory;   // --memory SIZE
   std::optional<FitDimension> fit;      // --fit batch|seq (needs --memory)
+  std::string overhead_path;            // --overhead RESULT.json (needs --memory)
   std::vector<std::string> sweep_args;  // every other flag
   std::string command;                  // "shardscope plan ..."
 };
 
 // Throws UsageError naming the flag: plan's own flags given twice or without a value,
-// --fit without --memory, and the sweep's flags that need running (--out, --trace, ...).
+// --fit or --overhead without --memory, and the sweep's flags that need running (--out, --trace, ...).
 PlanRequest parse_plan_args(const std::vector<std::string>& args);
 
 // The plan document (schema "shardscope-plan/1"); throws UsageError naming the flag when
-// the sweep's or a run's flags are wrong.
+// the sweep's or a run's flags are wrong, or --overhead's file cannot give its figure
+// (plan_overhead.hpp) or that figure alone fills --memory.
 PlanDocument make_plan(const PlanRequest& request);
 
 // `shardscope plan ...`: prints the tables, writes --json FILE; returns the exit code

@@ -8,6 +8,7 @@
 // blocking (NCCL's own waits).
 #include "harness/comm/nccl_comm.hpp"
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -41,8 +42,9 @@ void CUDART_CB sleep_on_stream(void* ms) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(int rank, int world, CudaBackend* backend, ncclComm_t comm)
-      : Communicator(rank, world, backend), cuda_(backend), comm_(comm) {
+  // `memory`: where the backend keeps this communicator's device memory (add_nccl_memory).
+  NcclCommunicator(int rank, int world, CudaBackend* backend, ncclComm_t comm, std::size_t memory)
+      : Communicator(rank, world, backend), cuda_(backend), comm_(comm), memory_(memory) {
     CUDA_CHECK(cudaMalloc(&barrier_scratch_, sizeof(float)));  // untracked: 4 B for barrier()
   }
 
@@ -80,6 +82,7 @@ class NcclCommunicator final : public Communicator {
   // synchronisation after it finds nothing left to wait for.
   void do_all_reduce_sum(float* buf, std::size_t count) override {
     usable();
+    const FirstCall first(*this, Op::all_reduce);
     if (count > 0)
       NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm_, cuda_->stream()));
     wait_stream();
@@ -87,6 +90,7 @@ class NcclCommunicator final : public Communicator {
 
   void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) override {
     usable();
+    const FirstCall first(*this, Op::reduce_scatter);
     if (recv_count > 0)
       NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, ncclFloat, ncclSum, comm_, cuda_->stream()));
     wait_stream();
@@ -94,6 +98,7 @@ class NcclCommunicator final : public Communicator {
 
   void do_all_gather(const float* send, float* recv, std::size_t send_count) override {
     usable();
+    const FirstCall first(*this, Op::all_gather);
     if (send_count > 0)
       NCCL_CHECK(ncclAllGather(send, recv, send_count, ncclFloat, comm_, cuda_->stream()));
     wait_stream();
@@ -101,6 +106,7 @@ class NcclCommunicator final : public Communicator {
 
   void do_broadcast(float* buf, std::size_t count, int root) override {
     usable();
+    const FirstCall first(*this, Op::broadcast);
     if (count > 0)
       NCCL_CHECK(ncclBroadcast(buf, buf, count, ncclFloat, root, comm_, cuda_->stream()));
     wait_stream();
@@ -108,6 +114,7 @@ class NcclCommunicator final : public Communicator {
 
   void do_p2p(const std::vector<P2pOp>& ops) override {
     usable();
+    const FirstCall first(*this, Op::p2p);
     for (const P2pOp& op : ops) {
       SHARDSCOPE_REQUIRE(op.peer >= 0 && op.peer < world(),
                          "p2p: peer " + std::to_string(op.peer) + " is not a rank of world " +
@@ -140,6 +147,7 @@ class NcclCommunicator final : public Communicator {
 
   void do_barrier() override {
     usable();
+    const FirstCall first(*this, Op::barrier);
     NCCL_CHECK(ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclFloat, ncclSum, comm_,
                              cuda_->stream()));
     wait_stream();
@@ -210,8 +218,42 @@ class NcclCommunicator final : public Communicator {
     if (aborted_) throw RunError("rank " + std::to_string(rank()) + ": the NCCL communicator was aborted");
   }
 
+  // NCCL connects lazily (NCCL_RUNTIME_CONNECT, NCCL 2.22 and later): the first call of
+  // each kind of operation may allocate the buffers of the algorithm it needs. The growth of
+  // the process's device memory around that first call is added to this communicator's
+  // (nothing else allocates on the device while a call is being made: the pool grows
+  // only when the host asks it to).
+  enum class Op { all_reduce, reduce_scatter, all_gather, broadcast, p2p, barrier, count };
+  class FirstCall {
+   public:
+    FirstCall(NcclCommunicator& c, Op op) : c_(c) {
+      bool& seen = c.seen_[static_cast<std::size_t>(op)];
+      if (seen) return;
+      seen = true;
+      active_ = true;
+      before_ = c.cuda_->device_bytes_now();
+    }
+    // Not after a failed call: the communicator is aborted, and its figure no longer matters.
+    ~FirstCall() {
+      if (!active_ || std::uncaught_exceptions() > 0) return;
+      try {
+        c_.cuda_->add_nccl_growth(c_.memory_, CudaBackend::growth(before_, c_.cuda_->device_bytes_now()));
+      } catch (...) {  // a figure lost is not worth a failed run
+      }
+    }
+    FirstCall(const FirstCall&) = delete;
+    FirstCall& operator=(const FirstCall&) = delete;
+
+   private:
+    NcclCommunicator& c_;
+    bool active_ = false;
+    MeasuredPart before_;
+  };
+
   CudaBackend* cuda_;
   ncclComm_t comm_;
+  std::size_t memory_;
+  std::array<bool, static_cast<std::size_t>(Op::count)> seen_{};
   float* barrier_scratch_ = nullptr;
   bool aborted_ = false;
 };
@@ -299,9 +341,14 @@ std::unique_ptr<Communicator> make_nccl_communicator(Backend* backend, double ti
 
   CUDA_CHECK(cudaSetDevice(cuda->device()));  // NCCL binds the communicator to this device
   ncclComm_t comm = nullptr;
+  // Its device memory at creation: the process's figure around ncclCommInitRank (the pool
+  // is not touched meanwhile). Its first calls add to it (NcclCommunicator::FirstCall).
+  const MeasuredPart before_init = cuda->device_bytes_now();
   NCCL_CHECK(ncclCommInitRank(&comm, world, id, rank));
   try {
-    auto made = std::make_unique<NcclCommunicator>(rank, world, cuda, comm);
+    const MeasuredPart init = CudaBackend::growth(before_init, cuda->device_bytes_now());
+    const std::size_t memory = cuda->add_nccl_memory({"world", world, init, init});
+    auto made = std::make_unique<NcclCommunicator>(rank, world, cuda, comm, memory);
     made->set_timeout(timeout_s);
     return made;
   } catch (...) {

@@ -219,6 +219,40 @@ TimeSummary read_time_summary(const Reader& rd, const json& member, const std::s
   return {rd.optional_time(j, here, "median"), rd.optional_time(j, here, "min"), rd.optional_time(j, here, "max")};
 }
 
+constexpr const char* kPartSource = "\"nvml\", \"cuda_mem_get_info_delta\" or \"not measured\"";
+
+std::string part_source(const Reader& rd, const json& obj, const std::string& path) {
+  const json& v = rd.need(obj, path, "source", kPartSource);
+  const std::string source = rd.as_text(v, join(path, "source"), kPartSource);
+  if (source != "nvml" && source != "cuda_mem_get_info_delta" && source != "not measured")
+    rd.refuse(join(path, "source"), &v, kPartSource);
+  return source;
+}
+
+MeasuredPartFigures read_part(const Reader& rd, const json& parts, const std::string& path, const char* key) {
+  const std::string here = join(path, key);
+  const json& j = rd.object(parts, path, key);
+  return {rd.optional_count(j, here, "bytes"), part_source(rd, j, here)};
+}
+
+OutsidePoolParts read_outside_pool_parts(const Reader& rd, const json& member, const std::string& path) {
+  const std::string here = join(path, "outside_pool_parts");
+  const json& j = rd.object(member, path, "outside_pool_parts");
+  OutsidePoolParts parts;
+  parts.cuda_context = read_part(rd, j, here, "cuda_context");
+  parts.cublas = read_part(rd, j, here, "cublas");
+  const json& nccl = rd.array(j, here, "nccl", "an array of communicators");
+  for (std::size_t i = 0; i < nccl.size(); ++i) {
+    const std::string at = item(join(here, "nccl"), i);
+    rd.as_object(nccl[i], at);
+    parts.nccl.push_back({rd.text(nccl[i], at, "communicator", "a communicator's name"),
+                          rd.small(nccl[i], at, "ranks"), rd.optional_count(nccl[i], at, "init_bytes"),
+                          rd.optional_count(nccl[i], at, "bytes"), part_source(rd, nccl[i], at)});
+  }
+  parts.other = rd.optional_count(j, here, "other");
+  return parts;
+}
+
 AllocatorFigures read_allocator(const Reader& rd, const json& member, const std::string& path) {
   AllocatorFigures a;
   const json& rounded = rd.object(member, path, "rounded");
@@ -234,6 +268,8 @@ AllocatorFigures read_allocator(const Reader& rd, const json& member, const std:
   a.outside_pool_bytes = rd.optional_count(member, path, "outside_pool_bytes");
   if (member.contains("outside_pool_source"))  // added after the first files were written
     a.outside_pool_source = rd.optional_text(member, path, "outside_pool_source");
+  if (Reader::present(member, "outside_pool_parts"))  // added later still; null on cpu
+    a.outside_pool_parts = read_outside_pool_parts(rd, member, path);
   return a;
 }
 

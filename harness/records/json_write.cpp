@@ -41,6 +41,23 @@ void add_allocator(const AllocatorFigures& a, json& r) {
     r["pool"] = nullptr;
   r["outside_pool_bytes"] = or_null(a.outside_pool_bytes);
   r["outside_pool_source"] = or_null(a.outside_pool_source);
+  if (!a.outside_pool_parts) {
+    r["outside_pool_parts"] = nullptr;
+    return;
+  }
+  const OutsidePoolParts& parts = *a.outside_pool_parts;
+  const auto part = [](const MeasuredPartFigures& p) { return json{{"bytes", or_null(p.bytes)}, {"source", p.source}}; };
+  json nccl = json::array();
+  for (const NcclMemoryFigures& c : parts.nccl)
+    nccl.push_back({{"communicator", c.communicator},
+                    {"ranks", c.ranks},
+                    {"init_bytes", or_null(c.init_bytes)},
+                    {"bytes", or_null(c.bytes)},
+                    {"source", c.source}});
+  r["outside_pool_parts"] = {{"cuda_context", part(parts.cuda_context)},
+                             {"cublas", part(parts.cublas)},
+                             {"nccl", std::move(nccl)},
+                             {"other", or_null(parts.other)}};
 }
 
 void add_placement(const std::optional<Placement>& p, json& r) {
@@ -380,12 +397,19 @@ json plan_json(const PlanRecord& plan) {
 json to_json(const PlanDocument& plan) {
   json plans = json::array();
   for (const PlanRecord& p : plan.plans) plans.push_back(plan_json(p));
-  return {{"schema", kPlanSchema},
-          {"version", plan.version},
-          {"command", plan.command},
-          {"memory_bytes", or_null(plan.memory_bytes)},
-          {"not_counted", plan.not_counted},
-          {"plans", std::move(plans)}};
+  json doc = {{"schema", kPlanSchema},
+              {"version", plan.version},
+              {"command", plan.command},
+              {"memory_bytes", or_null(plan.memory_bytes)},
+              {"not_counted", plan.not_counted},
+              {"plans", std::move(plans)}};
+  // Only with --overhead: the figure added to every peak for the verdicts, and whose it is.
+  if (plan.overhead)
+    doc["overhead"] = {{"file", plan.overhead->file},
+                       {"bytes", plan.overhead->bytes},
+                       {"source", plan.overhead->source},
+                       {"taken_from", plan.overhead->taken_from}};
+  return doc;
 }
 
 json to_json(const ResultDocument& doc) {

@@ -86,12 +86,38 @@ struct PoolFigures {
   std::int64_t reserved_current = 0;
   std::int64_t reserved_high = 0;
 };
+// "outside_pool_parts" (null on cpu, absent in older files): the device memory outside the
+// pool part by part, each measured around its creation (include/shardscope/backend.hpp,
+// OutsidePoolBreakdown; docs/json.md). A part: {"bytes": N or null, "source": "nvml",
+// "cuda_mem_get_info_delta" or "not measured"}.
+struct MeasuredPartFigures {
+  std::optional<std::int64_t> bytes;  // null: not measured
+  std::string source = "not measured";
+};
+// One NCCL communicator: {"communicator", "ranks", "init_bytes", "bytes", "source"}:
+// bytes at ncclCommInitRank, and with what its first calls added (NCCL connects lazily).
+struct NcclMemoryFigures {
+  std::string communicator;
+  int ranks = 0;
+  std::optional<std::int64_t> init_bytes;
+  std::optional<std::int64_t> bytes;
+  std::string source = "not measured";
+};
+struct OutsidePoolParts {
+  MeasuredPartFigures cuda_context;
+  MeasuredPartFigures cublas;
+  std::vector<NcclMemoryFigures> nccl;
+  // outside_pool_bytes less the parts above (modules loaded lazily at a kernel's first
+  // launch, streams, events...); null when a part it needs was not measured.
+  std::optional<std::int64_t> other;
+};
 struct AllocatorFigures {
   std::int64_t rounded_resting_total = 0;  // "rounded": {"resting_total", "peak_total"}
   std::int64_t rounded_peak_total = 0;
   std::optional<PoolFigures> pool;
   std::optional<std::int64_t> outside_pool_bytes;
   std::optional<std::string> outside_pool_source;
+  std::optional<OutsidePoolParts> outside_pool_parts;
 };
 
 // A rank's "timeline" (records.hpp, timeline_record, says what each part holds).
@@ -424,13 +450,29 @@ struct PipelinePlan {
 
 using PlanRecord = std::variant<DataParallelPlan, PipelinePlan, SkippedRun>;
 
+// `plan --overhead FILE`: the device memory outside the pool a measured run held, added to
+// every rank's peak for the --memory verdicts ("overhead" in the plan's JSON, only with it).
+struct PlanOverhead {
+  std::string file;
+  std::int64_t bytes = 0;  // the largest outside_pool_bytes among the file's ranks and stages
+  std::string source;      // that figure's outside_pool_source: "nvml" or "cuda_mem_get_info_delta"
+  std::string taken_from;  // whose it is: "ddp W=2, rank 1"
+};
+
 struct PlanDocument {
   std::string version;
   std::string command;
   std::optional<std::int64_t> memory_bytes;  // --memory
+  std::optional<PlanOverhead> overhead;      // --overhead
   std::string not_counted;                   // what the figures leave out
   std::vector<PlanRecord> plans;
 };
+
+// What the allocator may hold for a --memory verdict: --memory less --overhead's bytes.
+inline std::optional<std::int64_t> allocator_budget(const PlanDocument& plan) {
+  if (!plan.memory_bytes) return std::nullopt;
+  return *plan.memory_bytes - (plan.overhead ? plan.overhead->bytes : 0);
+}
 
 inline constexpr const char* kPlanSchema = "shardscope-plan/1";
 

@@ -272,6 +272,61 @@ void print_live_at_peak(const std::vector<std::string>& head_names, const std::v
   os << '\n';
 }
 
+namespace {
+
+std::string part_cell(const std::optional<std::int64_t>& bytes, const TableOptions& options) {
+  return bytes ? cells::bytes(*bytes, options) : std::string("not measured");
+}
+
+// "world (2 ranks) 412 MiB, 204 MiB at init"; communicators joined by "; ".
+std::string nccl_cell(const std::vector<NcclMemoryFigures>& nccl, const TableOptions& options) {
+  if (nccl.empty()) return "none";
+  std::string out;
+  for (const NcclMemoryFigures& c : nccl) {
+    out += (out.empty() ? "" : "; ") + c.communicator + " (" + std::to_string(c.ranks) +
+           (c.ranks == 1 ? " rank) " : " ranks) ") + part_cell(c.bytes, options);
+    if (c.init_bytes && c.init_bytes != c.bytes) out += ", " + cells::bytes(*c.init_bytes, options) + " at init";
+  }
+  return out;
+}
+
+}  // namespace
+
+void print_outside_pool(const std::vector<std::string>& head_names, const std::vector<OutsideRow>& rows,
+                        const TableOptions& options, std::ostream& os) {
+  const bool any = std::any_of(rows.begin(), rows.end(), [](const OutsideRow& r) {
+    return r.figures && (r.figures->outside_pool_bytes || r.figures->outside_pool_parts);
+  });
+  if (!any) return;
+  std::vector<std::string> cols = head_names;
+  for (const char* c : {"outside the pool B", "source", "CUDA context", "cuBLAS", "NCCL", "other"}) cols.push_back(c);
+  std::vector<Align> align(cols.size(), Align::right);
+  std::fill(align.begin(), align.begin() + static_cast<std::ptrdiff_t>(head_names.size()), Align::left);
+  align[head_names.size() + 1] = Align::left;
+  align[head_names.size() + 4] = Align::left;
+  TextTable table(cols, align);
+  for (const OutsideRow& row : rows) {
+    std::vector<std::string> line = row.head;
+    const AllocatorFigures* a = row.figures;
+    line.push_back(a && a->outside_pool_bytes ? cells::bytes(*a->outside_pool_bytes, options) : cells::kMissing);
+    line.push_back(a && a->outside_pool_source ? *a->outside_pool_source : cells::kMissing);
+    if (a && a->outside_pool_parts) {
+      const OutsidePoolParts& p = *a->outside_pool_parts;
+      line.push_back(part_cell(p.cuda_context.bytes, options));
+      line.push_back(part_cell(p.cublas.bytes, options));
+      line.push_back(nccl_cell(p.nccl, options));
+      line.push_back(p.other ? cells::bytes(*p.other, options) : cells::kMissing);
+    } else {
+      line.resize(cols.size(), cells::kMissing);
+    }
+    table.add_row(std::move(line));
+  }
+  os << "  device memory outside the pool, per rank (the CUDA context, cuBLAS, NCCL per communicator, each\n"
+        "  measured as it was made; other: the rest, e.g. kernels loaded at their first launch)\n";
+  table.print(os, 2);
+  os << '\n';
+}
+
 // "0-3" for [first, last].
 std::string layer_range(const LayerRange& r) { return std::to_string(r[0]) + "-" + std::to_string(r[1]); }
 

@@ -274,6 +274,13 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
     live.push_back({row_head(row), row.rank ? &row.rank->peak.by_category : nullptr,
                     row.rank ? &row.rank->predicted.peak_by_category : nullptr});
   print_live_at_peak(head, live, options, os);
+
+  // The device beyond the allocator (cuda): every rank, since no two hold the same.
+  std::vector<OutsideRow> outside;
+  for (const DataParallelRun* run : runs)
+    for (const RankRecord& r : run->ranks)
+      outside.push_back({row_head(Row{run, &r, "rank " + std::to_string(r.rank), &r}), &r.allocator});
+  print_outside_pool(head, outside, options, os);
 }
 
 }  // namespace

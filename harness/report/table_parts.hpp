@@ -107,6 +107,17 @@ struct LiveRow {
 void print_live_at_peak(const std::vector<std::string>& head_names, const std::vector<LiveRow>& rows,
                         const TableOptions& options, std::ostream& os);
 
+// A row of the "outside the pool" table: its leading cells and its rank's figures.
+struct OutsideRow {
+  std::vector<std::string> head;
+  const AllocatorFigures* figures = nullptr;
+};
+// Prints each row's device memory outside the pool (outside_pool_bytes and its source) and
+// its parts (the CUDA context, cuBLAS, each NCCL communicator, the rest); nothing when no
+// row has a figure (cpu runs).
+void print_outside_pool(const std::vector<std::string>& head_names, const std::vector<OutsideRow>& rows,
+                        const TableOptions& options, std::ostream& os);
+
 // A stage's layers: "0-3", or every chunk's when it holds several ("0-1,4-5").
 std::string stage_layers(const StageRecord& stage);
 std::string stage_layers(const LayerRange& layers, const std::optional<std::vector<LayerRange>>& chunks_layers);

@@ -82,6 +82,7 @@ void print_group(const std::vector<const PipelineRun*>& runs, const ResultDocume
   time_align[0] = Align::left;
   TextTable times(time_cols, time_align);
   std::vector<LiveRow> live;  // the third table's rows: the same runs and stages
+  std::vector<OutsideRow> outside;  // and the fourth's (cuda)
   for (const PipelineRun* run : runs) {
     std::vector<std::string> run_head = {run->schedule, std::to_string(run->microbatches)};
     if (chunks_column) run_head.push_back(std::to_string(run->chunks));
@@ -104,6 +105,7 @@ void print_group(const std::vector<const PipelineRun*>& runs, const ResultDocume
       for (std::string cell : step_spread(stage.step_ms, stage.step_ms_all)) time_row.push_back(std::move(cell));
       times.add_row(std::move(time_row));
       live.push_back({row_head, &stage.peak.by_category, &stage.predicted.peak_by_category});
+      outside.push_back({row_head, &stage.allocator});
     }
     if (run->stages.empty()) {  // a run that reported no stages still shows
       table.add_row(run_head);
@@ -120,6 +122,7 @@ void print_group(const std::vector<const PipelineRun*>& runs, const ResultDocume
   os << '\n';
 
   print_live_at_peak(head, live, options, os);
+  print_outside_pool(head, outside, options, os);
 }
 
 }  // namespace

@@ -47,14 +47,22 @@ std::string above_rest(const CategoryFigures& peak) {
 
 std::string fits_cell(const std::optional<bool>& fits, std::int64_t peak, const PlanDocument& plan,
                       const TableOptions& options) {
-  if (!fits || !plan.memory_bytes) return cells::kMissing;
-  const std::int64_t margin = *fits ? *plan.memory_bytes - peak : peak - *plan.memory_bytes;
+  const std::optional<std::int64_t> budget = allocator_budget(plan);  // --memory less --overhead
+  if (!fits || !budget) return cells::kMissing;
+  const std::int64_t margin = *fits ? *budget - peak : peak - *budget;
   const std::string size = options.wide ? format_bytes_short(margin) : cells::bytes(margin, options);
   return *fits ? "yes, " + size + " spare" : "no, " + size + " over";
 }
 
 std::string fits_header(std::int64_t memory, const TableOptions& options) {
   return "fits in " + (options.wide ? format_bytes_short(memory) : cells::binary_bytes(memory));
+}
+
+// "8.00 MiB", or with --overhead "8.00 MiB beside 592 MiB outside the pool".
+std::string within_words(const PlanDocument& plan) {
+  std::string words = format_bytes_short(*plan.memory_bytes);
+  if (plan.overhead) words += " beside " + format_bytes_short(plan.overhead->bytes) + " outside the pool";
+  return words;
 }
 
 // A row of a plan's table: its leading cells and the predicted figures it shows.
@@ -134,7 +142,7 @@ void print_verdicts(const PlanDocument& plan, std::ostream& os) {
     for (const std::string& x : v) out += (out.empty() ? "" : ", ") + x;
     return out;
   };
-  os << "every rank's peak within " << format_bytes_short(*plan.memory_bytes) << ", among the worlds planned:\n";
+  os << "every rank's peak within " << within_words(plan) << ", among the worlds planned:\n";
   TextTable table({"configuration", "fits at", "does not fit at"}, {Align::left, Align::left, Align::left});
   for (const Family& f : families)
     table.add_row({f.name, f.fit.empty() ? "none" : join(f.fit), f.miss.empty() ? "-" : join(f.miss)});
@@ -164,7 +172,7 @@ void print_fits(const PlanDocument& plan, const TableOptions& options, std::ostr
   const bool any_pipeline = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.pipeline; });
   os << (batch ? "largest batch (per rank; per pipeline for a pipeline)"
                : "largest seq (tokens per sequence, at the batch planned)")
-     << " at which every rank's peak fits " << format_bytes_short(*plan.memory_bytes) << ":\n";
+     << " at which every rank's peak fits " << within_words(plan) << ":\n";
   const std::string next = batch ? "peak at batch + 1" : "peak at seq + 1";
   TextTable table({"configuration", "world", dimension, "peak at it", next, "limiting", "bound"},
                   {Align::left, Align::left, Align::right, Align::right, Align::right, Align::left, Align::left});
@@ -362,7 +370,10 @@ void print_plan(const PlanDocument& plan, std::ostream& os, const TableOptions& 
   }
   const std::string memory = !plan.memory_bytes ? ""
                                                 : (options.wide ? "; " : "\n  ") + std::string("fits: peak within ") +
-                                                      format_bytes(*plan.memory_bytes);
+                                                      format_bytes(*plan.memory_bytes) +
+                                                      (plan.overhead ? " less " + format_bytes(plan.overhead->bytes) +
+                                                                           " outside the pool"
+                                                                     : "");
   for (const auto& group : by_model(data_parallel)) {
     os << tables::title_lines("data parallel, predicted per rank: " + tables::model_line(group[0]->run.model, true, options),
                               options)
@@ -383,6 +394,16 @@ void print_plan(const PlanDocument& plan, std::ostream& os, const TableOptions& 
   if (!data_parallel.empty() || !pipeline.empty()) os << bytes_footnote(options, false);
   // The note, wrapped at 96 columns.
   if (!plan.not_counted.empty()) os << tables::wrap_text(plan.not_counted, " ", 96, "") << '\n';
+  if (plan.overhead) {
+    const PlanOverhead& o = *plan.overhead;
+    std::string note = "Outside the pool: " + format_bytes(o.bytes) + " per rank, the most any rank of '" + o.file +
+                       "' held (" + o.taken_from + ", measured by " + o.source + "), is added to every peak for the "
+                       "--memory verdicts.";
+    if (o.source == "cuda_mem_get_info_delta")
+      note += " That figure is cudaMemGetInfo's growth from just after the CUDA context was made: the context is not in it.";
+    note += " It was measured at that run's world and communicators; NCCL's part grows with communicators and channels.";
+    os << tables::wrap_text(note, " ", 96, "") << '\n';
+  }
 }
 
 }  // namespace shardscope

@@ -102,7 +102,38 @@ AllocatorFigures allocator_figures(Backend& backend) {
   const OutsidePool outside = backend.outside_pool();
   if (outside.bytes >= 0) a.outside_pool_bytes = outside.bytes;
   if (outside.source != nullptr) a.outside_pool_source = std::string(outside.source);
+  OutsidePoolBreakdown breakdown;
+  if (backend.outside_pool_breakdown(&breakdown)) a.outside_pool_parts = outside_pool_parts(breakdown, outside);
   return a;
+}
+
+OutsidePoolParts outside_pool_parts(const OutsidePoolBreakdown& b, const OutsidePool& outside) {
+  const auto figures = [](const MeasuredPart& p) {
+    return MeasuredPartFigures{p.bytes >= 0 ? std::optional<std::int64_t>(p.bytes) : std::nullopt, p.source};
+  };
+  OutsidePoolParts parts;
+  parts.cuda_context = figures(b.cuda_context);
+  parts.cublas = figures(b.cublas);
+  for (const NcclMemory& c : b.nccl) {
+    const MeasuredPartFigures init = figures(c.init), total = figures(c.total);
+    parts.nccl.push_back({c.communicator, c.ranks, init.bytes, total.bytes, total.source});
+  }
+  // The rest of the figure: known when every part in it is. The context is in it only when
+  // the figure is NVML's (cudaMemGetInfo's delta starts after the context was made).
+  if (outside.bytes < 0 || outside.source == nullptr) return parts;
+  const bool with_context = std::string(outside.source) != "cuda_mem_get_info_delta";
+  std::int64_t rest = outside.bytes;
+  if (with_context && b.cuda_context.bytes < 0) return parts;
+  if (with_context) rest -= b.cuda_context.bytes;
+  if (b.cublas.bytes < 0) return parts;
+  rest -= b.cublas.bytes;
+  for (const NcclMemory& c : b.nccl) {
+    if (c.total.bytes < 0) return parts;
+    rest -= c.total.bytes;
+  }
+  // Below zero when a part gave back some of what it took: then the rest is not known.
+  if (rest >= 0) parts.other = rest;
+  return parts;
 }
 
 namespace {

@@ -30,6 +30,9 @@ int timed_steps(int steps);
 // bytes outside the pool (none when unknown) and their source ("nvml" or
 // "cuda_mem_get_info_delta", see OutsidePool; none on cpu).
 AllocatorFigures allocator_figures(Backend& backend);
+// The record of `breakdown`, with `other`: what `outside` holds beyond the parts (null when a
+// part in it was not measured, or the parts exceed it).
+OutsidePoolParts outside_pool_parts(const OutsidePoolBreakdown& breakdown, const OutsidePool& outside);
 
 // A rank's timeline, times in ms since the run started:
 //   memory: the state when recording started, at 0; then one row after each kept event;

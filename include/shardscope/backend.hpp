@@ -64,6 +64,35 @@ struct OutsidePool {
   const char* source = nullptr; // null when unknown
 };
 
+// The device memory outside the pool, part by part, each measured around its creation
+// (the record's outside_pool_parts, docs/json.md): the same figure as OutsidePool's taken
+// just before and just after the part was made, so a part's bytes are that figure's growth
+// (the pool's own growth meanwhile taken off). `source` says which figure:
+//   "nvml"                     NVML's figure for this process;
+//   "cuda_mem_get_info_delta"  the device's used bytes (cudaMemGetInfo), when NVML has no
+//                              figure for this process (a container, no NVML);
+//   "not measured"             no figure before the part existed (the CUDA context, without
+//                              NVML: cudaMemGetInfo needs the context it would measure).
+struct MeasuredPart {
+  std::int64_t bytes = -1;       // -1: not measured
+  std::string source = "not measured";
+};
+// One NCCL communicator's device memory: what ncclCommInitRank took (`init`), and that plus
+// what the first call of each kind of operation added (`total`): NCCL 2.22 and later connect
+// lazily (NCCL_RUNTIME_CONNECT), so a communicator's buffers appear at its first all-reduce,
+// all-gather, send... rather than at its creation.
+struct NcclMemory {
+  std::string communicator;  // "world", or the group's name
+  int ranks = 0;
+  MeasuredPart init;
+  MeasuredPart total;
+};
+struct OutsidePoolBreakdown {
+  MeasuredPart cuda_context;  // made by cudaSetDevice, measured right after it
+  MeasuredPart cublas;        // the handle, and whatever cuBLAS keeps outside our pool
+  std::vector<NcclMemory> nccl;
+};
+
 // cuBLAS's workspace on cuda: 32 MiB, what NVIDIA's cuBLAS documentation (cublasSetWorkspace)
 // recommends for Hopper (4 MiB before it). The CUDA backend allocates it from its pool as
 // one tracked Buffer of category `workspace` when it starts and holds it for its life, so
@@ -223,6 +252,9 @@ class Backend {
   // the figure came from (see OutsidePool); bytes -1 and no source on cpu.
   virtual OutsidePool outside_pool() { return {}; }
   std::int64_t outside_pool_bytes() { return outside_pool().bytes; }
+  // The parts of that figure measured as they were made (see OutsidePoolBreakdown); none on
+  // backends without a device (cpu).
+  virtual bool outside_pool_breakdown(OutsidePoolBreakdown* /*out*/) const { return false; }
   // Bytes of category `workspace` the backend holds for its whole life from when it is
   // made (cuBLAS's workspace on cuda: kCudaWorkspaceBytes); 0 on cpu.
   virtual std::int64_t workspace_bytes() const { return 0; }
