@@ -6,9 +6,16 @@
 # first and carry .carry/ along. NCCL comes from CUDA if present, else from PyTorch's
 # nvidia-nccl wheel.
 #
+# Checks, in order: the build (warnings counted), the CUDA tests, the CPU unit tests, the
+# seed's table (scripts/gpu_table.py), that the binary does not need libnvidia-ml, the
+# watchdog (a stalled stream on one GPU; with mpirun, two ranks, one asleep past
+# --comm-timeout), the GPU paths (scripts/gpu_paths.py: memory outside the pool by part,
+# NCCL per communicator, overlap on and off, gpt2 and llama on cuda, bf16 when present),
+# and an Nsight Systems capture when nsys is there.
+#
 # Writes to $OUT (default ./gpu-out) at most 8 files (the device tool brings back 8):
 # environment.txt, build.log (configure + build), cuda-tests.log, unit-tests.log,
-# table.log, gpu-table.md, nsys.txt (when nsys is present), summary.txt. Exit 0 when the
+# table.log, gpu-table.md (both tables), nsys.txt (when nsys is present), summary.txt. Exit 0 when the
 # build and every test passed, no CUDA test was skipped for want of a GPU, and every
 # comparison of the table held; 1 otherwise (the summary says which step failed).
 # Every step has its own time limit, and all of them together stay inside BUDGET
@@ -18,6 +25,7 @@
 #   bash scripts/gpu-check.sh            # from the repository root, or anywhere
 #   BUILD_DIR=build-gpu JOBS=16 OUT=/tmp/o bash scripts/gpu-check.sh
 #   ONLY_CUDA=1 bash scripts/gpu-check.sh   # build and run only shardscope_cuda_tests
+#   DRY_RUN=1 bash scripts/gpu-check.sh     # print the steps and their limits, run nothing
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,6 +47,25 @@ limit() {
   local left=$((budget - SECONDS - 5))
   if ((left < 10)); then echo 0; elif ((left < $1)); then echo "$left"; else echo "$1"; fi
 }
+
+# DRY_RUN=1: say what would run, with each step's limit, check that the scripts it calls are
+# there and parse, and stop (for a machine without a GPU, before device time is spent).
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+  say "dry run: nothing is built or run; OUT=$out BUILD_DIR=$build JOBS=$jobs BUDGET=$budget s"
+  say "dry run: steps: configure (90 s), build (300 s), cuda tests (120 s), cpu unit tests (60 s),"
+  say "dry run:   table (scripts/gpu_table.py, 200 s), nvml not linked, watchdog one GPU (25 s),"
+  say "dry run:   watchdog two ranks (with mpirun, 40 s each), gpu paths (scripts/gpu_paths.py, 150 s), nsys (90 s)"
+  for script in gpu_table.py gpu_paths.py; do
+    if python3 -c 'import ast, sys; ast.parse(open(sys.argv[1]).read())' "$root/scripts/$script" 2>>"$summary"; then
+      say "dry run: scripts/$script parses"
+    else fail "dry run: scripts/$script does not parse"; fi
+  done
+  for tool in nvcc cmake ninja nvidia-smi mpirun nsys; do
+    say "dry run: $tool: $(command -v "$tool" 2>/dev/null || echo 'not on PATH')"
+  done
+  say "done: $( [[ $failed == 0 ]] && echo 'dry run passed' || echo 'dry run FAILED' )"
+  exit $failed
+fi
 
 # ---- 1. what is present ---------------------------------------------------------------
 nvcc_bin=""
@@ -209,6 +236,51 @@ if [[ -x "$build/shardscope" && "$(limit 30)" -ge 30 ]]; then
   rm -f "$wd_err"
 else
   say "watchdog: not run (no binary, or too little of the time budget left)"
+fi
+# With MPI (not on the lent machine, but on a cluster node): two ranks, rank 1 asleep for
+# 30 s before its first all-reduce (the same hook, on the host), rank 0's watchdog ends the
+# job with exit 3 within --comm-timeout 2 s + 10 s. --comm mpi, so that one GPU serves both;
+# with two GPUs, NCCL's watchdog too.
+mpirun_bin="$(command -v mpirun 2>/dev/null || true)"
+if [[ -x "$build/shardscope" && -n "$mpirun_bin" && "$(limit 60)" -ge 60 ]]; then
+  gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
+  comms=(mpi)
+  ((gpus >= 2)) && comms+=(nccl)
+  for comm in "${comms[@]}"; do
+    wd_err="$(mktemp)"
+    wd_t0=$SECONDS
+    wd_rc=0
+    SHARDSCOPE_TEST_STALL=1:30 timeout 40 "$mpirun_bin" --allow-run-as-root -np 2 --oversubscribe -x SHARDSCOPE_TEST_STALL \
+      "$build/shardscope" run --backend cuda --comm "$comm" --comm-timeout 2 --layers 2 --width 64 --steps 3 \
+      >/dev/null 2>"$wd_err" || wd_rc=$?
+    wd_s=$((SECONDS - wd_t0))
+    wd_line="$(grep -m1 'shardscope: error:' "$wd_err" || head -n 1 "$wd_err")"
+    if [[ $wd_rc == 3 && $wd_s -le 12 && "$wd_line" == *"rank 0: all_reduce of 33280 B did not complete within --comm-timeout 2 s"* ]]; then
+      say "watchdog ($comm, two ranks, rank 1 asleep 30 s): exit 3 after ${wd_s} s: $wd_line"
+    else
+      fail "watchdog ($comm, two ranks, rank 1 asleep 30 s): exit $wd_rc after ${wd_s} s (want 3 within 12 s): $wd_line"
+    fi
+    rm -f "$wd_err"
+  done
+else
+  say "watchdog with two ranks: not run (no mpirun here, or too little of the time budget left)"
+fi
+
+# ---- 4c. the GPU paths: whole-device memory (context, cuBLAS, NCCL per communicator),
+# overlap on and off, transformers on cuda, bf16 (each when the binary has it) ------------
+paths_limit="$(limit 150)"
+if [[ -x "$build/shardscope" && "$paths_limit" != 0 ]]; then
+  # Appends its own section and Problems to gpu-table.md; its log goes to table.log.
+  if GPU_TABLE_DEADLINE=$((paths_limit - 10)) timeout "$paths_limit" python3 "$root/scripts/gpu_paths.py" \
+       "$build" "$out" >>"$out/table.log" 2>&1; then
+    say "gpu paths: appended to gpu-table.md, every check held"
+  else
+    fail "gpu paths: see 'Problems (GPU paths)' at the end of gpu-table.md (and table.log)"
+    { sed -n '/^## Problems (GPU paths)/,$p' "$out/gpu-table.md" 2>/dev/null | head -n 15 | sed 's/^/gpu-check:   /' |
+        tee -a "$summary"; } || true
+  fi
+else
+  fail "gpu paths: not run (no binary, or the time budget ($budget s) is spent)"
 fi
 
 # ---- 5. Nsight Systems, when present: one short zero3 run, NVTX summary ---------------
