@@ -174,6 +174,28 @@ TEST_F(CudaTest, DescribesTheDeviceAndMemoryOutsideThePool) {
   EXPECT_GE(s.reserved_current, backend_->workspace_bytes() + (64 << 20));
 }
 
+// The parts outside the pool measured as the backend was made: cuBLAS's always (NVML's or
+// cudaMemGetInfo's figure), the context's with NVML; no NCCL communicator yet.
+TEST_F(CudaTest, MeasuresTheContextAndCublasOutsideThePool) {
+  OutsidePoolBreakdown b;
+  ASSERT_TRUE(backend_->outside_pool_breakdown(&b));
+  const OutsidePool outside = backend_->outside_pool();
+  ASSERT_NE(outside.source, nullptr);
+  std::printf("[device] outside the pool by part: context %lld B (%s), cuBLAS %lld B (%s), of %lld B (%s)\n",
+              static_cast<long long>(b.cuda_context.bytes), b.cuda_context.source.c_str(),
+              static_cast<long long>(b.cublas.bytes), b.cublas.source.c_str(), static_cast<long long>(outside.bytes),
+              outside.source);
+  EXPECT_GE(b.cublas.bytes, 0) << b.cublas.source;
+  EXPECT_EQ(b.cublas.source, std::string(outside.source));
+  if (std::string(outside.source) == "nvml") {
+    EXPECT_GT(b.cuda_context.bytes, 0);
+    EXPECT_GE(outside.bytes, b.cuda_context.bytes + b.cublas.bytes);
+  } else {
+    EXPECT_EQ(b.cuda_context.source, "not measured");
+  }
+  EXPECT_TRUE(b.nccl.empty());
+}
+
 // cuBLAS's workspace: 33,554,432 B of category workspace from the backend's pool as soon as
 // it is made, the only thing a fresh backend holds; GEMMs large enough for cuBLAS to want a
 // workspace still match the host, and the workspace stays as it was.

@@ -3,6 +3,7 @@
 // per rank. Skips without a device or without NCCL in the build.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <vector>
 
 #include "cuda_testbed.hpp"
@@ -58,6 +59,19 @@ TEST_F(CudaTest, NcclWorldOneCollectivesAndSelfP2p) {
   const CommLedger& l = comm->ledger();
   EXPECT_EQ(l[CollKind::all_reduce].calls, 1);
   EXPECT_EQ(l[CollKind::all_reduce].bytes, static_cast<std::int64_t>(n * sizeof(float)));
+
+  // The communicator's device memory, at init and after the first call of each kind.
+  OutsidePoolBreakdown b;
+  ASSERT_TRUE(backend_->outside_pool_breakdown(&b));
+  ASSERT_EQ(b.nccl.size(), 1u);
+  const NcclMemory& m = b.nccl[0];
+  std::printf("[device] NCCL communicator %s (%d rank): %lld B at init (%s), %lld B after its first calls (%s)\n",
+              m.communicator.c_str(), m.ranks, static_cast<long long>(m.init.bytes), m.init.source.c_str(),
+              static_cast<long long>(m.total.bytes), m.total.source.c_str());
+  EXPECT_EQ(m.communicator, "world");
+  EXPECT_EQ(m.ranks, 1);
+  EXPECT_GE(m.init.bytes, 0) << m.init.source;
+  EXPECT_GE(m.total.bytes, m.init.bytes) << m.total.source;
 #endif
 }
 
