@@ -158,9 +158,13 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> do_split(int color, int key, int size) override {
     usable();
     ncclComm_t c = nullptr;
+    const MeasuredPart before = cuda_->device_bytes_now();  // the group's own memory, as at init
     NCCL_CHECK(ncclCommSplit(comm_, color, key, &c, nullptr));
     try {
-      return std::make_unique<NcclCommunicator>(key, size, cuda_, c);
+      const MeasuredPart init = CudaBackend::growth(before, cuda_->device_bytes_now());
+      const std::size_t memory =
+          cuda_->add_nccl_memory({"split of world, color " + std::to_string(color), size, init, init});
+      return std::make_unique<NcclCommunicator>(key, size, cuda_, c, memory);
     } catch (...) {
       (void)ncclCommDestroy(c);
       throw;
