@@ -146,7 +146,7 @@ TEST(SweepPlan, BadFlagsAreRefusedNamingTheFlag) {
   EXPECT_EQ(usage_error({"--strategies", "ddp,fsdp"}),
             "--strategies: 'fsdp' is not a strategy; allowed: ddp, zero1, zero2, zero3");
   EXPECT_EQ(usage_error({"--schedules", "pipedream"}),
-            "--schedules: 'pipedream' is not a schedule; allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1");
+            "--schedules: 'pipedream' is not a schedule; allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv");
   EXPECT_EQ(usage_error({"--preset", "seed"}), "--preset: 'seed' is not a preset; allowed: seed-dp, seed-pp");
   EXPECT_EQ(usage_error({"--microbatches", "two"}), "--microbatches: 'two' is not a positive integer");
   EXPECT_EQ(usage_error({"--timeout", "-5"}), "--timeout: '-5' is not a positive integer");

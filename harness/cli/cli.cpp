@@ -141,7 +141,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--units", f.units, "layers (transformer: blocks, beside a root unit of embeddings and head) per unit for zero2/zero3: K, or all for one root unit (default 1)")->type_name("K|all");
   app.add_option("--prefetch", f.prefetch, "0 | 1: gather the next unit during backward (default 1)")->type_name("0|1");
   app.add_option("--microbatches", f.microbatches, "pipeline micro-batches M (default: stages)")->type_name("M");
-  app.add_option("--chunks", f.chunks, "model chunks per stage for interleaved-1f1b (default 1)")->type_name("V");
+  app.add_option("--chunks", f.chunks, "model chunks per stage for interleaved-1f1b (default 1; zbv: 2, its V)")->type_name("V");
   app.add_option("--split", f.split, "layers per stage, e.g. 4,4 (default even; a transformer: its transformer blocks)")->type_name("LIST");
   app.add_option("--backend", f.backend, "cpu | cuda (default cuda when a GPU is visible)")->type_name("cpu|cuda");
   app.add_option("--comm", f.comm, "self | mpi | nccl | fake (default from backend and launch)")->type_name("NAME");
@@ -467,6 +467,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
     c.microbatches = parse_positive("--microbatches", f.microbatches, 10'000);
   }
   c.chunks = parse_positive("--chunks", f.chunks, 1'000);
+  if (c.schedule && app.count("--chunks") == 0) c.chunks = default_chunks(*c.schedule);  // zbv: its V's 2
   if (!f.split.empty()) c.split = parse_list("--split", f.split);
   refuse_unbuilt_precision(c);
   c.wide_tables = f.wide;

@@ -363,7 +363,7 @@ std::string sweep_usage() {
          "  --worlds LIST        world sizes, for pipeline runs the stage counts (default 2,4;\n"
          "                       at most 65536)\n"
          "  --strategies LIST    data-parallel runs: ddp, zero1, zero2, zero3\n"
-         "  --schedules LIST     pipeline runs: gpipe, 1f1b, interleaved-1f1b, zb-h1\n"
+         "  --schedules LIST     pipeline runs: gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv\n"
          "  --microbatches LIST  micro-batch counts of pipeline runs (default: one run at M = S)\n"
          "  --preset NAME        seed-dp: 8 x 256, activation none, loss sum, batch 32, 11 steps,\n"
          "                       every strategy at W = 2 and 4, zero2/zero3 with --units all and 1;\n"

@@ -214,7 +214,7 @@ Buffer Model::backward(ModelContext& ctx, Tape& tape, Buffer dy, float beta) {
   return dy;
 }
 
-Buffer Model::backward_input(ModelContext& ctx, Tape& tape, Buffer dy) {
+Buffer Model::backward_input(ModelContext& ctx, Tape& tape, Buffer dy, bool keep_output) {
   SHARDSCOPE_REQUIRE(!any_checkpointed(), "zero-bubble halves of a checkpointed model");
   ctx.saved.begin_backward();
   if (tape.has_loss) dy = loss_gradient(ctx, tape);
@@ -226,7 +226,7 @@ Buffer Model::backward_input(ModelContext& ctx, Tape& tape, Buffer dy) {
     const int j = b - tape.first;
     // The segment's last output is no block's input: its block frees it once done.
     dy = blocks_[b]->backward_input(call(ctx, b, tape.rows), block_input(tape, b), tape.outputs[j], std::move(dy), needs_dx,
-                                    b == tape.last - 1, tape.blocks[j]);
+                                    b == tape.last - 1 && !keep_output, tape.blocks[j]);
   }
   return dy;
 }

@@ -138,8 +138,11 @@ class Model {
   // the re-run output is kept only when the block saves it; then the usual backward.
   Buffer backward(ModelContext& ctx, Tape& tape, Buffer dy, float beta);
   // Zero-bubble halves: B computes the input gradient, keeping in each block's tape
-  // what W needs; W computes the parameter gradients and frees what is left.
-  Buffer backward_input(ModelContext& ctx, Tape& tape, Buffer dy);
+  // what W needs; W computes the parameter gradients and frees what is left. B frees the
+  // segment's last output once its block is done, unless `keep_output` (another segment
+  // on this stage still reads it: zbv's V bottom, whose W of the next chunk can come
+  // later): then it stays in tape.outputs.back() for the caller to hand on.
+  Buffer backward_input(ModelContext& ctx, Tape& tape, Buffer dy, bool keep_output = false);
   void backward_weight(ModelContext& ctx, Tape& tape, float beta);
 
  private:

@@ -14,5 +14,6 @@ StageActions gpipe(int stages, int microbatches, int chunks);
 StageActions one_f_one_b(int stages, int microbatches, int chunks);
 StageActions interleaved_1f1b(int stages, int microbatches, int chunks);
 StageActions zb_h1(int stages, int microbatches, int chunks);
+StageActions zbv(int stages, int microbatches, int chunks);
 
 }  // namespace shardscope::schedules

@@ -393,7 +393,16 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
       SHARDSCOPE_REQUIRE(k == V - 1 || dy, "pipeline stage " + str(stage_) + ": no gradient for " + what);
       Buffer dx;
       if (s.split_backward) {
-        dx = model_->backward_input(mc, sl.tape, std::move(dy));
+        // zbv's V bottom: the next virtual stage, here too, read this output as its input
+        // and its W, not run yet, reads it again; it stays, owned by that pair, until then
+        // (as autograd keeps a tensor two graphs saved).
+        Slot* reader = nullptr;
+        if (k + 1 < V && stage_of_vstage(s, k + 1) == stage_) {
+          Slot& next = slot(a.microbatch, chunk_of_vstage(s, k + 1));
+          if (!next.tape.outputs.empty()) reader = &next;
+        }
+        dx = model_->backward_input(mc, sl.tape, std::move(dy), reader != nullptr);
+        if (reader) reader->act_in = std::move(sl.tape.outputs.back());
       } else {
         dx = model_->backward(mc, sl.tape, std::move(dy), grads_written[a.chunk] ? 1.0f : 0.0f);
         grads_written[a.chunk] = true;

@@ -161,7 +161,8 @@ class PipelineStage {
   // What one (micro-batch, chunk) holds during a step.
   struct Slot {
     Tape tape;
-    Buffer act_in;   // received activation (saved by the first block)
+    Buffer act_in;   // received activation (saved by the first block); on zbv's V bottom the
+                     // previous chunk's output, handed on by its B until this pair's W
     Buffer grad_in;  // received (or, on one stage, local) gradient of the output
   };
   // An output held until the group that sends it has completed.

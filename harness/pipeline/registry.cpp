@@ -11,18 +11,22 @@ namespace shardscope {
 
 namespace {
 
+// How many chunks a schedule takes per stage.
+enum class Chunks { one, two_or_more, exactly_two };
+
 struct Entry {
   schedules::StageActions (*generate)(int stages, int microbatches, int chunks);
   bool split_backward;  // emits W actions
-  bool interleaved;     // takes --chunks >= 2 and needs M % S == 0
+  Chunks chunks;        // two_or_more: interleaved, needs M % S == 0; exactly_two: zbv's V, needs M >= 2S-1
 };
 
 // One entry per schedule, in ScheduleKind's order.
 constexpr std::array<Entry, kScheduleCount> kSchedules = {{
-    {schedules::gpipe, false, false},
-    {schedules::one_f_one_b, false, false},
-    {schedules::interleaved_1f1b, false, true},
-    {schedules::zb_h1, true, false},
+    {schedules::gpipe, false, Chunks::one},
+    {schedules::one_f_one_b, false, Chunks::one},
+    {schedules::interleaved_1f1b, false, Chunks::two_or_more},
+    {schedules::zb_h1, true, Chunks::one},
+    {schedules::zbv, true, Chunks::exactly_two},
 }};
 
 const Entry& checked_entry(ScheduleKind kind, int stages, int microbatches, int chunks) {
@@ -35,10 +39,21 @@ const Entry& checked_entry(ScheduleKind kind, int stages, int microbatches, int 
   if (microbatches < 1)
     throw UsageError("--microbatches must be >= 1 (got " + std::to_string(microbatches) + ")");
   if (chunks < 1) throw UsageError("--chunks must be >= 1 (got " + std::to_string(chunks) + ")");
-  if (!entry.interleaved && chunks != 1)
-    throw UsageError("--chunks " + std::to_string(chunks) +
-                     " is only valid with --schedule " + std::string(schedule_name(ScheduleKind::interleaved_1f1b)));
-  if (entry.interleaved) {
+  if (entry.chunks == Chunks::one && chunks != 1)
+    throw UsageError("--chunks " + std::to_string(chunks) + " is only valid with --schedule " +
+                     std::string(schedule_name(ScheduleKind::interleaved_1f1b)) + " (and 2 with --schedule " +
+                     std::string(schedule_name(ScheduleKind::zbv)) + ")");
+  if (entry.chunks == Chunks::exactly_two) {
+    if (chunks != 2)
+      throw UsageError("--schedule " + name + " holds exactly 2 chunks per stage, in a V (got --chunks " +
+                       std::to_string(chunks) + ")");
+    // torch pads shorter lists with idle slots; the V unfilled is no schedule of its own.
+    if (microbatches < 2 * stages - 1)
+      throw UsageError("--schedule " + name + " needs --microbatches >= 2S-1 to fill its V (S=" +
+                       std::to_string(stages) + ", M=" + std::to_string(microbatches) + "; give --microbatches " +
+                       std::to_string(2 * stages - 1) + " or more)");
+  }
+  if (entry.chunks == Chunks::two_or_more) {
     // One chunk would be plain 1F1B with a longer warm-up: refuse rather than rename.
     if (chunks < 2)
       throw UsageError("--schedule " + name + " needs --chunks >= 2 (got " +

@@ -105,7 +105,8 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   // rounded up.
   const std::int64_t M = shape.microbatches, forwards = static_cast<std::int64_t>(shape.stages) * shape.chunks * M;
   std::int64_t layers_here = 0;  // over the stage's chunks
-  for (int c = 0; c < shape.chunks; ++c) layers_here += shape.split[static_cast<std::size_t>(c) * shape.stages + s];
+  for (int c = 0; c < shape.chunks; ++c)
+    layers_here += shape.split[static_cast<std::size_t>(placed_vstage(shape.schedule, shape.stages, s, c))];
   const std::int64_t stage_forwards = static_cast<std::int64_t>(shape.chunks) * M;
   const std::int64_t bookkeeping = 6'144 * stage_forwards + 256 * M * layers_here + 512 * forwards;
   if (backend.device_free_bytes() < 0)

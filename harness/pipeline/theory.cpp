@@ -16,6 +16,8 @@ double bubble_theory(const Schedule& s) {
     case ScheduleKind::interleaved_1f1b: return (S - 1) / (v * M + S - 1);
     // F = B = W: a step is 3M units of work plus S-1 units of fill.
     case ScheduleKind::zb_h1: return (S - 1) / (3 * M + S - 1);
+    // Stage s's action i runs at s + i: 6M units of work, S-1 idle (zbv.cpp).
+    case ScheduleKind::zbv: return (S - 1) / (6 * M + S - 1);
   }
   throw RunError("bubble_theory: no formula for schedule kind " + std::to_string(static_cast<int>(s.kind)));
 }
@@ -27,6 +29,8 @@ int peak_live_microbatches_theory(const Schedule& s, int stage) {
     case ScheduleKind::one_f_one_b: return std::min(S - stage, M);
     case ScheduleKind::interleaved_1f1b: return std::min(2 * (S - stage - 1) + (v - 1) * S + 1, v * M);
     case ScheduleKind::zb_h1: return std::min(S - stage, M);
+    // 2S forwards before the first B on every stage, then one F per B (zbv.cpp).
+    case ScheduleKind::zbv: return 2 * S;
   }
   throw RunError("peak_live_microbatches_theory: no formula for schedule kind " +
                  std::to_string(static_cast<int>(s.kind)));
@@ -35,6 +39,7 @@ int peak_live_microbatches_theory(const Schedule& s, int stage) {
 int peak_held_microbatches_theory(const Schedule& s, int stage) {
   // Until W: 1F1B's min(S-s, M) plus the s W's delayed on stage s (zb_h1.cpp).
   if (s.kind == ScheduleKind::zb_h1) return std::min(s.stages, s.microbatches);
+  // zbv: each F is matched by a B and a W from the first B on (zbv.cpp).
   return peak_live_microbatches_theory(s, stage);
 }
 

@@ -134,12 +134,18 @@ PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace&
   // d ln_f (Λ + a).
   const TokenSizes z = token_sizes(shape, rows);
   const std::int64_t n = place.blocks, a = z.a, N = z.N;
-  p.half_act = n * (5 * a + 16 * N + z.F) + (place.first ? 8 * z.T : 0) + (place.last ? 2 * a + 8 * N : 0);
+  // zbv's V bottom: a piece whose input is the previous chunk's output on this stage does
+  // not own its first block's x (that chunk's temp), though it saves it; and its top
+  // block's dy is that chunk's dx (temp), not a received gradient.
+  const std::int64_t local_in = !place.first && !place.recv_act ? a : 0;
+  const bool dy_received = !place.last && place.send_act;
+  p.half_act = n * (5 * a + 16 * N + z.F) + (place.first ? 8 * z.T : 0) + (place.last ? 2 * a + 8 * N : 0) - local_in;
   p.half_temp = n * (6 * a + z.F) + (n - (place.last ? 0 : 1)) * a + (place.first ? a : 0) +
                 (place.last ? z.lambda + a : 0);
-  p.half_comm = place.last ? 0 : a;
+  p.half_comm = dy_received ? a : 0;
+  p.half_temp += !place.last && !dy_received ? a : 0;
   p.half_saves = 12 * n + (place.first ? 2 : 0) + (place.last ? 5 : 0);
-  p.half_saved_bytes = p.half_act + (place.first ? 8 * N : 0);
+  p.half_saved_bytes = p.half_act + local_in + (place.first ? 8 * N : 0);
   // B's instants. The last piece: dlogits (Λ, the log-probabilities and total_weight then
   // freed), d ln_f (a), ln_f's dx (a, the top block's dy) with the norm's scratch (2h
   // floats, 8h). Each block from (act, temp): d gelu (F), GELU's input freed, d ln_2 out
@@ -181,6 +187,13 @@ PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace&
   };
   one_block(act, temp);
   if (n > 1) one_block(act - (n - 1) * (F + R), temp + (n - 1) * (F + 7 * a));
+  // A piece other than the last frees its output as its top block starts (held as temp
+  // when the next chunk is on this stage).
+  if (!place.last)
+    for (PieceMoment& mo : m) {
+      mo.temp -= p.held_temp;
+      mo.output_freed = true;
+    }
   return p;
 }
 

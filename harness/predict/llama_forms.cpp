@@ -153,12 +153,18 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
   const TokenSizes z = token_sizes(shape, rows);
   const std::int64_t n = place.blocks, a = z.a, N = z.N;
   const std::int64_t Q = 4 * N * shape.heads * shape.head_dim, KV = 4 * N * shape.kv_heads * shape.head_dim;
-  p.half_act = n * (4 * a + 8 * N + Q + z.F) + (place.last ? 2 * a + 4 * N : 0);
+  // zbv's V bottom: a piece whose input is the previous chunk's output on this stage does
+  // not own its first block's x (that chunk's temp), though it saves it; and its top
+  // block's dy is that chunk's dx (temp), not a received gradient.
+  const std::int64_t local_in = !place.first && !place.recv_act ? a : 0;
+  const bool dy_received = !place.last && place.send_act;
+  p.half_act = n * (4 * a + 8 * N + Q + z.F) + (place.last ? 2 * a + 4 * N : 0) - local_in;
   p.half_temp = n * (3 * a + 2 * z.F + Q + 2 * KV) + (n - (place.last ? 0 : 1)) * a + (place.first ? a : 0) +
                 (place.last ? z.lambda + a : 0);
-  p.half_comm = place.last ? 0 : a;
+  p.half_comm = dy_received ? a : 0;
+  p.half_temp += !place.last && !dy_received ? a : 0;
   p.half_saves = 13 * n + (place.first ? 1 : 0) + (place.last ? 4 : 0);
-  p.half_saved_bytes = p.half_act + (place.first ? 8 * N : 0);
+  p.half_saved_bytes = p.half_act + local_in + (place.first ? 8 * N : 0);
   // B's instants. The last piece: dlogits (Λ, the log-probabilities and total_weight then
   // freed), the norm's gradient (a), its dx (a, the top layer's dy) with the norm's
   // scratch (h floats, 4h). Each layer from (act, temp): d product (F), d up (F), SiLU's
@@ -203,6 +209,13 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
   };
   one_layer(act, temp);
   if (n > 1) one_layer(act - (n - 1) * (3 * F + R), temp + (n - 1) * (2 * F + 4 * a + Q + 2 * C));
+  // A piece other than the last frees its output as its top block starts (held as temp
+  // when the next chunk is on this stage).
+  if (!place.last)
+    for (PieceMoment& mo : m) {
+      mo.temp -= p.held_temp;
+      mo.output_freed = true;
+    }
   return p;
 }
 

@@ -28,6 +28,10 @@ struct PieceMoment {
   std::int64_t activation = 0;
   std::int64_t temp = 0;
   bool dy_live = false;
+  // A split B's instant after the piece's own output is freed (counted in activation or
+  // temp above). zbv's V bottom keeps that output when the next chunk's W still reads it:
+  // the forms then add it back.
+  bool output_freed = false;
 };
 
 // One micro-batch of r rows through the piece; bytes.

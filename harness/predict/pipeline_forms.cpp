@@ -19,6 +19,7 @@
 #include "harness/predict/llama_forms.hpp"
 #include "harness/predict/piece_forms.hpp"
 #include "harness/predict/transformer_forms.hpp"
+#include "harness/predict/zbv_timing.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {
@@ -106,10 +107,12 @@ PieceForms mlp_piece(const Piece& p, i64 row_bytes, i64 r) {
   f.half_temp = a * p.n - f.half_comm;
   f.half_saves = p.n;
   f.half_saved_bytes = p.n * a;
-  // Its split B: dy (the loss gradient, temp, on the last piece), then, its saved last
-  // output freed, the n-1+[k > 0] input gradients kept to its end.
+  // Its split B: dy (the loss gradient, temp, on the last piece), then, its last output
+  // freed (saved, or kept in the tape for the next chunk here), the n-1+[k > 0] input
+  // gradients kept to its end.
   const i64 dy_temp = p.last ? a : 0;
-  f.split_backward = {{0, dy_temp, true}, {p.ls ? -a : 0, dy_temp + (p.n - 1 + (p.first ? 0 : 1)) * a, true}};
+  f.split_backward = {{0, dy_temp, true},
+                      {p.ls ? -a : 0, dy_temp - f.held_temp + (p.n - 1 + (p.first ? 0 : 1)) * a, true, true}};
   return f;
 }
 
@@ -134,11 +137,11 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
     c.batch_bytes = c.rows.row_bytes * sh.model.batch;
     c.target_bytes = c.mse ? c.batch_bytes : 0;
   }
-  auto stage_of = [&](int k) { return k % c.S; };
+  auto stage_of = [&](int k) { return placed_stage(sh.schedule, c.S, k); };
   c.pieces.reserve(static_cast<std::size_t>(c.v));
   for (int ch = 0; ch < c.v; ++ch) {
     Piece p;
-    p.k = ch * c.S + s;
+    p.k = placed_vstage(sh.schedule, c.S, s, ch);
     p.n = sh.split[p.k];
     p.first = p.k == 0;
     p.last = p.k == c.V - 1;
@@ -168,16 +171,21 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
 
 // ---- resting and p2p ------------------------------------------------------------------
 
+// The stages of the first virtual stage (the batch, the embeddings) and of the last
+// (the loss, the head): stage 0 and S-1, or both stage 0 in zbv's V.
+int first_stage(const Ctx& c) { return placed_stage(c.sh.schedule, c.S, 0); }
+int last_stage(const Ctx& c) { return placed_stage(c.sh.schedule, c.S, c.V - 1); }
+
 // A transformer's tied embedding (the head reads wte; gpt2 always ties it) held on two
-// stages: the first (the embeddings) and the last (the head), when they differ.
+// stages: the first's (the embeddings) and the last's (the head), when they differ.
 bool tied_split(const Ctx& c) {
   const TransformerShape& ts = c.sh.model.transformer;
-  return c.transformer && (c.sh.model.name == "gpt2" || ts.tied_embeddings) && c.S > 1;
+  return c.transformer && (c.sh.model.name == "gpt2" || ts.tied_embeddings) && first_stage(c) != last_stage(c);
 }
 i64 tied_elems(const Ctx& c) {
   return static_cast<i64>(c.sh.model.transformer.vocab) * c.sh.model.transformer.hidden;
 }
-bool holds_tied(const Ctx& c) { return tied_split(c) && (c.s == 0 || c.s == c.S - 1); }
+bool holds_tied(const Ctx& c) { return tied_split(c) && (c.s == first_stage(c) || c.s == last_stage(c)); }
 
 // A transformer stage: its pieces' blocks (the embeddings with virtual stage 0, the final
 // block with V-1), 16 B a parameter and 4 B a tensor (AdamW's step); the last stage adds
@@ -194,7 +202,7 @@ CategoryBytes transformer_resting(const Ctx& c) {
     if (p.first) P += embedding_params(ts), T += tensors[0];
     if (p.last) P += final_params(ts), T += tensors[static_cast<std::size_t>(L) + 1];
   }
-  if (tied_split(c) && c.s == c.S - 1) P += tied_elems(c), T += 1;
+  if (tied_split(c) && c.s == last_stage(c)) P += tied_elems(c), T += 1;
   CategoryBytes b;
   b[Category::param] = 4 * P;
   b[Category::grad] = 4 * P;
@@ -580,6 +588,196 @@ CategoryBytes peak_interleaved(const Ctx& c, const CategoryBytes& base) {
   return peak.best();
 }
 
+
+// zbv on its two chunks (zbv_timing.hpp: each position's action, each send's step). A
+// pair (micro-batch m, chunk c) holds, from its F to its B, what 1F1B's does (held_act,
+// held_temp); from its B to its W what zb-h1's half pair does (half_act, half_temp,
+// half_comm). Pending buffers (temp): an F's unsaved output bound for another stage and
+// a B's input gradient (k > 0) wait, owned, until the group of the step ZbvTiming::
+// send_step names. The V's bottom (stage S-1: chunk 0 is virtual stage S-1, chunk 1 is
+// S, passing to each other without a message) adds two:
+//   local gradient: B1(m)'s input gradient (chunk 0's boundary bytes, temp) waits from
+//     B1(m) as B0(m)'s dy, then joins chunk 0's half pair (half_temp counts it);
+//   kept output: chunk 0's output is chunk 1's input, which W1(m) still reads; when
+//     B0(m) runs before W1(m) (the cool-down) B0 does not free it, and it stays (in its
+//     own category: activation when saved, else temp) until W1(m).
+// Instants per position: F its group (held + pending + the received input, activation),
+// then, the group's sends freed, its end (held_act(m) more, forward_temp(m) temp); B its
+// group (the received dy, comm) then its split instants (split_backward; a kept output
+// added back to those after the output's free); W none (it never passes the moment
+// before it). So the state after any position is a formula of the counts of each
+// (kind, chunk) before it, and in the steady state position p + 6 holds the same pairs
+// and buffers as p with every micro-batch one on, rows no larger: it can never set a new
+// maximum. Positions are visited from 0 until a whole period past the start of every
+// stage's steady state (and of every send's reach), and from a period before any
+// stage's cool-down to the end: O(S) positions.
+class ZbvWalk {
+ public:
+  using Kind = ZbvTiming::Kind;
+  ZbvWalk(const Ctx& c, const CategoryBytes& base) : c_(c), t_(c.S, c.M), peak_(base) {
+    const i64 S = c.S, s = c.s;
+    const i64 d = 5 * S - 3 * s - 1, e = t_.position(s, Kind::B, 0, c.M - S);  // steady state [d, e)
+    const i64 margin = 6 * (2 * S + 2) + reach();
+    skip_from_ = std::min(t_.steps(), d + margin + 6);
+    skip_to_ = std::max(skip_from_, e - margin);
+    bottom_ = c.s == c.S - 1;
+  }
+  // Visits every position that can hold the peak; fills peak() and the saved figures.
+  void run() {
+    start_at(0);
+    for (i64 p = 0; p < skip_from_; ++p) visit(p);
+    if (skip_to_ > skip_from_) start_at(skip_to_);
+    for (i64 p = skip_to_; p < t_.steps(); ++p) visit(p);
+  }
+  const CategoryBytes& peak() const { return peak_.best(); }
+  const SavedForms& saved() const { return saved_; }
+
+ private:
+  i64 reach() const { return 6 * c_.S + 12; }  // the furthest a send waits (the tests hold it)
+  const Piece& piece(int ch) const { return c_.pieces[static_cast<std::size_t>(ch)]; }
+  i64 fig(int ch, i64 PieceForms::*f, i64 m) const { return at(c_.rows, piece(ch), f, m); }
+  i64 range(int ch, i64 PieceForms::*f, i64 lo, i64 hi) const { return sum(c_.rows, piece(ch), f, lo, hi); }
+  // The output chunk 0 keeps for chunk 1 on the V's bottom, in its category.
+  bool kept_is_act() const { return piece(0).big.output_saved; }
+  // With relu the bottom's chunk 0 saves its output, which chunk 1's first Linear saves
+  // again: one tensor, counted once while both hold it (the MLP; a transformer's chunk 0
+  // saves no output).
+  bool shared_save() const { return bottom_ && !c_.transformer && c_.relu; }
+
+  // The buffer position q leaves pending, and the step whose group sends it.
+  struct Pending {
+    i64 step = 0, bytes = 0;
+  };
+  Pending leaves(i64 q) const {
+    const ZbvTiming::Op op = t_.at(c_.s, q);
+    const Piece& p = piece(op.chunk);
+    if (op.kind == Kind::W) return {};
+    if (op.kind == Kind::F ? !p.send_act || p.big.output_saved : !p.send_grad) return {};
+    const ZbvTiming::Consumer to = t_.consumer(c_.s, op.kind, op.chunk, op.microbatch);
+    return {t_.send_step(c_.s, t_.round(to.stage, to.position)),
+            fig(op.chunk, op.kind == Kind::F ? &PieceForms::boundary : &PieceForms::input, op.microbatch)};
+  }
+
+  void start_at(i64 p) {
+    act_ = temp_ = comm_ = pending_bytes_ = 0;
+    pending_.clear();
+    saves_ = saved_bytes_ = 0;
+    for (int ch = 0; ch < 2; ++ch) {
+      f_[ch] = t_.count_before(c_.s, Kind::F, ch, p);
+      b_[ch] = t_.count_before(c_.s, Kind::B, ch, p);
+      w_[ch] = t_.count_before(c_.s, Kind::W, ch, p);
+      act_ += range(ch, &PieceForms::held_act, b_[ch], f_[ch]) + range(ch, &PieceForms::half_act, w_[ch], b_[ch]);
+      temp_ += range(ch, &PieceForms::held_temp, b_[ch], f_[ch]) + range(ch, &PieceForms::half_temp, w_[ch], b_[ch]);
+      comm_ += range(ch, &PieceForms::half_comm, w_[ch], b_[ch]);
+      saves_ += (f_[ch] - b_[ch]) * piece(ch).big.saves + (b_[ch] - w_[ch]) * piece(ch).big.half_saves;
+      saved_bytes_ += range(ch, &PieceForms::saved_bytes, b_[ch], f_[ch]) +
+                      range(ch, &PieceForms::half_saved_bytes, w_[ch], b_[ch]);
+    }
+    if (bottom_) {
+      temp_ += range(0, &PieceForms::boundary, b_[0], b_[1]);  // local gradients
+      (kept_is_act() ? act_ : temp_) += range(0, &PieceForms::boundary, w_[1], b_[0]);  // kept outputs
+      if (shared_save()) saved_bytes_ -= range(0, &PieceForms::boundary, std::max(b_[0], w_[1]), std::min(f_[0], f_[1]));
+    }
+    for (i64 q = std::max<i64>(0, p - reach()); q < p; ++q) {
+      const Pending b = leaves(q);
+      if (b.bytes > 0 && b.step >= p) pending_.push_back(b), pending_bytes_ += b.bytes;
+    }
+  }
+
+  void visit(i64 p) {
+    const ZbvTiming::Op op = t_.at(c_.s, p);
+    const int ch = op.chunk;
+    const i64 m = op.microbatch;
+    const Piece& pc = piece(ch);
+    const PieceForms& f = m < c_.rows.e ? pc.big : pc.small;
+    const i64 recv = op.kind == Kind::F ? (pc.recv_act ? fig(ch, &PieceForms::input, m) : 0)
+                     : op.kind == Kind::B ? (pc.recv_grad ? fig(ch, &PieceForms::boundary, m) : 0)
+                                          : 0;
+    visit_at({act_ + (op.kind == Kind::F ? recv : 0), temp_ + pending_bytes_, comm_ + (op.kind == Kind::B ? recv : 0)});
+    for (std::size_t i = 0; i < pending_.size();) {
+      if (pending_[i].step > p) {
+        ++i;
+        continue;
+      }
+      pending_bytes_ -= pending_[i].bytes;
+      pending_[i] = pending_.back();
+      pending_.pop_back();
+    }
+    switch (op.kind) {
+      case Kind::F:
+        visit_at({act_ + f.held_act, temp_ + pending_bytes_ + f.forward_temp, comm_});
+        act_ += f.held_act;
+        temp_ += f.held_temp;
+        saves_ += f.saves;
+        saved_bytes_ += f.saved_bytes;
+        if (shared_save() && ch == 1) saved_bytes_ -= fig(0, &PieceForms::boundary, m);  // both hold it now
+        saved_.peak_live_tensors = std::max(saved_.peak_live_tensors, saves_);
+        saved_.peak_live_bytes = std::max(saved_.peak_live_bytes, saved_bytes_);
+        break;
+      case Kind::B: {
+        if (saved_.before_first_backward < 0) saved_.before_first_backward = saves_;
+        // The bottom's chunk 0 keeps its output when chunk 1's W is still to come.
+        const bool keep = bottom_ && ch == 0 && w_[1] <= m;
+        const i64 out = keep ? fig(0, &PieceForms::boundary, m) : 0;
+        for (const PieceMoment& d : f.split_backward) {
+          const i64 back = d.output_freed ? out : 0;
+          visit_at({act_ + d.activation + (kept_is_act() ? back : 0),
+                    temp_ + pending_bytes_ + d.temp + (kept_is_act() ? 0 : back), comm_ + recv});
+        }
+        act_ += f.half_act - f.held_act + (kept_is_act() ? out : 0);
+        temp_ += f.half_temp - f.held_temp + (kept_is_act() ? 0 : out);
+        comm_ += f.half_comm;
+        saves_ += f.half_saves - f.saves;
+        saved_bytes_ += f.half_saved_bytes - f.saved_bytes;
+        if (shared_save() && ch == 0 && w_[1] <= m) saved_bytes_ += fig(0, &PieceForms::boundary, m);  // chunk 1's now
+        if (bottom_ && ch == 0) temp_ -= fig(0, &PieceForms::boundary, m);  // its dy joined the half pair
+        if (bottom_ && ch == 1) temp_ += fig(0, &PieceForms::boundary, m);  // chunk 0's dy, here
+        break;
+      }
+      case Kind::W:
+        act_ -= f.half_act;
+        temp_ -= f.half_temp;
+        comm_ -= f.half_comm;
+        saves_ -= f.half_saves;
+        saved_bytes_ -= f.half_saved_bytes;
+        if (bottom_ && ch == 1 && b_[0] > m) {  // the kept output goes with the last reader
+          (kept_is_act() ? act_ : temp_) -= fig(0, &PieceForms::boundary, m);
+        } else if (shared_save() && ch == 1) {
+          saved_bytes_ += fig(0, &PieceForms::boundary, m);  // chunk 0 still saves it
+        }
+        break;
+    }
+    (op.kind == Kind::F ? f_ : op.kind == Kind::B ? b_ : w_)[ch] += 1;
+    const Pending b = leaves(p);
+    if (b.bytes > 0) pending_.push_back(b), pending_bytes_ += b.bytes;
+  }
+  void visit_at(const Moment& m) { peak_.visit(m); }
+
+  const Ctx& c_;
+  ZbvTiming t_;
+  Peak peak_;
+  SavedForms saved_{0, 0, 0, -1};
+  i64 skip_from_ = 0, skip_to_ = 0;
+  bool bottom_ = false;
+  i64 f_[2] = {0, 0}, b_[2] = {0, 0}, w_[2] = {0, 0};  // actions of each chunk before the position
+  i64 act_ = 0, temp_ = 0, comm_ = 0, pending_bytes_ = 0, saves_ = 0, saved_bytes_ = 0;
+  std::vector<Pending> pending_;
+};
+
+SavedForms saved_zbv(const Ctx& c) {
+  ZbvWalk walk(c, CategoryBytes{});
+  walk.run();
+  SavedForms f = walk.saved();
+  f.total_tensors = c.M * (c.pieces[0].big.saves + c.pieces[1].big.saves);
+  return f;
+}
+
+CategoryBytes peak_zbv(const Ctx& c, const CategoryBytes& base) {
+  ZbvWalk walk(c, base);
+  walk.run();
+  return walk.peak();
+}
+
 }  // namespace
 
 StageForms predict_pipeline_stage(const PipelineShape& shape, int stage) {
@@ -588,17 +786,20 @@ StageForms predict_pipeline_stage(const PipelineShape& shape, int stage) {
   StageForms out;
   out.resting = resting(c);
   out.p2p_sent_bytes = p2p_sent(c);
-  out.saved = kind == ScheduleKind::interleaved_1f1b ? saved_interleaved(c) : saved_one_chunk(c, kind);
+  out.saved = kind == ScheduleKind::interleaved_1f1b ? saved_interleaved(c)
+              : kind == ScheduleKind::zbv            ? saved_zbv(c)
+                                                     : saved_one_chunk(c, kind);
   // The step's base: the batch (B, width) on the first virtual stage's stage, mse's
   // target (B, width) on the last's, both temp, held through the whole schedule.
   CategoryBytes base = out.resting;
-  if (c.s == 0) base[Category::temp] += c.batch_bytes;
-  if ((c.V - 1) % c.S == c.s) base[Category::temp] += c.target_bytes;
+  if (c.s == first_stage(c)) base[Category::temp] += c.batch_bytes;
+  if (c.s == last_stage(c)) base[Category::temp] += c.target_bytes;
   switch (kind) {
     case ScheduleKind::gpipe: out.peak = peak_one_f_one_b(c, c.M, base); break;
     case ScheduleKind::one_f_one_b: out.peak = peak_one_f_one_b(c, std::min(c.S - c.s - 1, c.M), base); break;
     case ScheduleKind::zb_h1: out.peak = peak_zb_h1(c, base); break;
     case ScheduleKind::interleaved_1f1b: out.peak = peak_interleaved(c, base); break;
+    case ScheduleKind::zbv: out.peak = peak_zbv(c, base); break;
   }
   // A tied embedding on two stages: after the program (the batch and target freed) the
   // two all-reduce its gradient through a received copy (comm, 4·V·h), a later instant.

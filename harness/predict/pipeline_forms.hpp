@@ -2,7 +2,8 @@
 // docs/formulas.md writes them out). Each is a formula of the model's shape,
 // the schedule, S, M, v and the micro-batch sizes, evaluated in O(S·v + V) time and
 // memory (interleaved 1F1B's peak visits O(S·v) positions of the stage's list, each a
-// formula: harness/predict/interleaved_timing): no action list, no lowered program and
+// formula: harness/predict/interleaved_timing; zbv's O(S) positions likewise,
+// harness/predict/zbv_timing): no action list, no lowered program and
 // nothing of size M × layers is built, so a plan of any size answers at once and a run
 // checks its memory before it builds anything, and measured == predicted checks the
 // executor against independent code.
@@ -20,7 +21,7 @@ namespace shardscope {
 
 // What the forms read: the model, the schedule and its S, M, v, and the layers
 // of each virtual stage (V = S·v entries; virtual stage k lives on stage k % S as its
-// chunk k / S). Micro-batch m has rows r_m of torch.tensor_split(B, M): q = B / M,
+// chunk k / S, or in zbv's V on stage k for k < S and 2S-1-k after: placed_stage). Micro-batch m has rows r_m of torch.tensor_split(B, M): q = B / M,
 // e = B % M, r_m = q + 1 for m < e, else q.
 struct PipelineShape {
   ModelConfig model;

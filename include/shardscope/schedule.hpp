@@ -5,6 +5,8 @@
 // Vocabulary. S stages, M micro-batches, v chunks per stage. The model's layers are cut
 // into V = S*v contiguous pieces ("virtual stages", Megatron's interleaving); piece k
 // lives on stage k % S as its chunk k / S. Without interleaving v = 1 and k = stage.
+// zbv places its two chunks in a V instead: stage s holds pieces s and 2S-1-s
+// (placed_vstage in schedule_kind.hpp).
 #pragma once
 
 #include <functional>
@@ -29,7 +31,7 @@ const char* action_name(ActionKind kind);
 struct Action {
   ActionKind kind;
   int microbatch;  // 0..M-1
-  int chunk;       // 0..v-1; virtual stage = chunk * S + stage
+  int chunk;       // 0..v-1; virtual stage = chunk * S + stage (zbv: stage, 2S-1-stage)
 };
 
 inline bool operator==(const Action& a, const Action& b) {
@@ -47,14 +49,14 @@ struct Schedule {
 };
 
 inline int virtual_stages(const Schedule& s) { return s.stages * s.chunks; }
-inline int vstage_of(const Schedule& s, int stage, int chunk) { return chunk * s.stages + stage; }
-inline int stage_of_vstage(const Schedule& s, int vstage) { return vstage % s.stages; }
-inline int chunk_of_vstage(const Schedule& s, int vstage) { return vstage / s.stages; }
+inline int vstage_of(const Schedule& s, int stage, int chunk) { return placed_vstage(s.kind, s.stages, stage, chunk); }
+inline int stage_of_vstage(const Schedule& s, int vstage) { return placed_stage(s.kind, s.stages, vstage); }
+inline int chunk_of_vstage(const Schedule& s, int vstage) { return placed_chunk(s.kind, s.stages, vstage); }
 
 // Builds the schedule. Throws UsageError naming the flag and the constraint:
 // S, M, chunks >= 1; --chunks other than 1 only with interleaved-1f1b, which needs
 // --chunks >= 2 (one chunk is 1f1b: use that name; nothing is quietly downgraded) and
-// M a multiple of S.
+// M a multiple of S, and zbv, which holds exactly 2 and needs M >= 2S-1 (its V filled).
 Schedule make_schedule(ScheduleKind kind, int stages, int microbatches, int chunks);
 // The same checks, without building the lists.
 void check_schedule(ScheduleKind kind, int stages, int microbatches, int chunks);
@@ -142,14 +144,14 @@ ReplayResult replay(const Schedule& schedule,
 // ---- theory (docs/design.md §4) and measured counts -------------------------------------------
 
 // Bubble fraction: gpipe, 1f1b (S-1)/(M+S-1); interleaved (S-1)/(vM+S-1);
-// zb-h1 (S-1)/(3M+S-1) (F, B and W taking equal time). With uniform action times the
+// zb-h1 (S-1)/(3M+S-1) (F, B and W taking equal time); zbv (S-1)/(6M+S-1). With uniform action times the
 // replay gives these exactly, except zb-h1 with M < S: (2S-1-M)/(2M+2S-1), as the
 // pipeline never fills.
 double bubble_theory(const Schedule& schedule);
 
 // docs/design.md §4's figure: peak (micro-batch, chunk) pairs on `stage` counted from F to B:
 // gpipe M; 1f1b min(S-s, M); interleaved min(2(S-s-1)+(v-1)S+1, vM); zb-h1 what 1f1b
-// holds, min(S-s, M).
+// holds, min(S-s, M); zbv 2S on every stage (each pair a chunk of half a stage's layers).
 int peak_live_microbatches_theory(const Schedule& schedule, int stage);
 
 // Counted until each pair's last backward action (W when the backward is split), which

@@ -38,6 +38,7 @@ struct Slot {
   i64 last_saved = 0;     // the part of saved_outputs that is the last layer's output
   Held dz_first;          // split backward: dy kept for W
   i64 dz_rest = 0;        // split backward: the other n-1 dz, temp
+  bool live = false;      // F done, its last backward action not yet
 };
 
 }  // namespace
@@ -89,6 +90,7 @@ CategoryBytes walk_peak(const ModelConfig& model, const PipelineLayout& layout, 
     Slot& sl = slot(a.microbatch, a.chunk);
     switch (a.kind) {
       case ActionKind::F: {
+        sl.live = true;
         // (n-1) outputs the next Linear saves, and the last: saved, or temp
         t.add(Category::activation, (n - 1) * b);
         sl.saved_outputs = (n - 1) * b;
@@ -120,9 +122,16 @@ CategoryBytes walk_peak(const ModelConfig& model, const PipelineLayout& layout, 
         const bool input_grad = k > 0;
         Held dx_out;
         if (s.split_backward) {
-          // the last output goes, then the input gradients, kept as dz but the returned one
-          t.add(Category::activation, -sl.last_saved);
-          t.add(Category::temp, -sl.last_output);
+          // the last output goes (unless the next chunk here, its W to come, reads it:
+          // zbv's V bottom hands it on), then the input gradients, kept as dz but the
+          // returned one
+          Slot* reader = nullptr;
+          if (k + 1 < V && stage_of_vstage(s, k + 1) == stage && slot(a.microbatch, chunk_of_vstage(s, k + 1)).live)
+            reader = &slot(a.microbatch, chunk_of_vstage(s, k + 1));
+          if (reader)
+            reader->act_in = sl.last_saved ? Held{sl.last_saved, Category::activation} : Held{sl.last_output, Category::temp};
+          else
+            t.add(Category::activation, -sl.last_saved), t.add(Category::temp, -sl.last_output);
           sl.saved_outputs -= sl.last_saved;
           sl.last_saved = sl.last_output = 0;
           t.add(Category::temp, (n - 1 + (input_grad ? 1 : 0)) * b);

@@ -22,7 +22,9 @@ namespace shardscope {
 //      an unsaved last output bound for another stage waits, owned, for its send;
 //   B: dy (received, or the loss gradient, temp); whole: the first dx (temp) is its
 //      maximum, then everything but the input gradient goes; split: its saved last
-//      output goes, then n-1+[k > 0] input gradients (temp), kept as dz until W;
+//      output goes (or, when the next chunk here still reads it in a W to come, zbv's
+//      V bottom, is handed to that pair until then), then n-1+[k > 0] input gradients
+//      (temp), kept as dz until W;
 //   W: frees what the pair holds.
 // The optimizer allocates nothing.
 CategoryBytes walk_peak(const ModelConfig& model, const PipelineLayout& layout, int stage,

@@ -67,6 +67,7 @@ Measured run_stage(const RunConfig& cfg, Backend& backend, Communicator& comm) {
 
 bool schedule_fits(const std::string& schedule, int stages, int microbatches, int chunks) {
   if (schedule == "interleaved-1f1b") return chunks >= 2 && microbatches % stages == 0;
+  if (schedule == "zbv") return chunks == 2 && microbatches >= 2 * stages - 1;
   return chunks == 1;
 }
 
@@ -174,7 +175,7 @@ TEST(pipeline, OneStageTrainsLikeTheFullBatch) {
     for (const std::string_view name : kScheduleNames)
       for (int M : {1, 3, 8}) {
         const std::string schedule(name);
-        const int v = schedule == "interleaved-1f1b" ? 2 : 1;
+        const int v = schedule == "interleaved-1f1b" || schedule == "zbv" ? 2 : 1;
         RunConfig cfg = pipeline_config(schedule, M, v, model);
         cfg.steps = 2;
         SCOPED_TRACE(schedule + " M=" + std::to_string(M) + (model.activation == Activation::relu ? " relu" : " none"));

@@ -26,6 +26,7 @@ std::vector<Shape> all_shapes() {
       for (const char* name : {"gpipe", "1f1b", "zb-h1"}) out.push_back({name, S, M, 1});
       if (M % S == 0)
         for (int v = 2; v <= 4; ++v) out.push_back({"interleaved-1f1b", S, M, v});
+      if (M >= 2 * S - 1) out.push_back({"zbv", S, M, 2});
     }
   return out;
 }
@@ -115,6 +116,12 @@ TEST(Schedules, ReplayedBubbleMatchesTheory) {
       EXPECT_NEAR(r.bubble_fraction[st], theory, 1e-12) << label(c) << " stage " << st;
       EXPECT_EQ(r.action_spans[st].size(), s.actions[st].size());
     }
+    if (c.name == "zbv") {  // no stage waits once started: stage s runs action i at s + i
+      for (int st = 0; st < c.S; ++st)
+        for (std::size_t i = 0; i < r.action_spans[st].size(); ++i)
+          ASSERT_DOUBLE_EQ(r.action_spans[st][i].first, st + static_cast<double>(i)) << label(c) << " stage " << st;
+      EXPECT_DOUBLE_EQ(r.makespan, 6.0 * c.M + c.S - 1) << label(c);
+    }
     if (c.name == "zb-h1") {  // never worse than 1F1B doing the same work
       const Schedule o = make_schedule(ScheduleKind::one_f_one_b, c.S, c.M, 1);
       const ReplayResult ro = replay(o, [&](int, const Action& a) { return unit_time(o, a); });
@@ -180,6 +187,32 @@ TEST(Schedules, ListsHaveTheDocumentedOrder) {
                                          {K::F, 2, 0}, {K::B, 2, 0}, {K::W, 0, 0}, {K::W, 1, 0},
                                          {K::W, 2, 0}};
   EXPECT_EQ(make_schedule(ScheduleKind::zb_h1, 3, 3, 1).actions[2], zb_stage2);
+}
+
+// zbv is torch's ScheduleZBVZeroBubble op for op: its lists for S = 2, M = 4 (torch
+// 2.15's _calculate_single_rank_operations, idle slots dropped), the V's placement, and
+// the V's bottom passing to itself without a message.
+TEST(Schedules, ZbvIsTorchsOrder) {
+  const Schedule z = make_schedule(ScheduleKind::zbv, 2, 4, 2);
+  auto F = [](int m, int c) { return Action{ActionKind::F, m, c}; };
+  auto B = [](int m, int c) { return Action{ActionKind::B, m, c}; };
+  auto W = [](int m, int c) { return Action{ActionKind::W, m, c}; };
+  const std::vector<Action> rank0 = {F(0, 0), F(1, 0), F(2, 0), F(0, 1), B(0, 1), W(0, 1), F(1, 1), B(1, 1), W(1, 1),
+                                     F(3, 0), B(0, 0), W(0, 0), F(2, 1), B(2, 1), W(2, 1), B(1, 0), W(1, 0), F(3, 1),
+                                     B(3, 1), W(3, 1), B(2, 0), W(2, 0), B(3, 0), W(3, 0)};
+  const std::vector<Action> rank1 = {F(0, 0), F(0, 1), F(1, 0), F(1, 1), B(0, 1), W(0, 1), F(2, 0), B(0, 0), W(0, 0),
+                                     F(2, 1), B(1, 1), W(1, 1), F(3, 0), B(1, 0), W(1, 0), F(3, 1), B(2, 1), W(2, 1),
+                                     B(2, 0), B(3, 1), B(3, 0), W(2, 0), W(3, 1), W(3, 0)};
+  EXPECT_EQ(z.actions[0], rank0);
+  EXPECT_EQ(z.actions[1], rank1);
+  EXPECT_EQ(vstage_of(z, 0, 0), 0);
+  EXPECT_EQ(vstage_of(z, 0, 1), 3);
+  EXPECT_EQ(vstage_of(z, 1, 0), 1);
+  EXPECT_EQ(vstage_of(z, 1, 1), 2);
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(vstage_of(z, stage_of_vstage(z, k), chunk_of_vstage(z, k)), k);
+  const std::vector<StageProgram> programs = lower(z);
+  for (const ProgramStep& step : programs[1])
+    for (const P2p& op : step.comm) EXPECT_EQ(op.peer, 0);  // nothing between stage 1's own chunks
 }
 
 TEST(Schedules, LoweringOf1F1BIsMegatrons) {
@@ -319,21 +352,24 @@ void expect_usage(const std::string& name, int S, int M, int v, const std::strin
 }
 
 TEST(Schedules, ImpossibleCombinationsAreRefused) {
-  expect_usage("x", 2, 4, 1, "--schedule: unknown 'x'; allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1");
+  expect_usage("x", 2, 4, 1, "--schedule: unknown 'x'; allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv");
   expect_usage("interleaved-1f1b", 4, 6, 2,
                "--schedule interleaved-1f1b needs --microbatches to be a multiple of the stage count (S=4, M=6)");
-  expect_usage("1f1b", 2, 4, 2, "--chunks 2 is only valid with --schedule interleaved-1f1b");
+  expect_usage("1f1b", 2, 4, 2, "--chunks 2 is only valid with --schedule interleaved-1f1b (and 2 with --schedule zbv)");
   expect_usage("zb-h1", 2, 4, 3, "--chunks 3 is only valid with --schedule interleaved-1f1b");
+  expect_usage("zbv", 2, 4, 1, "--schedule zbv holds exactly 2 chunks per stage, in a V (got --chunks 1)");
+  expect_usage("zbv", 2, 4, 3, "--schedule zbv holds exactly 2 chunks per stage, in a V (got --chunks 3)");
+  expect_usage("zbv", 3, 4, 2, "--schedule zbv needs --microbatches >= 2S-1 to fill its V (S=3, M=4; give --microbatches 5 or more)");
   expect_usage("interleaved-1f1b", 2, 4, 1, "--schedule interleaved-1f1b needs --chunks >= 2 (got 1)");
   expect_usage("gpipe", 2, 0, 1, "--microbatches must be >= 1 (got 0)");
   expect_usage("gpipe", 2, 4, 0, "--chunks must be >= 1 (got 0)");
   expect_usage("1f1b", 0, 4, 1, "at least 1 stage");
-  EXPECT_EQ(schedule_names_text(), "gpipe, 1f1b, interleaved-1f1b, zb-h1");
+  EXPECT_EQ(schedule_names_text(), "gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv");
 }
 
 TEST(Schedules, EachKindParsesFromItsName) {
   for (const ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved_1f1b,
-                                  ScheduleKind::zb_h1})
+                                  ScheduleKind::zb_h1, ScheduleKind::zbv})
     EXPECT_EQ(parse_schedule(std::string(schedule_name(kind))), kind) << schedule_name(kind);
   EXPECT_FALSE(find_schedule("1F1B").has_value());
   EXPECT_FALSE(find_schedule("").has_value());

@@ -35,9 +35,9 @@ Drawn draw(std::mt19937& rng) {
   Drawn d;
   d.stages = pick(1, 5);
   const std::string schedule = names[static_cast<std::size_t>(pick(0, static_cast<int>(names.size()) - 1))];
-  const bool interleaved = schedule == "interleaved-1f1b";
-  const int v = interleaved ? pick(2, 3) : 1;
-  const int M = interleaved ? d.stages * pick(1, 3) : pick(1, 10);
+  const bool interleaved = schedule == "interleaved-1f1b", zbv = schedule == "zbv";
+  const int v = interleaved ? pick(2, 3) : zbv ? 2 : 1;
+  const int M = interleaved ? d.stages * pick(1, 3) : zbv ? 2 * d.stages - 1 + pick(0, 6) : pick(1, 10);
   const int B = M + pick(0, 2 * M + 3);  // every remainder B % M comes up
   const int V = d.stages * v;
   const int L = V + pick(0, 6);
@@ -107,19 +107,20 @@ TEST(PipelineForms, EqualTheExecutorOnRandomConfigurations) {
 // the hidden size, sequences long enough for math's probabilities to dominate, one or
 // many heads, a vocabulary below or above the hidden size), both attention modes,
 // gpipe, 1f1b, interleaved-1f1b (up to M = 7S, where its peak's form skips whole
-// steady-state periods) and zb-h1, uneven splits and micro-batches; every stage played
+// steady-state periods), zb-h1 and zbv, uneven splits and micro-batches; every stage played
 // alone.
 TEST(PipelineForms, TransformerEqualTheExecutorOnRandomConfigurations) {
   std::mt19937 rng(20261202);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1"};
-  int stages_checked = 0, uneven_rows = 0, uneven_split = 0, math = 0, skipping = 0, llamas = 0;
-  for (int n = 0; n < 400; ++n) {
+  const std::vector<std::string> names = {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv"};
+  int stages_checked = 0, uneven_rows = 0, uneven_split = 0, math = 0, skipping = 0, llamas = 0, zbvs = 0;
+  for (int n = 0; n < 500; ++n) {
     const int S = pick(1, 4);
-    const std::string schedule = names[static_cast<std::size_t>(pick(0, 3))];
-    const bool interleaved = schedule == "interleaved-1f1b";
-    const int v = interleaved ? pick(2, 3) : 1;
-    const int M = interleaved ? S * pick(1, 7) : pick(1, 8);
+    const std::string schedule = names[static_cast<std::size_t>(pick(0, 4))];
+    const bool interleaved = schedule == "interleaved-1f1b", zbv = schedule == "zbv";
+    zbvs += zbv;
+    const int v = interleaved ? pick(2, 3) : zbv ? 2 : 1;
+    const int M = interleaved ? S * pick(1, 7) : zbv ? 2 * S - 1 + pick(0, 5) : pick(1, 8);
     const int B = M + pick(0, 2 * M + 3);
     const int V = S * v, L = V + pick(0, 3);
     const bool llama = pick(0, 1) == 1;
@@ -179,7 +180,8 @@ TEST(PipelineForms, TransformerEqualTheExecutorOnRandomConfigurations) {
       ++stages_checked;
     }
   }
-  EXPECT_GT(stages_checked, 600);
+  EXPECT_GT(stages_checked, 750);
+  EXPECT_GT(zbvs, 70);
   EXPECT_GT(uneven_rows, 100);
   EXPECT_GT(uneven_split, 100);
   EXPECT_GT(math, 100);
