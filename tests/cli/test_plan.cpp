@@ -47,7 +47,7 @@ class Plan : public testing::BinaryTest {
 // and peak totals, communication bytes, and per stage the saved activations.
 TEST_F(Plan, EveryRankOfASweepMeasuresWhatThePlanPredicted) {
   const std::string flags =
-      "--strategies ddp,zero1,zero2,zero3 --schedules gpipe,1f1b,interleaved-1f1b,zb-h1 --worlds 2,3 "
+      "--strategies ddp,zero1,zero2,zero3 --schedules gpipe,1f1b,interleaved-1f1b,zb-h1,zbv --worlds 2,3 "
       "--microbatches 3,6 --chunks 2 --units 1 --layers 6 --width 24 --batch 12 --activation relu --loss mse";
   ASSERT_EQ(shardscope("plan", flags + " --json plan.json"), 0) << line_;
   ASSERT_EQ(shardscope("sweep", flags + " --emulate --steps 2 --out results"), 0) << line_;
@@ -61,7 +61,7 @@ TEST_F(Plan, EveryRankOfASweepMeasuresWhatThePlanPredicted) {
     const json& m = measured["runs"][n];
     SCOPED_TRACE(m.dump().substr(0, 160));
     EXPECT_EQ(p.value("skipped", false), m.value("skipped", false));
-    if (p.value("skipped", false)) {  // interleaved-1f1b at S = 2, M = 3
+    if (p.value("skipped", false)) {  // interleaved-1f1b at S = 2, M = 3; zbv at S = 3, M = 3
       EXPECT_EQ(p["reason"], m["reason"]);
       ++skipped;
       continue;
@@ -94,9 +94,10 @@ TEST_F(Plan, EveryRankOfASweepMeasuresWhatThePlanPredicted) {
     }
   }
   // Data parallel: 4 strategies x (2 + 3 ranks). Pipelines: gpipe, 1f1b and zb-h1 at
-  // S = 2 and 3, M = 3 and 6; interleaved-1f1b where M is a multiple of S.
-  EXPECT_EQ(ranks, 4 * (2 + 3) + 3 * 2 * (2 + 3) + (2 + 3 + 3));
-  EXPECT_EQ(skipped, 1);
+  // S = 2 and 3, M = 3 and 6; interleaved-1f1b where M is a multiple of S; zbv (its 2
+  // chunks by default) where M >= 2S - 1.
+  EXPECT_EQ(ranks, 4 * (2 + 3) + 3 * 2 * (2 + 3) + (2 + 3 + 3) + (2 + 2 + 3));
+  EXPECT_EQ(skipped, 2);
   // The tables say the same.
   EXPECT_NE(out_.find("skipped (the configuration cannot run)"), std::string::npos);
 }

@@ -1,7 +1,7 @@
 // Pipelines of a transformer (docs/design.md §4, "Transformers"): GPT-2's and Llama's
 // stages of whole blocks, the embeddings with the first virtual stage and the final block
 // and loss with the last, a tied embedding held on the first and the last stage and its
-// gradient all-reduced between them. Every stage of gpipe, 1f1b, interleaved-1f1b and zb-h1 at
+// gradient all-reduced between them. Every stage of gpipe, 1f1b, interleaved-1f1b, zb-h1 and zbv at
 // S = 1 to 4 (played alone with the fake communicator past one stage), both attention
 // modes, even and uneven splits and micro-batches: saved tensors, resting and peak bytes
 // per category, p2p and the tied all-reduce measured equal to the closed forms
@@ -61,9 +61,11 @@ void expect_stage_equals_forms(const RunConfig& cfg, int stages, int s) {
   // on the last; 4·V·h all-reduced on both.
   const TransformerShape& t = cfg.model.transformer;
   const bool tied = cfg.model.name == "gpt2" || t.tied_embeddings;
-  const bool holder = tied && stages > 1 && (s == 0 || s == stages - 1);
+  // zbv's V puts both on stage 0: no copy, nothing to reduce.
+  const bool split = tied && stages > 1 && cfg.schedule != ScheduleKind::zbv;
+  const bool holder = split && (s == 0 || s == stages - 1);
   EXPECT_EQ(p.tied_all_reduce_bytes, holder ? 4LL * t.vocab * t.hidden : 0);
-  EXPECT_EQ(stage.holds_tied_copy(), tied && stages > 1 && s == stages - 1);
+  EXPECT_EQ(stage.holds_tied_copy(), split && s == stages - 1);
 }
 
 struct Grid {
@@ -71,13 +73,21 @@ struct Grid {
   int chunks;
 };
 
+// The micro-batch counts a grid runs: `counts`, or zbv's 2S-1 and 2S (up to the batch).
+std::vector<int> microbatch_counts(const Grid& g, int S, std::vector<int> counts, int batch) {
+  if (g.schedule != "zbv") return counts;
+  std::vector<int> out = {2 * S - 1};
+  if (2 * S <= batch) out.push_back(2 * S);
+  return out;
+}
+
 TEST(PipelineTransformer, Gpt2MeasuredEqualsPredictedOnEveryStage) {
-  const std::vector<Grid> schedules = {{"gpipe", 1}, {"1f1b", 1}, {"interleaved-1f1b", 2}, {"zb-h1", 1}};
+  const std::vector<Grid> schedules = {{"gpipe", 1}, {"1f1b", 1}, {"interleaved-1f1b", 2}, {"zb-h1", 1}, {"zbv", 2}};
   int checked = 0;
   for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
     for (int S = 1; S <= 4; ++S)
       for (const Grid& g : schedules)
-        for (int M : {1, 2, 3, 4, 6})
+        for (int M : microbatch_counts(g, S, {1, 2, 3, 4, 6}, 7))
           for (const bool uneven : {false, true}) {
             if (g.chunks > 1 && M % S != 0) continue;
             const int V = S * g.chunks, L = V + 2;
@@ -104,8 +114,10 @@ TEST(PipelineTransformer, Gpt2OddShapesMeasuredEqualsPredicted) {
   for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
     for (int S : {2, 3}) {
       const ModelConfig model = gpt2_of(3 * S + 1, 6, 1, 9, 3, 2 * S + 1, mode, 10, 5);
-      for (const Grid& g : {Grid{"1f1b", 1}, Grid{"gpipe", 1}, Grid{"interleaved-1f1b", 3}, Grid{"zb-h1", 1}}) {
-        const RunConfig cfg = testing::pipeline_config(g.schedule, S, g.chunks, model, 1, 9);
+      for (const Grid& g : {Grid{"1f1b", 1}, Grid{"gpipe", 1}, Grid{"interleaved-1f1b", 3}, Grid{"zb-h1", 1},
+                            Grid{"zbv", 2}}) {
+        const RunConfig cfg =
+            testing::pipeline_config(g.schedule, g.schedule == "zbv" ? 2 * S - 1 : S, g.chunks, model, 1, 9);
         for (int s = 0; s < S; ++s) {
           SCOPED_TRACE(g.schedule + " S=" + std::to_string(S) + " s=" + std::to_string(s) + " " + mode_name(mode));
           expect_stage_equals_forms(cfg, S, s);
@@ -152,13 +164,13 @@ TEST(PipelineTransformer, Gpt2OneStageTrainsLikeTheFullBatch) {
 // Llama: grouped-query attention (2 kv heads of 4), an untied head and a tied one (the
 // tied embedding then on the first and the last stage, as GPT-2's).
 TEST(PipelineTransformer, LlamaMeasuredEqualsPredictedOnEveryStage) {
-  const std::vector<Grid> schedules = {{"gpipe", 1}, {"1f1b", 1}, {"interleaved-1f1b", 2}, {"zb-h1", 1}};
+  const std::vector<Grid> schedules = {{"gpipe", 1}, {"1f1b", 1}, {"interleaved-1f1b", 2}, {"zb-h1", 1}, {"zbv", 2}};
   int checked = 0;
   for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
     for (const bool tied : {false, true})
       for (int S = 1; S <= 4; ++S)
         for (const Grid& g : schedules)
-          for (int M : {1, 2, 4})
+          for (int M : microbatch_counts(g, S, {1, 2, 4}, 7))
             for (const bool uneven : {false, true}) {
               if (g.chunks > 1 && M % S != 0) continue;
               const int V = S * g.chunks, L = V + 2;
