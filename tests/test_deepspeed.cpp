@@ -193,5 +193,47 @@ TEST(DeepSpeed, StageThreeModelStatesByHand) {
   }
 }
 
+// The ZeRO paper's Figure 1 (Ψ = 7.5B, N = 64; bf16 parameters and gradients, fp32 master
+// weights and AdamW): a Llama of 38 layers, hidden 3840 (30 heads), ffn 11452 and vocab
+// 31920 (untied) has P = 7,500,000,000 exactly, every tensor a multiple of 64 (and of
+// 2·64: no padding), s = P/64 = 117,187,500. Per rank, by hand:
+//   ddp     2P + 2P + 4P + 8P + 4 (one step)        = 120,000,000,004  (120 GB)
+//   zero1   2P + 2P (autograd's) + 12s + 4          =  31,406,250,004  (31.4)
+//   zero2   2P + 2s (the partition's) + 12s + 4     =  16,640,625,004  (16.6)
+//   zero3   16s + 2 × 295,680 (the persistent norms) + 4 = 1,875,591,364 (1.9)
+TEST(DeepSpeed, FigureOneModelStatesByHand) {
+  RunConfig cfg;
+  cfg.model = testing::llama_of(38, 3840, 30, 30, 11452, 31920, 1024, 1, AttentionMode::flash, false);
+  cfg.engine = EngineKind::deepspeed;
+  cfg.precision = PrecisionKind::bf16;
+  std::int64_t P = 0;
+  for (std::int64_t n : model_tensor_elems(cfg.model)) P += n;
+  ASSERT_EQ(P, 7'500'000'000);
+  const struct {
+    const char* strategy;
+    std::int64_t bytes;
+  } want[] = {{"ddp", 120'000'000'004},
+              {"zero1", 31'406'250'004},
+              {"zero2", 16'640'625'004},
+              {"zero3", 1'875'591'364}};
+  for (const auto& w : want) {
+    cfg.strategy = parse_strategy(w.strategy);
+    for (int rank : {0, 31, 63}) {
+      const Prediction p = predict_data_parallel(cfg, 64, rank);
+      ASSERT_TRUE(p.model_states.has_value()) << w.strategy;
+      EXPECT_EQ(*p.model_states, w.bytes) << w.strategy << " rank " << rank;
+      EXPECT_FALSE(p.peak_known) << w.strategy;  // bf16 is planned, not run
+    }
+  }
+  // fp32 (no bf16 copies): stage 2 holds 4P + 4s + 4s + 8s + 4, its resting bytes plus the
+  // partition's gradient, and is predicted through its step.
+  cfg.precision = PrecisionKind::fp32;
+  cfg.strategy = StrategyKind::zero2;
+  const Prediction fp32 = predict_data_parallel(cfg, 64, 0);
+  EXPECT_EQ(*fp32.model_states, 4 * P + 16 * (P / 64) + 4);
+  EXPECT_EQ(*fp32.model_states, fp32.resting.total() + 4 * (P / 64));
+  EXPECT_TRUE(fp32.peak_known);
+}
+
 }  // namespace
 }  // namespace shardscope

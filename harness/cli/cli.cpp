@@ -284,8 +284,14 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
 
 // --precision bf16 runs only where its regime is built; everywhere else it is refused by
 // name, never quietly run in fp32.
-void refuse_unbuilt_precision(const RunConfig& c) {
+void refuse_unbuilt_precision(const RunConfig& c, const std::string& command) {
   if (c.precision == PrecisionKind::fp32) return;
+  // DeepSpeed's bf16 regime is planned by its model states; a measured run needs bf16 buffers.
+  if (effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed) {
+    if (command == "plan") return;
+    throw UsageError("--precision bf16 and --engine deepspeed: planned (plan prints its model states), not run yet "
+                     "(a measured run needs bf16 buffers); allowed: fp32");
+  }
   throw UsageError("--precision " + std::string(precision_name(c.precision)) + ": not built yet; allowed: fp32");
 }
 
@@ -293,7 +299,7 @@ void refuse_unbuilt_precision(const RunConfig& c) {
 // no units, no checkpointed or accumulated step here, no DDP bucket copy, and its bucket must
 // hold the largest tensor (DeepSpeed's extra-large-parameter path is not built).
 void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const std::string& command) {
-  if (effective_engine(c.engine, c.strategy) != EngineKind::deepspeed) return;
+  if (effective_engine(c.engine, c.strategy, c.precision) != EngineKind::deepspeed) return;
   const std::string both = "--engine deepspeed and --strategy " + f.strategy;
   if (c.strategy == StrategyKind::zero3 && command != "plan")
     throw UsageError(both + ": DeepSpeed's stage 3 is planned (its model states), not run yet; allowed: ddp, "
@@ -469,7 +475,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
   c.chunks = parse_positive("--chunks", f.chunks, 1'000);
   if (c.schedule && app.count("--chunks") == 0) c.chunks = default_chunks(*c.schedule);  // zbv: its V's 2
   if (!f.split.empty()) c.split = parse_list("--split", f.split);
-  refuse_unbuilt_precision(c);
+  refuse_unbuilt_precision(c, command);
   c.wide_tables = f.wide;
   c.exact_bytes = exact_bytes_value(f.bytes);
   if (!f.backend.empty() && f.backend != "cpu" && f.backend != "cuda")

@@ -53,7 +53,8 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
   // zero2/zero3 under --engine fsdp2: per-tensor shards (fsdp2_forms.hpp).
   if (effective_engine(cfg.engine, cfg.strategy) == EngineKind::fsdp2) return predict_fsdp2_ranks(cfg, world);
   // zero1/zero2/zero3 under --engine deepspeed: DeepSpeed's flat group (deepspeed_forms.hpp).
-  if (effective_engine(cfg.engine, cfg.strategy) == EngineKind::deepspeed) return predict_deepspeed_ranks(cfg, world);
+  if (effective_engine(cfg.engine, cfg.strategy, cfg.precision) == EngineKind::deepspeed)
+    return predict_deepspeed_ranks(cfg, world);
   // A transformer's model states (transformer_forms.hpp), and its step (gpt2_forms.hpp,
   // llama_forms.hpp).
   if (cfg.model.is_transformer()) {

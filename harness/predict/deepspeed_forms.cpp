@@ -20,7 +20,9 @@ using i64 = std::int64_t;
 constexpr i64 kPersistenceThreshold = 100'000;
 constexpr i64 kSubGroupSize = 1'000'000'000;
 
-std::vector<Prediction> stage3_model_states(const std::vector<i64>& tensors, int world) {
+// Stage 3's model states (planned only): lp bytes an element of the model's parameters and
+// gradients (4 fp32, 2 bf16), the optimizer's copy and AdamW's state fp32.
+std::vector<Prediction> stage3_model_states(const std::vector<i64>& tensors, int world, i64 lp) {
   Prediction p;
   p.peak_known = false;
   i64 C = 0, persistent = 0, groups = 0, in_group = 0;
@@ -35,9 +37,22 @@ std::vector<Prediction> stage3_model_states(const std::vector<i64>& tensors, int
       in_group = 0;
     }
   }
-  p.resting[Category::param] = 4 * C + 4 * C + 4 * persistent;
-  p.resting[Category::grad] = 4 * C;
+  p.resting[Category::param] = lp * C + 4 * C + lp * persistent;
+  p.resting[Category::grad] = lp * C;
   p.resting[Category::optim] = 8 * C + 4 * groups;
+  p.model_states = p.resting.total();  // its gradient partitions are kept
+  return std::vector<Prediction>(static_cast<std::size_t>(world), p);
+}
+
+// The ZeRO paper's data-parallel baseline under bf16 (planned only): bf16 parameters and
+// gradients and fp32 master weights and AdamW state, all on every rank, one flat group.
+std::vector<Prediction> baseline_model_states(i64 P, int world, i64 lp) {
+  Prediction p;
+  p.peak_known = false;
+  p.resting[Category::param] = lp * P + 4 * P;
+  p.resting[Category::grad] = lp * P;
+  p.resting[Category::optim] = 8 * P + 4;
+  p.model_states = p.resting.total();
   return std::vector<Prediction>(static_cast<std::size_t>(world), p);
 }
 
@@ -118,10 +133,26 @@ void transformer_walk(const RunConfig& cfg, int world, int stage, i64 Bk, i64 G,
 std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world) {
   const ModelConfig& m = cfg.model;
   const std::vector<i64> tensors = model_tensor_elems(m);
-  if (cfg.strategy == StrategyKind::zero3) return stage3_model_states(tensors, world);
-  const int stage = cfg.strategy == StrategyKind::zero1 ? 1 : 2;
+  // Bytes an element of the model's parameters and gradients: fp32's 4 or bf16's 2 (the
+  // optimizer's copy of the partition and AdamW's state are fp32 under both).
+  const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
+  if (cfg.strategy == StrategyKind::zero3) return stage3_model_states(tensors, world, lp);
   const std::vector<DsPartition> parts = ds_partitions(tensors, world);
   const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
+  if (cfg.strategy == StrategyKind::ddp) return baseline_model_states(P, world, lp);  // bf16 only
+  const int stage = cfg.strategy == StrategyKind::zero1 ? 1 : 2;
+  // The ZeRO paper's accounting adds the gradients the stage keeps during a step: stage 1
+  // autograd's full ones, stage 2 the partition's.
+  const i64 kept_grads = stage == 1 ? lp * P : lp * s;
+  if (lp != 4) {
+    // bf16 is planned by its model states: the flat group in bf16, its fp32 copy.
+    Prediction p;
+    p.peak_known = false;
+    p.resting[Category::param] = lp * Ppad + 4 * s;
+    p.resting[Category::optim] = 8 * s + 4;
+    p.model_states = p.resting.total() + kept_grads;
+    return std::vector<Prediction>(static_cast<std::size_t>(world), p);
+  }
   const i64 Bk = 4 * ds_bucket_elems(cfg.bucket_mb, P);
   SavedForm saved;
   if (m.is_transformer()) {
@@ -139,6 +170,7 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
     Prediction& p = ranks[r];
     p.resting[Category::param] = 4 * Ppad + 4 * s;
     p.resting[Category::optim] = 8 * s + 4;
+    p.model_states = p.resting.total() + kept_grads;
     p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 4 * P;
     p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 4 * Ppad;
     // Forward and backward; stage 2 makes grads_in_partition with the bucket.

@@ -401,6 +401,7 @@ RankRecord read_rank(const Reader& rd, const json& member, const std::string& pa
   r.predicted.peak_where = rd.text(p, here, "peak_where", "a place");
   r.predicted.comm_bytes = rd.count(p, here, "comm_bytes");
   r.predicted.saved = read_rank_saved(rd, p, here);
+  if (Reader::present(p, "model_states")) r.predicted.model_states = rd.count(p, here, "model_states");
   r.allocator = read_allocator(rd, member, path);
   r.comm = read_comm(rd, member, path);
   r.comm_bytes = rd.count(member, path, "comm_bytes");

@@ -225,14 +225,17 @@ json to_json(const ModelRecord& m) {
 }
 
 json to_json(const RankPredicted& p) {
-  if (!p.peak_known)
-    return {{"resting_total", p.resting_total},
-            {"resting", to_json(p.resting)},
-            {"peak_total", nullptr},
-            {"peak_by_category", nullptr},
-            {"peak_phase", nullptr},
-            {"peak_where", nullptr},
-            {"comm_bytes", p.comm_bytes}};
+  if (!p.peak_known) {
+    json j = {{"resting_total", p.resting_total},
+              {"resting", to_json(p.resting)},
+              {"peak_total", nullptr},
+              {"peak_by_category", nullptr},
+              {"peak_phase", nullptr},
+              {"peak_where", nullptr},
+              {"comm_bytes", p.comm_bytes}};
+    if (p.model_states) j["model_states"] = *p.model_states;
+    return j;
+  }
   json j = {{"resting_total", p.resting_total},
             {"resting", to_json(p.resting)},
             {"peak_total", p.peak_total},
@@ -241,6 +244,7 @@ json to_json(const RankPredicted& p) {
             {"peak_where", p.peak_where},
             {"comm_bytes", p.comm_bytes}};
   if (p.saved) j["saved"] = rank_saved_json(*p.saved);
+  if (p.model_states) j["model_states"] = *p.model_states;
   return j;
 }
 

@@ -75,6 +75,7 @@ struct RankPredicted {
   std::string peak_where;
   std::int64_t comm_bytes = 0;
   std::optional<RankSaved> saved;
+  std::optional<std::int64_t> model_states;  // --engine deepspeed: the ZeRO paper's model states
 };
 
 // The allocator-granular figures: "rounded", "pool" (null on cpu),

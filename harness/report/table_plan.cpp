@@ -4,6 +4,7 @@
 // worlds each configuration fits at; and what the figures leave out. They render the
 // plan's records (PlanDocument), the same the plan's JSON is written from.
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -222,6 +223,11 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
   TextTable table(headers, align);
   std::vector<PlanRow> rows;
   bool peak_unknown = false, stage3_unknown = false;
+  struct States {
+    std::string strategy, world, ranks;
+    std::int64_t bytes;
+  };
+  std::vector<States> states;  // --engine deepspeed's model states (the ZeRO paper's Figure 1)
   for (const DataParallelPlan* dp : plans) {
     const DataParallelRun& run = dp->run;
     const std::int64_t four_p = run.model.param_bytes;
@@ -233,7 +239,9 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
       const std::string units =
           !uses_units(run) ? cells::kMissing : run.layers_per_unit ? std::to_string(*run.layers_per_unit) : "all";
       // The strategy with its settings where not the default ("zero3 engine=deepspeed").
-      std::vector<std::string> row = {run.strategy + tables::setting_label(run), std::to_string(run.world), units, who};
+      const std::string strategy = run.strategy + tables::setting_label(run);
+      if (p.model_states) states.push_back({strategy, std::to_string(run.world), who, *p.model_states});
+      std::vector<std::string> row = {strategy, std::to_string(run.world), units, who};
       // DeepSpeed's stage 3 predicts neither its step nor its traffic.
       const bool stage3 = !p.peak_known && run.engine == "deepspeed";
       rows.push_back({row, stage3 ? nullptr : &p.peak_by_category,
@@ -273,11 +281,23 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
        << '\n';
   if (stage3_unknown)
     os << tables::wrap_text(
-              "  (note) DeepSpeed's stage 3 is planned by its model states at rest (docs/formulas.md, \"DeepSpeed\"): "
-              "its step (gathered parameters, prefetch buckets, activations) and its traffic are not predicted in this "
-              "build, and not printed rather than guessed.",
+              "  (note) DeepSpeed's stage 3, and its bf16 regime, are planned by their model states "
+              "(docs/formulas.md, \"DeepSpeed\"): their step (gathered parameters, buckets, activations) and "
+              "traffic are not predicted in this build, and not printed rather than guessed.",
               " ", 96, "  ")
        << '\n';
+  if (!states.empty()) {
+    os << "\n  model states per rank as the ZeRO paper counts them (its Figure 1): parameters, the gradients the\n"
+          "  stage keeps during a step, master weights and AdamW's state; GB = 10^9 B\n";
+    TextTable t({"strategy", "W", "ranks", "model states B", "GB"},
+                {Align::left, Align::right, Align::left, Align::right, Align::right});
+    for (const States& s : states) {
+      char gb[32];
+      std::snprintf(gb, sizeof(gb), "%.1f", static_cast<double>(s.bytes) / 1e9);
+      t.add_row({s.strategy, s.world, s.ranks, cells::bytes(s.bytes, options), gb});
+    }
+    t.print(os);
+  }
   if (!options.wide)
     print_above_rest(head, {Align::left, Align::right, Align::left, Align::left}, rows, "comm B/step", options, os);
 }

@@ -34,7 +34,8 @@ RankPredicted rank_predicted(const Prediction& p) {
           p.comm_total(),
           // Known with the peak: both come from the model's activation forms.
           p.peak_known ? std::optional<RankSaved>(RankSaved{p.saved_after_forward_bytes, p.saved_after_forward_tensors})
-                       : std::nullopt};
+                       : std::nullopt,
+          p.model_states};
 }
 
 namespace {

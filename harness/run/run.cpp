@@ -184,7 +184,7 @@ DataParallelRun data_parallel_run(const RunConfig& cfg, int world) {
   const bool fsdp = shards_by_unit(cfg.strategy);
   DataParallelRun run;
   run.strategy = std::string(strategy_name(cfg.strategy));
-  run.engine = std::string(engine_name(effective_engine(cfg.engine, cfg.strategy)));
+  run.engine = std::string(engine_name(effective_engine(cfg.engine, cfg.strategy, cfg.precision)));
   run.precision = std::string(precision_name(cfg.precision));
   run.accumulate = cfg.accumulate;
   run.no_sync = cfg.no_sync;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,6 +27,10 @@ struct Prediction {
   std::array<std::int64_t, kCollKindCount> comm_bytes{};  // per step, nccl-tests' sizes
   // Under --mesh: comm_bytes's total split by the group that carries it (dp, tp, pp).
   std::array<std::int64_t, kMeshAxes> axis_comm_bytes{};
+  // --engine deepspeed: the rank's model states as the ZeRO paper counts them (Figure 1):
+  // parameters, the gradients the stage keeps during a step, master weights and AdamW's
+  // state (docs/formulas.md, "DeepSpeed"); none for the other engines.
+  std::optional<std::int64_t> model_states;
   // What the saved-tensor instrument holds when the forward, loss included, has ended:
   // distinct saved storages holding bytes (parameters excluded) and their bytes.
   std::int64_t saved_after_forward_bytes = 0;

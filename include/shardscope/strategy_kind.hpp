@@ -82,4 +82,11 @@ inline constexpr std::string_view precision_name(PrecisionKind p) { return kPrec
 // fp32, bf16") for any other name. Whether a configuration runs it is the CLI's check.
 PrecisionKind parse_precision(const std::string& name);
 
+// The engine a run of strategy `s` in precision `p` lays out: effective_engine(e, s), but
+// DeepSpeed's bf16 regime takes ddp too (the ZeRO paper's baseline: bf16 parameters and
+// gradients, fp32 master weights and AdamW state on every rank).
+inline constexpr EngineKind effective_engine(EngineKind e, StrategyKind s, PrecisionKind p) {
+  return e == EngineKind::deepspeed && p == PrecisionKind::bf16 ? e : effective_engine(e, s);
+}
+
 }  // namespace shardscope

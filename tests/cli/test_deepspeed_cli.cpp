@@ -122,7 +122,42 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndNoPeak) {
   // 37,536, grad 4C = 7,520, optim 8C + 4 = 15,044: 60,100 B.
   EXPECT_NE(out.find("zero3 engine=deepspeed"), std::string::npos) << out;
   EXPECT_NE(out.find("  60,100  "), std::string::npos) << out;
-  EXPECT_NE(out.find("DeepSpeed's stage 3 is planned by its model states"), std::string::npos) << out;
+  EXPECT_NE(out.find("DeepSpeed's stage 3, and its bf16 regime, are planned by their model states"), std::string::npos) << out;
+}
+
+// plan --engine deepspeed --precision bf16 reproduces the ZeRO paper's Figure 1: Ψ = 7.5B
+// (a Llama of exactly 7,500,000,000 parameters: test_deepspeed.cpp's FigureOneModelStatesByHand)
+// at N = 64: 120, 31.4, 16.6 and 1.9 GB per rank; a bf16 run is refused (exit 2).
+TEST_F(DeepSpeedCli, PlanReproducesTheZeroPapersFigureOne) {
+  const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ +
+                       "' plan --model llama --layers 38 --hidden 3840 --heads 30 --ffn 11452 --vocab 31920 "
+                       "--engine deepspeed --precision bf16 --strategies ddp,zero1,zero2,zero3 --worlds 64 "
+                       "> out.txt 2> err.txt");
+  ASSERT_EQ(rc, 0) << first_line(dir_ + "/err.txt");
+  const std::string out = read("out.txt");
+  EXPECT_NE(out.find("P = 7,500,000,000 params"), std::string::npos) << out;
+  const std::size_t block = out.find("model states per rank as the ZeRO paper counts them");
+  ASSERT_NE(block, std::string::npos) << out;
+  const struct {
+    const char* strategy;
+    const char* gb;
+  } figure[] = {{"ddp", "120.0"}, {"zero1", "31.4"}, {"zero2", "16.6"}, {"zero3", "1.9"}};
+  for (const auto& f : figure) {
+    // Its row in the block: "<strategy> engine=deepspeed precision=bf16  64  all  ...  <GB>".
+    const std::string label = std::string(f.strategy) + " engine=deepspeed precision=bf16";
+    const std::size_t at = out.find("\n  " + label + " ", block);
+    ASSERT_NE(at, std::string::npos) << label << "\n" << out;
+    const std::string line = out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+    const std::string gb = std::string(" ") + f.gb;
+    EXPECT_EQ(line.substr(line.size() - gb.size()), gb) << line;
+  }
+  // A measured bf16 run needs bf16 buffers: refused by name.
+  EXPECT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + kMlp +
+                  "--engine deepspeed --precision bf16 --strategy zero2 > /dev/null 2> err.txt"),
+            2);
+  EXPECT_EQ(first_line(dir_ + "/err.txt"),
+            "shardscope: error: --precision bf16 and --engine deepspeed: planned (plan prints its model states), not "
+            "run yet (a measured run needs bf16 buffers); allowed: fp32");
 }
 
 }  // namespace
