@@ -159,13 +159,7 @@ PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace&
   const bool flash = shape.attention == AttentionMode::flash;
   std::vector<PieceMoment>& m = p.split_backward;
   std::int64_t act = 0, temp = 0;
-  if (place.last) {
-    m.push_back({0, z.lambda, true});
-    act = -z.lambda - 4;
-    m.push_back({act, z.lambda + a, true});
-    m.push_back({act, z.lambda + 2 * a + s8, true});
-    temp = z.lambda + 2 * a;
-  }
+  if (place.last) push_head_split_backward(m, z.lambda, a, s8, act, temp);
   const std::int64_t R = flash ? 3 * a + A : 2 * a + V + A;
   auto one_block = [&](std::int64_t x, std::int64_t t) {
     m.push_back({x, t + F, true});

@@ -179,13 +179,7 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
   const bool flash = shape.attention == AttentionMode::flash;
   std::vector<PieceMoment>& m = p.split_backward;
   std::int64_t act = 0, temp = 0;
-  if (place.last) {
-    m.push_back({0, z.lambda, true});
-    act = -z.lambda - 4;
-    m.push_back({act, z.lambda + a, true});
-    m.push_back({act, z.lambda + 2 * a + s4, true});
-    temp = z.lambda + 2 * a;
-  }
+  if (place.last) push_head_split_backward(m, z.lambda, a, s4, act, temp);
   const std::int64_t R = flash ? Q + 2 * C + A : 3 * Q + A;
   auto one_layer = [&](std::int64_t x, std::int64_t t) {
     m.push_back({x, t + F, true});

@@ -59,4 +59,18 @@ struct PieceForms {
   std::vector<PieceMoment> split_backward;
 };
 
+// The last piece's split B begins with the head (docs/formulas.md, "Transformers: what B
+// keeps for W"): dlogits (lambda bytes; the log-probabilities and total_weight then freed),
+// the final norm's gradient (a), its dx (a, the top block's dy) beside the norm's scratch
+// (`norm_scratch` bytes). Pushes those instants onto `m`, sets `act` and `temp` to where
+// the blocks' walk starts.
+inline void push_head_split_backward(std::vector<PieceMoment>& m, std::int64_t lambda, std::int64_t a,
+                                     std::int64_t norm_scratch, std::int64_t& act, std::int64_t& temp) {
+  m.push_back({0, lambda, true});
+  act = -lambda - 4;
+  m.push_back({act, lambda + a, true});
+  m.push_back({act, lambda + 2 * a + norm_scratch, true});
+  temp = lambda + 2 * a;
+}
+
 }  // namespace shardscope
