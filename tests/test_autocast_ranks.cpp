@@ -1,11 +1,13 @@
 // GPT-2 and Llama under autocast(bfloat16) through ddp and zero1 on every emulated rank of
-// W = 1 to 4: each rank saves what the autocast form says, and rests and communicates
-// exactly what the fp32 closed forms predict (autocast keeps parameters, gradients and
-// AdamW state fp32, and frees every weight cast by the end of the backward; the
-// all-reduce carries the fp32 gradients). The step's peak under bf16 has no closed form
-// yet; it is not compared.
+// W = 1 to 4, flash and math: each rank saves what the autocast form says, rests and
+// communicates what the fp32 closed forms predict (autocast keeps parameters, gradients and
+// AdamW state fp32, and frees every weight cast by the end of the backward; the all-reduce
+// carries the fp32 gradients), and its peak (total, per category, phase and place) is the
+// bf16 step's closed form (harness/predict/autocast_step.hpp). The shapes put the peak in
+// different places: the top block's backward, the head's backward, the loss's end.
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 
 #include "harness/predict/autocast_forms.hpp"
@@ -16,45 +18,74 @@ namespace {
 
 using testing::mode_name;
 
-ModelConfig autocast_model(const char* family, AttentionMode mode) {
-  const bool gpt2 = std::string(family) == "gpt2";
-  const TransformerShape t = gpt2 ? testing::shape("gpt2", 2, 32, 4, 4, 128, 37, 8, mode)
-                                  : testing::shape("llama", 2, 32, 4, 2, 48, 37, 8, mode);
-  ModelConfig m = testing::transformer_model(family, t, 2);
+struct AutocastShape {
+  const char* family;
+  int layers, hidden, heads, kv_heads, ffn, vocab, seq, batch;
+  bool tied, biases;  // llama: a tied head; qkv and o biases
+};
+
+// GPT-2: the grid's shape, a wide vocabulary (the head's widened weight), long sequences
+// (math's probabilities), a narrow MLP (f < h), a narrow model over a wide vocabulary and
+// long sequences (the log-probabilities beside the logits). Llama: grouped-query untied,
+// multi-head tied with biases, long sequences, a wide vocabulary, and the narrow one. Both:
+// one long sequence through a narrow MLP (the attention's backward).
+const AutocastShape kShapes[] = {
+    {"gpt2", 2, 32, 4, 4, 128, 37, 8, 2, true, true},    {"gpt2", 2, 32, 4, 4, 128, 1000, 8, 2, true, true},
+    {"gpt2", 3, 16, 2, 2, 64, 23, 48, 2, true, true},    {"gpt2", 2, 48, 3, 3, 24, 40, 12, 3, true, true},
+    {"gpt2", 2, 16, 2, 2, 64, 200, 32, 2, true, true},   {"llama", 2, 32, 4, 2, 48, 37, 8, 2, false, false},
+    {"llama", 2, 32, 4, 4, 48, 37, 8, 2, true, true},    {"llama", 3, 16, 2, 1, 40, 23, 48, 2, false, false},
+    {"llama", 2, 32, 4, 2, 48, 900, 8, 2, false, true},  {"llama", 2, 16, 2, 1, 40, 200, 32, 2, false, false},
+    {"gpt2", 2, 16, 2, 2, 16, 23, 128, 1, true, true},   {"llama", 2, 16, 2, 1, 16, 23, 128, 1, false, false},
+};
+
+ModelConfig autocast_model(const AutocastShape& s, AttentionMode mode) {
+  TransformerShape t = testing::shape(s.family, s.layers, s.hidden, s.heads, s.kv_heads, s.ffn, s.vocab, s.seq, mode);
+  t.tied_embeddings = s.tied;
+  t.qkv_bias = t.out_bias = s.biases;
+  ModelConfig m = testing::transformer_model(s.family, t, s.batch);
   m.autocast = true;
   return m;
 }
 
-TEST(AutocastRanks, EveryRankSavesItsFormAndRestsAndCommunicatesAsPredicted) {
+std::string shape_label(const AutocastShape& s) {
+  return std::string(s.family) + " L=" + std::to_string(s.layers) + " h=" + std::to_string(s.hidden) + " f=" +
+         std::to_string(s.ffn) + " V=" + std::to_string(s.vocab) + " T=" + std::to_string(s.seq) + " B=" +
+         std::to_string(s.batch);
+}
+
+TEST(AutocastRanks, EveryRankSavesRestsCommunicatesAndPeaksAsPredicted) {
   int checked = 0;
-  for (const char* family : {"gpt2", "llama"})
+  std::set<std::string> places;
+  for (const AutocastShape& s : kShapes)
     for (AttentionMode mode : {AttentionMode::math, AttentionMode::flash})
-      for (const char* strategy : {"ddp", "zero1"})
+      for (const char* strategy : {"ddp", "zero1", "ddp copy"})
         for (int world : {1, 2, 3, 4})
           for (int rank = 0; rank < world; ++rank) {
             RunConfig cfg;
-            cfg.model = autocast_model(family, mode);
+            cfg.model = autocast_model(s, mode);
             cfg.steps = 2;
-            cfg.strategy = parse_strategy(strategy);
-            SCOPED_TRACE(std::string(family) + " " + mode_name(mode) + " " + strategy + " W=" +
-                         std::to_string(world) + " r=" + std::to_string(rank));
-            CpuBackend backend;
-            auto comm = make_fake_communicator(world, rank, &backend);
-            const auto r = testing::run_dp(cfg, backend, *comm, false);
-            const AutocastSaved form = std::string(family) == "gpt2"
-                                           ? gpt2_saved_after_forward_autocast(cfg.model.transformer, 2)
-                                           : llama_saved_after_forward_autocast(cfg.model.transformer, 2);
-            EXPECT_EQ(r.saved.bytes, form.total().bytes);
-            EXPECT_EQ(r.saved.tensors, form.total().tensors);
+            const bool copy = std::string(strategy) == "ddp copy";
+            cfg.strategy = parse_strategy(copy ? "ddp" : strategy);
+            if (copy) cfg.ddp_bucket = "copy";
+            SCOPED_TRACE(shape_label(s) + " " + mode_name(mode) + " " + strategy + " W=" + std::to_string(world) +
+                         " r=" + std::to_string(rank));
+            testing::expect_rank_measured_equals_predicted(cfg, world, rank);
+            // The saves are the autocast form's (weight casts included), not the fp32 one's.
             const Prediction p = predict_data_parallel(cfg, world, rank);
-            EXPECT_EQ(r.resting, p.resting);
-            for (int k = 0; k < kCollKindCount; ++k)
-              EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]) << kCollKindNames[k];
-            // The casts are on the step's peak: it holds at least the saves and the model states.
-            EXPECT_GE(r.peak.total, p.resting.total() + form.total().bytes);
+            const AutocastSaved form = std::string(s.family) == "gpt2"
+                                           ? gpt2_saved_after_forward_autocast(cfg.model.transformer, s.batch)
+                                           : llama_saved_after_forward_autocast(cfg.model.transformer, s.batch);
+            EXPECT_EQ(p.saved_after_forward_bytes, form.total().bytes);
+            places.insert(std::string(phase_name(p.peak_phase)) + " " + p.peak_where);
             ++checked;
           }
-  EXPECT_EQ(checked, 2 * 2 * 2 * 10);
+  EXPECT_EQ(checked, 12 * 2 * 3 * 10);
+  std::string seen;
+  for (const std::string& p : places) seen += " [" + p + "]";
+  // The peak falls in the top block's backward (layer 3 of three), the head's backward
+  // (layer 3 after two) and at the loss's end (forward, layer 3 after two).
+  EXPECT_EQ(places.size(), 3u) << seen;
+  EXPECT_EQ(places.count("forward layer 3"), 1u) << seen;
 }
 
 }  // namespace

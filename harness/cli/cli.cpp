@@ -33,6 +33,7 @@
 #include "harness/report/json_io.hpp"
 #include "harness/strategies/deepspeed_layout.hpp"
 #include "harness/run/provenance.hpp"
+#include "harness/run/run.hpp"
 #include "shardscope/check.hpp"
 #include "shardscope/schedule_kind.hpp"
 
@@ -282,9 +283,12 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
   throw UsageError("--checkpoint: unknown '" + v + "'; allowed: none, full, every:K (K >= 1), attention");
 }
 
-// --precision bf16 runs only where its regime is built; everywhere else it is refused by
-// name, never quietly run in fp32.
-void refuse_unbuilt_precision(const RunConfig& c, const std::string& command) {
+// --precision bf16 runs only where its regime is built and its peak has closed forms; everywhere
+// else it is refused by name, never quietly run in fp32. Built: the torch engine's autocast
+// for GPT-2 and Llama under ddp and zero1 (harness/predict/autocast_step.hpp); the strategies
+// a plan or sweep lists are checked per configuration (refuse_unbuilt_autocast).
+void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, const CLI::App& app,
+                              const RunFlags& f) {
   if (c.precision == PrecisionKind::fp32) return;
   // DeepSpeed's bf16 regime is planned by its model states; a measured run needs bf16 buffers.
   if (effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed) {
@@ -292,7 +296,21 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command) {
     throw UsageError("--precision bf16 and --engine deepspeed: planned (plan prints its model states), not run yet "
                      "(a measured run needs bf16 buffers); allowed: fp32");
   }
-  throw UsageError("--precision " + std::string(precision_name(c.precision)) + ": not built yet; allowed: fp32");
+  const std::string bf16 = "--precision bf16";
+  if (!c.model.is_transformer())
+    throw UsageError(bf16 + " and --model " + c.model.name + ": not built yet; allowed: fp32, or bf16 with --model "
+                     "gpt2|llama");
+  if (c.pipeline())
+    throw UsageError(bf16 + " and --schedule: a pipeline under autocast is not built yet; allowed: --strategy "
+                     "ddp|zero1");
+  if (c.model.checkpoint.any())
+    throw UsageError("--checkpoint " + c.model.checkpoint.text() + " and " + bf16 +
+                     ": the autocast step's checkpointed peak is not built yet; give --checkpoint none");
+  if (c.accumulate > 1 || c.no_sync)
+    throw UsageError(std::string(c.no_sync ? "--no-sync" : "--accumulate " + f.accumulate) + " and " + bf16 +
+                     ": accumulation under autocast is not built yet; give --accumulate 1");
+  if (app.count("--mesh") > 0) throw UsageError("--mesh and " + bf16 + ": a mesh under autocast is not built yet");
+  if (command != "plan") refuse_unbuilt_autocast(c);
 }
 
 // --engine deepspeed's combinations (docs/cli.md): stage 3 is planned, not run; DeepSpeed has
@@ -475,7 +493,10 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
   c.chunks = parse_positive("--chunks", f.chunks, 1'000);
   if (c.schedule && app.count("--chunks") == 0) c.chunks = default_chunks(*c.schedule);  // zbv: its V's 2
   if (!f.split.empty()) c.split = parse_list("--split", f.split);
-  refuse_unbuilt_precision(c, command);
+  refuse_unbuilt_precision(c, command, app, f);
+  // The torch engine's bf16: a transformer runs as torch.autocast(bfloat16) runs it.
+  c.model.autocast = c.precision == PrecisionKind::bf16 && c.model.is_transformer() &&
+                     effective_engine(c.engine, c.strategy, c.precision) == EngineKind::torch;
   c.wide_tables = f.wide;
   c.exact_bytes = exact_bytes_value(f.bytes);
   if (!f.backend.empty() && f.backend != "cpu" && f.backend != "cuda")

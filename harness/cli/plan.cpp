@@ -177,6 +177,7 @@ ConfigPeak data_parallel_peak(const RunConfig& cfg, int world) {
 // asks, from one place; `shape` is set to the checked shape.
 std::vector<StageForms> predict_stages(const RunConfig& cfg, int stages, PipelineShape* shape) {
   refuse_checkpointed_pipeline(cfg);
+  refuse_unbuilt_autocast(cfg);
   *shape = pipeline_shape(cfg, stages);
   std::vector<StageForms> forms;
   for (int s = 0; s < stages; ++s) {

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/predict/autocast_forms.hpp"
+#include "harness/predict/autocast_step.hpp"
 #include "harness/predict/deepspeed_forms.hpp"
 #include "harness/predict/fsdp2_forms.hpp"
 #include "harness/predict/gpt2_forms.hpp"
@@ -63,6 +65,18 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
     const int b = cfg.model.batch;
     const StepUnits units = step_units(cfg, world);
     const CheckpointPolicy& ck = cfg.model.checkpoint;
+    // --precision bf16 (autocast, ddp and zero1, no checkpointing: autocast_step.hpp);
+    // under zero2/zero3 or --checkpoint its peak has no form (the CLI refuses them).
+    if (cfg.model.autocast) {
+      if (units.bytes.empty() && !ck.any()) {
+        const bool gpt2 = cfg.model.name == "gpt2";
+        complete_step(gpt2 ? gpt2_step_transient_autocast(t, b) : llama_step_transient_autocast(t, b),
+                      (gpt2 ? gpt2_saved_after_forward_autocast(t, b) : llama_saved_after_forward_autocast(t, b))
+                          .total(),
+                      ranks);
+      }
+      return ranks;
+    }
     if (cfg.model.name == "gpt2")
       complete_step(gpt2_step_transient(t, b, units, ck), gpt2_saved_after_forward(t, b, ck), ranks);
     else

@@ -71,10 +71,23 @@ CommOptions choose_comm(const RunConfig& cfg, const std::string& backend, const 
 }  // namespace
 
 void validate_data_parallel(const RunConfig& cfg) {
+  refuse_unbuilt_autocast(cfg);
   // --units shapes zero2 and zero3 only (docs/design.md §3: accepted, no effect, elsewhere).
   if (shards_by_unit(cfg.strategy) && cfg.layers_per_unit > cfg.model.layers)
     throw UsageError("--units " + std::to_string(cfg.layers_per_unit) + ": more layers per unit than --layers " +
                      std::to_string(cfg.model.layers) + "; use --units all for one root unit");
+}
+
+void refuse_unbuilt_autocast(const RunConfig& cfg) {
+  if (cfg.precision != PrecisionKind::bf16 || effective_engine(cfg.engine, cfg.strategy, cfg.precision) ==
+                                                  EngineKind::deepspeed)
+    return;
+  if (cfg.pipeline())
+    throw UsageError("--precision bf16 and --schedule: a pipeline under autocast is not built yet; allowed: "
+                     "--strategy ddp|zero1");
+  if (shards_by_unit(cfg.strategy))
+    throw UsageError("--precision bf16 and --strategy " + std::string(strategy_name(cfg.strategy)) +
+                     ": FSDP's mixed precision is not built yet; allowed: ddp, zero1");
 }
 
 void refuse_checkpointed_pipeline(const RunConfig& cfg) {
@@ -239,6 +252,11 @@ JobSetup prepare_job(const RunConfig& cfg, const MpiSession& mpi) {
     check_mesh_world(cfg.mesh, setup.world, setup.world == 1 ? "one process without mpirun" :
                                             "mpirun's " + std::to_string(setup.world) + " ranks");
   refuse_checkpointed_pipeline(cfg);
+  refuse_unbuilt_autocast(cfg);
+  // The autocast models keep bf16 tensors as host bits (harness/model/autocast_parts.hpp).
+  if (cfg.model.autocast && setup.backend == "cuda")
+    throw UsageError("--precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
+                     "--backend cpu");
   if (cfg.pipeline())
     validate_pipeline(cfg, setup.world);
   else

@@ -38,6 +38,9 @@ void validate_data_parallel(const RunConfig& cfg);
 // UsageError naming --checkpoint and --schedule when a pipeline is asked to checkpoint
 // (its stages do not: docs/design.md §2); a plan or sweep lists it as skipped.
 void refuse_checkpointed_pipeline(const RunConfig& cfg);
+// --precision bf16 where the torch engine's autocast is not built: a pipeline, zero2 and
+// zero3 (exit 2 naming them).
+void refuse_unbuilt_autocast(const RunConfig& cfg);
 
 // A data-parallel run's fields before its ranks (docs/design.md §7): strategy, world, units,
 // layers_per_unit, prefetch, ddp_bucket, bucket_mb, steps, timed_steps, seed, model.

@@ -1,6 +1,8 @@
 // --precision through the binary: every record (a run's of either kind, a plan's) says its
-// precision, fp32 by default; bf16 where it is not built is refused by name on run, sweep
-// and plan (exit 2, one line), as is a precision that does not exist.
+// precision, fp32 by default; GPT-2 and Llama run bf16 under ddp and zero1 (the torch
+// engine's autocast) with every figure of the record equal to its prediction, emulated at
+// W = 3 and under mpirun at W = 2; bf16 where it is not built is refused by name on run,
+// sweep and plan (exit 2, one line), as is a precision that does not exist.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -41,23 +43,110 @@ TEST_F(Precision, RecordsSayFp32ByDefaultAndWhenAskedFor) {
   for (const json& p : plans) EXPECT_EQ(p["precision"], "fp32") << p.dump();
 }
 
+// A rank's record: saves, peak (total, per category, phase and place) and resting bytes
+// equal their predictions, and it says bf16.
+void expect_bf16_rank_as_predicted(const json& run, const json& rank, const std::string& what) {
+  EXPECT_EQ(run["precision"], "bf16") << what;
+  const json& p = rank["predicted"];
+  ASSERT_GT(rank["saved"]["after_forward_bytes"].get<std::int64_t>(), 0) << what;
+  EXPECT_EQ(rank["saved"], p["saved"]) << what;
+  EXPECT_EQ(rank["peak"]["total"], p["peak_total"]) << what;
+  EXPECT_EQ(rank["peak"]["by_category"], p["peak_by_category"]) << what;
+  EXPECT_EQ(rank["peak"]["phase"], p["peak_phase"]) << what;
+  EXPECT_EQ(rank["peak"]["where"], p["peak_where"]) << what;
+  EXPECT_EQ(rank["resting"]["total"], p["resting_total"]) << what;
+}
+
+const char* const kGpt2 = "--model gpt2 --layers 2 --hidden 32 --heads 2 --vocab 50 --seq 8 --batch 2 --steps 2 ";
+const char* const kLlama =
+    "--model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --ffn 48 --vocab 50 --seq 8 --batch 2 --steps 2 ";
+
+TEST_F(Precision, TransformersRunBf16AsPredictedOnEveryRank) {
+  for (const char* model : {kGpt2, kLlama})
+    for (const char* strategy : {"ddp", "zero1"})
+      for (const char* attention : {"flash", "math"})
+        for (int rank = 0; rank < 3; ++rank) {
+          const std::string args = std::string("run --backend cpu ") + model + "--precision bf16 --strategy " +
+                                   strategy + " --attention " + attention + " --emulate 3:" + std::to_string(rank);
+          ASSERT_EQ(binary(args + " --json r.json"), 0) << args << ": " << first_line(dir_ + "/err.txt");
+          const json run = read("r.json")["runs"][0];
+          expect_bf16_rank_as_predicted(run, run["ranks"][0], args);
+        }
+  // The table's label says it.
+  std::ifstream out(dir_ + "/out.txt");
+  const std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("precision=bf16"), std::string::npos) << text;
+}
+
+TEST_F(Precision, TransformersRunBf16UnderMpirunAsPredicted) {
+#ifndef SHARDSCOPE_WITH_MPI
+  GTEST_SKIP() << "no MPI in this build";
+#else
+  if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
+  for (const std::string& run : {std::string(kGpt2) + "--strategy zero1", std::string(kLlama) + "--strategy ddp"}) {
+    const int rc = shell("cd '" + dir_ + "' && timeout -k 5 120 mpirun --oversubscribe -np 2 '" + bin_ +
+                         "' run --backend cpu --comm mpi " + run + " --precision bf16 --json m.json > out.txt 2> err.txt");
+    ASSERT_EQ(rc, 0) << run << ": " << first_line(dir_ + "/err.txt");
+    const json r = read("m.json")["runs"][0];
+    ASSERT_EQ(r["ranks"].size(), 2u);
+    for (const json& rank : r["ranks"]) expect_bf16_rank_as_predicted(r, rank, run + " rank " + rank["rank"].dump());
+  }
+#endif
+}
+
 TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
+  const std::string g = std::string("run --backend cpu ") + kGpt2;
+  const std::string mlp_line =
+      "shardscope: error: --precision bf16 and --model mlp: not built yet; allowed: fp32, or bf16 with --model "
+      "gpt2|llama";
   const struct {
-    const char* args;
-    const char* line;
+    std::string args;
+    std::string line;
   } cases[] = {
-      {"run --backend cpu --layers 2 --width 8 --precision bf16",
-       "shardscope: error: --precision bf16: not built yet; allowed: fp32"},
-      {"plan --layers 2 --width 8 --worlds 2 --precision bf16",
-       "shardscope: error: --precision bf16: not built yet; allowed: fp32"},
-      {"sweep --backend cpu --layers 2 --width 8 --worlds 2 --precision bf16 --out sw",
-       "shardscope: error: --precision bf16: not built yet; allowed: fp32"},
+      {"run --backend cpu --layers 2 --width 8 --precision bf16", mlp_line},
+      {"plan --layers 2 --width 8 --worlds 2 --precision bf16", mlp_line},
+      {"sweep --backend cpu --layers 2 --width 8 --worlds 2 --precision bf16 --out sw", mlp_line},
       {"run --backend cpu --layers 2 --width 8 --precision fp16",
        "shardscope: error: --precision: unknown 'fp16'; allowed: fp32, bf16"},
+      {g + "--precision bf16 --strategy zero2",
+       "shardscope: error: --precision bf16 and --strategy zero2: FSDP's mixed precision is not built yet; allowed: "
+       "ddp, zero1"},
+      {g + "--precision bf16 --strategy zero3 --engine fsdp2",
+       "shardscope: error: --precision bf16 and --strategy zero3: FSDP's mixed precision is not built yet; allowed: "
+       "ddp, zero1"},
+      {g + "--precision bf16 --schedule 1f1b",
+       "shardscope: error: --precision bf16 and --schedule: a pipeline under autocast is not built yet; allowed: "
+       "--strategy ddp|zero1"},
+      {g + "--precision bf16 --checkpoint full",
+       "shardscope: error: --checkpoint full and --precision bf16: the autocast step's checkpointed peak is not built "
+       "yet; give --checkpoint none"},
+      {g + "--precision bf16 --checkpoint attention",
+       "shardscope: error: --checkpoint attention and --precision bf16: the autocast step's checkpointed peak is not "
+       "built yet; give --checkpoint none"},
+      {g + "--precision bf16 --accumulate 2",
+       "shardscope: error: --accumulate 2 and --precision bf16: accumulation under autocast is not built yet; give "
+       "--accumulate 1"},
+      {g + "--precision bf16 --mesh dp=2", "shardscope: error: --mesh and --precision bf16: a mesh under autocast is "
+                                           "not built yet"},
+      {std::string("run --backend cuda ") + kGpt2 + "--precision bf16",
+       "shardscope: error: --precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
+       "--backend cpu"},
   };
   for (const auto& c : cases) {
     EXPECT_EQ(binary(c.args), 2) << c.args;
     EXPECT_EQ(first_line(dir_ + "/err.txt"), c.line) << c.args;
+  }
+}
+
+TEST_F(Precision, PlanTakesBf16TransformersUnderDdpAndZero1) {
+  ASSERT_EQ(binary(std::string("plan ") + kGpt2 + "--precision bf16 --worlds 2 --strategies ddp,zero1 --json p.json"), 0)
+      << first_line(dir_ + "/err.txt");
+  const json plans = read("p.json")["plans"];
+  ASSERT_EQ(plans.size(), 2u);
+  for (const json& p : plans) {
+    EXPECT_EQ(p["precision"], "bf16") << p.dump();
+    const json& rank = p["rank_groups"][0]["predicted"];
+    EXPECT_GT(rank["peak_total"].get<std::int64_t>(), rank["resting_total"].get<std::int64_t>());
   }
 }
 

@@ -247,8 +247,9 @@ double relative_norm(const std::vector<float>& a, const std::vector<float>& b) {
 
 // GPT-2 and Llama under autocast(bfloat16) (ModelConfig::autocast) through ddp and zero1
 // over MPI: they train like one rank under autocast on the concatenated batch, each rank
-// saves its autocast form, rests and communicates what the fp32 forms predict, and an
-// emulated rank holds what the real one does, peak included. A rank's loss is scaled by
+// saves its autocast form, rests and communicates what the fp32 forms predict, peaks
+// where and as high as the bf16 step's form says, and an emulated rank holds what the
+// real one does, peak included. A rank's loss is scaled by
 // 1 / its tokens, the reference's by 1 / all of them: at W = 2 and 4 a power of two
 // apart, so every bf16 rounding of a gradient agrees and only the fp32 sums over ranks
 // differ (a norm bound of 1e-4); at W = 3 each rounding moves, and the two agree to
@@ -296,6 +297,12 @@ TEST(StrategiesMpi, AutocastTransformersTrainLikeOneRank) {
         const Prediction p = predict_data_parallel(cfg, world, rank);
         EXPECT_EQ(r.resting, p.resting);
         for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
+        // The bf16 step's peak (autocast_step.hpp): total, per category, phase and place.
+        ASSERT_TRUE(p.peak_known);
+        EXPECT_EQ(r.peak.total, p.peak_total);
+        EXPECT_EQ(r.peak.by_category, p.peak_by_category);
+        EXPECT_EQ(std::string(phase_name(r.peak.phase)), std::string(phase_name(p.peak_phase)));
+        EXPECT_EQ(r.where, p.peak_where);
 
         CpuBackend backend2;
         auto fake = make_fake_communicator(world, rank, &backend2);

@@ -1,0 +1,35 @@
+// The peak of a transformer's data-parallel step under --precision bf16 with the torch
+// engine, ddp and zero1 (docs/formulas.md, "bf16: the step's peak"): what GPT-2 and Llama
+// hold beyond their resting bytes at the highest instant of a step run as
+// torch.autocast(bfloat16) runs it (harness/model/gpt2_autocast.cpp, llama_autocast.cpp),
+// each instant a formula.
+//
+// Three kinds of bytes move: activation (what the blocks save: fp32 statistics, inputs
+// and x_mid, bf16 casts of the Linears' inputs and outputs, the attention's saves), the
+// weights' bf16 casts (each made in the forward, held by the GEMM's save until that
+// Linear's backward: the cast category) and temp (the batch's ids and target X = 16N
+// throughout; on the CPU a bf16 GEMM widens its operands into fp32 temps beside its
+// output, forward and backward, and a gradient at a bf16 tensor is an fp32 temp of bf16
+// values). Parameters, gradients and AdamW's state stay fp32: resting bytes are the fp32
+// forms' (transformer_forms.hpp), and ddp's and zero1's collectives run on them in place.
+//
+// Symbols as autocast_forms.hpp: N = B·T, a = 4Nh, F = 4Nf, Λ = 4NV, A the attention's
+// save (flash's log-sum-exp 4BHT, math's probabilities 4BHT²); X = 16N. A weight's fp32
+// bytes are W (its cast W/2, its widened copy W). --checkpoint is not covered: the CLI
+// refuses it under bf16.
+#pragma once
+
+#include "harness/predict/transformer_step.hpp"
+#include "shardscope/category.hpp"
+
+namespace shardscope {
+
+// The category the weights' bf16 casts are counted in (the model allocates them there).
+constexpr Category kWeightCastCategory = Category::activation;
+
+// What a ddp or zero1 step of GPT-2 / Llama under autocast holds beyond its resting
+// bytes at its peak, per category, with that instant's phase and place.
+StepTransient gpt2_step_transient_autocast(const TransformerShape& shape, int batch);
+StepTransient llama_step_transient_autocast(const TransformerShape& shape, int batch);
+
+}  // namespace shardscope
