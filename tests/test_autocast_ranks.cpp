@@ -3,7 +3,8 @@
 // communicates what the fp32 closed forms predict (autocast keeps parameters, gradients and
 // AdamW state fp32, and frees every weight cast by the end of the backward; the all-reduce
 // carries the fp32 gradients), and its peak (total, per category, phase and place) is the
-// bf16 step's closed form (harness/predict/autocast_step.hpp). The shapes put the peak in
+// bf16 step's closed form (harness/predict/autocast_step.hpp); with --accumulate (and
+// --no-sync) every micro-step walks the same instants, the first one's peak kept. The shapes put the peak in
 // different places: the top block's backward, the head's backward, the loss's end.
 #include <gtest/gtest.h>
 
@@ -58,15 +59,17 @@ TEST(AutocastRanks, EveryRankSavesRestsCommunicatesAndPeaksAsPredicted) {
   std::set<std::string> places;
   for (const AutocastShape& s : kShapes)
     for (AttentionMode mode : {AttentionMode::math, AttentionMode::flash})
-      for (const char* strategy : {"ddp", "zero1", "ddp copy"})
+      for (const char* strategy : {"ddp", "zero1", "ddp copy", "ddp accumulate 3", "zero1 accumulate 2 no_sync"})
         for (int world : {1, 2, 3, 4})
           for (int rank = 0; rank < world; ++rank) {
             RunConfig cfg;
             cfg.model = autocast_model(s, mode);
             cfg.steps = 2;
-            const bool copy = std::string(strategy) == "ddp copy";
-            cfg.strategy = parse_strategy(copy ? "ddp" : strategy);
-            if (copy) cfg.ddp_bucket = "copy";
+            const std::string setting = strategy;
+            cfg.strategy = parse_strategy(setting.substr(0, setting.find(' ')));
+            if (setting == "ddp copy") cfg.ddp_bucket = "copy";
+            if (const auto k = setting.find("accumulate "); k != std::string::npos) cfg.accumulate = setting[k + 11] - '0';
+            cfg.no_sync = setting.find("no_sync") != std::string::npos;
             SCOPED_TRACE(shape_label(s) + " " + mode_name(mode) + " " + strategy + " W=" + std::to_string(world) +
                          " r=" + std::to_string(rank));
             testing::expect_rank_measured_equals_predicted(cfg, world, rank);
@@ -79,7 +82,7 @@ TEST(AutocastRanks, EveryRankSavesRestsCommunicatesAndPeaksAsPredicted) {
             places.insert(std::string(phase_name(p.peak_phase)) + " " + p.peak_where);
             ++checked;
           }
-  EXPECT_EQ(checked, 12 * 2 * 3 * 10);
+  EXPECT_EQ(checked, 12 * 2 * 5 * 10);
   std::string seen;
   for (const std::string& p : places) seen += " [" + p + "]";
   // The peak falls in the top block's backward (layer 3 of three), the head's backward

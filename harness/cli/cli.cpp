@@ -287,8 +287,7 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
 // else it is refused by name, never quietly run in fp32. Built: the torch engine's autocast
 // for GPT-2 and Llama under ddp and zero1 (harness/predict/autocast_step.hpp); the strategies
 // a plan or sweep lists are checked per configuration (refuse_unbuilt_autocast).
-void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, const CLI::App& app,
-                              const RunFlags& f) {
+void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, const CLI::App& app) {
   if (c.precision == PrecisionKind::fp32) return;
   // DeepSpeed's bf16 regime is planned by its model states; a measured run needs bf16 buffers.
   if (effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed) {
@@ -306,9 +305,6 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
   if (c.model.checkpoint.any())
     throw UsageError("--checkpoint " + c.model.checkpoint.text() + " and " + bf16 +
                      ": the autocast step's checkpointed peak is not built yet; give --checkpoint none");
-  if (c.accumulate > 1 || c.no_sync)
-    throw UsageError(std::string(c.no_sync ? "--no-sync" : "--accumulate " + f.accumulate) + " and " + bf16 +
-                     ": accumulation under autocast is not built yet; give --accumulate 1");
   if (app.count("--mesh") > 0) throw UsageError("--mesh and " + bf16 + ": a mesh under autocast is not built yet");
   if (command != "plan") refuse_unbuilt_autocast(c);
 }
@@ -493,7 +489,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
   c.chunks = parse_positive("--chunks", f.chunks, 1'000);
   if (c.schedule && app.count("--chunks") == 0) c.chunks = default_chunks(*c.schedule);  // zbv: its V's 2
   if (!f.split.empty()) c.split = parse_list("--split", f.split);
-  refuse_unbuilt_precision(c, command, app, f);
+  refuse_unbuilt_precision(c, command, app);
   // The torch engine's bf16: a transformer runs as torch.autocast(bfloat16) runs it.
   c.model.autocast = c.precision == PrecisionKind::bf16 && c.model.is_transformer() &&
                      effective_engine(c.engine, c.strategy, c.precision) == EngineKind::torch;

@@ -1,7 +1,7 @@
 // --precision through the binary: every record (a run's of either kind, a plan's) says its
 // precision, fp32 by default; GPT-2 and Llama run bf16 under ddp and zero1 (the torch
-// engine's autocast) with every figure of the record equal to its prediction, emulated at
-// W = 3 and under mpirun at W = 2; bf16 where it is not built is refused by name on run,
+// engine's autocast, --accumulate too) with every figure of the record equal to its
+// prediction, emulated at W = 3 and under mpirun at W = 2; bf16 where it is not built is refused by name on run,
 // sweep and plan (exit 2, one line), as is a precision that does not exist.
 #include <gtest/gtest.h>
 
@@ -72,6 +72,14 @@ TEST_F(Precision, TransformersRunBf16AsPredictedOnEveryRank) {
           const json run = read("r.json")["runs"][0];
           expect_bf16_rank_as_predicted(run, run["ranks"][0], args);
         }
+  // Accumulation: each micro-step walks the same instants.
+  for (const char* acc : {"--strategy ddp --accumulate 2", "--strategy zero1 --accumulate 3 --no-sync"}) {
+    const std::string args = std::string("run --backend cpu ") + kLlama + "--precision bf16 " + acc + " --emulate 3:2";
+    ASSERT_EQ(binary(args + " --json r.json"), 0) << args << ": " << first_line(dir_ + "/err.txt");
+    const json run = read("r.json")["runs"][0];
+    EXPECT_GT(run["accumulate"].get<int>(), 1) << args;
+    expect_bf16_rank_as_predicted(run, run["ranks"][0], args);
+  }
   // The table's label says it.
   std::ifstream out(dir_ + "/out.txt");
   const std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
@@ -83,7 +91,8 @@ TEST_F(Precision, TransformersRunBf16UnderMpirunAsPredicted) {
   GTEST_SKIP() << "no MPI in this build";
 #else
   if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
-  for (const std::string& run : {std::string(kGpt2) + "--strategy zero1", std::string(kLlama) + "--strategy ddp"}) {
+  for (const std::string& run : {std::string(kGpt2) + "--strategy zero1", std::string(kLlama) + "--strategy ddp",
+                                 std::string(kGpt2) + "--strategy ddp --accumulate 2 --no-sync --attention math"}) {
     const int rc = shell("cd '" + dir_ + "' && timeout -k 5 120 mpirun --oversubscribe -np 2 '" + bin_ +
                          "' run --backend cpu --comm mpi " + run + " --precision bf16 --json m.json > out.txt 2> err.txt");
     ASSERT_EQ(rc, 0) << run << ": " << first_line(dir_ + "/err.txt");
@@ -123,9 +132,6 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
       {g + "--precision bf16 --checkpoint attention",
        "shardscope: error: --checkpoint attention and --precision bf16: the autocast step's checkpointed peak is not "
        "built yet; give --checkpoint none"},
-      {g + "--precision bf16 --accumulate 2",
-       "shardscope: error: --accumulate 2 and --precision bf16: accumulation under autocast is not built yet; give "
-       "--accumulate 1"},
       {g + "--precision bf16 --mesh dp=2", "shardscope: error: --mesh and --precision bf16: a mesh under autocast is "
                                            "not built yet"},
       {std::string("run --backend cuda ") + kGpt2 + "--precision bf16",
