@@ -537,4 +537,160 @@ void cross_entropy_backward(float* dlogits, const float* logprobs, const std::in
   CUDA_CHECK_LAUNCH();
 }
 
+// ---- vocabulary-parallel pieces ----------------------------------------------------------
+namespace {
+
+__global__ void vocab_embedding_forward_kernel(float* out, const std::int64_t* ids, const float* table,
+                                               std::size_t n, std::size_t dim, std::int64_t first,
+                                               std::int64_t count) {
+  SS_GRID_STRIDE(i, n) {
+    const std::int64_t v = ids[i / dim] - first;
+    out[i] = v >= 0 && v < count ? table[static_cast<std::size_t>(v) * dim + i % dim] : 0.0f;
+  }
+}
+
+__global__ void vocab_embedding_scatter_kernel(float* dtable, const std::int64_t* ids, const float* dy,
+                                               std::size_t n, std::size_t dim, std::int64_t first,
+                                               std::int64_t count) {
+  SS_GRID_STRIDE(i, n) {
+    const std::int64_t v = ids[i / dim] - first;
+    if (v >= 0 && v < count) atomicAdd(&dtable[static_cast<std::size_t>(v) * dim + i % dim], dy[i]);
+  }
+}
+
+__global__ void row_max_kernel(float* max, const float* x, std::int64_t rows, int cols) {
+  __shared__ float scratch[32];
+  SS_ROW_STRIDE(row, rows) {
+    const float* xr = x + row * cols;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, xr[j]);
+    m = block_max(m, scratch);
+    if (threadIdx.x == 0) max[row] = m;
+  }
+}
+
+__global__ void row_sum_exp_kernel(float* sum, const float* x, const float* max, std::int64_t rows, int cols) {
+  __shared__ float scratch[32];
+  SS_ROW_STRIDE(row, rows) {
+    const float* xr = x + row * cols;
+    const float m = max[row];
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) s += expf(xr[j] - m);
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) sum[row] = s;
+  }
+}
+
+__global__ void log_softmax_given_kernel(float* logprobs, const float* x, const float* max, const float* sum,
+                                         std::size_t n, int cols) {
+  SS_GRID_STRIDE(i, n) {
+    const std::size_t row = i / static_cast<std::size_t>(cols);
+    logprobs[i] = x[i] - max[row] - logf(sum[row]);
+  }
+}
+
+__global__ void vocab_nll_loss_kernel(float* loss_out, const float* logprobs, const std::int64_t* targets,
+                                      std::int64_t rows, int cols, std::int64_t first, float scale) {
+  __shared__ double buf[kLossThreads];
+  double s = 0.0;
+  for (std::int64_t i = threadIdx.x; i < rows; i += kLossThreads) {
+    const std::int64_t v = targets[i] - first;
+    if (v >= 0 && v < cols) s -= static_cast<double>(logprobs[i * cols + v]);
+  }
+  buf[threadIdx.x] = s;
+  __syncthreads();
+  for (int stride = kLossThreads / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride) buf[threadIdx.x] += buf[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    loss_out[0] = static_cast<float>(static_cast<double>(scale) * (buf[0] / static_cast<double>(rows)));
+  }
+}
+
+__global__ void vocab_cross_entropy_backward_kernel(float* dlogits, const float* logprobs,
+                                                    const std::int64_t* targets, std::size_t n, int cols,
+                                                    std::int64_t first, float scale_over_rows) {
+  SS_GRID_STRIDE(i, n) {
+    const std::int64_t col = static_cast<std::int64_t>(i % cols);
+    const float at_target = targets[i / cols] - first == col ? scale_over_rows : 0.0f;
+    dlogits[i] = scale_over_rows * expf(logprobs[i]) - at_target;
+  }
+}
+
+}  // namespace
+
+void vocab_embedding_forward(float* out, const std::int64_t* ids, const float* table, int rows, int dim,
+                             std::int64_t first, int count, cudaStream_t stream) {
+  SHARDSCOPE_REQUIRE(rows >= 0 && dim >= 0 && count >= 0, "vocab_embedding_forward: negative shape");
+  const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(dim);
+  if (n == 0) return;
+  vocab_embedding_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(out, ids, table, n,
+                                                                         static_cast<std::size_t>(dim), first, count);
+  CUDA_CHECK_LAUNCH();
+}
+
+void vocab_embedding_backward(float* dtable, const std::int64_t* ids, const float* dy, int rows, int dim,
+                              std::int64_t first, int count, float beta, cudaStream_t stream) {
+  SHARDSCOPE_REQUIRE(rows >= 0 && dim >= 0 && count >= 0, "vocab_embedding_backward: negative shape");
+  const std::size_t table = static_cast<std::size_t>(count) * static_cast<std::size_t>(dim);
+  if (table == 0) return;
+  if (beta == 0.0f) {
+    CUDA_CHECK(cudaMemsetAsync(dtable, 0, table * sizeof(float), stream));
+  } else if (beta != 1.0f) {
+    scale(dtable, beta, table, stream);
+  }
+  const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(dim);
+  if (n == 0) return;
+  vocab_embedding_scatter_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dtable, ids, dy, n,
+                                                                         static_cast<std::size_t>(dim), first, count);
+  CUDA_CHECK_LAUNCH();
+}
+
+void row_max(float* max, const float* x, std::int64_t rows, int cols, cudaStream_t stream) {
+  SHARDSCOPE_REQUIRE(rows >= 0 && cols > 0, "row_max: rows >= 0 and cols > 0");
+  if (rows == 0) return;
+  row_max_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(max, x, rows, cols);
+  CUDA_CHECK_LAUNCH();
+}
+
+void row_sum_exp(float* sum, const float* x, const float* max, std::int64_t rows, int cols, cudaStream_t stream) {
+  SHARDSCOPE_REQUIRE(rows >= 0 && cols > 0, "row_sum_exp: rows >= 0 and cols > 0");
+  if (rows == 0) return;
+  row_sum_exp_kernel<<<row_blocks(rows), kRowThreads, 0, stream>>>(sum, x, max, rows, cols);
+  CUDA_CHECK_LAUNCH();
+}
+
+void log_softmax_given(float* logprobs, const float* x, const float* max, const float* sum, std::int64_t rows,
+                       int cols, cudaStream_t stream) {
+  SHARDSCOPE_REQUIRE(rows >= 0 && cols > 0, "log_softmax_given: rows >= 0 and cols > 0");
+  const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+  if (n == 0) return;
+  log_softmax_given_kernel<<<blocks_for(n), kThreads, 0, stream>>>(logprobs, x, max, sum, n, cols);
+  CUDA_CHECK_LAUNCH();
+}
+
+void vocab_nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets,
+                            std::int64_t rows, int cols, std::int64_t first, float scale, cudaStream_t stream) {
+  SHARDSCOPE_REQUIRE(rows >= 0 && cols > 0, "vocab_nll_loss_forward: rows >= 0 and cols > 0");
+  if (rows == 0) {
+    CUDA_CHECK(cudaMemsetAsync(loss_out, 0, sizeof(float), stream));
+    return;
+  }
+  vocab_nll_loss_kernel<<<1, kLossThreads, 0, stream>>>(loss_out, logprobs, targets, rows, cols, first, scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+void vocab_cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
+                                  std::int64_t rows, int cols, std::int64_t first, float scale,
+                                  cudaStream_t stream) {
+  SHARDSCOPE_REQUIRE(rows >= 0 && cols > 0, "vocab_cross_entropy_backward: rows >= 0 and cols > 0");
+  const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+  if (n == 0) return;
+  const auto scale_over_rows = static_cast<float>(static_cast<double>(scale) / static_cast<double>(rows));
+  vocab_cross_entropy_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(dlogits, logprobs, targets, n, cols,
+                                                                              first, scale_over_rows);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace shardscope::cuda_ops

@@ -58,4 +58,19 @@ void nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t
 void cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
                             std::int64_t rows, int cols, float scale, cudaStream_t stream);
 
+// Vocabulary-parallel pieces (backend.hpp): a rank's rows [first, first + count).
+void vocab_embedding_forward(float* out, const std::int64_t* ids, const float* table, int rows, int dim,
+                             std::int64_t first, int count, cudaStream_t stream);
+void vocab_embedding_backward(float* dtable, const std::int64_t* ids, const float* dy, int rows, int dim,
+                              std::int64_t first, int count, float beta, cudaStream_t stream);
+void row_max(float* max, const float* x, std::int64_t rows, int cols, cudaStream_t stream);
+void row_sum_exp(float* sum, const float* x, const float* max, std::int64_t rows, int cols, cudaStream_t stream);
+void log_softmax_given(float* logprobs, const float* x, const float* max, const float* sum, std::int64_t rows,
+                       int cols, cudaStream_t stream);
+void vocab_nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets,
+                            std::int64_t rows, int cols, std::int64_t first, float scale, cudaStream_t stream);
+void vocab_cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
+                                  std::int64_t rows, int cols, std::int64_t first, float scale,
+                                  cudaStream_t stream);
+
 }  // namespace shardscope::cuda_ops

@@ -281,4 +281,78 @@ void cross_entropy_backward(float* dlogits, const float* logprobs, const std::in
   }
 }
 
+// ---- vocabulary-parallel pieces ------------------------------------------------------------
+
+void vocab_embedding_forward(float* out, const std::int64_t* ids, const float* table, int rows, int dim,
+                             std::int64_t first, int count) {
+  for (int i = 0; i < rows; ++i) {
+    const std::int64_t v = ids[i] - first;
+    float* dst = out + at(i, dim);
+    if (v < 0 || v >= count) {
+      for (int j = 0; j < dim; ++j) dst[j] = 0.0f;
+      continue;
+    }
+    const float* src = table + at(v, dim);
+    for (int j = 0; j < dim; ++j) dst[j] = src[j];
+  }
+}
+
+void vocab_embedding_backward(float* dtable, const std::int64_t* ids, const float* dy, int rows, int dim,
+                              std::int64_t first, int count, float beta) {
+  scale_by_beta(dtable, at(count, dim), beta);
+  for (int i = 0; i < rows; ++i) {
+    const std::int64_t v = ids[i] - first;
+    if (v < 0 || v >= count) continue;
+    float* dst = dtable + at(v, dim);
+    const float* src = dy + at(i, dim);
+    for (int j = 0; j < dim; ++j) dst[j] += src[j];
+  }
+}
+
+void row_max(float* max, const float* x, std::int64_t rows, int cols) {
+  for (std::int64_t r = 0; r < rows; ++r) max[r] = lane_max(x + at(r, cols), cols, -std::numeric_limits<float>::infinity());
+}
+
+void row_sum_exp(float* sum, const float* x, const float* max, std::int64_t rows, int cols) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + at(r, cols);
+    const float mx = max[r];
+    sum[r] = static_cast<float>(lane_sum(cols, [&](int j) { return math::fast_exp(xr[j] - mx); }));
+  }
+}
+
+void log_softmax_given(float* logprobs, const float* x, const float* max, const float* sum, std::int64_t rows,
+                       int cols) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + at(r, cols);
+    float* out = logprobs + at(r, cols);
+    const float mx = max[r];
+    const float log_sum = std::log(sum[r]);
+    for (int j = 0; j < cols; ++j) out[j] = (xr[j] - mx) - log_sum;
+  }
+}
+
+void vocab_nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets, std::int64_t rows,
+                            int cols, std::int64_t first, float scale) {
+  double acc = 0.0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t v = targets[r] - first;
+    if (v >= 0 && v < cols) acc -= logprobs[at(r, cols) + static_cast<std::size_t>(v)];
+  }
+  loss_out[0] = rows == 0 ? 0.0f : static_cast<float>(static_cast<double>(scale) * acc / static_cast<double>(rows));
+}
+
+void vocab_cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
+                                  std::int64_t rows, int cols, std::int64_t first, float scale) {
+  if (rows == 0) return;
+  const float f = static_cast<float>(static_cast<double>(scale) / static_cast<double>(rows));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* lp = logprobs + at(r, cols);
+    float* d = dlogits + at(r, cols);
+    for (int j = 0; j < cols; ++j) d[j] = f * math::fast_exp(lp[j]);
+    const std::int64_t v = targets[r] - first;
+    if (v >= 0 && v < cols) d[v] -= f;
+  }
+}
+
 }  // namespace shardscope::host

@@ -199,6 +199,24 @@ void Backend::log_softmax_forward(float*, const float*, std::int64_t, int) { no_
 void Backend::nll_loss_forward(float*, const float*, const std::int64_t*, std::int64_t, int, float) {
   no_kernel(*this, "nll_loss_forward");
 }
+void Backend::vocab_embedding_forward(float*, const std::int64_t*, const float*, int, int, std::int64_t, int) {
+  no_kernel(*this, "vocab_embedding_forward");
+}
+void Backend::vocab_embedding_backward(float*, const std::int64_t*, const float*, int, int, std::int64_t, int, float) {
+  no_kernel(*this, "vocab_embedding_backward");
+}
+void Backend::row_max(float*, const float*, std::int64_t, int) { no_kernel(*this, "row_max"); }
+void Backend::row_sum_exp(float*, const float*, const float*, std::int64_t, int) { no_kernel(*this, "row_sum_exp"); }
+void Backend::log_softmax_given(float*, const float*, const float*, const float*, std::int64_t, int) {
+  no_kernel(*this, "log_softmax_given");
+}
+void Backend::vocab_nll_loss_forward(float*, const float*, const std::int64_t*, std::int64_t, int, std::int64_t, float) {
+  no_kernel(*this, "vocab_nll_loss_forward");
+}
+void Backend::vocab_cross_entropy_backward(float*, const float*, const std::int64_t*, std::int64_t, int, std::int64_t,
+                                           float) {
+  no_kernel(*this, "vocab_cross_entropy_backward");
+}
 void Backend::cross_entropy_backward(float*, const float*, const std::int64_t*, std::int64_t, int, float) {
   no_kernel(*this, "cross_entropy_backward");
 }

@@ -163,6 +163,31 @@ void CpuBackend::cross_entropy_backward(float* dlogits, const float* logprobs, c
   host::cross_entropy_backward(dlogits, logprobs, targets, rows, cols, scale);
 }
 
+void CpuBackend::vocab_embedding_forward(float* out, const std::int64_t* ids, const float* table, int rows, int dim,
+                                         std::int64_t first, int count) {
+  host::vocab_embedding_forward(out, ids, table, rows, dim, first, count);
+}
+void CpuBackend::vocab_embedding_backward(float* dtable, const std::int64_t* ids, const float* dy, int rows, int dim,
+                                          std::int64_t first, int count, float beta) {
+  host::vocab_embedding_backward(dtable, ids, dy, rows, dim, first, count, beta);
+}
+void CpuBackend::row_max(float* max, const float* x, std::int64_t rows, int cols) { host::row_max(max, x, rows, cols); }
+void CpuBackend::row_sum_exp(float* sum, const float* x, const float* max, std::int64_t rows, int cols) {
+  host::row_sum_exp(sum, x, max, rows, cols);
+}
+void CpuBackend::log_softmax_given(float* logprobs, const float* x, const float* max, const float* sum,
+                                   std::int64_t rows, int cols) {
+  host::log_softmax_given(logprobs, x, max, sum, rows, cols);
+}
+void CpuBackend::vocab_nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets,
+                                        std::int64_t rows, int cols, std::int64_t first, float scale) {
+  host::vocab_nll_loss_forward(loss_out, logprobs, targets, rows, cols, first, scale);
+}
+void CpuBackend::vocab_cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
+                                              std::int64_t rows, int cols, std::int64_t first, float scale) {
+  host::vocab_cross_entropy_backward(dlogits, logprobs, targets, rows, cols, first, scale);
+}
+
 void CpuBackend::upload(float* dst, const float* host, std::size_t n) {
   if (n != 0) std::memcpy(dst, host, n * sizeof(float));
 }

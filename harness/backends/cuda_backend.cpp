@@ -480,6 +480,33 @@ void CudaBackend::cross_entropy_backward(float* dlogits, const float* logprobs,
   cuda_ops::cross_entropy_backward(dlogits, logprobs, targets, rows, cols, scale, stream_);
 }
 
+void CudaBackend::vocab_embedding_forward(float* out, const std::int64_t* ids, const float* table, int rows, int dim,
+                                          std::int64_t first, int count) {
+  cuda_ops::vocab_embedding_forward(out, ids, table, rows, dim, first, count, stream_);
+}
+void CudaBackend::vocab_embedding_backward(float* dtable, const std::int64_t* ids, const float* dy, int rows, int dim,
+                                           std::int64_t first, int count, float beta) {
+  cuda_ops::vocab_embedding_backward(dtable, ids, dy, rows, dim, first, count, beta, stream_);
+}
+void CudaBackend::row_max(float* max, const float* x, std::int64_t rows, int cols) {
+  cuda_ops::row_max(max, x, rows, cols, stream_);
+}
+void CudaBackend::row_sum_exp(float* sum, const float* x, const float* max, std::int64_t rows, int cols) {
+  cuda_ops::row_sum_exp(sum, x, max, rows, cols, stream_);
+}
+void CudaBackend::log_softmax_given(float* logprobs, const float* x, const float* max, const float* sum,
+                                    std::int64_t rows, int cols) {
+  cuda_ops::log_softmax_given(logprobs, x, max, sum, rows, cols, stream_);
+}
+void CudaBackend::vocab_nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets,
+                                         std::int64_t rows, int cols, std::int64_t first, float scale) {
+  cuda_ops::vocab_nll_loss_forward(loss_out, logprobs, targets, rows, cols, first, scale, stream_);
+}
+void CudaBackend::vocab_cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
+                                               std::int64_t rows, int cols, std::int64_t first, float scale) {
+  cuda_ops::vocab_cross_entropy_backward(dlogits, logprobs, targets, rows, cols, first, scale, stream_);
+}
+
 void CudaBackend::upload(float* dst, const float* host, std::size_t n) {
   if (n == 0) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_));

@@ -97,6 +97,19 @@ class CudaBackend final : public Backend {
   void cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
                               std::int64_t rows, int cols, float scale) override;
 
+  void vocab_embedding_forward(float* out, const std::int64_t* ids, const float* table, int rows, int dim,
+                               std::int64_t first, int count) override;
+  void vocab_embedding_backward(float* dtable, const std::int64_t* ids, const float* dy, int rows, int dim,
+                                std::int64_t first, int count, float beta) override;
+  void row_max(float* max, const float* x, std::int64_t rows, int cols) override;
+  void row_sum_exp(float* sum, const float* x, const float* max, std::int64_t rows, int cols) override;
+  void log_softmax_given(float* logprobs, const float* x, const float* max, const float* sum, std::int64_t rows,
+                         int cols) override;
+  void vocab_nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets, std::int64_t rows,
+                              int cols, std::int64_t first, float scale) override;
+  void vocab_cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
+                                    std::int64_t rows, int cols, std::int64_t first, float scale) override;
+
   void upload(float* dst, const float* host, std::size_t n) override;
   void download(float* host, const float* src, std::size_t n) override;
   void synchronize() override;

@@ -149,7 +149,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--emulate", f.emulate, "W:r: play rank r of a world of W in this one process")->type_name("W:r");
   app.add_option("--mesh", f.mesh,
                  "dp=D,tp=T,pp=S (any subset; D*T*S = the world; ranks tp fastest, then dp, then pp): each axis its "
-                 "own group and communicator; tp splits the MLP's Linears (column, row, ...)")
+                 "own group and communicator; tp splits the MLP's Linears (column, row, ...) and GPT-2 as Megatron-LM")
       ->type_name("AXES");
   app.add_option("--comm-timeout", f.comm_timeout,
                  "seconds any one collective may wait before the job is aborted, exit 3 (default 300)")
@@ -348,10 +348,7 @@ void check_mesh_config(const RunConfig& c) {
     throw UsageError(mesh + ": a mesh with a pipeline axis (--schedule, pp > 1) is not built yet; give pp=1 and "
                      "--strategy");
   if (m.tp == 1) return;
-  if (c.model.is_transformer())
-    throw UsageError(mesh + " and --model " + c.model.name + ": tensor parallelism of a transformer is not built "
-                     "yet; give tp=1, or --model mlp");
-  check_mlp_tensor_parallel(c.model, m.tp);
+  check_tensor_parallel(c.model, m.tp);
   if (c.strategy != StrategyKind::ddp && c.strategy != StrategyKind::zero1)
     throw UsageError(mesh + " and --strategy " + std::string(strategy_name(c.strategy)) +
                      ": tp > 1 runs with ddp or zero1 along dp (zero2/zero3 are not built yet)");

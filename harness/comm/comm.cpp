@@ -155,6 +155,11 @@ void Communicator::all_reduce_sum(float* buf, std::size_t count) {
         [&] { do_all_reduce_sum(buf, count); });
 }
 
+void Communicator::all_reduce_max(float* buf, std::size_t count) {
+  timed(CollKind::all_reduce, payload_bytes(count), "all_reduce",
+        [&] { do_all_reduce_max(buf, count); });
+}
+
 void Communicator::reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) {
   // nccl-tests' size for reduce-scatter is the whole input: world x shard.
   timed(CollKind::reduce_scatter, payload_bytes(recv_count) * world_, "reduce_scatter",

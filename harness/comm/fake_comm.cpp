@@ -24,6 +24,7 @@ class FakeCommunicator final : public Communicator {
  protected:
   // The buffer already holds this rank's own contribution; the others add zeros.
   void do_all_reduce_sum(float*, std::size_t) override {}
+  void do_all_reduce_max(float*, std::size_t) override {}  // the others' are taken to be no larger
   void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) override {
     if (backend() == nullptr || recv_count == 0) return;
     const float* own = send + static_cast<std::size_t>(rank()) * recv_count;

@@ -73,13 +73,8 @@ class MpiCommunicator final : public Communicator {
   std::string name() const override { return "mpi"; }
 
  protected:
-  void do_all_reduce_sum(float* buf, std::size_t count) override {
-    if (!staged_) return host_all_reduce(buf, count);
-    float* h = backend()->staging(0, count);
-    backend()->download(h, buf, count);
-    host_all_reduce(h, count);
-    backend()->upload(buf, h, count);
-  }
+  void do_all_reduce_sum(float* buf, std::size_t count) override { all_reduce(buf, count, MPI_SUM); }
+  void do_all_reduce_max(float* buf, std::size_t count) override { all_reduce(buf, count, MPI_MAX); }
 
   void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) override {
     const std::size_t total = recv_count * static_cast<std::size_t>(world());
@@ -186,9 +181,17 @@ class MpiCommunicator final : public Communicator {
 
   // --- host buffers from here on ---
 
-  void host_all_reduce(float* buf, std::size_t count) {
+  void all_reduce(float* buf, std::size_t count, MPI_Op op) {
+    if (!staged_) return host_all_reduce(buf, count, op);
+    float* h = backend()->staging(0, count);
+    backend()->download(h, buf, count);
+    host_all_reduce(h, count, op);
+    backend()->upload(buf, h, count);
+  }
+
+  void host_all_reduce(float* buf, std::size_t count, MPI_Op op) {
     for_chunks(count, [&](std::size_t off, int n) {
-      MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + off, n, MPI_FLOAT, MPI_SUM, comm_, post()));
+      MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + off, n, MPI_FLOAT, op, comm_, post()));
     });
     wait_posted();
   }

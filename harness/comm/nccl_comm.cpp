@@ -88,6 +88,14 @@ class NcclCommunicator final : public Communicator {
     wait_stream();
   }
 
+  void do_all_reduce_max(float* buf, std::size_t count) override {
+    usable();
+    const FirstCall first(*this, Op::all_reduce);
+    if (count > 0)
+      NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, ncclMax, comm_, cuda_->stream()));
+    wait_stream();
+  }
+
   void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) override {
     usable();
     const FirstCall first(*this, Op::reduce_scatter);

@@ -19,6 +19,7 @@ class SelfCommunicator final : public Communicator {
 
  protected:
   void do_all_reduce_sum(float*, std::size_t) override {}
+  void do_all_reduce_max(float*, std::size_t) override {}
   void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) override {
     copy(recv, send, recv_count);
   }

@@ -37,21 +37,49 @@ enum BlockTensor : int {
   kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kMlpProjW, kMlpProjB
 };
 
+// Under tensor parallelism (Megatron's ParallelAttention and ParallelMLP), rank r of T
+// holds heads [r H/T, (r + 1) H/T): c_attn is column-parallel (its heads' rows of q, k and
+// v, and of the bias: qkv is (N, 3h/T), laid out q | k | v as the one-rank model's),
+// attn.c_proj row-parallel (the h/T columns those heads feed; its bias whole), c_fc
+// column-parallel (f/T rows) and mlp.c_proj row-parallel (f/T columns; bias whole). A
+// row-parallel Linear's partial output is made in the buffer it ends in (x_mid, the
+// block's output), all-reduced over the group in place, then the residual and the bias
+// are added; each column-parallel Linear's input gradient (ln_1's and ln_2's output
+// gradient) is all-reduced in place. The norms are whole on every rank: their inputs
+// and output gradients are the same on every rank, and so are their gradients, which
+// are not reduced (as Megatron without sequence parallelism).
 class TransformerBlock final : public SequenceBlock {
  public:
-  TransformerBlock(const TransformerShape& s, int layer)
-      : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)) {
+  TransformerBlock(const TransformerShape& s, int layer, const TensorParallel& tp)
+      : SequenceBlock(s, kFamily),
+        name_("block " + std::to_string(layer)),
+        tp_(tp),
+        hl_(s.hidden / tp.size),
+        fl_(s.ffn / tp.size),
+        as_(attention_shape(s, tp.size)) {
     const std::string p = "transformer.h." + std::to_string(layer) + ".";
-    const i64 h = s.hidden, f = s.ffn;
+    const i64 h = s.hidden, hl = hl_, fl = fl_;
     const float w = uniform_bound(kInitStd);
     // nanoGPT scales the residual projections' init by 1 / sqrt(2 L).
     const float wr = uniform_bound(kInitStd / std::sqrt(2.0f * static_cast<float>(s.layers)));
     params_ = {{p + "ln_1.weight", {h}, 0.0f, 1.0f},   {p + "ln_1.bias", {h}},
-               {p + "attn.c_attn.weight", {3 * h, h}, w}, {p + "attn.c_attn.bias", {3 * h}},
-               {p + "attn.c_proj.weight", {h, h}, wr},    {p + "attn.c_proj.bias", {h}},
+               {p + "attn.c_attn.weight", {3 * hl, h}, w}, {p + "attn.c_attn.bias", {3 * hl}},
+               {p + "attn.c_proj.weight", {h, hl}, wr},    {p + "attn.c_proj.bias", {h}},
                {p + "ln_2.weight", {h}, 0.0f, 1.0f},   {p + "ln_2.bias", {h}},
-               {p + "mlp.c_fc.weight", {f, h}, w},        {p + "mlp.c_fc.bias", {f}},
-               {p + "mlp.c_proj.weight", {h, f}, wr},     {p + "mlp.c_proj.bias", {h}}};
+               {p + "mlp.c_fc.weight", {fl, h}, w},        {p + "mlp.c_fc.bias", {fl}},
+               {p + "mlp.c_proj.weight", {h, fl}, wr},     {p + "mlp.c_proj.bias", {h}}};
+    if (tp.size > 1) {
+      // q, k and v each give their rows [r hl, (r + 1) hl): three blocks of hl rows, h·h
+      // elements apart in the whole (3h, h) weight, h apart in its bias.
+      ParamSpec& qkv_w = params_[kAttnW];
+      qkv_w.full_cols = h * h, qkv_w.shard_first = tp.rank * hl * h, qkv_w.shard_cols = hl * h;
+      ParamSpec& qkv_b = params_[kAttnB];
+      qkv_b.full_cols = h, qkv_b.shard_first = tp.rank * hl, qkv_b.shard_cols = hl;
+      shard_cols(params_[kProjW], tp.rank, hl, h);
+      shard_rows(params_[kFcW], tp.rank, fl, h);
+      shard_rows(params_[kFcB], tp.rank, 1, fl);
+      shard_cols(params_[kMlpProjW], tp.rank, fl, s.ffn);
+    }
   }
   bool checkpointable() const override { return true; }
   void set_recompute_attention(bool on) override { recompute_attention_ = on; }
@@ -73,8 +101,9 @@ class TransformerBlock final : public SequenceBlock {
   Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
                  BlockTape& tape) override {
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
-    const i64 a = 4 * n * h;  // bytes of one (N, h) activation
+    const i64 n = tokens(c.rows), h = s_.hidden, hl = hl_, f = fl_;
+    const i64 a = 4 * n * h;    // bytes of one (N, h) activation
+    const i64 al = 4 * n * hl;  // of the attention's (N, h/T) on this rank
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto act = [&](i64 count) { return be.alloc(Category::activation, floats(count)); };
     std::vector<Buffer>& held = tape.held;
@@ -96,9 +125,8 @@ class TransformerBlock final : public SequenceBlock {
     const bool flash = s_.attention == AttentionMode::flash;
     // (N, 3h): saved by flash, and by math when its v is a view of it
     const bool qkv_saved = flash || v_is_view(c.rows);
-    Buffer qkv = be.alloc(qkv_saved ? Category::activation : Category::temp, floats(3 * n * h));
-    linear_forward(be, qkv.data(), held[kLn1].data(), param(kAttnW), param(kAttnB), n, s_.hidden, 3 * s_.hidden,
-                   0.0f);
+    Buffer qkv = be.alloc(qkv_saved ? Category::activation : Category::temp, floats(3 * n * hl));
+    linear_forward(be, qkv.data(), held[kLn1].data(), param(kAttnW), param(kAttnB), n, s_.hidden, 3 * hl_, 0.0f);
     c.saved.save(held[kLn1].data(), a);
     c.saved.save(attn_weight_(), 0);
 
@@ -106,17 +134,17 @@ class TransformerBlock final : public SequenceBlock {
     if (flash) {
       // Flash SDPA saves q, k, v (views of the one qkv storage), its output and the
       // log-sum-exp (B, heads, T).
-      held[kAttnOut] = act(n * h);
-      held[kLse] = act(static_cast<i64>(c.rows) * s_.heads * s_.seq);
-      be.flash_attention_forward(attention(c.rows, qkv.data()), held[kAttnOut].data(), s_.hidden, held[kLse].data());
-      c.saved.save(qkv.data(), 3 * a);
-      c.saved.save(held[kAttnOut].data(), a);
+      held[kAttnOut] = act(n * hl);
+      held[kLse] = act(static_cast<i64>(c.rows) * as_.heads * s_.seq);
+      be.flash_attention_forward(attention(c.rows, qkv.data()), held[kAttnOut].data(), hl_, held[kLse].data());
+      c.saved.save(qkv.data(), 3 * al);
+      c.saved.save(held[kAttnOut].data(), al);
       // --checkpoint attention: the log-sum-exp is freed, not saved (flash_backward runs
       // the flash forward again).
       if (recompute_attention_)
         held[kLse].reset();
       else
-        c.saved.save(held[kLse].data(), 4 * static_cast<i64>(c.rows) * s_.heads * s_.seq);
+        c.saved.save(held[kLse].data(), 4 * static_cast<i64>(c.rows) * as_.heads * s_.seq);
       held[kQkv] = std::move(qkv);
       y = held[kAttnOut].data();
     } else {
@@ -128,30 +156,29 @@ class TransformerBlock final : public SequenceBlock {
       const bool v_view = v_is_view(c.rows);
       for (int j : {kQ, kK, kV}) {
         if (j == kV && v_view) continue;
-        held[j] = act(n * h);
-        be.permute_heads(held[j].data(), qkv.data() + (j == kQ ? 0 : j == kK ? h : 2 * h), 3 * s_.hidden, c.rows,
-                         t, s_.heads, hd, true);
+        held[j] = act(n * hl);
+        be.permute_heads(held[j].data(), qkv.data() + (j == kQ ? 0 : j == kK ? hl : 2 * hl), 3 * hl_, c.rows, t,
+                         as_.heads, hd, true);
       }
       if (v_view) held[kQkv] = std::move(qkv);
       qkv.reset();
       // --checkpoint attention: the probabilities are freed, not saved (math_backward
       // recomputes them).
-      auto [probs, attn_out] = math_attention_forward(be, math_attention(s_, c.rows), held[kQ].data(), held[kK].data(),
-                                                      v_operand(c.rows, held), !recompute_attention_);
+      auto [probs, attn_out] = math_attention_forward(be, math_attention(as_, c.rows), held[kQ].data(),
+                                                      held[kK].data(), v_operand(c.rows, held), !recompute_attention_);
       held[kProbs] = std::move(probs);
       held[kAttnOut] = std::move(attn_out);  // y = out.transpose(1, 2).contiguous(), (N, h)
-      c.saved.save(held[kQ].data(), a);
-      c.saved.save(held[kK].data(), a);
+      c.saved.save(held[kQ].data(), al);
+      c.saved.save(held[kK].data(), al);
       if (held[kProbs]) c.saved.save(held[kProbs].data(), static_cast<i64>(held[kProbs].bytes()));
-      c.saved.save(held[v_view ? static_cast<int>(kQkv) : static_cast<int>(kV)].data(), v_view ? 3 * a : a);
+      c.saved.save(held[v_view ? static_cast<int>(kQkv) : static_cast<int>(kV)].data(), v_view ? 3 * al : al);
       y = held[kAttnOut].data();
     }
 
     // x_mid = x + c_proj(y): c_proj saves y (mm's mat1) and its weight.
     held[kXmid] = act(n * h);
-    be.copy(held[kXmid].data(), x, floats(n * h));
-    linear_forward(be, held[kXmid].data(), y, param(kProjW), param(kProjB), n, s_.hidden, s_.hidden, 1.0f);
-    c.saved.save(y, a);
+    row_parallel_forward(c, held[kXmid], x, y, param(kProjW), param(kProjB), hl_);
+    c.saved.save(y, al);
     c.saved.save(proj_weight_(), 0);
 
     // ln_2
@@ -167,7 +194,7 @@ class TransformerBlock final : public SequenceBlock {
 
     // c_fc (saves ln_2's output), GELU (saves its input), mlp c_proj (saves GELU's output)
     held[kFc] = act(n * f);
-    linear_forward(be, held[kFc].data(), held[kLn2].data(), param(kFcW), param(kFcB), n, s_.hidden, s_.ffn, 0.0f);
+    linear_forward(be, held[kFc].data(), held[kLn2].data(), param(kFcW), param(kFcB), n, s_.hidden, fl_, 0.0f);
     c.saved.save(held[kLn2].data(), a);
     c.saved.save(fc_weight_(), 0);
     held[kGelu] = act(n * f);
@@ -176,9 +203,7 @@ class TransformerBlock final : public SequenceBlock {
 
     // out = x_mid + mlp.c_proj(gelu): (N, h), activation when the next block saves it.
     Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * h));
-    be.copy(out.data(), held[kXmid].data(), floats(n * h));
-    linear_forward(be, out.data(), held[kGelu].data(), param(kMlpProjW), param(kMlpProjB), n, s_.ffn, s_.hidden,
-                   1.0f);
+    row_parallel_forward(c, out, held[kXmid].data(), held[kGelu].data(), param(kMlpProjW), param(kMlpProjB), fl_);
     c.saved.save(held[kGelu].data(), 4 * n * f);
     c.saved.save(mlp_proj_weight_(), 0);
     return out;
@@ -187,7 +212,7 @@ class TransformerBlock final : public SequenceBlock {
   Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
                   BlockTape& tape) override {
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
+    const i64 n = tokens(c.rows), h = s_.hidden, hl = hl_, f = fl_;
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto grad = [&](int t) { return c.access.grad(c.index, t); };
     auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
@@ -198,14 +223,15 @@ class TransformerBlock final : public SequenceBlock {
     // mlp c_proj, GELU, c_fc
     Buffer dg = temp(n * f);
     linear_backward(be, dg.data(), grad(kMlpProjW), grad(kMlpProjB), dy.data(), held[kGelu].data(), param(kMlpProjW),
-                    n, s_.ffn, s_.hidden, beta);
+                    n, fl_, s_.hidden, beta);
     c.saved.release(mlp_proj_weight_());
     drop(kGelu);
     be.gelu_tanh_backward(dg.data(), dg.data(), held[kFc].data(), floats(n * f));
     drop(kFc);
     Buffer dln = temp(n * h);
     linear_backward(be, dln.data(), grad(kFcW), grad(kFcB), dg.data(), held[kLn2].data(), param(kFcW), n, s_.hidden,
-                    s_.ffn, beta);
+                    fl_, beta);
+    column_parallel_input_grad(c, dln);
     dg.reset();
     c.saved.release(fc_weight_());
     drop(kLn2);
@@ -223,9 +249,9 @@ class TransformerBlock final : public SequenceBlock {
     add_residual(be, dmid, dy, n * h);
 
     // attention's c_proj
-    Buffer dattn = temp(n * h);
+    Buffer dattn = temp(n * hl);
     linear_backward(be, dattn.data(), grad(kProjW), grad(kProjB), dmid.data(), held[kAttnOut].data(),
-                    param(kProjW), n, s_.hidden, s_.hidden, beta);
+                    param(kProjW), n, hl_, s_.hidden, beta);
     c.saved.release(proj_weight_());
     c.saved.release(held[kAttnOut].data());  // c_proj's save of y
 
@@ -235,7 +261,8 @@ class TransformerBlock final : public SequenceBlock {
     // c_attn
     dln = temp(n * h);
     linear_backward(be, dln.data(), grad(kAttnW), grad(kAttnB), dqkv.data(), held[kLn1].data(), param(kAttnW), n,
-                    s_.hidden, 3 * s_.hidden, beta);
+                    s_.hidden, 3 * hl_, beta);
+    column_parallel_input_grad(c, dln);
     dqkv.reset();
     c.saved.release(attn_weight_());
     drop(kLn1);
@@ -259,6 +286,7 @@ class TransformerBlock final : public SequenceBlock {
   // go as backward lets them go; each Linear's weight reference goes with its dx.
   Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape& tape) override {
+    SHARDSCOPE_REQUIRE(tp_.size == 1, "gpt2: the zero-bubble split of a tensor-parallel block is not built");
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
     const int hs = s_.hidden, fs = s_.ffn;
@@ -346,20 +374,49 @@ class TransformerBlock final : public SequenceBlock {
   }
 
  private:
+  // The attention's shape on this rank: its H/T heads.
+  static TransformerShape attention_shape(TransformerShape s, int tp) {
+    s.heads /= tp;
+    s.kv_heads /= tp;
+    return s;
+  }
+
+  // out (N, h) = residual + x W^T + b for a Linear whose input has `in` features here:
+  // the whole Linear with one rank; a row-parallel one's partial product made in out,
+  // all-reduced over the group, then the residual and the bias added.
+  void row_parallel_forward(const BlockCall& c, Buffer& out, const float* residual, const float* x, const float* w,
+                            const float* b, int in) const {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows);
+    if (tp_.size == 1) {
+      be.copy(out.data(), residual, floats(n * s_.hidden));
+      linear_forward(be, out.data(), x, w, b, n, in, s_.hidden, 1.0f);
+      return;
+    }
+    linear_forward(be, out.data(), x, w, nullptr, n, in, s_.hidden, 0.0f);
+    tp_group(c, "gpt2").all_reduce_sum(out.data(), out.count());
+    be.add(out.data(), residual, floats(n * s_.hidden));
+    be.bias_activation(out.data(), b, static_cast<int>(n), s_.hidden, Activation::none);
+  }
+  // A column-parallel Linear's input gradient is this rank's part of the sum.
+  void column_parallel_input_grad(const BlockCall& c, Buffer& dx) const {
+    if (tp_.size > 1) tp_group(c, "gpt2").all_reduce_sum(dx.data(), dx.count());
+  }
 
   // torch's math attention multiplies the probabilities by v reshaped to (B·heads, T,
   // hd): a view of the qkv output when B or heads is 1 (the two dimensions merge), a
   // copy otherwise. Then qkv is what is saved (3a bytes) instead of a copy of v (a).
-  bool v_is_view(int rows) const { return rows == 1 || s_.heads == 1; }
+  // Under tensor parallelism: the rank's heads (H/T) and its qkv (N, 3h/T).
+  bool v_is_view(int rows) const { return rows == 1 || as_.heads == 1; }
   MathOperand v_operand(int rows, const std::vector<Buffer>& held) const {
-    if (!v_is_view(rows)) return math_attention(s_, rows).head_major(held[kV].data());
+    if (!v_is_view(rows)) return math_attention(as_, rows).head_major(held[kV].data());
     // One sequence: head j starts j·hd columns in; one head: sequence b starts b·T rows in.
-    const i64 stride = rows == 1 ? s_.head_dim : static_cast<i64>(s_.seq) * 3 * s_.hidden;
-    return {held[kQkv].data() + 2 * s_.hidden, 3 * s_.hidden, stride};
+    const i64 stride = rows == 1 ? s_.head_dim : static_cast<i64>(s_.seq) * 3 * hl_;
+    return {held[kQkv].data() + 2 * hl_, 3 * hl_, stride};
   }
 
   AttentionArgs attention(int rows, const float* qkv) const {
-    return attention_args(s_, rows, qkv, qkv + s_.hidden, qkv + 2 * s_.hidden, 3 * s_.hidden, 3 * s_.hidden);
+    return attention_args(as_, rows, qkv, qkv + hl_, qkv + 2 * hl_, 3 * hl_, 3 * hl_);
   }
 
   // Flash: dq, dk, dv into one (N, 3h) gradient laid out as qkv, from the saved qkv,
@@ -370,18 +427,18 @@ class TransformerBlock final : public SequenceBlock {
   // (activation, saved) that its backward reads; freed with the rest.
   Buffer flash_backward(const BlockCall& c, Buffer& dattn, std::vector<Buffer>& held, bool keep_out = false) const {
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden;
+    const i64 n = tokens(c.rows), h = hl_;
     Buffer rerun;  // the re-run's output
     if (recompute_attention_) {
       rerun = be.alloc(Category::activation, floats(n * h));
-      held[kLse] = be.alloc(Category::activation, floats(static_cast<i64>(c.rows) * s_.heads * s_.seq));
-      be.flash_attention_forward(attention(c.rows, held[kQkv].data()), rerun.data(), s_.hidden, held[kLse].data());
+      held[kLse] = be.alloc(Category::activation, floats(static_cast<i64>(c.rows) * as_.heads * s_.seq));
+      be.flash_attention_forward(attention(c.rows, held[kQkv].data()), rerun.data(), hl_, held[kLse].data());
       c.saved.save(rerun.data(), static_cast<i64>(rerun.bytes()));
       c.saved.save(held[kLse].data(), static_cast<i64>(held[kLse].bytes()));
     }
     Buffer dqkv = be.alloc(Category::temp, floats(3 * n * h));
     be.flash_attention_backward(attention(c.rows, held[kQkv].data()), rerun ? rerun.data() : held[kAttnOut].data(),
-                                s_.hidden, dattn.data(), held[kLse].data(), dqkv.data(), dqkv.data() + h,
+                                hl_, dattn.data(), held[kLse].data(), dqkv.data(), dqkv.data() + h,
                                 dqkv.data() + 2 * h);
     dattn.reset();
     for (int j : {kQkv, kAttnOut, kLse}) {
@@ -396,21 +453,24 @@ class TransformerBlock final : public SequenceBlock {
   // only c_proj saved, freed too); frees dattn. Returns the (N, 3h) gradient.
   Buffer math_backward(const BlockCall& c, Buffer& dattn, std::vector<Buffer>& held, bool keep_out = false) const {
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden;
+    const i64 n = tokens(c.rows), h = hl_;
     if (!keep_out) held[kAttnOut].reset();
     const int v_held = v_is_view(c.rows) ? static_cast<int>(kQkv) : static_cast<int>(kV);
-    HeadGrads g = math_attention_backward(be, c.saved, math_attention(s_, c.rows), dattn, held[kQ], held[kK],
+    HeadGrads g = math_attention_backward(be, c.saved, math_attention(as_, c.rows), dattn, held[kQ], held[kK],
                                           held[kProbs], v_operand(c.rows, held), held[v_held]);
     // back to token-major, laid out as qkv
     Buffer dqkv = be.alloc(Category::temp, floats(3 * n * h));
     int at = 0;
     for (const Buffer* d : {&g.dq, &g.dk, &g.dv})
-      be.permute_heads(dqkv.data() + h * at++, d->data(), 3 * s_.hidden, c.rows, s_.seq, s_.heads, s_.head_dim,
-                       false);
+      be.permute_heads(dqkv.data() + h * at++, d->data(), 3 * hl_, c.rows, s_.seq, as_.heads, s_.head_dim, false);
     return dqkv;
   }
 
   std::string name_;
+  TensorParallel tp_;
+  int hl_;                // the attention's width on this rank: h/T (q, k, v, y each)
+  int fl_;                // the MLP's: f/T
+  TransformerShape as_;   // the attention's shape on this rank (H/T heads)
   std::vector<ParamSpec> params_;
   bool recompute_attention_ = false;  // --checkpoint attention
   WeightRef ln_weight_, attn_weight_, proj_weight_, ln2_weight_, fc_weight_, mlp_proj_weight_;
@@ -419,7 +479,8 @@ class TransformerBlock final : public SequenceBlock {
 // ---- the final block: ln_f and the head, whose weight is the embedding's wte ----
 class FinalBlock final : public FinalNormHead {
  public:
-  explicit FinalBlock(const TransformerShape& s) : FinalNormHead(s, kFamily, /*norm_stats: mean, rstd*/ 2) {
+  FinalBlock(const TransformerShape& s, const TensorParallel& tp)
+      : FinalNormHead(s, kFamily, /*norm_stats: mean, rstd*/ 2, tp) {
     params_ = {{"transformer.ln_f.weight", {s.hidden}, 0.0f, 1.0f}, {"transformer.ln_f.bias", {s.hidden}}};
   }
   const std::vector<ParamSpec>& params() const override { return params_; }
@@ -457,7 +518,7 @@ class FinalBlock final : public FinalNormHead {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt2(const ModelConfig& m) {
+std::unique_ptr<Model> make_gpt2(const ModelConfig& m, const TensorParallel& tp) {
   TransformerShape s = m.transformer;
   s.tied_embeddings = true;  // nanoGPT's head is the token embedding
   if (s.head_dim == 0 && s.heads > 0) s.head_dim = s.hidden / s.heads;
@@ -468,12 +529,15 @@ std::unique_ptr<Model> make_gpt2(const ModelConfig& m) {
                          s.seq > 0 && s.seq <= s.positions && s.kv_heads == s.heads &&
                          s.head_dim * s.heads == s.hidden,
                      "gpt2: an unchecked transformer shape");
+  SHARDSCOPE_REQUIRE(tp.size == 1 || (!m.autocast && s.heads % tp.size == 0 && s.ffn % tp.size == 0 &&
+                                      s.vocab % tp.size == 0),
+                     "gpt2: an unchecked tensor-parallel shape");
   if (m.autocast) return make_gpt2_autocast(s);
   std::vector<std::unique_ptr<Block>> blocks;
-  blocks.push_back(make_embedding_block(s, {"transformer.wte.weight", "transformer.wpe.weight"}, kFamily));
-  for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<TransformerBlock>(s, i));
-  blocks.push_back(std::make_unique<FinalBlock>(s));
-  return std::make_unique<Model>(std::move(blocks), make_cross_entropy(s, kFamily));
+  blocks.push_back(make_embedding_block(s, {"transformer.wte.weight", "transformer.wpe.weight"}, kFamily, tp));
+  for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<TransformerBlock>(s, i, tp));
+  blocks.push_back(std::make_unique<FinalBlock>(s, tp));
+  return std::make_unique<Model>(std::move(blocks), make_cross_entropy(s, kFamily, tp));
 }
 
 }  // namespace shardscope

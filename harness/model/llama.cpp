@@ -524,7 +524,8 @@ class FinalBlock final : public FinalNormHead {
 
 }  // namespace
 
-std::unique_ptr<Model> make_llama(const ModelConfig& m) {
+std::unique_ptr<Model> make_llama(const ModelConfig& m, const TensorParallel& tp) {
+  SHARDSCOPE_REQUIRE(tp.size == 1, "llama: tensor parallelism is not built");
   TransformerShape s = m.transformer;
   if (s.head_dim == 0 && s.heads > 0) s.head_dim = s.hidden / s.heads;
   if (s.kv_heads == 0) s.kv_heads = s.heads;

@@ -161,6 +161,7 @@ float Model::loss_forward(ModelContext& ctx, Tape& tape, const float* target, fl
   tape.loss_scale = scale;
   tape.target = target;
   Buffer value = ctx.backend.alloc(Category::temp, 1);  // the loss scalar
+  loss_->bind_tensor_parallel(ctx.tp);
   loss_->forward(ctx.backend, ctx.saved, tape.output(), target, tape.rows, scale, value.data());
   float host = 0.0f;
   ctx.backend.download(&host, value.data(), 1);
@@ -172,6 +173,7 @@ float Model::loss_forward(ModelContext& ctx, Tape& tape, const float* target, fl
 Buffer Model::loss_gradient(ModelContext& ctx, Tape& tape) {
   ctx.backend.tracker().mark(Phase::backward, {PlaceKind::layer, tape.last - 1});
   const float* y = tape.outputs.back() ? tape.output() : nullptr;
+  loss_->bind_tensor_parallel(ctx.tp);
   return loss_->backward(ctx.backend, ctx.saved, y, tape.target, tape.rows, tape.loss_scale);
 }
 

@@ -59,6 +59,9 @@ class ModelLoss {
   // releases the loss's saves.
   virtual Buffer backward(Backend& backend, SavedTensors& saved, const float* output, const float* target,
                           int rows, float scale) = 0;
+  // The tensor-parallel group a vocabulary-parallel loss reduces over (null: none); the
+  // model hands it over before each forward and backward.
+  virtual void bind_tensor_parallel(Communicator* /*group*/) {}
 };
 
 // What the engine runs with: the backend, the saved-tensor instrument and the access

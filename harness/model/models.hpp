@@ -12,10 +12,17 @@ std::unique_ptr<Model> make_mlp(const ModelConfig& config, const TensorParallel&
 // UsageError naming --mesh and the flag when the MLP cannot be split into tp: the width
 // must divide by tp and the layers be even (column and row Linears in pairs).
 void check_mlp_tensor_parallel(const ModelConfig& config, int tp);
-std::unique_ptr<Model> make_gpt2(const ModelConfig& config);  // gpt2.cpp
+// With tp.size > 1: Megatron's tensor parallelism (attention by heads, the MLP column then
+// row, the vocabulary-parallel embedding, head and cross-entropy; gpt2.cpp, llama.cpp).
+std::unique_ptr<Model> make_gpt2(const ModelConfig& config, const TensorParallel& tp = {});  // gpt2.cpp
 // GPT-2 under autocast(bfloat16) (config.autocast), for a shape make_gpt2 completed.
 std::unique_ptr<Model> make_gpt2_autocast(const TransformerShape& shape);  // gpt2_autocast.cpp
-std::unique_ptr<Model> make_llama(const ModelConfig& config); // llama.cpp
+std::unique_ptr<Model> make_llama(const ModelConfig& config, const TensorParallel& tp = {});  // llama.cpp
+// UsageError naming --mesh and each shape that tp does not divide: for any model what
+// tp cannot split (check_mlp_tensor_parallel; a transformer's heads, ffn and vocabulary,
+// and Llama's kv heads when there are at least tp of them: fewer are replicated, and
+// then tp must divide by them), or that is not built (--precision bf16).
+void check_tensor_parallel(const ModelConfig& config, int tp);
 // Llama under autocast(bfloat16) (config.autocast), for a shape make_llama completed.
 std::unique_ptr<Model> make_llama_autocast(const TransformerShape& shape);  // llama_autocast.cpp
 

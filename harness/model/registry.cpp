@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <array>
+#include <string>
 #include <string_view>
 
 #include "harness/model/models.hpp"
@@ -10,12 +11,12 @@ namespace {
 
 struct Entry {
   std::string_view name;  // what --model takes
-  std::unique_ptr<Model> (*make)(const ModelConfig&);
+  std::unique_ptr<Model> (*make)(const ModelConfig&, const TensorParallel&);
 };
 
 // One line per model.
 constexpr std::array<Entry, 3> kModels = {{
-    {"mlp", [](const ModelConfig& c) { return make_mlp(c); }},
+    {"mlp", make_mlp},
     {"gpt2", make_gpt2},
     {"llama", make_llama},
 }};
@@ -52,12 +53,30 @@ void check_model_runnable(const std::string& name) {
 
 std::unique_ptr<Model> make_model(const ModelConfig& config, const TensorParallel& tp) {
   check_model_runnable(config.name);
-  if (tp.size > 1 && config.name != "mlp")
-    throw UsageError("--mesh tp=" + std::to_string(tp.size) + " and --model " + config.name +
-                     ": this build splits only the MLP across a tensor-parallel group; give tp=1");
-  std::unique_ptr<Model> model = config.name == "mlp" ? make_mlp(config, tp) : find_model(config.name)->make(config);
+  check_tensor_parallel(config, tp.size);
+  std::unique_ptr<Model> model = find_model(config.name)->make(config, tp);
   model->set_checkpoint(config.checkpoint);
   return model;
+}
+
+void check_tensor_parallel(const ModelConfig& m, int tp) {
+  if (tp == 1) return;
+  if (!m.is_transformer()) return check_mlp_tensor_parallel(m, tp);
+  const std::string mesh = "--mesh tp=" + std::to_string(tp);
+  const TransformerShape& s = m.transformer;
+  if (m.autocast)
+    throw UsageError(mesh + " and --precision bf16: a tensor-parallel autocast transformer is not built yet; give "
+                     "--precision fp32");
+  if (m.name == "llama")
+    throw UsageError(mesh + " and --model llama: tensor parallelism of Llama is not built yet; give tp=1, or "
+                     "--model gpt2");
+  auto need = [&](int value, const char* what, const char* why) {
+    if (value % tp != 0)
+      throw UsageError(mesh + ": the " + what + " (" + std::to_string(value) + ") must divide by tp (" + why + ")");
+  };
+  need(s.heads, "heads", "each rank holds heads/tp of the attention");
+  need(s.ffn, "ffn", "each rank holds ffn/tp of the MLP's inner features");
+  need(s.vocab, "vocabulary", "each rank holds vocab/tp rows of the embedding and the head; Megatron pads it");
 }
 
 }  // namespace shardscope

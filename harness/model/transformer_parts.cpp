@@ -10,6 +10,23 @@ namespace transformer {
 
 float uniform_bound(float std) { return std * std::sqrt(3.0f); }
 
+Communicator& tp_group(const BlockCall& c, const char* who) {
+  SHARDSCOPE_REQUIRE(c.tp != nullptr, std::string(who) + ": a tensor-parallel part without its group");
+  return *c.tp;
+}
+
+void shard_rows(ParamSpec& spec, int r, i64 rows, i64 cols) {
+  spec.full_cols = cols;
+  spec.shard_first = static_cast<i64>(r) * rows * cols;
+  spec.shard_cols = cols;
+}
+
+void shard_cols(ParamSpec& spec, int r, i64 cols, i64 full_cols) {
+  spec.full_cols = full_cols;
+  spec.shard_first = static_cast<i64>(r) * cols;
+  spec.shard_cols = cols;
+}
+
 void linear_forward(Backend& be, float* y, const float* x, const float* w, const float* b, i64 n, int in, int out,
                     float beta) {
   be.gemm(Trans::no, Trans::yes, static_cast<int>(n), out, in, 1.0f, x, in, w, in, beta, y, out);
@@ -50,9 +67,11 @@ namespace {
 // ---- the embedding block ----
 class EmbeddingBlock final : public SequenceBlock {
  public:
-  EmbeddingBlock(const TransformerShape& s, const EmbeddingNames& names, const char* family)
-      : SequenceBlock(s, family), positions_(!names.positions.empty()) {
-    params_ = {{names.tokens, {s.vocab, s.hidden}, uniform_bound(kInitStd)}};
+  EmbeddingBlock(const TransformerShape& s, const EmbeddingNames& names, const char* family, const TensorParallel& tp)
+      : SequenceBlock(s, family), positions_(!names.positions.empty()), tp_(tp), vocab_(s.vocab / tp.size) {
+    ParamSpec table{names.tokens, {vocab_, s.hidden}, uniform_bound(kInitStd)};
+    if (tp.size > 1) shard_rows(table, tp.rank, vocab_, s.hidden);
+    params_ = {table};
     if (positions_) params_.push_back({names.positions, {s.positions, s.hidden}, uniform_bound(kInitStd)});
   }
   std::string name() const override { return "embeddings"; }
@@ -80,7 +99,14 @@ class EmbeddingBlock final : public SequenceBlock {
     }
     // x0 = tokens[idx] (+ positions[pos]), (N, h)
     Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * s_.hidden));
-    be.embedding_forward(out.data(), ids_of(in), c.access.param(c.index, 0), static_cast<int>(n), s_.hidden);
+    if (tp_.size == 1) {
+      be.embedding_forward(out.data(), ids_of(in), c.access.param(c.index, 0), static_cast<int>(n), s_.hidden);
+    } else {
+      // Each rank its rows' part (zeros elsewhere), summed over the group in place.
+      be.vocab_embedding_forward(out.data(), ids_of(in), c.access.param(c.index, 0), static_cast<int>(n), s_.hidden,
+                                 first_row(), vocab_);
+      tp_group(c, "the vocabulary-parallel embedding").all_reduce_sum(out.data(), out.count());
+    }
     if (positions_) be.add_positions(out.data(), c.access.param(c.index, 1), c.rows, s_.seq, s_.hidden);
     c.saved.save(in, 8 * n);
     if (positions_) c.saved.save(tape.held[0].data(), 8 * static_cast<i64>(s_.seq));
@@ -114,8 +140,13 @@ class EmbeddingBlock final : public SequenceBlock {
     const i64 n = tokens(c.rows);
     // A tied head (the model's last block) wrote the table's gradient earlier in this
     // backward, with `beta`: the embedding adds onto it.
-    be.embedding_backward(c.access.grad(c.index, 0), ids_of(in), dy.data(), static_cast<int>(n), s_.hidden,
-                          s_.vocab, s_.tied_embeddings ? 1.0f : beta);
+    const float table_beta = s_.tied_embeddings ? 1.0f : beta;
+    if (tp_.size == 1)
+      be.embedding_backward(c.access.grad(c.index, 0), ids_of(in), dy.data(), static_cast<int>(n), s_.hidden,
+                            s_.vocab, table_beta);
+    else
+      be.vocab_embedding_backward(c.access.grad(c.index, 0), ids_of(in), dy.data(), static_cast<int>(n), s_.hidden,
+                                  first_row(), vocab_, table_beta);
     if (positions_) {
       float* dpos = c.access.grad(c.index, 1);
       be.positions_backward(dpos, dy.data(), c.rows, s_.seq, s_.hidden, beta);
@@ -131,14 +162,20 @@ class EmbeddingBlock final : public SequenceBlock {
     tape.held.clear();
   }
 
+  i64 first_row() const { return static_cast<i64>(tp_.rank) * vocab_; }
+
   bool positions_;
+  TensorParallel tp_;
+  int vocab_;  // the rows this rank holds (V/T)
   std::vector<ParamSpec> params_;
 };
 
 // ---- cross-entropy, mean over tokens ----
 class CrossEntropyLoss final : public ModelLoss {
  public:
-  CrossEntropyLoss(const TransformerShape& s, const char* family) : s_(s), family_(family) {}
+  CrossEntropyLoss(const TransformerShape& s, const char* family, const TensorParallel& tp)
+      : s_(s), family_(family), tp_(tp), vocab_(s.vocab / tp.size) {}
+  void bind_tensor_parallel(Communicator* group) override { group_ = group; }
   bool saves_input() const override { return false; }
   bool is_mean() const override { return true; }
   std::int64_t target_elems(int rows) const override { return id_floats(tokens(rows)); }
@@ -151,12 +188,30 @@ class CrossEntropyLoss final : public ModelLoss {
                float* value) override {
     const i64 n = tokens(rows);
     Held& h = held_[target];  // one per micro-batch in flight, by its target
-    h.logprobs = be.alloc(Category::activation, floats(n * s_.vocab));
+    h.logprobs = be.alloc(Category::activation, floats(n * vocab_));
     h.total_weight = be.alloc(Category::activation, 1);
-    be.log_softmax_forward(h.logprobs.data(), logits, n, s_.vocab);
+    if (tp_.size == 1) {
+      be.log_softmax_forward(h.logprobs.data(), logits, n, s_.vocab);
+    } else {
+      // vocab_parallel_cross_entropy: the group's row maxima, then its sums of exp(x - max).
+      SHARDSCOPE_REQUIRE(group_ != nullptr, std::string(family_) + ": vocabulary-parallel loss without its group");
+      Buffer stats = be.alloc(Category::temp, floats(2 * n));  // max (N), sum (N)
+      float* mx = stats.data();
+      float* sum = stats.data() + n;
+      be.row_max(mx, logits, n, vocab_);
+      group_->all_reduce_max(mx, floats(n));
+      be.row_sum_exp(sum, logits, mx, n, vocab_);
+      group_->all_reduce_sum(sum, floats(n));
+      be.log_softmax_given(h.logprobs.data(), logits, mx, sum, n, vocab_);
+    }
     be.fill(h.total_weight.data(), static_cast<float>(n), 1);
-    be.nll_loss_forward(value, h.logprobs.data(), ids_of(target), n, s_.vocab, scale);
-    saved.save(h.logprobs.data(), 4 * n * s_.vocab);
+    if (tp_.size == 1) {
+      be.nll_loss_forward(value, h.logprobs.data(), ids_of(target), n, s_.vocab, scale);
+    } else {
+      be.vocab_nll_loss_forward(value, h.logprobs.data(), ids_of(target), n, vocab_, first_column(), scale);
+      group_->all_reduce_sum(value, 1);
+    }
+    saved.save(h.logprobs.data(), 4 * n * vocab_);
     saved.save(target, 8 * n);
     saved.save(h.total_weight.data(), 4);
   }
@@ -167,8 +222,12 @@ class CrossEntropyLoss final : public ModelLoss {
     auto it = held_.find(target);
     SHARDSCOPE_REQUIRE(it != held_.end(), std::string(family_) + ": cross-entropy backward without its forward");
     Held& h = it->second;
-    Buffer dlogits = be.alloc(Category::temp, floats(n * s_.vocab));  // (N, V)
-    be.cross_entropy_backward(dlogits.data(), h.logprobs.data(), ids_of(target), n, s_.vocab, scale);
+    Buffer dlogits = be.alloc(Category::temp, floats(n * vocab_));  // (N, V/T)
+    if (tp_.size == 1)
+      be.cross_entropy_backward(dlogits.data(), h.logprobs.data(), ids_of(target), n, s_.vocab, scale);
+    else
+      be.vocab_cross_entropy_backward(dlogits.data(), h.logprobs.data(), ids_of(target), n, vocab_, first_column(),
+                                      scale);
     saved.release(h.logprobs.data());
     saved.release(target);
     saved.release(h.total_weight.data());
@@ -182,8 +241,12 @@ class CrossEntropyLoss final : public ModelLoss {
     Buffer total_weight;
   };
   i64 tokens(int rows) const { return static_cast<i64>(rows) * s_.seq; }
+  i64 first_column() const { return static_cast<i64>(tp_.rank) * vocab_; }
   TransformerShape s_;
   const char* family_;
+  TensorParallel tp_;
+  int vocab_;                      // the logits' columns on this rank (V/T)
+  Communicator* group_ = nullptr;  // the tensor-parallel group (tp_.size > 1)
   std::map<const float*, Held> held_;
 };
 
@@ -191,12 +254,13 @@ class CrossEntropyLoss final : public ModelLoss {
 
 
 std::unique_ptr<Block> make_embedding_block(const TransformerShape& shape, const EmbeddingNames& names,
-                                            const char* family) {
-  return std::make_unique<EmbeddingBlock>(shape, names, family);
+                                            const char* family, const TensorParallel& tp) {
+  return std::make_unique<EmbeddingBlock>(shape, names, family, tp);
 }
 
-std::unique_ptr<ModelLoss> make_cross_entropy(const TransformerShape& shape, const char* family) {
-  return std::make_unique<CrossEntropyLoss>(shape, family);
+std::unique_ptr<ModelLoss> make_cross_entropy(const TransformerShape& shape, const char* family,
+                                              const TensorParallel& tp) {
+  return std::make_unique<CrossEntropyLoss>(shape, family, tp);
 }
 
 
@@ -321,7 +385,7 @@ Buffer finish_backward(std::vector<Buffer>& held, Buffer dx, bool needs_dx) {
 }
 
 std::int64_t FinalNormHead::input_elems(int rows) const { return tokens(rows) * s_.hidden; }
-std::int64_t FinalNormHead::output_elems(int rows) const { return tokens(rows) * s_.vocab; }
+std::int64_t FinalNormHead::output_elems(int rows) const { return tokens(rows) * vocab_; }
 
 Buffer FinalNormHead::forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
                               BlockTape& tape) {
@@ -336,8 +400,8 @@ Buffer FinalNormHead::forward(const BlockCall& c, const float* x, bool /*input_r
   for (int j = 0; j < stats_; ++j) c.saved.save(held[j].data(), 4 * n);
   c.saved.save(norm_ref_(), 0);
   // logits (N, V) = y W^T: the head (mm) saves y and its weight.
-  Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * s_.vocab));
-  head_forward(be, out.data(), held[stats_].data(), head_weight(c), n, s_.hidden, s_.vocab);
+  Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * vocab_));
+  head_forward(be, out.data(), held[stats_].data(), head_weight(c), n, s_.hidden, vocab_);
   c.saved.save(held[stats_].data(), 4 * n * h);
   c.saved.save(head_key(c), 0);
   return out;
@@ -352,7 +416,9 @@ Buffer FinalNormHead::backward(const BlockCall& c, const float* x, Buffer& out, 
   // The head: dy_norm = dlogits W and dW = dlogits^T y (a tied head writes the
   // embedding's gradient first, with beta; the embedding adds its part later).
   Buffer dnorm =
-      head_backward(be, dy, held[stats_].data(), head_weight(c), head_grad(c), n, s_.hidden, s_.vocab, beta);
+      head_backward(be, dy, held[stats_].data(), head_weight(c), head_grad(c), n, s_.hidden, vocab_, beta);
+  // The head's input went to every rank: its gradient is the group's sum.
+  if (tp_.size > 1) tp_group(c, "the vocabulary-parallel head").all_reduce_sum(dnorm.data(), dnorm.count());
   c.saved.release(head_key(c));
   drop_saved(c.saved, held[stats_]);
   Buffer dx = be.alloc(Category::temp, floats(n * s_.hidden));
@@ -366,12 +432,13 @@ Buffer FinalNormHead::backward(const BlockCall& c, const float* x, Buffer& out, 
 
 Buffer FinalNormHead::backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx,
                                      bool free_output, BlockTape& tape) {
+  SHARDSCOPE_REQUIRE(tp_.size == 1, "the zero-bubble split of a tensor-parallel head is not built");
   Backend& be = c.backend;
   const i64 n = tokens(c.rows);
   std::vector<Buffer>& held = tape.held;
   if (free_output) out.reset();
   Buffer dnorm = be.alloc(Category::temp, floats(n * s_.hidden));
-  head_input_grad(be, dnorm.data(), dy.data(), head_weight(c), n, s_.hidden, s_.vocab);
+  head_input_grad(be, dnorm.data(), dy.data(), head_weight(c), n, s_.hidden, vocab_);
   c.saved.release(head_key(c));
   Buffer dx;
   if (needs_dx) {
@@ -390,7 +457,7 @@ void FinalNormHead::backward_weight(const BlockCall& c, const float* x, float be
   Buffer& y = held[stats_];
   Buffer& dlogits = held[stats_ + 1];
   Buffer& dnorm = held[stats_ + 2];
-  head_weight_grad(be, head_grad(c), dlogits.data(), y.data(), n, s_.hidden, s_.vocab, beta);
+  head_weight_grad(be, head_grad(c), dlogits.data(), y.data(), n, s_.hidden, vocab_, beta);
   dlogits.reset();
   drop_saved(c.saved, y);
   norm_weight_grad(c, dnorm.data(), x, held, n, beta);

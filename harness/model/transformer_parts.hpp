@@ -67,6 +67,15 @@ constexpr std::uint64_t kInputBase = 0;
 constexpr std::uint64_t kTargetBase = std::uint64_t{1} << 62;
 std::vector<float> token_rows(const DataSlice& at, int seq, int vocab, std::uint64_t base);
 
+// Megatron's tensor parallelism (docs/design.md, "Tensor parallelism of the
+// transformers"): the group of the call (c.tp), which a split block or loss needs.
+Communicator& tp_group(const BlockCall& c, const char* who);
+// A shard of rows [r·rows, (r + 1)·rows) of a (·, cols) tensor: rank r's vocabulary rows
+// of a table, a column-parallel Linear's output rows. And a row-parallel Linear's
+// columns [r·cols, (r + 1)·cols) of every row of a (·, full_cols) weight.
+void shard_rows(ParamSpec& spec, int r, i64 rows, i64 cols);
+void shard_cols(ParamSpec& spec, int r, i64 cols, i64 full_cols);
+
 // A block of a transformer family: its rows are sequences of shape.seq tokens (N = rows
 // * seq). Each family's blocks run the zero-bubble split (zb-h1's B and W halves): B
 // keeps each Linear's and each norm's output gradient (temp) for W, and W writes the
@@ -95,8 +104,12 @@ class SequenceBlock : public Block {
 // where the head's weight lies.
 class FinalNormHead : public SequenceBlock {
  public:
-  FinalNormHead(const TransformerShape& shape, const char* family, int norm_stats)
-      : SequenceBlock(shape, family), stats_(norm_stats) {}
+  // Under tensor parallelism the head is vocabulary-parallel (Megatron's
+  // parallel_lm_logits): its weight is rank tp.rank's V/T rows, its logits (N, V/T), and
+  // the norm's output gradient is all-reduced over the group (the head's input is
+  // copied to every rank in forward: its backward sums).
+  FinalNormHead(const TransformerShape& shape, const char* family, int norm_stats, const TensorParallel& tp = {})
+      : SequenceBlock(shape, family), stats_(norm_stats), tp_(tp), vocab_(shape.vocab / tp.size) {}
   std::string name() const override { return "final"; }
   std::int64_t input_elems(int rows) const override;
   std::int64_t output_elems(int rows) const override;
@@ -126,8 +139,13 @@ class FinalNormHead : public SequenceBlock {
   virtual const void* head_key(const BlockCall& c) const = 0;  // what the head's save of its weight names
   WeightRef norm_ref_;
 
+  // The vocabulary rows this rank's head holds (V/T).
+  int vocab() const { return vocab_; }
+
  private:
   const int stats_;
+  const TensorParallel tp_;
+  const int vocab_;
 };
 
 // The embedding block: the token embedding (vocab, h) and, for gpt2, learned positions
@@ -139,8 +157,13 @@ struct EmbeddingNames {
   std::string tokens;     // "transformer.wte.weight", "model.embed_tokens.weight"
   std::string positions;  // "transformer.wpe.weight"; empty: no learned positions
 };
+// Under tensor parallelism (tp.size > 1) the token embedding is vocabulary-parallel
+// (Megatron's VocabParallelEmbedding): rank r holds rows [r V/T, (r + 1) V/T); the lookup
+// writes zeros for ids outside them and the group all-reduces the (N, h) output in
+// place; its backward adds only the rows it holds. Learned positions are whole on every
+// rank (their gradient the same on each: dy is).
 std::unique_ptr<Block> make_embedding_block(const TransformerShape& shape, const EmbeddingNames& names,
-                                            const char* family);
+                                            const char* family, const TensorParallel& tp = {});
 
 // The head: logits (N, V) = x W^T, W (V, h); its backward writes dW with beta and
 // returns dx (temp, (N, h)), freeing dlogits first.
@@ -212,7 +235,15 @@ HeadGrads math_attention_backward(Backend& be, SavedTensors& saved, const MathAt
 // saves its result (the log-probabilities, (N, V), activation), nll_loss saves them with
 // the target (int64, 8 B a token) and a 4-byte total_weight it makes. The logits are
 // saved by nobody.
-std::unique_ptr<ModelLoss> make_cross_entropy(const TransformerShape& shape, const char* family);
+// Under tensor parallelism the logits are (N, V/T) on each rank and the loss is
+// Megatron's vocab_parallel_cross_entropy: the row maxima all-reduced (max), the sums of
+// exp(x - max) all-reduced (sum), the log-probabilities of the rank's columns
+// (activation, saved) from them; each rank's part of the mean over the targets it holds,
+// all-reduced (a 4-byte sum; Megatron all-reduces the (N) target logits instead). The
+// statistics, max and sum (N each), are one temp of 2N floats, freed before the loss is
+// made. Backward: softmax - onehot on the rank's columns, no communication.
+std::unique_ptr<ModelLoss> make_cross_entropy(const TransformerShape& shape, const char* family,
+                                              const TensorParallel& tp = {});
 
 }  // namespace transformer
 }  // namespace shardscope

@@ -264,7 +264,9 @@ std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int wo
   const MeshShape& mesh = cfg.mesh;
   SHARDSCOPE_REQUIRE(mesh.world() == world && mesh.pp == 1, "predict: the mesh is not a data-parallel world");
   const std::vector<Prediction> group =
-      mesh.tp > 1 ? predict_tensor_parallel_mlp(cfg, mesh.dp) : group_ranks(cfg, mesh.dp);
+      mesh.tp == 1                  ? group_ranks(cfg, mesh.dp)
+      : cfg.model.is_transformer() ? predict_tensor_parallel_transformer(cfg, mesh.dp)
+                                    : predict_tensor_parallel_mlp(cfg, mesh.dp);
   std::vector<Prediction> ranks;
   for (int r = 0; r < world; ++r) ranks.push_back(group[mesh.coord(r).dp]);
   return ranks;

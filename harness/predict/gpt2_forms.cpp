@@ -20,27 +20,36 @@ namespace {
 
 using i64 = std::int64_t;
 
+// Under tensor parallelism (tp = T > 1) a rank's attention holds H/T heads and its MLP
+// f/T features: q = a/T is one of its (N, h/T) tensors (q, k, v, y), and F, A and the
+// logits Λ are its parts, F/T, A/T and Λ/T; a (the residual stream, the norms) is whole.
 struct Sizes : TokenSizes {
-  i64 v = 0;  // math: what saving v holds (a copy, a; with B = 1 or H = 1 the qkv it views, 3a)
+  i64 q = 0;  // one (N, h/T) tensor of the attention: a with one rank
+  i64 v = 0;  // math: what saving v holds (a copy, q; with B = 1 or H/T = 1 the qkv it views, 3q)
 };
 
-Sizes sizes(const TransformerShape& s, int batch) {
+Sizes sizes(const TransformerShape& s, int batch, int tp = 1) {
   Sizes z;
   static_cast<TokenSizes&>(z) = token_sizes(s, batch);
-  z.v = batch == 1 || s.heads == 1 ? 3 * z.a : z.a;
+  z.q = z.a / tp;
+  z.F /= tp;
+  z.A /= tp;
+  z.lambda /= tp;
+  z.v = batch == 1 || s.heads / tp == 1 ? 3 * z.q : z.q;
   return z;
 }
 
 }  // namespace
 
-SavedForm gpt2_block_saved(const TransformerShape& shape, int batch) {
-  const Sizes z = sizes(shape, batch);
-  return {8 * z.a + 2 * z.F + 16 * z.N + z.A + (z.flash ? 0 : z.v - z.a), z.flash ? 13 : 15};
+SavedForm gpt2_block_saved(const TransformerShape& shape, int batch, int tp) {
+  const Sizes z = sizes(shape, batch, tp);
+  return {4 * z.a + 4 * z.q + 2 * z.F + 16 * z.N + z.A + (z.flash ? 0 : z.v - z.q), z.flash ? 13 : 15};
 }
 
-SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch, const CheckpointPolicy& checkpoint) {
-  const Sizes z = sizes(shape, batch);
-  SavedForm block = gpt2_block_saved(shape, batch);
+SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch, const CheckpointPolicy& checkpoint,
+                                   int tp) {
+  const Sizes z = sizes(shape, batch, tp);
+  SavedForm block = gpt2_block_saved(shape, batch, tp);
   // --checkpoint attention: no probabilities (math) or log-sum-exp (flash).
   if (checkpoint.attention()) block = {block.bytes - z.A, block.tensors - 1};
   const int w = checkpoint.wrapped_of(z.L);  // each saves its input alone
@@ -48,9 +57,9 @@ SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch, con
           9 + (z.L - w) * block.tensors + w};
 }
 
-StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_attention) {
-  const Sizes z = sizes(shape, batch);
-  const i64 a = z.a, F = z.F, A = z.A, N = z.N;
+StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_attention, int tp) {
+  const Sizes z = sizes(shape, batch, tp);
+  const i64 a = z.a, q = z.q, F = z.F, A = z.A, N = z.N;
   const i64 X = 16 * N;
   const i64 V = z.v;
   // --checkpoint attention: the attention's own save A (math's probabilities, flash's
@@ -58,15 +67,17 @@ StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_
   const i64 R = recompute_attention ? A : 0;
   StepBlocks blocks(z);
   blocks.base = 8 * z.T + a;  // arange(T) and x0
-  blocks.K = gpt2_block_saved(shape, batch).bytes - R;
+  blocks.K = gpt2_block_saved(shape, batch, tp).bytes - R;
   // Its forward's attention, from S: ln_1's mean, rstd and output (8N + a), q, k and v's
-  // save V, the probabilities A and the head-major output (temp a). The probabilities are
-  // freed before the output is copied token-major: that instant (8N + 4a + V, temp a) and
-  // the head-major copies beside qkv (8N + 4a, temp 3a) lie below the block's output.
+  // save V, the probabilities A and the head-major output (temp q). The probabilities are
+  // freed before the output is copied token-major: that instant (8N + a + 3q + V, temp q)
+  // and the head-major copies beside qkv (8N + a + 3q, temp 3q) lie below the block's output.
   if (R > 0 && !z.flash)
     blocks.forward_attention = [=](PeakWalk& walk, i64 S, i64 pu, i64 gu, const std::string& where) {
-      walk.consider(X + a, S + 8 * N + 3 * a + V + A, pu, gu, Phase::forward, where);
+      walk.consider(X + q, S + 8 * N + a + 2 * q + V + A, pu, gu, Phase::forward, where);
     };
+  // vocab_parallel_cross_entropy's statistics: max and sum, (N) each, temp.
+  if (tp > 1) blocks.loss_stats = 8 * N;
   blocks.final_held = 8 * N + a;  // ln_f's mean, rstd and output
   // A wrapped block's re-run: its allocations only grow up to its output (math's qkv,
   // copied head-major and freed, and the head-major attention output hold less:
@@ -75,7 +86,9 @@ StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_
   blocks.recompute = [=](PeakWalk& walk, i64 S, i64 pu, i64 gu, const std::string& where) {
     walk.consider(X + 2 * a, S + K - a, pu, gu, Phase::backward, where, true);
   };
-  // A top block's gradient buffers, from its output freed (A4), dy = a.
+  // A top block's gradient buffers, from its output freed (A4), dy = a. Under tensor
+  // parallelism the input gradients of c_fc and c_attn (d ln_2 out, d ln_1 out) are
+  // all-reduced in place: no buffer more.
   blocks.backward = [=](PeakWalk& walk, i64 A4, i64 pu, i64 gu, const std::string& where) {
     auto consider = [&](i64 temp, i64 act, bool dy_live = false) {
       walk.consider(temp, act, pu, gu, Phase::backward, where, dy_live);
@@ -86,32 +99,32 @@ StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_
     // A8: the activations at the attention's backward with the probabilities held (under
     // --checkpoint attention only once they are recomputed, R = A before).
     const i64 A8 = A4 - 2 * F - 2 * a - 8 * N + R;
-    consider(X + 2 * a, A8 - R);               // d attention output
+    consider(X + a + q, A8 - R);               // d attention output
     if (z.flash) {
       if (R > 0) {                             // the flash forward again: its output, its lse
-        consider(X + 2 * a, A8 - R + a);
-        consider(X + 2 * a, A8 + a);
+        consider(X + a + q, A8 - R + q);
+        consider(X + a + q, A8 + q);
       }
-      consider(X + 5 * a, A8 + (R > 0 ? a : 0));  // d qkv
+      consider(X + a + 4 * q, A8 + (R > 0 ? q : 0));  // d qkv
     } else {
-      consider(X + 3 * a, A8 - a - R);         // d out, head-major
-      if (R > 0) consider(X + 2 * a, A8 - a);  // the probabilities recomputed (dout freed)
-      consider(X + 2 * a + A, A8 - a);         // d probabilities
-      consider(X + 3 * a + A, A8 - a);         // d v
-      consider(X + 3 * a + A, A8 - a - V - A); // d q
-      consider(X + 4 * a + A, A8 - a - V - A); // d k
-      consider(X + 7 * a, A8 - 3 * a - V - A); // d qkv
+      consider(X + a + 2 * q, A8 - q - R);         // d out, head-major
+      if (R > 0) consider(X + a + q, A8 - q);      // the probabilities recomputed (dout freed)
+      consider(X + a + q + A, A8 - q);             // d probabilities
+      consider(X + a + 2 * q + A, A8 - q);         // d v
+      consider(X + a + 2 * q + A, A8 - q - V - A); // d q
+      consider(X + a + 3 * q + A, A8 - q - V - A); // d k
+      consider(X + a + 6 * q, A8 - 3 * q - V - A); // d qkv
     }
-    const i64 A9 = z.flash ? A8 - 4 * a - A : A8 - 3 * a - V - A;
-    consider(X + 5 * a, A9);                   // d ln_1 out
+    const i64 A9 = z.flash ? A8 - 4 * q - A : A8 - 3 * q - V - A;
+    consider(X + 2 * a + 3 * q, A9);           // d ln_1 out
     consider(X + 3 * a, A9 - a);               // dx
   };
   return blocks;
 }
 
 StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
-                                  const CheckpointPolicy& checkpoint) {
-  StepBlocks blocks = gpt2_blocks(shape, batch, checkpoint.attention());
+                                  const CheckpointPolicy& checkpoint, int tp) {
+  StepBlocks blocks = gpt2_blocks(shape, batch, checkpoint.attention(), tp);
   blocks.checkpoint = checkpoint;
   return transformer_step_transient(blocks, units);
 }

@@ -24,20 +24,24 @@ namespace shardscope {
 //   the model   8N + 8T + L·block + a + 8N + a + Λ + 8N + 4     in 9 + 13L | 9 + 15L
 // (the ids and arange(T); the blocks; ln_f's input, mean and rstd, and output; the
 // log-probabilities, the target and nll_loss's total_weight).
-SavedForm gpt2_block_saved(const TransformerShape& shape, int batch);
+// Under tensor parallelism (tp = T) a rank's block saves 4a + 4q + 2F/T + 16N + A/T
+// (q = a/T: its qkv 3q and y q; math: q, k q each, v q or 3q), and the model Λ/T.
+SavedForm gpt2_block_saved(const TransformerShape& shape, int batch, int tp = 1);
 // Under --checkpoint a wrapped block saves only its input: a in 1 storage; under
 // --checkpoint attention a math block saves A (the probabilities, 1 storage) less.
 SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch,
-                                   const CheckpointPolicy& checkpoint = CheckpointPolicy{});
+                                   const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1);
 
 // What a data-parallel step holds beyond its resting bytes at its peak
 // (transformer_step.hpp walks it; the blocks' part is GPT-2's).
 // What GPT-2's blocks hold, for `batch` sequences, as the walk and a pipeline's pieces read it;
 // recompute_attention: --checkpoint attention (math: K less A, the probabilities made
 // again in the attention's backward; the forward's attention instant).
-StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_attention = false);
+// tp > 1: a tensor-parallel rank's (every a of the attention's heads and every F, A, Λ
+// a T-th, the residual stream's a whole; the loss's statistics 8N).
+StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_attention = false, int tp = 1);
 StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
-                                  const CheckpointPolicy& checkpoint = CheckpointPolicy{});
+                                  const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1);
 
 // One micro-batch of `rows` sequences through a pipeline piece of GPT-2 (piece_forms.hpp):
 // place.blocks transformer blocks, with the embeddings when first and the final block and

@@ -21,10 +21,46 @@
 #include <algorithm>
 #include <string>
 
+#include "harness/predict/gpt2_forms.hpp"
+#include "harness/predict/transformer_forms.hpp"
 #include "harness/strategies/partition.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {
+namespace {
+
+// Model states of the D ranks of a data-parallel group whose rank holds the tensors
+// `sizes` (ddp or zero1 along dp, each tensor whole on its owner): 4P parameters, 4P
+// gradients (+ 4P with --ddp-bucket copy), AdamW's 8 P_own + 4 T_own; the dp group
+// all-reduces 4P (zero1 broadcasts 4P too), the tp group moves tp_bytes of all-reduces.
+std::vector<Prediction> tensor_parallel_states(const RunConfig& cfg, const std::vector<std::int64_t>& sizes,
+                                               int dp_world, std::int64_t tp_bytes) {
+  SHARDSCOPE_REQUIRE(cfg.strategy == StrategyKind::ddp || cfg.strategy == StrategyKind::zero1,
+                     "predict: tensor parallelism runs ddp or zero1 along dp");
+  std::int64_t P = 0;
+  for (std::int64_t e : sizes) P += e;
+  const int tensors = static_cast<int>(sizes.size());
+  Prediction p;
+  p.resting[Category::param] = 4 * P;
+  p.resting[Category::grad] = 4 * P + (cfg.ddp_bucket == "copy" ? 4 * P : 0);
+  auto& comm = p.comm_bytes;
+  comm[static_cast<int>(CollKind::all_reduce)] = 4 * P + tp_bytes;
+  if (cfg.strategy == StrategyKind::zero1) comm[static_cast<int>(CollKind::broadcast)] = 4 * P;
+  p.axis_comm_bytes[static_cast<int>(MeshAxis::dp)] = cfg.strategy == StrategyKind::zero1 ? 8 * P : 4 * P;
+  p.axis_comm_bytes[static_cast<int>(MeshAxis::tp)] = tp_bytes;
+  std::vector<std::int64_t> optim(dp_world, 0);
+  if (cfg.strategy == StrategyKind::ddp) {
+    std::fill(optim.begin(), optim.end(), 8 * P + 4 * tensors);
+  } else {
+    const std::vector<int> owner = zero1_owners(sizes, dp_world);
+    for (int i = 0; i < tensors; ++i) optim[owner[i]] += 8 * sizes[i] + 4;
+  }
+  std::vector<Prediction> ranks(dp_world, p);
+  for (int r = 0; r < dp_world; ++r) ranks[r].resting[Category::optim] = optim[r];
+  return ranks;
+}
+
+}  // namespace
 
 std::vector<std::int64_t> tensor_parallel_mlp_tensors(const ModelConfig& m, int tp) {
   const std::int64_t w = m.width;
@@ -46,20 +82,9 @@ std::vector<Prediction> predict_tensor_parallel_mlp(const RunConfig& cfg, int dp
   SHARDSCOPE_REQUIRE(T > 1 && L % 2 == 0 && m.width % T == 0, "predict: the MLP does not split into tp");
   SHARDSCOPE_REQUIRE(cfg.strategy == StrategyKind::ddp || cfg.strategy == StrategyKind::zero1,
                      "predict: tensor parallelism runs ddp or zero1 along dp");
-  const std::vector<std::int64_t> sizes = tensor_parallel_mlp_tensors(m, T);
-  std::int64_t P = 0;
-  for (std::int64_t e : sizes) P += e;
-  const int tensors = static_cast<int>(sizes.size());
-
-  Prediction p;
-  p.resting[Category::param] = 4 * P;
-  p.resting[Category::grad] = 4 * P + (cfg.ddp_bucket == "copy" ? 4 * P : 0);
   const std::int64_t a = m.activation_bytes(m.batch);
-  auto& comm = p.comm_bytes;
-  comm[static_cast<int>(CollKind::all_reduce)] = 4 * P + (L - 1) * a;
-  if (cfg.strategy == StrategyKind::zero1) comm[static_cast<int>(CollKind::broadcast)] = 4 * P;
-  p.axis_comm_bytes[static_cast<int>(MeshAxis::dp)] = cfg.strategy == StrategyKind::zero1 ? 8 * P : 4 * P;
-  p.axis_comm_bytes[static_cast<int>(MeshAxis::tp)] = (L - 1) * a;
+  std::vector<Prediction> ranks = tensor_parallel_states(cfg, tensor_parallel_mlp_tensors(m, T), dp_world, (L - 1) * a);
+  Prediction p;
 
   // ---- transient candidates, in time order ----
   auto o = [&](int i) { return i % 2 == 0 ? a / T : a; };
@@ -97,22 +122,30 @@ std::vector<Prediction> predict_tensor_parallel_mlp(const RunConfig& cfg, int dp
   p.saved_after_forward_tensors = L + static_cast<int>(k) + mse;
   p.saved_after_forward_bytes = X + under_last + k * o(L - 1) + mse * a;
 
-  std::vector<std::int64_t> optim(dp_world, 0);
-  if (cfg.strategy == StrategyKind::ddp) {
-    std::fill(optim.begin(), optim.end(), 8 * P + 4 * tensors);
-  } else {
-    const std::vector<int> owner = zero1_owners(sizes, dp_world);
-    for (int i = 0; i < tensors; ++i) optim[owner[i]] += 8 * sizes[i] + 4;
-  }
-  std::vector<Prediction> ranks(dp_world, p);
-  for (int r = 0; r < dp_world; ++r) {
-    Prediction& rank = ranks[r];
-    rank.resting[Category::optim] = optim[r];
+  for (Prediction& rank : ranks) {
+    rank.peak_phase = p.peak_phase;
+    rank.peak_where = p.peak_where;
+    rank.saved_after_forward_tensors = p.saved_after_forward_tensors;
+    rank.saved_after_forward_bytes = p.saved_after_forward_bytes;
     rank.peak_by_category = rank.resting;
     rank.peak_by_category[Category::temp] += best.temp;
     rank.peak_by_category[Category::activation] += best.activation;
     rank.peak_total = rank.peak_by_category.total();
   }
+  return ranks;
+}
+
+std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg, int dp_world) {
+  const ModelConfig& m = cfg.model;
+  const TransformerShape& s = m.transformer;
+  const int T = cfg.mesh.tp;
+  SHARDSCOPE_REQUIRE(T > 1 && m.name == "gpt2", "predict: the transformer does not split into tp");
+  const TokenSizes z = token_sizes(s, m.batch);
+  const std::int64_t tp_bytes = 2 * z.a + 4 * static_cast<std::int64_t>(s.layers) * z.a + 8 * z.N + 4;
+  std::vector<Prediction> ranks =
+      tensor_parallel_states(cfg, transformer_tensor_sizes(s, T), dp_world, tp_bytes);
+  complete_step(gpt2_step_transient(s, m.batch, StepUnits{}, m.checkpoint, T),
+                gpt2_saved_after_forward(s, m.batch, m.checkpoint, T), ranks);
   return ranks;
 }
 

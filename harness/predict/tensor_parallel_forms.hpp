@@ -19,4 +19,12 @@ std::vector<std::int64_t> tensor_parallel_mlp_tensors(const ModelConfig& m, int 
 // tensor-parallel group's all-reduces in comm_bytes and in axis_comm_bytes[tp].
 std::vector<Prediction> predict_tensor_parallel_mlp(const RunConfig& cfg, int dp_world);
 
+// The same for a tensor-parallel transformer (Megatron's split; docs/formulas.md, "Tensor
+// parallelism of the transformers"): model states of the rank's tensors
+// (transformer_tensor_sizes at tp), the step's walk at tp (gpt2_forms.hpp), and the
+// group's all-reduces: the embedding's output, each block's two row-parallel outputs and
+// two column-parallel input gradients, the loss's max and sum (N floats each) and its
+// 4-byte value, and the head's input gradient: 2a + 4La + 8N + 4.
+std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg, int dp_world);
+
 }  // namespace shardscope

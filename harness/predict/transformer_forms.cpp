@@ -23,17 +23,21 @@ using i64 = std::int64_t;
 
 bool is_gpt2(const TransformerShape& s) { return s.model_type == "gpt2"; }
 
-// Calls add(name, elems) for each tensor of block `layer` (0-based), in torch's order.
+// Calls add(name, elems) for each tensor of block `layer` (0-based), in torch's order: a
+// tensor-parallel rank's part when tp > 1 (column-parallel Linears' out/tp rows and
+// bias, row-parallel ones' in/tp columns; norms and row-parallel biases whole; Llama's
+// kv heads kv/tp each when kv >= tp, else one, replicated).
 template <typename Add>
-void block_tensors(const TransformerShape& s, int layer, Add&& add) {
-  const i64 h = s.hidden, f = s.ffn;
+void block_tensors(const TransformerShape& s, int layer, Add&& add, int tp = 1) {
+  const i64 h = s.hidden, f = s.ffn / tp;
   if (is_gpt2(s)) {
+    const i64 hl = h / tp;  // the rank's heads' width
     const std::string p = "transformer.h." + std::to_string(layer) + ".";
     add(p + "ln_1.weight", h);
     add(p + "ln_1.bias", h);
-    add(p + "attn.c_attn.weight", 3 * h * h);
-    add(p + "attn.c_attn.bias", 3 * h);
-    add(p + "attn.c_proj.weight", h * h);
+    add(p + "attn.c_attn.weight", 3 * hl * h);
+    add(p + "attn.c_attn.bias", 3 * hl);
+    add(p + "attn.c_proj.weight", h * hl);
     add(p + "attn.c_proj.bias", h);
     add(p + "ln_2.weight", h);
     add(p + "ln_2.bias", h);
@@ -43,7 +47,8 @@ void block_tensors(const TransformerShape& s, int layer, Add&& add) {
     add(p + "mlp.c_proj.bias", h);
     return;
   }
-  const i64 q = static_cast<i64>(s.heads) * s.head_dim, kv = static_cast<i64>(s.kv_heads) * s.head_dim;
+  const int kv_heads = s.kv_heads >= tp ? s.kv_heads / tp : 1;
+  const i64 q = static_cast<i64>(s.heads / tp) * s.head_dim, kv = static_cast<i64>(kv_heads) * s.head_dim;
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   add(p + "self_attn.q_proj.weight", q * h);
   if (s.qkv_bias) add(p + "self_attn.q_proj.bias", q);
@@ -60,19 +65,20 @@ void block_tensors(const TransformerShape& s, int layer, Add&& add) {
   add(p + "post_attention_layernorm.weight", h);
 }
 
+// The token embedding (and an untied head) is vocabulary-parallel under tp: V/tp rows.
 template <typename Add>
-void embedding_tensors(const TransformerShape& s, Add&& add) {
+void embedding_tensors(const TransformerShape& s, Add&& add, int tp = 1) {
   const i64 h = s.hidden;
   if (is_gpt2(s)) {
-    add("transformer.wte.weight", static_cast<i64>(s.vocab) * h);
+    add("transformer.wte.weight", static_cast<i64>(s.vocab / tp) * h);
     add("transformer.wpe.weight", static_cast<i64>(s.positions) * h);
   } else {
-    add("model.embed_tokens.weight", static_cast<i64>(s.vocab) * h);
+    add("model.embed_tokens.weight", static_cast<i64>(s.vocab / tp) * h);
   }
 }
 
 template <typename Add>
-void final_tensors(const TransformerShape& s, Add&& add) {
+void final_tensors(const TransformerShape& s, Add&& add, int tp = 1) {
   const i64 h = s.hidden;
   if (is_gpt2(s)) {
     add("transformer.ln_f.weight", h);
@@ -80,7 +86,7 @@ void final_tensors(const TransformerShape& s, Add&& add) {
   } else {
     add("model.norm.weight", h);
   }
-  if (!s.tied_embeddings) add("lm_head.weight", static_cast<i64>(s.vocab) * h);
+  if (!s.tied_embeddings) add("lm_head.weight", static_cast<i64>(s.vocab / tp) * h);
 }
 
 // The sum and count of what a tensor walk adds, without naming anything.
@@ -147,13 +153,13 @@ std::vector<TransformerTensor> transformer_tensors(const TransformerShape& shape
   return out;
 }
 
-std::vector<std::int64_t> transformer_tensor_sizes(const TransformerShape& shape) {
+std::vector<std::int64_t> transformer_tensor_sizes(const TransformerShape& shape, int tp) {
   // One block's sizes, repeated: no names are made.
   std::vector<i64> embed, block, last;
   auto into = [](std::vector<i64>& v) { return [&v](const std::string&, i64 n) { v.push_back(n); }; };
-  embedding_tensors(shape, into(embed));
-  block_tensors(shape, 0, into(block));
-  final_tensors(shape, into(last));
+  embedding_tensors(shape, into(embed), tp);
+  block_tensors(shape, 0, into(block), tp);
+  final_tensors(shape, into(last), tp);
   std::vector<i64> out(embed);
   out.reserve(embed.size() + static_cast<std::size_t>(shape.layers) * block.size() + last.size());
   for (int l = 0; l < shape.layers; ++l) out.insert(out.end(), block.begin(), block.end());

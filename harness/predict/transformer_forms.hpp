@@ -46,7 +46,9 @@ int transformer_param_tensors(const TransformerShape& shape);
 // Every parameter tensor in torch's order, named; and their elements alone (what
 // zero1's partition takes).
 std::vector<TransformerTensor> transformer_tensors(const TransformerShape& shape);
-std::vector<std::int64_t> transformer_tensor_sizes(const TransformerShape& shape);
+// With tp > 1: a tensor-parallel rank's part of each (Megatron's split: docs/formulas.md,
+// "Tensor parallelism of the transformers"), the same tensors in the same order.
+std::vector<std::int64_t> transformer_tensor_sizes(const TransformerShape& shape, int tp = 1);
 
 // Parameters of each of the L + 2 blocks, in order (what FSDP's units take).
 std::vector<std::int64_t> transformer_block_sizes(const TransformerShape& shape);

@@ -138,6 +138,9 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     const i64 after_forward = f0 + (units.reshard ? 0 : all_units);
     const i64 A_f = held_at(z.L) + z.final_held + lambda + 4;
     walk.consider(X + lambda + 4, A_f, after_forward, fwd_grads, Phase::forward, fsdp ? unit(0) : layer(z.L + 1));
+    if (z.loss_stats > 0)
+      walk.consider(X + lambda + 4 + z.loss_stats, A_f, after_forward, fwd_grads, Phase::forward,
+                    fsdp ? unit(0) : layer(z.L + 1));
     // The loss's gradient (before the root unit's backward hook), then the root's full
     // gradient (log-probabilities and total_weight released).
     walk.consider(X + lambda, A_f, after_forward, fwd_grads, Phase::backward, layer(z.L + 1));

@@ -99,6 +99,9 @@ struct StepBlocks {
   std::int64_t base = 0;        // activations before block 1: the embeddings' saves beside the ids, and x0
   std::int64_t K = 0;           // a transformer block's: its saves less its input, with its output
   std::int64_t final_held = 0;  // the final block's beside its input: the norm's statistics and output
+  // Tensor parallelism: vocab_parallel_cross_entropy's statistics (temp), made once the
+  // loss's total_weight is and freed before the loss scalar is written (0: none).
+  std::int64_t loss_stats = 0;
   // --checkpoint: transformer block i (model block i + 1) wrapped when checkpoint.wraps(i);
   // a wrapped block holds only its output (a) between its forward and its backward.
   CheckpointPolicy checkpoint;

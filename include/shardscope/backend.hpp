@@ -223,6 +223,30 @@ class Backend {
   virtual void cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
                                       std::int64_t rows, int cols, float scale);
 
+  // --- vocabulary-parallel pieces (Megatron's VocabParallelEmbedding and
+  // vocab_parallel_cross_entropy): a rank holds vocabulary rows [first, first + count) ---
+  // out(rows, dim) = table[ids[i] - first] for an id in the range, 0 otherwise.
+  virtual void vocab_embedding_forward(float* out, const std::int64_t* ids, const float* table, int rows, int dim,
+                                       std::int64_t first, int count);
+  // dtable(count, dim) = beta * dtable + sum over i with ids[i] = first + v of dy(i); ids
+  // outside the range add nothing.
+  virtual void vocab_embedding_backward(float* dtable, const std::int64_t* ids, const float* dy, int rows, int dim,
+                                        std::int64_t first, int count, float beta);
+  // Row statistics of x(rows, cols): max(rows) = the row's largest value; sum(rows) =
+  // sum over the row of exp(x - max) with a given max (the group's, once all-reduced).
+  virtual void row_max(float* max, const float* x, std::int64_t rows, int cols);
+  virtual void row_sum_exp(float* sum, const float* x, const float* max, std::int64_t rows, int cols);
+  // logprobs = x - max - log(sum), from the group's statistics.
+  virtual void log_softmax_given(float* logprobs, const float* x, const float* max, const float* sum,
+                                 std::int64_t rows, int cols);
+  // nll_loss_forward's mean over all rows, counting only the targets in [first, first +
+  // cols) (this rank's part: the group's parts sum to the loss); and cross_entropy_backward
+  // with the one-hot only at the targets in the range.
+  virtual void vocab_nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets,
+                                      std::int64_t rows, int cols, std::int64_t first, float scale);
+  virtual void vocab_cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
+                                            std::int64_t rows, int cols, std::int64_t first, float scale);
+
   // Host <-> backend transfers (blocking).
   virtual void upload(float* dst, const float* host, std::size_t n) = 0;
   virtual void download(float* host, const float* src, std::size_t n) = 0;

@@ -79,6 +79,9 @@ class Communicator {
 
   // In place: buf(count) = sum over ranks.
   void all_reduce_sum(float* buf, std::size_t count);
+  // In place: buf(count) = elementwise max over ranks (vocabulary-parallel
+  // cross-entropy's row maxima). Recorded as an all_reduce of the buffer.
+  void all_reduce_max(float* buf, std::size_t count);
   // send(world * recv_count) -> recv(recv_count) = sum over ranks of this rank's slice.
   void reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count);
   // send(send_count) from every rank -> recv(world * send_count), rank order.
@@ -119,6 +122,7 @@ class Communicator {
  protected:
   Communicator(int rank, int world, Backend* backend) : rank_(rank), world_(world), backend_(backend) {}
   virtual void do_all_reduce_sum(float* buf, std::size_t count) = 0;
+  virtual void do_all_reduce_max(float* buf, std::size_t count) = 0;
   virtual void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) = 0;
   virtual void do_all_gather(const float* send, float* recv, std::size_t send_count) = 0;
   virtual void do_broadcast(float* buf, std::size_t count, int root) = 0;

@@ -1,7 +1,10 @@
 // --mesh through the binary: every emulated rank of dp=2,tp=2 and of an 8-rank mesh holds
 // its predictions, group by group; the four real ranks under mpirun do too, each group's
 // members in Megatron's order and the tensor-parallel pairs computing the same loss; and
-// a bad mesh is exit 2 in one line naming --mesh.
+// a bad mesh is exit 2 in one line naming --mesh. GPT-2 split along tp (Megatron's
+// tensor parallelism of the transformers): every emulated rank of dp=2,tp=2 holds its
+// predictions, and shapes tp does not divide (and Llama, not built yet) are exit 2
+// naming them.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -122,6 +125,46 @@ TEST_F(MeshCli, BadMeshesAreRefusedNamingThem) {
   };
   for (const auto& c : cases) {
     const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu" + kModel + c.flags +
+                         " > /dev/null 2> err.txt");
+    EXPECT_EQ(rc, 2) << c.flags;
+    EXPECT_EQ(first_line(dir_ + "/err.txt"), c.line) << c.flags;
+  }
+}
+
+constexpr const char* kGpt2 = " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64 --seq 8 --batch 2 --steps 2 ";
+
+TEST_F(MeshCli, EveryEmulatedRankOfATensorParallelGpt2HoldsItsPredictions) {
+  for (const char* strategy : {"ddp", "zero1"})
+    for (int r = 0; r < 4; ++r) {
+      const std::string flags = std::string(kGpt2) + "--strategy " + strategy + " --mesh dp=2,tp=2 --emulate 4:" +
+                                std::to_string(r);
+      const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu" + flags +
+                           " --json g.json > out.txt 2> err.txt");
+      ASSERT_EQ(rc, 0) << flags << ": " << first_line(dir_ + "/err.txt");
+      std::ifstream in(dir_ + "/g.json");
+      const json doc = json::parse(in);
+      const json& rank = doc["runs"][0]["ranks"][0];
+      EXPECT_GT(rank["comm_groups"]["tp"]["comm_bytes"].get<std::int64_t>(), 0) << flags;
+      expect_predicted(rank, flags);
+    }
+}
+
+TEST_F(MeshCli, TransformerShapesTensorParallelismCannotSplitAreRefusedNamingThem) {
+  const struct {
+    const char* flags;
+    const char* line;
+  } cases[] = {
+      {" --model gpt2 --layers 1 --hidden 48 --heads 3 --vocab 64 --seq 8 --mesh tp=2 --emulate 2:0",
+       "shardscope: error: --mesh tp=2: the heads (3) must divide by tp (each rank holds heads/tp of the attention)"},
+      {" --model gpt2 --layers 1 --hidden 32 --heads 4 --vocab 50 --seq 8 --mesh tp=4 --emulate 4:0",
+       "shardscope: error: --mesh tp=4: the vocabulary (50) must divide by tp (each rank holds vocab/tp rows of the "
+       "embedding and the head; Megatron pads it)"},
+      {" --model gpt2 --layers 1 --hidden 32 --heads 4 --ffn 90 --vocab 64 --seq 8 --mesh tp=4 --emulate 4:0",
+       "shardscope: error: --mesh tp=4: the ffn (90) must divide by tp (each rank holds ffn/tp of the MLP's inner "
+       "features)"},
+  };
+  for (const auto& c : cases) {
+    const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu" + c.flags +
                          " > /dev/null 2> err.txt");
     EXPECT_EQ(rc, 2) << c.flags;
     EXPECT_EQ(first_line(dir_ + "/err.txt"), c.line) << c.flags;

@@ -1,0 +1,189 @@
+// Megatron's tensor parallelism of the transformers (--mesh dp=D,tp=T with --model gpt2):
+// what a rank holds (at most 0.6 of the one-rank model's parameters at tp = 2 on a GPT-2
+// shape; a slice starts as the one-rank model's elements), the vocabulary-parallel
+// kernels against the whole ones, shapes tp does not divide refused naming them, and
+// every rank of W = 2, 4 and 8 meshes played alone (--emulate) against the closed forms,
+// byte for byte and group by group.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "harness/backends/cpu_backend.hpp"
+#include "harness/comm/fake_comm.hpp"
+#include "harness/model/models.hpp"
+#include "harness/predict/transformer_forms.hpp"
+#include "shardscope/check.hpp"
+#include "support/mesh_harness.hpp"
+#include "support/pipeline_configs.hpp"
+
+namespace shardscope {
+namespace {
+
+using testing::gpt2_of;
+
+TEST(TensorParallelTransformer, Gpt2TpTwoHoldsAtMostSixTenthsOfTheParameters) {
+  // GPT-2 small's proportions, shrunk: h 64, 4 heads, ffn 4h, vocab 512, 64 positions.
+  const ModelConfig m = gpt2_of(4, 64, 4, 512, 32, 2, AttentionMode::flash, 0, 64);
+  const std::int64_t whole = make_model(m)->params();
+  ASSERT_EQ(whole, transformer_params(m.transformer));
+  const auto whole_model = make_model(m);
+  const std::vector<float> all = whole_model->init_flat_slice(5, 0, whole_model->params());
+  for (int tp : {2, 4})
+    for (int r = 0; r < tp; ++r) {
+      SCOPED_TRACE("tp " + std::to_string(tp) + " rank " + std::to_string(r));
+      const auto slice = make_model(m, TensorParallel{tp, r});
+      std::int64_t forms = 0;
+      const std::vector<std::int64_t> sizes = transformer_tensor_sizes(m.transformer, tp);
+      ASSERT_EQ(static_cast<int>(sizes.size()), slice->param_tensors());
+      for (int t = 0; t < slice->param_tensors(); ++t) {
+        EXPECT_EQ(slice->tensor_elems(t), sizes[t]) << slice->tensor(t).name;
+        forms += sizes[t];
+      }
+      EXPECT_EQ(slice->params(), forms);
+      if (tp == 2) {
+        EXPECT_LE(static_cast<double>(slice->params()), 0.6 * static_cast<double>(whole));
+      }
+      // A slice starts as the one-rank model's elements: q, k and v's rows of its heads,
+      // c_proj's columns, the vocabulary's rows.
+      const std::vector<float> mine = slice->init_flat_slice(5, 0, slice->params());
+      ASSERT_GT(std::abs(mine.at(0)), 0.0f);
+      EXPECT_EQ(mine, testing::pick(all, testing::full_indices(m, tp, r)));
+    }
+}
+
+TEST(TensorParallelTransformer, ShapesThatDoNotDivideAreRefusedNamingThem) {
+  auto refused = [](const ModelConfig& m, int tp, const std::string& what) {
+    try {
+      check_tensor_parallel(m, tp);
+      ADD_FAILURE() << "accepted " << what;
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--mesh tp=" + std::to_string(tp)), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused(gpt2_of(2, 48, 3, 256, 8, 1, AttentionMode::flash), 2, "heads (3)");
+  refused(gpt2_of(2, 64, 4, 250, 8, 1, AttentionMode::flash), 4, "vocabulary (250)");
+  refused(gpt2_of(2, 64, 4, 256, 8, 1, AttentionMode::flash, 90), 4, "ffn (90)");
+  EXPECT_NO_THROW(check_tensor_parallel(gpt2_of(2, 64, 4, 256, 8, 1, AttentionMode::flash), 4));
+}
+
+// The vocabulary-parallel kernels on T column slices against the whole ones: the
+// lookup's slices sum to the whole lookup; the group's statistics give the whole
+// log-softmax; the slices' losses sum to the loss; the gradients are the whole one's
+// columns.
+TEST(TensorParallelTransformer, VocabularyParallelKernelsMatchTheWholeOnes) {
+  const int n = 6, V = 12, T = 3, Vl = V / T, h = 5;
+  std::vector<std::int64_t> ids = {0, 5, 11, 4, 7, 8};
+  std::vector<float> table(V * h), logits(n * V);
+  for (int i = 0; i < V * h; ++i) table[i] = std::sin(0.37f * static_cast<float>(i)) + 0.1f;
+  for (int i = 0; i < n * V; ++i) logits[i] = 3.0f * std::cos(0.91f * static_cast<float>(i));
+  CpuBackend be;
+  std::vector<float> whole(n * h), sum(n * h, 0.0f), part(n * h);
+  be.embedding_forward(whole.data(), ids.data(), table.data(), n, h);
+  std::vector<float> lp(n * V), dl(n * V);
+  float loss = 0.0f;
+  be.log_softmax_forward(lp.data(), logits.data(), n, V);
+  be.nll_loss_forward(&loss, lp.data(), ids.data(), n, V, 1.0f);
+  be.cross_entropy_backward(dl.data(), lp.data(), ids.data(), n, V, 1.0f);
+  // Column slices of the logits, and the statistics all-reduced by hand.
+  std::vector<std::vector<float>> cols(T, std::vector<float>(n * Vl));
+  for (int r = 0; r < T; ++r)
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < Vl; ++j) cols[r][i * Vl + j] = logits[i * V + r * Vl + j];
+  std::vector<float> mx(n, -1e30f), se(n, 0.0f), one(n);
+  for (int r = 0; r < T; ++r) {
+    be.row_max(one.data(), cols[r].data(), n, Vl);
+    for (int i = 0; i < n; ++i) mx[i] = std::max(mx[i], one[i]);
+  }
+  for (int r = 0; r < T; ++r) {
+    be.row_sum_exp(one.data(), cols[r].data(), mx.data(), n, Vl);
+    for (int i = 0; i < n; ++i) se[i] += one[i];
+  }
+  float loss_sum = 0.0f;
+  for (int r = 0; r < T; ++r) {
+    be.vocab_embedding_forward(part.data(), ids.data(), table.data() + r * Vl * h, n, h, r * Vl, Vl);
+    for (int i = 0; i < n * h; ++i) sum[i] += part[i];
+    std::vector<float> lpr(n * Vl), dlr(n * Vl);
+    be.log_softmax_given(lpr.data(), cols[r].data(), mx.data(), se.data(), n, Vl);
+    float lr = 0.0f;
+    be.vocab_nll_loss_forward(&lr, lpr.data(), ids.data(), n, Vl, r * Vl, 1.0f);
+    loss_sum += lr;
+    be.vocab_cross_entropy_backward(dlr.data(), lpr.data(), ids.data(), n, Vl, r * Vl, 1.0f);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < Vl; ++j) {
+        EXPECT_NEAR(lpr[i * Vl + j], lp[i * V + r * Vl + j], 1e-5f);
+        EXPECT_NEAR(dlr[i * Vl + j], dl[i * V + r * Vl + j], 1e-6f);
+      }
+    // The table's gradient: only this rank's rows, each the whole one's.
+    std::vector<float> dt(Vl * h, 9.0f), dwhole(V * h);
+    be.vocab_embedding_backward(dt.data(), ids.data(), whole.data(), n, h, r * Vl, Vl, 0.0f);
+    be.embedding_backward(dwhole.data(), ids.data(), whole.data(), n, h, V, 0.0f);
+    for (int i = 0; i < Vl * h; ++i) EXPECT_EQ(dt[i], dwhole[r * Vl * h + i]);
+  }
+  ASSERT_GT(std::abs(loss), 0.0f);
+  EXPECT_NEAR(loss_sum, loss, 1e-5f);
+  EXPECT_EQ(sum, whole);
+}
+
+void expect_every_rank_as_predicted(const RunConfig& cfg) {
+  const int world = cfg.mesh.world();
+  for (int rank = 0; rank < world; ++rank) {
+    SCOPED_TRACE("--mesh " + cfg.mesh.text() + " " + std::string(strategy_name(cfg.strategy)) + " batch " +
+                 std::to_string(cfg.model.batch) + " " +
+                 (cfg.model.transformer.attention == AttentionMode::flash ? "flash" : "math") + " rank " +
+                 std::to_string(rank));
+    CpuBackend backend;
+    auto fake = make_fake_communicator(world, rank, &backend);
+    const testing::MeshResult r = testing::run_mesh(cfg, backend, *fake, false);
+    const Prediction p = predict_data_parallel(cfg, world, rank);
+    EXPECT_EQ(r.dp.resting, p.resting);
+    EXPECT_EQ(r.dp.peak.total, p.peak_total);
+    EXPECT_EQ(r.dp.peak.by_category, p.peak_by_category);
+    EXPECT_EQ(std::string(phase_name(r.dp.peak.phase)), std::string(phase_name(p.peak_phase)));
+    EXPECT_EQ(r.dp.where, p.peak_where);
+    ASSERT_GT(r.dp.saved.bytes, 0);
+    EXPECT_EQ(r.dp.saved.bytes, p.saved_after_forward_bytes);
+    EXPECT_EQ(r.dp.saved.tensors, p.saved_after_forward_tensors);
+    EXPECT_EQ(r.dp.ledger.total_bytes(), p.axis_comm_bytes[static_cast<int>(MeshAxis::dp)]);
+    EXPECT_GT(r.tp_ledger.total_bytes(), 0);
+    EXPECT_EQ(r.tp_ledger.total_bytes(), p.axis_comm_bytes[static_cast<int>(MeshAxis::tp)]);
+    for (int k = 0; k < kCollKindCount; ++k)
+      EXPECT_EQ(r.dp.ledger.by_kind[k].bytes + r.tp_ledger.by_kind[k].bytes, p.comm_bytes[k]) << kCollKindNames[k];
+  }
+}
+
+// W = 2, 4 and 8; ddp and zero1 along dp; flash and math attention; one sequence (math's
+// v a view of qkv) and several; tp up to the heads (one head a rank: v a view again).
+TEST(TensorParallelTransformer, EveryEmulatedRankOfAGpt2MeshIsPredicted) {
+  const std::vector<MeshShape> meshes = {{1, 2, 1, true}, {2, 2, 1, true}, {1, 4, 1, true},
+                                         {2, 4, 1, true}, {4, 2, 1, true}};
+  for (const MeshShape& mesh : meshes)
+    for (const char* strategy : {"ddp", "zero1"})
+      for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+        for (int batch : {1, 3}) {
+          RunConfig cfg;
+          cfg.mesh = mesh;
+          cfg.steps = 2;
+          cfg.strategy = parse_strategy(strategy);
+          cfg.model = gpt2_of(2, 32, 4, 64, 8, batch, mode, 0, 12);
+          expect_every_rank_as_predicted(cfg);
+        }
+}
+
+TEST(TensorParallelTransformer, EveryEmulatedRankOfAnEightWayGpt2MeshIsPredicted) {
+  for (const MeshShape& mesh : {MeshShape{1, 8, 1, true}, MeshShape{2, 4, 1, true}})
+    for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+      RunConfig cfg;
+      cfg.mesh = mesh;
+      cfg.steps = 1;
+      cfg.strategy = parse_strategy("ddp");
+      cfg.model = gpt2_of(1, 64, 8, 128, 8, 2, mode);
+      cfg.ddp_bucket = "copy";
+      expect_every_rank_as_predicted(cfg);
+    }
+}
+
+}  // namespace
+}  // namespace shardscope
