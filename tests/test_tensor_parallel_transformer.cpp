@@ -1,4 +1,4 @@
-// Megatron's tensor parallelism of the transformers (--mesh dp=D,tp=T with --model gpt2):
+// Megatron's tensor parallelism of the transformers (--mesh dp=D,tp=T, --model gpt2|llama):
 // what a rank holds (at most 0.6 of the one-rank model's parameters at tp = 2 on a GPT-2
 // shape; a slice starts as the one-rank model's elements), the vocabulary-parallel
 // kernels against the whole ones, shapes tp does not divide refused naming them, and
@@ -22,6 +22,7 @@ namespace shardscope {
 namespace {
 
 using testing::gpt2_of;
+using testing::llama_of;
 
 TEST(TensorParallelTransformer, Gpt2TpTwoHoldsAtMostSixTenthsOfTheParameters) {
   // GPT-2 small's proportions, shrunk: h 64, 4 heads, ffn 4h, vocab 512, 64 positions.
@@ -53,6 +54,34 @@ TEST(TensorParallelTransformer, Gpt2TpTwoHoldsAtMostSixTenthsOfTheParameters) {
     }
 }
 
+// Llama tied and untied, with q/k/v biases (qwen2's): each rank's tensors are the forms'
+// and start as the one-rank model's elements (its query and kv heads' rows, o_proj's and
+// down_proj's columns, gate's and up's rows, the vocabulary's rows of the table and head).
+TEST(TensorParallelTransformer, LlamaSlicesAreTheFormsAndTheOneRankModelsElements) {
+  for (bool tied : {false, true})
+    for (bool bias : {false, true}) {
+      ModelConfig m = llama_of(2, 64, 8, 4, 96, 256, 16, 2, AttentionMode::flash, tied);
+      m.transformer.qkv_bias = m.transformer.out_bias = bias;
+      const auto whole = make_model(m);
+      ASSERT_EQ(whole->params(), transformer_params(m.transformer));
+      const std::vector<float> all = whole->init_flat_slice(7, 0, whole->params());
+      for (int tp : {2, 4})
+        for (int r = 0; r < tp; ++r) {
+          SCOPED_TRACE("tied " + std::to_string(tied) + " bias " + std::to_string(bias) + " tp " +
+                       std::to_string(tp) + " rank " + std::to_string(r));
+          const auto slice = make_model(m, TensorParallel{tp, r});
+          const std::vector<std::int64_t> sizes = transformer_tensor_sizes(m.transformer, tp);
+          ASSERT_EQ(static_cast<int>(sizes.size()), slice->param_tensors());
+          for (int t = 0; t < slice->param_tensors(); ++t)
+            EXPECT_EQ(slice->tensor_elems(t), sizes[t]) << slice->tensor(t).name;
+          if (tp == 2) {
+            EXPECT_LE(static_cast<double>(slice->params()), 0.6 * static_cast<double>(whole->params()));
+          }
+          EXPECT_EQ(slice->init_flat_slice(7, 0, slice->params()), testing::pick(all, testing::full_indices(m, tp, r)));
+        }
+    }
+}
+
 TEST(TensorParallelTransformer, ShapesThatDoNotDivideAreRefusedNamingThem) {
   auto refused = [](const ModelConfig& m, int tp, const std::string& what) {
     try {
@@ -67,6 +96,10 @@ TEST(TensorParallelTransformer, ShapesThatDoNotDivideAreRefusedNamingThem) {
   refused(gpt2_of(2, 64, 4, 250, 8, 1, AttentionMode::flash), 4, "vocabulary (250)");
   refused(gpt2_of(2, 64, 4, 256, 8, 1, AttentionMode::flash, 90), 4, "ffn (90)");
   EXPECT_NO_THROW(check_tensor_parallel(gpt2_of(2, 64, 4, 256, 8, 1, AttentionMode::flash), 4));
+  // Llama: fewer kv heads than tp (or any tp does not divide) are not split.
+  refused(llama_of(2, 64, 8, 2, 96, 256, 8, 1, AttentionMode::flash, false), 4, "kv heads (2)");
+  refused(llama_of(2, 64, 8, 8, 96, 256, 8, 1, AttentionMode::flash, false), 3, "heads (8)");
+  EXPECT_NO_THROW(check_tensor_parallel(llama_of(2, 64, 8, 4, 96, 256, 8, 1, AttentionMode::flash, false), 4));
 }
 
 // The vocabulary-parallel kernels on T column slices against the whole ones: the
@@ -168,6 +201,24 @@ TEST(TensorParallelTransformer, EveryEmulatedRankOfAGpt2MeshIsPredicted) {
           cfg.steps = 2;
           cfg.strategy = parse_strategy(strategy);
           cfg.model = gpt2_of(2, 32, 4, 64, 8, batch, mode, 0, 12);
+          expect_every_rank_as_predicted(cfg);
+        }
+}
+
+// Llama: grouped-query attention split by heads (K/T kv heads a rank, one at T = K),
+// tied and untied heads, q/k/v biases, flash and math.
+TEST(TensorParallelTransformer, EveryEmulatedRankOfALlamaMeshIsPredicted) {
+  const std::vector<MeshShape> meshes = {{1, 2, 1, true}, {2, 2, 1, true}, {1, 4, 1, true}, {2, 4, 1, true}};
+  for (const MeshShape& mesh : meshes)
+    for (const char* strategy : {"ddp", "zero1"})
+      for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+        for (int variant = 0; variant < 2; ++variant) {
+          RunConfig cfg;
+          cfg.mesh = mesh;
+          cfg.steps = 2;
+          cfg.strategy = parse_strategy(strategy);
+          cfg.model = llama_of(2, 32, 8, 4, 48, 64, 8, variant == 0 ? 1 : 3, mode, variant == 1);
+          cfg.model.transformer.qkv_bias = variant == 0;
           expect_every_rank_as_predicted(cfg);
         }
 }

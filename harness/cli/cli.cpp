@@ -149,7 +149,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--emulate", f.emulate, "W:r: play rank r of a world of W in this one process")->type_name("W:r");
   app.add_option("--mesh", f.mesh,
                  "dp=D,tp=T,pp=S (any subset; D*T*S = the world; ranks tp fastest, then dp, then pp): each axis its "
-                 "own group and communicator; tp splits the MLP's Linears (column, row, ...) and GPT-2 as Megatron-LM")
+                 "own group and communicator; tp splits the MLP's Linears (column, row, ...) and GPT-2 and Llama as Megatron-LM")
       ->type_name("AXES");
   app.add_option("--comm-timeout", f.comm_timeout,
                  "seconds any one collective may wait before the job is aborted, exit 3 (default 300)")

@@ -381,26 +381,13 @@ class TransformerBlock final : public SequenceBlock {
     return s;
   }
 
-  // out (N, h) = residual + x W^T + b for a Linear whose input has `in` features here:
-  // the whole Linear with one rank; a row-parallel one's partial product made in out,
-  // all-reduced over the group, then the residual and the bias added.
+  // out (N, h) = residual + x W^T + b, x of `in` features here (row-parallel under tp).
   void row_parallel_forward(const BlockCall& c, Buffer& out, const float* residual, const float* x, const float* w,
                             const float* b, int in) const {
-    Backend& be = c.backend;
-    const i64 n = tokens(c.rows);
-    if (tp_.size == 1) {
-      be.copy(out.data(), residual, floats(n * s_.hidden));
-      linear_forward(be, out.data(), x, w, b, n, in, s_.hidden, 1.0f);
-      return;
-    }
-    linear_forward(be, out.data(), x, w, nullptr, n, in, s_.hidden, 0.0f);
-    tp_group(c, "gpt2").all_reduce_sum(out.data(), out.count());
-    be.add(out.data(), residual, floats(n * s_.hidden));
-    be.bias_activation(out.data(), b, static_cast<int>(n), s_.hidden, Activation::none);
+    residual_linear_forward(c, tp_, out.data(), residual, x, w, b, tokens(c.rows), in, s_.hidden, kFamily);
   }
-  // A column-parallel Linear's input gradient is this rank's part of the sum.
   void column_parallel_input_grad(const BlockCall& c, Buffer& dx) const {
-    if (tp_.size > 1) tp_group(c, "gpt2").all_reduce_sum(dx.data(), dx.count());
+    transformer::column_parallel_input_grad(c, tp_, dx, kFamily);
   }
 
   // torch's math attention multiplies the probabilities by v reshaped to (B·heads, T,

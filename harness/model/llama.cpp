@@ -39,12 +39,26 @@ constexpr int kEmbeddingBlock = 0;
 constexpr int kEmbedTokens = 0;
 
 // ---- a decoder layer ----
+// Under tensor parallelism (Megatron's split) rank r of T holds query heads [r H/T, (r+1)
+// H/T) and kv heads [r K/T, (r+1) K/T) (T divides K: each rank's query heads read only
+// its kv heads): q_proj, k_proj and v_proj column-parallel (their heads' rows, and of the
+// biases), o_proj row-parallel (the H d/T columns its heads feed; the bias whole);
+// gate_proj and up_proj column-parallel (f/T rows each), down_proj row-parallel (f/T
+// columns). A row-parallel projection's partial product is made in the buffer it ends
+// in (x_mid, the layer's output) and all-reduced in place, then the residual (and
+// o_proj's bias) added; the input gradient of q, k, v (one sum) and of gate and up (one
+// sum) are all-reduced in place. The RMSNorms are whole on every rank, their gradients
+// the same on every rank and not reduced.
 class DecoderLayer final : public SequenceBlock {
  public:
-  DecoderLayer(const TransformerShape& s, int layer)
-      : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)) {
+  DecoderLayer(const TransformerShape& s, int layer, const TensorParallel& tp)
+      : SequenceBlock(s, kFamily),
+        name_("block " + std::to_string(layer)),
+        tp_(tp),
+        fl_(s.ffn / tp.size),
+        as_(attention_shape(s, tp.size)) {
     const std::string p = "model.layers." + std::to_string(layer) + ".";
-    const i64 h = s.hidden, f = s.ffn, q = qw(), kv = kvw();
+    const i64 h = s.hidden, f = fl_, q = qw(), kv = kvw();
     const float w = uniform_bound(kInitStd);
     auto add = [&](int& index, const std::string& name, std::vector<std::int64_t> shape, float bound = 0.0f,
                    float center = 0.0f) {
@@ -66,6 +80,21 @@ class DecoderLayer final : public SequenceBlock {
     add(downW_, "mlp.down_proj.weight", {h, f}, w);
     add(norm1_, "input_layernorm.weight", {h}, 0.0f, 1.0f);
     add(norm2_, "post_attention_layernorm.weight", {h}, 0.0f, 1.0f);
+    if (tp.size > 1) {
+      const int r = tp.rank;
+      shard_rows(params_[qW_], r, q, h);
+      shard_rows(params_[kW_], r, kv, h);
+      shard_rows(params_[vW_], r, kv, h);
+      if (s.qkv_bias) {
+        shard_rows(params_[qB_], r, 1, q);
+        shard_rows(params_[kB_], r, 1, kv);
+        shard_rows(params_[vB_], r, 1, kv);
+      }
+      shard_cols(params_[oW_], r, q, static_cast<i64>(s.heads) * s.head_dim);
+      shard_rows(params_[gateW_], r, f, h);
+      shard_rows(params_[upW_], r, f, h);
+      shard_cols(params_[downW_], r, f, s.ffn);
+    }
   }
   bool checkpointable() const override { return true; }
   void set_recompute_attention(bool on) override { recompute_attention_ = on; }
@@ -88,7 +117,7 @@ class DecoderLayer final : public SequenceBlock {
   Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
                  BlockTape& tape) override {
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = fl_;
     const i64 a = 4 * n * h;  // bytes of one (N, h) activation
     const int hs = s_.hidden, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
     auto param = [&](int t) { return t < 0 ? nullptr : c.access.param(c.index, t); };
@@ -120,8 +149,8 @@ class DecoderLayer final : public SequenceBlock {
       c.saved.save(held[kY1].data(), a);
       c.saved.save((*ref)(), 0);
     }
-    be.rope(qb.data(), q, c.rows, s_.seq, s_.heads, s_.head_dim, s_.rope_theta, false);
-    be.rope(kb.data(), kv, c.rows, s_.seq, s_.kv_heads, s_.head_dim, s_.rope_theta, false);
+    be.rope(qb.data(), q, c.rows, s_.seq, as_.heads, s_.head_dim, s_.rope_theta, false);
+    be.rope(kb.data(), kv, c.rows, s_.seq, as_.kv_heads, s_.head_dim, s_.rope_theta, false);
 
     if (flash) {
       // SDPA (flash, GQA native) saves q, k, v, its output (token-major: o_proj's input
@@ -147,15 +176,15 @@ class DecoderLayer final : public SequenceBlock {
       // Math SDPA on k and v expanded to H heads: q head-major, k and v expanded (bmm's
       // operands), the probabilities (B, H, T, T); its output copied token-major.
       held[kQ] = act(n * q);
-      be.permute_heads(held[kQ].data(), qb.data(), q, c.rows, s_.seq, s_.heads, s_.head_dim, true);
+      be.permute_heads(held[kQ].data(), qb.data(), q, c.rows, s_.seq, as_.heads, s_.head_dim, true);
       held[kK] = act(n * q);
-      expand_heads(be, held[kK].data(), kb.data(), kv, c.rows, s_.seq, s_.heads, s_.kv_heads, s_.head_dim);
+      expand_heads(be, held[kK].data(), kb.data(), kv, c.rows, s_.seq, as_.heads, as_.kv_heads, s_.head_dim);
       held[kV] = act(n * q);
-      expand_heads(be, held[kV].data(), vb.data(), kv, c.rows, s_.seq, s_.heads, s_.kv_heads, s_.head_dim);
+      expand_heads(be, held[kV].data(), vb.data(), kv, c.rows, s_.seq, as_.heads, as_.kv_heads, s_.head_dim);
       qb.reset();
       kb.reset();
       vb.reset();
-      const MathAttention m = math_attention(s_, c.rows);
+      const MathAttention m = math_attention(as_, c.rows);
       // --checkpoint attention: the probabilities are freed, not saved (math_backward
       // recomputes them).
       auto [probs, out] = math_attention_forward(be, m, held[kQ].data(), held[kK].data(),
@@ -168,8 +197,8 @@ class DecoderLayer final : public SequenceBlock {
 
     // x_mid = x + o_proj(out): o_proj saves out and its weight.
     held[kXmid] = act(n * h);
-    be.copy(held[kXmid].data(), x, floats(n * h));
-    linear_forward(be, held[kXmid].data(), held[kOut].data(), param(oW_), param(oB_), n, q, hs, 1.0f);
+    residual_linear_forward(c, tp_, held[kXmid].data(), x, held[kOut].data(), param(oW_), param(oB_), n, q, hs,
+                            kFamily);
     c.saved.save(held[kOut].data(), 4 * n * q);
     c.saved.save(o_ref_(), 0);
 
@@ -184,7 +213,7 @@ class DecoderLayer final : public SequenceBlock {
 
     // The MLP in Hugging Face's order: gate (saves y2), SiLU (saves gate's output), up
     // (saves y2), the product (saves both factors), down (saves the product).
-    const int fs = s_.ffn;
+    const int fs = fl_;
     held[kGate] = act(n * f);
     linear_forward(be, held[kGate].data(), held[kY2].data(), param(gateW_), nullptr, n, hs, fs, 0.0f);
     c.saved.save(held[kY2].data(), a);
@@ -203,8 +232,8 @@ class DecoderLayer final : public SequenceBlock {
 
     // out = x_mid + down_proj(product): (N, h), activation when the next block saves it.
     Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * h));
-    be.copy(out.data(), held[kXmid].data(), floats(n * h));
-    linear_forward(be, out.data(), held[kProd].data(), param(downW_), nullptr, n, fs, hs, 1.0f);
+    residual_linear_forward(c, tp_, out.data(), held[kXmid].data(), held[kProd].data(), param(downW_), nullptr, n, fs,
+                            hs, kFamily);
     c.saved.save(held[kProd].data(), 4 * n * f);
     c.saved.save(down_ref_(), 0);
     return out;
@@ -213,8 +242,8 @@ class DecoderLayer final : public SequenceBlock {
   Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
                   BlockTape& tape) override {
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
-    const int hs = s_.hidden, fs = s_.ffn, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
+    const i64 n = tokens(c.rows), h = s_.hidden, f = fl_;
+    const int hs = s_.hidden, fs = fl_, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto grad = [&](int t) { return t < 0 ? nullptr : c.access.grad(c.index, t); };
     auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
@@ -242,6 +271,7 @@ class DecoderLayer final : public SequenceBlock {
     dp.reset();
     linear_backward(be, dy2.data(), grad(upW_), nullptr, du.data(), held[kY2].data(), param(upW_), n, hs, fs, beta,
                     1.0f);
+    column_parallel_input_grad(c, tp_, dy2, kFamily);
     du.reset();
     c.saved.release(gate_ref_());
     c.saved.release(up_ref_());
@@ -270,14 +300,15 @@ class DecoderLayer final : public SequenceBlock {
     float* dq = dqkv.data();
     float* dk = dq + n * q;
     float* dv = dk + n * kv;
-    be.rope(dq, q, c.rows, s_.seq, s_.heads, s_.head_dim, s_.rope_theta, true);
-    be.rope(dk, kv, c.rows, s_.seq, s_.kv_heads, s_.head_dim, s_.rope_theta, true);
+    be.rope(dq, q, c.rows, s_.seq, as_.heads, s_.head_dim, s_.rope_theta, true);
+    be.rope(dk, kv, c.rows, s_.seq, as_.kv_heads, s_.head_dim, s_.rope_theta, true);
 
     // q, k, v projections: dy1 = dq W_q + dk W_k + dv W_v
     Buffer dy1 = temp(n * h);
     linear_backward(be, dy1.data(), grad(qW_), grad(qB_), dq, held[kY1].data(), param(qW_), n, hs, q, beta);
     linear_backward(be, dy1.data(), grad(kW_), grad(kB_), dk, held[kY1].data(), param(kW_), n, hs, kv, beta, 1.0f);
     linear_backward(be, dy1.data(), grad(vW_), grad(vB_), dv, held[kY1].data(), param(vW_), n, hs, kv, beta, 1.0f);
+    column_parallel_input_grad(c, tp_, dy1, kFamily);
     dqkv.reset();
     for (const WeightRef* ref : {&q_ref_, &k_ref_, &v_ref_}) c.saved.release((*ref)());
     c.saved.release(held[kY1].data());
@@ -303,9 +334,10 @@ class DecoderLayer final : public SequenceBlock {
   // with its dx.
   Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape& tape) override {
+    SHARDSCOPE_REQUIRE(tp_.size == 1, "llama: the zero-bubble split of a tensor-parallel layer is not built");
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
-    const int hs = s_.hidden, fs = s_.ffn, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
+    const i64 n = tokens(c.rows), h = s_.hidden, f = fl_;
+    const int hs = s_.hidden, fs = fl_, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
     std::vector<Buffer>& held = tape.held;
@@ -348,8 +380,8 @@ class DecoderLayer final : public SequenceBlock {
     float* dq = held[kDqkv].data();
     float* dk = dq + n * q;
     float* dv = dk + n * kv;
-    be.rope(dq, q, c.rows, s_.seq, s_.heads, s_.head_dim, s_.rope_theta, true);
-    be.rope(dk, kv, c.rows, s_.seq, s_.kv_heads, s_.head_dim, s_.rope_theta, true);
+    be.rope(dq, q, c.rows, s_.seq, as_.heads, s_.head_dim, s_.rope_theta, true);
+    be.rope(dk, kv, c.rows, s_.seq, as_.kv_heads, s_.head_dim, s_.rope_theta, true);
     held[kDy1] = temp(n * h);
     linear_input_grad(be, held[kDy1].data(), dq, param(qW_), n, hs, q);
     linear_input_grad(be, held[kDy1].data(), dk, param(kW_), n, hs, kv, 1.0f);
@@ -371,7 +403,7 @@ class DecoderLayer final : public SequenceBlock {
   void backward_weight(const BlockCall& c, const float* x, float beta, BlockTape& tape) override {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows);
-    const int hs = s_.hidden, fs = s_.ffn, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
+    const int hs = s_.hidden, fs = fl_, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto grad = [&](int t) { return t < 0 ? nullptr : c.access.grad(c.index, t); };
     std::vector<Buffer>& held = tape.held;
@@ -411,12 +443,18 @@ class DecoderLayer final : public SequenceBlock {
   }
 
  private:
-  i64 qw() const { return static_cast<i64>(s_.heads) * s_.head_dim; }      // q's width, H d
-  i64 kvw() const { return static_cast<i64>(s_.kv_heads) * s_.head_dim; }  // k's and v's, K d
-  i64 lse_elems(int rows) const { return static_cast<i64>(rows) * s_.heads * s_.seq; }
+  // The attention's shape on this rank: its H/T query heads and K/T kv heads.
+  static TransformerShape attention_shape(TransformerShape s, int tp) {
+    s.heads /= tp;
+    s.kv_heads /= tp;
+    return s;
+  }
+  i64 qw() const { return static_cast<i64>(as_.heads) * s_.head_dim; }      // q's width, H d
+  i64 kvw() const { return static_cast<i64>(as_.kv_heads) * s_.head_dim; }  // k's and v's, K d
+  i64 lse_elems(int rows) const { return static_cast<i64>(rows) * as_.heads * s_.seq; }
 
   AttentionArgs flash_args(int rows, const float* q, const float* k, const float* v) const {
-    return attention_args(s_, rows, q, k, v, static_cast<int>(qw()), static_cast<int>(kvw()));
+    return attention_args(as_, rows, q, k, v, static_cast<int>(qw()), static_cast<int>(kvw()));
   }
 
   // Flash: dq, dk, dv from the saved q, k, v, output and lse (all released and freed);
@@ -456,20 +494,23 @@ class DecoderLayer final : public SequenceBlock {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), q = qw(), kv = kvw();
     if (!keep_out) held[kOut].reset();
-    const MathAttention m = math_attention(s_, c.rows);
+    const MathAttention m = math_attention(as_, c.rows);
     HeadGrads g = math_attention_backward(be, c.saved, m, dout, held[kQ], held[kK], held[kAttn],
                                           m.head_major(held[kV].data()), held[kV]);
     Buffer dqkv = be.alloc(Category::temp, floats(n * (q + 2 * kv)));
     float* dq = dqkv.data();
-    be.permute_heads(dq, g.dq.data(), static_cast<int>(q), c.rows, s_.seq, s_.heads, s_.head_dim, false);
-    reduce_heads(be, dq + n * q, g.dk.data(), static_cast<int>(kv), c.rows, s_.seq, s_.heads, s_.kv_heads,
+    be.permute_heads(dq, g.dq.data(), static_cast<int>(q), c.rows, s_.seq, as_.heads, s_.head_dim, false);
+    reduce_heads(be, dq + n * q, g.dk.data(), static_cast<int>(kv), c.rows, s_.seq, as_.heads, as_.kv_heads,
                  s_.head_dim);
-    reduce_heads(be, dq + n * (q + kv), g.dv.data(), static_cast<int>(kv), c.rows, s_.seq, s_.heads, s_.kv_heads,
+    reduce_heads(be, dq + n * (q + kv), g.dv.data(), static_cast<int>(kv), c.rows, s_.seq, as_.heads, as_.kv_heads,
                  s_.head_dim);
     return dqkv;
   }
 
   std::string name_;
+  TensorParallel tp_;
+  int fl_;               // the MLP's inner features on this rank: f/T
+  TransformerShape as_;  // the attention's shape on this rank
   std::vector<ParamSpec> params_;
   bool recompute_attention_ = false;  // --checkpoint attention
   // Tensor indices in params() (-1: the shape has no such bias).
@@ -481,9 +522,15 @@ class DecoderLayer final : public SequenceBlock {
 // ---- the final block: model.norm and the head (lm_head, or the embedding when tied) ----
 class FinalBlock final : public FinalNormHead {
  public:
-  explicit FinalBlock(const TransformerShape& s) : FinalNormHead(s, kFamily, /*norm_stats: rstd*/ 1) {
+  FinalBlock(const TransformerShape& s, const TensorParallel& tp)
+      : FinalNormHead(s, kFamily, /*norm_stats: rstd*/ 1, tp) {
     params_ = {{"model.norm.weight", {s.hidden}, 0.0f, 1.0f}};
-    if (!s.tied_embeddings) params_.push_back({"lm_head.weight", {s.vocab, s.hidden}, uniform_bound(kInitStd)});
+    if (!s.tied_embeddings) {
+      // lm_head: vocabulary-parallel under tp (rank r's V/T rows).
+      ParamSpec head{"lm_head.weight", {vocab(), s.hidden}, uniform_bound(kInitStd)};
+      if (tp.size > 1) shard_rows(head, tp.rank, vocab(), s.hidden);
+      params_.push_back(head);
+    }
   }
   const std::vector<ParamSpec>& params() const override { return params_; }
   TensorRef tied_param() const override {
@@ -525,19 +572,21 @@ class FinalBlock final : public FinalNormHead {
 }  // namespace
 
 std::unique_ptr<Model> make_llama(const ModelConfig& m, const TensorParallel& tp) {
-  SHARDSCOPE_REQUIRE(tp.size == 1, "llama: tensor parallelism is not built");
   TransformerShape s = m.transformer;
   if (s.head_dim == 0 && s.heads > 0) s.head_dim = s.hidden / s.heads;
   if (s.kv_heads == 0) s.kv_heads = s.heads;
   SHARDSCOPE_REQUIRE(s.layers > 0 && s.hidden > 0 && s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0 &&
                          s.head_dim > 0 && s.head_dim % 2 == 0 && s.ffn > 0 && s.vocab > 0 && s.seq > 0,
                      "llama: an unchecked transformer shape");
+  SHARDSCOPE_REQUIRE(tp.size == 1 || (!m.autocast && s.heads % tp.size == 0 && s.kv_heads % tp.size == 0 &&
+                                      s.ffn % tp.size == 0 && s.vocab % tp.size == 0),
+                     "llama: an unchecked tensor-parallel shape");
   if (m.autocast) return make_llama_autocast(s);
   std::vector<std::unique_ptr<Block>> blocks;
-  blocks.push_back(make_embedding_block(s, {"model.embed_tokens.weight", ""}, kFamily));
-  for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<DecoderLayer>(s, i));
-  blocks.push_back(std::make_unique<FinalBlock>(s));
-  return std::make_unique<Model>(std::move(blocks), make_cross_entropy(s, kFamily));
+  blocks.push_back(make_embedding_block(s, {"model.embed_tokens.weight", ""}, kFamily, tp));
+  for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<DecoderLayer>(s, i, tp));
+  blocks.push_back(std::make_unique<FinalBlock>(s, tp));
+  return std::make_unique<Model>(std::move(blocks), make_cross_entropy(s, kFamily, tp));
 }
 
 }  // namespace shardscope

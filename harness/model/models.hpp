@@ -19,9 +19,8 @@ std::unique_ptr<Model> make_gpt2(const ModelConfig& config, const TensorParallel
 std::unique_ptr<Model> make_gpt2_autocast(const TransformerShape& shape);  // gpt2_autocast.cpp
 std::unique_ptr<Model> make_llama(const ModelConfig& config, const TensorParallel& tp = {});  // llama.cpp
 // UsageError naming --mesh and each shape that tp does not divide: for any model what
-// tp cannot split (check_mlp_tensor_parallel; a transformer's heads, ffn and vocabulary,
-// and Llama's kv heads when there are at least tp of them: fewer are replicated, and
-// then tp must divide by them), or that is not built (--precision bf16).
+// tp cannot split (check_mlp_tensor_parallel; a transformer's heads, ffn, vocabulary and
+// kv heads), or that is not built (--precision bf16).
 void check_tensor_parallel(const ModelConfig& config, int tp);
 // Llama under autocast(bfloat16) (config.autocast), for a shape make_llama completed.
 std::unique_ptr<Model> make_llama_autocast(const TransformerShape& shape);  // llama_autocast.cpp

@@ -67,9 +67,6 @@ void check_tensor_parallel(const ModelConfig& m, int tp) {
   if (m.autocast)
     throw UsageError(mesh + " and --precision bf16: a tensor-parallel autocast transformer is not built yet; give "
                      "--precision fp32");
-  if (m.name == "llama")
-    throw UsageError(mesh + " and --model llama: tensor parallelism of Llama is not built yet; give tp=1, or "
-                     "--model gpt2");
   auto need = [&](int value, const char* what, const char* why) {
     if (value % tp != 0)
       throw UsageError(mesh + ": the " + what + " (" + std::to_string(value) + ") must divide by tp (" + why + ")");
@@ -77,6 +74,12 @@ void check_tensor_parallel(const ModelConfig& m, int tp) {
   need(s.heads, "heads", "each rank holds heads/tp of the attention");
   need(s.ffn, "ffn", "each rank holds ffn/tp of the MLP's inner features");
   need(s.vocab, "vocabulary", "each rank holds vocab/tp rows of the embedding and the head; Megatron pads it");
+  // Fewer kv heads than tp would be replicated, each rank holding the one its query heads
+  // read, and the copies' gradients summed over the ranks sharing it: not built (Megatron
+  // core divides num_query_groups by tp too).
+  if (s.kv_heads % tp != 0)
+    throw UsageError(mesh + ": the kv heads (" + std::to_string(s.kv_heads) + ") must divide by tp (each rank holds "
+                     "kv_heads/tp of them; replicating fewer kv heads than tp is not built yet)");
 }
 
 }  // namespace shardscope

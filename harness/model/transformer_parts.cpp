@@ -15,6 +15,25 @@ Communicator& tp_group(const BlockCall& c, const char* who) {
   return *c.tp;
 }
 
+void residual_linear_forward(const BlockCall& c, const TensorParallel& tp, float* out, const float* residual,
+                             const float* x, const float* w, const float* b, i64 n, int in, int hidden,
+                             const char* who) {
+  Backend& be = c.backend;
+  if (tp.size == 1) {
+    be.copy(out, residual, floats(n * hidden));
+    linear_forward(be, out, x, w, b, n, in, hidden, 1.0f);
+    return;
+  }
+  linear_forward(be, out, x, w, nullptr, n, in, hidden, 0.0f);
+  tp_group(c, who).all_reduce_sum(out, floats(n * hidden));
+  be.add(out, residual, floats(n * hidden));
+  if (b) be.bias_activation(out, b, static_cast<int>(n), hidden, Activation::none);
+}
+
+void column_parallel_input_grad(const BlockCall& c, const TensorParallel& tp, Buffer& dx, const char* who) {
+  if (tp.size > 1) tp_group(c, who).all_reduce_sum(dx.data(), dx.count());
+}
+
 void shard_rows(ParamSpec& spec, int r, i64 rows, i64 cols) {
   spec.full_cols = cols;
   spec.shard_first = static_cast<i64>(r) * rows * cols;

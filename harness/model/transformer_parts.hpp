@@ -76,6 +76,17 @@ Communicator& tp_group(const BlockCall& c, const char* who);
 void shard_rows(ParamSpec& spec, int r, i64 rows, i64 cols);
 void shard_cols(ParamSpec& spec, int r, i64 cols, i64 full_cols);
 
+// out (N, hidden) = residual + x W^T + b (b may be null) for a Linear taking `in`
+// features: the whole Linear on one rank (tp.size 1: residual copied, then the product
+// added onto it); a row-parallel one's partial product made in out, all-reduced over
+// the group in place (Megatron's g), then the residual and the bias added.
+void residual_linear_forward(const BlockCall& c, const TensorParallel& tp, float* out, const float* residual,
+                             const float* x, const float* w, const float* b, i64 n, int in, int hidden,
+                             const char* who);
+// A column-parallel Linear's input gradient is this rank's part of the sum: all-reduced
+// over the group in place (Megatron's f in backward); nothing with one rank.
+void column_parallel_input_grad(const BlockCall& c, const TensorParallel& tp, Buffer& dx, const char* who);
+
 // A block of a transformer family: its rows are sequences of shape.seq tokens (N = rows
 // * seq). Each family's blocks run the zero-bubble split (zb-h1's B and W halves): B
 // keeps each Linear's and each norm's output gradient (temp) for W, and W writes the

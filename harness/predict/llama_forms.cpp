@@ -26,25 +26,31 @@ struct Sizes : TokenSizes {
   i64 Q = 0, C = 0;  // q's (and math's expanded k's and v's) bytes, and k's and v's
 };
 
-Sizes sizes(const TransformerShape& s, int batch) {
+// Under tensor parallelism (tp = T > 1) a rank holds H/T query heads and K/T kv heads, and
+// f/T of the MLP: Q, C, F, A and the logits Λ are its T-th; a (the residual stream) whole.
+Sizes sizes(const TransformerShape& s, int batch, int tp = 1) {
   Sizes z;
   static_cast<TokenSizes&>(z) = token_sizes(s, batch);
-  z.Q = 4 * z.N * s.heads * s.head_dim;
-  z.C = 4 * z.N * s.kv_heads * s.head_dim;
+  z.Q = 4 * z.N * (s.heads / tp) * s.head_dim;
+  z.C = 4 * z.N * (s.kv_heads / tp) * s.head_dim;
+  z.F /= tp;
+  z.A /= tp;
+  z.lambda /= tp;
   return z;
 }
 
 }  // namespace
 
-SavedForm llama_block_saved(const TransformerShape& shape, int batch) {
-  const Sizes z = sizes(shape, batch);
+SavedForm llama_block_saved(const TransformerShape& shape, int batch, int tp) {
+  const Sizes z = sizes(shape, batch, tp);
   const i64 attention = z.flash ? 2 * z.Q + 2 * z.C : 4 * z.Q;
   return {4 * z.a + attention + 8 * z.N + z.A + 4 * z.F, 15};
 }
 
-SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch, const CheckpointPolicy& checkpoint) {
-  const Sizes z = sizes(shape, batch);
-  SavedForm block = llama_block_saved(shape, batch);
+SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch, const CheckpointPolicy& checkpoint,
+                                    int tp) {
+  const Sizes z = sizes(shape, batch, tp);
+  SavedForm block = llama_block_saved(shape, batch, tp);
   // --checkpoint attention: no probabilities (math) or log-sum-exp (flash).
   if (checkpoint.attention()) block = {block.bytes - z.A, block.tensors - 1};
   const int w = checkpoint.wrapped_of(z.L);  // each saves its input alone
@@ -52,8 +58,8 @@ SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch, co
           7 + (z.L - w) * block.tensors + w};
 }
 
-StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute_attention) {
-  const Sizes z = sizes(shape, batch);
+StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute_attention, int tp) {
+  const Sizes z = sizes(shape, batch, tp);
   const i64 a = z.a, Q = z.Q, C = z.C, F = z.F, A = z.A, N = z.N;
   const i64 X = 16 * N;
   // --checkpoint attention: the attention's own save A (math's probabilities, flash's
@@ -61,7 +67,9 @@ StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute
   const i64 R = recompute_attention ? A : 0;
   StepBlocks blocks(z);
   blocks.base = a;  // x0
-  blocks.K = llama_block_saved(shape, batch).bytes - R;
+  blocks.K = llama_block_saved(shape, batch, tp).bytes - R;
+  // vocab_parallel_cross_entropy's statistics: max and sum, (N) each, temp.
+  if (tp > 1) blocks.loss_stats = 8 * N;
   // Its forward's attention, from S: the input norm's rstd and output (4N + a), q, k, v
   // token-major (temp Q + 2C) beside their head-major copies (3Q); then the probabilities
   // A and the head-major output (temp Q); then, the probabilities freed, the token-major
@@ -125,8 +133,8 @@ StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute
 }
 
 StepTransient llama_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
-                                   const CheckpointPolicy& checkpoint) {
-  StepBlocks blocks = llama_blocks(shape, batch, checkpoint.attention());
+                                   const CheckpointPolicy& checkpoint, int tp) {
+  StepBlocks blocks = llama_blocks(shape, batch, checkpoint.attention(), tp);
   blocks.checkpoint = checkpoint;
   return transformer_step_transient(blocks, units);
 }

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "harness/predict/gpt2_forms.hpp"
+#include "harness/predict/llama_forms.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "harness/strategies/partition.hpp"
 #include "shardscope/check.hpp"
@@ -139,13 +140,17 @@ std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg
   const ModelConfig& m = cfg.model;
   const TransformerShape& s = m.transformer;
   const int T = cfg.mesh.tp;
-  SHARDSCOPE_REQUIRE(T > 1 && m.name == "gpt2", "predict: the transformer does not split into tp");
+  SHARDSCOPE_REQUIRE(T > 1 && m.is_transformer(), "predict: the transformer does not split into tp");
   const TokenSizes z = token_sizes(s, m.batch);
   const std::int64_t tp_bytes = 2 * z.a + 4 * static_cast<std::int64_t>(s.layers) * z.a + 8 * z.N + 4;
   std::vector<Prediction> ranks =
       tensor_parallel_states(cfg, transformer_tensor_sizes(s, T), dp_world, tp_bytes);
-  complete_step(gpt2_step_transient(s, m.batch, StepUnits{}, m.checkpoint, T),
-                gpt2_saved_after_forward(s, m.batch, m.checkpoint, T), ranks);
+  if (m.name == "gpt2")
+    complete_step(gpt2_step_transient(s, m.batch, StepUnits{}, m.checkpoint, T),
+                  gpt2_saved_after_forward(s, m.batch, m.checkpoint, T), ranks);
+  else
+    complete_step(llama_step_transient(s, m.batch, StepUnits{}, m.checkpoint, T),
+                  llama_saved_after_forward(s, m.batch, m.checkpoint, T), ranks);
   return ranks;
 }
 

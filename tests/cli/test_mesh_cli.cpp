@@ -1,10 +1,9 @@
 // --mesh through the binary: every emulated rank of dp=2,tp=2 and of an 8-rank mesh holds
 // its predictions, group by group; the four real ranks under mpirun do too, each group's
 // members in Megatron's order and the tensor-parallel pairs computing the same loss; and
-// a bad mesh is exit 2 in one line naming --mesh. GPT-2 split along tp (Megatron's
-// tensor parallelism of the transformers): every emulated rank of dp=2,tp=2 holds its
-// predictions, and shapes tp does not divide (and Llama, not built yet) are exit 2
-// naming them.
+// a bad mesh is exit 2 in one line naming --mesh. GPT-2 and Llama split along tp
+// (Megatron's tensor parallelism of the transformers): every emulated rank of dp=2,tp=2
+// holds its predictions, and shapes tp does not divide are exit 2 naming them.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -131,22 +130,23 @@ TEST_F(MeshCli, BadMeshesAreRefusedNamingThem) {
   }
 }
 
-constexpr const char* kGpt2 = " --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64 --seq 8 --batch 2 --steps 2 ";
-
-TEST_F(MeshCli, EveryEmulatedRankOfATensorParallelGpt2HoldsItsPredictions) {
-  for (const char* strategy : {"ddp", "zero1"})
-    for (int r = 0; r < 4; ++r) {
-      const std::string flags = std::string(kGpt2) + "--strategy " + strategy + " --mesh dp=2,tp=2 --emulate 4:" +
-                                std::to_string(r);
-      const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu" + flags +
-                           " --json g.json > out.txt 2> err.txt");
-      ASSERT_EQ(rc, 0) << flags << ": " << first_line(dir_ + "/err.txt");
-      std::ifstream in(dir_ + "/g.json");
-      const json doc = json::parse(in);
-      const json& rank = doc["runs"][0]["ranks"][0];
-      EXPECT_GT(rank["comm_groups"]["tp"]["comm_bytes"].get<std::int64_t>(), 0) << flags;
-      expect_predicted(rank, flags);
-    }
+TEST_F(MeshCli, EveryEmulatedRankOfATensorParallelTransformerHoldsItsPredictions) {
+  for (const char* model : {" --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64 --seq 8 --batch 2 --steps 2 ",
+                            " --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --ffn 48 --vocab 64 --seq 8 "
+                            "--batch 2 --steps 2 "})
+    for (const char* strategy : {"ddp", "zero1"})
+      for (int r = 0; r < 4; ++r) {
+        const std::string flags = std::string(model) + "--strategy " + strategy + " --mesh dp=2,tp=2 --emulate 4:" +
+                                  std::to_string(r);
+        const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu" + flags +
+                             " --json g.json > out.txt 2> err.txt");
+        ASSERT_EQ(rc, 0) << flags << ": " << first_line(dir_ + "/err.txt");
+        std::ifstream in(dir_ + "/g.json");
+        const json doc = json::parse(in);
+        const json& rank = doc["runs"][0]["ranks"][0];
+        EXPECT_GT(rank["comm_groups"]["tp"]["comm_bytes"].get<std::int64_t>(), 0) << flags;
+        expect_predicted(rank, flags);
+      }
 }
 
 TEST_F(MeshCli, TransformerShapesTensorParallelismCannotSplitAreRefusedNamingThem) {
@@ -162,6 +162,10 @@ TEST_F(MeshCli, TransformerShapesTensorParallelismCannotSplitAreRefusedNamingThe
       {" --model gpt2 --layers 1 --hidden 32 --heads 4 --ffn 90 --vocab 64 --seq 8 --mesh tp=4 --emulate 4:0",
        "shardscope: error: --mesh tp=4: the ffn (90) must divide by tp (each rank holds ffn/tp of the MLP's inner "
        "features)"},
+      {" --model llama --layers 1 --hidden 32 --heads 4 --kv-heads 2 --ffn 48 --vocab 64 --seq 8 --mesh tp=4 "
+       "--emulate 4:0",
+       "shardscope: error: --mesh tp=4: the kv heads (2) must divide by tp (each rank holds kv_heads/tp of them; "
+       "replicating fewer kv heads than tp is not built yet)"},
   };
   for (const auto& c : cases) {
     const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu" + c.flags +
