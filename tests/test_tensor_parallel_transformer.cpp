@@ -223,6 +223,24 @@ TEST(TensorParallelTransformer, EveryEmulatedRankOfALlamaMeshIsPredicted) {
         }
 }
 
+// zero2 and zero3 along dp (FSDP1's flat units of the rank's tensors: one root unit, or
+// a root and units of K blocks), GPT-2 and Llama, W = 4 and 8.
+TEST(TensorParallelTransformer, EveryEmulatedRankUnderFsdpAlongDataParallelIsPredicted) {
+  for (const MeshShape& mesh : {MeshShape{2, 2, 1, true}, MeshShape{4, 2, 1, true}, MeshShape{2, 4, 1, true}})
+    for (const char* strategy : {"zero2", "zero3"})
+      for (int units : {0, 1, 2})
+        for (bool llama : {false, true}) {
+          RunConfig cfg;
+          cfg.mesh = mesh;
+          cfg.steps = 2;
+          cfg.strategy = parse_strategy(strategy);
+          cfg.layers_per_unit = units;
+          cfg.model = llama ? llama_of(3, 32, 8, 4, 48, 64, 8, 2, AttentionMode::math, units == 1)
+                            : gpt2_of(3, 32, 4, 64, 8, units == 2 ? 1 : 3, AttentionMode::flash, 0, 12);
+          expect_every_rank_as_predicted(cfg);
+        }
+}
+
 TEST(TensorParallelTransformer, EveryEmulatedRankOfAnEightWayGpt2MeshIsPredicted) {
   for (const MeshShape& mesh : {MeshShape{1, 8, 1, true}, MeshShape{2, 4, 1, true}})
     for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {

@@ -349,9 +349,10 @@ void check_mesh_config(const RunConfig& c) {
                      "--strategy");
   if (m.tp == 1) return;
   check_tensor_parallel(c.model, m.tp);
-  if (c.strategy != StrategyKind::ddp && c.strategy != StrategyKind::zero1)
+  if (c.strategy != StrategyKind::ddp && c.strategy != StrategyKind::zero1 && !c.model.is_transformer())
     throw UsageError(mesh + " and --strategy " + std::string(strategy_name(c.strategy)) +
-                     ": tp > 1 runs with ddp or zero1 along dp (zero2/zero3 are not built yet)");
+                     ": tp > 1 of the MLP runs with ddp or zero1 along dp (zero2/zero3 with tp > 1 are built for "
+                     "the transformers)");
   if (effective_engine(c.engine, c.strategy) != EngineKind::torch)
     throw UsageError(mesh + " and --engine " + std::string(engine_name(c.engine)) +
                      ": tp > 1 runs the torch engine's layout along dp; give --engine torch");

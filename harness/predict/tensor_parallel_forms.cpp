@@ -37,7 +37,7 @@ namespace {
 std::vector<Prediction> tensor_parallel_states(const RunConfig& cfg, const std::vector<std::int64_t>& sizes,
                                                int dp_world, std::int64_t tp_bytes) {
   SHARDSCOPE_REQUIRE(cfg.strategy == StrategyKind::ddp || cfg.strategy == StrategyKind::zero1,
-                     "predict: tensor parallelism runs ddp or zero1 along dp");
+                     "predict: these model states are ddp's or zero1's along dp");
   std::int64_t P = 0;
   for (std::int64_t e : sizes) P += e;
   const int tensors = static_cast<int>(sizes.size());
@@ -143,13 +143,25 @@ std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg
   SHARDSCOPE_REQUIRE(T > 1 && m.is_transformer(), "predict: the transformer does not split into tp");
   const TokenSizes z = token_sizes(s, m.batch);
   const std::int64_t tp_bytes = 2 * z.a + 4 * static_cast<std::int64_t>(s.layers) * z.a + 8 * z.N + 4;
-  std::vector<Prediction> ranks =
-      tensor_parallel_states(cfg, transformer_tensor_sizes(s, T), dp_world, tp_bytes);
+  std::vector<Prediction> ranks;
+  if (shards_by_unit(cfg.strategy)) {
+    // zero2/zero3 along dp: FSDP1's units of the rank's tensors (transformer_model_states
+    // and step_units take them at cfg.mesh.tp), gathered and reduce-scattered over dp.
+    ranks = transformer_model_states(cfg, dp_world);
+    for (Prediction& p : ranks) {
+      p.axis_comm_bytes[static_cast<int>(MeshAxis::dp)] = p.comm_total();
+      p.axis_comm_bytes[static_cast<int>(MeshAxis::tp)] = tp_bytes;
+      p.comm_bytes[static_cast<int>(CollKind::all_reduce)] += tp_bytes;
+    }
+  } else {
+    ranks = tensor_parallel_states(cfg, transformer_tensor_sizes(s, T), dp_world, tp_bytes);
+  }
+  const StepUnits units = step_units(cfg, dp_world);
   if (m.name == "gpt2")
-    complete_step(gpt2_step_transient(s, m.batch, StepUnits{}, m.checkpoint, T),
+    complete_step(gpt2_step_transient(s, m.batch, units, m.checkpoint, T),
                   gpt2_saved_after_forward(s, m.batch, m.checkpoint, T), ranks);
   else
-    complete_step(llama_step_transient(s, m.batch, StepUnits{}, m.checkpoint, T),
+    complete_step(llama_step_transient(s, m.batch, units, m.checkpoint, T),
                   llama_saved_after_forward(s, m.batch, m.checkpoint, T), ranks);
   return ranks;
 }

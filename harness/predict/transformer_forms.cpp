@@ -166,10 +166,14 @@ std::vector<std::int64_t> transformer_tensor_sizes(const TransformerShape& shape
   return out;
 }
 
-std::vector<std::int64_t> transformer_block_sizes(const TransformerShape& shape) {
-  std::vector<i64> out(static_cast<std::size_t>(transformer_blocks(shape)), block_params(shape));
-  out.front() = embedding_params(shape);
-  out.back() = final_params(shape);
+std::vector<std::int64_t> transformer_block_sizes(const TransformerShape& shape, int tp) {
+  Tally embed, block, last;
+  embedding_tensors(shape, embed, tp);
+  block_tensors(shape, 0, block, tp);
+  final_tensors(shape, last, tp);
+  std::vector<i64> out(static_cast<std::size_t>(transformer_blocks(shape)), block.elems);
+  out.front() = embed.elems;
+  out.back() = last.elems;
   return out;
 }
 
@@ -211,7 +215,8 @@ std::vector<Prediction> transformer_model_states(const RunConfig& cfg, int world
     }
     comm(CollKind::all_reduce) = 4 * P;
   } else {
-    const std::vector<Unit> units = fsdp_units(cfg.model, cfg.layers_per_unit, world);
+    // Under --mesh the units are the tensor-parallel rank's (its blocks' tensors at tp).
+    const std::vector<Unit> units = fsdp_units(cfg.model, cfg.layers_per_unit, world, cfg.mesh.tp);
     i64 unit_optim = 0, gathered = 0, regathered = 0;
     for (std::size_t u = 0; u < units.size(); ++u) {
       p.resting[Category::param] += 4 * units[u].shard;

@@ -50,8 +50,9 @@ std::vector<TransformerTensor> transformer_tensors(const TransformerShape& shape
 // "Tensor parallelism of the transformers"), the same tensors in the same order.
 std::vector<std::int64_t> transformer_tensor_sizes(const TransformerShape& shape, int tp = 1);
 
-// Parameters of each of the L + 2 blocks, in order (what FSDP's units take).
-std::vector<std::int64_t> transformer_block_sizes(const TransformerShape& shape);
+// Parameters of each of the L + 2 blocks, in order (what FSDP's units take); with tp > 1
+// a tensor-parallel rank's.
+std::vector<std::int64_t> transformer_block_sizes(const TransformerShape& shape, int tp = 1);
 
 // FSDP's units of a transformer, as torch FSDP1 with the transformer wrap policy forms
 // them (docs/design.md, "Transformers"): blocks_per_unit = 0 ("--units all") is one

@@ -58,7 +58,7 @@ TokenSizes token_sizes(const TransformerShape& s, int batch) {
 StepUnits step_units(const RunConfig& cfg, int world) {
   StepUnits g;
   if (!shards_by_unit(cfg.strategy)) return g;
-  const std::vector<Unit> units = fsdp_units(cfg.model, cfg.layers_per_unit, world);
+  const std::vector<Unit> units = fsdp_units(cfg.model, cfg.layers_per_unit, world, cfg.mesh.tp);
   for (const Unit& u : units) {
     g.bytes.push_back(4 * u.padded);
     g.grad_bytes.push_back(4 * u.padded);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "harness/predict/transformer_forms.hpp"
+#include "shardscope/check.hpp"
 
 namespace shardscope {
 
@@ -85,13 +86,14 @@ std::vector<Unit> fsdp_units(const std::vector<std::int64_t>& block_elems, const
   return units;
 }
 
-std::vector<Unit> fsdp_units(const ModelConfig& model, int layers_per_unit, int world) {
+std::vector<Unit> fsdp_units(const ModelConfig& model, int layers_per_unit, int world, int tp) {
   if (model.is_transformer()) {
-    std::vector<Unit> units = fsdp_units(transformer_block_sizes(model.transformer),
+    std::vector<Unit> units = fsdp_units(transformer_block_sizes(model.transformer, tp),
                                          transformer_unit_blocks(model.transformer, layers_per_unit), world);
     units.front().root = true;  // transformer_unit_blocks puts the root first
     return units;
   }
+  SHARDSCOPE_REQUIRE(tp == 1, "fsdp units: the tensor-parallel MLP is not unit-sharded");
   return fsdp_units(std::vector<std::int64_t>(model.layers, model.layer_elems()), layers_per_unit, world);
 }
 

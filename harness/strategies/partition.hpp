@@ -43,8 +43,9 @@ struct Unit {
 // each block's parameter elements, in order.
 std::vector<Unit> fsdp_units(const std::vector<std::int64_t>& block_elems, int blocks_per_unit, int world);
 // The same for the model `model` describes (the MLP's blocks: one Linear layer each; a
-// transformer's: transformer_unit_blocks, a root unit and K transformer blocks a unit).
-std::vector<Unit> fsdp_units(const ModelConfig& model, int layers_per_unit, int world);
+// transformer's: transformer_unit_blocks, a root unit and K transformer blocks a unit);
+// tp > 1: a tensor-parallel transformer rank's blocks (transformer_block_sizes at tp).
+std::vector<Unit> fsdp_units(const ModelConfig& model, int layers_per_unit, int world, int tp = 1);
 // Units of the given groups of blocks, each group a unit (its blocks in flat order, not
 // necessarily contiguous: transformer_unit_blocks in harness/predict/transformer_forms.hpp).
 std::vector<Unit> fsdp_units(const std::vector<std::int64_t>& block_elems, const std::vector<std::vector<int>>& groups,

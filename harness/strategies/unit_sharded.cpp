@@ -10,7 +10,7 @@ UnitShardedStrategy::UnitShardedStrategy(const StrategyContext& ctx, bool full_s
 UnitShardedStrategy::UnitShardedStrategy(const StrategyContext& ctx, bool full_shard, int layers_per_unit)
     : DataParallelStrategy(ctx),
       full_shard_(full_shard),
-      units_(fsdp_units(ctx.cfg.model, layers_per_unit, ctx.comm.world())) {
+      units_(fsdp_units(ctx.cfg.model, layers_per_unit, ctx.comm.world(), ctx.tp ? ctx.tp->world() : 1)) {
   unit_of_block_.assign(static_cast<std::size_t>(model_->blocks()), -1);
   for (int u = 0; u < static_cast<int>(units_.size()); ++u)
     for (int b : blocks_of(u)) unit_of_block_[b] = u;

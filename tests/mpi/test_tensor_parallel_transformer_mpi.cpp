@@ -1,6 +1,7 @@
 // Tensor-parallel GPT-2 and Llama (grouped-query, untied, q/k/v biases) over MPI at the
 // world this binary was started with (W = 2, 3, 4 from ctest): every mesh of that world
-// with tp = 2 or 4 (the heads and kv heads divide by it), ddp or zero1 along dp, flash
+// with tp = 2 or 4 (the heads and kv heads divide by it), ddp, zero1 or zero3 (one
+// block a unit) along dp, flash
 // and math attention, trains like one rank on the
 // data-parallel group's concatenated batch: the losses, and each rank's slice of the
 // parameters, gradients and AdamW state against the one-rank model's elements, within
@@ -31,7 +32,7 @@ TEST(TensorParallelTransformerMpi, Gpt2AndLlamaMeshesTrainLikeOneRank) {
   if (meshes.empty()) GTEST_SKIP() << "no tp of 2 or 4 divides W = " << world;
   for (const MeshShape& mesh : meshes)
     for (const char* family : {"gpt2", "llama"})
-      for (const char* strategy : {"ddp", "zero1"})
+      for (const char* strategy : {"ddp", "zero1", "zero3"})
         for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
           RunConfig cfg;
           cfg.mesh = mesh;
@@ -44,6 +45,7 @@ TEST(TensorParallelTransformerMpi, Gpt2AndLlamaMeshesTrainLikeOneRank) {
           cfg.steps = 3;
           cfg.seed = 5;
           cfg.strategy = parse_strategy(strategy);
+          cfg.layers_per_unit = 1;
           SCOPED_TRACE(std::string(family) + " --mesh " + mesh.text() + " " + strategy +
                        (mode == AttentionMode::flash ? " flash" : " math") + " rank " + std::to_string(rank));
           CpuBackend backend;
