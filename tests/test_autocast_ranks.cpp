@@ -4,8 +4,10 @@
 // AdamW state fp32, and frees every weight cast by the end of the backward; the all-reduce
 // carries the fp32 gradients), and its peak (total, per category, phase and place) is the
 // bf16 step's closed form (harness/predict/autocast_step.hpp); with --accumulate (and
-// --no-sync) every micro-step walks the same instants, the first one's peak kept. The shapes put the peak in
-// different places: the top block's backward, the head's backward, the loss's end.
+// --no-sync) every micro-step walks the same instants, the first one's peak kept; with
+// --checkpoint full|every:K a wrapped block's casts stay in autocast's cast cache until the
+// loss's end and its re-run makes them again. The shapes put the peak in different
+// places: the top block's forward and backward, the head's backward, the loss's end.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -59,7 +61,8 @@ TEST(AutocastRanks, EveryRankSavesRestsCommunicatesAndPeaksAsPredicted) {
   std::set<std::string> places;
   for (const AutocastShape& s : kShapes)
     for (AttentionMode mode : {AttentionMode::math, AttentionMode::flash})
-      for (const char* strategy : {"ddp", "zero1", "ddp copy", "ddp accumulate 3", "zero1 accumulate 2 no_sync"})
+      for (const char* strategy : {"ddp", "zero1", "ddp copy", "ddp accumulate 3", "zero1 accumulate 2 no_sync",
+                                   "ddp full", "zero1 every:2", "ddp every:3 accumulate 2"})
         for (int world : {1, 2, 3, 4})
           for (int rank = 0; rank < world; ++rank) {
             RunConfig cfg;
@@ -70,25 +73,31 @@ TEST(AutocastRanks, EveryRankSavesRestsCommunicatesAndPeaksAsPredicted) {
             if (setting == "ddp copy") cfg.ddp_bucket = "copy";
             if (const auto k = setting.find("accumulate "); k != std::string::npos) cfg.accumulate = setting[k + 11] - '0';
             cfg.no_sync = setting.find("no_sync") != std::string::npos;
+            if (setting.find("full") != std::string::npos) cfg.model.checkpoint = CheckpointPolicy{CheckpointKind::every, 1};
+            if (const auto k = setting.find("every:"); k != std::string::npos)
+              cfg.model.checkpoint = CheckpointPolicy{CheckpointKind::every, setting[k + 6] - '0'};
             SCOPED_TRACE(shape_label(s) + " " + mode_name(mode) + " " + strategy + " W=" + std::to_string(world) +
                          " r=" + std::to_string(rank));
             testing::expect_rank_measured_equals_predicted(cfg, world, rank);
             // The saves are the autocast form's (weight casts included), not the fp32 one's.
             const Prediction p = predict_data_parallel(cfg, world, rank);
+            const CheckpointPolicy& ck = cfg.model.checkpoint;
             const AutocastSaved form = std::string(s.family) == "gpt2"
-                                           ? gpt2_saved_after_forward_autocast(cfg.model.transformer, s.batch)
-                                           : llama_saved_after_forward_autocast(cfg.model.transformer, s.batch);
+                                           ? gpt2_saved_after_forward_autocast(cfg.model.transformer, s.batch, ck)
+                                           : llama_saved_after_forward_autocast(cfg.model.transformer, s.batch, ck);
             EXPECT_EQ(p.saved_after_forward_bytes, form.total().bytes);
             places.insert(std::string(phase_name(p.peak_phase)) + " " + p.peak_where);
             ++checked;
           }
-  EXPECT_EQ(checked, 12 * 2 * 5 * 10);
+  EXPECT_EQ(checked, 12 * 2 * 8 * 10);
   std::string seen;
   for (const std::string& p : places) seen += " [" + p + "]";
-  // The peak falls in the top block's backward (layer 3 of three), the head's backward
-  // (layer 3 after two) and at the loss's end (forward, layer 3 after two).
-  EXPECT_EQ(places.size(), 3u) << seen;
+  // The peak falls in the top block's backward (layer 2 of two, 3 of three), the head's
+  // backward (layer 3 after two), at the loss's end (forward, layer 3 after two) and, with
+  // wrapped blocks' casts in the cache, in the top block's forward (layer 2 of two).
+  EXPECT_EQ(places.size(), 4u) << seen;
   EXPECT_EQ(places.count("forward layer 3"), 1u) << seen;
+  EXPECT_EQ(places.count("forward layer 2"), 1u) << seen;
 }
 
 }  // namespace

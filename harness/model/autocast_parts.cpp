@@ -1,5 +1,6 @@
 #include "harness/model/autocast_parts.hpp"
 
+#include <algorithm>
 #include <string>
 
 namespace shardscope {
@@ -54,6 +55,11 @@ Buffer autocast_linear_backward(Backend& be, const float* dy, const Buffer& x, c
   linear_backward(be, dx.data(), dw, db, dy, xf.data(), wf.data(), n, in, out, beta);
   autocast_round(dx.data(), n * in);
   return dx;
+}
+
+void keep_only(std::vector<Buffer>& held, std::initializer_list<int> keep) {
+  for (std::size_t j = 0; j < held.size(); ++j)
+    if (std::find(keep.begin(), keep.end(), static_cast<int>(j)) == keep.end()) held[j].reset();
 }
 
 void throw_unbuilt_autocast_split(const char* family) {

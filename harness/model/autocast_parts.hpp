@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "harness/model/transformer_parts.hpp"
@@ -58,6 +59,10 @@ Buffer autocast_linear(Backend& be, const Buffer& x, const Buffer& w, const floa
 // gradients with beta; returns dx (n, in), an fp32 temp of bf16 values.
 Buffer autocast_linear_backward(Backend& be, const float* dy, const Buffer& x, const Buffer& w, float* dw, float* db,
                                 i64 n, int in, int out, float beta);
+
+// Frees every buffer of `held` but those at `keep` (a wrapped block's weights' casts, which
+// autocast's cast cache holds past the block's forward).
+void keep_only(std::vector<Buffer>& held, std::initializer_list<int> keep);
 
 // The zero-bubble split (B and W apart) is not built under bf16; the CLI refuses a
 // pipeline under it, so reaching this is a bug.

@@ -124,6 +124,11 @@ class Block {
   // --checkpoint attention: a transformer block's attention core recomputes what it
   // would save (config.hpp: CheckpointPolicy); nothing else has one.
   virtual void set_recompute_attention(bool /*on*/) {}
+  // A wrapped block's forward has returned, its saves dropped: what it kept for backward
+  // is freed, but for what outlives its saves (under autocast, its weights' bf16 casts,
+  // which autocast's cast cache holds until the region ends: Model::loss_forward frees
+  // them).
+  virtual void drop_checkpointed(BlockTape& tape) { tape.held.clear(); }
   // The model's input when this block is the first, on the host: the slice's rows of
   // input_elems(1) values each. By default hashed values in [-1, 1) (hashed_rows, the
   // MLP's batch); a token embedding draws token ids.

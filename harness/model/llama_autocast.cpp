@@ -65,6 +65,9 @@ class AutocastLayer final : public SequenceBlock {
   void set_recompute_attention(bool on) override {
     if (on) throw RunError(std::string(kFamily) + " under bf16: --checkpoint attention is not built");
   }
+  // Wrapped by --checkpoint: the seven weights' casts outlive the layer's dropped saves in
+  // autocast's cast cache until the region ends; the rest goes.
+  void drop_checkpointed(BlockTape& tape) override { keep_only(tape.held, {kWq, kWk, kWv, kWo, kWg, kWu, kWd}); }
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return params_; }
   std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }

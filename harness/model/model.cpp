@@ -141,7 +141,7 @@ Tape Model::forward(ModelContext& ctx, int first, int last, const float* input, 
         SavedTensors dropped;
         out = blocks_[b]->forward({ctx.backend, dropped, ctx.access, b, rows, ctx.tp}, in, in_requires_grad,
                                   output_saved(b, last), tape.blocks[b - first]);
-        tape.blocks[b - first].held.clear();
+        blocks_[b]->drop_checkpointed(tape.blocks[b - first]);
       } else {
         out = blocks_[b]->forward(call(ctx, b, rows), in, in_requires_grad, output_saved(b, last),
                                   tape.blocks[b - first]);
@@ -167,6 +167,10 @@ float Model::loss_forward(ModelContext& ctx, Tape& tape, const float* target, fl
   ctx.backend.download(&host, value.data(), 1);
   // An output nobody saved is not needed by backward (sum's gradient is constant).
   if (!output_saved(tape.last - 1, tape.last)) tape.outputs.back().reset();
+  // The autocast region ends with the loss: its cast cache lets go of what wrapped
+  // blocks kept past their forward (their weights' casts; nothing in fp32).
+  for (int b = tape.first; b < tape.last; ++b)
+    if (checkpointed(b)) tape.blocks[b - tape.first].held.clear();
   return host;
 }
 

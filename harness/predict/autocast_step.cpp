@@ -1,16 +1,15 @@
 // The bf16 step's instants (autocast_step.hpp has the symbols), in time order, as the
-// autocast models allocate and free:
-//   the top transformer block's forward (every lower block's instants hold the same
-//   bytes less the blocks above it: K activation and c casts each), the final block's
-//   head GEMM and the loss's end; the loss's gradient and the head's backward, the final
-//   norm's dx; the top block's backward (every lower block's instants hold less: the
-//   saves and casts of the blocks above are released).
+// autocast models allocate and free: every transformer block's forward, the final block's
+// head GEMM and the loss's end (where the autocast region ends: the cast cache lets go of
+// the wrapped blocks' casts); the head's backward and the final norm's dx; every block's
+// backward from the top, a wrapped one's re-run first.
 // Each instant is one where an allocation is followed by a free; instants that another
-// instant of the same step holds at least as much as in every category are left out,
+// instant of the same block holds at least as much as in every category are left out,
 // each with the one that covers it named below.
 #include "harness/predict/autocast_step.hpp"
 
 #include <string>
+#include <vector>
 
 namespace shardscope {
 namespace {
@@ -41,27 +40,71 @@ class CastWalk {
   i64 best_total_ = -1;
 };
 
-// The final block and the loss, both families: S_L and C_L the activations and casts
-// after the L blocks (block L's output, the norm's input, among them); `stats` the norm's
-// (LayerNorm's mean and rstd 8N, RMSNorm's rstd 4N); the head's weight W_V = 4Vh, cast
-// W_V/2; y's cast a/2 saved by the head.
+// One instant of a block relative to where it starts: temp (the batch X included),
+// activation beyond S and casts beyond C, the activations and casts held before it.
+struct Instant {
+  i64 temp = 0, act = 0, cast = 0;
+};
+
+// What a family's blocks hold, for the walk: K a block's activations beside its input
+// (its output included), c its weights' casts; base the activations before block 1;
+// stats the final norm's statistics; W_V the head's weight (4Vh); a block's forward and
+// backward instants (backward from its output freed: S + K - a, casts C + c, dy a).
+struct Family {
+  i64 base = 0, K = 0, c = 0, stats = 0, W_V = 0;
+  std::vector<Instant> forward, backward;
+};
+
+// The walk. Model block b (1..L) is transformer block b - 1: wrapped by --checkpoint, it
+// holds only its output a past its forward, and its casts (c, in autocast's cache) until
+// the loss's end; unwrapped, K and its casts until its backward. Its re-run at the start of
+// its backward walks its forward's instants beside dy (a, temp), its output made as temp
+// (the block saves none, freed at once: temp X + 3a with r and dy, act K - a, casts c).
+// The final block and the loss (S_L, C_L after the L blocks; y's cast a/2 saved by the
+// head):
 //   head GEMM   temp X + a + W_V + Λ (y's and the weight's widened copies, the logits)
 //               act S_L + stats + a/2, cast C_L + W_V/2
 //   loss's end  temp X + Λ + 4 (the logits, the loss scalar), act + Λ + 4 (the
 //               log-probabilities, total_weight); y's fp32 output (a) was freed once cast
+//   then the wrapped blocks' casts go (C_L becomes C'_L, the unwrapped blocks')
 //   head back   temp X + Λ + 2a + W_V (dlogits, the widened copies, d y), act S_L + stats
-//               + a/2 (the log-probabilities freed), cast C_L + W_V/2
-//   norm's dx   temp X + 2a (d y, dx), act S_L + stats, cast C_L (y's and the weight's
+//               + a/2 (the log-probabilities freed), cast C'_L + W_V/2
+//   norm's dx   temp X + 2a (d y, dx), act S_L + stats, cast C'_L (y's and the weight's
 //               casts released)
 // The loss's gradient alone (dlogits beside the log-probabilities) holds 4 less than the
 // loss's end.
-void final_and_loss(CastWalk& w, const TokenSizes& z, i64 S_L, i64 C_L, i64 stats, i64 W_V) {
+StepTransient walk(const Family& f, const TokenSizes& z, const CheckpointPolicy& checkpoint) {
   const i64 X = 16 * z.N, a = z.a, lambda = z.lambda;
-  const std::string fin = layer(z.L + 1);
-  w.at(X + a + W_V + lambda, S_L + stats + a / 2, C_L + W_V / 2, Phase::forward, fin);
-  w.at(X + lambda + 4, S_L + stats + a / 2 + lambda + 4, C_L + W_V / 2, Phase::forward, fin);
-  w.at(X + lambda + 2 * a + W_V, S_L + stats + a / 2, C_L + W_V / 2, Phase::backward, fin);
-  w.at(X + 2 * a, S_L + stats, C_L, Phase::backward, fin);
+  const int L = z.L;
+  auto wrapped = [&](int b) { return checkpoint.wraps(b - 1); };
+  // held[b], casts[b], kept[b]: activations, casts (forward) and casts past the loss
+  // (unwrapped blocks') once blocks 1..b have run their forward.
+  std::vector<i64> held(L + 1, f.base), casts(L + 1, 0), kept(L + 1, 0);
+  for (int b = 1; b <= L; ++b) {
+    held[b] = held[b - 1] + (wrapped(b) ? a : f.K);
+    casts[b] = casts[b - 1] + f.c;
+    kept[b] = kept[b - 1] + (wrapped(b) ? 0 : f.c);
+  }
+  CastWalk w;
+  for (int b = 1; b <= L; ++b)
+    for (const Instant& i : f.forward)
+      w.at(i.temp, held[b - 1] + i.act, casts[b - 1] + i.cast, Phase::forward, layer(b));
+  const std::string fin = layer(L + 1);
+  const i64 S = held[L];
+  w.at(X + a + f.W_V + lambda, S + f.stats + a / 2, casts[L] + f.W_V / 2, Phase::forward, fin);
+  w.at(X + lambda + 4, S + f.stats + a / 2 + lambda + 4, casts[L] + f.W_V / 2, Phase::forward, fin);
+  w.at(X + lambda + 2 * a + f.W_V, S + f.stats + a / 2, kept[L] + f.W_V / 2, Phase::backward, fin);
+  w.at(X + 2 * a, S + f.stats, kept[L], Phase::backward, fin);
+  for (int b = L; b >= 1; --b) {
+    if (wrapped(b)) {
+      const std::string re = "recompute of block " + std::to_string(b - 1);
+      for (const Instant& i : f.forward) w.at(i.temp + a, held[b - 1] + i.act, kept[b - 1] + i.cast, Phase::backward, re);
+      w.at(X + 3 * a, held[b - 1] + f.K - a, kept[b - 1] + f.c, Phase::backward, re);
+    }
+    for (const Instant& i : f.backward)
+      w.at(i.temp, held[b - 1] + i.act, kept[b - 1] + i.cast, Phase::backward, layer(b));
+  }
+  return w.best();
 }
 
 }  // namespace
@@ -84,7 +127,7 @@ void final_and_loss(CastWalk& w, const TokenSizes& z, i64 S_L, i64 C_L, i64 stat
 // (ln_1's output beside its cast lies below c_attn; the output's cast below flash's;
 // x_mid beside c_proj's result below c_proj, the block's output below the next block's
 // c_attn or the head.)
-// Backward of the top block (its output freed: S + K - a, casts c, dy a in temp):
+// Its backward (its output freed: S + K - a, casts c, dy a in temp):
 //   mlp proj  temp X + 2a + 2F + W_f (dy, its rounded copy, GELU's out widened, the
 //             weight widened, d gelu F), act S + K - a, cast c
 //   c_fc      temp X + 3a + F + W_f (dy, d c_fc F, the widened copies, d ln_2), act
@@ -99,41 +142,37 @@ void final_and_loss(CastWalk& w, const TokenSizes& z, i64 S_L, i64 C_L, i64 stat
 //             S + 8N + a/2, cast W_a/2
 // (GELU's input widened lies below mlp proj; ln_2's dx below c_fc; math's dq, dk below
 // its dv; ln_1's dx below c_attn.)
-StepTransient gpt2_step_transient_autocast(const TransformerShape& s, int batch) {
+StepTransient gpt2_step_transient_autocast(const TransformerShape& s, int batch, const CheckpointPolicy& checkpoint) {
   const TokenSizes z = token_sizes(s, batch);
   const i64 h = s.hidden, f = s.ffn, V = s.vocab;
   const i64 N = z.N, a = z.a, F = z.F, A = z.A, X = 16 * N;
   const i64 Wa = 12 * h * h, Wp = 4 * h * h, Wf = 4 * h * f;
-  const i64 c = (Wa + Wp + 2 * Wf) / 2;
   const i64 H = z.flash ? 2 * a + A : 7 * a / 2 + A;
-  const i64 K = 16 * N + 3 * a + H + F;
-  const i64 base = 8 * z.T + a;  // arange(T), x0
-  const int L = z.L;
-  const i64 S = base + (L - 1) * K, C = (L - 1) * c;  // before the top block
-  const std::string top = layer(L);
-  CastWalk w;
-  auto fwd = [&](i64 temp, i64 act, i64 cast) { w.at(temp, S + act, C + cast, Phase::forward, top); };
-  fwd(X + 4 * a + Wa + 12 * h, 8 * N + a / 2, Wa / 2);
+  Family g;
+  g.c = (Wa + Wp + 2 * Wf) / 2;
+  g.K = 16 * N + 3 * a + H + F;
+  g.base = 8 * z.T + a;  // arange(T), x0
+  g.stats = 8 * N;       // ln_f's mean and rstd
+  g.W_V = 4 * V * h;
+  g.forward.push_back({X + 4 * a + Wa + 12 * h, 8 * N + a / 2, Wa / 2});
   if (z.flash) {
-    fwd(X + 4 * a, 8 * N + 2 * a + A, Wa / 2);
+    g.forward.push_back({X + 4 * a, 8 * N + 2 * a + A, Wa / 2});
   } else {
-    fwd(X + 3 * a, 8 * N + 7 * a / 2, Wa / 2);
-    fwd(X + a, 8 * N + 9 * a / 2 + A, Wa / 2);
+    g.forward.push_back({X + 3 * a, 8 * N + 7 * a / 2, Wa / 2});
+    g.forward.push_back({X + a, 8 * N + 9 * a / 2 + A, Wa / 2});
   }
-  fwd(X + 2 * a + Wp + 4 * h, 8 * N + a / 2 + H, (Wa + Wp) / 2);
-  fwd(X + a + Wf + F + 4 * f, 16 * N + 2 * a + H, (Wa + Wp + Wf) / 2);
-  fwd(X + F + Wf + a + 4 * h, 16 * N + 2 * a + H + F, c);
-  final_and_loss(w, z, S + K, C + c, 8 * N, 4 * V * h);
-  auto back = [&](i64 temp, i64 act, i64 cast) { w.at(temp, S + act, C + cast, Phase::backward, top); };
-  back(X + 2 * a + 2 * F + Wf, K - a, c);
-  back(X + 3 * a + F + Wf, K - a - F, c - Wf / 2);
-  back(X + 4 * a + Wp, 8 * N + a / 2 + H, (Wa + Wp) / 2);
+  g.forward.push_back({X + 2 * a + Wp + 4 * h, 8 * N + a / 2 + H, (Wa + Wp) / 2});
+  g.forward.push_back({X + a + Wf + F + 4 * f, 16 * N + 2 * a + H, (Wa + Wp + Wf) / 2});
+  g.forward.push_back({X + F + Wf + a + 4 * h, 16 * N + 2 * a + H + F, g.c});
+  g.backward.push_back({X + 2 * a + 2 * F + Wf, g.K - a, g.c});
+  g.backward.push_back({X + 3 * a + F + Wf, g.K - a - F, g.c - Wf / 2});
+  g.backward.push_back({X + 4 * a + Wp, 8 * N + a / 2 + H, (Wa + Wp) / 2});
   if (z.flash)
-    back(X + 9 * a, 8 * N + a / 2 + H, Wa / 2);
+    g.backward.push_back({X + 9 * a, 8 * N + a / 2 + H, Wa / 2});
   else
-    back(X + 6 * a + A, 8 * N + 7 * a / 2 + A, Wa / 2);
-  back(X + 6 * a + Wa, 8 * N + a / 2, Wa / 2);
-  return w.best();
+    g.backward.push_back({X + 6 * a + A, 8 * N + 7 * a / 2 + A, Wa / 2});
+  g.backward.push_back({X + 6 * a + Wa, 8 * N + a / 2, Wa / 2});
+  return walk(g, z, checkpoint);
 }
 
 // Llama, one layer (forward from S and C): Q = 4N·H·d (q, the attention's output), C_k =
@@ -156,7 +195,7 @@ StepTransient gpt2_step_transient_autocast(const TransformerShape& s, int batch)
 // (k_proj lies below v_proj; the output's cast below flash's; gate_proj below up_proj;
 // up's and the product's casts below up_proj; the layer's output below the next
 // layer's q_proj or the head.)
-// Backward of the top layer (S + K - a, casts c, dy a):
+// Its backward (S + K - a, casts c, dy a):
 //   down      temp X + 2a + 2F + W_f, act S + K - a, cast c
 //   d up      temp X + a + 3F (dy, d product, d up, SiLU's output widened), act
 //             S + K - a - F/2, cast c - W_f/2
@@ -176,7 +215,7 @@ StepTransient gpt2_step_transient_autocast(const TransformerShape& s, int batch)
 // (the up and gate widened copies lie below d up; dx_mid beside d y2 below up; v_proj's
 // part equals k_proj's, which comes first; math's dq, dk below its dv; the norm's dx
 // below q_proj.)
-StepTransient llama_step_transient_autocast(const TransformerShape& s, int batch) {
+StepTransient llama_step_transient_autocast(const TransformerShape& s, int batch, const CheckpointPolicy& checkpoint) {
   const TokenSizes z = token_sizes(s, batch);
   const i64 h = s.hidden, f = s.ffn, V = s.vocab, hd = static_cast<i64>(s.heads) * s.head_dim,
             kd = static_cast<i64>(s.kv_heads) * s.head_dim;
@@ -184,40 +223,36 @@ StepTransient llama_step_transient_autocast(const TransformerShape& s, int batch
   const i64 Q = 4 * N * hd, Ck = 4 * N * kd;
   const i64 Wq = 4 * h * hd, Wk = 4 * h * kd, Wf = 4 * h * f;
   const i64 bq = s.qkv_bias ? 4 * hd : 0, bk = s.qkv_bias ? 4 * kd : 0, bo = s.out_bias ? 4 * h : 0;
-  const i64 c = Wq + Wk + 3 * Wf / 2;
   const i64 H = z.flash ? Q + Ck + A : 7 * Q / 2 + A;
-  const i64 K = 8 * N + 9 * a / 2 + H + 2 * F;
-  const i64 base = a;  // x0
-  const int L = z.L;
-  const i64 S = base + (L - 1) * K, C = (L - 1) * c;
-  const std::string top = layer(L);
-  CastWalk w;
-  auto fwd = [&](i64 temp, i64 act, i64 cast) { w.at(temp, S + act, C + cast, Phase::forward, top); };
-  fwd(X + 2 * a + Wq + Q + bq, 4 * N + a / 2, Wq / 2);
-  fwd(X + 2 * a + Q + 2 * Ck + Wk + bk, 4 * N + 3 * a / 2, Wq / 2 + Wk);
+  Family l;
+  l.c = Wq + Wk + 3 * Wf / 2;
+  l.K = 8 * N + 9 * a / 2 + H + 2 * F;
+  l.base = a;       // x0
+  l.stats = 4 * N;  // the final RMSNorm's rstd
+  l.W_V = 4 * V * h;
+  l.forward.push_back({X + 2 * a + Wq + Q + bq, 4 * N + a / 2, Wq / 2});
+  l.forward.push_back({X + 2 * a + Q + 2 * Ck + Wk + bk, 4 * N + 3 * a / 2, Wq / 2 + Wk});
   if (z.flash) {
-    fwd(X + 2 * Q + 2 * Ck, 4 * N + 3 * a / 2 + Q / 2 + Ck + A, Wq / 2 + Wk);
+    l.forward.push_back({X + 2 * Q + 2 * Ck, 4 * N + 3 * a / 2 + Q / 2 + Ck + A, Wq / 2 + Wk});
   } else {
-    fwd(X + Q + 2 * Ck, 4 * N + 3 * a / 2 + 3 * Q, Wq / 2 + Wk);
-    fwd(X + Q, 4 * N + 3 * a / 2 + 4 * Q + A, Wq / 2 + Wk);
+    l.forward.push_back({X + Q + 2 * Ck, 4 * N + 3 * a / 2 + 3 * Q, Wq / 2 + Wk});
+    l.forward.push_back({X + Q, 4 * N + 3 * a / 2 + 4 * Q + A, Wq / 2 + Wk});
   }
-  fwd(X + Q + Wq + a + bo, 4 * N + 3 * a / 2 + H, Wq + Wk);
-  fwd(X + 2 * a + 2 * F + Wf, 8 * N + 7 * a / 2 + H + F, Wq + Wk + Wf);
-  fwd(X + F + Wf + a, 8 * N + 7 * a / 2 + H + 2 * F, c);
-  final_and_loss(w, z, S + K, C + c, 4 * N, 4 * V * h);
-  auto back = [&](i64 temp, i64 act, i64 cast) { w.at(temp, S + act, C + cast, Phase::backward, top); };
-  back(X + 2 * a + 2 * F + Wf, K - a, c);
-  back(X + a + 3 * F, K - a - F / 2, c - Wf / 2);
-  back(X + 3 * a + 2 * F + Wf, K - a - 2 * F, c - Wf / 2);
-  back(X + 4 * a + F + Wf, K - 3 * a / 2 - 2 * F, c - Wf);
-  back(X + 2 * a + 2 * Q + Wq, 4 * N + 3 * a / 2 + H, Wq + Wk);
+  l.forward.push_back({X + Q + Wq + a + bo, 4 * N + 3 * a / 2 + H, Wq + Wk});
+  l.forward.push_back({X + 2 * a + 2 * F + Wf, 8 * N + 7 * a / 2 + H + F, Wq + Wk + Wf});
+  l.forward.push_back({X + F + Wf + a, 8 * N + 7 * a / 2 + H + 2 * F, l.c});
+  l.backward.push_back({X + 2 * a + 2 * F + Wf, l.K - a, l.c});
+  l.backward.push_back({X + a + 3 * F, l.K - a - F / 2, l.c - Wf / 2});
+  l.backward.push_back({X + 3 * a + 2 * F + Wf, l.K - a - 2 * F, l.c - Wf / 2});
+  l.backward.push_back({X + 4 * a + F + Wf, l.K - 3 * a / 2 - 2 * F, l.c - Wf});
+  l.backward.push_back({X + 2 * a + 2 * Q + Wq, 4 * N + 3 * a / 2 + H, Wq + Wk});
   if (z.flash)
-    back(X + a + 4 * Q + 4 * Ck, 4 * N + 3 * a / 2 + H, Wq / 2 + Wk);
+    l.backward.push_back({X + a + 4 * Q + 4 * Ck, 4 * N + 3 * a / 2 + H, Wq / 2 + Wk});
   else
-    back(X + a + 3 * Q + 2 * Ck + A, 4 * N + 3 * a / 2 + 3 * Q + A, Wq / 2 + Wk);
-  back(X + 3 * a + Q + 2 * Ck + Wq, 4 * N + 3 * a / 2, Wq / 2 + Wk);
-  back(X + 4 * a + Q + 2 * Ck + Wk, 4 * N + 3 * a / 2, Wq / 2 + Wk);
-  return w.best();
+    l.backward.push_back({X + a + 3 * Q + 2 * Ck + A, 4 * N + 3 * a / 2 + 3 * Q + A, Wq / 2 + Wk});
+  l.backward.push_back({X + 3 * a + Q + 2 * Ck + Wq, 4 * N + 3 * a / 2, Wq / 2 + Wk});
+  l.backward.push_back({X + 4 * a + Q + 2 * Ck + Wk, 4 * N + 3 * a / 2, Wq / 2 + Wk});
+  return walk(l, z, checkpoint);
 }
 
 }  // namespace shardscope

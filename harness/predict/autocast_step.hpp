@@ -15,8 +15,9 @@
 //
 // Symbols as autocast_forms.hpp: N = B·T, a = 4Nh, F = 4Nf, Λ = 4NV, A the attention's
 // save (flash's log-sum-exp 4BHT, math's probabilities 4BHT²); X = 16N. A weight's fp32
-// bytes are W (its cast W/2, its widened copy W). --checkpoint is not covered: the CLI
-// refuses it under bf16.
+// bytes are W (its cast W/2, its widened copy W). --checkpoint full|every:K: a wrapped
+// block's casts stay in autocast's cast cache until the loss's end, and its re-run makes
+// them again; --checkpoint attention is not built under autocast (the CLI refuses it).
 #pragma once
 
 #include "harness/predict/transformer_step.hpp"
@@ -29,7 +30,9 @@ constexpr Category kWeightCastCategory = Category::activation;
 
 // What a ddp or zero1 step of GPT-2 / Llama under autocast holds beyond its resting
 // bytes at its peak, per category, with that instant's phase and place.
-StepTransient gpt2_step_transient_autocast(const TransformerShape& shape, int batch);
-StepTransient llama_step_transient_autocast(const TransformerShape& shape, int batch);
+StepTransient gpt2_step_transient_autocast(const TransformerShape& shape, int batch,
+                                           const CheckpointPolicy& checkpoint = CheckpointPolicy{});
+StepTransient llama_step_transient_autocast(const TransformerShape& shape, int batch,
+                                            const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 
 }  // namespace shardscope

@@ -65,13 +65,13 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
     const int b = cfg.model.batch;
     const StepUnits units = step_units(cfg, world);
     const CheckpointPolicy& ck = cfg.model.checkpoint;
-    // --precision bf16 (autocast, ddp and zero1, no checkpointing: autocast_step.hpp);
-    // under zero2/zero3 or --checkpoint its peak has no form (the CLI refuses them).
+    // --precision bf16 (autocast, ddp and zero1: autocast_step.hpp); under zero2/zero3 or
+    // --checkpoint attention its peak has no form (the CLI refuses them).
     if (cfg.model.autocast) {
-      if (units.bytes.empty() && !ck.any()) {
+      if (units.bytes.empty() && !ck.attention()) {
         const bool gpt2 = cfg.model.name == "gpt2";
-        complete_step(gpt2 ? gpt2_step_transient_autocast(t, b) : llama_step_transient_autocast(t, b),
-                      (gpt2 ? gpt2_saved_after_forward_autocast(t, b) : llama_saved_after_forward_autocast(t, b))
+        complete_step(gpt2 ? gpt2_step_transient_autocast(t, b, ck) : llama_step_transient_autocast(t, b, ck),
+                      (gpt2 ? gpt2_saved_after_forward_autocast(t, b, ck) : llama_saved_after_forward_autocast(t, b, ck))
                           .total(),
                       ranks);
       }
