@@ -249,5 +249,55 @@ TEST_F(CudaVsCpuTest, CrossEntropyMatchesCpu) {
   }
 }
 
+// The vocabulary-parallel pieces (tensor parallelism): a rank's rows [first, first +
+// count) of the table and columns of the logits, ids and targets inside and outside them.
+TEST_F(CudaVsCpuTest, VocabularyParallelPiecesMatchCpu) {
+  const int vocab = 40, count = 10, dim = 45, rows = 60;
+  const std::int64_t first = 20;
+  std::vector<std::int64_t> id_values(rows);
+  for (int i = 0; i < rows; ++i) id_values[i] = (i * 7 + i / 3) % vocab;
+  Twin ids = twin(id_floats_of(id_values));
+  Twin table = twin(random_floats(static_cast<std::size_t>(count) * dim, 801));
+  Twin out = twin(nans(static_cast<std::size_t>(rows) * dim));
+  on_both([&](Backend& be, Side s) {
+    be.vocab_embedding_forward(out.at(s), ids_of(ids.at(s)), table.at(s), rows, dim, first, count);
+  });
+  EXPECT_TRUE(same(out, 0.0, 0.0, "vocab embedding out"));
+  Twin dy = twin(random_floats(static_cast<std::size_t>(rows) * dim, 802));
+  for (float beta : {0.0f, 1.0f}) {
+    const std::size_t n = static_cast<std::size_t>(count) * dim;
+    Twin dtable = twin(beta == 0.0f ? nans(n) : random_floats(n, 803));
+    on_both([&](Backend& be, Side s) {
+      be.vocab_embedding_backward(dtable.at(s), ids_of(ids.at(s)), dy.at(s), rows, dim, first, count, beta);
+    });
+    EXPECT_TRUE(same(dtable, kAtol, kRtol, "vocab dtable"));
+  }
+  for (int cols : {50, 1000}) {
+    SCOPED_TRACE("cols " + std::to_string(cols));
+    const std::size_t n = static_cast<std::size_t>(rows) * cols;
+    std::vector<std::int64_t> target_values(rows);
+    for (int i = 0; i < rows; ++i) target_values[i] = (i * 13 + 5) % (3 * cols);  // a third in [cols, 2 cols)
+    Twin targets = twin(id_floats_of(target_values));
+    Twin logits = twin(random_floats(n, 810, -5.0f, 5.0f));
+    Twin mx = twin(nans(rows)), sum = twin(nans(rows)), logprobs = twin(nans(n)), loss = twin(nans(1));
+    on_both([&](Backend& be, Side s) { be.row_max(mx.at(s), logits.at(s), rows, cols); });
+    EXPECT_TRUE(same(mx, 0.0, 0.0, "row max"));
+    on_both([&](Backend& be, Side s) { be.row_sum_exp(sum.at(s), logits.at(s), mx.at(s), rows, cols); });
+    EXPECT_TRUE(same(sum, 1e-6, kRtol, "row sum exp"));
+    on_both([&](Backend& be, Side s) {
+      be.log_softmax_given(logprobs.at(s), logits.at(s), mx.at(s), sum.at(s), rows, cols);
+    });
+    EXPECT_TRUE(same(logprobs, 1e-5, kRtol, "logprobs"));
+    on_both([&](Backend& be, Side s) {
+      be.vocab_nll_loss_forward(loss.at(s), logprobs.at(s), ids_of(targets.at(s)), rows, cols, cols, 0.5f);
+    });
+    EXPECT_TRUE(same(loss, 0.0, kRtol, "loss"));
+    on_both([&](Backend& be, Side s) {
+      be.vocab_cross_entropy_backward(logprobs.at(s), logprobs.at(s), ids_of(targets.at(s)), rows, cols, cols, 0.5f);
+    });
+    EXPECT_TRUE(same(logprobs, 1e-7, kRtol, "dlogits"));
+  }
+}
+
 }  // namespace
 }  // namespace shardscope::testing

@@ -3,7 +3,8 @@
 // with tp = 2 or 4 (the heads and kv heads divide by it), ddp, zero1 or zero3 (one
 // block a unit) along dp, flash
 // and math attention, trains like one rank on the
-// data-parallel group's concatenated batch: the losses, and each rank's slice of the
+// data-parallel group's concatenated batch: each step's loss (the one-rank model's on the
+// rank's batch), and each rank's slice of the
 // parameters, gradients and AdamW state against the one-rank model's elements, within
 // fp32's tolerance (the sums over the group run in another order); its bytes and each
 // group's communication equal the closed forms, and the rank played alone (--emulate)
@@ -55,7 +56,14 @@ TEST(TensorParallelTransformerMpi, Gpt2AndLlamaMeshesTrainLikeOneRank) {
           // One rank on the data-parallel group's batches, the whole model.
           RunConfig one = cfg;
           one.mesh = MeshShape{};
-          const HostState ref = testing::reference_training(one, mesh.dp);
+          std::vector<std::vector<float>> losses;
+          const HostState ref = testing::reference_training(one, mesh.dp, &losses);
+          ASSERT_EQ(r.dp.losses.size(), losses.size());
+          for (std::size_t s = 0; s < losses.size(); ++s) {
+            const float want = losses[s][static_cast<std::size_t>(r.coord.dp)];
+            ASSERT_GT(want, 0.0f);
+            EXPECT_NEAR(r.dp.losses[s], want, 1e-5 * want) << "step " << s;
+          }
           const std::vector<std::int64_t> at = testing::full_indices(cfg.model, mesh.tp, r.coord.tp);
           ASSERT_EQ(at.size(), r.dp.state.params.size());
           ASSERT_TRUE(any_nonzero(r.dp.state.grads));

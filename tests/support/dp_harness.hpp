@@ -50,7 +50,11 @@ inline DpResult run_dp(const RunConfig& cfg, Backend& backend, Communicator& com
 // ranks (a sum loss scaled by 1/W; a mean, mse's or cross-entropy's, already averages).
 // Each rank's rows and target come from the model's own data hook (host_input,
 // make_target), so any model cfg.model names trains here.
-inline HostState reference_training(const RunConfig& cfg, int world) {
+// With `losses`: before each step's update, each rank's own loss on its batch under the
+// step's parameters (losses[step][rank], scaled as a rank's step scales it), what every
+// rank of a mesh whose data-parallel index is that rank reports.
+inline HostState reference_training(const RunConfig& cfg, int world,
+                                    std::vector<std::vector<float>>* losses = nullptr) {
   const ModelConfig& m = cfg.model;
   CpuBackend backend;
   SavedTensors saved;
@@ -63,7 +67,21 @@ inline HostState reference_training(const RunConfig& cfg, int world) {
   FlatAccess access(*model, h.params.data(), h.grads.data());
   ModelContext mc{backend, saved, access};
   const int rows = m.batch * world;
+  const float scale = model->loss_is_mean() ? 1.0f : 1.0f / static_cast<float>(world);
   for (int s = 0; s < cfg.steps; ++s) {
+    if (losses) {
+      losses->emplace_back();
+      for (int r = 0; r < world; ++r) {
+        const DataSlice at{cfg.seed, s, r, 0, m.batch};
+        const std::vector<float> part = model->host_input(at);
+        const Buffer t = model->make_target(backend, at);
+        saved.reset();
+        Tape tape = model->forward(mc, 0, model->blocks(), part.data(), m.batch, false);
+        losses->back().push_back(model->loss_forward(mc, tape, t.data(), scale));
+        // Its backward releases the saves; the step's backward below overwrites the gradients.
+        model->backward(mc, tape, Buffer{}, 0.0f);
+      }
+    }
     std::vector<float> x, target;
     for (int r = 0; r < world; ++r) {
       const DataSlice at{cfg.seed, s, r, 0, m.batch};
@@ -74,7 +92,7 @@ inline HostState reference_training(const RunConfig& cfg, int world) {
     }
     saved.reset();
     Tape tape = model->forward(mc, 0, model->blocks(), x.data(), rows, false);
-    model->loss_forward(mc, tape, target.data(), model->loss_is_mean() ? 1.0f : 1.0f / static_cast<float>(world));
+    model->loss_forward(mc, tape, target.data(), scale);
     model->backward(mc, tape, Buffer{}, 0.0f);
     std::vector<AdamWTensor> list;
     for (int t = 0; t < model->param_tensors(); ++t) {
