@@ -241,6 +241,29 @@ TEST(TensorParallelTransformer, EveryEmulatedRankUnderFsdpAlongDataParallelIsPre
         }
 }
 
+// --checkpoint full, every:2 and attention: a wrapped block's re-run (its all-reduces
+// again) and the attention core's recompute, GPT-2 and Llama, flash and math, ddp and
+// zero3 along dp.
+TEST(TensorParallelTransformer, EveryEmulatedRankOfACheckpointedMeshIsPredicted) {
+  for (const MeshShape& mesh : {MeshShape{2, 2, 1, true}, MeshShape{1, 4, 1, true}})
+    for (const char* strategy : {"ddp", "zero3"})
+      for (const CheckpointPolicy& policy : {CheckpointPolicy{CheckpointKind::every, 1},
+                                             CheckpointPolicy{CheckpointKind::every, 2},
+                                             CheckpointPolicy{CheckpointKind::attention, 1}})
+        for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+          for (bool llama : {false, true}) {
+            RunConfig cfg;
+            cfg.mesh = mesh;
+            cfg.steps = 2;
+            cfg.strategy = parse_strategy(strategy);
+            cfg.layers_per_unit = 1;
+            cfg.model = llama ? llama_of(3, 32, 8, 4, 48, 64, 8, 2, mode, false)
+                              : gpt2_of(3, 32, 4, 64, 8, 2, mode, 0, 12);
+            cfg.model.checkpoint = policy;
+            expect_every_rank_as_predicted(cfg);
+          }
+}
+
 TEST(TensorParallelTransformer, EveryEmulatedRankOfAnEightWayGpt2MeshIsPredicted) {
   for (const MeshShape& mesh : {MeshShape{1, 8, 1, true}, MeshShape{2, 4, 1, true}})
     for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {

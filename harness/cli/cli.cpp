@@ -357,9 +357,9 @@ void check_mesh_config(const RunConfig& c) {
   if (effective_engine(c.engine, c.strategy) != EngineKind::torch)
     throw UsageError(mesh + " and --engine " + std::string(engine_name(c.engine)) +
                      ": tp > 1 runs the torch engine's layout along dp; give --engine torch");
-  if (c.model.checkpoint.any())
+  if (c.model.checkpoint.any() && !c.model.is_transformer())
     throw UsageError(mesh + " and --checkpoint " + c.model.checkpoint.text() +
-                     ": a checkpointed tensor-parallel step is not built yet; give --checkpoint none");
+                     ": a checkpointed tensor-parallel MLP is not built yet; give --checkpoint none");
   if (c.accumulate > 1 || c.no_sync)
     throw UsageError(mesh + " and --accumulate/--no-sync: accumulation with tp > 1 is not built yet");
 }

@@ -142,7 +142,10 @@ std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg
   const int T = cfg.mesh.tp;
   SHARDSCOPE_REQUIRE(T > 1 && m.is_transformer(), "predict: the transformer does not split into tp");
   const TokenSizes z = token_sizes(s, m.batch);
-  const std::int64_t tp_bytes = 2 * z.a + 4 * static_cast<std::int64_t>(s.layers) * z.a + 8 * z.N + 4;
+  // A block --checkpoint wraps runs its forward again in backward: its two row-parallel
+  // all-reduces again (--checkpoint attention re-runs the attention core alone: none).
+  const std::int64_t rerun = 2 * z.a * m.checkpoint.wrapped_of(s.layers);
+  const std::int64_t tp_bytes = 2 * z.a + 4 * static_cast<std::int64_t>(s.layers) * z.a + 8 * z.N + 4 + rerun;
   std::vector<Prediction> ranks;
   if (shards_by_unit(cfg.strategy)) {
     // zero2/zero3 along dp: FSDP1's units of the rank's tensors (transformer_model_states

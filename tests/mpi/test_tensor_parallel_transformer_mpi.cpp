@@ -1,6 +1,7 @@
 // Tensor-parallel GPT-2 and Llama (grouped-query, untied, q/k/v biases) over MPI at the
 // world this binary was started with (W = 2, 3, 4 from ctest): every mesh of that world
-// with tp = 2 or 4 (the heads and kv heads divide by it), ddp, zero1 or zero3 (one
+// with tp = 2 or 4 (the heads and kv heads divide by it), ddp, zero1 (with --checkpoint
+// full: each block's forward and its all-reduces run again in backward) or zero3 (one
 // block a unit) along dp, flash
 // and math attention, trains like one rank on the
 // data-parallel group's concatenated batch: each step's loss (the one-rank model's on the
@@ -47,6 +48,7 @@ TEST(TensorParallelTransformerMpi, Gpt2AndLlamaMeshesTrainLikeOneRank) {
           cfg.seed = 5;
           cfg.strategy = parse_strategy(strategy);
           cfg.layers_per_unit = 1;
+          if (std::string(strategy) == "zero1") cfg.model.checkpoint = CheckpointPolicy{CheckpointKind::every, 1};
           SCOPED_TRACE(std::string(family) + " --mesh " + mesh.text() + " " + strategy +
                        (mode == AttentionMode::flash ? " flash" : " math") + " rank " + std::to_string(rank));
           CpuBackend backend;
