@@ -337,7 +337,8 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
 }
 
 // What a mesh can run in this build (docs/design.md, "Meshes"): data parallel along dp
-// (ddp, zero1 when tp > 1), the MLP split along tp; the world's size when it is known
+// (ddp, zero1 when tp > 1; ddp under a schedule), the models split along tp, a schedule
+// along pp (tp = 1); the world's size when it is known
 // from the flags (--emulate W:r; a launch's is checked where the job is prepared).
 void check_mesh_config(const RunConfig& c) {
   const MeshShape& m = c.mesh;
@@ -345,9 +346,16 @@ void check_mesh_config(const RunConfig& c) {
   if (c.emulate_world > 0)
     check_mesh_world(m, c.emulate_world, "--emulate " + std::to_string(c.emulate_world) + ":" +
                                              std::to_string(c.emulate_rank));
-  if (c.pipeline() || m.pp > 1)
-    throw UsageError(mesh + ": a mesh with a pipeline axis (--schedule, pp > 1) is not built yet; give pp=1 and "
-                     "--strategy");
+  if (m.pp > 1 && !c.pipeline())
+    throw UsageError(mesh + ": a pipeline axis (pp > 1) runs a schedule; give --schedule " + schedule_names_text("|") +
+                     ", or pp=1 and --strategy");
+  // pp along the pipeline axis, ddp along dp (--strategy's check above).
+  if (c.pipeline()) {
+    if (m.tp > 1)
+      throw UsageError(mesh + " and --schedule: tensor-parallel pipeline stages (tp > 1 with pp) are not built yet; "
+                       "give tp=1");
+    return;
+  }
   if (m.tp == 1) return;
   check_tensor_parallel(c.model, m.tp);
   if (c.strategy != StrategyKind::ddp && c.strategy != StrategyKind::zero1 && !c.model.is_transformer())
@@ -422,8 +430,15 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
     c.seed = s;
   }
   const bool has_schedule = app.count("--schedule") > 0;
-  if (has_schedule && app.count("--strategy") > 0)
-    throw UsageError("--strategy and --schedule: a run is either data parallel or a pipeline, not both");
+  // Under --mesh a pipeline's stages are replicated along dp, where they run ddp (the one
+  // strategy built there); without a mesh a run is one or the other.
+  if (has_schedule && app.count("--strategy") > 0 && app.count("--mesh") == 0)
+    throw UsageError("--strategy and --schedule: a run is either data parallel or a pipeline, not both (with --mesh "
+                     "dp=D,pp=S both: --strategy ddp along dp)");
+  if (has_schedule && app.count("--strategy") > 0 && f.strategy != "ddp")
+    throw UsageError("--strategy " + f.strategy + " and --schedule with --mesh: along dp a pipeline's stages run ddp "
+                     "(each stage's gradients all-reduced in place after the schedule); allowed: --strategy ddp "
+                     "(zero1, zero2, zero3 along dp with pp are not built yet)");
   c.strategy = parse_strategy(f.strategy);
   c.engine = parse_engine(f.engine);
   c.precision = parse_precision(f.precision);

@@ -128,10 +128,12 @@ float* PipelineStage::Access::at(int block, int tensor, bool grad) {
 PipelineStage::PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm)
     : PipelineStage(cfg, backend, comm, make_pipeline_layout(cfg, comm.world())) {}
 
-PipelineStage::PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm, PipelineLayout layout)
+PipelineStage::PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm, PipelineLayout layout,
+                             Communicator* dp)
     : cfg_(cfg),
       backend_(backend),
       comm_(comm),
+      dp_(dp),
       layout_(std::move(layout)),
       stage_(comm.rank()),
       model_(make_model(cfg.model)),
@@ -212,8 +214,24 @@ void PipelineStage::all_reduce_tied() {
   note_peak(before, "tied all-reduce");
 }
 
+void PipelineStage::all_reduce_data_parallel() {
+  if (dp_ == nullptr || dp_->world() == 1) return;
+  Tracker& tracker = backend_.tracker();
+  tracker.mark(Phase::communication);
+  ScopedRange r(backend_, "data-parallel all-reduce");
+  const float inv = 1.0f / static_cast<float>(dp_->world());
+  auto reduce = [&](float* g, std::size_t n) {
+    if (n == 0) return;
+    dp_->all_reduce_sum(g, n);
+    backend_.scale(g, inv, n);
+  };
+  for (Chunk& ch : chunks_) reduce(ch.grads.data(), ch.grads.count());
+  if (tied_.copy) reduce(tied_.grads.data(), tied_.elems);
+}
+
 DataSlice PipelineStage::batch_slice() const {
-  return {cfg_.seed, batch_index_, /*rank*/ 0, 0, cfg_.model.batch};
+  // Each pipeline replica along dp draws its own batch, as a data-parallel rank does.
+  return {cfg_.seed, batch_index_, dp_ ? dp_->rank() : 0, 0, cfg_.model.batch};
 }
 
 void PipelineStage::prepare_batch(int index) {
@@ -236,6 +254,7 @@ float PipelineStage::step() {
   tracker.reset_peak();
   backend_.reset_pool_high();
   comm_.reset_ledger();
+  if (dp_) dp_->reset_ledger();
   saved_.reset();
   peak_where_ = "step start";
   peak_comm_bytes_ = tracker.current()[Category::comm];
@@ -279,6 +298,7 @@ float PipelineStage::step() {
   x.reset();
   target.reset();
   all_reduce_tied();
+  all_reduce_data_parallel();
 
   tracker.mark(Phase::optimizer);
   {

@@ -82,8 +82,13 @@ std::string describe_action(const Action& a, int chunks);
 class PipelineStage {
  public:
   // This process is stage comm.rank() of comm.world() stages, laid out as `layout`
-  // (make_pipeline_layout of cfg and comm.world() stages).
-  PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm, PipelineLayout layout);
+  // (make_pipeline_layout of cfg and comm.world() stages). Under --mesh dp=D,pp=S, `comm`
+  // is the rank's pipeline group and `dp` its data-parallel group: the stage is
+  // replicated over the D ranks of `dp`, each running the schedule on its own batch (the
+  // batch data-parallel rank dp->rank() draws), and after the schedule their gradients
+  // are averaged in place (all_reduce_data_parallel).
+  PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm, PipelineLayout layout,
+                Communicator* dp = nullptr);
   PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm);
   PipelineStage(const PipelineStage&) = delete;
   PipelineStage& operator=(const PipelineStage&) = delete;
@@ -180,6 +185,10 @@ class PipelineStage {
   void setup_tied();
   // The tied gradient's all-reduce between its two stages (none when not split).
   void all_reduce_tied();
+  // Along the mesh's dp axis: each chunk's flat gradient and the tied copy's all-reduced in
+  // place over the data-parallel group and scaled by 1/D, as Megatron's DDP reduces its
+  // contiguous gradient buffer (no bucket of its own; nothing when D = 1).
+  void all_reduce_data_parallel();
   void note_peak(std::int64_t before, const std::string& what);
   std::vector<float> download(const float* p, std::size_t n) const;
   // One AdamW moment (&AdamState::exp_avg or exp_avg_sq) of every tensor of the chunk, in order.
@@ -191,6 +200,7 @@ class PipelineStage {
   const RunConfig& cfg_;
   Backend& backend_;
   Communicator& comm_;
+  Communicator* dp_;  // the data-parallel group under --mesh, else null
   PipelineLayout layout_;
   int stage_;
   StageProgram program_;

@@ -15,6 +15,7 @@
 #include "harness/records/json_write.hpp"
 #include "harness/run/records.hpp"
 #include "shardscope/check.hpp"
+#include "shardscope/mesh.hpp"
 #include "shardscope/schedule.hpp"
 
 namespace shardscope {
@@ -46,10 +47,11 @@ StagePredicted stage_predicted(const StageForms& forms, const Schedule& sched, i
   p.resting_total = forms.resting.total();
   p.peak_total = forms.peak.total();
   p.peak_by_category = category_figures(forms.peak);
-  // Sent, and as many received: p2p.sent_bytes, p2p.recv_bytes; comm_bytes is both, and
-  // the tied embedding's all-reduce on the first and last stage.
+  // Sent, and as many received: p2p.sent_bytes, p2p.recv_bytes; comm_bytes is both, the
+  // tied embedding's all-reduce on the first and last stage, and under --mesh dp=D the
+  // gradients' all-reduce over the data-parallel group.
   p.p2p_sent_bytes = forms.p2p_sent_bytes;
-  p.comm_bytes = 2 * forms.p2p_sent_bytes + forms.tied_all_reduce_bytes;
+  p.comm_bytes = forms.comm_bytes();
   // From F to B (docs/design.md §4's theory), and until the last backward action, which is how
   // long saved tensors stay (differs for zb-h1): counted on the schedule's lists beside
   // their formulas.
@@ -80,6 +82,7 @@ PipelineRun pipeline_run(const RunConfig& cfg, int stages) {
   run.model = model_record(cfg.model);
   run.split = shape.split;
   run.microbatch_rows = tensor_split_sizes(cfg.model.batch, shape.microbatches);
+  if (cfg.mesh.given) run.mesh = MeshRecord{cfg.mesh.dp, cfg.mesh.tp, cfg.mesh.pp};
   return run;
 }
 
@@ -90,12 +93,19 @@ nlohmann::json pipeline_header(const RunConfig& cfg, int stages) {
   return run;
 }
 
-StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& comm) {
+StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& world_comm) {
+  // Under --mesh dp=D,pp=S the schedule runs inside the rank's pipeline group and the
+  // gradients are averaged over its data-parallel group; without a mesh the world is the
+  // pipeline.
+  std::optional<MeshComms> mesh;
+  if (cfg.mesh.given) mesh = make_mesh_comms(world_comm, cfg.mesh);
+  Communicator& comm = mesh ? mesh->group(MeshAxis::pp) : world_comm;
+  Communicator* dp = mesh ? &mesh->group(MeshAxis::dp) : nullptr;
   const int s = comm.rank();
   // The closed forms first, from the flags alone: the memory check compares their peak
   // before the stage builds its schedule, program or anything of the model's size.
   const PipelineShape shape = pipeline_shape(cfg, comm.world());
-  StageForms forms = predict_pipeline_stage(shape, s);
+  StageForms forms = predict_pipeline_stage(shape, s, dp ? dp->world() : 1);
   add_backend_workspace(forms, backend.name());
   const std::int64_t predicted_peak = forms.peak.total();
   check_memory(predicted_peak, backend, comm.rank());
@@ -114,7 +124,7 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   else
     check_host_memory(bookkeeping, comm.rank(), "estimated schedule bookkeeping on the host");
 
-  PipelineStage stage(cfg, backend, comm, make_pipeline_layout(shape));
+  PipelineStage stage(cfg, backend, comm, make_pipeline_layout(shape), dp);
   const PipelineLayout& layout = stage.layout();
   const Schedule& sched = layout.schedule;
   const StagePredicted predicted = stage_predicted(forms, sched, s);
@@ -128,7 +138,7 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   for (int i = 0; i < cfg.steps; ++i) {
     stage.prepare_batch(i);
     backend.synchronize();
-    comm.barrier();
+    world_comm.barrier();
     const auto t0 = std::chrono::steady_clock::now();
     const float loss = stage.step();
     backend.synchronize();
@@ -141,7 +151,7 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   const SavedTensors& saved = stage.saved();
   StageRecord r;
   r.stage = s;
-  r.rank = comm.rank();
+  r.rank = world_comm.rank();
   r.world = comm.world();
   shardscope::stage_layers(layout, s, &r.layers, &r.chunks_layers);
   r.saved = {saved.peak_live(), saved.peak_live_bytes(), saved.total(), saved.before_first_backward()};
@@ -162,6 +172,21 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
     r.comm[k] = pair[k];
   }
   r.comm_bytes = ledger.total_bytes();
+  if (mesh) {
+    // "comm" sums the groups' ledgers (the pair's busbw kept for the tied all-reduce is
+    // the pipeline group's; the data-parallel group's busbw is in comm_groups).
+    const CommLedger sum = summed_ledger(*mesh);
+    const int k = static_cast<int>(CollKind::all_reduce);
+    const CommFigures pair = r.comm;
+    r.comm = comm_figures(sum, world_comm.world(), true);
+    if (dp->world() == 1) r.comm[k] = pair[k];
+    r.comm_bytes = sum.total_bytes();
+    const std::array<std::int64_t, kMeshAxes> axis_bytes = {forms.dp_all_reduce_bytes, 0, forms.pp_comm_bytes()};
+    r.comm_groups.emplace();
+    for (int a = 0; a < kMeshAxes; ++a)
+      r.comm_groups->push_back(group_record(*mesh, static_cast<MeshAxis>(a), world_comm.rank(),
+                                            axis_bytes[static_cast<std::size_t>(a)]));
+  }
 
   double busy = 0.0;
   std::vector<ActionTime> actions;
@@ -184,6 +209,26 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& c
   if (stage.holds_loss()) r.loss = losses;
   if (tr.recording()) r.timeline = timeline_record(tr.timeline());
   return r;
+}
+
+void fill_bubbles(const RunConfig& cfg, bool wall, PipelineRun& run) {
+  // Without a mesh the records are one pipeline; under --mesh each data-parallel replica
+  // is one (the ranks of a pp group: the same dp and tp coordinates), and the run's
+  // makespans are the longest replica's.
+  std::map<std::pair<int, int>, std::vector<std::size_t>> replicas;
+  for (std::size_t i = 0; i < run.stages.size(); ++i) {
+    const MeshCoord c = cfg.mesh.given ? cfg.mesh.coord(run.stages[i].rank) : MeshCoord{};
+    replicas[{c.dp, c.tp}].push_back(i);
+  }
+  for (const auto& [key, members] : replicas) {
+    std::vector<StageRecord> one;
+    for (std::size_t i : members) one.push_back(std::move(run.stages[i]));
+    const std::optional<double> w = wall ? fill_wall_bubbles(one) : std::nullopt;
+    const std::optional<double> r = fill_replayed_bubbles(cfg, one);
+    if (w) run.wall_makespan_ms = std::max(run.wall_makespan_ms.value_or(0.0), *w);
+    if (r) run.replayed_makespan_ms = std::max(run.replayed_makespan_ms.value_or(0.0), *r);
+    for (std::size_t k = 0; k < members.size(); ++k) run.stages[members[k]] = std::move(one[k]);
+  }
 }
 
 std::optional<double> fill_wall_bubbles(std::vector<StageRecord>& stages) {

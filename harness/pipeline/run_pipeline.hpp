@@ -48,4 +48,9 @@ std::optional<double> fill_replayed_bubbles(const RunConfig& cfg, std::vector<St
 // they are not the whole pipeline or not timed (one step: the warm-up).
 std::optional<double> fill_wall_bubbles(std::vector<StageRecord>& stages);
 
+// Both of the above over each pipeline of a run's gathered records: the whole run, or
+// under --mesh each data-parallel replica's stages; the run's makespans are the longest.
+// `wall`: the stages ran for real (an emulated run has no wall-clock bubble).
+void fill_bubbles(const RunConfig& cfg, bool wall, PipelineRun& run);
+
 }  // namespace shardscope

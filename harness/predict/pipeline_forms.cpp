@@ -780,7 +780,7 @@ CategoryBytes peak_zbv(const Ctx& c, const CategoryBytes& base) {
 
 }  // namespace
 
-StageForms predict_pipeline_stage(const PipelineShape& shape, int stage) {
+StageForms predict_pipeline_stage(const PipelineShape& shape, int stage, int data_parallel) {
   const Ctx c = make_ctx(shape, stage);
   const ScheduleKind kind = shape.schedule;
   StageForms out;
@@ -809,6 +809,8 @@ StageForms predict_pipeline_stage(const PipelineShape& shape, int stage) {
     at_reduce[Category::comm] += out.tied_all_reduce_bytes;
     if (at_reduce.total() > out.peak.total()) out.peak = at_reduce;
   }
+  // Each parameter's gradient (4 B) once through the data-parallel group's all-reduce.
+  if (data_parallel > 1) out.dp_all_reduce_bytes = out.resting[Category::grad];
   return out;
 }
 

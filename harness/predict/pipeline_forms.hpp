@@ -48,10 +48,20 @@ struct StageForms {
   // A tied embedding's gradient all-reduced between the first and the last stage (both
   // hold it): the all-reduce's bytes (nccl-tests' size, 4·vocab·hidden), 0 elsewhere.
   std::int64_t tied_all_reduce_bytes = 0;
+  // Under --mesh dp=D,pp=S with D > 1: the stage's gradients averaged over its
+  // data-parallel group after the schedule, in place (each chunk's flat gradient and the
+  // tied copy's, one all-reduce each): 4 bytes per parameter the stage holds, no buffer
+  // of their own, so no figure of the peak changes. 0 when D = 1 (nothing is reduced).
+  std::int64_t dp_all_reduce_bytes = 0;
+  // What the stage moves in a step: sent and received (2·p2p) and the tied all-reduce
+  // inside the pipeline group, the gradients' all-reduce inside the data-parallel group.
+  std::int64_t pp_comm_bytes() const { return 2 * p2p_sent_bytes + tied_all_reduce_bytes; }
+  std::int64_t comm_bytes() const { return pp_comm_bytes() + dp_all_reduce_bytes; }
 };
 
 // Stage `stage` (0 <= stage < S) of `shape`, which the caller has checked
-// (pipeline_shape in harness/pipeline/ refuses what cannot run).
-StageForms predict_pipeline_stage(const PipelineShape& shape, int stage);
+// (pipeline_shape in harness/pipeline/ refuses what cannot run), replicated over
+// `data_parallel` ranks (--mesh dp=D; 1 without a mesh).
+StageForms predict_pipeline_stage(const PipelineShape& shape, int stage, int data_parallel = 1);
 
 }  // namespace shardscope

@@ -385,6 +385,12 @@ std::optional<std::vector<GroupCommRecord>> read_comm_groups(const Reader& rd, c
   return out;
 }
 
+// A run's "mesh": {"dp", "tp", "pp"}.
+MeshRecord read_mesh(const Reader& rd, const json& run) {
+  const json& m = rd.object(run, "", "mesh");
+  return MeshRecord{rd.positive(m, "mesh", "dp"), rd.positive(m, "mesh", "tp"), rd.positive(m, "mesh", "pp")};
+}
+
 RankRecord read_rank(const Reader& rd, const json& member, const std::string& path) {
   rd.as_object(member, path, "a rank record (an object)");
   RankRecord r;
@@ -492,6 +498,7 @@ StageRecord read_stage(const Reader& rd, const json& member, const std::string& 
   if (!loss.is_null()) s.loss = rd.numbers(loss, join(path, "loss"), "loss");
   s.timeline = read_optional_timeline(rd, member, path);
   s.placement = read_placement(rd, member, path);
+  s.comm_groups = read_comm_groups(rd, member, path);
   return s;
 }
 
@@ -622,10 +629,7 @@ DataParallelRun read_data_parallel(const Reader& rd, const json& run) {
   dp.steps = rd.small(run, "", "steps");
   dp.timed_steps = rd.small(run, "", "timed_steps");
   dp.seed = read_seed(rd, run);
-  if (Reader::present(run, "mesh")) {
-    const json& m = rd.object(run, "", "mesh");
-    dp.mesh = MeshRecord{rd.positive(m, "mesh", "dp"), rd.positive(m, "mesh", "tp"), rd.positive(m, "mesh", "pp")};
-  }
+  if (Reader::present(run, "mesh")) dp.mesh = read_mesh(rd, run);
   const json& ranks = rd.array(run, "", "ranks", "an array of rank records");
   for (std::size_t i = 0; i < ranks.size(); ++i) dp.ranks.push_back(read_rank(rd, ranks[i], item("ranks", i)));
   check_numbers_distinct(rd, ranks, dp.ranks, "ranks", "rank", &RankRecord::rank);
@@ -646,9 +650,14 @@ PipelineRun read_pipeline(const Reader& rd, const json& run) {
   pp.seed = read_seed(rd, run);
   pp.split = read_ints(rd, run, "split", "layer count");
   pp.microbatch_rows = read_ints(rd, run, "microbatch_rows", "row count");
+  if (Reader::present(run, "mesh")) pp.mesh = read_mesh(rd, run);
   const json& stages = rd.array(run, "", "stages", "an array of stage records");
   for (std::size_t i = 0; i < stages.size(); ++i) pp.stages.push_back(read_stage(rd, stages[i], item("stages", i)));
-  check_numbers_distinct(rd, stages, pp.stages, "stages", "stage", &StageRecord::stage);
+  // Under --mesh a stage is held by a rank of each data-parallel replica: ranks are distinct.
+  if (pp.mesh)
+    check_numbers_distinct(rd, stages, pp.stages, "stages", "rank", &StageRecord::rank);
+  else
+    check_numbers_distinct(rd, stages, pp.stages, "stages", "stage", &StageRecord::stage);
   pp.wall_makespan_ms = rd.optional_time(run, "", "wall_makespan_ms");
   pp.replayed_makespan_ms = rd.optional_time(run, "", "replayed_makespan_ms");
   pp.place = read_place(rd, run);

@@ -66,6 +66,19 @@ void add_placement(const std::optional<Placement>& p, json& r) {
   r["device"] = or_null(p->device);
 }
 
+// "comm_groups" under --mesh: {"dp": {...}, "tp": {...}, "pp": {...}}.
+json comm_groups_json(const std::vector<GroupCommRecord>& groups) {
+  json out = json::object();
+  for (const GroupCommRecord& g : groups)
+    out[g.axis] = {{"world", g.world},
+                   {"rank", g.rank},
+                   {"members", g.members},
+                   {"comm", comm_json(g.comm)},
+                   {"comm_bytes", g.comm_bytes},
+                   {"predicted_comm_bytes", g.predicted_comm_bytes}};
+  return out;
+}
+
 }  // namespace
 
 json to_json(const TimelineRecord& t) {
@@ -169,6 +182,7 @@ json pipeline_json(const PipelineRun& pp) {
   run["model"] = to_json(pp.model);
   run["split"] = pp.split;
   run["microbatch_rows"] = pp.microbatch_rows;
+  if (pp.mesh) run["mesh"] = {{"dp", pp.mesh->dp}, {"tp", pp.mesh->tp}, {"pp", pp.mesh->pp}};
   json stages = json::array();
   for (const StageRecord& s : pp.stages) stages.push_back(to_json(s));
   run["stages"] = std::move(stages);
@@ -265,17 +279,7 @@ json to_json(const RankRecord& rank) {
   if (rank.timeline) r["timeline"] = to_json(*rank.timeline);
   add_placement(rank.placement, r);
   if (rank.saved) r["saved"] = rank_saved_json(*rank.saved);
-  if (rank.comm_groups) {
-    json groups = json::object();
-    for (const GroupCommRecord& g : *rank.comm_groups)
-      groups[g.axis] = {{"world", g.world},
-                        {"rank", g.rank},
-                        {"members", g.members},
-                        {"comm", comm_json(g.comm)},
-                        {"comm_bytes", g.comm_bytes},
-                        {"predicted_comm_bytes", g.predicted_comm_bytes}};
-    r["comm_groups"] = std::move(groups);
-  }
+  if (rank.comm_groups) r["comm_groups"] = comm_groups_json(*rank.comm_groups);
   return r;
 }
 
@@ -327,6 +331,7 @@ json to_json(const StageRecord& s) {
   r["loss"] = or_null(s.loss);
   if (s.timeline) r["timeline"] = to_json(*s.timeline);
   add_placement(s.placement, r);
+  if (s.comm_groups) r["comm_groups"] = comm_groups_json(*s.comm_groups);
   return r;
 }
 

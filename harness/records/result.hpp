@@ -262,6 +262,9 @@ struct StageRecord {
   std::optional<std::vector<double>> loss;  // the last stage's only
   std::optional<TimelineRecord> timeline;
   std::optional<Placement> placement;
+  // Under --mesh dp=D,pp=S: "comm" sums the groups' ledgers and each group's is here (the
+  // schedule's sends and the tied all-reduce in pp, the gradients' all-reduce in dp).
+  std::optional<std::vector<GroupCommRecord>> comm_groups;
 };
 
 // "model"."shape": a transformer's shape (docs/json.md); left out for the MLP.
@@ -338,7 +341,7 @@ struct DataParallelRun {
 struct PipelineRun {
   std::string schedule;
   std::string precision = "fp32";  // --precision, as DataParallelRun's
-  int world = 0;  // stages
+  int world = 0;  // stages (under --mesh the pipeline axis's S; the job's ranks are mesh's D·T·S)
   int microbatches = 0;
   int chunks = 0;
   int steps = 0;
@@ -347,6 +350,7 @@ struct PipelineRun {
   ModelRecord model;
   std::vector<int> split;            // layers per virtual stage
   std::vector<int> microbatch_rows;  // rows per micro-batch
+  std::optional<MeshRecord> mesh;    // left out without --mesh; with it, one record per rank
   std::vector<StageRecord> stages;
   std::optional<double> wall_makespan_ms;
   std::optional<double> replayed_makespan_ms;

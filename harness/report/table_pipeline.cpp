@@ -46,7 +46,12 @@ bool ranks_are_stages(const std::vector<const PipelineRun*>& runs) {
 void print_group(const std::vector<const PipelineRun*>& runs, const ResultDocument& doc, const TableOptions& options,
                  std::ostream& os) {
   const PipelineRun& first = *runs.front();
-  os << title_lines("pipeline, S = " + std::to_string(first.world) + " stages: " + model_line(first.model, false, options),
+  // Under --mesh each stage is held by a rank of each data-parallel replica.
+  const std::string mesh = first.mesh ? " (mesh dp=" + std::to_string(first.mesh->dp) + ",tp=" +
+                                            std::to_string(first.mesh->tp) + ",pp=" + std::to_string(first.mesh->pp) + ")"
+                                      : "";
+  os << title_lines("pipeline, S = " + std::to_string(first.world) + " stages" + mesh + ": " +
+                        model_line(first.model, false, options),
                     options)
      << "\n  "
      << setup_line(first.place) << steps_note(runs) << "\n";

@@ -172,4 +172,29 @@ TimelineRecord timeline_record(const Timeline& t) {
   return r;
 }
 
+GroupCommRecord group_record(MeshComms& mesh, MeshAxis axis, int world_rank, std::int64_t predicted_bytes) {
+  Communicator& c = mesh.group(axis);
+  GroupCommRecord g;
+  g.axis = std::string(kMeshAxisNames[static_cast<int>(axis)]);
+  g.world = c.world();
+  g.rank = c.rank();
+  g.members = mesh.shape.group(world_rank, axis);
+  g.comm = comm_figures(c.ledger(), c.world(), c.emulated());
+  g.comm_bytes = c.ledger().total_bytes();
+  g.predicted_comm_bytes = predicted_bytes;
+  return g;
+}
+
+CommLedger summed_ledger(MeshComms& mesh) {
+  CommLedger sum;
+  for (int a = 0; a < kMeshAxes; ++a)
+    for (int k = 0; k < kCollKindCount; ++k) {
+      const CollStats& s = mesh.groups[a]->ledger().by_kind[k];
+      sum.by_kind[k].calls += s.calls;
+      sum.by_kind[k].bytes += s.bytes;
+      sum.by_kind[k].ms += s.ms;
+    }
+  return sum;
+}
+
 }  // namespace shardscope

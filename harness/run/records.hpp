@@ -9,6 +9,7 @@
 #include "shardscope/backend.hpp"
 #include "shardscope/comm.hpp"
 #include "shardscope/config.hpp"
+#include "shardscope/mesh.hpp"
 #include "shardscope/predict.hpp"
 
 namespace shardscope {
@@ -33,6 +34,12 @@ AllocatorFigures allocator_figures(Backend& backend);
 // The record of `breakdown`, with `other`: what `outside` holds beyond the parts (null when a
 // part in it was not measured, or the parts exceed it).
 OutsidePoolParts outside_pool_parts(const OutsidePoolBreakdown& breakdown, const OutsidePool& outside);
+
+// Under --mesh, a rank's group of `axis`: its ledger, and the bytes its closed forms give.
+GroupCommRecord group_record(MeshComms& mesh, MeshAxis axis, int world_rank, std::int64_t predicted_bytes);
+// Every group's ledger summed: what the rank's "comm" says under --mesh (no busbw: the
+// groups differ in size).
+CommLedger summed_ledger(MeshComms& mesh);
 
 // A rank's timeline, times in ms since the run started:
 //   memory: the state when recording started, at 0; then one row after each kept event;

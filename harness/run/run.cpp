@@ -98,34 +98,6 @@ void refuse_checkpointed_pipeline(const RunConfig& cfg) {
 
 namespace {
 
-// Under --mesh, a rank's group of `axis`: its ledger, and the bytes its closed forms give.
-GroupCommRecord group_record(MeshComms& mesh, MeshAxis axis, int world_rank, const Prediction& pred) {
-  Communicator& c = mesh.group(axis);
-  GroupCommRecord g;
-  g.axis = std::string(kMeshAxisNames[static_cast<int>(axis)]);
-  g.world = c.world();
-  g.rank = c.rank();
-  g.members = mesh.shape.group(world_rank, axis);
-  g.comm = comm_figures(c.ledger(), c.world(), c.emulated());
-  g.comm_bytes = c.ledger().total_bytes();
-  g.predicted_comm_bytes = pred.axis_comm_bytes[static_cast<int>(axis)];
-  return g;
-}
-
-// Every group's ledger summed: what the rank's "comm" says under --mesh (no busbw: the
-// groups differ in size).
-CommLedger summed_ledger(MeshComms& mesh) {
-  CommLedger sum;
-  for (int a = 0; a < kMeshAxes; ++a)
-    for (int k = 0; k < kCollKindCount; ++k) {
-      const CollStats& s = mesh.groups[a]->ledger().by_kind[k];
-      sum.by_kind[k].calls += s.calls;
-      sum.by_kind[k].bytes += s.bytes;
-      sum.by_kind[k].ms += s.ms;
-    }
-  return sum;
-}
-
 RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicator& world_comm) {
   const int world = world_comm.world();
   const int rank = world_comm.rank();
@@ -175,7 +147,8 @@ RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicato
     r.comm = comm_figures(sum, world, true);  // busbw per group only
     r.comm_bytes = sum.total_bytes();
     r.comm_groups.emplace();
-    for (int a = 0; a < kMeshAxes; ++a) r.comm_groups->push_back(group_record(*mesh, static_cast<MeshAxis>(a), rank, pred));
+    for (int a = 0; a < kMeshAxes; ++a) r.comm_groups->push_back(
+          group_record(*mesh, static_cast<MeshAxis>(a), rank, pred.axis_comm_bytes[static_cast<std::size_t>(a)]));
   } else {
     r.comm = comm_figures(comm.ledger(), world, comm.emulated());
     r.comm_bytes = comm.ledger().total_bytes();
@@ -258,7 +231,7 @@ JobSetup prepare_job(const RunConfig& cfg, const MpiSession& mpi) {
     throw UsageError("--precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
                      "--backend cpu");
   if (cfg.pipeline())
-    validate_pipeline(cfg, setup.world);
+    validate_pipeline(cfg, cfg.mesh.given ? cfg.mesh.pp : setup.world);
   else
     validate_data_parallel(cfg);
   return setup;
@@ -318,11 +291,10 @@ std::optional<ResultDocument> run_job(const RunConfig& cfg, const JobSetup& setu
   doc.emulated = comm->emulated();
   doc.provenance = provenance(cfg.command_line, device, cuda_text, nccl_text);
   if (cfg.pipeline()) {
-    PipelineRun run = pipeline_run(cfg, world);
+    PipelineRun run = pipeline_run(cfg, cfg.mesh.given ? cfg.mesh.pp : world);
     for (std::size_t r = 0; r < all.size(); ++r)
       run.stages.push_back(read_stage_record(nlohmann::json::parse(all[r]), "rank " + std::to_string(r) + "'s record"));
-    if (!comm->emulated()) run.wall_makespan_ms = fill_wall_bubbles(run.stages);
-    run.replayed_makespan_ms = fill_replayed_bubbles(cfg, run.stages);
+    fill_bubbles(cfg, !comm->emulated(), run);
     run.place = place;
     doc.runs.push_back(std::move(run));
   } else {
