@@ -37,6 +37,38 @@ enum BlockTensor : int {
   kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kMlpProjW, kMlpProjB
 };
 
+}  // namespace
+
+std::vector<ParamSpec> gpt2_block_params(const TransformerShape& s, int layer, const TensorParallel& tp) {
+  const std::string p = "transformer.h." + std::to_string(layer) + ".";
+  const i64 h = s.hidden, hl = h / tp.size, fl = s.ffn / tp.size;
+  const float w = uniform_bound(kInitStd);
+  // nanoGPT scales the residual projections' init by 1 / sqrt(2 L).
+  const float wr = uniform_bound(kInitStd / std::sqrt(2.0f * static_cast<float>(s.layers)));
+  std::vector<ParamSpec> params = {
+      {p + "ln_1.weight", {h}, 0.0f, 1.0f},      {p + "ln_1.bias", {h}},
+      {p + "attn.c_attn.weight", {3 * hl, h}, w}, {p + "attn.c_attn.bias", {3 * hl}},
+      {p + "attn.c_proj.weight", {h, hl}, wr},    {p + "attn.c_proj.bias", {h}},
+      {p + "ln_2.weight", {h}, 0.0f, 1.0f},      {p + "ln_2.bias", {h}},
+      {p + "mlp.c_fc.weight", {fl, h}, w},        {p + "mlp.c_fc.bias", {fl}},
+      {p + "mlp.c_proj.weight", {h, fl}, wr},     {p + "mlp.c_proj.bias", {h}}};
+  if (tp.size > 1) {
+    // q, k and v each give their rows [r hl, (r + 1) hl): three blocks of hl rows, h·h
+    // elements apart in the whole (3h, h) weight, h apart in its bias.
+    ParamSpec& qkv_w = params[kAttnW];
+    qkv_w.full_cols = h * h, qkv_w.shard_first = tp.rank * hl * h, qkv_w.shard_cols = hl * h;
+    ParamSpec& qkv_b = params[kAttnB];
+    qkv_b.full_cols = h, qkv_b.shard_first = tp.rank * hl, qkv_b.shard_cols = hl;
+    shard_cols(params[kProjW], tp.rank, hl, h);
+    shard_rows(params[kFcW], tp.rank, fl, h);
+    shard_rows(params[kFcB], tp.rank, 1, fl);
+    shard_cols(params[kMlpProjW], tp.rank, fl, s.ffn);
+  }
+  return params;
+}
+
+namespace {
+
 // Under tensor parallelism (Megatron's ParallelAttention and ParallelMLP), rank r of T
 // holds heads [r H/T, (r + 1) H/T): c_attn is column-parallel (its heads' rows of q, k and
 // v, and of the bias: qkv is (N, 3h/T), laid out q | k | v as the one-rank model's),
@@ -57,29 +89,7 @@ class TransformerBlock final : public SequenceBlock {
         hl_(s.hidden / tp.size),
         fl_(s.ffn / tp.size),
         as_(attention_shape(s, tp.size)) {
-    const std::string p = "transformer.h." + std::to_string(layer) + ".";
-    const i64 h = s.hidden, hl = hl_, fl = fl_;
-    const float w = uniform_bound(kInitStd);
-    // nanoGPT scales the residual projections' init by 1 / sqrt(2 L).
-    const float wr = uniform_bound(kInitStd / std::sqrt(2.0f * static_cast<float>(s.layers)));
-    params_ = {{p + "ln_1.weight", {h}, 0.0f, 1.0f},   {p + "ln_1.bias", {h}},
-               {p + "attn.c_attn.weight", {3 * hl, h}, w}, {p + "attn.c_attn.bias", {3 * hl}},
-               {p + "attn.c_proj.weight", {h, hl}, wr},    {p + "attn.c_proj.bias", {h}},
-               {p + "ln_2.weight", {h}, 0.0f, 1.0f},   {p + "ln_2.bias", {h}},
-               {p + "mlp.c_fc.weight", {fl, h}, w},        {p + "mlp.c_fc.bias", {fl}},
-               {p + "mlp.c_proj.weight", {h, fl}, wr},     {p + "mlp.c_proj.bias", {h}}};
-    if (tp.size > 1) {
-      // q, k and v each give their rows [r hl, (r + 1) hl): three blocks of hl rows, h·h
-      // elements apart in the whole (3h, h) weight, h apart in its bias.
-      ParamSpec& qkv_w = params_[kAttnW];
-      qkv_w.full_cols = h * h, qkv_w.shard_first = tp.rank * hl * h, qkv_w.shard_cols = hl * h;
-      ParamSpec& qkv_b = params_[kAttnB];
-      qkv_b.full_cols = h, qkv_b.shard_first = tp.rank * hl, qkv_b.shard_cols = hl;
-      shard_cols(params_[kProjW], tp.rank, hl, h);
-      shard_rows(params_[kFcW], tp.rank, fl, h);
-      shard_rows(params_[kFcB], tp.rank, 1, fl);
-      shard_cols(params_[kMlpProjW], tp.rank, fl, s.ffn);
-    }
+    params_ = gpt2_block_params(s, layer, tp);
   }
   bool checkpointable() const override { return true; }
   void set_recompute_attention(bool on) override { recompute_attention_ = on; }

@@ -13,7 +13,6 @@
 // bf16 arithmetic and buffers are autocast_parts.hpp's. The weights' casts are allocated
 // as kCastCategory (activation until the core's param_cast category lands); they are saved
 // tensors either way and the saved-tensor instrument counts them.
-#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,7 +30,7 @@ const char* const kFamily = "gpt2";
 constexpr int kEmbeddingBlock = 0;
 constexpr int kWte = 0;
 
-// ---- a transformer block ----
+// ---- a transformer block: its tensors, in gpt2_block_params' order ----
 enum BlockTensor : int {
   kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kMlpProjW, kMlpProjB
 };
@@ -39,18 +38,7 @@ enum BlockTensor : int {
 class AutocastBlock final : public SequenceBlock {
  public:
   AutocastBlock(const TransformerShape& s, int layer)
-      : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)) {
-    const std::string p = "transformer.h." + std::to_string(layer) + ".";
-    const i64 h = s.hidden, f = s.ffn;
-    const float w = uniform_bound(kInitStd);
-    const float wr = uniform_bound(kInitStd / std::sqrt(2.0f * static_cast<float>(s.layers)));
-    params_ = {{p + "ln_1.weight", {h}, 0.0f, 1.0f},   {p + "ln_1.bias", {h}},
-               {p + "attn.c_attn.weight", {3 * h, h}, w}, {p + "attn.c_attn.bias", {3 * h}},
-               {p + "attn.c_proj.weight", {h, h}, wr},    {p + "attn.c_proj.bias", {h}},
-               {p + "ln_2.weight", {h}, 0.0f, 1.0f},   {p + "ln_2.bias", {h}},
-               {p + "mlp.c_fc.weight", {f, h}, w},        {p + "mlp.c_fc.bias", {f}},
-               {p + "mlp.c_proj.weight", {h, f}, wr},     {p + "mlp.c_proj.bias", {h}}};
-  }
+      : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)), params_(gpt2_block_params(s, layer)) {}
   bool checkpointable() const override { return true; }
   // --checkpoint attention (selective recompute) is not built under autocast: refused,
   // never run as if it were not asked.

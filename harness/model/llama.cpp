@@ -38,6 +38,54 @@ const char* const kFamily = "llama";
 constexpr int kEmbeddingBlock = 0;
 constexpr int kEmbedTokens = 0;
 
+}  // namespace
+
+LlamaLayerTensors llama_layer_tensors(const TransformerShape& s, int layer, const TensorParallel& tp) {
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  const i64 h = s.hidden, f = s.ffn / tp.size, q = static_cast<i64>(s.heads / tp.size) * s.head_dim,
+            kv = static_cast<i64>(s.kv_heads / tp.size) * s.head_dim;
+  LlamaLayerTensors t;
+  const float w = uniform_bound(kInitStd);
+  auto add = [&](int& index, const std::string& name, std::vector<std::int64_t> shape, float bound = 0.0f,
+                 float center = 0.0f) {
+    index = static_cast<int>(t.params.size());
+    t.params.push_back({p + name, std::move(shape), bound, center});
+  };
+  // Hugging Face's state_dict order: self_attn (q, k, v, o), mlp (gate, up, down),
+  // input_layernorm, post_attention_layernorm. Biases start at zero, norms at one.
+  add(t.qW, "self_attn.q_proj.weight", {q, h}, w);
+  if (s.qkv_bias) add(t.qB, "self_attn.q_proj.bias", {q});
+  add(t.kW, "self_attn.k_proj.weight", {kv, h}, w);
+  if (s.qkv_bias) add(t.kB, "self_attn.k_proj.bias", {kv});
+  add(t.vW, "self_attn.v_proj.weight", {kv, h}, w);
+  if (s.qkv_bias) add(t.vB, "self_attn.v_proj.bias", {kv});
+  add(t.oW, "self_attn.o_proj.weight", {h, q}, w);
+  if (s.out_bias) add(t.oB, "self_attn.o_proj.bias", {h});
+  add(t.gateW, "mlp.gate_proj.weight", {f, h}, w);
+  add(t.upW, "mlp.up_proj.weight", {f, h}, w);
+  add(t.downW, "mlp.down_proj.weight", {h, f}, w);
+  add(t.norm1, "input_layernorm.weight", {h}, 0.0f, 1.0f);
+  add(t.norm2, "post_attention_layernorm.weight", {h}, 0.0f, 1.0f);
+  if (tp.size > 1) {
+    const int r = tp.rank;
+    shard_rows(t.params[t.qW], r, q, h);
+    shard_rows(t.params[t.kW], r, kv, h);
+    shard_rows(t.params[t.vW], r, kv, h);
+    if (s.qkv_bias) {
+      shard_rows(t.params[t.qB], r, 1, q);
+      shard_rows(t.params[t.kB], r, 1, kv);
+      shard_rows(t.params[t.vB], r, 1, kv);
+    }
+    shard_cols(t.params[t.oW], r, q, static_cast<i64>(s.heads) * s.head_dim);
+    shard_rows(t.params[t.gateW], r, f, h);
+    shard_rows(t.params[t.upW], r, f, h);
+    shard_cols(t.params[t.downW], r, f, s.ffn);
+  }
+  return t;
+}
+
+namespace {
+
 // ---- a decoder layer ----
 // Under tensor parallelism (Megatron's split) rank r of T holds query heads [r H/T, (r+1)
 // H/T) and kv heads [r K/T, (r+1) K/T) (T divides K: each rank's query heads read only
@@ -56,50 +104,12 @@ class DecoderLayer final : public SequenceBlock {
         name_("block " + std::to_string(layer)),
         tp_(tp),
         fl_(s.ffn / tp.size),
-        as_(attention_shape(s, tp.size)) {
-    const std::string p = "model.layers." + std::to_string(layer) + ".";
-    const i64 h = s.hidden, f = fl_, q = qw(), kv = kvw();
-    const float w = uniform_bound(kInitStd);
-    auto add = [&](int& index, const std::string& name, std::vector<std::int64_t> shape, float bound = 0.0f,
-                   float center = 0.0f) {
-      index = static_cast<int>(params_.size());
-      params_.push_back({p + name, std::move(shape), bound, center});
-    };
-    // Hugging Face's state_dict order: self_attn (q, k, v, o), mlp (gate, up, down),
-    // input_layernorm, post_attention_layernorm. Biases start at zero, norms at one.
-    add(qW_, "self_attn.q_proj.weight", {q, h}, w);
-    if (s.qkv_bias) add(qB_, "self_attn.q_proj.bias", {q});
-    add(kW_, "self_attn.k_proj.weight", {kv, h}, w);
-    if (s.qkv_bias) add(kB_, "self_attn.k_proj.bias", {kv});
-    add(vW_, "self_attn.v_proj.weight", {kv, h}, w);
-    if (s.qkv_bias) add(vB_, "self_attn.v_proj.bias", {kv});
-    add(oW_, "self_attn.o_proj.weight", {h, q}, w);
-    if (s.out_bias) add(oB_, "self_attn.o_proj.bias", {h});
-    add(gateW_, "mlp.gate_proj.weight", {f, h}, w);
-    add(upW_, "mlp.up_proj.weight", {f, h}, w);
-    add(downW_, "mlp.down_proj.weight", {h, f}, w);
-    add(norm1_, "input_layernorm.weight", {h}, 0.0f, 1.0f);
-    add(norm2_, "post_attention_layernorm.weight", {h}, 0.0f, 1.0f);
-    if (tp.size > 1) {
-      const int r = tp.rank;
-      shard_rows(params_[qW_], r, q, h);
-      shard_rows(params_[kW_], r, kv, h);
-      shard_rows(params_[vW_], r, kv, h);
-      if (s.qkv_bias) {
-        shard_rows(params_[qB_], r, 1, q);
-        shard_rows(params_[kB_], r, 1, kv);
-        shard_rows(params_[vB_], r, 1, kv);
-      }
-      shard_cols(params_[oW_], r, q, static_cast<i64>(s.heads) * s.head_dim);
-      shard_rows(params_[gateW_], r, f, h);
-      shard_rows(params_[upW_], r, f, h);
-      shard_cols(params_[downW_], r, f, s.ffn);
-    }
-  }
+        as_(attention_shape(s, tp.size)),
+        t_(llama_layer_tensors(s, layer, tp)) {}
   bool checkpointable() const override { return true; }
   void set_recompute_attention(bool on) override { recompute_attention_ = on; }
   std::string name() const override { return name_; }
-  const std::vector<ParamSpec>& params() const override { return params_; }
+  const std::vector<ParamSpec>& params() const override { return t_.params; }
   std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
   std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.hidden; }
   bool saves_input() const override { return true; }  // the input RMSNorm's input
@@ -129,7 +139,7 @@ class DecoderLayer final : public SequenceBlock {
     // input_layernorm (fused RMSNorm): saves its input and rstd (N, 1).
     held[kRstd1] = act(n);
     held[kY1] = act(n * h);
-    be.rms_norm_forward(held[kY1].data(), held[kRstd1].data(), x, param(norm1_), static_cast<int>(n), hs,
+    be.rms_norm_forward(held[kY1].data(), held[kRstd1].data(), x, param(t_.norm1), static_cast<int>(n), hs,
                         s_.norm_eps);
     c.saved.save(x, a);
     c.saved.save(held[kRstd1].data(), 4 * n);
@@ -142,9 +152,9 @@ class DecoderLayer final : public SequenceBlock {
     Buffer qb = be.alloc(qkv_category, floats(n * q));
     Buffer kb = be.alloc(qkv_category, floats(n * kv));
     Buffer vb = be.alloc(qkv_category, floats(n * kv));
-    linear_forward(be, qb.data(), held[kY1].data(), param(qW_), param(qB_), n, hs, q, 0.0f);
-    linear_forward(be, kb.data(), held[kY1].data(), param(kW_), param(kB_), n, hs, kv, 0.0f);
-    linear_forward(be, vb.data(), held[kY1].data(), param(vW_), param(vB_), n, hs, kv, 0.0f);
+    linear_forward(be, qb.data(), held[kY1].data(), param(t_.qW), param(t_.qB), n, hs, q, 0.0f);
+    linear_forward(be, kb.data(), held[kY1].data(), param(t_.kW), param(t_.kB), n, hs, kv, 0.0f);
+    linear_forward(be, vb.data(), held[kY1].data(), param(t_.vW), param(t_.vB), n, hs, kv, 0.0f);
     for (const WeightRef* ref : {&q_ref_, &k_ref_, &v_ref_}) {
       c.saved.save(held[kY1].data(), a);
       c.saved.save((*ref)(), 0);
@@ -197,7 +207,7 @@ class DecoderLayer final : public SequenceBlock {
 
     // x_mid = x + o_proj(out): o_proj saves out and its weight.
     held[kXmid] = act(n * h);
-    residual_linear_forward(c, tp_, held[kXmid].data(), x, held[kOut].data(), param(oW_), param(oB_), n, q, hs,
+    residual_linear_forward(c, tp_, held[kXmid].data(), x, held[kOut].data(), param(t_.oW), param(t_.oB), n, q, hs,
                             kFamily);
     c.saved.save(held[kOut].data(), 4 * n * q);
     c.saved.save(o_ref_(), 0);
@@ -205,7 +215,7 @@ class DecoderLayer final : public SequenceBlock {
     // post_attention_layernorm
     held[kRstd2] = act(n);
     held[kY2] = act(n * h);
-    be.rms_norm_forward(held[kY2].data(), held[kRstd2].data(), held[kXmid].data(), param(norm2_),
+    be.rms_norm_forward(held[kY2].data(), held[kRstd2].data(), held[kXmid].data(), param(t_.norm2),
                         static_cast<int>(n), hs, s_.norm_eps);
     c.saved.save(held[kXmid].data(), a);
     c.saved.save(held[kRstd2].data(), 4 * n);
@@ -215,14 +225,14 @@ class DecoderLayer final : public SequenceBlock {
     // (saves y2), the product (saves both factors), down (saves the product).
     const int fs = fl_;
     held[kGate] = act(n * f);
-    linear_forward(be, held[kGate].data(), held[kY2].data(), param(gateW_), nullptr, n, hs, fs, 0.0f);
+    linear_forward(be, held[kGate].data(), held[kY2].data(), param(t_.gateW), nullptr, n, hs, fs, 0.0f);
     c.saved.save(held[kY2].data(), a);
     c.saved.save(gate_ref_(), 0);
     held[kSilu] = act(n * f);
     be.silu_forward(held[kSilu].data(), held[kGate].data(), floats(n * f));
     c.saved.save(held[kGate].data(), 4 * n * f);
     held[kUp] = act(n * f);
-    linear_forward(be, held[kUp].data(), held[kY2].data(), param(upW_), nullptr, n, hs, fs, 0.0f);
+    linear_forward(be, held[kUp].data(), held[kY2].data(), param(t_.upW), nullptr, n, hs, fs, 0.0f);
     c.saved.save(held[kY2].data(), a);
     c.saved.save(up_ref_(), 0);
     held[kProd] = act(n * f);
@@ -232,7 +242,7 @@ class DecoderLayer final : public SequenceBlock {
 
     // out = x_mid + down_proj(product): (N, h), activation when the next block saves it.
     Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * h));
-    residual_linear_forward(c, tp_, out.data(), held[kXmid].data(), held[kProd].data(), param(downW_), nullptr, n, fs,
+    residual_linear_forward(c, tp_, out.data(), held[kXmid].data(), held[kProd].data(), param(t_.downW), nullptr, n, fs,
                             hs, kFamily);
     c.saved.save(held[kProd].data(), 4 * n * f);
     c.saved.save(down_ref_(), 0);
@@ -253,7 +263,7 @@ class DecoderLayer final : public SequenceBlock {
 
     // down_proj, then the product's factors: d up = dp * silu, d silu = dp * up, d gate = SiLU'(d silu)
     Buffer dp = temp(n * f);
-    linear_backward(be, dp.data(), grad(downW_), nullptr, dy.data(), held[kProd].data(), param(downW_), n, fs, hs,
+    linear_backward(be, dp.data(), grad(t_.downW), nullptr, dy.data(), held[kProd].data(), param(t_.downW), n, fs, hs,
                     beta);
     c.saved.release(down_ref_());
     drop(kProd);
@@ -266,10 +276,10 @@ class DecoderLayer final : public SequenceBlock {
     drop(kGate);
     // gate_proj and up_proj: dy2 = d gate W_gate + d up W_up
     Buffer dy2 = temp(n * h);
-    linear_backward(be, dy2.data(), grad(gateW_), nullptr, dp.data(), held[kY2].data(), param(gateW_), n, hs, fs,
+    linear_backward(be, dy2.data(), grad(t_.gateW), nullptr, dp.data(), held[kY2].data(), param(t_.gateW), n, hs, fs,
                     beta);
     dp.reset();
-    linear_backward(be, dy2.data(), grad(upW_), nullptr, du.data(), held[kY2].data(), param(upW_), n, hs, fs, beta,
+    linear_backward(be, dy2.data(), grad(t_.upW), nullptr, du.data(), held[kY2].data(), param(t_.upW), n, hs, fs, beta,
                     1.0f);
     column_parallel_input_grad(c, tp_, dy2, kFamily);
     du.reset();
@@ -280,8 +290,8 @@ class DecoderLayer final : public SequenceBlock {
 
     // post_attention_layernorm, then the residual: dx_mid = the norm's dx + dy
     Buffer dmid = temp(n * h);
-    be.rms_norm_backward(dmid.data(), grad(norm2_), dy2.data(), held[kXmid].data(), held[kRstd2].data(),
-                         param(norm2_), static_cast<int>(n), hs, beta);
+    be.rms_norm_backward(dmid.data(), grad(t_.norm2), dy2.data(), held[kXmid].data(), held[kRstd2].data(),
+                         param(t_.norm2), static_cast<int>(n), hs, beta);
     dy2.reset();
     c.saved.release(norm2_ref_());
     drop(kXmid);
@@ -290,7 +300,7 @@ class DecoderLayer final : public SequenceBlock {
 
     // o_proj
     Buffer dout = temp(n * q);
-    linear_backward(be, dout.data(), grad(oW_), grad(oB_), dmid.data(), held[kOut].data(), param(oW_), n, q, hs,
+    linear_backward(be, dout.data(), grad(t_.oW), grad(t_.oB), dmid.data(), held[kOut].data(), param(t_.oW), n, q, hs,
                     beta);
     c.saved.release(o_ref_());
     c.saved.release(held[kOut].data());  // o_proj's save of out
@@ -305,9 +315,9 @@ class DecoderLayer final : public SequenceBlock {
 
     // q, k, v projections: dy1 = dq W_q + dk W_k + dv W_v
     Buffer dy1 = temp(n * h);
-    linear_backward(be, dy1.data(), grad(qW_), grad(qB_), dq, held[kY1].data(), param(qW_), n, hs, q, beta);
-    linear_backward(be, dy1.data(), grad(kW_), grad(kB_), dk, held[kY1].data(), param(kW_), n, hs, kv, beta, 1.0f);
-    linear_backward(be, dy1.data(), grad(vW_), grad(vB_), dv, held[kY1].data(), param(vW_), n, hs, kv, beta, 1.0f);
+    linear_backward(be, dy1.data(), grad(t_.qW), grad(t_.qB), dq, held[kY1].data(), param(t_.qW), n, hs, q, beta);
+    linear_backward(be, dy1.data(), grad(t_.kW), grad(t_.kB), dk, held[kY1].data(), param(t_.kW), n, hs, kv, beta, 1.0f);
+    linear_backward(be, dy1.data(), grad(t_.vW), grad(t_.vB), dv, held[kY1].data(), param(t_.vW), n, hs, kv, beta, 1.0f);
     column_parallel_input_grad(c, tp_, dy1, kFamily);
     dqkv.reset();
     for (const WeightRef* ref : {&q_ref_, &k_ref_, &v_ref_}) c.saved.release((*ref)());
@@ -317,7 +327,7 @@ class DecoderLayer final : public SequenceBlock {
 
     // input_layernorm, then the residual: dx = the norm's dx + dx_mid
     Buffer dx = temp(n * h);
-    be.rms_norm_backward(dx.data(), grad(norm1_), dy1.data(), x, held[kRstd1].data(), param(norm1_),
+    be.rms_norm_backward(dx.data(), grad(t_.norm1), dy1.data(), x, held[kRstd1].data(), param(t_.norm1),
                          static_cast<int>(n), hs, beta);
     dy1.reset();
     c.saved.release(norm_ref_());
@@ -348,7 +358,7 @@ class DecoderLayer final : public SequenceBlock {
     // down_proj, the product's factors, SiLU
     Buffer& dp = held[kDgate];
     dp = temp(n * f);
-    linear_input_grad(be, dp.data(), dy.data(), param(downW_), n, fs, hs);
+    linear_input_grad(be, dp.data(), dy.data(), param(t_.downW), n, fs, hs);
     c.saved.release(down_ref_());
     held[kDup] = temp(n * f);
     be.mul(held[kDup].data(), dp.data(), held[kSilu].data(), floats(n * f));
@@ -359,21 +369,21 @@ class DecoderLayer final : public SequenceBlock {
     drop(kGate);
     // gate_proj and up_proj
     held[kDy2] = temp(n * h);
-    linear_input_grad(be, held[kDy2].data(), dp.data(), param(gateW_), n, hs, fs);
-    linear_input_grad(be, held[kDy2].data(), held[kDup].data(), param(upW_), n, hs, fs, 1.0f);
+    linear_input_grad(be, held[kDy2].data(), dp.data(), param(t_.gateW), n, hs, fs);
+    linear_input_grad(be, held[kDy2].data(), held[kDup].data(), param(t_.upW), n, hs, fs, 1.0f);
     c.saved.release(gate_ref_());
     c.saved.release(up_ref_());
 
     // post_attention_layernorm, then the residual
     held[kDmid] = temp(n * h);
     rms_norm_input_grad(be, held[kDmid].data(), held[kDy2].data(), held[kXmid].data(), held[kRstd2].data(),
-                        param(norm2_), n, hs);
+                        param(t_.norm2), n, hs);
     be.add(held[kDmid].data(), dy.data(), floats(n * h));
     held[kDy] = std::move(dy);
 
     // o_proj, the attention, the q, k, v projections
     Buffer dout = temp(n * q);
-    linear_input_grad(be, dout.data(), held[kDmid].data(), param(oW_), n, q, hs);
+    linear_input_grad(be, dout.data(), held[kDmid].data(), param(t_.oW), n, q, hs);
     c.saved.release(o_ref_());
     held[kDqkv] = s_.attention == AttentionMode::flash ? flash_backward(c, dout, held, /*keep_out*/ true)
                                                        : math_backward(c, dout, held, /*keep_out*/ true);
@@ -383,16 +393,16 @@ class DecoderLayer final : public SequenceBlock {
     be.rope(dq, q, c.rows, s_.seq, as_.heads, s_.head_dim, s_.rope_theta, true);
     be.rope(dk, kv, c.rows, s_.seq, as_.kv_heads, s_.head_dim, s_.rope_theta, true);
     held[kDy1] = temp(n * h);
-    linear_input_grad(be, held[kDy1].data(), dq, param(qW_), n, hs, q);
-    linear_input_grad(be, held[kDy1].data(), dk, param(kW_), n, hs, kv, 1.0f);
-    linear_input_grad(be, held[kDy1].data(), dv, param(vW_), n, hs, kv, 1.0f);
+    linear_input_grad(be, held[kDy1].data(), dq, param(t_.qW), n, hs, q);
+    linear_input_grad(be, held[kDy1].data(), dk, param(t_.kW), n, hs, kv, 1.0f);
+    linear_input_grad(be, held[kDy1].data(), dv, param(t_.vW), n, hs, kv, 1.0f);
     for (const WeightRef* ref : {&q_ref_, &k_ref_, &v_ref_}) c.saved.release((*ref)());
 
     // input_layernorm, then the residual
     Buffer dx;
     if (needs_dx) {
       dx = temp(n * h);
-      rms_norm_input_grad(be, dx.data(), held[kDy1].data(), x, held[kRstd1].data(), param(norm1_), n, hs);
+      rms_norm_input_grad(be, dx.data(), held[kDy1].data(), x, held[kRstd1].data(), param(t_.norm1), n, hs);
       be.add(dx.data(), held[kDmid].data(), floats(n * h));
     }
     return dx;
@@ -408,33 +418,33 @@ class DecoderLayer final : public SequenceBlock {
     auto grad = [&](int t) { return t < 0 ? nullptr : c.access.grad(c.index, t); };
     std::vector<Buffer>& held = tape.held;
     auto drop = [&](int j) { drop_saved(c.saved, tape.held[j]); };
-    linear_weight_grad(be, grad(downW_), nullptr, held[kDy].data(), held[kProd].data(), n, fs, hs, beta);
+    linear_weight_grad(be, grad(t_.downW), nullptr, held[kDy].data(), held[kProd].data(), n, fs, hs, beta);
     held[kDy].reset();
     drop(kProd);
-    linear_weight_grad(be, grad(gateW_), nullptr, held[kDgate].data(), held[kY2].data(), n, hs, fs, beta);
+    linear_weight_grad(be, grad(t_.gateW), nullptr, held[kDgate].data(), held[kY2].data(), n, hs, fs, beta);
     held[kDgate].reset();
-    linear_weight_grad(be, grad(upW_), nullptr, held[kDup].data(), held[kY2].data(), n, hs, fs, beta);
+    linear_weight_grad(be, grad(t_.upW), nullptr, held[kDup].data(), held[kY2].data(), n, hs, fs, beta);
     held[kDup].reset();
     c.saved.release(held[kY2].data());
     drop(kY2);
-    rms_norm_weight_grad(be, grad(norm2_), held[kDy2].data(), held[kXmid].data(), held[kRstd2].data(), param(norm2_),
+    rms_norm_weight_grad(be, grad(t_.norm2), held[kDy2].data(), held[kXmid].data(), held[kRstd2].data(), param(t_.norm2),
                          n, hs, beta);
     held[kDy2].reset();
     c.saved.release(norm2_ref_());
     drop(kXmid);
     drop(kRstd2);
-    linear_weight_grad(be, grad(oW_), grad(oB_), held[kDmid].data(), held[kOut].data(), n, q, hs, beta);
+    linear_weight_grad(be, grad(t_.oW), grad(t_.oB), held[kDmid].data(), held[kOut].data(), n, q, hs, beta);
     held[kDmid].reset();
     drop(kOut);  // o_proj's save of out
     const float* dq = held[kDqkv].data();
-    linear_weight_grad(be, grad(qW_), grad(qB_), dq, held[kY1].data(), n, hs, q, beta);
-    linear_weight_grad(be, grad(kW_), grad(kB_), dq + n * q, held[kY1].data(), n, hs, kv, beta);
-    linear_weight_grad(be, grad(vW_), grad(vB_), dq + n * (q + kv), held[kY1].data(), n, hs, kv, beta);
+    linear_weight_grad(be, grad(t_.qW), grad(t_.qB), dq, held[kY1].data(), n, hs, q, beta);
+    linear_weight_grad(be, grad(t_.kW), grad(t_.kB), dq + n * q, held[kY1].data(), n, hs, kv, beta);
+    linear_weight_grad(be, grad(t_.vW), grad(t_.vB), dq + n * (q + kv), held[kY1].data(), n, hs, kv, beta);
     held[kDqkv].reset();
     c.saved.release(held[kY1].data());
     c.saved.release(held[kY1].data());
     drop(kY1);
-    rms_norm_weight_grad(be, grad(norm1_), held[kDy1].data(), x, held[kRstd1].data(), param(norm1_), n, hs, beta);
+    rms_norm_weight_grad(be, grad(t_.norm1), held[kDy1].data(), x, held[kRstd1].data(), param(t_.norm1), n, hs, beta);
     held[kDy1].reset();
     c.saved.release(norm_ref_());
     c.saved.release(x);
@@ -511,11 +521,8 @@ class DecoderLayer final : public SequenceBlock {
   TensorParallel tp_;
   int fl_;               // the MLP's inner features on this rank: f/T
   TransformerShape as_;  // the attention's shape on this rank
-  std::vector<ParamSpec> params_;
   bool recompute_attention_ = false;  // --checkpoint attention
-  // Tensor indices in params() (-1: the shape has no such bias).
-  int qW_ = -1, qB_ = -1, kW_ = -1, kB_ = -1, vW_ = -1, vB_ = -1, oW_ = -1, oB_ = -1;
-  int gateW_ = -1, upW_ = -1, downW_ = -1, norm1_ = -1, norm2_ = -1;
+  LlamaLayerTensors t_;  // its tensors, and where each lies among them
   WeightRef norm_ref_, q_ref_, k_ref_, v_ref_, o_ref_, norm2_ref_, gate_ref_, up_ref_, down_ref_;
 };
 

@@ -35,30 +35,7 @@ constexpr int kEmbedTokens = 0;
 class AutocastLayer final : public SequenceBlock {
  public:
   AutocastLayer(const TransformerShape& s, int layer)
-      : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)) {
-    const std::string p = "model.layers." + std::to_string(layer) + ".";
-    const i64 h = s.hidden, f = s.ffn, q = qw(), kv = kvw();
-    const float w = uniform_bound(kInitStd);
-    auto add = [&](int& index, const std::string& name, std::vector<std::int64_t> shape, float bound = 0.0f,
-                   float center = 0.0f) {
-      index = static_cast<int>(params_.size());
-      params_.push_back({p + name, std::move(shape), bound, center});
-    };
-    // Hugging Face's state_dict order, as llama.cpp's DecoderLayer.
-    add(qW_, "self_attn.q_proj.weight", {q, h}, w);
-    if (s.qkv_bias) add(qB_, "self_attn.q_proj.bias", {q});
-    add(kW_, "self_attn.k_proj.weight", {kv, h}, w);
-    if (s.qkv_bias) add(kB_, "self_attn.k_proj.bias", {kv});
-    add(vW_, "self_attn.v_proj.weight", {kv, h}, w);
-    if (s.qkv_bias) add(vB_, "self_attn.v_proj.bias", {kv});
-    add(oW_, "self_attn.o_proj.weight", {h, q}, w);
-    if (s.out_bias) add(oB_, "self_attn.o_proj.bias", {h});
-    add(gateW_, "mlp.gate_proj.weight", {f, h}, w);
-    add(upW_, "mlp.up_proj.weight", {f, h}, w);
-    add(downW_, "mlp.down_proj.weight", {h, f}, w);
-    add(norm1_, "input_layernorm.weight", {h}, 0.0f, 1.0f);
-    add(norm2_, "post_attention_layernorm.weight", {h}, 0.0f, 1.0f);
-  }
+      : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)), t_(llama_layer_tensors(s, layer)) {}
   bool checkpointable() const override { return true; }
   // --checkpoint attention (selective recompute) is not built under autocast: refused,
   // never run as if it were not asked.
@@ -69,7 +46,7 @@ class AutocastLayer final : public SequenceBlock {
   // autocast's cast cache until the region ends; the rest goes.
   void drop_checkpointed(BlockTape& tape) override { keep_only(tape.held, {kWq, kWk, kWv, kWo, kWg, kWu, kWd}); }
   std::string name() const override { return name_; }
-  const std::vector<ParamSpec>& params() const override { return params_; }
+  const std::vector<ParamSpec>& params() const override { return t_.params; }
   std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
   std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.hidden; }
   bool saves_input() const override { return true; }  // the input RMSNorm's input
@@ -108,16 +85,16 @@ class AutocastLayer final : public SequenceBlock {
     // input_layernorm (fused RMSNorm, fp32): saves its input and rstd.
     held[kRstd1] = act(n);
     Buffer y = be.alloc(Category::temp, floats(n * h));
-    be.rms_norm_forward(y.data(), held[kRstd1].data(), x, param(norm1_), static_cast<int>(n), hs, s_.norm_eps);
+    be.rms_norm_forward(y.data(), held[kRstd1].data(), x, param(t_.norm1), static_cast<int>(n), hs, s_.norm_eps);
     c.saved.save(x, a);
     c.saved.save(held[kRstd1].data(), 4 * n);
     c.saved.save(norm_ref_(), 0);
 
     // q, k, v projections, each on its own cast of y; RoPE on q and k (fp32), rounded to
     // the bf16 SDPA takes.
-    Buffer qb = linear(y.data(), kYq, qW_, kWq, qB_, hs, q);
-    Buffer kb = linear(y.data(), kYk, kW_, kWk, kB_, hs, kv);
-    Buffer vb = linear(y.data(), kYv, vW_, kWv, vB_, hs, kv);
+    Buffer qb = linear(y.data(), kYq, t_.qW, kWq, t_.qB, hs, q);
+    Buffer kb = linear(y.data(), kYk, t_.kW, kWk, t_.kB, hs, kv);
+    Buffer vb = linear(y.data(), kYv, t_.vW, kWv, t_.vB, hs, kv);
     y.reset();
     be.rope(qb.data(), q, c.rows, s_.seq, s_.heads, s_.head_dim, s_.rope_theta, false);
     be.rope(kb.data(), kv, c.rows, s_.seq, s_.kv_heads, s_.head_dim, s_.rope_theta, false);
@@ -164,8 +141,8 @@ class AutocastLayer final : public SequenceBlock {
     }
 
     // x_mid = x + o_proj(out) (fp32 + bf16): o_proj saves out and its weight's cast.
-    held[kWo] = cast_bf16(be, kCastCategory, param(oW_), h * q);
-    Buffer r = autocast_linear(be, held[kOut], held[kWo], param(oB_), n, q, hs);
+    held[kWo] = cast_bf16(be, kCastCategory, param(t_.oW), h * q);
+    Buffer r = autocast_linear(be, held[kOut], held[kWo], param(t_.oB), n, q, hs);
     c.saved.save(held[kOut].data(), 2 * n * q);
     c.saved.save(held[kWo].data(), 2 * h * q);
     held[kXmid] = act(n * h);
@@ -176,7 +153,7 @@ class AutocastLayer final : public SequenceBlock {
     // post_attention_layernorm (fp32)
     held[kRstd2] = act(n);
     y = be.alloc(Category::temp, floats(n * h));
-    be.rms_norm_forward(y.data(), held[kRstd2].data(), held[kXmid].data(), param(norm2_), static_cast<int>(n), hs,
+    be.rms_norm_forward(y.data(), held[kRstd2].data(), held[kXmid].data(), param(t_.norm2), static_cast<int>(n), hs,
                         s_.norm_eps);
     c.saved.save(held[kXmid].data(), a);
     c.saved.save(held[kRstd2].data(), 4 * n);
@@ -184,13 +161,13 @@ class AutocastLayer final : public SequenceBlock {
 
     // The MLP in Hugging Face's order: gate (on its cast of y2), SiLU (saves gate's
     // output), up (on its own cast), the product (saves both factors), down.
-    Buffer g = linear(y.data(), kYg, gateW_, kWg, -1, hs, fs);
+    Buffer g = linear(y.data(), kYg, t_.gateW, kWg, -1, hs, fs);
     held[kGate] = cast_bf16(be, Category::activation, g.data(), n * f);
     be.silu_forward(g.data(), g.data(), floats(n * f));
     autocast_round(g.data(), n * f);
     held[kSilu] = cast_bf16(be, Category::activation, g.data(), n * f);
     c.saved.save(held[kGate].data(), 2 * n * f);
-    Buffer u = linear(y.data(), kYu, upW_, kWu, -1, hs, fs);
+    Buffer u = linear(y.data(), kYu, t_.upW, kWu, -1, hs, fs);
     y.reset();
     held[kUp] = cast_bf16(be, Category::activation, u.data(), n * f);
     be.mul(g.data(), g.data(), u.data(), floats(n * f));
@@ -201,7 +178,7 @@ class AutocastLayer final : public SequenceBlock {
     c.saved.save(held[kUp].data(), 2 * n * f);
 
     // out = x_mid + down_proj(product): (N, h) fp32, activation when the next block saves it.
-    held[kWd] = cast_bf16(be, kCastCategory, param(downW_), h * f);
+    held[kWd] = cast_bf16(be, kCastCategory, param(t_.downW), h * f);
     r = autocast_linear(be, held[kProd], held[kWd], nullptr, n, fs, hs);
     c.saved.save(held[kProd].data(), 2 * n * f);
     c.saved.save(held[kWd].data(), 2 * h * f);
@@ -225,7 +202,7 @@ class AutocastLayer final : public SequenceBlock {
     // down_proj, then the product's factors: d up = dp * silu, d silu = dp * up, d gate =
     // SiLU'(d silu), each a gradient at a bf16 tensor (rounded)
     Buffer dr = rounded_copy(be, dy.data(), n * h);
-    Buffer dp = autocast_linear_backward(be, dr.data(), held[kProd], held[kWd], grad(downW_), nullptr, n, fs, hs, beta);
+    Buffer dp = autocast_linear_backward(be, dr.data(), held[kProd], held[kWd], grad(t_.downW), nullptr, n, fs, hs, beta);
     dr.reset();
     drop(kWd);
     drop(kProd);
@@ -249,12 +226,12 @@ class AutocastLayer final : public SequenceBlock {
     autocast_round(dp.data(), n * f);
     drop(kGate);
     // gate_proj and up_proj, each onto its own cast of y2; y2's gradient is their sum (fp32)
-    Buffer dy2 = autocast_linear_backward(be, dp.data(), held[kYg], held[kWg], grad(gateW_), nullptr, n, hs, fs, beta);
+    Buffer dy2 = autocast_linear_backward(be, dp.data(), held[kYg], held[kWg], grad(t_.gateW), nullptr, n, hs, fs, beta);
     dp.reset();
     drop(kWg);
     drop(kYg);
     {
-      Buffer dyu = autocast_linear_backward(be, du.data(), held[kYu], held[kWu], grad(upW_), nullptr, n, hs, fs, beta);
+      Buffer dyu = autocast_linear_backward(be, du.data(), held[kYu], held[kWu], grad(t_.upW), nullptr, n, hs, fs, beta);
       be.add(dy2.data(), dyu.data(), floats(n * h));
     }
     du.reset();
@@ -263,8 +240,8 @@ class AutocastLayer final : public SequenceBlock {
 
     // post_attention_layernorm, then the residual: dx_mid = the norm's dx + dy
     Buffer dmid = be.alloc(Category::temp, floats(n * h));
-    be.rms_norm_backward(dmid.data(), grad(norm2_), dy2.data(), held[kXmid].data(), held[kRstd2].data(),
-                         param(norm2_), static_cast<int>(n), hs, beta);
+    be.rms_norm_backward(dmid.data(), grad(t_.norm2), dy2.data(), held[kXmid].data(), held[kRstd2].data(),
+                         param(t_.norm2), static_cast<int>(n), hs, beta);
     dy2.reset();
     c.saved.release(norm2_ref_());
     drop(kXmid);
@@ -273,7 +250,7 @@ class AutocastLayer final : public SequenceBlock {
 
     // o_proj
     dr = rounded_copy(be, dmid.data(), n * h);
-    Buffer dout = autocast_linear_backward(be, dr.data(), held[kOut], held[kWo], grad(oW_), grad(oB_), n, q, hs, beta);
+    Buffer dout = autocast_linear_backward(be, dr.data(), held[kOut], held[kWo], grad(t_.oW), grad(t_.oB), n, q, hs, beta);
     dr.reset();
     drop(kWo);
     c.saved.release(held[kOut].data());  // o_proj's save of out
@@ -308,8 +285,8 @@ class AutocastLayer final : public SequenceBlock {
     autocast_round(dq, n * (q + kv));
 
     // q, k, v projections, each onto its own cast of y1; y1's gradient is their sum (fp32)
-    Buffer dy1 = autocast_linear_backward(be, dq, held[kYq], held[kWq], grad(qW_), grad(qB_), n, hs, q, beta);
-    for (auto [d, xi, wi, wt, bt, width] : {std::tuple{dk, kYk, kWk, kW_, kB_, kv}, std::tuple{dv, kYv, kWv, vW_, vB_, kv}}) {
+    Buffer dy1 = autocast_linear_backward(be, dq, held[kYq], held[kWq], grad(t_.qW), grad(t_.qB), n, hs, q, beta);
+    for (auto [d, xi, wi, wt, bt, width] : {std::tuple{dk, kYk, kWk, t_.kW, t_.kB, kv}, std::tuple{dv, kYv, kWv, t_.vW, t_.vB, kv}}) {
       Buffer part = autocast_linear_backward(be, d, held[xi], held[wi], grad(wt), grad(bt), n, hs, width, beta);
       be.add(dy1.data(), part.data(), floats(n * h));
     }
@@ -318,7 +295,7 @@ class AutocastLayer final : public SequenceBlock {
 
     // input_layernorm, then the residual: dx = the norm's dx + dx_mid
     Buffer dx = be.alloc(Category::temp, floats(n * h));
-    be.rms_norm_backward(dx.data(), grad(norm1_), dy1.data(), x, held[kRstd1].data(), param(norm1_),
+    be.rms_norm_backward(dx.data(), grad(t_.norm1), dy1.data(), x, held[kRstd1].data(), param(t_.norm1),
                          static_cast<int>(n), hs, beta);
     dy1.reset();
     c.saved.release(norm_ref_());
@@ -344,10 +321,7 @@ class AutocastLayer final : public SequenceBlock {
   }
 
   std::string name_;
-  std::vector<ParamSpec> params_;
-  // Tensor indices in params() (-1: the shape has no such bias).
-  int qW_ = -1, qB_ = -1, kW_ = -1, kB_ = -1, vW_ = -1, vB_ = -1, oW_ = -1, oB_ = -1;
-  int gateW_ = -1, upW_ = -1, downW_ = -1, norm1_ = -1, norm2_ = -1;
+  LlamaLayerTensors t_;  // its tensors, and where each lies among them
   WeightRef norm_ref_, norm2_ref_;
 };
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "harness/model/model.hpp"
 
@@ -15,6 +16,10 @@ void check_mlp_tensor_parallel(const ModelConfig& config, int tp);
 // With tp.size > 1: Megatron's tensor parallelism (attention by heads, the MLP column then
 // row, the vocabulary-parallel embedding, head and cross-entropy; gpt2.cpp, llama.cpp).
 std::unique_ptr<Model> make_gpt2(const ModelConfig& config, const TensorParallel& tp = {});  // gpt2.cpp
+// GPT-2's transformer block `layer`: its parameter tensors in torch's order, nanoGPT's
+// names, shapes and init (rank tp.rank's slices under tensor parallelism), for the fp32
+// and the autocast blocks alike (gpt2.cpp).
+std::vector<ParamSpec> gpt2_block_params(const TransformerShape& shape, int layer, const TensorParallel& tp = {});
 // GPT-2 under autocast(bfloat16) (config.autocast), for a shape make_gpt2 completed.
 std::unique_ptr<Model> make_gpt2_autocast(const TransformerShape& shape);  // gpt2_autocast.cpp
 std::unique_ptr<Model> make_llama(const ModelConfig& config, const TensorParallel& tp = {});  // llama.cpp
@@ -22,6 +27,15 @@ std::unique_ptr<Model> make_llama(const ModelConfig& config, const TensorParalle
 // tp cannot split (check_mlp_tensor_parallel; a transformer's heads, ffn, vocabulary and
 // kv heads), or that is not built (--precision bf16).
 void check_tensor_parallel(const ModelConfig& config, int tp);
+// A Llama decoder layer's parameter tensors in Hugging Face's order and init (rank
+// tp.rank's slices under tensor parallelism), and where each lies among them (-1: the
+// shape has no such bias), for the fp32 and the autocast layers alike (llama.cpp).
+struct LlamaLayerTensors {
+  std::vector<ParamSpec> params;
+  int qW = -1, qB = -1, kW = -1, kB = -1, vW = -1, vB = -1, oW = -1, oB = -1;
+  int gateW = -1, upW = -1, downW = -1, norm1 = -1, norm2 = -1;
+};
+LlamaLayerTensors llama_layer_tensors(const TransformerShape& shape, int layer, const TensorParallel& tp = {});
 // Llama under autocast(bfloat16) (config.autocast), for a shape make_llama completed.
 std::unique_ptr<Model> make_llama_autocast(const TransformerShape& shape);  // llama_autocast.cpp
 
