@@ -264,6 +264,25 @@ TEST(TensorParallelTransformer, EveryEmulatedRankOfACheckpointedMeshIsPredicted)
           }
 }
 
+// --accumulate K (and --no-sync) under ddp and zero1: each micro-step's forward and
+// backward with its all-reduces, the gradients reduced after each micro-step or once.
+TEST(TensorParallelTransformer, EveryEmulatedRankOfAnAccumulatingMeshIsPredicted) {
+  for (const char* strategy : {"ddp", "zero1"})
+    for (bool no_sync : {false, true})
+      for (bool llama : {false, true}) {
+        RunConfig cfg;
+        cfg.mesh = MeshShape{2, 2, 1, true};
+        cfg.steps = 2;
+        cfg.strategy = parse_strategy(strategy);
+        cfg.layers_per_unit = 1;
+        cfg.accumulate = 3;
+        cfg.no_sync = no_sync;
+        cfg.model = llama ? llama_of(2, 32, 8, 4, 48, 64, 8, 3, AttentionMode::math, false)
+                          : gpt2_of(2, 32, 4, 64, 8, 3, AttentionMode::flash, 0, 12);
+        expect_every_rank_as_predicted(cfg);
+      }
+}
+
 TEST(TensorParallelTransformer, EveryEmulatedRankOfAnEightWayGpt2MeshIsPredicted) {
   for (const MeshShape& mesh : {MeshShape{1, 8, 1, true}, MeshShape{2, 4, 1, true}})
     for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {

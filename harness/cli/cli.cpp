@@ -368,8 +368,9 @@ void check_mesh_config(const RunConfig& c) {
   if (c.model.checkpoint.any() && !c.model.is_transformer())
     throw UsageError(mesh + " and --checkpoint " + c.model.checkpoint.text() +
                      ": a checkpointed tensor-parallel MLP is not built yet; give --checkpoint none");
-  if (c.accumulate > 1 || c.no_sync)
-    throw UsageError(mesh + " and --accumulate/--no-sync: accumulation with tp > 1 is not built yet");
+  if ((c.accumulate > 1 || c.no_sync) && (!c.model.is_transformer() || shards_by_unit(c.strategy)))
+    throw UsageError(mesh + " and --accumulate/--no-sync: accumulation with tp > 1 is built for the transformers "
+                     "under ddp and zero1 (not the MLP, not zero2/zero3 yet)");
 }
 
 RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command = "run") {

@@ -23,6 +23,7 @@
 
 #include "harness/predict/gpt2_forms.hpp"
 #include "harness/predict/llama_forms.hpp"
+#include "harness/predict/micro_steps.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "harness/strategies/partition.hpp"
 #include "shardscope/check.hpp"
@@ -145,11 +146,14 @@ std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg
   // A block --checkpoint wraps runs its forward again in backward: its two row-parallel
   // all-reduces again (--checkpoint attention re-runs the attention core alone: none).
   const std::int64_t rerun = 2 * z.a * m.checkpoint.wrapped_of(s.layers);
-  const std::int64_t tp_bytes = 2 * z.a + 4 * static_cast<std::int64_t>(s.layers) * z.a + 8 * z.N + 4 + rerun;
+  // --accumulate K: every micro-step's forward and backward, each with its all-reduces.
+  const std::int64_t tp_bytes =
+      cfg.accumulate * (2 * z.a + 4 * static_cast<std::int64_t>(s.layers) * z.a + 8 * z.N + 4 + rerun);
   std::vector<Prediction> ranks;
   if (shards_by_unit(cfg.strategy)) {
     // zero2/zero3 along dp: FSDP1's units of the rank's tensors (transformer_model_states
     // and step_units take them at cfg.mesh.tp), gathered and reduce-scattered over dp.
+    SHARDSCOPE_REQUIRE(cfg.accumulate == 1 && !cfg.no_sync, "predict: accumulation of a tensor-parallel FSDP step");
     ranks = transformer_model_states(cfg, dp_world);
     for (Prediction& p : ranks) {
       p.axis_comm_bytes[static_cast<int>(MeshAxis::dp)] = p.comm_total();
@@ -158,6 +162,12 @@ std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg
     }
   } else {
     ranks = tensor_parallel_states(cfg, transformer_tensor_sizes(s, T), dp_world, tp_bytes);
+    // ddp and zero1 all-reduce the gradients after each micro-step (once under --no-sync).
+    for (Prediction& p : ranks) {
+      const std::int64_t dp_reduce = p.comm_bytes[static_cast<int>(CollKind::all_reduce)] - tp_bytes;
+      p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = dp_reduce * reductions_per_step(cfg) + tp_bytes;
+      p.axis_comm_bytes[static_cast<int>(MeshAxis::dp)] += dp_reduce * (reductions_per_step(cfg) - 1);
+    }
   }
   const StepUnits units = step_units(cfg, dp_world);
   if (m.name == "gpt2")
