@@ -77,8 +77,9 @@ std::vector<Member> members(const RunRecord& run) {
     for (const RankRecord& r : dp->ranks)
       out.push_back({r.rank, &r.resting, &r.peak, r.comm_bytes, nullptr, r.step_ms.median});
   else
-    for (const StageRecord& s : pipeline(run)->stages)
-      out.push_back({s.stage, &s.resting, &s.peak, s.comm_bytes, &s.saved, s.step_ms.median});
+    for (const StageRecord& s : pipeline(run)->stages)  // under --mesh a stage is D·T ranks: matched by rank
+      out.push_back({pipeline(run)->mesh ? s.rank : s.stage, &s.resting, &s.peak, s.comm_bytes, &s.saved,
+                     s.step_ms.median});
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -19,6 +20,7 @@
 #include "harness/predict/workspace_forms.hpp"
 #include "shardscope/check.hpp"
 #include "shardscope/format.hpp"
+#include "shardscope/mesh.hpp"
 #include "shardscope/predict.hpp"
 #include "shardscope/schedule.hpp"
 
@@ -131,8 +133,26 @@ DataParallelPlan plan_data_parallel(const RunConfig& cfg, int world, const std::
   // stays a few lines (zero1's whole-tensor partition makes a few groups at most; every
   // other strategy one).
   const std::vector<Prediction> predicted = predict_ranks(cfg, world);
+  if (cfg.mesh.given) {
+    // A mesh's equal ranks need not be neighbours (tp is fastest): each distinct
+    // prediction is one group, listing its ranks.
+    std::map<std::string, std::size_t> seen;  // figures as written -> group
+    for (int r = 0; r < world; ++r) {
+      RankPredicted p = rank_predicted(predicted[r]);
+      const std::string figures = to_json(p).dump();
+      const auto at = seen.find(figures);
+      if (at != seen.end()) {
+        RankGroupPlan& g = plan.rank_groups[at->second];
+        g.last = r;
+        g.ranks->push_back(r);
+        continue;
+      }
+      seen.emplace(figures, plan.rank_groups.size());
+      plan.rank_groups.push_back({r, r, std::vector<int>{r}, std::move(p), fits(memory, predicted[r])});
+    }
+  }
   json last;  // the last group's figures, as written
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < world && !cfg.mesh.given; ++r) {
     RankPredicted p = rank_predicted(predicted[r]);
     json figures = to_json(p);
     if (!plan.rank_groups.empty() && figures == last) {
@@ -140,7 +160,7 @@ DataParallelPlan plan_data_parallel(const RunConfig& cfg, int world, const std::
       continue;
     }
     last = std::move(figures);
-    plan.rank_groups.push_back({r, r, std::move(p), fits(memory, predicted[r])});
+    plan.rank_groups.push_back({r, r, std::nullopt, std::move(p), fits(memory, predicted[r])});
   }
   // Every rank fits when each is known to; one that does not decides alone.
   std::optional<bool> every = memory ? std::optional<bool>(true) : std::nullopt;
@@ -173,15 +193,16 @@ ConfigPeak data_parallel_peak(const RunConfig& cfg, int world) {
   return out;
 }
 
-// Every stage's closed forms (stage s is rank s), what plan_pipeline prints and --fit
-// asks, from one place; `shape` is set to the checked shape.
+// Every stage's closed forms (stage s is rank s; under --mesh dp=D,pp=S the D ranks of
+// its replicas), what plan_pipeline prints and --fit asks, from one place; `shape` is set
+// to the checked shape.
 std::vector<StageForms> predict_stages(const RunConfig& cfg, int stages, PipelineShape* shape) {
   refuse_checkpointed_pipeline(cfg);
   refuse_unbuilt_autocast(cfg);
   *shape = pipeline_shape(cfg, stages);
   std::vector<StageForms> forms;
   for (int s = 0; s < stages; ++s) {
-    forms.push_back(predict_pipeline_stage(*shape, s));
+    forms.push_back(predict_pipeline_stage(*shape, s, cfg.mesh.given ? cfg.mesh.dp : 1));
     add_backend_workspace(forms.back(), cfg.backend);
   }
   return forms;
@@ -216,6 +237,12 @@ PipelinePlan plan_pipeline(const RunConfig& cfg, int stages, const std::optional
     StagePlan stage;
     stage.stage = s;
     stage.rank = s;
+    if (cfg.mesh.given) {  // the ranks whose pp index is s
+      stage.ranks.emplace();
+      for (int d = 0; d < cfg.mesh.dp; ++d)
+        for (int t = 0; t < cfg.mesh.tp; ++t) stage.ranks->push_back(cfg.mesh.rank_of({d, t, s}));
+      stage.rank = stage.ranks->front();
+    }
     stage_layers(layout, s, &stage.layers, &stage.chunks_layers);
     stage.predicted = stage_predicted(forms[s], layout.schedule, s);
     stage.fits = fits(memory, forms[s].peak.total());
@@ -271,8 +298,37 @@ std::int64_t parse_memory_size(const std::string& text) {
   return static_cast<std::int64_t>(bytes);
 }
 
+namespace {
+
+// Under --mesh the world is the mesh's D·T·S: the sweep plans that one world (--worlds is
+// refused), and every rank group of it.
+std::vector<std::string> with_mesh_world(const std::vector<std::string>& args) {
+  std::optional<std::string> text;
+  bool worlds = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string name = args[i].substr(0, args[i].find('='));
+    if (name == "--worlds") worlds = true;
+    if (name != "--mesh") continue;
+    if (args[i].find('=') != std::string::npos)
+      text = args[i].substr(args[i].find('=') + 1);
+    else if (i + 1 < args.size())
+      text = args[i + 1];
+  }
+  if (!text) return args;
+  const MeshShape mesh = parse_mesh(*text);
+  if (worlds)
+    throw UsageError("--worlds and --mesh " + mesh.text() + ": the mesh's dp·tp·pp (" + std::to_string(mesh.world()) +
+                     " ranks) is the world; drop --worlds");
+  std::vector<std::string> out = args;
+  out.push_back("--worlds");
+  out.push_back(std::to_string(mesh.world()));
+  return out;
+}
+
+}  // namespace
+
 PlanDocument make_plan(const PlanRequest& flags) {
-  const std::vector<SweepJob> jobs = plan_sweep(parse_sweep_args(flags.sweep_args));
+  const std::vector<SweepJob> jobs = plan_sweep(parse_sweep_args(with_mesh_world(flags.sweep_args)));
   // Every job's flags first, as a sweep checks them: a bad flag is exit 2, not a skip.
   std::vector<RunConfig> configs;
   std::vector<std::string> known = sweep_flag_names();
@@ -302,7 +358,8 @@ PlanDocument make_plan(const PlanRequest& flags) {
   for (std::size_t n = 0; n < jobs.size(); ++n) {
     try {
       const RunConfig& cfg = configs[n];
-      const int world = jobs[n].world;
+      // Under --mesh a pipeline's stages are the pp axis's (the job's world is the mesh's).
+      const int world = jobs[n].kind == "pipeline" && cfg.mesh.given ? cfg.mesh.pp : jobs[n].world;
       if (jobs[n].kind == "pipeline") {
         PipelinePlan pipeline = plan_pipeline(cfg, world, budget);
         // A pipeline's batch is cut into M micro-batches of at least a row each: any

@@ -375,8 +375,11 @@ json plan_json(const PlanRecord& plan) {
   if (const auto* dp = std::get_if<DataParallelPlan>(&plan)) {
     json run = plan_header(data_parallel_json(dp->run));
     json groups = json::array();
-    for (const RankGroupPlan& g : dp->rank_groups)
-      groups.push_back({{"first", g.first}, {"last", g.last}, {"predicted", to_json(g.predicted)}, {"fits", or_null(g.fits)}});
+    for (const RankGroupPlan& g : dp->rank_groups) {
+      json group = {{"first", g.first}, {"last", g.last}, {"predicted", to_json(g.predicted)}, {"fits", or_null(g.fits)}};
+      if (g.ranks) group["ranks"] = *g.ranks;
+      groups.push_back(std::move(group));
+    }
     run["rank_groups"] = std::move(groups);
     run["fits_every_rank"] = or_null(dp->fits_every_rank);
     if (dp->fit) run["fit"] = fit_json(*dp->fit, "limiting_rank");
@@ -388,6 +391,7 @@ json plan_json(const PlanRecord& plan) {
     json stages = json::array();
     for (const StagePlan& s : pp->stages) {
       json stage = {{"stage", s.stage}, {"rank", s.rank}, {"layers", layer_range(s.layers)}};
+      if (s.ranks) stage["ranks"] = *s.ranks;
       add_chunks_layers(s.chunks_layers, stage);
       stage["predicted"] = to_json(s.predicted);
       stage["fits"] = or_null(s.fits);

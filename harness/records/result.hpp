@@ -402,6 +402,10 @@ inline constexpr const char* kResultSchema = "shardscope/1";
 struct RankGroupPlan {
   int first = 0;
   int last = 0;
+  // Under --mesh: every rank of the group, ascending ("ranks"; first and last its ends),
+  // the ranks whose predictions are identical wherever they sit in the mesh. Without a
+  // mesh the group is first..last and this is left out.
+  std::optional<std::vector<int>> ranks;
   RankPredicted predicted;
   std::optional<bool> fits;
 };
@@ -409,6 +413,9 @@ struct RankGroupPlan {
 struct StagePlan {
   int stage = 0;
   int rank = 0;
+  // Under --mesh dp=D,pp=S: the D ranks holding the stage (its data-parallel replicas,
+  // identical predictions), ascending; "rank" is the first. Left out without a mesh.
+  std::optional<std::vector<int>> ranks;
   LayerRange layers{};
   std::optional<std::vector<LayerRange>> chunks_layers;  // left out with one chunk
   StagePredicted predicted;

@@ -21,6 +21,22 @@
 namespace shardscope {
 namespace {
 
+// A mesh's rank group as runs of consecutive ranks and its size: "0-7,16-23 (16 ranks)";
+// past four runs the rest is elided ("0,2,4,6, ... (32 ranks)"), the JSON lists them all.
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::vector<std::string> runs;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    runs.push_back(i == j ? std::to_string(ranks[i]) : std::to_string(ranks[i]) + "-" + std::to_string(ranks[j]));
+    i = j + 1;
+  }
+  std::string out;
+  for (std::size_t k = 0; k < runs.size() && k < 4; ++k) out += (k ? "," : "") + runs[k];
+  if (runs.size() > 4) out += ", ...";
+  return out + " (" + std::to_string(ranks.size()) + (ranks.size() == 1 ? " rank)" : " ranks)");
+}
+
 using tables::multiple;
 using tables::percent;
 using tables::stage_layers;
@@ -234,6 +250,7 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
     for (const RankGroupPlan& group : dp->rank_groups) {
       const RankPredicted& p = group.predicted;
       const std::string who = dp->rank_groups.size() == 1 ? "all"
+                              : group.ranks               ? ranks_text(*group.ranks)
                               : group.first == group.last ? std::to_string(group.first)
                                                           : std::to_string(group.first) + "-" + std::to_string(group.last);
       const std::string units =
@@ -342,7 +359,8 @@ void print_pipeline(const std::vector<const PipelinePlan*>& plans, const PlanDoc
       const StagePredicted& p = stage.predicted;
       std::vector<std::string> row = {run.schedule, std::to_string(run.world), std::to_string(run.microbatches)};
       if (chunks_column) row.push_back(std::to_string(run.chunks));
-      row.push_back(std::to_string(stage.stage));
+      // Under --mesh a stage is held by its replicas' ranks.
+      row.push_back(std::to_string(stage.stage) + (stage.ranks ? ": ranks " + ranks_text(*stage.ranks) : ""));
       rows.push_back({row, &p.peak_by_category, cells::bytes(p.comm_bytes, options),
                       plan.memory_bytes ? fits_cell(stage.fits, p.peak_total, plan, options) : ""});
       for (std::string cell : {stage_layers(stage.layers, stage.chunks_layers), cells::bytes(p.resting_total, options),
