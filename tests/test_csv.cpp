@@ -79,16 +79,18 @@ TEST(Csv, DataParallelOneRowPerRankAndCategory) {
   const Rows rows = parse_csv(data_parallel_csv(doc));
   ASSERT_FALSE(rows.empty());
   EXPECT_EQ(rows[0], kDpHeader);
-  // zero2 (2 ranks), zero3 (2), zero3 root unit (2), ddp (4): 10 ranks x 9 categories
-  // (the document predates workspace: its rows read 0).
+  // zero2 (2 ranks), zero3 (2), zero3 root unit (2), ddp (4): 10 ranks x 11 categories
+  // (the document predates workspace, master and param_cast: their rows read 0).
   const std::size_t k = kCategoryCount;
-  ASSERT_EQ(k, 9u);
+  ASSERT_EQ(k, 11u);
   ASSERT_EQ(rows.size(), 1u + 10u * k);
   for (const auto& row : rows) ASSERT_EQ(row.size(), kDpHeader.size());
   // zero2 rank 0, in category order.
   for (std::size_t c = 0; c < 8; ++c) EXPECT_EQ(rows[1 + c][6], testing::kReportCategories[c]);
-  EXPECT_EQ(rows[1 + 8][6], "workspace");
-  EXPECT_EQ(rows[1 + 8][7], "0");
+  for (std::size_t c = 8; c < k; ++c) {
+    EXPECT_EQ(rows[1 + c][6], kCategoryNames[c]);
+    EXPECT_EQ(rows[1 + c][7], "0");
+  }
   const std::vector<std::string> param_unsharded = {"2", "zero2", "1", "1", "", "0", "param_unsharded", "0", "8192",
                                                     "0", "28288", "backward", "unit 3", "6144", "1.25", "8192", "0.75",
                                                     "torch", "fp32", "none", "1", "false"};
@@ -105,8 +107,8 @@ TEST(Csv, DataParallelOneRowPerRankAndCategory) {
   EXPECT_EQ(ddp[3], "");
   EXPECT_EQ(ddp[4], "view");
   EXPECT_EQ(rows.back()[5], "3");
-  EXPECT_EQ(rows.back()[6], "workspace");
-  EXPECT_EQ(rows[rows.size() - 2][6], "temp");
+  EXPECT_EQ(rows.back()[6], "param_cast");
+  EXPECT_EQ(rows[rows.size() - 4][6], "temp");
 }
 
 // The CSV once filled a missing comm_bytes with the sum over kinds and a missing peak

@@ -222,9 +222,9 @@ TEST(Timeline, JsonHasTheDocumentedShape) {
   ASSERT_EQ(j["categories"].size(), static_cast<std::size_t>(kCategoryCount));
   for (int c = 0; c < kCategoryCount; ++c) EXPECT_EQ(j["categories"][c], std::string(kCategoryNames[c]));
   ASSERT_EQ(j["memory"].size(), 6u);  // the start, then 5 events
-  EXPECT_EQ(j["memory"][0], nlohmann::json({0.0, 64, 0, 0, 0, 0, 0, 0, 0, 0}));
-  EXPECT_EQ(j["memory"][2], nlohmann::json({j["memory"][2][0], 64, 0, 0, 0, 0, 64, 0, 0, 0}));
-  EXPECT_EQ(j["memory"][5], nlohmann::json({j["memory"][5][0], 64, 0, 0, 16, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(j["memory"][0], nlohmann::json({0.0, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(j["memory"][2], nlohmann::json({j["memory"][2][0], 64, 0, 0, 0, 0, 64, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(j["memory"][5], nlohmann::json({j["memory"][5][0], 64, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0}));
   for (const auto& row : j["memory"]) ASSERT_EQ(row.size(), static_cast<std::size_t>(kCategoryCount) + 1);
   // Marks where the phase or place changes, from the start (setup, at 0): forward
   // layer 3, then backward unit 1, each when it was marked.

@@ -24,12 +24,13 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     data_ = std::exchange(o.data_, nullptr);
     count_ = std::exchange(o.count_, 0);
     category_ = o.category_;
+    dtype_ = o.dtype_;
   }
   return *this;
 }
 
 void Buffer::reset() noexcept {
-  if (owner_ != nullptr && data_ != nullptr) owner_->release(data_, count_, category_);
+  if (owner_ != nullptr && data_ != nullptr) owner_->release(data_, bytes(), category_);
   owner_ = nullptr;
   data_ = nullptr;
   count_ = 0;
@@ -39,13 +40,14 @@ void Buffer::reset() noexcept {
 // bool) that is neither allocated nor tracked: a zero-sized tensor or shard (a zero1
 // rank that owns no tensor, say) holds no bytes, so there is nothing to count, and
 // refusing it would turn a legal configuration into a failed run.
-Buffer Backend::alloc(Category category, std::size_t count) {
+Buffer Backend::alloc(Category category, std::size_t count, DType dtype) {
   if (count == 0) return Buffer();
-  if (count > static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) / sizeof(float)) {
-    throw RunError("out of memory: " + std::to_string(count) + " floats for category " +
-                   std::string(category_name(category)) + " overflow a byte count");
+  const auto size = static_cast<std::size_t>(dtype_bytes(dtype));
+  if (count > static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) / size) {
+    throw RunError("out of memory: " + std::to_string(count) + " " + std::string(dtype_name(dtype)) +
+                   " elements for category " + std::string(category_name(category)) + " overflow a byte count");
   }
-  const std::size_t bytes = count * sizeof(float);
+  const std::size_t bytes = count * size;
   void* p = raw_alloc(bytes);
   if (p == nullptr) {
     throw RunError("out of memory: the " + name() + " backend could not allocate " +
@@ -55,7 +57,7 @@ Buffer Backend::alloc(Category category, std::size_t count) {
   }
   const auto b = static_cast<std::int64_t>(bytes);
   tracker_.on_alloc(category, b, rounded_bytes(b));
-  return Buffer(this, static_cast<float*>(p), count, category);
+  return Buffer(this, p, count, category, dtype);
 }
 
 void Backend::range_push(const char* name, std::int64_t bytes) {
@@ -68,10 +70,9 @@ void Backend::range_pop() {
   tracker_.pop_span();
 }
 
-void Backend::release(float* data, std::size_t count, Category category) noexcept {
-  const auto b = static_cast<std::int64_t>(count * sizeof(float));
-  tracker_.on_free(category, b, rounded_bytes(b));
-  raw_free(data, count * sizeof(float));
+void Backend::release(void* data, std::int64_t bytes, Category category) noexcept {
+  tracker_.on_free(category, bytes, rounded_bytes(bytes));
+  raw_free(data, static_cast<std::size_t>(bytes));
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank) {
@@ -146,6 +147,24 @@ namespace {
 }
 
 }  // namespace
+
+void Backend::gemm_bf16(Trans, Trans, int, int, int, float, const Bf16*, int, const Bf16*, int, float, float*, int) {
+  no_kernel(*this, "gemm_bf16");
+}
+void Backend::gemm_bf16(Trans, Trans, int, int, int, float, const Bf16*, int, const Bf16*, int, float, Bf16*, int) {
+  no_kernel(*this, "gemm_bf16");
+}
+void Backend::cast_to_bf16(Bf16*, const float*, std::size_t) { no_kernel(*this, "cast_to_bf16"); }
+void Backend::cast_from_bf16(float*, const Bf16*, std::size_t, float) { no_kernel(*this, "cast_from_bf16"); }
+void Backend::bias_activation_bf16(Bf16*, const Bf16*, int, int, Activation) {
+  no_kernel(*this, "bias_activation_bf16");
+}
+void Backend::relu_backward_bf16(Bf16*, const Bf16*, std::size_t) { no_kernel(*this, "relu_backward_bf16"); }
+void Backend::bias_grad_bf16(Bf16*, const Bf16*, int, int) { no_kernel(*this, "bias_grad_bf16"); }
+void Backend::fill_bf16(Bf16*, float, std::size_t) { no_kernel(*this, "fill_bf16"); }
+void Backend::sum_bf16(float*, const Bf16*, std::size_t, float) { no_kernel(*this, "sum_bf16"); }
+void Backend::upload_bytes(void*, const void*, std::size_t) { no_kernel(*this, "upload_bytes"); }
+void Backend::download_bytes(void*, const void*, std::size_t) { no_kernel(*this, "download_bytes"); }
 
 void Backend::gemm_batched(Trans, Trans, int, int, int, float, const float*, int, std::int64_t, const float*, int,
                            std::int64_t, float, float*, int, std::int64_t, int) {

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/host_bf16.hpp"
 #include "kernels/host_ops.hpp"
 #include "kernels/host_transformer.hpp"
 
@@ -195,6 +196,46 @@ void CpuBackend::upload(float* dst, const float* host, std::size_t n) {
 void CpuBackend::download(float* host, const float* src, std::size_t n) {
   if (n != 0) std::memcpy(host, src, n * sizeof(float));
 }
+
+void CpuBackend::upload_bytes(void* dst, const void* host, std::size_t bytes) {
+  if (bytes != 0) std::memcpy(dst, host, bytes);
+}
+
+void CpuBackend::download_bytes(void* host, const void* src, std::size_t bytes) {
+  if (bytes != 0) std::memcpy(host, src, bytes);
+}
+
+void CpuBackend::gemm_bf16(Trans ta, Trans tb, int m, int n, int k, float alpha, const Bf16* a, int lda,
+                           const Bf16* b, int ldb, float beta, float* c, int ldc) {
+  host::gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void CpuBackend::gemm_bf16(Trans ta, Trans tb, int m, int n, int k, float alpha, const Bf16* a, int lda,
+                           const Bf16* b, int ldb, float beta, Bf16* c, int ldc) {
+  host::gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void CpuBackend::cast_to_bf16(Bf16* dst, const float* src, std::size_t n) { host::cast_to_bf16(dst, src, n); }
+
+void CpuBackend::cast_from_bf16(float* dst, const Bf16* src, std::size_t n, float beta) {
+  host::cast_from_bf16(dst, src, n, beta);
+}
+
+void CpuBackend::bias_activation_bf16(Bf16* y, const Bf16* bias, int rows, int cols, Activation act) {
+  host::bias_activation_bf16(y, bias, rows, cols, act);
+}
+
+void CpuBackend::relu_backward_bf16(Bf16* dz, const Bf16* a, std::size_t n) { host::relu_backward_bf16(dz, a, n); }
+
+void CpuBackend::bias_grad_bf16(Bf16* db, const Bf16* dz, int rows, int cols) {
+  host::bias_grad_bf16(db, dz, rows, cols);
+}
+
+std::string CpuBackend::bf16_gemm() const { return host::bf16_gemm_kind(); }
+
+void CpuBackend::fill_bf16(Bf16* dst, float value, std::size_t n) { host::fill_bf16(dst, value, n); }
+
+void CpuBackend::sum_bf16(float* out, const Bf16* x, std::size_t n, float scale) { host::sum_bf16(out, x, n, scale); }
 
 std::int64_t CpuBackend::rounded_bytes(std::int64_t bytes) const {
   return (bytes + kAlignment - 1) / kAlignment * kAlignment;

@@ -35,6 +35,19 @@ class CpuBackend : public Backend {
   void scale(float* x, float s, std::size_t n) override;
   void add(float* dst, const float* src, std::size_t n) override;
 
+  void gemm_bf16(Trans ta, Trans tb, int m, int n, int k, float alpha, const Bf16* a, int lda, const Bf16* b,
+                 int ldb, float beta, float* c, int ldc) override;
+  void gemm_bf16(Trans ta, Trans tb, int m, int n, int k, float alpha, const Bf16* a, int lda, const Bf16* b,
+                 int ldb, float beta, Bf16* c, int ldc) override;
+  void cast_to_bf16(Bf16* dst, const float* src, std::size_t n) override;
+  void cast_from_bf16(float* dst, const Bf16* src, std::size_t n, float beta) override;
+  void bias_activation_bf16(Bf16* y, const Bf16* bias, int rows, int cols, Activation act) override;
+  void relu_backward_bf16(Bf16* dz, const Bf16* a, std::size_t n) override;
+  void bias_grad_bf16(Bf16* db, const Bf16* dz, int rows, int cols) override;
+  void fill_bf16(Bf16* dst, float value, std::size_t n) override;
+  void sum_bf16(float* out, const Bf16* x, std::size_t n, float scale) override;
+  std::string bf16_gemm() const override;
+
   // Transformer math: kernels/host_transformer.hpp.
   void gemm_batched(Trans ta, Trans tb, int m, int n, int k, float alpha, const float* a, int lda,
                     std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b, float beta, float* c,
@@ -87,6 +100,8 @@ class CpuBackend : public Backend {
 
   void upload(float* dst, const float* host, std::size_t n) override;
   void download(float* host, const float* src, std::size_t n) override;
+  void upload_bytes(void* dst, const void* host, std::size_t bytes) override;
+  void download_bytes(void* host, const void* src, std::size_t bytes) override;
   void synchronize() override {}
 
   // Bytes rounded up to kAlignment: what aligned_alloc really reserves for the request.

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "harness/backends/nvml_query.hpp"
+#include "kernels/cuda_bf16.hpp"
 #include "kernels/cuda_flash_attention.hpp"
 #include "kernels/cuda_ops.hpp"
 #include "kernels/cuda_transformer.hpp"
@@ -360,6 +361,50 @@ void CudaBackend::add(float* dst, const float* src, std::size_t n) {
   cuda_ops::add(dst, src, n, stream_);
 }
 
+// ---- bf16 ---------------------------------------------------------------------------------
+
+// As gemm (B first, then A, for row-major), with bf16 A and B and fp32 compute: the
+// tensor cores' bf16 path, as torch's bf16 matmul on cuda.
+void CudaBackend::gemm_bf16(Trans ta, Trans tb, int m, int n, int k, float alpha, const Bf16* a, int lda,
+                            const Bf16* b, int ldb, float beta, float* c, int ldc) {
+  if (m == 0 || n == 0) return;
+  CUBLAS_CHECK(cublasGemmEx(cublas_, to_cublas(tb), to_cublas(ta), n, m, k, &alpha, b, CUDA_R_16BF, ldb, a,
+                            CUDA_R_16BF, lda, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaBackend::gemm_bf16(Trans ta, Trans tb, int m, int n, int k, float alpha, const Bf16* a, int lda,
+                            const Bf16* b, int ldb, float beta, Bf16* c, int ldc) {
+  if (m == 0 || n == 0) return;
+  CUBLAS_CHECK(cublasGemmEx(cublas_, to_cublas(tb), to_cublas(ta), n, m, k, &alpha, b, CUDA_R_16BF, ldb, a,
+                            CUDA_R_16BF, lda, &beta, c, CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaBackend::cast_to_bf16(Bf16* dst, const float* src, std::size_t n) {
+  cuda_ops::cast_to_bf16(dst, src, n, stream_);
+}
+
+void CudaBackend::cast_from_bf16(float* dst, const Bf16* src, std::size_t n, float beta) {
+  cuda_ops::cast_from_bf16(dst, src, n, beta, stream_);
+}
+
+void CudaBackend::bias_activation_bf16(Bf16* y, const Bf16* bias, int rows, int cols, Activation act) {
+  cuda_ops::bias_activation_bf16(y, bias, rows, cols, act, stream_);
+}
+
+void CudaBackend::relu_backward_bf16(Bf16* dz, const Bf16* a, std::size_t n) {
+  cuda_ops::relu_backward_bf16(dz, a, n, stream_);
+}
+
+void CudaBackend::bias_grad_bf16(Bf16* db, const Bf16* dz, int rows, int cols) {
+  cuda_ops::bias_grad_bf16(db, dz, rows, cols, stream_);
+}
+
+void CudaBackend::fill_bf16(Bf16* dst, float value, std::size_t n) { cuda_ops::fill_bf16(dst, value, n, stream_); }
+
+void CudaBackend::sum_bf16(float* out, const Bf16* x, std::size_t n, float scale) {
+  cuda_ops::sum_bf16(out, x, n, scale, stream_);
+}
+
 // ---- transformer math ---------------------------------------------------------------------
 
 // As gemm, batch by batch: cuBLAS gets B's matrices first, then A's, with their strides.
@@ -516,6 +561,18 @@ void CudaBackend::upload(float* dst, const float* host, std::size_t n) {
 void CudaBackend::download(float* host, const float* src, std::size_t n) {
   if (n == 0) return;
   CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+}
+
+void CudaBackend::upload_bytes(void* dst, const void* host, std::size_t bytes) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+  synchronize();
+}
+
+void CudaBackend::download_bytes(void* host, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));
   synchronize();
 }
 

@@ -56,6 +56,23 @@ class CudaBackend final : public Backend {
   void scale(float* x, float s, std::size_t n) override;
   void add(float* dst, const float* src, std::size_t n) override;
 
+  // bf16 (kernels/cuda_bf16.hpp); gemm_bf16 is cublasGemmEx with CUDA_R_16BF A and B,
+  // CUBLAS_COMPUTE_32F, C CUDA_R_32F or CUDA_R_16BF.
+  void gemm_bf16(Trans ta, Trans tb, int m, int n, int k, float alpha, const Bf16* a, int lda, const Bf16* b,
+                 int ldb, float beta, float* c, int ldc) override;
+  void gemm_bf16(Trans ta, Trans tb, int m, int n, int k, float alpha, const Bf16* a, int lda, const Bf16* b,
+                 int ldb, float beta, Bf16* c, int ldc) override;
+  void cast_to_bf16(Bf16* dst, const float* src, std::size_t n) override;
+  void cast_from_bf16(float* dst, const Bf16* src, std::size_t n, float beta) override;
+  void bias_activation_bf16(Bf16* y, const Bf16* bias, int rows, int cols, Activation act) override;
+  void relu_backward_bf16(Bf16* dz, const Bf16* a, std::size_t n) override;
+  void bias_grad_bf16(Bf16* db, const Bf16* dz, int rows, int cols) override;
+  void fill_bf16(Bf16* dst, float value, std::size_t n) override;
+  void sum_bf16(float* out, const Bf16* x, std::size_t n, float scale) override;
+  std::string bf16_gemm() const override {
+    return "cublasGemmEx (CUDA_R_16BF inputs, CUBLAS_COMPUTE_32F)";
+  }
+
   // Transformer math (kernels/cuda_transformer.hpp, kernels/cuda_flash_attention.hpp);
   // gemm_batched is cublasSgemmStridedBatched under the same math mode as gemm.
   void gemm_batched(Trans ta, Trans tb, int m, int n, int k, float alpha, const float* a, int lda,
@@ -112,6 +129,8 @@ class CudaBackend final : public Backend {
 
   void upload(float* dst, const float* host, std::size_t n) override;
   void download(float* host, const float* src, std::size_t n) override;
+  void upload_bytes(void* dst, const void* host, std::size_t bytes) override;
+  void download_bytes(void* host, const void* src, std::size_t bytes) override;
   void synchronize() override;
 
 

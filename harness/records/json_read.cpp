@@ -179,8 +179,9 @@ CategoryFigures read_categories(const Reader& rd, const json& obj, const std::st
   CategoryFigures f;
   f.total = rd.count(j, here, "total");
   for (int c = 0; c < kCategoryCount; ++c) {
-    // "workspace" came after the first files were written: missing, it held nothing.
-    if (c == static_cast<int>(Category::workspace) && !j.contains(kCategoryNames[c])) continue;
+    // "workspace", "master" and "param_cast" came after the first files were written:
+    // missing, they held nothing.
+    if (c >= kCategoriesBeforeWorkspace && !j.contains(kCategoryNames[c])) continue;
     f.bytes[c] = rd.count(j, here, kCategoryNames[c]);
   }
   return f;
@@ -291,16 +292,19 @@ TimelineRecord read_timeline(const Reader& rd, const json& t, const std::string&
   r.events = rd.count(t, path, "events", kCount);
   r.sample_limit = rd.count(t, path, "sample_limit", kCount);
   const json& categories = rd.array(t, path, "categories", "the category names");
-  // The current names in order, or the first 8 of them (files written before "workspace").
-  json names = json::array(), before_workspace = json::array();
+  // The current names in order, or the first 8 of them (files written before "workspace"),
+  // or the first 9 (before "master" and "param_cast").
+  json names = json::array(), before_workspace = json::array(), before_precision = json::array();
   for (int c = 0; c < kCategoryCount; ++c) {
     names.push_back(kCategoryNames[c]);
-    if (c < static_cast<int>(Category::workspace)) before_workspace.push_back(kCategoryNames[c]);
+    if (c < kCategoriesBeforeWorkspace) before_workspace.push_back(kCategoryNames[c]);
+    if (c < kCategoriesBeforePrecision) before_precision.push_back(kCategoryNames[c]);
   }
-  if (categories != names && categories != before_workspace)
+  if (categories != names && categories != before_workspace && categories != before_precision)
     rd.refuse(join(path, "categories"), &categories,
               "the " + std::to_string(kCategoryCount) + " category names in order (or the first " +
-                  std::to_string(before_workspace.size()) + ", before workspace)");
+                  std::to_string(kCategoriesBeforeWorkspace) + ", before workspace, or the first " +
+                  std::to_string(kCategoriesBeforePrecision) + ", before master and param_cast)");
   const int count = static_cast<int>(categories.size());
   const json& memory = rd.array(t, path, "memory", "an array of rows");
   for (std::size_t i = 0; i < memory.size(); ++i) {
@@ -616,6 +620,7 @@ DataParallelRun read_data_parallel(const Reader& rd, const json& run) {
       rd.refuse("engine", &run["engine"], "torch, fsdp2 or deepspeed");
   }
   if (Reader::present(run, "precision")) dp.precision = read_precision(rd, run);
+  if (Reader::present(run, "bf16_gemm")) dp.bf16_gemm = rd.text(run, "", "bf16_gemm", "the bf16 GEMM's description");
   if (Reader::present(run, "accumulate")) dp.accumulate = rd.positive(run, "", "accumulate");
   if (Reader::present(run, "no_sync")) dp.no_sync = rd.boolean(run, "", "no_sync");
   dp.world = rd.positive(run, "", "world");

@@ -148,6 +148,7 @@ json data_parallel_json(const DataParallelRun& dp) {
   run["strategy"] = dp.strategy;
   run["engine"] = dp.engine;
   run["precision"] = dp.precision;
+  if (dp.bf16_gemm) run["bf16_gemm"] = *dp.bf16_gemm;
   run["accumulate"] = dp.accumulate;
   run["no_sync"] = dp.no_sync;
   run["world"] = dp.world;

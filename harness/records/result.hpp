@@ -319,6 +319,9 @@ struct DataParallelRun {
   // --precision: "fp32", or "bf16" (the engine's mixed-precision regime). Records from
   // before the field read as fp32.
   std::string precision = "fp32";
+  // Under bf16: what its GEMMs ran as (Backend::bf16_gemm: OpenBLAS's sbgemm, the
+  // fallback, or cuBLAS's GemmEx); absent under fp32 and in a plan.
+  std::optional<std::string> bf16_gemm;
   // --accumulate K (micro-steps per optimizer step) and --no-sync; records from before
   // the fields read as 1 and false.
   int accumulate = 1;

@@ -13,7 +13,8 @@ namespace {
 
 // Tableau 10: a category and its unsharded twin share a hue, dark and light.
 constexpr std::array<const char*, kCategoryCount> kCategoryColors = {
-    "#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f", "#e15759", "#b07aa1", "#9c755f", "#edc948"};
+    "#4e79a7", "#a0cbe8", "#f28e2b", "#ffbe7d", "#59a14f", "#e15759", "#b07aa1", "#9c755f", "#edc948",
+    "#76b7b2", "#ff9da7"};
 constexpr std::array<const char*, 8> kStageColors = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
                                                      "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"};
 

@@ -2,7 +2,8 @@
 //
 // Strategies and schedules talk only to this interface (and to a Communicator), never
 // to CUDA or BLAS directly. Every allocation goes through `alloc`, which records it
-// in the rank's Tracker with its category. All matrices are row-major fp32.
+// in the rank's Tracker with its category. All matrices are row-major; fp32 unless a
+// kernel says bf16 (shardscope/dtype.hpp: --precision bf16's GEMMs and casts).
 #pragma once
 
 #include <cstddef>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "shardscope/category.hpp"
+#include "shardscope/dtype.hpp"
 #include "shardscope/kernel_args.hpp"
 #include "shardscope/tracker.hpp"
 #include "shardscope/transformer_args.hpp"
@@ -20,12 +22,16 @@ namespace shardscope {
 
 class Backend;
 
-// A tracked allocation of `count` floats; move-only, freed (and untracked) on destruction.
+// A tracked allocation of `count` elements of one dtype (fp32 unless made with
+// Backend::alloc(category, count, DType::bf16)); move-only, freed (and untracked) on
+// destruction. data() is the fp32 view, bf16() the bf16 one: a block that passes its
+// output on as `const float*` (Model's tape) is read back with as_bf16() by a block that
+// knows it takes bf16.
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(Backend* owner, float* data, std::size_t count, Category category)
-      : owner_(owner), data_(data), count_(count), category_(category) {}
+  Buffer(Backend* owner, void* data, std::size_t count, Category category, DType dtype = DType::f32)
+      : owner_(owner), data_(data), count_(count), category_(category), dtype_(dtype) {}
   Buffer(Buffer&& o) noexcept { *this = std::move(o); }
   Buffer& operator=(Buffer&& o) noexcept;
   Buffer(const Buffer&) = delete;
@@ -33,18 +39,26 @@ class Buffer {
   ~Buffer() { reset(); }
 
   void reset() noexcept;  // frees now
-  float* data() const { return data_; }
-  std::size_t count() const { return count_; }
-  std::int64_t bytes() const { return static_cast<std::int64_t>(count_ * sizeof(float)); }
+  float* data() const { return static_cast<float*>(data_); }
+  Bf16* bf16() const { return static_cast<Bf16*>(data_); }
+  void* raw() const { return data_; }
+  std::size_t count() const { return count_; }  // elements
+  std::int64_t bytes() const { return static_cast<std::int64_t>(count_) * dtype_bytes(dtype_); }
   Category category() const { return category_; }
+  DType dtype() const { return dtype_; }
   explicit operator bool() const { return data_ != nullptr; }
 
  private:
   Backend* owner_ = nullptr;
-  float* data_ = nullptr;
+  void* data_ = nullptr;
   std::size_t count_ = 0;
   Category category_ = Category::temp;
+  DType dtype_ = DType::f32;
 };
+
+// A bf16 tensor handed on as the tape's `const float*` (Model::forward's outputs).
+inline const Bf16* as_bf16(const float* p) { return reinterpret_cast<const Bf16*>(p); }
+inline Bf16* as_bf16(float* p) { return reinterpret_cast<Bf16*>(p); }
 
 // The CUDA pool's own counters (cudaMemPoolGetAttribute), in bytes.
 // Device memory outside the pool and its source (the record's outside_pool_bytes and
@@ -115,9 +129,10 @@ class Backend {
 
   virtual std::string name() const = 0;
 
-  // Tracked allocation of `count` floats with its category. Contents uninitialised.
-  // Throws RunError naming the bytes and the category when memory runs out.
-  Buffer alloc(Category category, std::size_t count);
+  // Tracked allocation of `count` elements of `dtype` (fp32 by default: 4 B each; bf16
+  // 2 B) with its category. Contents uninitialised. Throws RunError naming the bytes and
+  // the category when memory runs out.
+  Buffer alloc(Category category, std::size_t count, DType dtype = DType::f32);
   Tracker& tracker() { return tracker_; }
   const Tracker& tracker() const { return tracker_; }
 
@@ -146,6 +161,39 @@ class Backend {
   virtual void scale(float* x, float s, std::size_t n) = 0;
   // dst += src
   virtual void add(float* dst, const float* src, std::size_t n) = 0;
+
+  // --- bf16 (--precision bf16; shardscope/dtype.hpp) ---
+  // Each has a default that throws RunError naming the backend and the kernel; cpu and
+  // cuda implement all of them.
+  //
+  // C(m,n) = alpha * op(A) op(B) + beta * C with A and B bf16, products summed in fp32
+  // (torch's bf16 matmul: cuBLAS's CUBLAS_COMPUTE_32F, OpenBLAS's sbgemm); C fp32, or
+  // bf16 (the fp32 result rounded to nearest even; beta then reads C's bf16 values).
+  virtual void gemm_bf16(Trans ta, Trans tb, int m, int n, int k, float alpha, const Bf16* a, int lda,
+                         const Bf16* b, int ldb, float beta, float* c, int ldc);
+  virtual void gemm_bf16(Trans ta, Trans tb, int m, int n, int k, float alpha, const Bf16* a, int lda,
+                         const Bf16* b, int ldb, float beta, Bf16* c, int ldc);
+  // dst(n) = bf16(src) rounding to nearest even (torch's .to(bfloat16)), and back:
+  // dst = beta * dst + float(src) (beta 0 overwrites; beta 1 accumulates a bf16 gradient
+  // into an fp32 one, as autograd's AccumulateGrad after the cast's backward).
+  virtual void cast_to_bf16(Bf16* dst, const float* src, std::size_t n);
+  virtual void cast_from_bf16(float* dst, const Bf16* src, std::size_t n, float beta);
+  // A Linear's bias and activation on a bf16 output, in place: y(rows, cols) = bf16(y +
+  // bias) (bias bf16), then ReLU when asked.
+  virtual void bias_activation_bf16(Bf16* y, const Bf16* bias, int rows, int cols, Activation act);
+  // dz(n) *= (a > 0) on bf16 (ReLU's backward from its saved bf16 output).
+  virtual void relu_backward_bf16(Bf16* dz, const Bf16* a, std::size_t n);
+  // db(cols) = column sums of dz(rows, cols), summed in fp32, rounded to bf16 (torch's
+  // bf16 sum over rows: the bias gradient autocast's Linear makes).
+  virtual void bias_grad_bf16(Bf16* db, const Bf16* dz, int rows, int cols);
+  // dst(n) = bf16(value).
+  virtual void fill_bf16(Bf16* dst, float value, std::size_t n);
+  // out[0] (one fp32 on the backend) = scale * the sum of x(n), summed in fp32: a bf16
+  // output's `sum` loss, kept in fp32.
+  virtual void sum_bf16(float* out, const Bf16* x, std::size_t n, float scale);
+  // What gemm_bf16 runs as, for the run's record and header ("OpenBLAS cblas_sbgemm ...",
+  // "cublasGemmEx ..."); empty on a backend without it.
+  virtual std::string bf16_gemm() const { return {}; }
 
   // --- transformer math (transformer_args.hpp gives the layouts) ---
   // Each has a default that throws RunError naming the backend and the kernel, so a
@@ -250,6 +298,9 @@ class Backend {
   // Host <-> backend transfers (blocking).
   virtual void upload(float* dst, const float* host, std::size_t n) = 0;
   virtual void download(float* host, const float* src, std::size_t n) = 0;
+  // The same for a buffer of any dtype, by bytes (a bf16 tensor's 2 B an element).
+  virtual void upload_bytes(void* dst, const void* host, std::size_t bytes);
+  virtual void download_bytes(void* host, const void* src, std::size_t bytes);
   // Waits for all queued work.
   virtual void synchronize() = 0;
 
@@ -305,7 +356,7 @@ class Backend {
   void release_staging() noexcept;
 
  private:
-  void release(float* data, std::size_t count, Category category) noexcept;
+  void release(void* data, std::int64_t bytes, Category category) noexcept;
   Tracker tracker_;
   struct Staging {
     void* data = nullptr;

@@ -18,15 +18,23 @@ enum class Category : std::uint8_t {
   comm,             // collective and p2p staging buffers
   temp,             // every other transient: unsaved outputs, batch, target, scratch
   workspace,        // a backend's own resident buffers: cuBLAS's workspace on cuda (none on cpu)
+  master,           // fp32 master copies of bf16 parameters (--precision bf16 where parameters are bf16)
+  param_cast,       // bf16 copies of fp32 parameters: autocast's weight casts, FSDP's bf16 gathered units
 };
 
-inline constexpr int kCategoryCount = 9;
+inline constexpr int kCategoryCount = 11;
+
+// Categories that came after the first result files: a file without one held none of it.
+// Files list the first 8 (before workspace), the first 9 (before master and param_cast),
+// or all.
+inline constexpr int kCategoriesBeforeWorkspace = 8;
+inline constexpr int kCategoriesBeforePrecision = 9;
 
 // The categories' names, in Category's order: the JSON's keys, the CSV's rows, the
 // timeline's columns and the order every table and chart stacks them in.
 inline constexpr std::array<const char*, kCategoryCount> kCategoryNames = {
     "param", "param_unsharded", "grad", "grad_unsharded",
-    "optim", "activation",      "comm", "temp", "workspace"};
+    "optim", "activation",      "comm", "temp", "workspace", "master", "param_cast"};
 
 inline constexpr std::string_view category_name(Category c) {
   return kCategoryNames[static_cast<int>(c)];

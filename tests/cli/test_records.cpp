@@ -160,31 +160,37 @@ TEST_F(Records, TheWriterKeepsTheFieldsAndFiguresOfTheCodeBeforeIt) {
 
 // Files written before the workspace category (no "workspace" key, 8 timeline columns)
 // still read, their workspace 0, and write back as today's files with workspace 0.
+// Files written before workspace (8 categories) and before master and param_cast (9) read
+// as the file of today, the categories they predate holding nothing.
 TEST_F(Records, FilesFromBeforeTheWorkspaceCategoryRead) {
   const std::string golden = testing::env("SHARDSCOPE_REFERENCE_DIR") + "/records/zero3-emulated.json";
   const json now = read_json_file(golden);
-  json before = now;
-  int dropped = 0;
-  std::function<void(json&)> strip = [&](json& j) {
-    if (j.is_object()) {
-      if (j.contains("workspace") && j.contains("temp")) {
-        ASSERT_EQ(j["workspace"], 0);
-        j.erase("workspace");
-        ++dropped;
+  for (const int keep : {kCategoriesBeforeWorkspace, kCategoriesBeforePrecision}) {
+    json before = now;
+    int dropped = 0;
+    std::function<void(json&)> strip = [&](json& j) {
+      if (j.is_object()) {
+        if (j.contains("workspace") && j.contains("temp")) {
+          for (int c = keep; c < kCategoryCount; ++c) {
+            ASSERT_EQ(j[kCategoryNames[c]], 0);
+            j.erase(kCategoryNames[c]);
+          }
+          ++dropped;
+        }
+        if (j.contains("categories") && j.contains("memory")) {
+          ASSERT_EQ(j["categories"].size(), static_cast<std::size_t>(kCategoryCount));
+          j["categories"].erase(j["categories"].begin() + keep, j["categories"].end());
+          for (json& row : j["memory"]) row.erase(row.begin() + 1 + keep, row.end());
+        }
+        for (auto& [key, value] : j.items()) strip(value);
+      } else if (j.is_array()) {
+        for (json& v : j) strip(v);
       }
-      if (j.contains("categories") && j.contains("memory")) {
-        ASSERT_EQ(j["categories"].back(), "workspace");
-        j["categories"].erase(j["categories"].size() - 1);
-        for (json& row : j["memory"]) row.erase(row.size() - 1);
-      }
-      for (auto& [key, value] : j.items()) strip(value);
-    } else if (j.is_array()) {
-      for (json& v : j) strip(v);
-    }
-  };
-  strip(before);
-  EXPECT_EQ(dropped, 4);  // resting, peak.by_category, predicted.resting and .peak_by_category
-  EXPECT_EQ(to_json(read_result(before, "before.json")), to_json(read_result(now, "now.json")));
+    };
+    strip(before);
+    EXPECT_EQ(dropped, 4);  // resting, peak.by_category, predicted.resting and .peak_by_category
+    EXPECT_EQ(to_json(read_result(before, "before.json")), to_json(read_result(now, "now.json"))) << keep;
+  }
 }
 
 // The plan (no times, nothing measured) is written byte for byte as the JSON-building

@@ -196,7 +196,7 @@ TEST_F(SweepBinary, RunWritesCsv) {
   std::istringstream dp(read(dir_ + "/csv/data_parallel.csv"));
   std::vector<std::string> lines;
   for (std::string line; std::getline(dp, line);) lines.push_back(line);
-  ASSERT_EQ(lines.size(), 1u + 9u);  // header, then rank 1's nine categories (workspace last)
+  ASSERT_EQ(lines.size(), 1u + 11u);  // header, then rank 1's eleven categories (param_cast last)
   EXPECT_EQ(lines[0].rfind("world,strategy,units,prefetch,ddp_bucket,rank,category,", 0), 0u) << lines[0];
   EXPECT_EQ(lines[1].rfind("2,zero1,,,view,1,param,", 0), 0u) << lines[1];
   EXPECT_EQ(read(dir_ + "/csv/pipeline.csv").rfind("schedule,stages,", 0), 0u);

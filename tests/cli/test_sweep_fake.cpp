@@ -454,7 +454,7 @@ TEST_F(SweepFake, ReportAndCsvAreWrittenAlsoWhenASweepFails) {
     for (std::string line; std::getline(f, line);) ++n;
     return n;
   };
-  EXPECT_EQ(lines(csv + "/data_parallel.csv"), 1 + 2 * 9);  // two ranks x nine categories
+  EXPECT_EQ(lines(csv + "/data_parallel.csv"), 1 + 2 * 11);  // two ranks x eleven categories
   EXPECT_EQ(lines(csv + "/pipeline.csv"), 1);
   EXPECT_EQ(log("run.log").find("--report"), std::string::npos) << "not a run flag";
   EXPECT_EQ(log("run.log").find("--csv"), std::string::npos);
