@@ -244,7 +244,7 @@ TEST_F(Records, ABadFileIsRefusedNamingTheFileRunRankAndField) {
   bad = dp;
   bad["runs"][0]["ranks"][0]["timeline"]["memory"][1] = json::array({0.5, 1});
   EXPECT_EQ(refusal(bad, "dp.json"),
-            dp_at + "ranks[0].timeline.memory[1] is [0.5,1], not a row [t_ms, bytes of each of the 9 categories]");
+            dp_at + "ranks[0].timeline.memory[1] is [0.5,1], not a row [t_ms, bytes of each of the 11 categories]");
   bad = dp;
   bad["runs"][0]["layers_per_unit"] = 0;
   EXPECT_EQ(refusal(bad, "dp.json"), "'dp.json': runs[0] (zero2 W=2 units=0): layers_per_unit is 0, not a positive "
