@@ -125,8 +125,8 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "per-tensor dim-0 shards; ddp and zero1 are torch's under either (default torch; deepspeed is not built yet)")
       ->type_name("torch|fsdp2");
   app.add_option("--precision", f.precision,
-                 "fp32 | bf16: bf16 trains in the engine's mixed-precision regime (default fp32; built: gpt2 and "
-                 "llama under ddp and zero1, the torch engine's autocast)")
+                 "fp32 | bf16: bf16 trains in the engine's mixed-precision regime (default fp32; built: the MLP, "
+                 "gpt2 and llama under ddp and zero1, the torch engine's autocast)")
       ->type_name("fp32|bf16");
   app.add_option("--schedule", f.schedule, schedule_names_text(" | ") + " (a pipeline run)")->type_name("NAME");
   app.add_option("--checkpoint", f.checkpoint,
@@ -286,8 +286,9 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
 
 // --precision bf16 runs only where its regime is built and its peak has closed forms; everywhere
 // else it is refused by name, never quietly run in fp32. Built: the torch engine's autocast
-// for GPT-2 and Llama under ddp and zero1 (harness/predict/autocast_step.hpp); the strategies
-// a plan or sweep lists are checked per configuration (refuse_unbuilt_autocast).
+// for the MLP, GPT-2 and Llama under ddp and zero1 (harness/predict/mlp_autocast_forms.hpp,
+// autocast_step.hpp); the strategies a plan or sweep lists are checked per configuration
+// (refuse_unbuilt_autocast).
 void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, const CLI::App& app) {
   if (c.precision == PrecisionKind::fp32) return;
   // DeepSpeed's bf16 regime is planned by its model states; a measured run needs bf16 buffers.
@@ -297,12 +298,12 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
                      "(a measured run needs bf16 buffers); allowed: fp32");
   }
   const std::string bf16 = "--precision bf16";
-  if (!c.model.is_transformer())
-    throw UsageError(bf16 + " and --model " + c.model.name + ": not built yet; allowed: fp32, or bf16 with --model "
-                     "gpt2|llama");
   if (c.pipeline())
     throw UsageError(bf16 + " and --schedule: a pipeline under autocast is not built yet; allowed: --strategy "
                      "ddp|zero1");
+  if (!c.model.is_transformer() && c.model.checkpoint.any())
+    throw UsageError("--checkpoint " + c.model.checkpoint.text() + " and " + bf16 +
+                     ": the MLP's checkpointed autocast step is not built yet; give --checkpoint none");
   if (c.model.checkpoint.attention())
     throw UsageError("--checkpoint attention and " + bf16 +
                      ": selective recompute under autocast is not built yet; give --checkpoint none, full or every:K");
@@ -505,8 +506,8 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
   if (c.schedule && app.count("--chunks") == 0) c.chunks = default_chunks(*c.schedule);  // zbv: its V's 2
   if (!f.split.empty()) c.split = parse_list("--split", f.split);
   refuse_unbuilt_precision(c, command, app);
-  // The torch engine's bf16: a transformer runs as torch.autocast(bfloat16) runs it.
-  c.model.autocast = c.precision == PrecisionKind::bf16 && c.model.is_transformer() &&
+  // The torch engine's bf16: the MLP, GPT-2 and Llama run as torch.autocast(bfloat16) runs them.
+  c.model.autocast = c.precision == PrecisionKind::bf16 &&
                      effective_engine(c.engine, c.strategy, c.precision) == EngineKind::torch;
   c.wide_tables = f.wide;
   c.exact_bytes = exact_bytes_value(f.bytes);

@@ -1,6 +1,18 @@
 // The MLP: L blocks of Linear(width, width) with bias, then the activation; the loss
 // (sum or mse) after the last. Activations are (rows, width) fp32, row-major; a weight
 // is (out, in) as torch stores it, so y = x W^T + b.
+//
+// Under --precision bf16 (ModelConfig::autocast) each Linear runs as under
+// torch.autocast("cpu"|"cuda", bfloat16) (measured with torch 2.15:
+// bench/torch_autocast_mlp.py): its input, weight and bias are cast to bf16 (the fp32
+// batch to a new bf16 tensor; the parameters into autocast's cast cache, category
+// param_cast, held until the autocast region ends with the loss), the GEMM runs on bf16
+// with fp32 sums and a bf16 output, ReLU keeps bf16. Autograd saves the bf16 input and,
+// when the input requires a gradient, the weight's bf16 cast (so that cast lives until the
+// Linear's backward). Backward makes the weight's and the bias's gradients in bf16 (temp),
+// casts each to an fp32 temp (the cast's backward) and adds it onto the fp32 gradient
+// (AccumulateGrad), and dx in bf16. A tensor-parallel split is not built under bf16.
+// The cast cache is the MLP's own (CastCache): the model engine knows nothing of it.
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -24,14 +36,26 @@ constexpr int kBias = 1;
 // all-reduces the partial output, then adds the whole bias every rank holds).
 enum class Split : std::uint8_t { none, column, row };
 
+// autocast's cast cache (--precision bf16): the parameters' bf16 casts the Linears made,
+// which torch keeps until the autocast region (forward and loss) exits. The Linears fill
+// it, the loss clears it at the end of its forward; a cast autograd saved (a weight whose
+// Linear's input needs a gradient) lives on in that Linear's tape until its backward.
+struct CastCache {
+  std::vector<Buffer> entries;  // bf16, category param_cast
+};
+
 class LinearBlock final : public Block {
  public:
-  LinearBlock(int index, int width, Activation activation, Split split = Split::none, TensorParallel tp = {})
+  // `cache`: autocast's cast cache under --precision bf16 (null: fp32).
+  LinearBlock(int index, int width, Activation activation, Split split = Split::none, TensorParallel tp = {},
+              std::shared_ptr<CastCache> cache = nullptr)
       : name_("layer " + std::to_string(index)),
         in_(split == Split::row ? width / tp.size : width),
         out_(split == Split::column ? width / tp.size : width),
         activation_(activation),
-        split_(split) {
+        split_(split),
+        autocast_(cache != nullptr),
+        cache_(std::move(cache)) {
     // torch's Linear init: uniform(-1/sqrt(in), 1/sqrt(in)) for weight and bias (the whole
     // Linear's fan-in, so that a shard starts as its slice of the one-rank model's).
     const float bound = 1.0f / std::sqrt(static_cast<float>(width));
@@ -54,7 +78,8 @@ class LinearBlock final : public Block {
   bool saves_output() const override { return activation_ == Activation::relu; }  // ReLU saves its output
 
   Buffer forward(const BlockCall& c, const float* in, bool input_requires_grad, bool output_saved,
-                 BlockTape& /*tape*/) override {
+                 BlockTape& tape) override {
+    if (autocast_) return forward_bf16(c, in, input_requires_grad, output_saved, tape);
     // (rows, out) fp32: activation when saved for backward, temp otherwise
     Buffer out = c.backend.alloc(output_saved ? Category::activation : Category::temp,
                                  static_cast<std::size_t>(c.rows) * out_);
@@ -72,7 +97,8 @@ class LinearBlock final : public Block {
   }
 
   Buffer backward(const BlockCall& c, const float* in, Buffer& out, Buffer dy, bool needs_dx, float beta,
-                  BlockTape& /*tape*/) override {
+                  BlockTape& tape) override {
+    if (autocast_) return backward_bf16(c, in, out, std::move(dy), needs_dx, beta, tape);
     activation_backward(c, out, dy);
     weight_gradients(c, in, dy, beta);
     Buffer dx;
@@ -85,6 +111,7 @@ class LinearBlock final : public Block {
 
   Buffer backward_input(const BlockCall& c, const float* /*in*/, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape& tape) override {
+    SHARDSCOPE_REQUIRE(!autocast_, name_ + ": the zero-bubble split is not built under bf16 (the CLI refuses it)");
     activation_backward(c, out, dy);
     // The weight gradients need only the input and dz: the output can go.
     if (free_output) out.reset();
@@ -103,6 +130,10 @@ class LinearBlock final : public Block {
   }
 
  private:
+  // tape.held under bf16: the weight's cast when autograd saved it (else empty), then the
+  // first layer's cast of its input.
+  static constexpr std::size_t kWeightCast = 0, kInputCast = 1;
+
   static std::int64_t bytes(int rows, int features) { return static_cast<std::int64_t>(rows) * features * 4; }
   // A stable address that names the weight for saves (a reference holds no bytes).
   const void* weight_id() const { return &weight_id_; }
@@ -134,11 +165,93 @@ class LinearBlock final : public Block {
     return dx;
   }
 
+  Buffer forward_bf16(const BlockCall& c, const float* in, bool input_requires_grad, bool output_saved,
+                      BlockTape& tape) {
+    const std::size_t n_in = static_cast<std::size_t>(c.rows) * in_, n_out = static_cast<std::size_t>(c.rows) * out_;
+    const std::size_t ww = static_cast<std::size_t>(out_) * in_;
+    tape.held.clear();
+    // The input: the fp32 batch is cast (a new bf16 tensor, saved); a layer's bf16 output is taken as it is.
+    Buffer input_cast;
+    if (!input_requires_grad) {
+      input_cast = c.backend.alloc(Category::activation, n_in, DType::bf16);  // (rows, in) bf16, saved
+      c.backend.cast_to_bf16(input_cast.bf16(), in, n_in);
+    }
+    const Bf16* x = input_cast ? input_cast.bf16() : as_bf16(in);
+    // autocast's casts of the weight (out, in) and the bias (out), bf16, category param_cast
+    Buffer weight = c.backend.alloc(Category::param_cast, ww, DType::bf16);
+    c.backend.cast_to_bf16(weight.bf16(), c.access.param(c.index, kWeight), ww);
+    Buffer bias = c.backend.alloc(Category::param_cast, static_cast<std::size_t>(out_), DType::bf16);
+    c.backend.cast_to_bf16(bias.bf16(), c.access.param(c.index, kBias), static_cast<std::size_t>(out_));
+    // (rows, out) bf16: activation when saved for backward, temp otherwise
+    Buffer out = c.backend.alloc(output_saved ? Category::activation : Category::temp, n_out, DType::bf16);
+    c.backend.gemm_bf16(Trans::no, Trans::yes, c.rows, out_, in_, 1.0f, x, in_, weight.bf16(), in_, 0.0f, out.bf16(),
+                        out_);
+    c.backend.bias_activation_bf16(out.bf16(), bias.bf16(), c.rows, out_, activation_);
+    // Autograd: the Linear saves its bf16 input, and its weight's bf16 cast when the input
+    // requires a gradient (a tensor of its own: 2 B an element); ReLU saves its output.
+    c.saved.save(x, static_cast<std::int64_t>(n_in) * 2);
+    if (input_requires_grad) c.saved.save(weight.raw(), weight.bytes());
+    if (activation_ == Activation::relu) c.saved.save(out.raw(), out.bytes());
+    // The bias cast, and the weight cast autograd did not save, live in the cast cache
+    // until the region ends with the loss (MlpLoss::forward clears it).
+    cache_->entries.push_back(std::move(bias));
+    if (!input_requires_grad) cache_->entries.push_back(std::move(weight));
+    tape.held.push_back(std::move(weight));  // empty when the cache took it
+    if (input_cast) tape.held.push_back(std::move(input_cast));
+    return out;
+  }
+
+  Buffer backward_bf16(const BlockCall& c, const float* in, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                       BlockTape& tape) {
+    const bool first = tape.held.size() > kInputCast;
+    const Bf16* x = first ? tape.held[kInputCast].bf16() : as_bf16(in);
+    if (activation_ == Activation::relu) {
+      c.backend.relu_backward_bf16(dy.bf16(), out.bf16(), dy.count());
+      c.saved.release(out.raw());
+    }
+    // dW(out, in) = dy^T x in bf16, its cast to fp32, added onto the fp32 gradient.
+    accumulate(c, kWeight, static_cast<std::size_t>(out_) * in_, beta, [&](Bf16* g) {
+      c.backend.gemm_bf16(Trans::yes, Trans::no, out_, in_, c.rows, 1.0f, dy.bf16(), out_, x, in_, 0.0f, g, in_);
+    });
+    // db = column sums of dy, the same way.
+    accumulate(c, kBias, static_cast<std::size_t>(out_), beta,
+               [&](Bf16* g) { c.backend.bias_grad_bf16(g, dy.bf16(), c.rows, out_); });
+    Buffer dx;
+    if (needs_dx) {
+      // dx = dz W (rows, in) bf16 temp, from the saved weight cast, which then goes.
+      dx = c.backend.alloc(Category::temp, static_cast<std::size_t>(c.rows) * in_, DType::bf16);
+      c.backend.gemm_bf16(Trans::no, Trans::no, c.rows, in_, out_, 1.0f, dy.bf16(), out_, tape.held[kWeightCast].bf16(),
+                          in_, 0.0f, dx.bf16(), in_);
+      c.saved.release(tape.held[kWeightCast].raw());
+    }
+    c.saved.release(x);
+    tape.held.clear();  // the weight cast (when saved) and the first layer's input cast
+    dy.reset();
+    out.reset();
+    return dx;
+  }
+
+  // A parameter gradient made in bf16 by `make` (count elements, temp), cast to an fp32
+  // temp, then written onto grad (beta 0) or added to it (beta 1).
+  template <class Make>
+  void accumulate(const BlockCall& c, int tensor, std::size_t count, float beta, Make make) const {
+    Buffer g16 = c.backend.alloc(Category::temp, count, DType::bf16);
+    make(g16.bf16());
+    Buffer g32 = c.backend.alloc(Category::temp, count);
+    c.backend.cast_from_bf16(g32.data(), g16.bf16(), count, 0.0f);
+    g16.reset();
+    float* grad = c.access.grad(c.index, tensor);
+    if (beta == 0.0f) c.backend.copy(grad, g32.data(), count);
+    else c.backend.add(grad, g32.data(), count);
+  }
+
   std::string name_;
   int in_;   // input features this rank takes
   int out_;  // output features this rank makes
   Activation activation_;
   Split split_;
+  bool autocast_;  // --precision bf16: torch.autocast(bfloat16)'s Linear
+  std::shared_ptr<CastCache> cache_;
   std::vector<ParamSpec> params_;
   char weight_id_ = 0;
 };
@@ -147,9 +260,12 @@ class LinearBlock final : public Block {
 // of (y - 1)^2, which saves its input and its target.
 class MlpLoss final : public ModelLoss {
  public:
-  MlpLoss(int width, Loss kind) : width_(width), kind_(kind) {}
+  // `cache`: autocast's cast cache under --precision bf16 (null: fp32).
+  MlpLoss(int width, Loss kind, std::shared_ptr<CastCache> cache)
+      : width_(width), kind_(kind), bf16_(cache != nullptr), cache_(std::move(cache)) {}
 
-  bool saves_input() const override { return kind_ == Loss::mse; }
+  // Under bf16, mse saves its fp32 cast of the output instead (autocast runs mse_loss in fp32).
+  bool saves_input() const override { return kind_ == Loss::mse && !bf16_; }
   bool is_mean() const override { return kind_ == Loss::mse; }
   // mse's target: (rows, width) of ones; sum takes none.
   std::int64_t target_elems(int rows) const override {
@@ -161,16 +277,46 @@ class MlpLoss final : public ModelLoss {
 
   void forward(Backend& backend, SavedTensors& saved, const float* y, const float* target, int rows, float scale,
                float* value) override {
+    const std::size_t n = static_cast<std::size_t>(rows) * width_;
+    if (bf16_ && kind_ == Loss::sum) {
+      backend.sum_bf16(value, as_bf16(y), n, scale);  // summed and kept in fp32
+      cache_->entries.clear();                        // the autocast region exits
+      return;
+    }
+    if (bf16_) {
+      // mse under autocast: the bf16 output cast to fp32 (rows, width), saved with the target.
+      y32_ = backend.alloc(Category::activation, n);
+      backend.cast_from_bf16(y32_.data(), as_bf16(y), n, 0.0f);
+      y = y32_.data();
+    }
     if (kind_ == Loss::mse) {
       const std::int64_t bytes = static_cast<std::int64_t>(rows) * width_ * 4;
       saved.save(y, bytes);
       saved.save(target, bytes);
     }
     backend.loss(kind_, y, target, nullptr, value, rows, width_, scale);
+    if (bf16_) cache_->entries.clear();  // the autocast region exits
   }
 
   Buffer backward(Backend& backend, SavedTensors& saved, const float* y, const float* target, int rows,
                   float scale) override {
+    const std::size_t n = static_cast<std::size_t>(rows) * width_;
+    if (bf16_ && kind_ == Loss::sum) {
+      Buffer dy = backend.alloc(Category::temp, n, DType::bf16);  // (rows, width) bf16: the scale
+      backend.fill_bf16(dy.bf16(), scale, n);
+      return dy;
+    }
+    if (bf16_) {
+      // mse's fp32 gradient at its fp32 input, which then goes; its cast's backward to bf16.
+      Buffer dy32 = backend.alloc(Category::temp, n);
+      backend.loss(kind_, y32_.data(), target, dy32.data(), nullptr, rows, width_, scale);
+      saved.release(y32_.data());
+      saved.release(target);
+      y32_.reset();
+      Buffer dy = backend.alloc(Category::temp, n, DType::bf16);
+      backend.cast_to_bf16(dy.bf16(), dy32.data(), n);
+      return dy;
+    }
     Buffer dy = backend.alloc(Category::temp, static_cast<std::size_t>(rows) * width_);  // (rows, width)
     backend.loss(kind_, y, target, dy.data(), nullptr, rows, width_, scale);
     if (kind_ == Loss::mse) {
@@ -183,6 +329,9 @@ class MlpLoss final : public ModelLoss {
  private:
   int width_;
   Loss kind_;
+  bool bf16_;   // --precision bf16: the last block's output is bf16
+  std::shared_ptr<CastCache> cache_;
+  Buffer y32_;  // under bf16 mse: the output's fp32 cast, saved until backward
 };
 
 }  // namespace
@@ -190,6 +339,9 @@ class MlpLoss final : public ModelLoss {
 void check_mlp_tensor_parallel(const ModelConfig& m, int tp) {
   if (tp == 1) return;
   const std::string mesh = "--mesh tp=" + std::to_string(tp);
+  if (m.autocast)
+    throw UsageError(mesh + " and --precision bf16: a tensor-parallel MLP under autocast is not built yet; give "
+                     "--precision fp32");
   if (m.width % tp != 0)
     throw UsageError(mesh + " and --width " + std::to_string(m.width) + ": the width must divide by tp (each rank "
                      "holds width/tp of every parallel Linear's features)");
@@ -200,13 +352,14 @@ void check_mlp_tensor_parallel(const ModelConfig& m, int tp) {
 
 std::unique_ptr<Model> make_mlp(const ModelConfig& m, const TensorParallel& tp) {
   check_mlp_tensor_parallel(m, tp.size);
+  std::shared_ptr<CastCache> cache = m.autocast ? std::make_shared<CastCache>() : nullptr;
   std::vector<std::unique_ptr<Block>> blocks;
   for (int i = 0; i < m.layers; ++i) {
     // Split into tp: column, row, column, row, ... (each pair one Megatron MLP).
     const Split split = tp.size == 1 ? Split::none : i % 2 == 0 ? Split::column : Split::row;
-    blocks.push_back(std::make_unique<LinearBlock>(i, m.width, m.activation, split, tp));
+    blocks.push_back(std::make_unique<LinearBlock>(i, m.width, m.activation, split, tp, cache));
   }
-  return std::make_unique<Model>(std::move(blocks), std::make_unique<MlpLoss>(m.width, m.loss));
+  return std::make_unique<Model>(std::move(blocks), std::make_unique<MlpLoss>(m.width, m.loss, cache));
 }
 
 }  // namespace shardscope

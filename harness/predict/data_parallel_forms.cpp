@@ -21,6 +21,7 @@
 #include "harness/predict/gpt2_forms.hpp"
 #include "harness/predict/llama_forms.hpp"
 #include "harness/predict/micro_steps.hpp"
+#include "harness/predict/mlp_autocast_forms.hpp"
 #include "harness/predict/tensor_parallel_forms.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "harness/strategies/partition.hpp"
@@ -228,6 +229,8 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
     rank.peak_by_category[Category::comm] += best.bytes.comm;
     rank.peak_total = rank.peak_by_category.total();
   }
+  // bf16 (autocast, ddp and zero1): the same resting bytes and communication, autocast's step.
+  if (m.autocast) apply_mlp_autocast_step(cfg, ranks);
   return ranks;
 }
 

@@ -166,6 +166,12 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
   if (any_units && !prefetch.empty()) settings.push_back("prefetch " + prefetch + " (zero2, zero3)");
   if (any_bucket && !bucket.empty()) settings.push_back("DDP bucket " + bucket + " (ddp, zero1)");
   if (any_units) settings.push_back("units: layers per unit (--units)");
+  // What bf16's GEMMs ran as (OpenBLAS's sbgemm, its fallback, cuBLAS): once per kind.
+  std::vector<std::string> gemms;
+  for (const DataParallelRun* run : runs)
+    if (run->bf16_gemm && std::find(gemms.begin(), gemms.end(), *run->bf16_gemm) == gemms.end())
+      gemms.push_back(*run->bf16_gemm);
+  for (const std::string& g : gemms) settings.push_back("bf16 GEMMs: " + g);
   if (!settings.empty()) {
     os << "  ";
     for (std::size_t i = 0; i < settings.size(); ++i) os << (i ? "; " : "") << settings[i];

@@ -44,7 +44,7 @@ using tables::uses_units;
 
 // The transient categories: at rest every one of them is freed.
 constexpr Category kAboveRest[] = {Category::param_unsharded, Category::grad_unsharded, Category::activation,
-                                   Category::comm, Category::temp};
+                                   Category::comm, Category::temp, Category::param_cast};
 
 std::int64_t category_bytes(const CategoryFigures& figures, Category c) {
   return figures.bytes[static_cast<std::size_t>(c)];

@@ -299,6 +299,8 @@ std::optional<ResultDocument> run_job(const RunConfig& cfg, const JobSetup& setu
     doc.runs.push_back(std::move(run));
   } else {
     DataParallelRun run = data_parallel_run(cfg, world);
+    // The MLP's bf16 Linears run the backend's gemm_bf16 (the transformers' autocast parts their own).
+    if (cfg.model.autocast && !cfg.model.is_transformer()) run.bf16_gemm = backend->bf16_gemm();
     for (std::size_t r = 0; r < all.size(); ++r)
       run.ranks.push_back(read_rank_record(nlohmann::json::parse(all[r]), "rank " + std::to_string(r) + "'s record"));
     run.place = place;
