@@ -86,7 +86,7 @@ struct RunFlags {
   std::string comm_timeout = "300";
   std::string checkpoint = "none";
   std::string accumulate = "1";
-  std::string mesh;
+  std::string mesh, shard_group;
   bool tf32 = false, wide = false, no_sync = false;
   // Transformers (--model gpt2|llama, --hf-config): empty when not given.
   std::string hf_config, hidden, heads, kv_heads, ffn, vocab, seq, positions, attention = "flash";
@@ -119,7 +119,11 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--attention", f.attention, "transformer: math | flash (default flash)")->type_name("math|flash");
   app.add_option("--steps", f.steps, "optimizer steps; the first is warm-up (default 11: ten timed)")->type_name("N");
   app.add_option("--seed", f.seed, "seed of data and initial parameters (default 0)")->type_name("N");
-  app.add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | zero3 (default ddp)")->type_name("NAME");
+  app.add_option("--strategy", f.strategy, "ddp | zero1 | zero2 | zero3 | hsdp (default ddp)")->type_name("NAME");
+  app.add_option("--shard-group", f.shard_group,
+                 "hsdp: shard within groups of G consecutive ranks (zero3's layout), replicate across them "
+                 "(FSDP's HYBRID_SHARD); G divides the world")
+      ->type_name("G");
   app.add_option("--engine", f.engine,
                  "torch | fsdp2: whose layout zero2/zero3 take: torch's FSDP1 flat units, or fully_shard's "
                  "per-tensor dim-0 shards; ddp and zero1 are torch's under either (default torch; deepspeed is not built yet)")
@@ -374,6 +378,20 @@ void check_mesh_config(const RunConfig& c) {
                      "under ddp and zero1 (not the MLP, not zero2/zero3 yet)");
 }
 
+// HSDP as built (docs/design.md, "HSDP"): zero3 under the torch or fsdp2 engine, without a mesh;
+// --shard-group divides the world when the flags give it (--emulate W:r).
+void check_hsdp_config(const RunConfig& c) {
+  const std::string hsdp = "--strategy hsdp";
+  if (c.emulate_world > 0 && c.emulate_world % c.shard_group != 0)
+    throw UsageError("--shard-group " + std::to_string(c.shard_group) + ": it must divide the world, " +
+                     std::to_string(c.emulate_world) + " ranks (--emulate " + std::to_string(c.emulate_world) + ":" +
+                     std::to_string(c.emulate_rank) + ")");
+  if (c.engine == EngineKind::deepspeed)
+    throw UsageError(hsdp + " and --engine deepspeed: deepspeed's hybrid partitioning is not built; give --engine "
+                     "torch (FSDP1's HYBRID_SHARD) or fsdp2 (fully_shard on a 2-D mesh)");
+  if (c.mesh.given) throw UsageError(hsdp + " and --mesh: give one of them (hsdp's groups are its own mesh)");
+}
+
 RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command = "run") {
   RunConfig c;
   // Caps that keep every byte count of the closed forms inside 64 bits (and the
@@ -441,7 +459,16 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
     throw UsageError("--strategy " + f.strategy + " and --schedule with --mesh: along dp a pipeline's stages run ddp "
                      "(each stage's gradients all-reduced in place after the schedule); allowed: --strategy ddp "
                      "(zero1, zero2, zero3 along dp with pp are not built yet)");
-  c.strategy = parse_strategy(f.strategy);
+  // hsdp is zero3 sharded within each group of --shard-group ranks and replicated across.
+  const bool hsdp = f.strategy == "hsdp";
+  c.strategy = hsdp ? StrategyKind::zero3 : parse_strategy(f.strategy);
+  if (hsdp) {
+    if (app.count("--shard-group") == 0)
+      throw UsageError("--strategy hsdp needs --shard-group G (ranks per shard group, dividing the world)");
+    c.shard_group = parse_positive("--shard-group", f.shard_group, 1'000'000);
+  } else if (app.count("--shard-group") > 0) {
+    throw UsageError("--shard-group is only valid with --strategy hsdp");
+  }
   c.engine = parse_engine(f.engine);
   c.precision = parse_precision(f.precision);
   c.layers_per_unit = f.units == "all" ? 0 : parse_positive("--units (K or all)", f.units, 100'000);
@@ -534,6 +561,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
     c.mesh = parse_mesh(f.mesh);
     check_mesh_config(c);
   }
+  if (c.hybrid()) check_hsdp_config(c);
   c.comm_timeout_s = comm_timeout_value(f.comm_timeout);
   c.json_path = f.json;
   if (f.timeline != "on" && f.timeline != "off")

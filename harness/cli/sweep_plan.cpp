@@ -7,6 +7,7 @@
 #include "harness/cli/cli.hpp"
 #include "harness/report/table.hpp"
 #include "shardscope/check.hpp"
+#include "shardscope/mesh.hpp"
 #include "shardscope/schedule_kind.hpp"
 #include "shardscope/strategy_kind.hpp"
 
@@ -291,9 +292,19 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
       throw UsageError("--chunks: applies to interleaved-1f1b runs only; add interleaved-1f1b to --schedules");
   }
 
+  // --mesh fixes a data-parallel job's world, its product: --worlds may name that alone,
+  // and without --worlds it is the one world run.
+  std::optional<MeshShape> mesh;
+  if (const std::optional<std::string> m = pass_value(o, "--mesh"); m && data_parallel) mesh = parse_mesh(*m);
   std::vector<SweepJob> jobs;
   if (data_parallel) {
-    const std::vector<int> worlds = o.worlds.empty() ? std::vector<int>{2, 4} : o.worlds;
+    const std::vector<int> worlds =
+        !o.worlds.empty() ? o.worlds : mesh ? std::vector<int>{mesh->world()} : std::vector<int>{2, 4};
+    for (int w : worlds)
+      if (mesh && w != mesh->world())
+        throw UsageError("--mesh " + mesh->text() + " and --worlds " + std::to_string(w) + ": the mesh is dp·tp·pp = " +
+                         std::to_string(mesh->world()) + " ranks; give --worlds " + std::to_string(mesh->world()) +
+                         " or leave --worlds out");
     const std::vector<std::string> strategies = o.strategies.empty() ? kStrategies : o.strategies;
     const std::vector<std::string> flags = merged_flags(o, dp_preset ? kSeedDpFlags : Flags{}, std::nullopt);
     const std::optional<std::string> units = pass_value(o, "--units");

@@ -66,6 +66,15 @@ void check_mesh_world(const MeshShape& mesh, int world, const std::string& world
                      std::to_string(world) + " (" + world_source + "); the product must equal the world");
 }
 
+std::vector<int> hsdp_group(int rank, int world, int shard_group, bool shard) {
+  std::vector<int> out;
+  if (shard)
+    for (int i = 0; i < shard_group; ++i) out.push_back(rank / shard_group * shard_group + i);
+  else
+    for (int i = rank % shard_group; i < world; i += shard_group) out.push_back(i);
+  return out;
+}
+
 MeshComms make_mesh_comms(Communicator& world, const MeshShape& shape) {
   SHARDSCOPE_REQUIRE(shape.world() == world.world(), "make_mesh_comms: the mesh is not the world");
   MeshComms out;

@@ -263,9 +263,29 @@ std::vector<Prediction> group_ranks(const RunConfig& cfg, int world) {
 // Under --mesh a rank is its data-parallel group's rank coord.dp: the group's forms (its
 // D ranks; the tensor-parallel MLP's when tp > 1), the same along tp.
 std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int world) {
+  if (cfg.hybrid()) {
+    // HSDP: zero3 over each shard group of G consecutive ranks; after each unit's
+    // reduce-scatter the W/G replicas all-reduce its gradient shard (4 bytes an element
+    // of the rank's shards: its resting gradient bytes), as often as it reduce-scatters
+    // (--accumulate: every micro-step, or the last under --no-sync).
+    const int G = cfg.shard_group;
+    if (world % G != 0)
+      throw UsageError("--shard-group " + std::to_string(G) + ": it must divide the world, " + std::to_string(world) +
+                       " ranks");
+    std::vector<Prediction> group = group_ranks(cfg, G);
+    for (Prediction& p : group) {
+      p.replicate_comm_bytes = world / G > 1 ? p.resting[Category::grad] * reductions_per_step(cfg) : 0;
+      p.comm_bytes[static_cast<int>(CollKind::all_reduce)] += p.replicate_comm_bytes;
+    }
+    std::vector<Prediction> ranks;
+    for (int r = 0; r < world; ++r) ranks.push_back(group[r % G]);
+    return ranks;
+  }
   if (!cfg.mesh.given) return group_ranks(cfg, world);
   const MeshShape& mesh = cfg.mesh;
-  SHARDSCOPE_REQUIRE(mesh.world() == world && mesh.pp == 1, "predict: the mesh is not a data-parallel world");
+  // A plan's or sweep's --worlds may name other worlds than the mesh's: each is refused.
+  check_mesh_world(mesh, world, "--worlds");
+  SHARDSCOPE_REQUIRE(mesh.pp == 1, "predict: the mesh is not a data-parallel world");
   const std::vector<Prediction> group =
       mesh.tp == 1                  ? group_ranks(cfg, mesh.dp)
       : cfg.model.is_transformer() ? predict_tensor_parallel_transformer(cfg, mesh.dp)

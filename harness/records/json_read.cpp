@@ -8,7 +8,6 @@
 
 #include "harness/common/json_text.hpp"
 #include "shardscope/check.hpp"
-#include "shardscope/mesh.hpp"
 #include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
@@ -362,16 +361,16 @@ std::optional<RankSaved> read_rank_saved(const Reader& rd, const json& member, c
   return s;
 }
 
-// "comm_groups" under --mesh: one object per axis (dp, tp, pp), each its group's ledger.
+// "comm_groups" under --mesh (one object per axis: dp, tp, pp) or HSDP (shard, replicate),
+// each its group's ledger.
 std::optional<std::vector<GroupCommRecord>> read_comm_groups(const Reader& rd, const json& member,
                                                              const std::string& path) {
   if (!Reader::present(member, "comm_groups")) return std::nullopt;
   const std::string here = join(path, "comm_groups");
   const json& j = rd.object(member, path, "comm_groups");
   std::vector<GroupCommRecord> out;
-  for (std::string_view axis : kMeshAxisNames) {
-    const std::string name(axis);
-    if (!j.contains(name)) continue;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string name = it.key();
     const std::string at = join(here, name);
     const json& g = rd.object(j, here, name.c_str());
     GroupCommRecord r;
@@ -586,6 +585,10 @@ std::string run_label(const json& run, bool pipeline) {
       if (const json* c = Reader::present(*m, "checkpoint")) label += " checkpoint=" + text(*c);
     if (const json* a = Reader::present(run, "accumulate"); a && *a != 1) label += " accumulate=" + text(*a);
     if (const json* n = Reader::present(run, "no_sync"); n && *n == true) label += " no_sync";
+    if (const json* g = Reader::present(run, "shard_group")) label += " shard_group=" + text(*g);
+    if (const json* m = Reader::present(run, "mesh"); m && m->is_object())
+      label += " mesh=dp" + text(m->value("dp", json(1))) + ",tp" + text(m->value("tp", json(1))) + ",pp" +
+               text(m->value("pp", json(1)));
   } else {
     if (const json* m = Reader::present(run, "microbatches")) label += " M=" + text(*m);
     if (const json* v = Reader::present(run, "chunks")) label += " chunks=" + text(*v);
@@ -634,6 +637,7 @@ DataParallelRun read_data_parallel(const Reader& rd, const json& run) {
   dp.steps = rd.small(run, "", "steps");
   dp.timed_steps = rd.small(run, "", "timed_steps");
   dp.seed = read_seed(rd, run);
+  if (Reader::present(run, "shard_group")) dp.shard_group = rd.positive(run, "", "shard_group");
   if (Reader::present(run, "mesh")) dp.mesh = read_mesh(rd, run);
   const json& ranks = rd.array(run, "", "ranks", "an array of rank records");
   for (std::size_t i = 0; i < ranks.size(); ++i) dp.ranks.push_back(read_rank(rd, ranks[i], item("ranks", i)));

@@ -160,6 +160,7 @@ json data_parallel_json(const DataParallelRun& dp) {
   run["steps"] = dp.steps;
   run["timed_steps"] = dp.timed_steps;
   run["seed"] = dp.seed;
+  if (dp.shard_group) run["shard_group"] = *dp.shard_group;
   if (dp.mesh) run["mesh"] = {{"dp", dp.mesh->dp}, {"tp", dp.mesh->tp}, {"pp", dp.mesh->pp}};
   run["model"] = to_json(dp.model);
   json ranks = json::array();

@@ -163,7 +163,7 @@ struct Placement {
 // "pp": {...}}): its size, the rank's place in it, its members (world ranks, in the
 // group's order), its own ledger (busbw with the group's size) and the bytes predicted.
 struct GroupCommRecord {
-  std::string axis;  // "dp", "tp", "pp"
+  std::string axis;  // "dp", "tp", "pp"; HSDP's "shard", "replicate"
   int world = 1;
   int rank = 0;
   std::vector<int> members;
@@ -336,6 +336,7 @@ struct DataParallelRun {
   int timed_steps = 0;
   std::uint64_t seed = 0;
   std::optional<MeshRecord> mesh;  // left out without --mesh
+  std::optional<int> shard_group;  // --strategy hsdp --shard-group G; left out otherwise
   ModelRecord model;
   std::vector<RankRecord> ranks;
   RunPlace place;

@@ -72,6 +72,10 @@ std::string run_label(const json& run) {
 std::string run_label(const DataParallelRun& run) {
   std::string label = run.strategy + " W=" + std::to_string(run.world);
   if (tables::uses_units(run)) label += " " + tables::units_setting(run);
+  if (run.shard_group) label += " shard_group=" + std::to_string(*run.shard_group);
+  if (run.mesh)
+    label += " mesh=dp" + std::to_string(run.mesh->dp) + ",tp" + std::to_string(run.mesh->tp) + ",pp" +
+             std::to_string(run.mesh->pp);
   return label + tables::setting_label(run);
 }
 

@@ -98,6 +98,41 @@ void refuse_checkpointed_pipeline(const RunConfig& cfg) {
 
 namespace {
 
+// A rank's group under --mesh (one per axis) or HSDP (shard, replicate): its name, its
+// communicator, its members (world ranks, in its order) and the bytes its forms give.
+struct RankGroup {
+  std::string name;
+  Communicator* comm = nullptr;
+  std::vector<int> members;
+  std::int64_t predicted = 0;
+};
+
+GroupCommRecord rank_group_record(const RankGroup& g) {
+  GroupCommRecord r;
+  r.axis = g.name;
+  r.world = g.comm->world();
+  r.rank = g.comm->rank();
+  r.members = g.members;
+  r.comm = comm_figures(g.comm->ledger(), g.comm->world(), g.comm->emulated());
+  r.comm_bytes = g.comm->ledger().total_bytes();
+  r.predicted_comm_bytes = g.predicted;
+  return r;
+}
+
+// Every group's ledger summed: what the rank's "comm" says under --mesh or HSDP (no
+// busbw: the groups differ in size).
+CommLedger summed_group_ledgers(const std::vector<RankGroup>& groups) {
+  CommLedger sum;
+  for (const RankGroup& g : groups)
+    for (int k = 0; k < kCollKindCount; ++k) {
+      const CollStats& s = g.comm->ledger().by_kind[k];
+      sum.by_kind[k].calls += s.calls;
+      sum.by_kind[k].bytes += s.bytes;
+      sum.by_kind[k].ms += s.ms;
+    }
+  return sum;
+}
+
 RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicator& world_comm) {
   const int world = world_comm.world();
   const int rank = world_comm.rank();
@@ -106,16 +141,31 @@ RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicato
   check_memory(pred.peak_total, backend, rank);
 
   // Under --mesh the strategy reduces over the rank's data-parallel group and the model
-  // splits over its tensor-parallel group; each keeps its own ledger.
+  // splits over its tensor-parallel group; under HSDP it shards over the shard group and
+  // all-reduces over the replicate group. Each group keeps its own ledger.
   std::optional<MeshComms> mesh;
-  if (cfg.mesh.given) mesh = make_mesh_comms(world_comm, cfg.mesh);
-  Communicator& comm = mesh ? mesh->group(MeshAxis::dp) : world_comm;
+  std::unique_ptr<Communicator> shard, replicate;
+  std::vector<RankGroup> groups;
+  if (cfg.mesh.given) {
+    mesh = make_mesh_comms(world_comm, cfg.mesh);
+    for (int a = 0; a < kMeshAxes; ++a)
+      groups.push_back({std::string(kMeshAxisNames[a]), mesh->groups[a].get(),
+                        cfg.mesh.group(rank, static_cast<MeshAxis>(a)), pred.axis_comm_bytes[static_cast<std::size_t>(a)]});
+  } else if (cfg.hybrid()) {
+    const std::vector<int> in_shard = hsdp_group(rank, world, cfg.shard_group, true);
+    const std::vector<int> in_replicate = hsdp_group(rank, world, cfg.shard_group, false);
+    shard = world_comm.split(in_shard);
+    replicate = world_comm.split(in_replicate);
+    groups.push_back({"shard", shard.get(), in_shard, pred.comm_total() - pred.replicate_comm_bytes});
+    groups.push_back({"replicate", replicate.get(), in_replicate, pred.replicate_comm_bytes});
+  }
+  Communicator& comm = mesh ? mesh->group(MeshAxis::dp) : shard ? *shard : world_comm;
   Communicator* tp = mesh ? &mesh->group(MeshAxis::tp) : nullptr;
   auto step_comm_ms = [&] {
-    return mesh ? summed_ledger(*mesh).total_ms() : comm.ledger().total_ms();
+    return groups.empty() ? comm.ledger().total_ms() : summed_group_ledgers(groups).total_ms();
   };
 
-  StrategyContext ctx{cfg, backend, comm, tp};
+  StrategyContext ctx{cfg, backend, comm, tp, replicate.get(), cfg.hybrid() ? rank : -1};
   std::unique_ptr<Strategy> strategy = make_strategy(ctx);
   {
     ScopedRange range(backend, "setup");
@@ -142,13 +192,12 @@ RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicato
   r.peak = peak_figures(tr.peak(), describe_place(tr.peak().place));
   r.predicted = rank_predicted(pred);
   r.allocator = allocator_figures(backend);
-  if (mesh) {
-    const CommLedger sum = summed_ledger(*mesh);
+  if (!groups.empty()) {
+    const CommLedger sum = summed_group_ledgers(groups);
     r.comm = comm_figures(sum, world, true);  // busbw per group only
     r.comm_bytes = sum.total_bytes();
     r.comm_groups.emplace();
-    for (int a = 0; a < kMeshAxes; ++a) r.comm_groups->push_back(
-          group_record(*mesh, static_cast<MeshAxis>(a), rank, pred.axis_comm_bytes[static_cast<std::size_t>(a)]));
+    for (const RankGroup& g : groups) r.comm_groups->push_back(rank_group_record(g));
   } else {
     r.comm = comm_figures(comm.ledger(), world, comm.emulated());
     r.comm_bytes = comm.ledger().total_bytes();
@@ -185,6 +234,10 @@ DataParallelRun data_parallel_run(const RunConfig& cfg, int world) {
   run.timed_steps = timed_steps(cfg.steps);
   run.seed = cfg.seed;
   if (cfg.mesh.given) run.mesh = MeshRecord{cfg.mesh.dp, cfg.mesh.tp, cfg.mesh.pp};
+  if (cfg.hybrid()) {
+    run.strategy = "hsdp";
+    run.shard_group = cfg.shard_group;
+  }
   run.model = model_record(cfg.model);
   return run;
 }
@@ -221,6 +274,10 @@ JobSetup prepare_job(const RunConfig& cfg, const MpiSession& mpi) {
     throw UsageError("the ranks of this job do not all see a GPU: pass --backend cpu or --backend cuda");
   setup.comm = choose_comm(cfg, setup.backend, mpi);
   setup.world = setup.comm.kind == "fake" ? setup.comm.emulate_world : mpi.world();
+  if (cfg.hybrid() && setup.world % cfg.shard_group != 0)
+    throw UsageError("--shard-group " + std::to_string(cfg.shard_group) + ": it must divide the world, " +
+                     (setup.world == 1 ? std::string("1 rank (one process without mpirun)")
+                                       : std::to_string(setup.world) + " ranks (mpirun's)"));
   if (cfg.mesh.given && setup.comm.kind != "fake")
     check_mesh_world(cfg.mesh, setup.world, setup.world == 1 ? "one process without mpirun" :
                                             "mpirun's " + std::to_string(setup.world) + " ranks");

@@ -10,11 +10,19 @@ DataParallelStrategy::DataParallelStrategy(const StrategyContext& ctx)
       backend_(ctx.backend),
       comm_(ctx.comm),
       tp_(ctx.tp),
-      model_(make_model(ctx.cfg.model, ctx.tp ? TensorParallel{ctx.tp->world(), ctx.tp->rank()} : TensorParallel{})) {}
+      replicate_(ctx.replicate),
+      model_(make_model(ctx.cfg.model, ctx.tp ? TensorParallel{ctx.tp->world(), ctx.tp->rank()} : TensorParallel{})),
+      data_rank_(ctx.data_rank >= 0 ? ctx.data_rank : ctx.comm.rank()) {}
+
+void DataParallelStrategy::average_replicas(float* shard, std::size_t n) {
+  if (!replicate_ || replicate_->world() == 1) return;
+  replicate_->all_reduce_sum(shard, n);
+  backend_.scale(shard, 1.0f / static_cast<float>(replicate_->world()), n);
+}
 
 DataSlice DataParallelStrategy::batch_slice(int k) const {
   const int rows = cfg_.model.batch;
-  return {cfg_.seed, batch_index_, comm_.rank(), k * rows, rows};
+  return {cfg_.seed, batch_index_, data_rank_, k * rows, rows};
 }
 
 void DataParallelStrategy::prepare_batch(int index) {
@@ -67,6 +75,7 @@ float DataParallelStrategy::step() {
   backend_.reset_pool_high();
   comm_.reset_ledger();
   if (tp_) tp_->reset_ledger();
+  if (replicate_) replicate_->reset_ledger();
   ScopedRange range(backend_, "step");
   SHARDSCOPE_REQUIRE(static_cast<int>(host_batches_.size()) == cfg_.accumulate,
                      "data parallel: prepare_batch was not called");

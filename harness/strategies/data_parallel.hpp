@@ -35,6 +35,11 @@ class DataParallelStrategy : public Strategy {
   int micro_step_index() const { return micro_; }
   bool syncs() const { return !cfg_.no_sync || micro_ + 1 == cfg_.accumulate; }
 
+  // HSDP: a gradient shard the shard group has reduced, averaged across the replicate
+  // group in place (nothing without one); before it is added to what earlier micro-steps
+  // left, as FSDP1 and fully_shard all-reduce the reduce-scatter's output.
+  void average_replicas(float* shard, std::size_t n);
+
   // Allocates and initialises a tensor (category param) from the flat slice.
   Buffer init_params(std::int64_t flat_begin, std::int64_t count);
   Buffer zeros(Category c, std::size_t count);
@@ -45,6 +50,7 @@ class DataParallelStrategy : public Strategy {
   Backend& backend_;
   Communicator& comm_;
   Communicator* tp_;  // the tensor-parallel group's (null: none)
+  Communicator* replicate_;  // HSDP's replicate group (null: none)
   SavedTensors saved_;
   std::unique_ptr<Model> model_;  // the blocks and the loss cfg.model names
   AdamWHyper hyper_;
@@ -58,6 +64,7 @@ class DataParallelStrategy : public Strategy {
   // beta 0 on the first micro-step and 1 after; returns the scaled loss.
   float micro_step(int k);
   std::vector<std::vector<float>> host_batches_;  // one per micro-step
+  int data_rank_;  // whose rows this rank draws
   int batch_index_ = 0;
   int micro_ = 0;
 };

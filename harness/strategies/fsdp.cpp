@@ -86,10 +86,12 @@ void FsdpStrategy::reduce_unit(int u) {
     Buffer out = backend_.alloc(Category::comm, n);
     comm_.reduce_scatter_sum(s.full_grad.data(), out.data(), n);
     backend_.scale(out.data(), inv_world, n);
+    average_replicas(out.data(), n);
     backend_.add(s.grad_shard.data(), out.data(), n);
   } else {
     comm_.reduce_scatter_sum(s.full_grad.data(), s.grad_shard.data(), n);
     backend_.scale(s.grad_shard.data(), inv_world, n);
+    average_replicas(s.grad_shard.data(), n);
   }
   s.full_grad.reset();
 }

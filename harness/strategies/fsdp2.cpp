@@ -115,10 +115,12 @@ void Fsdp2Strategy::reduce_unit(int u) {
     Buffer out = backend_.alloc(Category::comm, n);
     comm_.reduce_scatter_sum(input.data(), out.data(), n);
     backend_.scale(out.data(), 1.0f / static_cast<float>(world), n);
+    average_replicas(out.data(), n);
     backend_.add(grad, out.data(), n);
   } else {
     comm_.reduce_scatter_sum(input.data(), grad, n);
     backend_.scale(grad, 1.0f / static_cast<float>(world), n);
+    average_replicas(grad, n);
   }
   input.reset();
 }

@@ -108,6 +108,9 @@ struct RunConfig {
   int prefetch = 1;
   std::string ddp_bucket = "view";  // view | copy
   double bucket_mb = 0.0;           // 0 = one flat bucket
+  // --strategy hsdp --shard-group G: zero3 (FSDP's HYBRID_SHARD) sharded within groups of
+  // G consecutive ranks and replicated across them; 0: not hybrid. `strategy` is zero3.
+  int shard_group = 0;
   // --accumulate K: micro-steps per optimizer step, each on the rank's whole batch (K x
   // batch rows per optimizer step), the loss scaled by 1/K, gradients accumulated.
   int accumulate = 1;
@@ -143,6 +146,7 @@ struct RunConfig {
   std::string command_line;
 
   bool pipeline() const { return schedule.has_value(); }
+  bool hybrid() const { return shard_group > 0; }
 };
 
 }  // namespace shardscope

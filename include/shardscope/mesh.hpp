@@ -53,6 +53,11 @@ MeshShape parse_mesh(const std::string& text);
 // where the world came from: "mpirun's 4 ranks", "--emulate 8:3").
 void check_mesh_world(const MeshShape& mesh, int world, const std::string& world_source);
 
+// HSDP's groups (--strategy hsdp --shard-group G): `rank`'s shard group, the G consecutive
+// ranks it shards the model with, or its replicate group, the ranks G apart that hold the
+// same shards; members in the group's rank order.
+std::vector<int> hsdp_group(int rank, int world, int shard_group, bool shard);
+
 // One rank's communicators of a mesh: the world's and one per axis (split from the
 // world's; an axis of size 1 is a group of one). The comm ledger is per group.
 struct MeshComms {

@@ -31,6 +31,9 @@ struct Prediction {
   // parameters, the gradients the stage keeps during a step, master weights and AdamW's
   // state (docs/formulas.md, "DeepSpeed"); none for the other engines.
   std::optional<std::int64_t> model_states;
+  // Under HSDP: the replicate group's part of comm_bytes (its all-reduce of the gradient
+  // shards); the rest is the shard group's.
+  std::int64_t replicate_comm_bytes = 0;
   // What the saved-tensor instrument holds when the forward, loss included, has ended:
   // distinct saved storages holding bytes (parameters excluded) and their bytes.
   std::int64_t saved_after_forward_bytes = 0;
@@ -44,7 +47,8 @@ struct Prediction {
 
 // Every rank of a data-parallel job of `world` ranks running cfg.strategy, in rank
 // order (under --mesh, world is the mesh's: each rank as its data-parallel group's rank,
-// its model its tensor-parallel slice); linear in layers, units and ranks (zero1's partition: T log W), so a world of
+// its model its tensor-parallel slice; under --strategy hsdp, each rank as its shard
+// group's rank, with the replicas' all-reduce of its gradient shard); linear in layers, units and ranks (zero1's partition: T log W), so a world of
 // 65,536 ranks or a model of 100,000 one-layer units is predicted at once.
 std::vector<Prediction> predict_data_parallel_ranks(const RunConfig& cfg, int world);
 

@@ -34,6 +34,11 @@ struct StrategyContext {
   Communicator& comm;  // the data-parallel group's (the world's without --mesh)
   // --mesh's tensor-parallel group (null: none): the model is this rank's slice of it.
   Communicator* tp = nullptr;
+  // HSDP (--strategy hsdp): `comm` is the rank's shard group, and this the replicate group
+  // across which the reduced gradient shards are all-reduced (null: none).
+  Communicator* replicate = nullptr;
+  // The rank whose batch this rank draws (-1: comm's rank). HSDP's is the world rank.
+  int data_rank = -1;
 };
 
 class Strategy {

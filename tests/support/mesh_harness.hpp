@@ -59,3 +59,36 @@ inline std::vector<float> pick(const std::vector<float>& whole, const std::vecto
 }
 
 }  // namespace shardscope::testing
+
+namespace shardscope::testing {
+
+struct HsdpResult {
+  DpResult dp;  // dp.ledger: the shard group's
+  CommLedger replicate_ledger;
+};
+
+// One rank of --strategy hsdp (cfg.shard_group, cfg.strategy zero3) over the groups
+// split from `world`, as run does: zero3 over the shard group, the replicas all-reducing
+// the gradient shards, each rank drawing its world rank's rows.
+inline HsdpResult run_hsdp(const RunConfig& cfg, Backend& backend, Communicator& world, bool gather) {
+  auto shard = world.split(hsdp_group(world.rank(), world.world(), cfg.shard_group, true));
+  auto replicate = world.split(hsdp_group(world.rank(), world.world(), cfg.shard_group, false));
+  StrategyContext ctx{cfg, backend, *shard, nullptr, replicate.get(), world.rank()};
+  auto strategy = make_strategy(ctx);
+  strategy->setup();
+  HsdpResult r;
+  for (int s = 0; s < cfg.steps; ++s) {
+    strategy->prepare_batch(s);
+    r.dp.losses.push_back(strategy->step());
+  }
+  r.dp.saved = strategy->saved_after_forward();
+  r.dp.resting = backend.tracker().current();
+  r.dp.peak = backend.tracker().peak();
+  r.dp.where = describe_place(r.dp.peak.place);
+  r.dp.ledger = shard->ledger();
+  r.replicate_ledger = replicate->ledger();
+  if (gather) r.dp.state = strategy->gather_state();
+  return r;
+}
+
+}  // namespace shardscope::testing
