@@ -144,7 +144,7 @@ TEST(SweepPlan, BadFlagsAreRefusedNamingTheFlag) {
   EXPECT_EQ(usage_error({"--worlds", "2,,4"}), "--worlds: '2,,4' has an empty item; give a comma-separated list");
   EXPECT_EQ(usage_error({"--worlds"}), "--worlds: needs a value");
   EXPECT_EQ(usage_error({"--strategies", "ddp,fsdp"}),
-            "--strategies: 'fsdp' is not a strategy; allowed: ddp, zero1, zero2, zero3");
+            "--strategies: 'fsdp' is not a strategy; allowed: ddp, zero1, zero2, zero3, hsdp");
   EXPECT_EQ(usage_error({"--schedules", "pipedream"}),
             "--schedules: 'pipedream' is not a schedule; allowed: gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv");
   EXPECT_EQ(usage_error({"--preset", "seed"}), "--preset: 'seed' is not a preset; allowed: seed-dp, seed-pp");

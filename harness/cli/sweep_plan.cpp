@@ -18,6 +18,13 @@ using nlohmann::json;
 using Flags = std::vector<std::pair<std::string, std::string>>;  // preset flags: name, value
 
 const std::vector<std::string> kStrategies(kStrategyNames.begin(), kStrategyNames.end());
+// What --strategies takes: every strategy, and hsdp (zero3 over --shard-group ranks,
+// replicated across the groups), which runs only when named.
+const std::vector<std::string> kStrategyChoices = [] {
+  std::vector<std::string> v = kStrategies;
+  v.push_back("hsdp");
+  return v;
+}();
 const std::vector<std::string> kPresets = {"seed-dp", "seed-pp"};
 
 // The seed's experiment (tests/reference/seed-3.13.json).
@@ -96,6 +103,20 @@ std::optional<std::string> pass_value(const SweepOptions& o, const std::string& 
     else if (const auto eq = f.tokens[0].find('='); eq != std::string::npos) v = f.tokens[0].substr(eq + 1);
   }
   return v;
+}
+
+// `args` less flag `name` and its value (given as two tokens or as name=value).
+std::vector<std::string> without_flag(const std::vector<std::string>& args, const std::string& name) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == name) {
+      if (i + 1 < args.size() && !is_long_flag(args[i + 1])) ++i;
+      continue;
+    }
+    if (args[i].rfind(name + "=", 0) == 0) continue;
+    out.push_back(args[i]);
+  }
+  return out;
 }
 
 bool has_pass(const SweepOptions& o, const std::string& name) {
@@ -208,7 +229,7 @@ SweepOptions parse_sweep_args(const std::vector<std::string>& args) {
       }
     } else if (name == "--strategies") {
       for (const std::string& s : split_list(name, value())) {
-        check_allowed(name, "a strategy", s, kStrategies);
+        check_allowed(name, "a strategy", s, kStrategyChoices);
         check_new(name, o.strategies, s, "'" + s + "'");
         o.strategies.push_back(s);
       }
@@ -284,6 +305,8 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
     throw UsageError("--microbatches: applies to pipeline runs; add --schedules or --preset seed-pp");
   // A family's flag that reaches no job would be quietly dropped: refused instead.
   for (const PassFlag& f : o.pass) {
+    if (f.name == "--shard-group" && !has(o.strategies, std::string("hsdp")))
+      throw UsageError("--shard-group: applies to hsdp runs; add hsdp to --strategies");
     if (has(kDataParallelOnly, f.name) && !data_parallel)
       throw UsageError(f.name + ": applies to data-parallel runs; add --strategies or --preset seed-dp");
     if (f.name == "--split" && !pipeline)
@@ -310,7 +333,8 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
     const std::optional<std::string> units = pass_value(o, "--units");
     for (int w : worlds) {
       for (const std::string& s : strategies) {
-        const bool sharded = shards_by_unit(parse_strategy(s, "--strategies"));
+        const bool hsdp = s == "hsdp";  // zero3 within each shard group
+        const bool sharded = hsdp || shards_by_unit(parse_strategy(s, "--strategies"));
         // seed-dp compares the root unit with one unit per layer, where zero2 and zero3 differ.
         std::vector<std::string> unit_settings = {""};
         if (dp_preset && !has_pass(o, "--units") && sharded) unit_settings = {"all", "1"};
@@ -318,6 +342,11 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
           json config = {{"kind", "data_parallel"}, {"strategy", s}, {"world", w}};
           std::vector<std::string> args = {"--strategy", s};
           args.insert(args.end(), flags.begin(), flags.end());
+          if (hsdp) {
+            if (auto g = pass_value(o, "--shard-group")) config["shard_group"] = units_value(*g);
+          } else {
+            args = without_flag(args, "--shard-group");  // hsdp's alone
+          }
           if (!u.empty()) {
             args.insert(args.end(), {"--units", u});
             config["layers_per_unit"] = units_value(u);
@@ -373,7 +402,7 @@ std::string sweep_usage() {
          "sweep flags:\n"
          "  --worlds LIST        world sizes, for pipeline runs the stage counts (default 2,4;\n"
          "                       at most 65536)\n"
-         "  --strategies LIST    data-parallel runs: ddp, zero1, zero2, zero3\n"
+         "  --strategies LIST    data-parallel runs: ddp, zero1, zero2, zero3, hsdp (with --shard-group G)\n"
          "  --schedules LIST     pipeline runs: gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv\n"
          "  --microbatches LIST  micro-batch counts of pipeline runs (default: one run at M = S)\n"
          "  --preset NAME        seed-dp: 8 x 256, activation none, loss sum, batch 32, 11 steps,\n"

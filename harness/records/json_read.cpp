@@ -577,15 +577,15 @@ std::string run_label(const json& run, bool pipeline) {
   std::string label = name + (pipeline ? " S=" : " W=") + text(run["world"]);
   if (!pipeline) {
     const std::optional<StrategyKind> kind = find_strategy(name);
-    if (const json* k = Reader::present(run, "layers_per_unit"); k && kind && shards_by_unit(*kind))
-      label += " units=" + text(*k);
+    const bool units = (kind && shards_by_unit(*kind)) || name == "hsdp";  // hsdp: zero3's units
+    if (const json* k = Reader::present(run, "layers_per_unit"); k && units) label += " units=" + text(*k);
+    if (const json* g = Reader::present(run, "shard_group")) label += " shard_group=" + text(*g);
     if (const json* e = Reader::present(run, "engine"); e && *e != "torch") label += " engine=" + text(*e);
     if (const json* p = Reader::present(run, "precision"); p && *p != "fp32") label += " precision=" + text(*p);
     if (const json* m = Reader::present(run, "model"); m && m->is_object())
       if (const json* c = Reader::present(*m, "checkpoint")) label += " checkpoint=" + text(*c);
     if (const json* a = Reader::present(run, "accumulate"); a && *a != 1) label += " accumulate=" + text(*a);
     if (const json* n = Reader::present(run, "no_sync"); n && *n == true) label += " no_sync";
-    if (const json* g = Reader::present(run, "shard_group")) label += " shard_group=" + text(*g);
     if (const json* m = Reader::present(run, "mesh"); m && m->is_object())
       label += " mesh=dp" + text(m->value("dp", json(1))) + ",tp" + text(m->value("tp", json(1))) + ",pp" +
                text(m->value("pp", json(1)));

@@ -72,7 +72,6 @@ std::string run_label(const json& run) {
 std::string run_label(const DataParallelRun& run) {
   std::string label = run.strategy + " W=" + std::to_string(run.world);
   if (tables::uses_units(run)) label += " " + tables::units_setting(run);
-  if (run.shard_group) label += " shard_group=" + std::to_string(*run.shard_group);
   if (run.mesh)
     label += " mesh=dp" + std::to_string(run.mesh->dp) + ",tp" + std::to_string(run.mesh->tp) + ",pp" +
              std::to_string(run.mesh->pp);
@@ -123,7 +122,8 @@ std::string accumulate_label(const DataParallelRun& run) {
 }
 
 std::string setting_label(const DataParallelRun& run) {
-  return (run.engine != "torch" ? " engine=" + run.engine : std::string()) +
+  return (run.shard_group ? " shard_group=" + std::to_string(*run.shard_group) : std::string()) +
+         (run.engine != "torch" ? " engine=" + run.engine : std::string()) +
          (run.precision != "fp32" ? " precision=" + run.precision : std::string()) +
          (run.model.checkpoint ? " checkpoint=" + *run.model.checkpoint : std::string()) + accumulate_label(run);
 }

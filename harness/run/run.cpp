@@ -86,7 +86,8 @@ void refuse_unbuilt_autocast(const RunConfig& cfg) {
     throw UsageError("--precision bf16 and --schedule: a pipeline under autocast is not built yet; allowed: "
                      "--strategy ddp|zero1");
   if (shards_by_unit(cfg.strategy))
-    throw UsageError("--precision bf16 and --strategy " + std::string(strategy_name(cfg.strategy)) +
+    throw UsageError("--precision bf16 and --strategy " +
+                     std::string(cfg.hybrid() ? "hsdp" : strategy_name(cfg.strategy)) +
                      ": FSDP's mixed precision is not built yet; allowed: ddp, zero1");
 }
 

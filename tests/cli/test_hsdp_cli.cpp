@@ -2,11 +2,12 @@
 // of 2, both engines) and W = 8 (groups of 2 and 4) on the MLP, GPT-2 and Llama holds its
 // predictions, the shard and replicate groups apart, each group's members as torch's
 // (replicate, shard) mesh makes them; the four real ranks under mpirun do too; bad flags are exit 2 in one
-// line naming them. Also: plan and sweep with --mesh and a --worlds item that is not the
-// mesh's world are exit 2 naming both flags.
+// line naming them; plan and sweep take hsdp. Also: plan and sweep with --mesh and a
+// --worlds item that is not the mesh's world are exit 2 naming both flags.
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -139,6 +140,70 @@ TEST_F(HsdpCli, BadFlagsAreRefusedNamingThem) {
     EXPECT_EQ(refused(std::string("run --backend cpu") + kMlp + c.flags), 2) << c.flags;
     EXPECT_EQ(first_line(dir_ + "/err.txt"), c.line) << c.flags;
   }
+  // bf16 runs transformers only, and not sharded: refused naming hsdp, not zero3.
+  EXPECT_EQ(refused(std::string("run --backend cpu") + kGpt2 + "--strategy hsdp --shard-group 2 --precision bf16 "
+                                                              "--emulate 4:0"),
+            2);
+  EXPECT_EQ(first_line(dir_ + "/err.txt"),
+            "shardscope: error: --precision bf16 and --strategy hsdp: FSDP's mixed precision is not built yet; "
+            "allowed: ddp, zero1");
+}
+
+// plan and sweep take hsdp in --strategies with --shard-group (which reaches hsdp's jobs
+// alone): each hsdp entry is labelled with its G, its ranks' figures depend on G (not on
+// W, but for the replicas' all-reduce being there), an emulated sweep's ranks hold their
+// predictions, and a G that does not divide a world skips that configuration.
+TEST_F(HsdpCli, PlanAndSweepTakeHsdp) {
+  ASSERT_EQ(refused(std::string("plan --strategies zero3,hsdp --shard-group 2 --worlds 4,8 --json p.json") + kMlp),
+            0)
+      << first_line(dir_ + "/err.txt");
+  std::ifstream in(dir_ + "/p.json");
+  const json plans = json::parse(in)["plans"];
+  ASSERT_EQ(plans.size(), 4u);
+  std::map<std::pair<std::string, int>, json> by;
+  for (const json& p : plans) by[{p["strategy"].get<std::string>(), p["world"].get<int>()}] = p;
+  const json& h4 = by[{"hsdp", 4}];
+  const json& h8 = by[{"hsdp", 8}];
+  const json& z4 = by[{"zero3", 4}];
+  EXPECT_EQ(h4["shard_group"], 2);
+  EXPECT_FALSE(z4.contains("shard_group"));
+  ASSERT_EQ(h4["rank_groups"].size(), 1u);  // every rank alike
+  const json& p4 = h4["rank_groups"][0]["predicted"];
+  const json& p8 = h8["rank_groups"][0]["predicted"];
+  EXPECT_EQ(p4["resting"], p8["resting"]);
+  EXPECT_EQ(p4["comm_bytes"], p8["comm_bytes"]);
+  EXPECT_GT(p4["resting"]["total"].get<std::int64_t>(),
+            z4["rank_groups"][0]["predicted"]["resting"]["total"].get<std::int64_t>());
+
+  ASSERT_EQ(refused(std::string("sweep --emulate --out o --strategies hsdp --shard-group 2 --worlds 4") + kMlp), 0)
+      << first_line(dir_ + "/err.txt");
+  std::ifstream sin(dir_ + "/o/shardscope.json");
+  const json run = json::parse(sin)["runs"][0];
+  EXPECT_EQ(run["strategy"], "hsdp");
+  EXPECT_EQ(run["shard_group"], 2);
+  ASSERT_EQ(run["ranks"].size(), 4u);
+  for (const json& rank : run["ranks"]) expect_predicted(rank, 4, 2, "sweep rank " + rank["rank"].dump());
+
+  ASSERT_EQ(refused(std::string("plan --strategies ddp,hsdp --shard-group 3 --worlds 3,4 --json q.json") + kMlp), 0)
+      << first_line(dir_ + "/err.txt");
+  std::ifstream qin(dir_ + "/q.json");
+  const json q = json::parse(qin);
+  int skipped = 0;
+  for (const json& p : q["plans"])
+    if (p.value("skipped", false)) {
+      ++skipped;
+      EXPECT_EQ(p["strategy"], "hsdp");
+      EXPECT_EQ(p["world"], 4);
+      EXPECT_EQ(p["reason"], "--shard-group 3: it must divide the world, 4 ranks");
+    }
+  EXPECT_EQ(skipped, 1);
+
+  EXPECT_EQ(refused(std::string("plan --strategies ddp --shard-group 2") + kMlp), 2);
+  EXPECT_EQ(first_line(dir_ + "/err.txt"),
+            "shardscope: error: --shard-group: applies to hsdp runs; add hsdp to --strategies");
+  EXPECT_EQ(refused(std::string("plan --strategies hsdp --worlds 4") + kMlp), 2);
+  EXPECT_EQ(first_line(dir_ + "/err.txt"),
+            "shardscope: error: --strategy hsdp needs --shard-group G (ranks per shard group, dividing the world)");
 }
 
 TEST_F(HsdpCli, PlanAndSweepRefuseWorldsThatAreNotTheMeshs) {

@@ -189,7 +189,7 @@ TEST_F(Plan, RefusalsNameTheFlagAndWriteNothing) {
       {"--json a.json --json b.json", "shardscope: error: --json: given twice; give it once"},
       {"--json dir/ --layers 4", "shardscope: error: --json FILE: cannot write 'dir/': it names a directory"},
       {"--layers 0 --json p.json", "shardscope: error: --layers: '0' is not a positive integer"},
-      {"--strategies fsdp --json p.json", "shardscope: error: --strategies: 'fsdp' is not a strategy; allowed: ddp, zero1, zero2, zero3"},
+      {"--strategies fsdp --json p.json", "shardscope: error: --strategies: 'fsdp' is not a strategy; allowed: ddp, zero1, zero2, zero3, hsdp"},
       {"--bogus --json p.json", "shardscope: error: unknown flag '--bogus' (shardscope plan --help lists the flags)"},
   };
   for (const auto& c : cases) {
