@@ -211,7 +211,9 @@ TEST_F(HsdpCli, PlanAndSweepRefuseWorldsThatAreNotTheMeshs) {
       "shardscope: error: --mesh dp=2,tp=2,pp=1 and --worlds 8: the mesh is dp·tp·pp = 4 ranks; give --worlds 4 or "
       "leave --worlds out";
   EXPECT_EQ(refused(std::string("plan --strategies zero1 --mesh dp=2,tp=2 --worlds 4,8") + kMlp), 2);
-  EXPECT_EQ(first_line(dir_ + "/err.txt"), line);
+  EXPECT_EQ(first_line(dir_ + "/err.txt"),
+            "shardscope: error: --worlds and --mesh dp=2,tp=2,pp=1: the mesh's dp·tp·pp (4 ranks) is the world; drop "
+            "--worlds");
   EXPECT_EQ(refused(std::string("sweep --emulate --out o --strategies zero1 --mesh dp=2,tp=2 --worlds 8") + kMlp), 2);
   EXPECT_EQ(first_line(dir_ + "/err.txt"), line);
   // Without --worlds the mesh's world is the one planned.
