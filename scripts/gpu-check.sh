@@ -283,7 +283,51 @@ else
   fail "gpu paths: not run (no binary, or the time budget ($budget s) is spent)"
 fi
 
-# ---- 5. Nsight Systems, when present: one short zero3 run, NVTX summary ---------------
+# ---- 4c. overlap on one GPU: the non-blocking collectives on NCCL's communication stream
+# (--overlap on, W = 1, so a ddp of small buckets and a zero3 prefetch run through the
+# post/event/wait path) against --overlap off: exit 0, measured == predicted bytes, and
+# every collective's exposed_ms within its ms (all of it with overlap off).
+if [[ -x "$build/shardscope" && "$(limit 60)" -ge 60 ]]; then
+  ov_dir="$(mktemp -d)"
+  ov_ok=1
+  ov_text=""
+  for ov_run in "ddp --bucket-mb 0.05" "zero3 --units 1"; do
+    for ov in on off; do
+      ov_json="$ov_dir/${ov_run%% *}-$ov.json"
+      # shellcheck disable=SC2086
+      if ! timeout 30 "$build/shardscope" run --backend cuda --comm nccl --strategy $ov_run --overlap "$ov" \
+           --layers 4 --width 256 --steps 3 --json "$ov_json" >/dev/null 2>"$ov_dir/err"; then
+        ov_ok=0
+        ov_text+=" ${ov_run%% *}/$ov: $(head -n 1 "$ov_dir/err");"
+        continue
+      fi
+      ov_text+=" $(python3 - "$ov_json" "$ov" <<'PY'
+import json, sys
+run = json.load(open(sys.argv[1]))["runs"][0]
+rank = run["ranks"][0]
+problems = []
+if rank["peak"]["total"] != rank["predicted"]["peak_total"]: problems.append("peak != predicted")
+if rank["resting"] != rank["predicted"]["resting"]: problems.append("resting != predicted")
+ms = sum(c["ms"] for c in rank["comm"].values())
+exposed = sum(c["exposed_ms"] for c in rank["comm"].values())
+for kind, c in rank["comm"].items():
+    if c["exposed_ms"] > c["ms"] or (sys.argv[2] == "off" and c["exposed_ms"] != c["ms"]):
+        problems.append(kind + " exposed_ms " + str(c["exposed_ms"]) + " vs ms " + str(c["ms"]))
+print(run["strategy"] + "/" + sys.argv[2] + ": comm %.3f ms, exposed %.3f ms" % (ms, exposed) +
+      ("" if not problems else " PROBLEMS " + ", ".join(problems)) + ";")
+sys.exit(1 if problems else 0)
+PY
+)" || ov_ok=0
+    done
+  done
+  if [[ $ov_ok == 1 ]]; then say "overlap (nccl, W = 1):$ov_text"; else fail "overlap (nccl, W = 1):$ov_text"; fi
+  rm -rf "$ov_dir"
+else
+  say "overlap: not run (no binary, or too little of the time budget left)"
+fi
+
+# ---- 5. Nsight Systems, when present: one short zero3 run (its prefetch posted on the
+# communication stream, --overlap on), NVTX summary -------------------------------------
 if command -v nsys >/dev/null 2>&1 && [[ -x "$build/shardscope" && "$(limit 90)" -ge 90 ]]; then
   rep_dir="$(mktemp -d)"
   if timeout 60 nsys profile -t cuda,nvtx -o "$rep_dir/zero3" --force-overwrite true \

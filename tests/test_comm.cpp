@@ -186,6 +186,72 @@ TEST(comm_self, EachCallIsSynchronisedAndNamedForProfilers) {
   EXPECT_EQ(b.ranges.back(), "send 16 B");
 }
 
+// ---- non-blocking calls (--overlap on) ---------------------------------------------------
+
+// The fake rank's non-blocking calls do what its blocking ones do, complete at the post,
+// and count in the ledger like them; wait() clears the ticket, exposed_ms <= ms, and a
+// collective never waited for makes the next step's reset_ledger refuse.
+TEST(comm_nonblocking, FakeRankPostsCompleteAndCountLikeBlockingOnes) {
+  RecordingBackend b;
+  b.tracker().set_recording(true);
+  auto c = make("fake", &b, 4, 2);
+  auto grad = seeded(20, 2, 1001), flat = seeded(21, 2, 4 * 250), shard = seeded(22, 2, 250);
+  auto gathered = seeded(23, 2, 4 * 13), mine = seeded(24, 2, 13);
+  const auto grad_before = grad;
+  for (const auto* v : {&grad, &flat, &shard, &gathered, &mine}) ASSERT_TRUE(all_nonzero(*v));
+  const int syncs = b.syncs;
+  CommTicket t1 = c->start_all_reduce_sum(grad.data(), grad.size());
+  CommTicket t2 = c->start_reduce_scatter_sum(flat.data(), shard.data(), shard.size());
+  CommTicket t3 = c->start_all_gather(mine.data(), gathered.data(), mine.size());
+  EXPECT_EQ(b.syncs, syncs) << "a post never synchronises the backend";
+  EXPECT_TRUE(t1 && t2 && t3);
+  EXPECT_EQ(c->in_flight(), 3);
+  EXPECT_THROW(c->reset_ledger(), RunError);
+  c->progress();
+  c->wait(t2);
+  c->wait(t3);
+  c->wait(t1);
+  EXPECT_FALSE(t1 || t2 || t3);
+  EXPECT_EQ(c->in_flight(), 0);
+  c->wait(t1);  // a cleared ticket: nothing to wait for
+  EXPECT_TRUE(same_bits(grad, grad_before));
+  EXPECT_TRUE(same_bits(shard, std::vector<float>(flat.begin() + 2 * 250, flat.begin() + 3 * 250)));
+  for (int slot = 0; slot < 4; ++slot)
+    for (int i = 0; i < 13; ++i) EXPECT_EQ(gathered[slot * 13 + i], slot == 2 ? mine[i] : 0.0f);
+  expect_stats(*c, CollKind::all_reduce, 1, 1001 * 4);
+  expect_stats(*c, CollKind::reduce_scatter, 1, 4 * 250 * 4);
+  expect_stats(*c, CollKind::all_gather, 1, 4 * 13 * 4);
+  for (const CollStats& st : c->ledger().by_kind) EXPECT_LE(st.exposed_ms, st.ms);
+  // Each on the communication track, none among the ranges.
+  int on_track = 0;
+  for (const TimelineSpan& sp : b.tracker().timeline().spans()) {
+    if (sp.track == kCommunicationTrack) {
+      ++on_track;
+      EXPECT_GE(sp.end_ns, sp.start_ns);
+      EXPECT_GT(sp.bytes, 0);
+    }
+  }
+  EXPECT_EQ(on_track, 3);
+  EXPECT_EQ(b.open_ranges, 0);
+  c->reset_ledger();
+  // A blocking call's whole time is exposed, point-to-point's too.
+  c->all_reduce_sum(grad.data(), grad.size());
+  std::vector<float> in(7);
+  c->p2p({{true, grad.data(), 11, 3}, {false, in.data(), 7, 1}});
+  for (CollKind k : {CollKind::all_reduce, CollKind::send, CollKind::recv})
+    EXPECT_EQ(c->ledger()[k].exposed_ms, c->ledger()[k].ms) << kCollKindNames[static_cast<int>(k)];
+}
+
+TEST(comm_nonblocking, SelfRankCompletesAtThePost) {
+  auto c = make("self", nullptr);
+  auto x = seeded(30, 0, 64), y = std::vector<float>(64, 0.0f);
+  CommTicket t = c->start_reduce_scatter_sum(x.data(), y.data(), 64);
+  EXPECT_TRUE(same_bits(x, y));  // complete at the post: world 1
+  CommTicket u;
+  EXPECT_FALSE(u);
+  EXPECT_THROW(c->wait(t = CommTicket{t.id + 99}), RunError);
+}
+
 // ---- fake (--emulate W:r) -----------------------------------------------------------------
 
 TEST(comm_fake, RecordsWhatRankTwoOfFourWouldAndTakesTheOthersAsZeros) {

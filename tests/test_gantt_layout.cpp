@@ -81,12 +81,12 @@ TEST(GanttLayout, ListsThatCannotRunStillEndAndMissingTimesGiveNone) {
 // A stage's timeline: its last step from `t0`, the actions at the given starts, 1 ms each.
 TimelineRecord view(double t0, const std::vector<std::pair<std::string, double>>& acts) {
   TimelineRecord v;
-  v.spans.push_back({"step", t0 - 20.0, t0 - 15.0, 0, std::nullopt});  // an earlier step, ignored
-  v.spans.push_back({"F(m=0)", t0 - 20.0, t0 - 19.0, 1, std::nullopt});
-  v.spans.push_back({"step", t0, t0 + 6.0, 0, std::nullopt});
+  v.spans.push_back({"step", t0 - 20.0, t0 - 15.0, 0, std::nullopt, std::nullopt});  // an earlier step, ignored
+  v.spans.push_back({"F(m=0)", t0 - 20.0, t0 - 19.0, 1, std::nullopt, std::nullopt});
+  v.spans.push_back({"step", t0, t0 + 6.0, 0, std::nullopt, std::nullopt});
   for (const auto& [name, start] : acts) {
-    v.spans.push_back({name, t0 + start, t0 + start + 1.0, 1, std::nullopt});
-    v.spans.push_back({"send 512 B", t0 + start + 0.9, t0 + start + 1.0, 2, 512});
+    v.spans.push_back({name, t0 + start, t0 + start + 1.0, 1, std::nullopt, std::nullopt});
+    v.spans.push_back({"send 512 B", t0 + start + 0.9, t0 + start + 1.0, 2, 512, std::nullopt});
   }
   return v;
 }
@@ -127,7 +127,7 @@ TEST(GanttLayout, MeasuredShiftsAClockThatReceivesBeforeTheSend) {
 
 TEST(GanttLayout, MeasuredNeedsActionSpansOnEveryStage) {
   TimelineRecord bare;
-  bare.spans.push_back({"step", 0.0, 1.0, 0, std::nullopt});
+  bare.spans.push_back({"step", 0.0, 1.0, 0, std::nullopt, std::nullopt});
   EXPECT_EQ(measure({view(0.0, kStage0), bare}).source, GanttLayout::Source::none);
   const TimelineRecord stage0 = view(0.0, kStage0);
   EXPECT_EQ(measured_layout({&stage0, nullptr}).source, GanttLayout::Source::none);  // no timeline recorded

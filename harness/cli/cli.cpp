@@ -81,7 +81,7 @@ struct RunFlags {
   std::string precision = "fp32";
   std::string microbatches, chunks = "1", split;
   std::string backend, comm, emulate, json, trace, timeline = "on", csv;
-  std::string ddp_bucket = "view", bucket_mb = "0";
+  std::string ddp_bucket = "view", bucket_mb = "0", overlap = "on";
   std::string bytes = "binary";
   std::string comm_timeout = "300";
   std::string checkpoint = "none";
@@ -165,6 +165,10 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--timeline", f.timeline, "on | off: record each rank's memory timeline and ranges (default on)")->type_name("on|off");
   app.add_option("--ddp-bucket", f.ddp_bucket, "view | copy: copy keeps torch's separate flat bucket (default view)")->type_name("view|copy");
   app.add_option("--bucket-mb", f.bucket_mb, "DDP bucket cap in MiB (0 = one flat bucket)")->type_name("MIB");
+  app.add_option("--overlap", f.overlap,
+                 "on | off: all-reduce ddp/zero1 buckets while backward continues, and prefetch zero2/zero3 "
+                 "units without blocking; off blocks on every collective (default on)")
+      ->type_name("on|off");
   app.add_flag("--tf32", f.tf32, "allow TF32 GEMMs on cuda");
   app.add_option("--bytes", f.bytes, kBytesHelp)->type_name("binary|exact");
   app.add_flag("--wide", f.wide, kWideHelp);
@@ -477,6 +481,9 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
   if (f.ddp_bucket != "view" && f.ddp_bucket != "copy")
     throw UsageError("--ddp-bucket: unknown '" + f.ddp_bucket + "'; allowed: view, copy");
   c.ddp_bucket = f.ddp_bucket;
+  if (f.overlap != "on" && f.overlap != "off")
+    throw UsageError("--overlap: unknown '" + f.overlap + "'; allowed: on, off");
+  c.overlap = f.overlap == "on";
   {
     // Plain decimal only: no sign, exponent, hex, inf or nan.
     std::size_t used = 0;
@@ -521,7 +528,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
     for (const char* flag : {"--microbatches", "--chunks", "--split"})
       if (app.count(flag) > 0) throw UsageError(std::string(flag) + " is only valid with --schedule");
   } else {
-    for (const char* flag : {"--units", "--prefetch", "--ddp-bucket", "--bucket-mb", "--engine"})
+    for (const char* flag : {"--units", "--prefetch", "--ddp-bucket", "--bucket-mb", "--engine", "--overlap"})
       if (app.count(flag) > 0) throw UsageError(std::string(flag) + " is only valid with --strategy (data parallel)");
   }
   // A schedule is validated action by action before it runs: M and v are capped so

@@ -46,8 +46,8 @@ constexpr int kMaxTimeoutS = 604'800;
 
 // `run` flags that shape one family only (run refuses them in the other): a sweep passes
 // each to the jobs it applies to, so one sweep can mix both families.
-const std::vector<std::string> kDataParallelOnly = {"--units",     "--prefetch",   "--ddp-bucket",
-                                                    "--bucket-mb", "--accumulate", "--no-sync"};
+const std::vector<std::string> kDataParallelOnly = {"--units",      "--prefetch", "--ddp-bucket", "--bucket-mb",
+                                                    "--accumulate", "--no-sync",  "--overlap"};
 const std::vector<std::string> kPipelineOnly = {"--chunks", "--split"};  // --microbatches is a sweep list
 
 // `run` flags the sweep sets itself, and what to use instead.
@@ -426,9 +426,9 @@ std::string sweep_usage() {
          "  --wide               the tables with every column, each prediction in full\n"
          "\n"
          "Every other flag is a `run` flag (--layers 8 --width 256 --units 1 --backend cpu ...)\n"
-         "and reaches every job it applies to: --units, --prefetch, --ddp-bucket and --bucket-mb\n"
-         "data-parallel jobs, --split pipeline jobs, --chunks interleaved-1f1b jobs; it replaces a\n"
-         "preset's flag of the same name. Every job's flags are checked as `run` checks them before\n"
+         "and reaches every job it applies to: --units, --prefetch, --ddp-bucket, --bucket-mb and\n"
+         "--overlap data-parallel jobs, --split pipeline jobs, --chunks interleaved-1f1b jobs; it\n"
+         "replaces a preset's flag of the same name. Every job's flags are checked as `run` checks them before\n"
          "any job starts. Each list names an item once.\n"
          "--strategies alone runs data-parallel jobs only, --schedules alone pipeline jobs only.\n"
          "\n"

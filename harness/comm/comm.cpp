@@ -148,6 +148,112 @@ void Communicator::timed(CollKind kind, std::size_t bytes, const char* name, F&&
   s.calls += 1;
   s.bytes += static_cast<std::int64_t>(bytes);
   s.ms += ms;
+  s.exposed_ms += ms;  // a blocking call: the step waited for all of it
+}
+
+// ---- non-blocking calls (--overlap on) ---------------------------------------------------
+
+template <class F>
+CommTicket Communicator::started(CollKind kind, std::size_t bytes, const char* name, F&& post) {
+  call_name_ = name;
+  call_bytes_ = static_cast<std::int64_t>(bytes);
+  const std::int64_t id = next_id_++;
+  InFlight f;
+  f.id = id;
+  f.kind = kind;
+  f.name = name;
+  f.bytes = static_cast<std::int64_t>(bytes);
+  f.start_ns = Timeline::clock_ns();
+  {
+    // The post alone, on the profiler (NVTX on CUDA); the collective's own span is the
+    // communication track's, recorded when it is waited for.
+    std::string label;
+    if (backend_ != nullptr) {
+      label = std::string(name) + " " + std::to_string(bytes) + " B (post)";
+      backend_->profiler_push(label.c_str());
+    }
+    struct Pop {
+      Backend* b;
+      ~Pop() {
+        if (b != nullptr) b->profiler_pop();
+      }
+    } pop{backend_};
+    stall_if_armed();
+    post(id);
+  }
+  CollStats& s = ledger_[kind];
+  s.calls += 1;
+  s.bytes += static_cast<std::int64_t>(bytes);
+  in_flight_.push_back(f);
+  return CommTicket{id};
+}
+
+CommTicket Communicator::start_all_reduce_sum(float* buf, std::size_t count) {
+  return started(CollKind::all_reduce, payload_bytes(count), "all_reduce",
+                 [&](std::int64_t id) { post_all_reduce_sum(id, buf, count); });
+}
+
+CommTicket Communicator::start_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) {
+  return started(CollKind::reduce_scatter, payload_bytes(recv_count) * world_, "reduce_scatter",
+                 [&](std::int64_t id) { post_reduce_scatter_sum(id, send, recv, recv_count); });
+}
+
+CommTicket Communicator::start_all_gather(const float* send, float* recv, std::size_t send_count) {
+  return started(CollKind::all_gather, payload_bytes(send_count) * world_, "all_gather",
+                 [&](std::int64_t id) { post_all_gather(id, send, recv, send_count); });
+}
+
+void Communicator::post_all_reduce_sum(std::int64_t, float* buf, std::size_t count) {
+  do_all_reduce_sum(buf, count);
+}
+
+void Communicator::post_reduce_scatter_sum(std::int64_t, const float* send, float* recv, std::size_t recv_count) {
+  do_reduce_scatter_sum(send, recv, recv_count);
+}
+
+void Communicator::post_all_gather(std::int64_t, const float* send, float* recv, std::size_t send_count) {
+  do_all_gather(send, recv, send_count);
+}
+
+void Communicator::progress() {
+  for (InFlight& f : in_flight_) {
+    if (f.done_ns >= 0) continue;
+    call_name_ = f.name;
+    call_bytes_ = f.bytes;
+    if (test_posted(f.id)) f.done_ns = Timeline::clock_ns();
+  }
+}
+
+void Communicator::wait(CommTicket& ticket) {
+  if (!ticket) return;
+  auto it = std::find_if(in_flight_.begin(), in_flight_.end(), [&](const InFlight& f) { return f.id == ticket.id; });
+  SHARDSCOPE_REQUIRE(it != in_flight_.end(), "wait: collective " + std::to_string(ticket.id) + " is not in flight");
+  call_name_ = it->name;
+  call_bytes_ = it->bytes;
+  const std::int64_t entered = Timeline::clock_ns();
+  if (it->done_ns < 0) {
+    if (!test_posted(it->id)) wait_posted(it->id);  // under the watchdog; throws on a timeout
+    it->done_ns = Timeline::clock_ns();
+  }
+  // Seen complete before the wait: nothing exposed. Otherwise the wait, which began after
+  // the post, so exposed <= ms.
+  const std::int64_t exposed_ns = std::max<std::int64_t>(0, it->done_ns - entered);
+  const std::int64_t total_ns = it->done_ns - it->start_ns;
+  CollStats& s = ledger_[it->kind];
+  s.ms += static_cast<double>(total_ns) * 1e-6;
+  s.exposed_ms += static_cast<double>(std::min(exposed_ns, total_ns)) * 1e-6;
+  if (backend_ != nullptr) {
+    const std::string name = std::string(it->name) + " " + std::to_string(it->bytes) + " B";
+    backend_->tracker().add_track_span(kCommunicationTrack, name.c_str(), it->bytes, it->start_ns, it->done_ns);
+  }
+  in_flight_.erase(it);
+  ticket.id = 0;
+}
+
+void Communicator::reset_ledger() {
+  SHARDSCOPE_REQUIRE(in_flight_.empty(), "reset_ledger: " + std::to_string(in_flight_.size()) +
+                                             " non-blocking collective(s) were never waited for");
+  ledger_ = {};
 }
 
 void Communicator::all_reduce_sum(float* buf, std::size_t count) {
@@ -226,8 +332,10 @@ void Communicator::p2p(const std::vector<P2pOp>& ops) {
     CollStats& s = ledger_[op.is_send ? CollKind::send : CollKind::recv];
     s.calls += 1;
     s.bytes += b;
-    s.ms += dir_bytes[d] > 0 ? ms * static_cast<double>(b) / static_cast<double>(dir_bytes[d])
-                             : ms / dir_ops[d];
+    const double share = dir_bytes[d] > 0 ? ms * static_cast<double>(b) / static_cast<double>(dir_bytes[d])
+                                          : ms / dir_ops[d];
+    s.ms += share;
+    s.exposed_ms += share;  // blocking: the step waited for all of it
   }
 }
 

@@ -11,7 +11,8 @@
 // MPI_Ibarrier), and one call's requests are tested together with MPI_Testall, backing
 // off, until they complete or --comm-timeout passes. Then the rank throws RunError with
 // the watchdog's line; the run command calls MPI_Abort, which ends every rank, the stuck
-// one included.
+// one included. The non-blocking calls (--overlap on) keep their requests by collective:
+// progress() tests them, wait() tests them in the same bounded loop.
 #ifdef SHARDSCOPE_WITH_MPI
 
 #include "harness/comm/mpi_comm.hpp"
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -142,6 +144,47 @@ class MpiCommunicator final : public Communicator {
     return std::unique_ptr<Communicator>(new MpiCommunicator(c, backend(), max_count_));
   }
 
+  // Non-blocking (--overlap on): the requests are kept under the collective's id and
+  // tested by progress() and wait(). Staged buffers (a CUDA backend) complete at the
+  // post, through the blocking path: their upload needs the host copy back first.
+  void post_all_reduce_sum(std::int64_t id, float* buf, std::size_t count) override {
+    if (staged_) return do_all_reduce_sum(buf, count);
+    post_host_all_reduce(buf, count, MPI_SUM);
+    keep_posted(id, {});
+  }
+
+  void post_reduce_scatter_sum(std::int64_t id, const float* send, float* recv, std::size_t recv_count) override {
+    if (staged_) return do_reduce_scatter_sum(send, recv, recv_count);
+    std::vector<float> keep;
+    post_host_reduce_scatter(send, recv, recv_count, keep);
+    keep_posted(id, std::move(keep));
+  }
+
+  void post_all_gather(std::int64_t id, const float* send, float* recv, std::size_t send_count) override {
+    if (staged_) return do_all_gather(send, recv, send_count);
+    std::vector<float> keep;
+    post_host_all_gather(send, recv, send_count, keep);
+    keep_posted(id, std::move(keep));
+  }
+
+  bool test_posted(std::int64_t id) override {
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return true;  // completed at its post
+    if (!test_all(it->second.requests)) return false;
+    pending_.erase(it);
+    return true;
+  }
+
+  void wait_posted(std::int64_t id) override {
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;
+    if (!wait_until([&] { return test_all(it->second.requests); }, timeout())) {
+      timed_out_ = true;
+      throw RunError(watchdog_text(timed_out_text()));
+    }
+    pending_.erase(it);
+  }
+
  private:
   static constexpr int kTag = 0;
 
@@ -155,17 +198,27 @@ class MpiCommunicator final : public Communicator {
   // --comm-timeout passes first, throws RunError with the watchdog's line.
   void wait_posted() {
     if (posted_.empty()) return;
-    const bool done = wait_until(
-        [&] {
-          int flag = 0;
-          MPI_CHECK(MPI_Testall(static_cast<int>(posted_.size()), posted_.data(), &flag, MPI_STATUSES_IGNORE));
-          return flag != 0;
-        },
-        timeout());
-    if (!done) {
+    if (!wait_until([&] { return test_all(posted_); }, timeout())) {
       timed_out_ = true;
       throw RunError(watchdog_text(timed_out_text()));
     }
+    posted_.clear();
+  }
+
+  // True when every request has completed (MPI_Testall, which also progresses them).
+  static bool test_all(std::vector<MPI_Request>& requests) {
+    if (requests.empty()) return true;
+    int flag = 0;
+    MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE));
+    return flag != 0;
+  }
+
+  // Moves posted_ (and the copies its requests read) under the collective's id.
+  void keep_posted(std::int64_t id, std::vector<float> keep) {
+    if (posted_.empty()) return;  // nothing to move: an empty collective
+    Pending& p = pending_[id];
+    p.requests = std::move(posted_);
+    p.keep = std::move(keep);
     posted_.clear();
   }
 
@@ -189,21 +242,39 @@ class MpiCommunicator final : public Communicator {
     backend()->upload(buf, h, count);
   }
 
+  // Each host_* posts its requests into posted_ and waits for them; the post_host_*
+  // beneath only post (the non-blocking calls keep the requests, see post_*). Copies
+  // that MPI reads from go to `keep`, which must live until the requests complete.
   void host_all_reduce(float* buf, std::size_t count, MPI_Op op) {
+    post_host_all_reduce(buf, count, op);
+    wait_posted();
+  }
+
+  void host_reduce_scatter(const float* send, float* recv, std::size_t rc) {
+    std::vector<float> keep;
+    post_host_reduce_scatter(send, recv, rc, keep);
+    wait_posted();
+  }
+
+  void host_all_gather(const float* send, float* recv, std::size_t sc) {
+    std::vector<float> keep;
+    post_host_all_gather(send, recv, sc, keep);
+    wait_posted();
+  }
+
+  void post_host_all_reduce(float* buf, std::size_t count, MPI_Op op) {
     for_chunks(count, [&](std::size_t off, int n) {
       MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + off, n, MPI_FLOAT, op, comm_, post()));
     });
-    wait_posted();
   }
 
   // send(world * rc) -> recv(rc). recv may lie inside send (an in-place shard): MPI
   // forbids aliased buffers, so such a send is copied first.
-  void host_reduce_scatter(const float* send, float* recv, std::size_t rc) {
+  void post_host_reduce_scatter(const float* send, float* recv, std::size_t rc, std::vector<float>& keep) {
     const std::size_t total = rc * static_cast<std::size_t>(world());
-    std::vector<float> copy;
     if (overlaps(send, total, recv, rc)) {
-      copy.assign(send, send + total);
-      send = copy.data();
+      keep.assign(send, send + total);
+      send = keep.data();
     }
     if (rc <= max_count_) {
       if (rc == 0) return;
@@ -212,7 +283,6 @@ class MpiCommunicator final : public Communicator {
       // (bench/strategy_step; the same bytes and result).
       const std::vector<int> counts(static_cast<std::size_t>(world()), static_cast<int>(rc));
       MPI_CHECK(MPI_Ireduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_, post()));
-      wait_posted();
       return;
     }
     // Shards over MPI's int count: reduce each shard's pieces to their owner.
@@ -222,32 +292,28 @@ class MpiCommunicator final : public Communicator {
         float* dst = d == rank() ? recv + off : nullptr;
         MPI_CHECK(MPI_Ireduce(src, dst, n, MPI_FLOAT, MPI_SUM, d, comm_, post()));
       });
-    wait_posted();
   }
 
   // send(sc) -> recv(world * sc). send may be this rank's slot of recv (in place).
-  void host_all_gather(const float* send, float* recv, std::size_t sc) {
+  void post_host_all_gather(const float* send, float* recv, std::size_t sc, std::vector<float>& keep) {
     const std::size_t total = sc * static_cast<std::size_t>(world());
     float* mine = recv + static_cast<std::size_t>(rank()) * sc;
     const bool in_place = send == mine;
-    std::vector<float> copy;
     if (!in_place && overlaps(send, sc, recv, total)) {
-      copy.assign(send, send + sc);
-      send = copy.data();
+      keep.assign(send, send + sc);
+      send = keep.data();
     }
     if (sc <= max_count_) {
       if (sc == 0) return;
       const int n = static_cast<int>(sc);
       MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, MPI_FLOAT, recv, n, MPI_FLOAT,
                                comm_, post()));
-      wait_posted();
       return;
     }
     // Slots over MPI's int count: each rank broadcasts its slot, piece by piece.
     if (!in_place) std::memcpy(mine, send, sc * sizeof(float));
     for (int d = 0; d < world(); ++d)
       post_broadcast(recv + static_cast<std::size_t>(d) * sc, sc, d);
-    wait_posted();
   }
 
   void host_broadcast(float* buf, std::size_t count, int root) {
@@ -265,6 +331,12 @@ class MpiCommunicator final : public Communicator {
   std::size_t max_count_;
   bool staged_;  // buffers are not host memory: go through download/upload
   std::vector<MPI_Request> posted_;  // the call's requests, until wait_posted
+  // Non-blocking collectives in flight, by id: their requests and the copies they read.
+  struct Pending {
+    std::vector<MPI_Request> requests;
+    std::vector<float> keep;
+  };
+  std::map<std::int64_t, Pending> pending_;
   bool timed_out_ = false;           // requests left posted: comm_ is not freed
 };
 

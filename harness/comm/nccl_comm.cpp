@@ -4,8 +4,9 @@
 // the watchdog (watchdog.hpp): cudaStreamQuery and ncclCommGetAsyncError, polled until
 // the stream drains, NCCL reports an error, or --comm-timeout passes; on either failure
 // the communicator is aborted (ncclCommAbort) and the rank throws, and the run command
-// ends the job with MPI_Abort. ncclCommInitRank and the bootstrap before it stay
-// blocking (NCCL's own waits).
+// ends the job with MPI_Abort. The non-blocking calls (--overlap on) run on a
+// communication stream of their own, ordered by events (post_*). ncclCommInitRank and
+// the bootstrap before it stay blocking (NCCL's own waits).
 #include "harness/comm/nccl_comm.hpp"
 
 #include <array>
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -46,6 +48,9 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(int rank, int world, CudaBackend* backend, ncclComm_t comm, std::size_t memory)
       : Communicator(rank, world, backend), cuda_(backend), comm_(comm), memory_(memory) {
     CUDA_CHECK(cudaMalloc(&barrier_scratch_, sizeof(float)));  // untracked: 4 B for barrier()
+    // The communication stream of the non-blocking calls (--overlap on), as torch's
+    // ProcessGroupNCCL keeps one beside the compute stream.
+    CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
   }
 
   // On an error path (an exception unwinding, NCCL's asynchronous error, a failed stream)
@@ -65,11 +70,15 @@ class NcclCommunicator final : public Communicator {
       if (!drained) abort_comm();
     }
     if (aborted_) {
+      for (auto& [id, p] : pending_) destroy_events(p);
+      (void)cudaStreamDestroy(comm_stream_);
       (void)cudaFree(barrier_scratch_);  // may fail on a broken context; nothing to add then
       (void)cudaGetLastError();
       return;
     }
     NCCL_CHECK_NOEXCEPT(ncclCommDestroy(comm_));
+    for (auto& [id, p] : pending_) destroy_events(p);
+    CUDA_CHECK_NOEXCEPT(cudaStreamDestroy(comm_stream_));
     CUDA_CHECK_NOEXCEPT(cudaFree(barrier_scratch_));
   }
 
@@ -179,6 +188,54 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // Non-blocking (--overlap on), on the communication stream: it waits for an event
+  // recorded on the compute stream after the buffers' producers (and their stream-ordered
+  // allocation), runs the collective and records `done`; wait() polls `done` under the
+  // watchdog and makes the compute stream wait for it, so that whatever the compute
+  // stream does next (reading the result, freeing the buffers) follows the collective:
+  // the record-stream rule, with the free where the caller waits.
+  void post_all_reduce_sum(std::int64_t id, float* buf, std::size_t count) override {
+    on_comm_stream(id, [&](cudaStream_t st) {
+      if (count > 0) NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm_, st));
+    });
+  }
+
+  void post_reduce_scatter_sum(std::int64_t id, const float* send, float* recv, std::size_t recv_count) override {
+    on_comm_stream(id, [&](cudaStream_t st) {
+      if (recv_count > 0) NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, ncclFloat, ncclSum, comm_, st));
+    });
+  }
+
+  void post_all_gather(std::int64_t id, const float* send, float* recv, std::size_t send_count) override {
+    on_comm_stream(id, [&](cudaStream_t st) {
+      if (send_count > 0) NCCL_CHECK(ncclAllGather(send, recv, send_count, ncclFloat, comm_, st));
+    });
+  }
+
+  bool test_posted(std::int64_t id) override {
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return true;
+    std::string why;
+    const Poll p = poll_event(it->second.done, &why);
+    if (p == Poll::pending) return false;
+    finish(it, p, why, true);
+    return true;
+  }
+
+  void wait_posted(std::int64_t id) override {
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;
+    std::string why;
+    Poll p = Poll::pending;
+    const bool finished = wait_until(
+        [&] {
+          p = poll_event(it->second.done, &why);
+          return p != Poll::pending;
+        },
+        timeout());
+    finish(it, p, why, finished);
+  }
+
   // The test hook stalls the stream, not the host: the collective then stays queued
   // behind a host function that sleeps, as behind a peer that never arrives.
   void do_stall(double seconds) override {
@@ -205,6 +262,69 @@ class NcclCommunicator final : public Communicator {
     (void)cudaGetLastError();
     *why = "failed: the stream reports " + detail::cuda_error_text(e);
     return Poll::failed;
+  }
+
+  // As poll(), for one event of the communication stream.
+  Poll poll_event(cudaEvent_t done, std::string* why) noexcept {
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+    if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+      *why = "failed: NCCL reports " + detail::nccl_error_text(r != ncclSuccess ? r : async);
+      return Poll::failed;
+    }
+    const cudaError_t e = cudaEventQuery(done);
+    if (e == cudaSuccess) return Poll::done;
+    if (e == cudaErrorNotReady) return Poll::pending;
+    (void)cudaGetLastError();
+    *why = "failed: the communication stream reports " + detail::cuda_error_text(e);
+    return Poll::failed;
+  }
+
+  struct Pending {
+    cudaEvent_t ready = nullptr;  // on the compute stream: the buffers are ready
+    cudaEvent_t done = nullptr;   // on the communication stream: the collective is
+  };
+
+  static void destroy_events(Pending& p) noexcept {
+    if (p.ready != nullptr) (void)cudaEventDestroy(p.ready);
+    if (p.done != nullptr) (void)cudaEventDestroy(p.done);
+    p = {};
+  }
+
+  // Records `ready` on the compute stream, makes the communication stream wait for it,
+  // enqueues `enqueue(comm_stream_)` and records `done` behind it.
+  template <class F>
+  void on_comm_stream(std::int64_t id, F&& enqueue) {
+    usable();
+    Pending p;
+    try {
+      CUDA_CHECK(cudaEventCreateWithFlags(&p.ready, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventRecord(p.ready, cuda_->stream()));
+      CUDA_CHECK(cudaStreamWaitEvent(comm_stream_, p.ready, 0));
+      enqueue(comm_stream_);
+      CUDA_CHECK(cudaEventRecord(p.done, comm_stream_));
+    } catch (...) {
+      destroy_events(p);
+      throw;
+    }
+    pending_[id] = p;
+  }
+
+  // The end of a non-blocking collective's wait: complete (the compute stream waits for
+  // it), or failed or past --comm-timeout (`finished` false): the communicator is aborted
+  // and the rank throws the watchdog's line.
+  void finish(std::map<std::int64_t, Pending>::iterator it, Poll p, const std::string& why, bool finished) {
+    if (finished && p == Poll::done) {
+      const cudaError_t e = cudaStreamWaitEvent(cuda_->stream(), it->second.done, 0);
+      destroy_events(it->second);
+      pending_.erase(it);
+      CUDA_CHECK(e);
+      return;
+    }
+    abort_comm();
+    throw RunError(watchdog_text(finished ? why + " (within --comm-timeout " + seconds_text(timeout()) + " s)"
+                                          : timed_out_text()));
   }
 
   // Waits for the stream under the watchdog; on an asynchronous error or when
@@ -266,6 +386,8 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_;
   std::size_t memory_;
   std::array<bool, static_cast<std::size_t>(Op::count)> seen_{};
+  cudaStream_t comm_stream_ = nullptr;
+  std::map<std::int64_t, Pending> pending_;  // non-blocking collectives not yet seen complete
   float* barrier_scratch_ = nullptr;
   bool aborted_ = false;
 };

@@ -82,11 +82,29 @@ void Timeline::push_span(const char* name, std::int64_t bytes) {
   s.bytes = bytes;
 }
 
+std::int64_t Timeline::clock_ns() { return steady_ns(); }
+
+void Timeline::add_track_span(const char* track, const char* name, std::int64_t bytes, std::int64_t start_clock_ns,
+                              std::int64_t end_clock_ns) {
+  TimelineSpan s;
+  s.name = name != nullptr ? name : "";
+  s.start_ns = start_clock_ns - origin_ns_;
+  s.end_ns = std::max(end_clock_ns, start_clock_ns) - origin_ns_;
+  s.bytes = bytes;
+  s.track = track != nullptr ? track : "";
+  spans_.push_back(std::move(s));
+  drop_old_spans();
+}
+
 void Timeline::pop_span() {
   if (open_.empty()) return;
   open_.back().end_ns = now_ns();
   spans_.push_back(std::move(open_.back()));
   open_.pop_back();
+  drop_old_spans();
+}
+
+void Timeline::drop_old_spans() {
   if (spans_.size() > span_limit_) {
     const std::size_t drop = spans_.size() / 2;
     spans_.erase(spans_.begin(), spans_.begin() + static_cast<std::ptrdiff_t>(drop));

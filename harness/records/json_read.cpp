@@ -208,6 +208,7 @@ CommFigures read_comm(const Reader& rd, const json& member, const std::string& p
     comm[k].calls = rd.count(c, at, "calls", kCount);
     comm[k].bytes = rd.count(c, at, "bytes");
     comm[k].ms = rd.time(c, at, "ms");
+    comm[k].exposed_ms = c.contains("exposed_ms") ? rd.time(c, at, "exposed_ms") : comm[k].ms;
     comm[k].busbw_gbps = rd.optional_number(c, at, "busbw_gbps", "a bandwidth in GB/s (a number >= 0)", true);
   }
   return comm;
@@ -332,6 +333,7 @@ TimelineRecord read_timeline(const Reader& rd, const json& t, const std::string&
     span.end_ms = rd.time(s, at, "end_ms");
     span.depth = rd.small(s, at, "depth");
     if (s.contains("bytes")) span.bytes = rd.count(s, at, "bytes");
+    if (s.contains("track")) span.track = rd.text(s, at, "track");
     r.spans.push_back(std::move(span));
   }
   r.dropped_spans = rd.count(t, path, "dropped_spans", kCount);
@@ -626,6 +628,7 @@ DataParallelRun read_data_parallel(const Reader& rd, const json& run) {
   if (Reader::present(run, "bf16_gemm")) dp.bf16_gemm = rd.text(run, "", "bf16_gemm", "the bf16 GEMM's description");
   if (Reader::present(run, "accumulate")) dp.accumulate = rd.positive(run, "", "accumulate");
   if (Reader::present(run, "no_sync")) dp.no_sync = rd.boolean(run, "", "no_sync");
+  if (Reader::present(run, "overlap")) dp.overlap = rd.boolean(run, "", "overlap");
   dp.world = rd.positive(run, "", "world");
   dp.model = read_model(rd, run);
   dp.units = rd.positive(run, "", "units");

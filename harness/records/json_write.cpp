@@ -21,7 +21,11 @@ json comm_json(const CommFigures& comm) {
   for (int k = 0; k < kCollKindCount; ++k) {
     const CollectiveFigures& c = comm[k];
     j[std::string(kCollKindNames[k])] = {
-        {"calls", c.calls}, {"bytes", c.bytes}, {"ms", c.ms}, {"busbw_gbps", or_null(c.busbw_gbps)}};
+        {"calls", c.calls},
+        {"bytes", c.bytes},
+        {"ms", c.ms},
+        {"exposed_ms", c.exposed_ms},
+        {"busbw_gbps", or_null(c.busbw_gbps)}};
   }
   return j;
 }
@@ -102,6 +106,7 @@ json to_json(const TimelineRecord& t) {
   for (const TimelineSpanRecord& s : t.spans) {
     json span = {{"name", s.name}, {"start_ms", s.start_ms}, {"end_ms", s.end_ms}, {"depth", s.depth}};
     if (s.bytes) span["bytes"] = *s.bytes;
+    if (s.track) span["track"] = *s.track;
     spans.push_back(std::move(span));
   }
   j["memory"] = std::move(memory);
@@ -151,6 +156,7 @@ json data_parallel_json(const DataParallelRun& dp) {
   if (dp.bf16_gemm) run["bf16_gemm"] = *dp.bf16_gemm;
   run["accumulate"] = dp.accumulate;
   run["no_sync"] = dp.no_sync;
+  run["overlap"] = dp.overlap;
   run["world"] = dp.world;
   run["units"] = dp.units;
   run["layers_per_unit"] = dp.layers_per_unit ? json(*dp.layers_per_unit) : json("all");

@@ -42,6 +42,9 @@ struct CollectiveFigures {
   std::int64_t calls = 0;
   std::int64_t bytes = 0;
   double ms = 0.0;
+  // The part of ms the step waited for (docs/json.md); files from before the field read
+  // it as ms (every call then blocked).
+  double exposed_ms = 0.0;
   std::optional<double> busbw_gbps;
 };
 using CommFigures = std::array<CollectiveFigures, kCollKindCount>;
@@ -137,6 +140,9 @@ struct TimelineSpanRecord {
   double end_ms = 0.0;
   int depth = 0;
   std::optional<std::int64_t> bytes;  // collectives and p2p only; left out otherwise
+  // "communication" for a non-blocking collective (kCommunicationTrack); left out for
+  // the ranges.
+  std::optional<std::string> track;
 };
 struct TimelineRecord {
   std::string unit = "ms since the run started";
@@ -326,6 +332,8 @@ struct DataParallelRun {
   // the fields read as 1 and false.
   int accumulate = 1;
   bool no_sync = false;
+  // --overlap; records from before the field read as false (every collective blocked).
+  bool overlap = false;
   int world = 0;
   int units = 0;
   std::optional<int> layers_per_unit;  // nullopt: "all"

@@ -58,19 +58,46 @@ json metadata(const char* name, std::int64_t pid, const json& args) {
   return {{"name", name}, {"ph", "M"}, {"ts", 0}, {"pid", pid}, {"tid", pid}, {"args", args}};
 }
 
+// The threads of a track's spans (a non-blocking collective's, --overlap on) are tid
+// kTrackTid + lane: spans of one track may overlap one another, and slices of one thread
+// must nest, so each span takes the lowest lane whose last span has ended.
+constexpr std::int64_t kTrackTid = 50000;
+
+// The ranges on the process's own thread (tid = pid); each track's spans on lanes of
+// their own, named "<track>" and "<track> 2", ... (thread_name metadata).
 void add_spans(const std::vector<TimelineSpanRecord>& spans, std::int64_t pid, json& events) {
+  std::vector<std::int64_t> lane_end;  // per lane, the end of its last span (ns)
+  std::vector<std::string> lane_track;
   for (const TimelineSpanRecord& s : spans) {
     const std::int64_t t0 = ms_to_ns(s.start_ms);
     const std::int64_t t1 = std::max(ms_to_ns(s.end_ms), t0);
     json args = {{"depth", s.depth}};
     if (s.bytes) args["bytes"] = *s.bytes;
+    std::int64_t tid = pid;
+    if (s.track) {
+      std::size_t lane = 0;
+      while (lane < lane_end.size() && (lane_track[lane] != *s.track || lane_end[lane] > t0)) ++lane;
+      if (lane == lane_end.size()) {
+        lane_end.push_back(0);
+        lane_track.push_back(*s.track);
+        const std::string name = lane == 0 || lane_track[lane] != lane_track[0]
+                                     ? *s.track
+                                     : *s.track + " " + std::to_string(lane + 1);
+        json meta = metadata("thread_name", pid, {{"name", name}});
+        meta["tid"] = pid + kTrackTid + static_cast<std::int64_t>(lane);
+        events.push_back(std::move(meta));
+      }
+      lane_end[lane] = t1;
+      tid = pid + kTrackTid + static_cast<std::int64_t>(lane);
+      args["track"] = *s.track;
+    }
     events.push_back({{"name", s.name},
-                      {"cat", "range"},
+                      {"cat", s.track ? "collective" : "range"},
                       {"ph", "X"},
                       {"ts", ns_to_us(t0)},
                       {"dur", ns_to_us(t1 - t0)},
                       {"pid", pid},
-                      {"tid", pid},
+                      {"tid", tid},
                       {"args", std::move(args)}});
   }
 }

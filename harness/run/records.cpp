@@ -13,7 +13,7 @@ CommFigures comm_figures(const CommLedger& ledger, int world, bool emulated) {
   CommFigures out;
   for (int k = 0; k < kCollKindCount; ++k) {
     const CollStats& s = ledger.by_kind[k];
-    out[k] = {s.calls, s.bytes, s.ms, std::nullopt};
+    out[k] = {s.calls, s.bytes, s.ms, s.exposed_ms, std::nullopt};
     if (!emulated) out[k].busbw_gbps = busbw_gbps(s, static_cast<CollKind>(k), world);
   }
   return out;
@@ -164,8 +164,9 @@ TimelineRecord timeline_record(const Timeline& t) {
   });
   for (std::size_t i : order) {
     const TimelineSpan& s = spans[i];
-    TimelineSpanRecord span{s.name, ms(s.start_ns), ms(s.end_ns), s.depth, std::nullopt};
+    TimelineSpanRecord span{s.name, ms(s.start_ns), ms(s.end_ns), s.depth, std::nullopt, std::nullopt};
     if (s.bytes >= 0) span.bytes = s.bytes;
+    if (!s.track.empty()) span.track = s.track;
     r.spans.push_back(std::move(span));
   }
   r.dropped_spans = t.dropped_spans();

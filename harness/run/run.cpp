@@ -224,6 +224,7 @@ DataParallelRun data_parallel_run(const RunConfig& cfg, int world) {
   run.precision = std::string(precision_name(cfg.precision));
   run.accumulate = cfg.accumulate;
   run.no_sync = cfg.no_sync;
+  run.overlap = cfg.overlap;
   run.world = world;
   run.units = fsdp ? static_cast<int>(fsdp_units(cfg.model, cfg.layers_per_unit, world).size()) : 1;
   // --units has no effect on ddp and zero1 (docs/design.md §3): their one unit is the model.

@@ -61,10 +61,23 @@ float* FsdpStrategy::grad(int block, int tensor) {
 
 void FsdpStrategy::gather(int u) {
   UnitState& s = state_[u];
-  if (s.full) return;
+  if (s.full) {
+    comm_.wait(s.gathering);  // prefetched: its all-gather may still be in flight
+    return;
+  }
   backend_.tracker().mark(backend_.tracker().phase(), {PlaceKind::unit, u});
   s.full = backend_.alloc(Category::param_unsharded, static_cast<std::size_t>(units_[u].padded));
   comm_.all_gather(s.shard.data(), s.full.data(), static_cast<std::size_t>(units_[u].shard));
+}
+
+// The gathered buffer is allocated where a blocking gather allocates it, so overlap moves
+// no byte: only the wait moves, to the unit's own gather.
+void FsdpStrategy::prefetch(int u) {
+  UnitState& s = state_[u];
+  if (!cfg_.overlap || s.full) return gather(u);
+  backend_.tracker().mark(backend_.tracker().phase(), {PlaceKind::unit, u});
+  s.full = backend_.alloc(Category::param_unsharded, static_cast<std::size_t>(units_[u].padded));
+  s.gathering = comm_.start_all_gather(s.shard.data(), s.full.data(), static_cast<std::size_t>(units_[u].shard));
 }
 
 void FsdpStrategy::begin_unit_gradient(int u) {

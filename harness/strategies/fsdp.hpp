@@ -24,7 +24,11 @@ class FsdpStrategy : public UnitShardedStrategy {
  protected:
   void optimizer_step(int step) override;
   void gather(int unit) override;
-  void reshard(int unit) override { state_[unit].full.reset(); }
+  void prefetch(int unit) override;
+  void reshard(int unit) override {
+    comm_.wait(state_[unit].gathering);  // freed only after its all-gather completed
+    state_[unit].full.reset();
+  }
   void begin_unit_gradient(int unit) override;
   void reduce_unit(int unit) override;
   // FSDP1 frees an unsharded flat parameter after a backward without sync only under
@@ -48,6 +52,7 @@ class FsdpStrategy : public UnitShardedStrategy {
     Buffer grad_shard;  // (shard) grad
     AdamState adam;     // (shard) optim, one step scalar per flat parameter
     Buffer full;        // (padded) param_unsharded while gathered
+    CommTicket gathering;  // full's all-gather, posted by prefetch and not yet waited for
     Buffer full_grad;   // (padded) grad_unsharded during the unit's backward
   };
   std::vector<UnitState> state_;

@@ -24,7 +24,7 @@ std::vector<std::pair<std::int64_t, std::int64_t>> ddp_buckets(const Model& m, d
 }
 
 ReplicatedStrategy::ReplicatedStrategy(const StrategyContext& ctx)
-    : DataParallelStrategy(ctx), access_(*model_, nullptr, nullptr) {}
+    : DataParallelStrategy(ctx), access_(*model_, nullptr, nullptr, this) {}
 
 float* ReplicatedStrategy::param(int t) const {
   return params_.data() + model_->tensor_offset(t);
@@ -39,23 +39,54 @@ void ReplicatedStrategy::setup() {
   params_ = init_params(0, m.params());
   grads_ = zeros(Category::grad, static_cast<std::size_t>(m.params()));
   if (cfg_.ddp_bucket == "copy") bucket_ = zeros(Category::grad, static_cast<std::size_t>(m.params()));
-  access_ = FlatAccess(m, params_.data(), grads_.data());
+  access_ = Access(m, params_.data(), grads_.data(), this);
   state_.resize(m.param_tensors());
   for (int t = 0; t < m.param_tensors(); ++t)
     if (owns(t)) state_[t] = make_adam_state(backend_, static_cast<std::size_t>(m.tensor_elems(t)));
   buckets_ = ddp_buckets(m, cfg_.bucket_mb);
+  in_flight_.assign(buckets_.size(), CommTicket{});
+}
+
+void ReplicatedStrategy::block_backward_done(int block) {
+  if (cfg_.overlap && syncs()) {
+    // Backward runs from the last block down and the flat vector is in block order, so
+    // every gradient at or above the block's offset is final (a tied head writes the
+    // embedding's, lower down, before the embedding's own backward).
+    const std::int64_t ready_from = model_->block_offset(block);
+    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].first >= ready_from) post_bucket(next_bucket_++);
+  }
+  comm_.progress();
+}
+
+void ReplicatedStrategy::post_bucket(std::size_t i) {
+  const auto [offset, count] = buckets_[i];
+  float* g = grads_.data() + offset;
+  float* b = bucket_ ? bucket_.data() + offset : g;
+  if (bucket_) backend_.copy(b, g, static_cast<std::size_t>(count));
+  in_flight_[i] = comm_.start_all_reduce_sum(b, static_cast<std::size_t>(count));
+}
+
+void ReplicatedStrategy::finish_bucket(std::size_t i) {
+  const auto [offset, count] = buckets_[i];
+  float* g = grads_.data() + offset;
+  float* b = bucket_ ? bucket_.data() + offset : g;
+  if (comm_.world() > 1) backend_.scale(b, 1.0f / static_cast<float>(comm_.world()), static_cast<std::size_t>(count));
+  if (bucket_) backend_.copy(g, b, static_cast<std::size_t>(count));
 }
 
 void ReplicatedStrategy::reduce_gradients() {
-  const float inv_world = 1.0f / static_cast<float>(comm_.world());
-  for (const auto& [offset, count] : buckets_) {
-    float* g = grads_.data() + offset;
-    float* b = bucket_ ? bucket_.data() + offset : g;
-    if (bucket_) backend_.copy(b, g, static_cast<std::size_t>(count));
-    comm_.all_reduce_sum(b, static_cast<std::size_t>(count));
-    if (comm_.world() > 1) backend_.scale(b, inv_world, static_cast<std::size_t>(count));
-    if (bucket_) backend_.copy(g, b, static_cast<std::size_t>(count));
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    if (in_flight_[i]) {
+      comm_.wait(in_flight_[i]);  // posted in backward (--overlap on)
+    } else {
+      const auto [offset, count] = buckets_[i];
+      float* b = bucket_ ? bucket_.data() + offset : grads_.data() + offset;
+      if (bucket_) backend_.copy(b, grads_.data() + offset, static_cast<std::size_t>(count));
+      comm_.all_reduce_sum(b, static_cast<std::size_t>(count));
+    }
+    finish_bucket(i);
   }
+  next_bucket_ = 0;
 }
 
 void ReplicatedStrategy::update_owned(int step) {

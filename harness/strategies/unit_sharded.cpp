@@ -43,13 +43,14 @@ void UnitShardedStrategy::after_forward(int block) {
 void UnitShardedStrategy::before_backward(int block) {
   const int u = unit_of_block_[block];
   backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
+  comm_.progress();
   if (block + 1 != units_[u].last_block) return;  // only when the unit's backward begins
   begin_unit_range(u);
   gather(u);
   // BACKWARD_PRE prefetch: the next unit in backward order is gathered now, while
   // this one computes, so both are held at once.
   if (cfg_.prefetch && u > 0) {
-    gather(u - 1);
+    prefetch(u - 1);
     backend_.tracker().mark(Phase::backward, {PlaceKind::unit, u});
   }
   begin_unit_gradient(u);
@@ -57,6 +58,7 @@ void UnitShardedStrategy::before_backward(int block) {
 
 void UnitShardedStrategy::after_backward(int block) {
   const int u = unit_of_block_[block];
+  comm_.progress();
   if (block != units_[u].first_block) return;  // only when the unit's backward ends
   if (syncs()) {
     reduce_unit(u);

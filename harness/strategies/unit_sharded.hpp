@@ -13,6 +13,9 @@
 // set_requires_gradient_sync(False)); the unit is resharded as usual, except where the
 // engine keeps it gathered (FSDP1's SHARD_GRAD_OP). Without --no-sync every micro-step
 // reduce-scatters fresh full gradients, adding onto the shard after the first.
+// With --overlap on the prefetch (prefetch()) posts the all-gather and returns; the
+// unit's gather() when its backward begins waits for it. Every block's hooks let posted
+// collectives progress (Communicator::progress).
 // A unit's range ("unit 3") spans its forward from the gather to the reshard and its
 // backward from the gather to the reduce-scatter; its blocks' ranges nest inside (the
 // model closes a block's range before the hooks run).
@@ -40,6 +43,10 @@ class UnitShardedStrategy : public DataParallelStrategy, private BlockAccess {
   // its gathered parameters, allocating its full gradients when its backward begins,
   // and reduce-scattering them into the shard (freeing them) when it ends.
   virtual void gather(int unit) = 0;
+  // The BACKWARD_PRE prefetch of `unit`: allocates its gathered parameters now, as
+  // gather() does; an engine that can, posts the all-gather without waiting (--overlap
+  // on) and gather() waits for it. By default the gather itself.
+  virtual void prefetch(int unit) { gather(unit); }
   virtual void reshard(int unit) = 0;
   virtual void begin_unit_gradient(int unit) = 0;
   virtual void reduce_unit(int unit) = 0;

@@ -309,6 +309,10 @@ class Backend {
   // a collective's or p2p call's payload (-1: none), kept with the span.
   void range_push(const char* name, std::int64_t bytes = -1);
   void range_pop();
+  // The profiler's range alone (NVTX on CUDA), with no timeline span: for what the
+  // timeline records otherwise (a non-blocking collective's post, Communicator::start_*).
+  void profiler_push(const char* name) { do_range_push(name); }
+  void profiler_pop() { do_range_pop(); }
 
   // Host memory for staging this backend's buffers through a host transport (MPI with
   // CUDA buffers): slot `slot` holds at least `count` floats, grows as needed and is

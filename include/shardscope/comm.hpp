@@ -37,10 +37,15 @@ struct P2pOp {
   int peer;
 };
 
+// ms: each call's time from when it was posted to when it was seen complete. exposed_ms:
+// the part of it the step spent waiting for the call (docs/design.md, "Overlap"): the
+// whole ms for a blocking call, for a non-blocking one (Communicator::start_*) the time
+// wait() waited for it, 0 when it had completed before. exposed_ms <= ms always.
 struct CollStats {
   std::int64_t calls = 0;
   std::int64_t bytes = 0;
   double ms = 0.0;
+  double exposed_ms = 0.0;
 };
 
 struct CommLedger {
@@ -57,6 +62,18 @@ struct CommLedger {
     for (const auto& s : by_kind) t += s.ms;
     return t;
   }
+  double total_exposed_ms() const {
+    double t = 0.0;
+    for (const auto& s : by_kind) t += s.exposed_ms;
+    return t;
+  }
+};
+
+// A non-blocking collective in flight (Communicator::start_*): the ticket wait() takes.
+// 0 is no collective (a default CommTicket, or one already waited for).
+struct CommTicket {
+  std::int64_t id = 0;
+  explicit operator bool() const { return id != 0; }
 };
 
 // nccl-tests' bus-bandwidth factors: all-reduce 2(n-1)/n, reduce-scatter and
@@ -108,8 +125,32 @@ class Communicator {
   // rank as it plays the world's). The new one has its own ledger and the timeout.
   std::unique_ptr<Communicator> split(const std::vector<int>& members);
 
+  // Non-blocking forms of the three data-parallel collectives (--overlap on): post the
+  // collective and return its ticket at once. Until wait(ticket) returns, the caller
+  // leaves the buffers alone (send unchanged, recv unread) and keeps them allocated: a
+  // buffer is freed only after its collective completed (torch's record_stream). The
+  // ledger counts the call when it is posted and its times when it is waited for.
+  // Communicators whose collectives move no data or have no peers (self, fake) and MPI
+  // staged through host memory complete the call when it is posted.
+  CommTicket start_all_reduce_sum(float* buf, std::size_t count);
+  CommTicket start_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count);
+  CommTicket start_all_gather(const float* send, float* recv, std::size_t send_count);
+  // Lets posted collectives advance and notes which have completed (MPI progresses a
+  // non-blocking collective only inside MPI calls: strategies call this between blocks).
+  void progress();
+  // Returns when the ticket's collective has completed, under the watchdog (--comm-timeout);
+  // the time it waited is the call's exposed_ms. The ticket is cleared.
+  void wait(CommTicket& ticket);
+  // Collectives posted and not yet waited for.
+  int in_flight() const { return static_cast<int>(in_flight_.size()); }
+
+  // Each waited-for non-blocking collective also goes to the backend's timeline as a
+  // span of the communication track (kCommunicationTrack), from its post to when it was
+  // seen complete: the trace draws that track beside the compute ranges.
+
   const CommLedger& ledger() const { return ledger_; }
-  void reset_ledger() { ledger_ = {}; }
+  // Starts a new step's ledger; no collective may be in flight across it.
+  void reset_ledger();
 
   // The watchdog's limit: a call whose wait passes it aborts the communicator and throws
   // RunError (see watchdog_text). Communicators that wait on nothing (self, fake) ignore it.
@@ -131,6 +172,19 @@ class Communicator {
   // `color` names the group (its lowest member), `key` is this rank's place in it.
   virtual std::unique_ptr<Communicator> do_split(int color, int key, int size) = 0;
 
+  // The non-blocking side (see start_*). `id` names the collective in test_posted and
+  // wait_posted. The defaults run the blocking do_* when the call is posted, so that it
+  // is complete at once; a communicator that can post without waiting (mpi, nccl)
+  // overrides all five.
+  virtual void post_all_reduce_sum(std::int64_t id, float* buf, std::size_t count);
+  virtual void post_reduce_scatter_sum(std::int64_t id, const float* send, float* recv, std::size_t recv_count);
+  virtual void post_all_gather(std::int64_t id, const float* send, float* recv, std::size_t send_count);
+  // True once collective `id` has completed (a poll, never a wait).
+  virtual bool test_posted(std::int64_t /*id*/) { return true; }
+  // Returns when collective `id` has completed; after --comm-timeout throws RunError
+  // with watchdog_text(timed_out_text()) (and leaves the communicator aborted).
+  virtual void wait_posted(std::int64_t /*id*/) {}
+
   // The test hook's stall, inside the call (see arm_stall): the host sleeps; a device
   // communicator overrides it to stall its stream instead.
   virtual void do_stall(double seconds);
@@ -147,7 +201,19 @@ class Communicator {
  private:
   template <class F>
   void timed(CollKind kind, std::size_t bytes, const char* name, F&& f);
+  template <class F>
+  CommTicket started(CollKind kind, std::size_t bytes, const char* name, F&& post);
   void stall_if_armed();
+  struct InFlight {
+    std::int64_t id = 0;
+    CollKind kind = CollKind::all_reduce;
+    const char* name = "";
+    std::int64_t bytes = 0;
+    std::int64_t start_ns = 0;  // steady clock, when posted
+    std::int64_t done_ns = -1;  // steady clock, when first seen complete; -1 while pending
+  };
+  std::vector<InFlight> in_flight_;
+  std::int64_t next_id_ = 1;
   int rank_;
   int world_;
   Backend* backend_;  // synchronized before and after each timed call; may be null

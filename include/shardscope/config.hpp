@@ -117,6 +117,10 @@ struct RunConfig {
   // --no-sync: gradients are reduced after the last micro-step only (DDP's no_sync on the
   // others); without it every micro-step reduces (communication x K).
   bool no_sync = false;
+  // --overlap on|off (docs/design.md, "Overlap"): ddp's and zero1's buckets are
+  // all-reduced while backward continues, zero2/zero3's backward prefetch all-gathers
+  // while the unit above computes; off: every collective blocks where it is called.
+  bool overlap = true;
 
   // Pipeline.
   std::optional<ScheduleKind> schedule;  // --schedule; none = data parallel

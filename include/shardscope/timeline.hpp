@@ -42,13 +42,20 @@ struct PhaseMark {
   Place place;
 };
 
-// A profiler range: [start_ns, end_ns], nested `depth` deep (0 = outermost).
+// The track of a non-blocking collective's span (--overlap on): from its post to when it
+// was seen complete, beside the ranges the step's compute pushes.
+inline constexpr const char* kCommunicationTrack = "communication";
+
+// A profiler range: [start_ns, end_ns], nested `depth` deep (0 = outermost). A span of
+// a track (`track` not empty: kCommunicationTrack) is not nested in the ranges; its
+// spans may overlap the ranges and each other, and have depth 0.
 struct TimelineSpan {
   std::string name;
   std::int64_t start_ns = 0;
   std::int64_t end_ns = 0;
   int depth = 0;
   std::int64_t bytes = -1;  // payload of a collective or p2p range; -1 when none
+  std::string track;        // empty: the ranges
 };
 
 class Timeline {
@@ -73,6 +80,11 @@ class Timeline {
 
   void push_span(const char* name, std::int64_t bytes);
   void pop_span();  // ignored when no span is open
+  // A finished span of `track`, its ends given on the steady clock (clock_ns()).
+  void add_track_span(const char* track, const char* name, std::int64_t bytes, std::int64_t start_clock_ns,
+                      std::int64_t end_clock_ns);
+  // The steady clock in ns (not since restart): what add_track_span takes.
+  static std::int64_t clock_ns();
 
   // Nanoseconds since restart().
   std::int64_t now_ns() const;
@@ -95,6 +107,7 @@ class Timeline {
 
  private:
   void coalesce();
+  void drop_old_spans();  // past span_limit_, the older half
 
   std::size_t sample_limit_;
   std::size_t span_limit_;

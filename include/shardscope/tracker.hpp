@@ -84,6 +84,11 @@ class Tracker {
   void pop_span() {
     if (recording_) timeline_.pop_span();
   }
+  // A finished span of a track (Timeline::add_track_span), kept while recording.
+  void add_track_span(const char* track, const char* name, std::int64_t bytes, std::int64_t start_clock_ns,
+                      std::int64_t end_clock_ns) {
+    if (recording_) timeline_.add_track_span(track, name, bytes, start_clock_ns, end_clock_ns);
+  }
 
  private:
   void capture_peak() {

@@ -111,9 +111,9 @@ TEST_F(Records, EveryKindOfResultWritesBackByteForByte) {
 // scrubbed of the machine it ran on).
 void drop_volatile(json& j) {
   static const std::vector<std::string> keys = {
-      "step_ms", "step_ms_all", "comm_ms", "comm_ms_all", "ms", "busbw_gbps", "busy_ms", "actions_end_ms",
-      "bubble_fraction", "bubble_fraction_replayed", "replayed_makespan_ms", "wall_makespan_ms", "start_ms",
-      "end_ms", "loss", "provenance"};
+      "step_ms", "step_ms_all", "comm_ms", "comm_ms_all", "ms", "exposed_ms", "busbw_gbps", "busy_ms",
+      "actions_end_ms", "bubble_fraction", "bubble_fraction_replayed", "replayed_makespan_ms", "wall_makespan_ms",
+      "start_ms", "end_ms", "loss", "provenance"};
   if (j.is_object()) {
     for (const std::string& k : keys)
       if (j.contains(k)) j[k] = "(varies)";

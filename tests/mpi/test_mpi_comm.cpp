@@ -219,6 +219,55 @@ TEST_P(MpiComm, AllGatherConcatenatesInRankOrder) {
   expect_staged_traffic();
 }
 
+// The non-blocking calls (--overlap on): several in flight at once, progressed, waited
+// for out of order, with the blocking calls' results; each counted once, its exposed_ms
+// within its ms. A reduce-scatter in place and a chunked all-gather take the copies MPI
+// reads from along until they complete.
+TEST_P(MpiComm, NonBlockingCallsOverlapAndMatchTheBlockingOnes) {
+  const std::size_t n = 4099, rc = 333, sc = 333;
+  std::vector<float> want_sum(n, 0.0f), want_shard(rc, 0.0f), want_gather;
+  for (int r = 0; r < world_; ++r) {
+    for (std::size_t i = 0; i < n; ++i) want_sum[i] += testing::exact_value(n, r, i);
+    for (std::size_t j = 0; j < rc; ++j) want_shard[j] += testing::exact_value(rc, r, rank_ * rc + j);
+    const auto part = seeded(sc + 2000, r, sc);
+    want_gather.insert(want_gather.end(), part.begin(), part.end());
+  }
+  ASSERT_TRUE(all_nonzero(want_gather));
+  // Sums may cancel to zero here and there, never mostly.
+  for (const auto* v : {&want_sum, &want_shard})
+    ASSERT_GT(std::count_if(v->begin(), v->end(), [](float x) { return x != 0.0f; }),
+              static_cast<std::ptrdiff_t>(v->size() / 2));
+  Buffer sum = put(seeded(n, rank_, n));
+  Buffer flat = put(seeded(rc, rank_, rc * world_));
+  float* shard = flat.data() + rank_ * rc;  // in place
+  Buffer gathered = put(std::vector<float>(sc * world_, -3.0f));
+  Buffer mine = put(seeded(sc + 2000, rank_, sc));
+
+  comm_->reset_ledger();
+  CommTicket a = comm_->start_all_reduce_sum(sum.data(), n);
+  CommTicket b = comm_->start_reduce_scatter_sum(flat.data(), shard, rc);
+  CommTicket c = comm_->start_all_gather(mine.data(), gathered.data(), sc);
+  EXPECT_EQ(comm_->in_flight(), 3);
+  for (int i = 0; i < 5; ++i) comm_->progress();
+  comm_->wait(c);
+  comm_->wait(a);
+  comm_->wait(b);
+  EXPECT_EQ(comm_->in_flight(), 0);
+  EXPECT_EQ(get(sum), want_sum);
+  EXPECT_EQ(get(shard, rc), want_shard);
+  EXPECT_EQ(get(gathered), want_gather);
+  const CommLedger& l = comm_->ledger();
+  EXPECT_EQ(l[CollKind::all_reduce].calls, 1);
+  EXPECT_EQ(l[CollKind::all_reduce].bytes, static_cast<std::int64_t>(n * 4));
+  EXPECT_EQ(l[CollKind::reduce_scatter].bytes, static_cast<std::int64_t>(rc * world_ * 4));
+  EXPECT_EQ(l[CollKind::all_gather].bytes, static_cast<std::int64_t>(sc * world_ * 4));
+  for (const CollStats& st : l.by_kind) {
+    EXPECT_GE(st.exposed_ms, 0.0);
+    EXPECT_LE(st.exposed_ms, st.ms);
+  }
+  expect_staged_traffic();
+}
+
 TEST_P(MpiComm, BroadcastCopiesTheRootsBuffer) {
   const std::size_t n = 1001;
   for (int root = 0; root < world_; ++root) {
