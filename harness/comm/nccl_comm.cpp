@@ -195,19 +195,19 @@ class NcclCommunicator final : public Communicator {
   // stream does next (reading the result, freeing the buffers) follows the collective:
   // the record-stream rule, with the free where the caller waits.
   void post_all_reduce_sum(std::int64_t id, float* buf, std::size_t count) override {
-    on_comm_stream(id, [&](cudaStream_t st) {
+    on_comm_stream(id, Op::all_reduce, [&](cudaStream_t st) {
       if (count > 0) NCCL_CHECK(ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm_, st));
     });
   }
 
   void post_reduce_scatter_sum(std::int64_t id, const float* send, float* recv, std::size_t recv_count) override {
-    on_comm_stream(id, [&](cudaStream_t st) {
+    on_comm_stream(id, Op::reduce_scatter, [&](cudaStream_t st) {
       if (recv_count > 0) NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, ncclFloat, ncclSum, comm_, st));
     });
   }
 
   void post_all_gather(std::int64_t id, const float* send, float* recv, std::size_t send_count) override {
-    on_comm_stream(id, [&](cudaStream_t st) {
+    on_comm_stream(id, Op::all_gather, [&](cudaStream_t st) {
       if (send_count > 0) NCCL_CHECK(ncclAllGather(send, recv, send_count, ncclFloat, comm_, st));
     });
   }
@@ -245,6 +245,8 @@ class NcclCommunicator final : public Communicator {
 
  private:
   enum class Poll { done, pending, failed };
+  // The kinds of operation NCCL connects for separately (FirstCall).
+  enum class Op { all_reduce, reduce_scatter, all_gather, broadcast, p2p, barrier, count };
 
   // One look at the stream and at NCCL, as nccl-tests' testStreamSynchronize takes it:
   // done when the stream has drained; failed (with `why`) when NCCL reports an
@@ -292,10 +294,13 @@ class NcclCommunicator final : public Communicator {
   }
 
   // Records `ready` on the compute stream, makes the communication stream wait for it,
-  // enqueues `enqueue(comm_stream_)` and records `done` behind it.
+  // enqueues `enqueue(comm_stream_)` and records `done` behind it. The first call of a
+  // kind connects NCCL's buffers for it at the enqueue, on the host (FirstCall measures
+  // that, as for a blocking call).
   template <class F>
-  void on_comm_stream(std::int64_t id, F&& enqueue) {
+  void on_comm_stream(std::int64_t id, Op op, F&& enqueue) {
     usable();
+    const FirstCall first(*this, op);
     Pending p;
     try {
       CUDA_CHECK(cudaEventCreateWithFlags(&p.ready, cudaEventDisableTiming));
@@ -355,7 +360,6 @@ class NcclCommunicator final : public Communicator {
   // the process's device memory around that first call is added to this communicator's
   // (nothing else allocates on the device while a call is being made: the pool grows
   // only when the host asks it to).
-  enum class Op { all_reduce, reduce_scatter, all_gather, broadcast, p2p, barrier, count };
   class FirstCall {
    public:
     FirstCall(NcclCommunicator& c, Op op) : c_(c) {

@@ -420,6 +420,13 @@ RankRecord read_rank(const Reader& rd, const json& member, const std::string& pa
   r.step_ms_all = rd.times(member, path, "step_ms_all");
   r.comm_ms = read_time_summary(rd, member, path, "comm_ms");
   r.comm_ms_all = rd.times(member, path, "comm_ms_all");
+  // Added with --overlap; before it every collective blocked, so the step waited for all.
+  r.comm_exposed_ms = Reader::present(member, "comm_exposed_ms")
+                          ? read_time_summary(rd, member, path, "comm_exposed_ms")
+                          : r.comm_ms;
+  r.comm_exposed_ms_all = Reader::present(member, "comm_exposed_ms_all")
+                              ? rd.times(member, path, "comm_exposed_ms_all")
+                              : r.comm_ms_all;
   r.loss = rd.numbers(rd.need(member, path, "loss", "an array of losses"), join(path, "loss"), "loss");
   r.timeline = read_optional_timeline(rd, member, path);
   r.placement = read_placement(rd, member, path);

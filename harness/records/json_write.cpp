@@ -283,6 +283,8 @@ json to_json(const RankRecord& rank) {
   r["step_ms_all"] = rank.step_ms_all;
   r["comm_ms"] = time_json(rank.comm_ms);
   r["comm_ms_all"] = rank.comm_ms_all;
+  r["comm_exposed_ms"] = time_json(rank.comm_exposed_ms);
+  r["comm_exposed_ms_all"] = rank.comm_exposed_ms_all;
   r["loss"] = rank.loss;
   if (rank.timeline) r["timeline"] = to_json(*rank.timeline);
   add_placement(rank.placement, r);

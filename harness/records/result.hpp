@@ -198,6 +198,10 @@ struct RankRecord {
   std::vector<double> step_ms_all;
   TimeSummary comm_ms;  // the step's time inside collectives
   std::vector<double> comm_ms_all;
+  // The part of comm_ms the step waited for (each step's exposed_ms summed over kinds):
+  // comm_ms itself when every collective blocked; files from before it read comm_ms.
+  TimeSummary comm_exposed_ms;
+  std::vector<double> comm_exposed_ms_all;
   std::vector<double> loss;
   std::optional<TimelineRecord> timeline;  // left out when not recorded
   std::optional<Placement> placement;

@@ -253,7 +253,7 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
   os << '\n';
 
   std::vector<std::string> time_cols = head;
-  for (const char* c : {"main collective", "busbw GB/s", "comm ms", "step ms: min", "median", "max"})
+  for (const char* c : {"main collective", "busbw GB/s", "comm ms", "exposed ms", "step ms: min", "median", "max"})
     time_cols.push_back(c);
   std::vector<Align> time_align = aligns(time_cols.size());
   time_align[nhead] = Align::left;
@@ -265,11 +265,13 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
     const CommSummary timed = summarize_comm(*row.timing);
     line.push_back(comm.main_kind.empty() || emulated ? cells::kMissing : fixed(timed.main_busbw, 2));
     line.push_back(emulated ? cells::kMissing : fixed(row.timing->comm_ms.median, 3));
+    line.push_back(emulated ? cells::kMissing : fixed(row.timing->comm_exposed_ms.median, 3));
     for (std::string cell : step_spread(row.timing->step_ms, row.timing->step_ms_all)) line.push_back(std::move(cell));
   });
   os << "  time per step in ms" << timed_steps_words(runs)
      << ": the step's min, median and max (comm ms: the median step's\n"
-        "  time inside collectives; busbw: the main collective's); a row for all ranks shows the slowest rank\n";
+        "  time inside collectives; exposed ms: the part of it the step waited for, less than comm ms\n"
+        "  where --overlap hid some; busbw: the main collective's); a row for all ranks shows the slowest rank\n";
   if (!emulated) os << cores_note(first.world, doc);
   times.print(os, 2);
   os << '\n';

@@ -194,6 +194,7 @@ CommLedger summed_ledger(MeshComms& mesh) {
       sum.by_kind[k].calls += s.calls;
       sum.by_kind[k].bytes += s.bytes;
       sum.by_kind[k].ms += s.ms;
+      sum.by_kind[k].exposed_ms += s.exposed_ms;
     }
   return sum;
 }

@@ -165,6 +165,9 @@ RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicato
   auto step_comm_ms = [&] {
     return groups.empty() ? comm.ledger().total_ms() : summed_group_ledgers(groups).total_ms();
   };
+  auto step_exposed_ms = [&] {
+    return mesh ? summed_ledger(*mesh).total_exposed_ms() : comm.ledger().total_exposed_ms();
+  };
 
   StrategyContext ctx{cfg, backend, comm, tp, replicate.get(), cfg.hybrid() ? rank : -1};
   std::unique_ptr<Strategy> strategy = make_strategy(ctx);
@@ -173,6 +176,7 @@ RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicato
     strategy->setup();
   }
   std::vector<double> step_ms, comm_ms;  // comm_ms: the step's time inside collectives
+  std::vector<double> exposed_ms;        // the part of it the step waited for
   std::vector<double> losses;
   for (int s = 0; s < cfg.steps; ++s) {
     strategy->prepare_batch(s);
@@ -184,6 +188,7 @@ RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicato
     const auto t1 = std::chrono::steady_clock::now();
     step_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     comm_ms.push_back(step_comm_ms());  // the ledgers hold this step's calls
+    exposed_ms.push_back(step_exposed_ms());
     losses.push_back(loss);
   }
   const Tracker& tr = backend.tracker();
@@ -207,6 +212,8 @@ RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicato
   r.step_ms_all = step_ms;
   r.comm_ms = time_summary(comm_ms);
   r.comm_ms_all = comm_ms;
+  r.comm_exposed_ms = time_summary(exposed_ms);
+  r.comm_exposed_ms_all = exposed_ms;
   r.loss = losses;
   const SavedAfterForward saved = strategy->saved_after_forward();
   r.saved = RankSaved{saved.bytes, saved.tensors};

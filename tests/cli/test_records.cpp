@@ -111,7 +111,8 @@ TEST_F(Records, EveryKindOfResultWritesBackByteForByte) {
 // scrubbed of the machine it ran on).
 void drop_volatile(json& j) {
   static const std::vector<std::string> keys = {
-      "step_ms", "step_ms_all", "comm_ms", "comm_ms_all", "ms", "exposed_ms", "busbw_gbps", "busy_ms",
+      "step_ms", "step_ms_all", "comm_ms", "comm_ms_all", "comm_exposed_ms", "comm_exposed_ms_all", "ms",
+      "exposed_ms", "busbw_gbps", "busy_ms",
       "actions_end_ms", "bubble_fraction", "bubble_fraction_replayed", "replayed_makespan_ms", "wall_makespan_ms",
       "start_ms", "end_ms", "loss", "provenance"};
   if (j.is_object()) {

@@ -40,7 +40,14 @@ TEST_F(RunRecord, CommTimeIsPartOfEveryStep) {
   // The table prints it beside the step's.
   std::ifstream out(dir_ + "/out.txt");
   const std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("comm ms  step ms"), std::string::npos) << text;
+  EXPECT_NE(text.find("comm ms  exposed ms  step ms"), std::string::npos) << text;
+  // The part of it the step waited for: within it every step, all of it with --overlap off.
+  const std::vector<double> exposed = rank["comm_exposed_ms_all"];
+  ASSERT_EQ(exposed.size(), 5u);
+  for (std::size_t i = 0; i < exposed.size(); ++i) {
+    EXPECT_GE(exposed[i], 0.0) << "step " << i;
+    EXPECT_LE(exposed[i], comm[i]) << "step " << i;
+  }
 }
 
 TEST_F(RunRecord, SaysWhereItsRankRan) {

@@ -40,6 +40,10 @@ TEST(MeshMpi, TensorAndDataParallelTrainLikeOneRank) {
         cfg.steps = 3;
         cfg.seed = 5;
         cfg.strategy = parse_strategy(strategy);
+        // --overlap on (the default): with relu and mse each tensor its own bucket, posted
+        // on the dp group as backward reaches it while the tp group's all-reduces block.
+        cfg.bucket_mb = relu_mse ? 0.001 : 0.0;
+        ASSERT_TRUE(cfg.overlap);
         SCOPED_TRACE("--mesh " + mesh.text() + " " + strategy + (relu_mse ? " relu mse" : " none sum") + " rank " +
                      std::to_string(rank));
         CpuBackend backend;
@@ -70,6 +74,13 @@ TEST(MeshMpi, TensorAndDataParallelTrainLikeOneRank) {
         EXPECT_EQ(r.tp_ledger.total_bytes(), p.axis_comm_bytes[static_cast<int>(MeshAxis::tp)]);
         for (int k = 0; k < kCollKindCount; ++k)
           EXPECT_EQ(r.dp.ledger.by_kind[k].bytes + r.tp_ledger.by_kind[k].bytes, p.comm_bytes[k]);
+        for (const CommLedger* l : {&r.dp.ledger, &r.tp_ledger})
+          for (int k = 0; k < kCollKindCount; ++k) {
+            EXPECT_GE(l->by_kind[k].exposed_ms, 0.0) << kCollKindNames[k];
+            EXPECT_LE(l->by_kind[k].exposed_ms, l->by_kind[k].ms) << kCollKindNames[k];
+          }
+        // The tensor-parallel all-reduces sit between a block's kernels: they block.
+        for (const CollStats& st : r.tp_ledger.by_kind) EXPECT_EQ(st.exposed_ms, st.ms);
 
         // The same rank played alone: the fake world's groups shape every call alike.
         CpuBackend backend2;
