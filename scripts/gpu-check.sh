@@ -284,16 +284,18 @@ else
 fi
 
 # ---- 4c. overlap on one GPU: the non-blocking collectives on NCCL's communication stream
-# (--overlap on, W = 1, so a ddp of small buckets and a zero3 prefetch run through the
-# post/event/wait path) against --overlap off: exit 0, measured == predicted bytes, and
-# every collective's exposed_ms within its ms (all of it with overlap off).
+# (--overlap on, W = 1, so a ddp of small buckets, zero2's reduce-scatters and zero3's
+# prefetch and reduce-scatters, torch and fsdp2 engines, run through the post/event/wait
+# path) against --overlap off: exit 0, measured == predicted bytes (the buffers in flight
+# held until their wait), and every collective's exposed_ms within its ms (all of it with
+# overlap off).
 if [[ -x "$build/shardscope" && "$(limit 60)" -ge 60 ]]; then
   ov_dir="$(mktemp -d)"
   ov_ok=1
   ov_text=""
-  for ov_run in "ddp --bucket-mb 0.05" "zero3 --units 1"; do
+  for ov_run in "ddp --bucket-mb 0.05" "zero2 --units 1" "zero3 --units 1" "zero3 --units 1 --engine fsdp2"; do
     for ov in on off; do
-      ov_json="$ov_dir/${ov_run%% *}-$ov.json"
+      ov_json="$ov_dir/$(tr -c 'a-z0-9\n' '_' <<< "$ov_run")-$ov.json"
       # shellcheck disable=SC2086
       if ! timeout 30 "$build/shardscope" run --backend cuda --comm nccl --strategy $ov_run --overlap "$ov" \
            --layers 4 --width 256 --steps 3 --json "$ov_json" >/dev/null 2>"$ov_dir/err"; then
@@ -313,7 +315,7 @@ exposed = sum(c["exposed_ms"] for c in rank["comm"].values())
 for kind, c in rank["comm"].items():
     if c["exposed_ms"] > c["ms"] or (sys.argv[2] == "off" and c["exposed_ms"] != c["ms"]):
         problems.append(kind + " exposed_ms " + str(c["exposed_ms"]) + " vs ms " + str(c["ms"]))
-print(run["strategy"] + "/" + sys.argv[2] + ": comm %.3f ms, exposed %.3f ms" % (ms, exposed) +
+print(run["strategy"] + ("" if run.get("engine", "torch") == "torch" else " " + run["engine"]) + "/" + sys.argv[2] + ": comm %.3f ms, exposed %.3f ms" % (ms, exposed) +
       ("" if not problems else " PROBLEMS " + ", ".join(problems)) + ";")
 sys.exit(1 if problems else 0)
 PY

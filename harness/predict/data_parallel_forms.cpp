@@ -184,14 +184,20 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
     // layer of the unit never holds more. A reduce-scatter adding onto the shard holds its
     // staging output (4·shard_u) beside the full gradient once the unit's first layer is
     // done (its dx, when it has a layer below, and the outputs below it live).
+    // --overlap on: the unit above's reduce-scatter is in flight through this unit's
+    // backward, its full gradient (f_{u+1}) and staging output (4·shard_{u+1}, when it adds
+    // onto the shard) held until this unit's own is posted (fsdp.hpp).
     for (int u = U - 1; u >= 0; --u) {
+      const bool above_in_flight = fsdp && cfg.overlap && ms.reduces && u + 1 < U;
+      const std::int64_t flight_grad = above_in_flight ? f[u + 1] : 0;
+      const std::int64_t flight_comm = above_in_flight && ms.adds_to_shard ? 4 * units[u + 1].shard : 0;
       const int j = fsdp ? units[u].last_block - 1 : L - 1;
       const bool wrapped = ck.wraps(j);
       const std::int64_t outs = wrapped ? j : (j == L - 1) ? (L - 1 + k) : (j + 1);
-      Transient at{X + t + a, outs * a, 0, 0};
+      Transient at{X + t + a, outs * a, 0, 0, flight_comm};
       if (fsdp) {
         at.param_unsharded = zero3_multi ? f[u] + (cfg.prefetch && u > 0 ? f[u - 1] : 0) : gathered_bwd(u);
-        at.grad_unsharded = f[u] + kept(u);  // the unit's full flat gradient
+        at.grad_unsharded = f[u] + kept(u) + flight_grad;  // the unit's full flat gradient
       }
       consider(at, Phase::backward, where(j));
       if (wrapped) {
@@ -203,7 +209,9 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
       if (j > 0) consider(at, Phase::backward, where(j));
       if (fsdp && ms.adds_to_shard) {
         const int first = units[u].first_block;
-        consider({X + t + (first > 0 ? a : 0), first * a, at.param_unsharded, at.grad_unsharded, 4 * units[u].shard},
+        // The unit above's reduce-scatter was waited for just before (--overlap on).
+        consider({X + t + (first > 0 ? a : 0), first * a, at.param_unsharded, at.grad_unsharded - flight_grad,
+                  4 * units[u].shard},
                  Phase::backward, where(first));
       }
     }

@@ -174,26 +174,43 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
     const std::int64_t last_unsaved = k == 0 ? a : 0;
     consider({X + t + last_unsaved + 4, (L - 1 + k) * a, gathered_end, kept(U), 0}, Phase::forward, U - 1);  // loss
     consider({X + t + a, (L - 1 + k) * a, gathered_end, kept(U), 0}, Phase::backward, U - 1);                // dy
-    // Backward, per unit from the last.
+    // Backward, per unit from the last. --overlap on: the unit above's reduce-scatter is in
+    // flight through this unit's backward, its flat input (G_{u+1}) and, adding onto the
+    // shard, its output (4·A_{u+1}) held (FSDP2's reduce_scatter_state) until this unit's
+    // reduce begins.
     for (int u = U - 1; u >= 0; --u) {
       const int j = units[u].last_block - 1, first = units[u].first_block;
       const std::int64_t outs = (j == L - 1) ? (L - 1 + k) : (j + 1);
-      const Transient base{X + t + a, outs * a, 0, 0, 0};
+      const bool above_in_flight = cfg.overlap && ms.reduces && u + 1 < U;
+      const std::int64_t flight = above_in_flight ? G[u + 1] + (ms.adds_to_shard ? 4 * A[u + 1] : 0) : 0;
+      const Transient base{X + t + a, outs * a, 0, 0, flight};
       // Before the unit's full gradients are made: those kept, its own among them when
       // they were kept from the micro-step before.
       const std::int64_t before = kept(u) + (ms.grads_held ? 4 * E[u] : 0);
       std::int64_t gathered = G_upto[u];
-      if (zero3_multi) {
-        // The unit is gathered here unless the unit above prefetched it.
-        const bool own_gather = u == U - 1 || !cfg.prefetch;
-        if (own_gather) consider({base.temp, base.activation, G[u], before, G[u]}, Phase::backward, u);
+      std::int64_t prefetching = 0;  // --overlap on: the unit below's flat buffer, its all-gather posted
+      if (zero3_multi && cfg.overlap) {
+        // The unit's copy-out here, after its own all-gather or the wait for the one the
+        // unit above posted; then the next unit's all-gather is posted into its flat buffer,
+        // copied out only when that unit's backward begins.
+        consider({base.temp, base.activation, G[u], before, G[u] + flight}, Phase::backward, u);
         gathered = G[u];
         if (cfg.prefetch && u > 0) {
-          consider({base.temp, base.activation, G[u] + G[u - 1], before, G[u - 1]}, Phase::backward, u - 1);
+          prefetching = G[u - 1];
+          consider({base.temp, base.activation, G[u], before, prefetching + flight}, Phase::backward, u - 1);
+        }
+      } else if (zero3_multi) {
+        // The unit is gathered here unless the unit above prefetched it.
+        const bool own_gather = u == U - 1 || !cfg.prefetch;
+        if (own_gather) consider({base.temp, base.activation, G[u], before, G[u] + flight}, Phase::backward, u);
+        gathered = G[u];
+        if (cfg.prefetch && u > 0) {
+          consider({base.temp, base.activation, G[u] + G[u - 1], before, G[u - 1] + flight}, Phase::backward, u - 1);
           gathered += G[u - 1];
         }
       }
       Transient at = base;
+      at.comm += prefetching;
       at.param_unsharded = gathered;
       at.grad_unsharded = 4 * E[u] + kept(u);  // each tensor's full gradient
       consider(at, Phase::backward, u);
@@ -202,10 +219,10 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
       if (!ms.reduces) continue;
       // The reduce-scatter's copy-in: the unit's first layer done, its dx (when it has a
       // layer below) and the outputs below it live.
-      const Transient done{X + t + (first > 0 ? a : 0), first * a, gathered, 4 * E[u] + kept(u), G[u]};
+      const Transient done{X + t + (first > 0 ? a : 0), first * a, gathered, 4 * E[u] + kept(u), G[u] + prefetching};
       consider(done, Phase::backward, u);
       if (ms.adds_to_shard)
-        consider({done.temp, done.activation, gathered, kept(u), G[u] + 4 * A[u]}, Phase::backward, u);
+        consider({done.temp, done.activation, gathered, kept(u), G[u] + 4 * A[u] + prefetching}, Phase::backward, u);
     }
   }
   p.peak_phase = best.phase;

@@ -28,6 +28,8 @@ std::string layer(int b) { return "layer " + std::to_string(b); }
 void PeakWalk::consider(i64 temp, i64 act, i64 gathered, i64 grad_full, Phase phase, const std::string& where,
                         bool dy_live, i64 comm) {
   if (record_) record_->push_back({temp, act, dy_live});
+  grad_full += held_grad_;
+  comm += held_comm_;
   const i64 total = temp + act + gathered + grad_full + comm;
   if (total <= best_total_) return;
   best_total_ = total;
@@ -67,6 +69,7 @@ StepUnits step_units(const RunConfig& cfg, int world) {
   }
   g.reshard = cfg.strategy == StrategyKind::zero3 && units.size() > 1;
   g.prefetch = cfg.prefetch != 0;
+  g.overlap = cfg.overlap;
   g.micro = micro_steps(cfg);
   return g;
 }
@@ -187,13 +190,33 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     // its full gradient; its blocks' buffers; its reduce-scatter once its first block is
     // done (dx and S_{first} held): fsdp2's copy-in, and a staging output when it adds
     // onto the shard.
+    // --overlap on: the unit above's reduce-scatter is in flight through this unit's
+    // backward (held until this unit's reduce begins): FSDP1's full gradient e_{u+1},
+    // fsdp2's flat input f_{u+1}, and the staging output s_{u+1} when it adds onto the shard.
     i64 pu = after_forward;
     for (int u = U - 1; u >= 1; --u) {
       const int b = units.top_block[u];
       const int first = u == 1 ? 1 : units.top_block[u - 1] + 1;
+      const bool above_in_flight = units.overlap && ms.reduces && u + 1 < U;
+      const i64 flight_grad = above_in_flight && !flat ? e(u + 1) : 0;
+      const i64 flight_comm = above_in_flight ? (flat ? f(u + 1) : 0) + (ms.adds_to_shard ? s(u + 1) : 0) : 0;
+      walk.hold(flight_grad, flight_comm);
+      i64 prefetching = 0;  // fsdp2 under --overlap on: the unit below's flat buffer, its all-gather posted
       const i64 S = wrapped(b) ? held_at(b - 1) : held_at(b);
       const i64 before = e0 + kept(u) + (ms.grads_held ? e(u) : 0);  // before its full gradient is made
-      if (units.reshard) {
+      if (units.reshard && flat && units.overlap) {
+        // fsdp2 under --overlap on: the unit's copy-out here, after its own all-gather or
+        // the wait for the one the unit above posted; then the next unit's all-gather is
+        // posted into its flat buffer (held), copied out when that unit's backward begins.
+        pu += f(u);
+        walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, f(u));
+        walk.consider(X + a, S, pu, before, Phase::backward, unit(u));
+        if (units.prefetch && u - 1 >= 1) {
+          prefetching = f(u - 1);
+          walk.hold(flight_grad, flight_comm + prefetching);
+          walk.consider(X + a, S, pu, before, Phase::backward, unit(u - 1));
+        }
+      } else if (units.reshard) {
         const bool prefetched = units.prefetch && u + 1 < U;
         if (!prefetched) {
           pu += f(u);
@@ -209,6 +232,7 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
       const i64 gu = e0 + e(u) + kept(u);
       walk.consider(X + a, S, pu, gu, Phase::backward, unit(u));  // the unit's full gradient
       blocks_backward(b, first, pu, gu, unit(u));
+      walk.hold(0, prefetching);  // the unit above's waited for as this unit's reduce begins
       if (ms.reduces) {
         const i64 S_first = held_at(first - 1);
         if (flat) walk.consider(X + a, S_first, pu, gu, Phase::backward, unit(u), false, f(u));
@@ -220,6 +244,7 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
         }
       }
       if (!ms.keeps_params) pu -= f(u);  // resharded after its backward
+      walk.hold(0, 0);
     }
     root_reduce();
   };

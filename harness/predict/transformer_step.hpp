@@ -43,6 +43,11 @@ struct StepUnits {
   std::vector<int> top_block;       // each unit's last block (a model block index)
   bool reshard = false;             // zero3: units but the root are freed after their forward
   bool prefetch = true;             // --prefetch 1: a unit's backward gathers the next
+  // --overlap on: a unit's reduce-scatter stays in flight through the next unit's
+  // backward, its full gradient (FSDP1) or flat input (fsdp2), and a staging output when
+  // it adds onto the shard, held until that unit's reduce begins. Off where nothing is
+  // posted (DeepSpeed's walk, deepspeed_forms.cpp, builds its units without it).
+  bool overlap = false;
   // --accumulate: the step's distinct micro-steps in time order (micro_steps.hpp), each
   // walked; one plain step without.
   std::vector<MicroStep> micro{MicroStep{}};
@@ -74,10 +79,17 @@ class PeakWalk {
   const StepTransient& best() const { return best_; }
   // Every instant considered is also appended here (none when null).
   void record(std::vector<WalkInstant>* into) { record_ = into; }
+  // Bytes held beside every instant considered from now on (a collective in flight:
+  // its full gradient, its comm buffers), until held again.
+  void hold(std::int64_t grad_full, std::int64_t comm) {
+    held_grad_ = grad_full;
+    held_comm_ = comm;
+  }
 
  private:
   StepTransient best_;
   std::int64_t best_total_ = -1;
+  std::int64_t held_grad_ = 0, held_comm_ = 0;
   std::vector<WalkInstant>* record_ = nullptr;
 };
 

@@ -92,6 +92,17 @@ void FsdpStrategy::begin_unit_gradient(int u) {
 void FsdpStrategy::reduce_unit(int u) {
   UnitState& s = state_[u];
   const std::size_t n = static_cast<std::size_t>(units_[u].shard);
+  if (cfg_.overlap) {
+    finish_reduce();  // the unit before's: one in flight at a time
+    reducing_.unit = u;
+    float* dst = s.grad_shard.data();
+    if (adds_to_shard()) {
+      reducing_.out = backend_.alloc(Category::comm, n);  // added onto the shard at its wait
+      dst = reducing_.out.data();
+    }
+    reducing_.ticket = comm_.start_reduce_scatter_sum(s.full_grad.data(), dst, n);
+    return;
+  }
   const float inv_world = 1.0f / static_cast<float>(comm_.world());
   if (adds_to_shard()) {
     // FSDP1's _accumulate_sharded_grad: the reduce-scatter's output is a new shard (comm),
@@ -106,6 +117,22 @@ void FsdpStrategy::reduce_unit(int u) {
     backend_.scale(s.grad_shard.data(), inv_world, n);
     average_replicas(s.grad_shard.data(), n);
   }
+  s.full_grad.reset();
+}
+
+void FsdpStrategy::finish_reduce() {
+  if (reducing_.unit < 0) return;
+  UnitState& s = state_[reducing_.unit];
+  const std::size_t n = static_cast<std::size_t>(units_[reducing_.unit].shard);
+  comm_.wait(reducing_.ticket);
+  const float inv_world = 1.0f / static_cast<float>(comm_.world());
+  if (reducing_.out) {
+    backend_.scale(reducing_.out.data(), inv_world, n);
+    backend_.add(s.grad_shard.data(), reducing_.out.data(), n);
+  } else {
+    backend_.scale(s.grad_shard.data(), inv_world, n);
+  }
+  reducing_ = Reducing{};  // frees the staging output
   s.full_grad.reset();
 }
 

@@ -6,6 +6,13 @@
 // the two blocks' parameters.
 // When units are gathered, resharded and reduced: unit_sharded.hpp. Backward gives each
 // unit a full flat gradient, reduce-scattered into the shard.
+// --overlap on: a unit's reduce-scatter is posted when its backward ends and backward goes
+// on; its full gradient (and, adding onto the shard, its staging output) is held until it
+// is waited for: when the next unit's reduce-scatter is about to be posted, or after the
+// backward (reduce_gradients) for the last one. One reduce-scatter is in flight at a time,
+// as FSDP2's reduce_scatter_state keeps it; FSDP1 frees the input at once under
+// record_stream, so the caching allocator reuses it only once the reduce-scatter has run:
+// we take the wait as that moment, so that the bytes stay a closed form.
 #pragma once
 
 #include <vector>
@@ -31,6 +38,7 @@ class FsdpStrategy : public UnitShardedStrategy {
   }
   void begin_unit_gradient(int unit) override;
   void reduce_unit(int unit) override;
+  void reduce_gradients() override { finish_reduce(); }
   // FSDP1 frees an unsharded flat parameter after a backward without sync only under
   // strategies that reshard after forward (_should_free_in_backward): zero3's.
   bool keeps_gathered_unsynced() const override { return !full_shard_; }
@@ -56,6 +64,17 @@ class FsdpStrategy : public UnitShardedStrategy {
     Buffer full_grad;   // (padded) grad_unsharded during the unit's backward
   };
   std::vector<UnitState> state_;
+
+  // The reduce-scatter in flight (--overlap on): its unit, ticket and staging output.
+  struct Reducing {
+    int unit = -1;
+    CommTicket ticket;
+    Buffer out;  // (shard) comm: the output when it adds onto the shard, else empty
+  };
+  Reducing reducing_;
+  // Waits for the reduce-scatter in flight, if any, averages it into the shard's gradient
+  // and frees its full gradient and staging output.
+  void finish_reduce();
 };
 
 }  // namespace shardscope

@@ -23,6 +23,7 @@ Fsdp2Strategy::Fsdp2Strategy(const StrategyContext& ctx, bool full_shard)
     }
   }
   gathered_.assign(units_.size(), false);
+  prefetching_.resize(units_.size());
 }
 
 void Fsdp2Strategy::setup() {
@@ -56,6 +57,15 @@ float* Fsdp2Strategy::grad(int block, int tensor) {
 void Fsdp2Strategy::gather(int u) {
   if (gathered_[u]) return;
   backend_.tracker().mark(backend_.tracker().phase(), {PlaceKind::unit, u});
+  Prefetching& pre = prefetching_[u];
+  if (pre.flat) {
+    // Prefetched: its all-gather may still be in flight; the copy-out waits for it.
+    comm_.wait(pre.ticket);
+    copy_out(u, pre.flat);
+    pre.flat.reset();
+    gathered_[u] = true;
+    return;
+  }
   const std::int64_t world = comm_.world(), a = unit_flat_[u];
   // foreach_all_gather: this rank's padded shards copied into its slot, gathered in place.
   Buffer flat = backend_.alloc(Category::comm, static_cast<std::size_t>(world * a));
@@ -65,6 +75,27 @@ void Fsdp2Strategy::gather(int u) {
     backend_.copy(own + s.offset, s.param.data(), static_cast<std::size_t>(s.shard.padded()));
   }
   comm_.all_gather(own, flat.data(), static_cast<std::size_t>(a));
+  copy_out(u, flat);
+  flat.reset();
+  gathered_[u] = true;
+}
+
+void Fsdp2Strategy::prefetch(int u) {
+  if (!cfg_.overlap || gathered_[u] || prefetching_[u].flat) return gather(u);
+  backend_.tracker().mark(backend_.tracker().phase(), {PlaceKind::unit, u});
+  const std::int64_t world = comm_.world(), a = unit_flat_[u];
+  Prefetching& pre = prefetching_[u];
+  pre.flat = backend_.alloc(Category::comm, static_cast<std::size_t>(world * a));
+  float* own = pre.flat.data() + a * comm_.rank();
+  for (int t : tensors_of(u)) {
+    const TensorState& s = tensors_[t];
+    backend_.copy(own + s.offset, s.param.data(), static_cast<std::size_t>(s.shard.padded()));
+  }
+  pre.ticket = comm_.start_all_gather(own, pre.flat.data(), static_cast<std::size_t>(a));
+}
+
+void Fsdp2Strategy::copy_out(int u, const Buffer& flat) {
+  const std::int64_t world = comm_.world(), a = unit_flat_[u];
   // Copy-out: each tensor's chunks, rank by rank, into its own gathered buffer.
   for (int t : tensors_of(u)) {
     TensorState& s = tensors_[t];
@@ -73,8 +104,6 @@ void Fsdp2Strategy::gather(int u) {
     for (std::int64_t r = 0; r < world; ++r)
       backend_.copy(s.full.data() + r * n, flat.data() + r * a + s.offset, static_cast<std::size_t>(n));
   }
-  flat.reset();
-  gathered_[u] = true;
 }
 
 void Fsdp2Strategy::reshard(int u) {
@@ -93,6 +122,7 @@ void Fsdp2Strategy::begin_unit_gradient(int u) {
 }
 
 void Fsdp2Strategy::reduce_unit(int u) {
+  if (cfg_.overlap) finish_reduce();  // FSDP2 waits for the last one before the next input
   const int world = comm_.world();
   const std::int64_t a = unit_flat_[u];
   // foreach_reduce: the full gradients chunked into rank-major slots, padding zero.
@@ -109,6 +139,13 @@ void Fsdp2Strategy::reduce_unit(int u) {
   }
   float* grad = unit_grad_[u].data();
   const std::size_t n = static_cast<std::size_t>(a);
+  if (cfg_.overlap) {
+    reducing_.unit = u;
+    if (adds_to_shard()) reducing_.out = backend_.alloc(Category::comm, n);
+    reducing_.ticket = comm_.start_reduce_scatter_sum(input.data(), reducing_.out ? reducing_.out.data() : grad, n);
+    reducing_.input = std::move(input);
+    return;
+  }
   if (adds_to_shard()) {
     // foreach_reduce's output is a new flat buffer (comm) beside the input; the shards'
     // gradients add it (sharded_param.grad += ...), then both are freed.
@@ -123,6 +160,21 @@ void Fsdp2Strategy::reduce_unit(int u) {
     average_replicas(grad, n);
   }
   input.reset();
+}
+
+void Fsdp2Strategy::finish_reduce() {
+  if (reducing_.unit < 0) return;
+  const std::size_t n = static_cast<std::size_t>(unit_flat_[reducing_.unit]);
+  float* grad = unit_grad_[reducing_.unit].data();
+  comm_.wait(reducing_.ticket);
+  const float inv_world = 1.0f / static_cast<float>(comm_.world());
+  if (reducing_.out) {
+    backend_.scale(reducing_.out.data(), inv_world, n);
+    backend_.add(grad, reducing_.out.data(), n);
+  } else {
+    backend_.scale(grad, inv_world, n);
+  }
+  reducing_ = Reducing{};  // frees the input and the output
 }
 
 void Fsdp2Strategy::optimizer_step(int step) {

@@ -16,6 +16,14 @@
 // When the unit's backward ends (foreach_reduce) they are copied, chunk by chunk with zero
 // padding, into a flat reduce-scatter input of W x A_u elements (comm) laid out as the
 // gather's, freed, and the input is reduce-scattered into the unit's gradient and freed.
+// --overlap on, as FSDP2 does on its all-gather stream: the --prefetch all-gather makes
+// the flat buffer, copies this rank's shards in and is posted; the copy-out into the
+// gathered tensors, and the flat buffer's free, wait until the unit's own backward begins
+// (FSDP2's wait_for_unshard and foreach_all_gather_copy_out).
+// --overlap on, as FSDP2 does on its reduce-scatter stream: the reduce-scatter is posted
+// and backward goes on; its input (and, adding onto the shard, its output) stays held,
+// as FSDP2's reduce_scatter_state holds them, until the next unit's reduce begins (its
+// wait comes before that unit's input is made) or, for the last, after the backward.
 #pragma once
 
 #include <vector>
@@ -34,9 +42,11 @@ class Fsdp2Strategy : public UnitShardedStrategy {
  protected:
   void optimizer_step(int step) override;
   void gather(int unit) override;
+  void prefetch(int unit) override;
   void reshard(int unit) override;
   void begin_unit_gradient(int unit) override;
   void reduce_unit(int unit) override;
+  void reduce_gradients() override { finish_reduce(); }
 
  private:
   // BlockAccess
@@ -60,6 +70,27 @@ class Fsdp2Strategy : public UnitShardedStrategy {
   std::vector<TensorState> tensors_;
   std::vector<Buffer> unit_grad_;  // (A_u) grad
   std::vector<bool> gathered_;
+  // Copies a unit's gathered flat buffer out into its tensors' gathered buffers.
+  void copy_out(int unit, const Buffer& flat);
+  // A prefetch in flight (--overlap on), per unit: the flat buffer (W x A_u, comm) its
+  // all-gather fills, and its ticket.
+  struct Prefetching {
+    CommTicket ticket;
+    Buffer flat;
+  };
+  std::vector<Prefetching> prefetching_;
+
+  // The reduce-scatter in flight (--overlap on): FSDP2's reduce_scatter_state.
+  struct Reducing {
+    int unit = -1;
+    CommTicket ticket;
+    Buffer input;  // (W x A_u) comm
+    Buffer out;    // (A_u) comm: the output when it adds onto the shard, else empty
+  };
+  Reducing reducing_;
+  // Waits for the reduce-scatter in flight, if any, averages it into the unit's gradient
+  // and frees its input and output.
+  void finish_reduce();
 };
 
 }  // namespace shardscope

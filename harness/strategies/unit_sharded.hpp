@@ -14,8 +14,10 @@
 // engine keeps it gathered (FSDP1's SHARD_GRAD_OP). Without --no-sync every micro-step
 // reduce-scatters fresh full gradients, adding onto the shard after the first.
 // With --overlap on the prefetch (prefetch()) posts the all-gather and returns; the
-// unit's gather() when its backward begins waits for it. Every block's hooks let posted
-// collectives progress (Communicator::progress).
+// unit's gather() when its backward begins waits for it. An engine may post reduce_unit's
+// reduce-scatter too and wait for it at the next unit's, or in reduce_gradients() after
+// the backward (fsdp.hpp, fsdp2.hpp). Every block's hooks let posted collectives progress
+// (Communicator::progress).
 // A unit's range ("unit 3") spans its forward from the gather to the reshard and its
 // backward from the gather to the reduce-scatter; its blocks' ranges nest inside (the
 // model closes a block's range before the hooks run).

@@ -83,9 +83,12 @@ TEST(StrategiesMpi, TrainLikeOneRankAndMatchTheClosedForms) {
 
 // --overlap on against off (docs/design.md, "Overlap"): ddp's and zero1's buckets posted
 // in backward (small buckets, so that several are in flight: views and torch's copied
-// bucket), zero2/zero3's prefetch posted and waited for; the MLP and GPT-2 (whose tied
-// head writes the embedding's gradient from the top). Both train like one rank, to the
-// same bits (the same collectives on the same data), hold the closed forms' bytes, and
+// bucket), zero2/zero3's prefetch and reduce-scatters posted and waited for, under the
+// torch and fsdp2 engines, with --accumulate adding onto the shard through a staging
+// output held in flight; the MLP and GPT-2 (whose tied head writes the embedding's
+// gradient from the top). Both train like one rank, to the same bits (the same
+// collectives on the same data), hold the closed forms' bytes (which differ: a
+// reduce-scatter in flight holds its input, a prefetched fsdp2 unit its flat buffer), and
 // every collective's exposed_ms is within its ms.
 TEST(StrategiesMpi, OverlapOnAndOffTrainAlikeAndMatchTheClosedForms) {
   int world = 1, rank = 0;
@@ -97,6 +100,8 @@ TEST(StrategiesMpi, OverlapOnAndOffTrainAlikeAndMatchTheClosedForms) {
     double bucket_mb;
     int units;
     bool gpt2;
+    EngineKind engine = EngineKind::torch;
+    int accumulate = 1;
   };
   const TransformerShape t = testing::shape("gpt2", 2, 16, 2, 2, 64, 29, 6, AttentionMode::flash);
   for (const OverlapSetting& o : std::vector<OverlapSetting>{{"ddp", "view", 0.002, 0, false},
@@ -105,7 +110,14 @@ TEST(StrategiesMpi, OverlapOnAndOffTrainAlikeAndMatchTheClosedForms) {
                                                              {"zero3", "view", 0.0, 1, false},
                                                              {"zero2", "view", 0.0, 1, false},
                                                              {"ddp", "view", 0.004, 0, true},
-                                                             {"zero3", "view", 0.0, 1, true}}) {
+                                                             {"zero3", "view", 0.0, 1, true},
+                                                             {"zero3", "view", 0.0, 1, false, EngineKind::torch, 2},
+                                                             {"zero2", "view", 0.0, 2, false, EngineKind::torch, 3},
+                                                             {"zero3", "view", 0.0, 1, false, EngineKind::fsdp2},
+                                                             {"zero2", "view", 0.0, 1, false, EngineKind::fsdp2},
+                                                             {"zero3", "view", 0.0, 1, false, EngineKind::fsdp2, 2},
+                                                             {"zero3", "view", 0.0, 1, true, EngineKind::fsdp2},
+                                                             {"zero2", "view", 0.0, 1, true, EngineKind::fsdp2}}) {
     RunConfig cfg;
     if (o.gpt2) {
       cfg.model = testing::transformer_model("gpt2", t, 2);
@@ -122,16 +134,22 @@ TEST(StrategiesMpi, OverlapOnAndOffTrainAlikeAndMatchTheClosedForms) {
     cfg.ddp_bucket = o.bucket;
     cfg.bucket_mb = o.bucket_mb;
     cfg.layers_per_unit = o.units;
+    cfg.engine = o.engine;
+    cfg.accumulate = o.accumulate;
     std::vector<HostState> states;
     for (bool overlap : {true, false}) {
       cfg.overlap = overlap;
-      SCOPED_TRACE(std::string(o.gpt2 ? "gpt2 " : "mlp ") + o.strategy + " bucket=" + o.bucket + " units=" +
-                   std::to_string(o.units) + (overlap ? " overlap on" : " overlap off") + " W=" +
+      SCOPED_TRACE(std::string(o.gpt2 ? "gpt2 " : "mlp ") + o.strategy + " engine=" +
+                   std::string(engine_name(o.engine)) + " accumulate=" + std::to_string(o.accumulate) + " bucket=" +
+                   o.bucket + " units=" + std::to_string(o.units) + (overlap ? " overlap on" : " overlap off") + " W=" +
                    std::to_string(world) + " rank " + std::to_string(rank));
       CpuBackend backend;
       auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
       const auto r = testing::run_dp(cfg, backend, *comm, true);
-      const HostState ref = testing::reference_training(cfg, world);
+      RunConfig whole = cfg;  // --accumulate K: one step on the K-fold batch
+      whole.model.batch = o.accumulate * cfg.model.batch;
+      whole.accumulate = 1;
+      const HostState ref = testing::reference_training(whole, world);
       ASSERT_TRUE(any_nonzero(ref.grads));
       std::size_t at = 0;
       EXPECT_EQ(worst_violation(r.state.grads, ref.grads, 1e-5, 1e-7, &at), 0.0) << "grads at " << at;
@@ -140,6 +158,14 @@ TEST(StrategiesMpi, OverlapOnAndOffTrainAlikeAndMatchTheClosedForms) {
       EXPECT_EQ(r.resting, p.resting);
       EXPECT_EQ(r.peak.total, p.peak_total);
       EXPECT_EQ(r.peak.by_category, p.peak_by_category);
+      EXPECT_EQ(r.where, p.peak_where);
+      // The rank played alone holds the same bytes: its calls complete when posted, and
+      // the buffers in flight are held until their wait all the same.
+      CpuBackend backend2;
+      auto fake = make_fake_communicator(world, rank, &backend2);
+      const auto e = testing::run_dp(cfg, backend2, *fake, false);
+      EXPECT_EQ(e.peak.total, r.peak.total);
+      EXPECT_EQ(e.peak.by_category, r.peak.by_category);
       for (int k = 0; k < kCollKindCount; ++k) {
         const CollStats& st = r.ledger.by_kind[k];
         EXPECT_EQ(st.bytes, p.comm_bytes[k]) << kCollKindNames[k];
