@@ -128,9 +128,11 @@ void FsdpStrategy::finish_reduce() {
   const float inv_world = 1.0f / static_cast<float>(comm_.world());
   if (reducing_.out) {
     backend_.scale(reducing_.out.data(), inv_world, n);
+    average_replicas(reducing_.out.data(), n);
     backend_.add(s.grad_shard.data(), reducing_.out.data(), n);
   } else {
     backend_.scale(s.grad_shard.data(), inv_world, n);
+    average_replicas(s.grad_shard.data(), n);
   }
   reducing_ = Reducing{};  // frees the staging output
   s.full_grad.reset();

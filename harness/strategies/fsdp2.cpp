@@ -170,9 +170,11 @@ void Fsdp2Strategy::finish_reduce() {
   const float inv_world = 1.0f / static_cast<float>(comm_.world());
   if (reducing_.out) {
     backend_.scale(reducing_.out.data(), inv_world, n);
+    average_replicas(reducing_.out.data(), n);
     backend_.add(grad, reducing_.out.data(), n);
   } else {
     backend_.scale(grad, inv_world, n);
+    average_replicas(grad, n);
   }
   reducing_ = Reducing{};  // frees the input and the output
 }
