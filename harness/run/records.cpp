@@ -173,30 +173,41 @@ TimelineRecord timeline_record(const Timeline& t) {
   return r;
 }
 
-GroupCommRecord group_record(MeshComms& mesh, MeshAxis axis, int world_rank, std::int64_t predicted_bytes) {
-  Communicator& c = mesh.group(axis);
+GroupCommRecord group_record(const std::string& name, Communicator& comm, std::vector<int> members,
+                             std::int64_t predicted_bytes) {
   GroupCommRecord g;
-  g.axis = std::string(kMeshAxisNames[static_cast<int>(axis)]);
-  g.world = c.world();
-  g.rank = c.rank();
-  g.members = mesh.shape.group(world_rank, axis);
-  g.comm = comm_figures(c.ledger(), c.world(), c.emulated());
-  g.comm_bytes = c.ledger().total_bytes();
+  g.axis = name;
+  g.world = comm.world();
+  g.rank = comm.rank();
+  g.members = std::move(members);
+  g.comm = comm_figures(comm.ledger(), comm.world(), comm.emulated());
+  g.comm_bytes = comm.ledger().total_bytes();
   g.predicted_comm_bytes = predicted_bytes;
   return g;
 }
 
-CommLedger summed_ledger(MeshComms& mesh) {
+GroupCommRecord group_record(MeshComms& mesh, MeshAxis axis, int world_rank, std::int64_t predicted_bytes) {
+  return group_record(std::string(kMeshAxisNames[static_cast<int>(axis)]), mesh.group(axis),
+                      mesh.shape.group(world_rank, axis), predicted_bytes);
+}
+
+CommLedger summed_ledger(const std::vector<Communicator*>& groups) {
   CommLedger sum;
-  for (int a = 0; a < kMeshAxes; ++a)
+  for (const Communicator* c : groups)
     for (int k = 0; k < kCollKindCount; ++k) {
-      const CollStats& s = mesh.groups[a]->ledger().by_kind[k];
+      const CollStats& s = c->ledger().by_kind[k];
       sum.by_kind[k].calls += s.calls;
       sum.by_kind[k].bytes += s.bytes;
       sum.by_kind[k].ms += s.ms;
       sum.by_kind[k].exposed_ms += s.exposed_ms;
     }
   return sum;
+}
+
+CommLedger summed_ledger(MeshComms& mesh) {
+  std::vector<Communicator*> groups;
+  for (int a = 0; a < kMeshAxes; ++a) groups.push_back(mesh.groups[a].get());
+  return summed_ledger(groups);
 }
 
 }  // namespace shardscope

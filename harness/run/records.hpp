@@ -35,10 +35,15 @@ AllocatorFigures allocator_figures(Backend& backend);
 // part in it was not measured, or the parts exceed it).
 OutsidePoolParts outside_pool_parts(const OutsidePoolBreakdown& breakdown, const OutsidePool& outside);
 
-// Under --mesh, a rank's group of `axis`: its ledger, and the bytes its closed forms give.
+// A rank's group (a --mesh axis, or HSDP's shard and replicate groups): its name, its
+// members (world ranks, in its order), its ledger, and the bytes its closed forms give.
+GroupCommRecord group_record(const std::string& name, Communicator& comm, std::vector<int> members,
+                             std::int64_t predicted_bytes);
+// Under --mesh, a rank's group of `axis`.
 GroupCommRecord group_record(MeshComms& mesh, MeshAxis axis, int world_rank, std::int64_t predicted_bytes);
-// Every group's ledger summed: what the rank's "comm" says under --mesh (no busbw: the
-// groups differ in size).
+// The groups' ledgers summed (calls, bytes, ms, exposed ms): what the rank's "comm" says
+// under --mesh or HSDP (no busbw: the groups differ in size).
+CommLedger summed_ledger(const std::vector<Communicator*>& groups);
 CommLedger summed_ledger(MeshComms& mesh);
 
 // A rank's timeline, times in ms since the run started:

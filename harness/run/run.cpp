@@ -108,30 +108,11 @@ struct RankGroup {
   std::int64_t predicted = 0;
 };
 
-GroupCommRecord rank_group_record(const RankGroup& g) {
-  GroupCommRecord r;
-  r.axis = g.name;
-  r.world = g.comm->world();
-  r.rank = g.comm->rank();
-  r.members = g.members;
-  r.comm = comm_figures(g.comm->ledger(), g.comm->world(), g.comm->emulated());
-  r.comm_bytes = g.comm->ledger().total_bytes();
-  r.predicted_comm_bytes = g.predicted;
-  return r;
-}
-
-// Every group's ledger summed: what the rank's "comm" says under --mesh or HSDP (no
-// busbw: the groups differ in size).
-CommLedger summed_group_ledgers(const std::vector<RankGroup>& groups) {
-  CommLedger sum;
-  for (const RankGroup& g : groups)
-    for (int k = 0; k < kCollKindCount; ++k) {
-      const CollStats& s = g.comm->ledger().by_kind[k];
-      sum.by_kind[k].calls += s.calls;
-      sum.by_kind[k].bytes += s.bytes;
-      sum.by_kind[k].ms += s.ms;
-    }
-  return sum;
+// The groups' communicators, for their summed ledger.
+std::vector<Communicator*> group_comms(const std::vector<RankGroup>& groups) {
+  std::vector<Communicator*> comms;
+  for (const RankGroup& g : groups) comms.push_back(g.comm);
+  return comms;
 }
 
 RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicator& world_comm) {
@@ -162,12 +143,8 @@ RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicato
   }
   Communicator& comm = mesh ? mesh->group(MeshAxis::dp) : shard ? *shard : world_comm;
   Communicator* tp = mesh ? &mesh->group(MeshAxis::tp) : nullptr;
-  auto step_comm_ms = [&] {
-    return groups.empty() ? comm.ledger().total_ms() : summed_group_ledgers(groups).total_ms();
-  };
-  auto step_exposed_ms = [&] {
-    return mesh ? summed_ledger(*mesh).total_exposed_ms() : comm.ledger().total_exposed_ms();
-  };
+  // The ledger the rank's "comm" reports: its one communicator's, or its groups' summed.
+  auto rank_ledger = [&] { return groups.empty() ? comm.ledger() : summed_ledger(group_comms(groups)); };
 
   StrategyContext ctx{cfg, backend, comm, tp, replicate.get(), cfg.hybrid() ? rank : -1};
   std::unique_ptr<Strategy> strategy = make_strategy(ctx);
@@ -187,8 +164,9 @@ RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicato
     backend.synchronize();
     const auto t1 = std::chrono::steady_clock::now();
     step_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    comm_ms.push_back(step_comm_ms());  // the ledgers hold this step's calls
-    exposed_ms.push_back(step_exposed_ms());
+    const CommLedger step_ledger = rank_ledger();  // the ledgers hold this step's calls
+    comm_ms.push_back(step_ledger.total_ms());
+    exposed_ms.push_back(step_ledger.total_exposed_ms());
     losses.push_back(loss);
   }
   const Tracker& tr = backend.tracker();
@@ -199,11 +177,11 @@ RankRecord run_data_parallel(const RunConfig& cfg, Backend& backend, Communicato
   r.predicted = rank_predicted(pred);
   r.allocator = allocator_figures(backend);
   if (!groups.empty()) {
-    const CommLedger sum = summed_group_ledgers(groups);
+    const CommLedger sum = summed_ledger(group_comms(groups));
     r.comm = comm_figures(sum, world, true);  // busbw per group only
     r.comm_bytes = sum.total_bytes();
     r.comm_groups.emplace();
-    for (const RankGroup& g : groups) r.comm_groups->push_back(rank_group_record(g));
+    for (const RankGroup& g : groups) r.comm_groups->push_back(group_record(g.name, *g.comm, g.members, g.predicted));
   } else {
     r.comm = comm_figures(comm.ledger(), world, comm.emulated());
     r.comm_bytes = comm.ledger().total_bytes();
