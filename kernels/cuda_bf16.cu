@@ -6,37 +6,26 @@
 
 #include <algorithm>
 
+#include "kernels/cuda_launch.hpp"
 #include "shardscope/cuda_check.hpp"
 
 namespace shardscope::cuda_ops {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr std::size_t kMaxBlocks = 4096;
-
-unsigned int blocks_for(std::size_t n) {
-  const std::size_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned int>(std::max<std::size_t>(1, std::min(b, kMaxBlocks)));
-}
-
 __nv_bfloat16* nv(Bf16* p) { return reinterpret_cast<__nv_bfloat16*>(p); }
 const __nv_bfloat16* nv(const Bf16* p) { return reinterpret_cast<const __nv_bfloat16*>(p); }
 
-#define GRID_STRIDE(i, n)                                                                        \
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-
 __global__ void to_bf16_kernel(__nv_bfloat16* dst, const float* src, std::size_t n) {
-  GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
+  SS_GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
 }
 
 __global__ void from_bf16_kernel(float* dst, const __nv_bfloat16* src, std::size_t n, float beta) {
-  GRID_STRIDE(i, n) dst[i] = (beta == 0.0f ? 0.0f : beta * dst[i]) + __bfloat162float(src[i]);
+  SS_GRID_STRIDE(i, n) dst[i] = (beta == 0.0f ? 0.0f : beta * dst[i]) + __bfloat162float(src[i]);
 }
 
 __global__ void bias_activation_bf16_kernel(__nv_bfloat16* y, const __nv_bfloat16* bias, std::size_t n,
                                             std::size_t cols, bool relu) {
-  GRID_STRIDE(i, n) {
+  SS_GRID_STRIDE(i, n) {
     float v = __bfloat162float(y[i]);
     if (bias != nullptr) v += __bfloat162float(bias[i % cols]);
     if (relu && !(v > 0.0f)) v = 0.0f;
@@ -45,7 +34,7 @@ __global__ void bias_activation_bf16_kernel(__nv_bfloat16* y, const __nv_bfloat1
 }
 
 __global__ void relu_backward_bf16_kernel(__nv_bfloat16* dz, const __nv_bfloat16* a, std::size_t n) {
-  GRID_STRIDE(i, n) {
+  SS_GRID_STRIDE(i, n) {
     if (!(__bfloat162float(a[i]) > 0.0f)) dz[i] = __float2bfloat16_rn(0.0f);
   }
 }
@@ -61,7 +50,7 @@ __global__ void bias_grad_bf16_kernel(__nv_bfloat16* db, const __nv_bfloat16* dz
 
 __global__ void fill_bf16_kernel(__nv_bfloat16* dst, float value, std::size_t n) {
   const __nv_bfloat16 v = __float2bfloat16_rn(value);
-  GRID_STRIDE(i, n) dst[i] = v;
+  SS_GRID_STRIDE(i, n) dst[i] = v;
 }
 
 __global__ void sum_bf16_kernel(float* out, const __nv_bfloat16* x, std::size_t n, float scale) {
@@ -77,7 +66,6 @@ __global__ void sum_bf16_kernel(float* out, const __nv_bfloat16* x, std::size_t 
   if (threadIdx.x == 0) out[0] = scale * partial[0];
 }
 
-#undef GRID_STRIDE
 
 }  // namespace
 

@@ -8,20 +8,12 @@
 #include <limits>
 #include <string>
 
+#include "kernels/cuda_launch.hpp"
 #include "kernels/elementwise.hpp"
 #include "shardscope/cuda_check.hpp"
 
 namespace shardscope::cuda_ops {
 namespace {
-
-constexpr int kThreads = 256;
-// Grid-stride loops: enough blocks to fill an H200 (132 SMs) several times over.
-constexpr std::size_t kMaxBlocks = 4096;
-
-unsigned int blocks_for(std::size_t n) {
-  const std::size_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned int>(std::min(b, kMaxBlocks));
-}
 
 __global__ void bias_activation_kernel(float* y, const float* bias, std::size_t n,
                                        std::size_t cols, bool relu) {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "kernels/cuda_launch.hpp"
 #include "kernels/cuda_ops.hpp"
 #include "kernels/elementwise.hpp"
 #include "shardscope/cuda_check.hpp"
@@ -15,24 +16,13 @@
 namespace shardscope::cuda_ops {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr std::size_t kMaxBlocks = 4096;  // grid-stride loops: several waves of 132 SMs
 // One block per row (norms, softmax); rows beyond the grid are strided.
 constexpr int kRowThreads = 256;
 constexpr std::int64_t kMaxRowBlocks = 65535;
 
-unsigned int blocks_for(std::size_t n) {
-  const std::size_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned int>(std::min(b, kMaxBlocks));
-}
-
 unsigned int row_blocks(std::int64_t rows) {
   return static_cast<unsigned int>(std::min(rows, kMaxRowBlocks));
 }
-
-#define SS_GRID_STRIDE(i, n)                                                              \
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; \
-       i < (n); i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
 
 #define SS_ROW_STRIDE(row, rows) \
   for (std::int64_t row = blockIdx.x; row < (rows); row += gridDim.x)
