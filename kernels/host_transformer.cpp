@@ -260,25 +260,17 @@ void log_softmax_forward(float* logprobs, const float* logits, std::int64_t rows
   }
 }
 
+// The whole vocabulary is the slice that starts at 0 (every target in it).
 void nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets, std::int64_t rows,
                       int cols, float scale) {
-  double acc = 0.0;
-  for (std::int64_t r = 0; r < rows; ++r) acc -= logprobs[at(r, cols) + static_cast<std::size_t>(targets[r])];
-  loss_out[0] = rows == 0 ? 0.0f : static_cast<float>(static_cast<double>(scale) * acc / static_cast<double>(rows));
+  vocab_nll_loss_forward(loss_out, logprobs, targets, rows, cols, 0, scale);
 }
 
 // log_softmax's backward of nll's gradient (-scale / rows at the target) in torch's order:
 // dx = g - exp(logprobs) * sum(g) = f * exp(logprobs), less f at the target.
 void cross_entropy_backward(float* dlogits, const float* logprobs, const std::int64_t* targets,
                             std::int64_t rows, int cols, float scale) {
-  if (rows == 0) return;
-  const float f = static_cast<float>(static_cast<double>(scale) / static_cast<double>(rows));
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* lp = logprobs + at(r, cols);
-    float* d = dlogits + at(r, cols);
-    for (int j = 0; j < cols; ++j) d[j] = f * math::fast_exp(lp[j]);
-    d[targets[r]] -= f;
-  }
+  vocab_cross_entropy_backward(dlogits, logprobs, targets, rows, cols, 0, scale);
 }
 
 // ---- vocabulary-parallel pieces ------------------------------------------------------------
