@@ -260,9 +260,12 @@ void log_softmax_forward(float* logprobs, const float* logits, std::int64_t rows
   }
 }
 
-// The whole vocabulary is the slice that starts at 0 (every target in it).
+// The whole vocabulary is the slice that starts at 0; a target outside it is a bug upstream
+// (the CUDA kernel traps on it), refused here before the backward could skip it.
 void nll_loss_forward(float* loss_out, const float* logprobs, const std::int64_t* targets, std::int64_t rows,
                       int cols, float scale) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    SHARDSCOPE_REQUIRE(targets[r] >= 0 && targets[r] < cols, "nll_loss_forward: a target outside the vocabulary");
   vocab_nll_loss_forward(loss_out, logprobs, targets, rows, cols, 0, scale);
 }
 
