@@ -7,25 +7,22 @@ namespace shardscope {
 namespace transformer {
 
 void autocast_round(float* x, i64 n) {
-  for (i64 i = 0; i < n; ++i) x[i] = bf16_value(bf16_bits(x[i]));
+  for (i64 i = 0; i < n; ++i) x[i] = from_bf16(to_bf16(x[i]));
 }
 
-Buffer alloc_bf16(Backend& be, Category c, i64 elems) {
-  SHARDSCOPE_REQUIRE(elems % 2 == 0, "a bf16 tensor of an odd number of elements");
-  return be.alloc(c, floats(elems / 2));
-}
+Buffer alloc_bf16(Backend& be, Category c, i64 elems) { return be.alloc(c, floats(elems), DType::bf16); }
 
 Buffer cast_bf16(Backend& be, Category c, const float* x, i64 elems) {
   Buffer b = alloc_bf16(be, c, elems);
-  std::uint16_t* y = half(b);
-  for (i64 i = 0; i < elems; ++i) y[i] = bf16_bits(x[i]);
+  Bf16* y = b.bf16();
+  for (i64 i = 0; i < elems; ++i) y[i] = to_bf16(x[i]);
   return b;
 }
 
 Buffer widen(Backend& be, const Buffer& x, i64 elems) {
   Buffer w = be.alloc(Category::temp, floats(elems));
-  const std::uint16_t* b = half(x);
-  for (i64 i = 0; i < elems; ++i) w.data()[i] = bf16_value(b[i]);
+  const Bf16* b = x.bf16();
+  for (i64 i = 0; i < elems; ++i) w.data()[i] = from_bf16(b[i]);
   return w;
 }
 

@@ -3,7 +3,7 @@
 // saves): bf16 tensors in Buffers, the Linear's bf16 GEMM forward and backward, and the
 // final block (the norm in fp32, its output cast, the head's GEMM on the weight's cast).
 //
-// A bf16 tensor of e elements (e even) is a Buffer of e / 2 floats holding std::uint16_t.
+// A bf16 tensor is a Buffer of DType::bf16 (2 B an element, as the tracker counts it).
 // On the CPU a bf16 GEMM widens its operands into fp32 temps (exactly), runs sgemm and
 // rounds its result to bf16 once (OpenBLAS 0.3.21 as Debian builds it has no sbgemm). The
 // backward computes in fp32 from the saved bf16 values; a gradient at a bf16 tensor is
@@ -11,39 +11,22 @@
 // (torch rounds each to bf16 first; ours keeps those bits).
 #pragma once
 
-#include <cstdint>
-#include <cstring>
 #include <initializer_list>
 #include <vector>
 
 #include "harness/model/transformer_parts.hpp"
+#include "shardscope/dtype.hpp"
 
 namespace shardscope {
 namespace transformer {
 
-// bfloat16 as bits: the top 16 of an fp32, rounded to nearest even as torch's
-// c10::BFloat16 rounds (a NaN stays a quiet NaN).
-inline std::uint16_t bf16_bits(float f) {
-  std::uint32_t u = 0;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-inline float bf16_value(std::uint16_t b) {
-  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
-  float f = 0.0f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 // x[i] = the value bf16(x[i]) holds, kept in fp32.
 void autocast_round(float* x, i64 n);
 
-// Where a weight's bf16 cast is counted (the core's param_cast, once it is a category).
-constexpr Category kCastCategory = Category::activation;
+// Where a weight's bf16 cast is counted: param_cast, the bf16 copies of fp32 parameters.
+constexpr Category kCastCategory = Category::param_cast;
 
-inline std::uint16_t* half(const Buffer& b) { return reinterpret_cast<std::uint16_t*>(b.data()); }
-// A bf16 tensor of `elems` elements (even), category c.
+// A bf16 tensor of `elems` elements, category c.
 Buffer alloc_bf16(Backend& be, Category c, i64 elems);
 // The bf16 copy of fp32 x (elems), a new buffer of category c.
 Buffer cast_bf16(Backend& be, Category c, const float* x, i64 elems);

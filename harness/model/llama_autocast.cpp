@@ -13,7 +13,7 @@
 // Every save below is what torch's autocast saves for the same op (bench/hf_llama_saved.py
 // --precision bf16 --itemize lists Hugging Face's: ours is that less the composite norm's
 // x·rstd and the rotary tables, as in fp32). The bf16 arithmetic and buffers are
-// autocast_parts.hpp's; the weights' casts are allocated as kCastCategory.
+// autocast_parts.hpp's; the weights' casts are allocated as param_cast (kCastCategory).
 #include <memory>
 #include <string>
 #include <tuple>
@@ -328,8 +328,6 @@ class AutocastLayer final : public SequenceBlock {
 }  // namespace
 
 std::unique_ptr<Model> make_llama_autocast(const TransformerShape& s) {
-  SHARDSCOPE_REQUIRE(s.hidden % 2 == 0 && s.head_dim % 2 == 0,
-                     "llama under bf16: an odd hidden size (a bf16 tensor is whole floats)");
   std::vector<std::unique_ptr<Block>> blocks;
   blocks.push_back(make_embedding_block(s, {"model.embed_tokens.weight", ""}, kFamily));
   for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<AutocastLayer>(s, i));

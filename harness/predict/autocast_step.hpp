@@ -7,7 +7,7 @@
 // Three kinds of bytes move: activation (what the blocks save: fp32 statistics, inputs
 // and x_mid, bf16 casts of the Linears' inputs and outputs, the attention's saves), the
 // weights' bf16 casts (each made in the forward, held by the GEMM's save until that
-// Linear's backward: the cast category) and temp (the batch's ids and target X = 16N
+// Linear's backward: param_cast) and temp (the batch's ids and target X = 16N
 // throughout; on the CPU a bf16 GEMM widens its operands into fp32 temps beside its
 // output, forward and backward, and a gradient at a bf16 tensor is an fp32 temp of bf16
 // values). Parameters, gradients and AdamW's state stay fp32: resting bytes are the fp32
@@ -25,8 +25,9 @@
 
 namespace shardscope {
 
-// The category the weights' bf16 casts are counted in (the model allocates them there).
-constexpr Category kWeightCastCategory = Category::activation;
+// The category the weights' bf16 casts are counted in: param_cast (the model allocates
+// them there).
+constexpr Category kWeightCastCategory = Category::param_cast;
 
 // What a ddp or zero1 step of GPT-2 / Llama under autocast holds beyond its resting
 // bytes at its peak, per category, with that instant's phase and place.
