@@ -40,21 +40,6 @@ class CastWalk {
   i64 best_total_ = -1;
 };
 
-// One instant of a block relative to where it starts: temp (the batch X included),
-// activation beyond S and casts beyond C, the activations and casts held before it.
-struct Instant {
-  i64 temp = 0, act = 0, cast = 0;
-};
-
-// What a family's blocks hold, for the walk: K a block's activations beside its input
-// (its output included), c its weights' casts; base the activations before block 1;
-// stats the final norm's statistics; W_V the head's weight (4Vh); a block's forward and
-// backward instants (backward from its output freed: S + K - a, casts C + c, dy a).
-struct Family {
-  i64 base = 0, K = 0, c = 0, stats = 0, W_V = 0;
-  std::vector<Instant> forward, backward;
-};
-
 // The walk. Model block b (1..L) is transformer block b - 1: wrapped by --checkpoint, it
 // holds only its output a past its forward, and its casts (c, in autocast's cache) until
 // the loss's end; unwrapped, K and its casts until its backward. Its re-run at the start of
@@ -73,7 +58,7 @@ struct Family {
 //               casts released)
 // The loss's gradient alone (dlogits beside the log-probabilities) holds 4 less than the
 // loss's end.
-StepTransient walk(const Family& f, const TokenSizes& z, const CheckpointPolicy& checkpoint) {
+StepTransient walk(const AutocastFamily& f, const TokenSizes& z, const CheckpointPolicy& checkpoint) {
   const i64 X = 16 * z.N, a = z.a, lambda = z.lambda;
   const int L = z.L;
   auto wrapped = [&](int b) { return checkpoint.wraps(b - 1); };
@@ -87,7 +72,7 @@ StepTransient walk(const Family& f, const TokenSizes& z, const CheckpointPolicy&
   }
   CastWalk w;
   for (int b = 1; b <= L; ++b)
-    for (const Instant& i : f.forward)
+    for (const AutocastInstant& i : f.forward)
       w.at(i.temp, held[b - 1] + i.act, casts[b - 1] + i.cast, Phase::forward, layer(b));
   const std::string fin = layer(L + 1);
   const i64 S = held[L];
@@ -98,10 +83,10 @@ StepTransient walk(const Family& f, const TokenSizes& z, const CheckpointPolicy&
   for (int b = L; b >= 1; --b) {
     if (wrapped(b)) {
       const std::string re = "recompute of block " + std::to_string(b - 1);
-      for (const Instant& i : f.forward) w.at(i.temp + a, held[b - 1] + i.act, kept[b - 1] + i.cast, Phase::backward, re);
+      for (const AutocastInstant& i : f.forward) w.at(i.temp + a, held[b - 1] + i.act, kept[b - 1] + i.cast, Phase::backward, re);
       w.at(X + 3 * a, held[b - 1] + f.K - a, kept[b - 1] + f.c, Phase::backward, re);
     }
-    for (const Instant& i : f.backward)
+    for (const AutocastInstant& i : f.backward)
       w.at(i.temp, held[b - 1] + i.act, kept[b - 1] + i.cast, Phase::backward, layer(b));
   }
   return w.best();
@@ -142,13 +127,13 @@ StepTransient walk(const Family& f, const TokenSizes& z, const CheckpointPolicy&
 //             S + 8N + a/2, cast W_a/2
 // (GELU's input widened lies below mlp proj; ln_2's dx below c_fc; math's dq, dk below
 // its dv; ln_1's dx below c_attn.)
-StepTransient gpt2_step_transient_autocast(const TransformerShape& s, int batch, const CheckpointPolicy& checkpoint) {
+AutocastFamily gpt2_autocast_family(const TransformerShape& s, int batch) {
   const TokenSizes z = token_sizes(s, batch);
   const i64 h = s.hidden, f = s.ffn, V = s.vocab;
   const i64 N = z.N, a = z.a, F = z.F, A = z.A, X = 16 * N;
   const i64 Wa = 12 * h * h, Wp = 4 * h * h, Wf = 4 * h * f;
   const i64 H = z.flash ? 2 * a + A : 7 * a / 2 + A;
-  Family g;
+  AutocastFamily g;
   g.c = (Wa + Wp + 2 * Wf) / 2;
   g.K = 16 * N + 3 * a + H + F;
   g.base = 8 * z.T + a;  // arange(T), x0
@@ -164,15 +149,19 @@ StepTransient gpt2_step_transient_autocast(const TransformerShape& s, int batch,
   g.forward.push_back({X + 2 * a + Wp + 4 * h, 8 * N + a / 2 + H, (Wa + Wp) / 2});
   g.forward.push_back({X + a + Wf + F + 4 * f, 16 * N + 2 * a + H, (Wa + Wp + Wf) / 2});
   g.forward.push_back({X + F + Wf + a + 4 * h, 16 * N + 2 * a + H + F, g.c});
-  g.backward.push_back({X + 2 * a + 2 * F + Wf, g.K - a, g.c});
-  g.backward.push_back({X + 3 * a + F + Wf, g.K - a - F, g.c - Wf / 2});
+  g.backward.push_back({X + 2 * a + 2 * F + Wf, g.K - a, g.c, true});
+  g.backward.push_back({X + 3 * a + F + Wf, g.K - a - F, g.c - Wf / 2, true});
   g.backward.push_back({X + 4 * a + Wp, 8 * N + a / 2 + H, (Wa + Wp) / 2});
   if (z.flash)
     g.backward.push_back({X + 9 * a, 8 * N + a / 2 + H, Wa / 2});
   else
     g.backward.push_back({X + 6 * a + A, 8 * N + 7 * a / 2 + A, Wa / 2});
   g.backward.push_back({X + 6 * a + Wa, 8 * N + a / 2, Wa / 2});
-  return walk(g, z, checkpoint);
+  return g;
+}
+
+StepTransient gpt2_step_transient_autocast(const TransformerShape& s, int batch, const CheckpointPolicy& checkpoint) {
+  return walk(gpt2_autocast_family(s, batch), token_sizes(s, batch), checkpoint);
 }
 
 // Llama, one layer (forward from S and C): Q = 4N·H·d (q, the attention's output), C_k =
@@ -215,7 +204,7 @@ StepTransient gpt2_step_transient_autocast(const TransformerShape& s, int batch,
 // (the up and gate widened copies lie below d up; dx_mid beside d y2 below up; v_proj's
 // part equals k_proj's, which comes first; math's dq, dk below its dv; the norm's dx
 // below q_proj.)
-StepTransient llama_step_transient_autocast(const TransformerShape& s, int batch, const CheckpointPolicy& checkpoint) {
+AutocastFamily llama_autocast_family(const TransformerShape& s, int batch) {
   const TokenSizes z = token_sizes(s, batch);
   const i64 h = s.hidden, f = s.ffn, V = s.vocab, hd = static_cast<i64>(s.heads) * s.head_dim,
             kd = static_cast<i64>(s.kv_heads) * s.head_dim;
@@ -224,7 +213,7 @@ StepTransient llama_step_transient_autocast(const TransformerShape& s, int batch
   const i64 Wq = 4 * h * hd, Wk = 4 * h * kd, Wf = 4 * h * f;
   const i64 bq = s.qkv_bias ? 4 * hd : 0, bk = s.qkv_bias ? 4 * kd : 0, bo = s.out_bias ? 4 * h : 0;
   const i64 H = z.flash ? Q + Ck + A : 7 * Q / 2 + A;
-  Family l;
+  AutocastFamily l;
   l.c = Wq + Wk + 3 * Wf / 2;
   l.K = 8 * N + 9 * a / 2 + H + 2 * F;
   l.base = a;       // x0
@@ -241,10 +230,10 @@ StepTransient llama_step_transient_autocast(const TransformerShape& s, int batch
   l.forward.push_back({X + Q + Wq + a + bo, 4 * N + 3 * a / 2 + H, Wq + Wk});
   l.forward.push_back({X + 2 * a + 2 * F + Wf, 8 * N + 7 * a / 2 + H + F, Wq + Wk + Wf});
   l.forward.push_back({X + F + Wf + a, 8 * N + 7 * a / 2 + H + 2 * F, l.c});
-  l.backward.push_back({X + 2 * a + 2 * F + Wf, l.K - a, l.c});
-  l.backward.push_back({X + a + 3 * F, l.K - a - F / 2, l.c - Wf / 2});
-  l.backward.push_back({X + 3 * a + 2 * F + Wf, l.K - a - 2 * F, l.c - Wf / 2});
-  l.backward.push_back({X + 4 * a + F + Wf, l.K - 3 * a / 2 - 2 * F, l.c - Wf});
+  l.backward.push_back({X + 2 * a + 2 * F + Wf, l.K - a, l.c, true});
+  l.backward.push_back({X + a + 3 * F, l.K - a - F / 2, l.c - Wf / 2, true});
+  l.backward.push_back({X + 3 * a + 2 * F + Wf, l.K - a - 2 * F, l.c - Wf / 2, true});
+  l.backward.push_back({X + 4 * a + F + Wf, l.K - 3 * a / 2 - 2 * F, l.c - Wf, true});
   l.backward.push_back({X + 2 * a + 2 * Q + Wq, 4 * N + 3 * a / 2 + H, Wq + Wk});
   if (z.flash)
     l.backward.push_back({X + a + 4 * Q + 4 * Ck, 4 * N + 3 * a / 2 + H, Wq / 2 + Wk});
@@ -252,7 +241,11 @@ StepTransient llama_step_transient_autocast(const TransformerShape& s, int batch
     l.backward.push_back({X + a + 3 * Q + 2 * Ck + A, 4 * N + 3 * a / 2 + 3 * Q + A, Wq / 2 + Wk});
   l.backward.push_back({X + 3 * a + Q + 2 * Ck + Wq, 4 * N + 3 * a / 2, Wq / 2 + Wk});
   l.backward.push_back({X + 4 * a + Q + 2 * Ck + Wk, 4 * N + 3 * a / 2, Wq / 2 + Wk});
-  return walk(l, z, checkpoint);
+  return l;
+}
+
+StepTransient llama_step_transient_autocast(const TransformerShape& s, int batch, const CheckpointPolicy& checkpoint) {
+  return walk(llama_autocast_family(s, batch), token_sizes(s, batch), checkpoint);
 }
 
 }  // namespace shardscope

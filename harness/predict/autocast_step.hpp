@@ -20,6 +20,9 @@
 // them again; --checkpoint attention is not built under autocast (the CLI refuses it).
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "harness/predict/transformer_step.hpp"
 #include "shardscope/category.hpp"
 
@@ -28,6 +31,28 @@ namespace shardscope {
 // The category the weights' bf16 casts are counted in: param_cast (the model allocates
 // them there).
 constexpr Category kWeightCastCategory = Category::param_cast;
+
+// One instant of a transformer block under autocast, relative to where the block starts:
+// temp (the batch's ids and target X = 16N included), activation beyond S and casts
+// beyond C (the activations, its input among them, and the casts held before it); a
+// backward instant from its output freed, with dy_live when its dy (a, in temp) is still
+// alive (the residual's add frees it).
+struct AutocastInstant {
+  std::int64_t temp = 0, act = 0, cast = 0;
+  bool dy_live = false;
+};
+
+// What a family's blocks hold under autocast (autocast_step.cpp writes each out): K a
+// block's activations beside its input (its output included), c its weights' casts; base
+// the activations before block 1 (the embeddings'); stats the final norm's statistics;
+// W_V the head's weight (4Vh, fp32 bytes); a block's forward and backward instants. The
+// data-parallel step's walk and a pipeline piece (autocast_piece.hpp) read them.
+struct AutocastFamily {
+  std::int64_t base = 0, K = 0, c = 0, stats = 0, W_V = 0;
+  std::vector<AutocastInstant> forward, backward;
+};
+AutocastFamily gpt2_autocast_family(const TransformerShape& shape, int batch);
+AutocastFamily llama_autocast_family(const TransformerShape& shape, int batch);
 
 // What a ddp or zero1 step of GPT-2 / Llama under autocast holds beyond its resting
 // bytes at its peak, per category, with that instant's phase and place.

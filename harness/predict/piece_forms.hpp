@@ -32,6 +32,9 @@ struct PieceMoment {
   // temp above). zbv's V bottom keeps that output when the next chunk's W still reads it:
   // the forms then add it back.
   bool output_freed = false;
+  // param_cast bytes beyond what is held then: under --precision bf16 the weights' bf16
+  // casts (0 in fp32).
+  std::int64_t cast = 0;
 };
 
 // One micro-batch of r rows through the piece; bytes.
@@ -45,6 +48,13 @@ struct PieceForms {
   std::int64_t saved_bytes = 0;  // distinct bytes its F saves (the saved-tensor instrument)
   std::int64_t saves = 0;        // saves its F records
   std::vector<PieceMoment> backward;  // the instants of its B where bytes can be highest, in time order
+  // --precision bf16 (the torch engine's autocast): the weights' bf16 casts its F makes,
+  // held (saved by their GEMMs) from its F to its B, param_cast; and the instants inside
+  // its F where bytes can be highest (a GEMM's widened operands beside its output), in
+  // time order, relative to the moment F starts (its received input included in
+  // activation). Both 0 / empty in fp32, where every instant of an F lies below its end.
+  std::int64_t held_cast = 0;
+  std::vector<PieceMoment> forward;
   // A transformer's zero-bubble split (zb-h1): what the piece holds from its B to its W
   // beyond what it held before its F, per category (docs/formulas.md, "Transformers: what
   // B keeps for W"): the saves W reads (activation), the kept output gradients (temp), the

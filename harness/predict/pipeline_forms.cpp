@@ -14,6 +14,7 @@
 #include <set>
 #include <utility>
 
+#include "harness/predict/autocast_piece.hpp"
 #include "harness/predict/gpt2_forms.hpp"
 #include "harness/predict/interleaved_timing.hpp"
 #include "harness/predict/llama_forms.hpp"
@@ -80,6 +81,9 @@ i64 sum(const Rows& r, const Piece& p, i64 PieceForms::*f, i64 lo, i64 hi) {
 }
 const std::vector<PieceMoment>& moments(const Rows& r, const Piece& p, i64 m) {
   return (m < r.e ? p.big : p.small).backward;
+}
+const std::vector<PieceMoment>& forward_moments(const Rows& r, const Piece& p, i64 m) {
+  return (m < r.e ? p.big : p.small).forward;
 }
 
 // The MLP's piece (piece_forms.hpp) for r rows, a = 4·width·r: held from F to B
@@ -157,7 +161,10 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
     for (PieceForms* f : {&p.big, &p.small}) {
       const i64 r = c.rows.q + (f == &p.big ? 1 : 0);
       const PiecePlace place{static_cast<int>(p.n), p.first, p.last, p.recv_act, p.send_act};
-      if (c.transformer)
+      if (c.transformer && sh.model.autocast)  // --precision bf16: autocast_piece.hpp
+        *f = sh.model.name == "gpt2" ? gpt2_autocast_piece(ts, static_cast<int>(r), place)
+                                     : llama_autocast_piece(ts, static_cast<int>(r), place);
+      else if (c.transformer)
         *f = sh.model.name == "gpt2" ? gpt2_piece(ts, static_cast<int>(r), place)
                                      : llama_piece(ts, static_cast<int>(r), place);
       else
@@ -344,9 +351,10 @@ SavedForms saved_interleaved(const Ctx& c) {
 // named micro-batch crosses e (rows drop from q+1 to q) it is linear, so its maximum
 // over a phase is at a phase end or beside such a crossing: those indices are visited.
 
-// Bytes above the step's base at one instant.
+// Bytes above the step's base at one instant (cast: param_cast, the weights' bf16 casts
+// under --precision bf16).
 struct Moment {
-  i64 activation = 0, temp = 0, comm = 0;
+  i64 activation = 0, temp = 0, comm = 0, cast = 0;
 };
 
 class Peak {
@@ -357,6 +365,7 @@ class Peak {
     b[Category::activation] += m.activation;
     b[Category::temp] += m.temp;
     b[Category::comm] += m.comm;
+    b[Category::param_cast] += m.cast;
     if (b.total() > best_.total()) best_ = b;
   }
   const CategoryBytes& best() const { return best_; }
@@ -407,15 +416,18 @@ CategoryBytes peak_one_f_one_b(const Ctx& c, i64 w, const CategoryBytes& base) {
   auto pending_b = [&](i64 m) { return p.send_grad ? fig(&PieceForms::input, m) : 0; };
   Peak peak(base);
   auto forward = [&](i64 m, i64 lo, i64 hi, i64 pending) {
-    const i64 held = sum(r, p, &PieceForms::held_act, lo, hi);
-    peak.visit({held + (p.recv_act ? fig(&PieceForms::input, m) : 0), pending, 0});
-    peak.visit({held + fig(&PieceForms::held_act, m), fig(&PieceForms::forward_temp, m), 0});
+    const i64 held = sum(r, p, &PieceForms::held_act, lo, hi), casts = sum(r, p, &PieceForms::held_cast, lo, hi);
+    peak.visit({held + (p.recv_act ? fig(&PieceForms::input, m) : 0), pending, 0, casts});
+    for (const PieceMoment& d : forward_moments(r, p, m)) peak.visit({held + d.activation, d.temp, 0, casts + d.cast});
+    peak.visit({held + fig(&PieceForms::held_act, m), fig(&PieceForms::forward_temp, m), 0,
+                casts + fig(&PieceForms::held_cast, m)});
   };
   auto backward = [&](i64 m, i64 lo, i64 hi, i64 pending) {
-    const i64 held = sum(r, p, &PieceForms::held_act, lo, hi);
+    const i64 held = sum(r, p, &PieceForms::held_act, lo, hi), casts = sum(r, p, &PieceForms::held_cast, lo, hi);
     const i64 dy_comm = p.recv_grad ? fig(&PieceForms::boundary, m) : 0;
-    peak.visit({held, pending, dy_comm});
-    for (const PieceMoment& d : moments(r, p, m)) peak.visit({held + d.activation, d.temp, d.dy_live ? dy_comm : 0});
+    peak.visit({held, pending, dy_comm, casts});
+    for (const PieceMoment& d : moments(r, p, m))
+      peak.visit({held + d.activation, d.temp, d.dy_live ? dy_comm : 0, casts + d.cast});
   };
   for (i64 j : breakpoints(0, w - 1, r.e, {0, -1})) forward(j, 0, j, j > 0 ? pending_f(j - 1) : 0);
   for (i64 t : breakpoints(0, M - w - 1, r.e, {0, -1, w, w + 1})) {
@@ -523,17 +535,18 @@ CategoryBytes peak_interleaved(const Ctx& c, const CategoryBytes& base) {
     return {t.send_step(s, p, t.round(to.stage, to.position)),
             fig(pc, fwd ? &PieceForms::boundary : &PieceForms::input, m)};
   };
-  i64 act = 0, temp = 0, pending_bytes = 0;
+  i64 act = 0, temp = 0, cast = 0, pending_bytes = 0;
   std::vector<Buffer> pending;
   // The state before position p, from the windows and the buffers of the steps before.
   auto start_at = [&](i64 p) {
-    act = temp = pending_bytes = 0;
+    act = temp = cast = pending_bytes = 0;
     pending.clear();
     const i64 fwds = t.forwards_before(s, p), bwds = t.backwards_before(s, p);
     for (int ch = 0; ch < c.v; ++ch) {
       const i64 hi = round_count(fwds, ch, c.S, c.v), lo = round_count(bwds, c.v - 1 - ch, c.S, c.v);
       act += sum(r, c.pieces[ch], &PieceForms::held_act, lo, hi);
       temp += sum(r, c.pieces[ch], &PieceForms::held_temp, lo, hi);
+      cast += sum(r, c.pieces[ch], &PieceForms::held_cast, lo, hi);
     }
     for (i64 q = std::max<i64>(0, p - 4 * S); q < p; ++q) {
       const Buffer b = leaves(q);
@@ -548,7 +561,7 @@ CategoryBytes peak_interleaved(const Ctx& c, const CategoryBytes& base) {
     const Piece& pc = c.pieces[ch];
     const i64 recv = fwd ? (pc.recv_act ? fig(pc, &PieceForms::input, m) : 0)
                          : (pc.recv_grad ? fig(pc, &PieceForms::boundary, m) : 0);
-    peak.visit({act + (fwd ? recv : 0), temp + pending_bytes, fwd ? 0 : recv});
+    peak.visit({act + (fwd ? recv : 0), temp + pending_bytes, fwd ? 0 : recv, cast});
     for (std::size_t i = 0; i < pending.size();) {
       if (pending[i].step > p) {
         ++i;
@@ -559,19 +572,24 @@ CategoryBytes peak_interleaved(const Ctx& c, const CategoryBytes& base) {
       pending.pop_back();
     }
     if (fwd) {
+      for (const PieceMoment& d : forward_moments(r, pc, m))
+        peak.visit({act + d.activation, temp + pending_bytes + d.temp, 0, cast + d.cast});
       peak.visit({act + fig(pc, &PieceForms::held_act, m),
-                  temp + pending_bytes + fig(pc, &PieceForms::forward_temp, m), 0});
+                  temp + pending_bytes + fig(pc, &PieceForms::forward_temp, m), 0,
+                  cast + fig(pc, &PieceForms::held_cast, m)});
       act += fig(pc, &PieceForms::held_act, m);
       temp += fig(pc, &PieceForms::held_temp, m);
+      cast += fig(pc, &PieceForms::held_cast, m);
     } else {
       // On one stage the dy of a chunk but the last is the next chunk's input gradient,
       // pending here until this B frees it.
       const i64 dy_local = S == 1 && !pc.last ? fig(pc, &PieceForms::boundary, m) : 0;
       for (const PieceMoment& d : moments(r, pc, m))
         peak.visit({act + d.activation, temp + pending_bytes + d.temp - (d.dy_live ? 0 : dy_local),
-                    d.dy_live ? recv : 0});
+                    d.dy_live ? recv : 0, cast + d.cast});
       act -= fig(pc, &PieceForms::held_act, m);
       temp -= fig(pc, &PieceForms::held_temp, m);
+      cast -= fig(pc, &PieceForms::held_cast, m);
     }
     const Buffer b = leaves(p);
     if (b.bytes > 0) pending.push_back(b), pending_bytes += b.bytes;

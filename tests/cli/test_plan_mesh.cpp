@@ -105,6 +105,44 @@ TEST_F(PlanMesh, FiveHundredTwelveRanksAnswerInSeconds) {
   for (const json& stage : plan["stages"]) EXPECT_EQ(stage["ranks"].size(), 64u);
 }
 
+// The same 512 ranks under --precision bf16 (autocast stages): one row per stage, each
+// stage's peak holding its in-flight micro-batches' weight casts (param_cast), in seconds.
+TEST_F(PlanMesh, FiveHundredTwelveBf16RanksAnswerInSeconds) {
+  const std::string data = shardscope::testing::env("SHARDSCOPE_TEST_DATA_DIR");
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(shardscope("plan --hf-config '" + data + "/hf/llama-2-70b.json' --mesh dp=64,pp=8 --schedules 1f1b "
+                       "--microbatches 16 --seq 4096 --batch 16 --precision bf16 --memory 80GiB --json p.json"),
+            0)
+      << line_;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 10.0);
+  const json plan = read("p.json")["plans"][0];
+  EXPECT_EQ(plan["precision"], "bf16");
+  ASSERT_EQ(plan["stages"].size(), 8u);
+  for (const json& stage : plan["stages"]) {
+    EXPECT_EQ(stage["ranks"].size(), 64u);
+    EXPECT_GT(stage["predicted"]["peak_by_category"]["param_cast"].get<std::int64_t>(), 0) << stage.dump();
+  }
+}
+
+// --batch is a pipeline's whole batch: issue 16's --batch 1 with 16 micro-batches is a
+// configuration that cannot run, which plan lists as skipped saying what to pass, and run
+// refuses (exit 2) in the same words.
+TEST_F(PlanMesh, APipelinesBatchBelowItsMicrobatchesSaysToPassTheWholeBatch) {
+  const std::string data = shardscope::testing::env("SHARDSCOPE_TEST_DATA_DIR");
+  const std::string words = "--microbatches 16 exceeds --batch 1: every micro-batch needs at least one row (--batch "
+                            "is the pipeline's whole batch: a micro-batch of one with 16 micro-batches is --batch 16)";
+  ASSERT_EQ(shardscope("plan --hf-config '" + data + "/hf/llama-2-70b.json' --mesh dp=8,pp=8 --schedules 1f1b "
+                       "--microbatches 16 --seq 4096 --batch 1 --precision bf16 --memory 80GiB --json p.json"),
+            0)
+      << line_;
+  EXPECT_EQ(read("p.json")["plans"][0]["skipped"], true);
+  EXPECT_NE(read("p.json")["plans"][0]["reason"].get<std::string>().find(words), std::string::npos)
+      << read("p.json")["plans"][0].dump();
+  EXPECT_EQ(shardscope("run --layers 4 --width 32 --batch 1 --schedule 1f1b --microbatches 16 --emulate 2:0"), 2);
+  EXPECT_EQ(line_, "shardscope: error: " + words);
+}
+
 TEST_F(PlanMesh, WhatIsNotBuiltForAMeshIsRefusedNamingIt) {
   const std::string data = shardscope::testing::env("SHARDSCOPE_TEST_DATA_DIR");
   const std::string llama = " --hf-config '" + data + "/hf/llama-2-70b.json' --seq 4096 --memory 80GiB ";
@@ -112,11 +150,11 @@ TEST_F(PlanMesh, WhatIsNotBuiltForAMeshIsRefusedNamingIt) {
     std::string flags;
     std::string line;
   } cases[] = {
-      // Issue 16's plan: a bf16 pipeline (autocast stages) and tensor-parallel stages have no
-      // forms measured yet, so plan says so instead of predicting them.
+      // Issue 16's plan: tensor-parallel stages have no forms measured yet, so plan says so
+      // instead of predicting them (a bf16 pipeline of tp = 1 is planned).
       {llama + "--mesh dp=8,tp=8,pp=8 --schedules 1f1b --microbatches 16 --precision bf16 --batch 1",
-       "shardscope: error: --precision bf16 and --schedule: a pipeline under autocast is not built yet; allowed: "
-       "--strategy ddp|zero1"},
+       "shardscope: error: --mesh dp=8,tp=8,pp=8 and --schedule: tensor-parallel pipeline stages (tp > 1 with pp) "
+       "are not built yet; give tp=1"},
       {llama + "--mesh dp=8,tp=8,pp=8 --schedules 1f1b --microbatches 16 --batch 16",
        "shardscope: error: --mesh dp=8,tp=8,pp=8 and --schedule: tensor-parallel pipeline stages (tp > 1 with pp) "
        "are not built yet; give tp=1"},

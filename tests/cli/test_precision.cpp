@@ -91,6 +91,75 @@ TEST_F(Precision, TransformersRunBf16AsPredictedOnEveryRank) {
   EXPECT_NE(text.find("precision=bf16"), std::string::npos) << text;
 }
 
+// A pipeline stage's record under bf16: saves, resting, peak (per category, param_cast among
+// them) and communication equal their predictions.
+void expect_bf16_stage_as_predicted(const json& run, const json& stage, const std::string& what) {
+  EXPECT_EQ(run["precision"], "bf16") << what;
+  const json& p = stage["predicted"];
+  EXPECT_EQ(stage["resting"]["total"], p["resting_total"]) << what;
+  EXPECT_EQ(stage["peak"]["total"], p["peak_total"]) << what;
+  EXPECT_EQ(stage["peak"]["by_category"], p["peak_by_category"]) << what;
+  EXPECT_GT(stage["peak"]["by_category"]["param_cast"].get<std::int64_t>(), 0) << what;
+  EXPECT_EQ(stage["saved"]["peak_live_bytes"], p["peak_live_bytes"]) << what;
+  EXPECT_EQ(stage["comm_bytes"], p["comm_bytes"]) << what;
+}
+
+// Pipelines under autocast: every stage of gpipe, 1f1b and interleaved-1f1b at S = 2 (and
+// 4), GPT-2 and Llama, and every rank of --mesh dp=2,pp=2, emulated.
+TEST_F(Precision, TransformerPipelinesRunBf16AsPredictedOnEveryStage) {
+  for (const std::string model : {std::string(kGpt2), std::string(kLlama)})
+    for (const char* schedule : {"gpipe --microbatches 2", "1f1b --microbatches 2",
+                                 "interleaved-1f1b --chunks 2 --microbatches 2"})
+      for (int rank = 0; rank < 2; ++rank) {
+        // interleaved: 4 virtual stages, a block each
+        const std::string m = schedule[0] == 'i' ? model.substr(0, model.find("--layers")) + "--layers 4" +
+                                                       model.substr(model.find("--layers") + 10)
+                                                 : model;
+        const std::string args = std::string("run --backend cpu ") + m + "--precision bf16 --schedule " +
+                                 schedule + " --emulate 2:" + std::to_string(rank);
+        ASSERT_EQ(binary(args + " --json r.json"), 0) << args << ": " << first_line(dir_ + "/err.txt");
+        const json run = read("r.json")["runs"][0];
+        expect_bf16_stage_as_predicted(run, run["stages"][0], args);
+      }
+  for (const char* model : {kGpt2, kLlama})
+    for (int rank = 0; rank < 4; ++rank) {
+      const std::string args = std::string("run --backend cpu ") + model +
+                               "--precision bf16 --mesh dp=2,pp=2 --schedule 1f1b --microbatches 2 --emulate 4:" +
+                               std::to_string(rank);
+      ASSERT_EQ(binary(args + " --json r.json"), 0) << args << ": " << first_line(dir_ + "/err.txt");
+      const json run = read("r.json")["runs"][0];
+      expect_bf16_stage_as_predicted(run, run["stages"][0], args);
+    }
+}
+
+// Under mpirun: the two stages of a GPT-2 and a Llama pipeline (W = 2), and the four ranks
+// of --mesh dp=2,pp=2 (W = 4), each as predicted; the last stage reports the loss.
+TEST_F(Precision, TransformerPipelinesRunBf16UnderMpirunAsPredicted) {
+#ifndef SHARDSCOPE_WITH_MPI
+  GTEST_SKIP() << "no MPI in this build";
+#else
+  if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
+  const struct {
+    int np;
+    std::string run;
+  } cases[] = {{2, std::string(kGpt2) + "--schedule 1f1b --microbatches 2"},
+               {2, std::string(kLlama) + "--schedule gpipe --microbatches 2 --attention math"},
+               {2, "--model gpt2 --layers 4 --hidden 32 --heads 2 --vocab 50 --seq 8 --batch 2 --steps 2 --schedule "
+                   "interleaved-1f1b --chunks 2 --microbatches 2"},
+               {4, std::string(kLlama) + "--mesh dp=2,pp=2 --schedule 1f1b --microbatches 2"}};
+  for (const auto& c : cases) {
+    const int rc = shell("cd '" + dir_ + "' && timeout -k 5 120 mpirun --oversubscribe -np " + std::to_string(c.np) +
+                         " '" + bin_ + "' run --backend cpu --comm mpi " + c.run +
+                         " --precision bf16 --json m.json > out.txt 2> err.txt");
+    ASSERT_EQ(rc, 0) << c.run << ": " << first_line(dir_ + "/err.txt");
+    const json r = read("m.json")["runs"][0];
+    ASSERT_EQ(r["stages"].size(), static_cast<std::size_t>(c.np));
+    for (const json& stage : r["stages"]) expect_bf16_stage_as_predicted(r, stage, c.run + " rank " + stage["rank"].dump());
+    EXPECT_TRUE(r["stages"][c.np - 1]["loss"].is_array()) << c.run;
+  }
+#endif
+}
+
 TEST_F(Precision, TransformersRunBf16UnderMpirunAsPredicted) {
 #ifndef SHARDSCOPE_WITH_MPI
   GTEST_SKIP() << "no MPI in this build";
@@ -188,8 +257,8 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
        "shardscope: error: --precision bf16 and --strategy zero3: FSDP's mixed precision is not built yet; allowed: "
        "ddp, zero1"},
       {m + "--precision bf16 --schedule gpipe",
-       "shardscope: error: --precision bf16 and --schedule: a pipeline under autocast is not built yet; allowed: "
-       "--strategy ddp|zero1"},
+       "shardscope: error: --precision bf16 and --schedule gpipe: the MLP's pipeline under autocast is not built yet; "
+       "allowed: --model gpt2|llama"},
       {m + "--precision bf16 --checkpoint full",
        "shardscope: error: --checkpoint full and --precision bf16: the MLP's checkpointed autocast step is not built "
        "yet; give --checkpoint none"},
@@ -209,9 +278,12 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
       {g + "--precision bf16 --strategy zero3 --engine fsdp2",
        "shardscope: error: --precision bf16 and --strategy zero3: FSDP's mixed precision is not built yet; allowed: "
        "ddp, zero1"},
-      {g + "--precision bf16 --schedule 1f1b",
-       "shardscope: error: --precision bf16 and --schedule: a pipeline under autocast is not built yet; allowed: "
-       "--strategy ddp|zero1"},
+      {g + "--precision bf16 --schedule zb-h1",
+       "shardscope: error: --precision bf16 and --schedule zb-h1: the zero-bubble split (B and W apart) under "
+       "autocast is not built yet; allowed: gpipe, 1f1b, interleaved-1f1b"},
+      {g + "--precision bf16 --schedule zbv",
+       "shardscope: error: --precision bf16 and --schedule zbv: the zero-bubble split (B and W apart) under "
+       "autocast is not built yet; allowed: gpipe, 1f1b, interleaved-1f1b"},
       {g + "--precision bf16 --checkpoint attention",
        "shardscope: error: --checkpoint attention and --precision bf16: selective recompute under autocast is not "
        "built yet; give --checkpoint none, full or every:K"},
