@@ -346,7 +346,7 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
 
 // What a mesh can run in this build (docs/design.md, "Meshes"): data parallel along dp
 // (ddp, zero1 when tp > 1; ddp under a schedule), the models split along tp, a schedule
-// along pp (tp = 1); the world's size when it is known
+// along pp (its stages split along tp too); the world's size when it is known
 // from the flags (--emulate W:r; a launch's is checked where the job is prepared).
 void check_mesh_config(const RunConfig& c) {
   const MeshShape& m = c.mesh;
@@ -357,11 +357,11 @@ void check_mesh_config(const RunConfig& c) {
   if (m.pp > 1 && !c.pipeline())
     throw UsageError(mesh + ": a pipeline axis (pp > 1) runs a schedule; give --schedule " + schedule_names_text("|") +
                      ", or pp=1 and --strategy");
-  // pp along the pipeline axis, ddp along dp (--strategy's check above).
+  // pp along the pipeline axis, ddp along dp (--strategy's check above), each stage's
+  // blocks split along tp (what a schedule and a split ask of them is checked with the
+  // pipeline's shape: check_pipeline_tensor_parallel).
   if (c.pipeline()) {
-    if (m.tp > 1)
-      throw UsageError(mesh + " and --schedule: tensor-parallel pipeline stages (tp > 1 with pp) are not built yet; "
-                       "give tp=1");
+    check_tensor_parallel(c.model, m.tp);
     return;
   }
   if (m.tp == 1) return;

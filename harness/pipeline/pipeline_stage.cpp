@@ -4,6 +4,7 @@
 #include <chrono>
 #include <numeric>
 
+#include "harness/model/models.hpp"
 #include "shardscope/check.hpp"
 
 namespace shardscope {
@@ -35,6 +36,26 @@ std::vector<int> block_bounds(const ModelConfig& model, const std::vector<int>& 
   for (int n : split) bounds.push_back(bounds.back() + n + (bounds.size() == 1 ? extra : 0));
   bounds.back() += extra;
   return bounds;
+}
+
+void check_pipeline_tensor_parallel(const ModelConfig& model, ScheduleKind schedule, const std::vector<int>& split,
+                                    int tp) {
+  if (tp == 1) return;
+  check_tensor_parallel(model, tp);
+  const std::string mesh = "--mesh tp=" + str(tp) + " and --schedule " + std::string(schedule_name(schedule));
+  // The zero-bubble schedules run each block's backward in two halves (B, then W); a
+  // tensor-parallel transformer block's halves are not built (the MLP's Linears are).
+  if (model.is_transformer() && (schedule == ScheduleKind::zb_h1 || schedule == ScheduleKind::zbv))
+    throw UsageError(mesh + ": the zero-bubble split of a tensor-parallel transformer block is not built yet; "
+                     "allowed: gpipe, 1f1b, interleaved-1f1b");
+  // The MLP's Linears alternate column- and row-parallel: a stage cut after a row Linear
+  // sends the whole (rows, width) activation, as Megatron cuts between its MLPs.
+  if (!model.is_transformer())
+    for (std::size_t k = 0; k < split.size(); ++k)
+      if (split[k] % 2 != 0)
+        throw UsageError(mesh + ": virtual stage " + str(static_cast<int>(k)) + " holds " + str(split[k]) +
+                         " layers; with tp > 1 every virtual stage of the MLP holds an even number (column- and "
+                         "row-parallel pairs; give --split or --layers)");
 }
 
 int pipeline_microbatches(const RunConfig& cfg, int stages) {
@@ -110,7 +131,11 @@ PipelineShape pipeline_shape(const RunConfig& cfg, int stages) {
                      " (fewer --microbatches or stages)");
   check_schedule(*cfg.schedule, stages, M, v);
   check_autocast_pipeline(cfg);
-  return {cfg.model, *cfg.schedule, stages, M, v, std::move(split)};
+  const int tp = cfg.mesh.given ? cfg.mesh.tp : 1;
+  check_pipeline_tensor_parallel(cfg.model, *cfg.schedule, split, tp);
+  PipelineShape out{cfg.model, *cfg.schedule, stages, M, v, std::move(split)};
+  out.tp = tp;
+  return out;
 }
 
 PipelineLayout make_pipeline_layout(const PipelineShape& shape) {
@@ -152,14 +177,15 @@ PipelineStage::PipelineStage(const RunConfig& cfg, Backend& backend, Communicato
     : PipelineStage(cfg, backend, comm, make_pipeline_layout(cfg, comm.world())) {}
 
 PipelineStage::PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm, PipelineLayout layout,
-                             Communicator* dp)
+                             Communicator* dp, Communicator* tp)
     : cfg_(cfg),
       backend_(backend),
       comm_(comm),
       dp_(dp),
+      tp_(tp && tp->world() > 1 ? tp : nullptr),
       layout_(std::move(layout)),
       stage_(comm.rank()),
-      model_(make_model(cfg.model)),
+      model_(make_model(cfg.model, tp_ ? TensorParallel{tp_->world(), tp_->rank()} : TensorParallel{})),
       access_(*model_, chunks_, tied_) {
   program_ = lower(layout_.schedule).at(stage_);
 }
@@ -278,6 +304,7 @@ float PipelineStage::step() {
   backend_.reset_pool_high();
   comm_.reset_ledger();
   if (dp_) dp_->reset_ledger();
+  if (tp_) tp_->reset_ledger();
   saved_.reset();
   peak_where_ = "step start";
   peak_comm_bytes_ = tracker.current()[Category::comm];
@@ -394,7 +421,7 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
   Slot& sl = slot(a.microbatch, a.chunk);
   Tracker& tracker = backend_.tracker();
   const std::string what = describe_action(a, layout_.chunks());
-  ModelContext mc{backend_, saved_, access_};
+  ModelContext mc{backend_, saved_, access_, tp_};
 
   tracker.mark(a.kind == ActionKind::F ? Phase::forward : Phase::backward, {PlaceKind::microbatch, a.microbatch});
   backend_.synchronize();

@@ -55,6 +55,13 @@ int pipeline_layers(const ModelConfig& model);
 // block the last.
 std::vector<int> block_bounds(const ModelConfig& model, const std::vector<int>& split);
 
+// What --mesh tp=T > 1 asks of a pipeline's stages (UsageError naming the flags): the
+// model splits into T (check_tensor_parallel), the schedule's backward is whole for a
+// transformer (no zero-bubble split), and each of the MLP's virtual stages holds column-
+// and row-parallel pairs.
+void check_pipeline_tensor_parallel(const ModelConfig& model, ScheduleKind schedule, const std::vector<int>& split,
+                                    int tp);
+
 // M = cfg.microbatches, or S when 0.
 int pipeline_microbatches(const RunConfig& cfg, int stages);
 
@@ -86,9 +93,12 @@ class PipelineStage {
   // is the rank's pipeline group and `dp` its data-parallel group: the stage is
   // replicated over the D ranks of `dp`, each running the schedule on its own batch (the
   // batch data-parallel rank dp->rank() draws), and after the schedule their gradients
-  // are averaged in place (all_reduce_data_parallel).
+  // are averaged in place (all_reduce_data_parallel). Under --mesh tp=T > 1 `tp` is its
+  // tensor-parallel group: the stage's blocks are rank tp->rank()'s slice of the model
+  // (the same T-th of each block on every stage of its pipeline group) and their
+  // all-reduces run over `tp`; what crosses a stage boundary is the whole activation.
   PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm, PipelineLayout layout,
-                Communicator* dp = nullptr);
+                Communicator* dp = nullptr, Communicator* tp = nullptr);
   PipelineStage(const RunConfig& cfg, Backend& backend, Communicator& comm);
   PipelineStage(const PipelineStage&) = delete;
   PipelineStage& operator=(const PipelineStage&) = delete;
@@ -201,6 +211,7 @@ class PipelineStage {
   Backend& backend_;
   Communicator& comm_;
   Communicator* dp_;  // the data-parallel group under --mesh, else null
+  Communicator* tp_;  // the tensor-parallel group under --mesh with tp > 1, else null
   PipelineLayout layout_;
   int stage_;
   StageProgram program_;

@@ -101,6 +101,7 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& w
   if (cfg.mesh.given) mesh = make_mesh_comms(world_comm, cfg.mesh);
   Communicator& comm = mesh ? mesh->group(MeshAxis::pp) : world_comm;
   Communicator* dp = mesh ? &mesh->group(MeshAxis::dp) : nullptr;
+  Communicator* tp = mesh ? &mesh->group(MeshAxis::tp) : nullptr;
   const int s = comm.rank();
   // The closed forms first, from the flags alone: the memory check compares their peak
   // before the stage builds its schedule, program or anything of the model's size.
@@ -124,7 +125,7 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& w
   else
     check_host_memory(bookkeeping, comm.rank(), "estimated schedule bookkeeping on the host");
 
-  PipelineStage stage(cfg, backend, comm, make_pipeline_layout(shape), dp);
+  PipelineStage stage(cfg, backend, comm, make_pipeline_layout(shape), dp, tp);
   const PipelineLayout& layout = stage.layout();
   const Schedule& sched = layout.schedule;
   const StagePredicted predicted = stage_predicted(forms, sched, s);
@@ -174,14 +175,16 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& w
   r.comm_bytes = ledger.total_bytes();
   if (mesh) {
     // "comm" sums the groups' ledgers (the pair's busbw kept for the tied all-reduce is
-    // the pipeline group's; the data-parallel group's busbw is in comm_groups).
+    // the pipeline group's when no other group all-reduces; the data-parallel and
+    // tensor-parallel groups' busbw are in comm_groups).
     const CommLedger sum = summed_ledger(*mesh);
     const int k = static_cast<int>(CollKind::all_reduce);
     const CommFigures pair = r.comm;
     r.comm = comm_figures(sum, world_comm.world(), true);
-    if (dp->world() == 1) r.comm[k] = pair[k];
+    if (dp->world() == 1 && tp->world() == 1) r.comm[k] = pair[k];
     r.comm_bytes = sum.total_bytes();
-    const std::array<std::int64_t, kMeshAxes> axis_bytes = {forms.dp_all_reduce_bytes, 0, forms.pp_comm_bytes()};
+    const std::array<std::int64_t, kMeshAxes> axis_bytes = {forms.dp_all_reduce_bytes, forms.tp_all_reduce_bytes,
+                                                            forms.pp_comm_bytes()};
     r.comm_groups.emplace();
     for (int a = 0; a < kMeshAxes; ++a)
       r.comm_groups->push_back(group_record(*mesh, static_cast<MeshAxis>(a), world_comm.rank(),

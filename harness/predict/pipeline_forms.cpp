@@ -51,10 +51,11 @@ struct Piece {
   bool ls = false;     // its last output is saved (relu, or the model's last layer under mse)
   bool recv_act = false, send_act = false;    // activation in from k-1 / out to k+1 on another stage
   bool recv_grad = false, send_grad = false;  // gradient in from k+1 / out to k-1 on another stage
-  // Saves of one F (counts) and their distinct bytes in rows of width·4 (docs/design.md §2):
-  // every layer's Linear input and, when the input needs a gradient, its weight (0
-  // bytes); relu: every output; the loss under mse: its input and target.
-  i64 saves = 0, save_rows = 0;
+  bool mse = false;    // the MLP's loss is mse
+  // Saves of one F (docs/design.md §2): every layer's Linear input and, when the input
+  // needs a gradient, its weight (0 bytes); relu: every output; the loss under mse: its
+  // input and target (their distinct bytes: mlp_piece's saved_bytes).
+  i64 saves = 0;
 };
 
 struct Ctx {
@@ -64,6 +65,7 @@ struct Ctx {
   Rows rows;
   std::vector<Piece> pieces;  // by chunk
   bool transformer = false;
+  int tp = 1;  // --mesh tp=T: the blocks are a tensor-parallel rank's
   i64 batch_bytes = 0, target_bytes = 0;  // the whole batch's input and the loss's target (0: none)
 };
 
@@ -86,37 +88,46 @@ const std::vector<PieceMoment>& forward_moments(const Rows& r, const Piece& p, i
   return (m < r.e ? p.big : p.small).forward;
 }
 
-// The MLP's piece (piece_forms.hpp) for r rows, a = 4·width·r: held from F to B
-// a·([received] + n-1 + [ls]) (its input when received, the outputs its layers saved),
-// the end of F adds its unsaved last output and the loss scalar (4, last piece), and B's
-// one instant is its dy (received, comm; or the loss gradient, temp) with the first dx
-// (temp, unless n = 1 on virtual stage 0).
-PieceForms mlp_piece(const Piece& p, i64 row_bytes, i64 r) {
+// The MLP's piece (piece_forms.hpp) for r rows, a = 4·width·r. Layer j of the piece
+// makes o_j: a, or under --mesh tp=T > 1 a/T for a column Linear (even j: a piece holds
+// column-row pairs, check_pipeline_tensor_parallel) and a for a row Linear; its input and
+// its last output are whole (a). U = o_0 + ... + o_{n-2}, the outputs below the top.
+// Held from F to B [received]·a + U + [ls]·a (its input when received, the outputs its
+// layers saved), the end of F adds its unsaved last output and the loss scalar (4, last
+// piece), and B's highest instant is its first: dy (received, comm; or the loss
+// gradient, temp) with the top layer's dx, o_{n-2} (a when n = 1; none when n = 1 on
+// virtual stage 0). (Under tp the next layer's instant, its dy o_{n-2} and dx a, the top
+// output freed when held, totals no more and comes later.)
+PieceForms mlp_piece(const Piece& p, i64 row_bytes, i64 r, int tp) {
   const i64 a = row_bytes * r;
+  auto o = [&](i64 j) { return tp > 1 && j % 2 == 0 ? a / tp : a; };
+  i64 below_top = 0;  // U
+  for (i64 j = 0; j + 1 < p.n; ++j) below_top += o(j);
   PieceForms f;
   f.boundary = f.input = a;
-  f.held_act = a * ((p.recv_act ? 1 : 0) + p.n - 1 + (p.ls ? 1 : 0));
+  f.held_act = (p.recv_act ? a : 0) + below_top + (p.ls ? a : 0);
   f.held_temp = !p.ls && !p.last && !p.send_act ? a : 0;
   f.forward_temp = (p.ls ? 0 : a) + (p.last ? 4 : 0);
   f.output_saved = p.ls;
-  f.saved_bytes = p.save_rows * a;
+  // The Linears' inputs (its input and U), relu's or mse's last output, mse's target.
+  f.saved_bytes = a + below_top + (p.ls ? a : 0) + (p.last && p.mse ? a : 0);
   f.saves = p.saves;
-  const i64 dx = p.n > 1 || !p.first ? a : 0;
+  const i64 dx = p.n > 1 ? o(p.n - 2) : p.first ? 0 : a;
   f.backward = {{0, (p.last ? a : 0) + dx, true}};
   // zb-h1, B done and W not: its input (received) and the n-1 outputs W still reads,
-  // and the n dz, the first the received dy (comm) or the loss gradient; the n Linear
-  // inputs stay saved.
-  f.half_act = a * ((p.recv_act ? 1 : 0) + p.n - 1);
+  // and the n dz (U + a), the first the received dy (comm) or the loss gradient; the n
+  // Linear inputs stay saved.
+  f.half_act = (p.recv_act ? a : 0) + below_top;
   f.half_comm = p.recv_grad ? a : 0;
-  f.half_temp = a * p.n - f.half_comm;
+  f.half_temp = below_top + a - f.half_comm;
   f.half_saves = p.n;
-  f.half_saved_bytes = p.n * a;
+  f.half_saved_bytes = a + below_top;
   // Its split B: dy (the loss gradient, temp, on the last piece), then, its last output
-  // freed (saved, or kept in the tape for the next chunk here), the n-1+[k > 0] input
-  // gradients kept to its end.
+  // freed (saved, or kept in the tape for the next chunk here), the input gradients kept
+  // to its end: layer j's o_{j-1} for j >= 1 (U) and, when k > 0, layer 0's a.
   const i64 dy_temp = p.last ? a : 0;
   f.split_backward = {{0, dy_temp, true},
-                      {p.ls ? -a : 0, dy_temp - f.held_temp + (p.n - 1 + (p.first ? 0 : 1)) * a, true, true}};
+                      {p.ls ? -a : 0, dy_temp - f.held_temp + below_top + (p.first ? 0 : a), true, true}};
   return f;
 }
 
@@ -131,6 +142,7 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
   c.rows.e = sh.model.batch % c.M;
   c.rows.row_bytes = 4 * static_cast<i64>(sh.model.width);
   c.transformer = sh.model.is_transformer();
+  c.tp = sh.tp;
   const TransformerShape& ts = sh.model.transformer;
   if (c.transformer) {
     SHARDSCOPE_REQUIRE(sh.model.name == "gpt2" || sh.model.name == "llama",
@@ -154,10 +166,9 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
     p.send_act = !p.last && stage_of(p.k + 1) != s;
     p.recv_grad = p.send_act;
     p.send_grad = p.recv_act;
+    p.mse = c.mse;
     const bool loss_saves = p.last && c.mse;
     p.saves = p.n + (p.n - (p.first ? 1 : 0)) + (c.relu ? p.n : 0) + (loss_saves ? 2 : 0);
-    // input + the n-1 outputs the next Linear saves + the last output (relu or mse) + target
-    p.save_rows = p.n + (p.ls ? 1 : 0) + (loss_saves ? 1 : 0);
     for (PieceForms* f : {&p.big, &p.small}) {
       const i64 r = c.rows.q + (f == &p.big ? 1 : 0);
       const PiecePlace place{static_cast<int>(p.n), p.first, p.last, p.recv_act, p.send_act};
@@ -165,10 +176,10 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
         *f = sh.model.name == "gpt2" ? gpt2_autocast_piece(ts, static_cast<int>(r), place)
                                      : llama_autocast_piece(ts, static_cast<int>(r), place);
       else if (c.transformer)
-        *f = sh.model.name == "gpt2" ? gpt2_piece(ts, static_cast<int>(r), place)
-                                     : llama_piece(ts, static_cast<int>(r), place);
+        *f = sh.model.name == "gpt2" ? gpt2_piece(ts, static_cast<int>(r), place, c.tp)
+                                     : llama_piece(ts, static_cast<int>(r), place, c.tp);
       else
-        *f = mlp_piece(p, c.rows.row_bytes, r);
+        *f = mlp_piece(p, c.rows.row_bytes, r, c.tp);
     }
     p.saves = p.big.saves;
     c.pieces.push_back(std::move(p));
@@ -189,25 +200,28 @@ bool tied_split(const Ctx& c) {
   const TransformerShape& ts = c.sh.model.transformer;
   return c.transformer && (c.sh.model.name == "gpt2" || ts.tied_embeddings) && first_stage(c) != last_stage(c);
 }
+// Its elements on a rank: V·h, or under tensor parallelism the rank's V/T rows.
 i64 tied_elems(const Ctx& c) {
-  return static_cast<i64>(c.sh.model.transformer.vocab) * c.sh.model.transformer.hidden;
+  return static_cast<i64>(c.sh.model.transformer.vocab) / c.tp * c.sh.model.transformer.hidden;
 }
 bool holds_tied(const Ctx& c) { return tied_split(c) && (c.s == first_stage(c) || c.s == last_stage(c)); }
 
 // A transformer stage: its pieces' blocks (the embeddings with virtual stage 0, the final
 // block with V-1), 16 B a parameter and 4 B a tensor (AdamW's step); the last stage adds
-// its copy of the tied embedding (16·V·h + 4).
+// its copy of the tied embedding (16·V·h + 4). Under tensor parallelism each block's
+// parameters are a rank's (transformer_block_sizes at tp), its tensors as many.
 CategoryBytes transformer_resting(const Ctx& c) {
   const TransformerShape& ts = c.sh.model.transformer;
   const int L = ts.layers;
   std::vector<i64> tensors(static_cast<std::size_t>(L) + 2, 0);
   for (const TransformerTensor& t : transformer_tensors(ts)) ++tensors[static_cast<std::size_t>(t.block)];
+  const std::vector<i64> sizes = transformer_block_sizes(ts, c.tp);
   i64 P = 0, T = 0;
   for (const Piece& p : c.pieces) {
-    P += p.n * block_params(ts);
+    P += p.n * sizes[1];
     T += p.n * tensors[1];
-    if (p.first) P += embedding_params(ts), T += tensors[0];
-    if (p.last) P += final_params(ts), T += tensors[static_cast<std::size_t>(L) + 1];
+    if (p.first) P += sizes.front(), T += tensors[0];
+    if (p.last) P += sizes.back(), T += tensors[static_cast<std::size_t>(L) + 1];
   }
   if (tied_split(c) && c.s == last_stage(c)) P += tied_elems(c), T += 1;
   CategoryBytes b;
@@ -221,12 +235,15 @@ CategoryBytes resting(const Ctx& c) {
   if (c.transformer) return transformer_resting(c);
   i64 layers = 0;
   for (const Piece& p : c.pieces) layers += p.n;
-  const i64 per_layer = c.sh.model.layer_elems();
+  // A layer's w² + w; under tp a column-row pair's 2w²/T + w/T + w (the column Linear's
+  // rows and bias slice, the row Linear's columns and whole bias).
+  const i64 w = c.sh.model.width, T = c.tp;
+  const i64 elems = T == 1 ? layers * c.sh.model.layer_elems() : layers / 2 * (2 * w * w / T + w / T + w);
   CategoryBytes b;
-  b[Category::param] = 4 * layers * per_layer;
-  b[Category::grad] = 4 * layers * per_layer;
+  b[Category::param] = 4 * elems;
+  b[Category::grad] = 4 * elems;
   // exp_avg + exp_avg_sq, and a 4-byte step for each of a layer's 2 tensors
-  b[Category::optim] = 8 * layers * per_layer + 8 * layers;
+  b[Category::optim] = 8 * elems + 8 * layers;
   return b;
 }
 
@@ -238,6 +255,30 @@ i64 p2p_sent(const Ctx& c) {
   for (const Piece& p : c.pieces)
     bytes += (p.send_act ? sum(c.rows, p, &PieceForms::boundary, 0, c.M) : 0) +
              (p.send_grad ? sum(c.rows, p, &PieceForms::input, 0, c.M) : 0);
+  return bytes;
+}
+
+// Under --mesh tp=T > 1, the all-reduces of the stage's blocks over its tensor-parallel
+// group, each in place, per micro-batch of r rows (a = its (rows, hidden) activation,
+// N its tokens) and summed over the M micro-batches (Σ r = B):
+//   a transformer piece: the embedding's output (a, first), each block's two
+//     row-parallel outputs and two column-parallel input gradients (4a), the loss's row
+//     max and sum of exp (8N) and its value (4) and the head's input gradient (a, last);
+//   an MLP piece: each row Linear's output and each column Linear's input gradient but
+//     virtual stage 0's first (whose input is the batch): (n - [first])·a.
+i64 tp_all_reduce(const Ctx& c) {
+  if (c.tp == 1) return 0;
+  const i64 B = c.sh.model.batch;
+  i64 bytes = 0;
+  for (const Piece& p : c.pieces) {
+    if (!c.transformer) {
+      bytes += (p.n - (p.first ? 1 : 0)) * c.rows.row_bytes * B;
+      continue;
+    }
+    const TransformerShape& ts = c.sh.model.transformer;
+    const i64 N = B * ts.seq, a = 4 * N * ts.hidden;
+    bytes += 4 * p.n * a + (p.first ? a : 0) + (p.last ? 8 * N + 4 * c.M + a : 0);
+  }
   return bytes;
 }
 
@@ -829,6 +870,7 @@ StageForms predict_pipeline_stage(const PipelineShape& shape, int stage, int dat
   }
   // Each parameter's gradient (4 B) once through the data-parallel group's all-reduce.
   if (data_parallel > 1) out.dp_all_reduce_bytes = out.resting[Category::grad];
+  out.tp_all_reduce_bytes = tp_all_reduce(c);
   return out;
 }
 

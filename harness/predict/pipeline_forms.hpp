@@ -30,6 +30,9 @@ struct PipelineShape {
   int microbatches = 1;  // M
   int chunks = 1;        // v
   std::vector<int> split;  // layers (a transformer: transformer blocks) per virtual stage
+  // --mesh tp=T: each stage's blocks are a tensor-parallel rank's slice (Megatron's split,
+  // docs/formulas.md "Tensor-parallel pipeline stages"); 1 without.
+  int tp = 1;
 };
 
 // The saved-tensor instrument's figures (docs/design.md §2).
@@ -53,10 +56,15 @@ struct StageForms {
   // tied copy's, one all-reduce each): 4 bytes per parameter the stage holds, no buffer
   // of their own, so no figure of the peak changes. 0 when D = 1 (nothing is reduced).
   std::int64_t dp_all_reduce_bytes = 0;
+  // Under --mesh tp=T > 1: the all-reduces inside the stage's blocks over its
+  // tensor-parallel group, summed over the micro-batches (each in place: no figure of the
+  // peak changes). 0 when T = 1.
+  std::int64_t tp_all_reduce_bytes = 0;
   // What the stage moves in a step: sent and received (2·p2p) and the tied all-reduce
-  // inside the pipeline group, the gradients' all-reduce inside the data-parallel group.
+  // inside the pipeline group, the gradients' all-reduce inside the data-parallel group,
+  // the blocks' all-reduces inside the tensor-parallel group.
   std::int64_t pp_comm_bytes() const { return 2 * p2p_sent_bytes + tied_all_reduce_bytes; }
-  std::int64_t comm_bytes() const { return pp_comm_bytes() + dp_all_reduce_bytes; }
+  std::int64_t comm_bytes() const { return pp_comm_bytes() + dp_all_reduce_bytes + tp_all_reduce_bytes; }
 };
 
 // Stage `stage` (0 <= stage < S) of `shape`, which the caller has checked

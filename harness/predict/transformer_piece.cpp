@@ -22,7 +22,9 @@ PieceForms transformer_piece(const StepBlocks& z, const PieceSaves& saves, const
                   (!place.first && !place.recv_act ? a : 0);
   p.saves = n * saves.block + (place.first ? saves.embeddings : 0) + (place.last ? saves.final_block + 3 : 0);
   p.held_temp = !place.last && !place.send_act ? a : 0;
-  p.forward_temp = place.last ? lambda + 4 : a;
+  // Under tensor parallelism the loss's statistics (vocab_parallel_cross_entropy's max and
+  // sum) join the logits and the loss scalar at the loss's highest instant.
+  p.forward_temp = place.last ? lambda + 4 + z.loss_stats : a;
   // B. The last piece: the loss's dlogits, the head's d norm, the norm's dx (dlogits and
   // the norm's output freed); its top block then starts with the final block's saves
   // released and its own output freed, dy the final block's dx (temp). Any other piece's

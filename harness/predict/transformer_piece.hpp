@@ -27,6 +27,7 @@ struct PieceSaves {
 //   saved bytes        the held ones, the ids (8N, first) and target (8N, last), and an
 //                      input the previous chunk on the same stage holds (a)
 //   end of F           its output a, or on the last piece the logits Λ and the loss scalar 4
+//                      (and under tensor parallelism the loss's statistics, 8N)
 //   B's instants       the last piece's dlogits, d norm and dx; then the top block's (the
 //                      family's walk, its dy the received gradient unless last).
 PieceForms transformer_piece(const StepBlocks& blocks, const PieceSaves& saves, const PiecePlace& place);

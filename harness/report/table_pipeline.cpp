@@ -73,8 +73,11 @@ void print_group(const std::vector<const PipelineRun*>& runs, const ResultDocume
   head.push_back("stage");
   std::vector<std::string> cols = head;
   if (rank_column) cols.push_back("rank");
+  // Under --mesh a stage's bytes moved are its groups' (p2p, tied, dp and tp all-reduces).
+  bool on_mesh = false;
+  for (const PipelineRun* run : runs) on_mesh = on_mesh || run->mesh.has_value();
   for (const char* c : {"layers", "saved tensors", "live act B", "predicted", "resting B", "peak B", "predicted",
-                        "p2p B/step"})
+                        on_mesh ? "comm B/step" : "p2p B/step"})
     cols.push_back(c);
   std::vector<Align> align(cols.size(), Align::right);
   align[0] = Align::left;

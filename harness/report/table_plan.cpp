@@ -335,8 +335,12 @@ void print_pipeline(const std::vector<const PipelinePlan*>& plans, const PlanDoc
   std::vector<Align> align(head.size(), Align::right);
   align[0] = Align::left;
   align.insert(align.end(), {Align::left, Align::right, Align::right, Align::right, Align::right, Align::right});
+  // Under --mesh a stage's bytes moved are its groups' (p2p, tied, dp and tp all-reduces).
+  bool mesh = false;
+  for (const PipelinePlan* pp : plans) mesh = mesh || pp->run.mesh.has_value();
+  const char* comm_header = mesh ? "comm B/step" : "p2p B/step";
   if (options.wide) {
-    headers.push_back("p2p B/step");
+    headers.push_back(comm_header);
     align.push_back(Align::right);
   }
   headers.push_back("bubble");
@@ -378,7 +382,7 @@ void print_pipeline(const std::vector<const PipelinePlan*>& plans, const PlanDoc
   }
   table.print(os);
   if (!options.wide)
-    print_above_rest(head, {Align::left}, rows, "p2p B/step", options, os,
+    print_above_rest(head, {Align::left}, rows, comm_header, options, os,
                      plan.memory_bytes ? fits_header(*plan.memory_bytes, options) : "");
 }
 

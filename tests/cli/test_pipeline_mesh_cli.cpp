@@ -1,8 +1,8 @@
 // --mesh dp=D,pp=S --schedule through the binary: every emulated rank of dp=2,pp=2 (every
 // schedule) and of dp=2,pp=4 holds its predictions, group by group; the four real ranks
 // under mpirun do too, each replica's last stage reporting its own batch's loss; and what
-// is not built along dp (zero1/2/3, tp > 1 with pp), and a pipeline axis without a
-// schedule, are exit 2 in one line naming the flag.
+// is not built along dp (zero1/2/3), and a pipeline axis without a schedule, are exit 2 in
+// one line naming the flag (tp > 1 with pp: test_pipeline_tp_cli.cpp).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -113,9 +113,6 @@ TEST_F(PipelineMeshCli, WhatIsNotBuiltAlongDpIsRefusedNamingIt) {
       {"--schedule 1f1b --strategy ddp",
        "shardscope: error: --strategy and --schedule: a run is either data parallel or a pipeline, not both (with "
        "--mesh dp=D,pp=S both: --strategy ddp along dp)"},
-      {"--mesh tp=2,pp=2 --schedule 1f1b --emulate 4:0",
-       "shardscope: error: --mesh dp=1,tp=2,pp=2 and --schedule: tensor-parallel pipeline stages (tp > 1 with pp) are "
-       "not built yet; give tp=1"},
       {"--mesh dp=2,pp=2 --schedule 1f1b --ddp-bucket copy --emulate 4:0",
        "shardscope: error: --ddp-bucket is only valid with --strategy (data parallel)"},
   };
