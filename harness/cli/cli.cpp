@@ -319,8 +319,9 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
 }
 
 // --engine deepspeed's combinations (docs/cli.md): stage 3 is planned, not run; DeepSpeed has
-// no units, no checkpointed or accumulated step here, no DDP bucket copy, and its bucket must
-// hold the largest tensor (DeepSpeed's extra-large-parameter path is not built).
+// no units, no checkpointed step here, no DDP bucket copy, no no_sync under stages 2 and 3
+// (its engine asserts so), and its bucket must hold the largest tensor (DeepSpeed's
+// extra-large-parameter path is not built).
 void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const std::string& command) {
   if (effective_engine(c.engine, c.strategy, c.precision) != EngineKind::deepspeed) return;
   const std::string both = "--engine deepspeed and --strategy " + f.strategy;
@@ -329,9 +330,8 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
                      "zero1, zero2 (plan takes zero3)");
   if (app.count("--units") > 0)
     throw UsageError("--units and --engine deepspeed: DeepSpeed's ZeRO has no units (one flat group); drop --units");
-  if (c.accumulate > 1 || c.no_sync)
-    throw UsageError(std::string(c.no_sync ? "--no-sync" : "--accumulate " + f.accumulate) +
-                     " and --engine deepspeed: DeepSpeed's accumulation is not built yet; allowed with --engine torch");
+  // A plan lists its strategies: the forms skip each refused one with the reason.
+  if (command != "plan") refuse_deepspeed_no_sync(c);
   if (c.model.checkpoint.any())
     throw UsageError("--checkpoint " + f.checkpoint + " and --engine deepspeed: not built yet; give --checkpoint none");
   if (app.count("--ddp-bucket") > 0)

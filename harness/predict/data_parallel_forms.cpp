@@ -253,10 +253,12 @@ namespace {
 // or after the last only under --no-sync; zero1's broadcast follows the optimizer, once.
 // zero2/zero3's micro-steps differ (micro_steps.hpp: the walks take each); their
 // gathers and reduce-scatters repeat as gathers_per_step and reductions_per_step say.
+// DeepSpeed's forms count the whole step's (deepspeed_forms.hpp).
 std::vector<Prediction> group_ranks(const RunConfig& cfg, int world) {
   std::vector<Prediction> ranks = one_reduction_ranks(cfg, world);
-  const std::int64_t reductions = reductions_per_step(cfg);
-  const std::int64_t gathers = gathers_per_step(cfg);
+  const bool whole_step = effective_engine(cfg.engine, cfg.strategy, cfg.precision) == EngineKind::deepspeed;
+  const std::int64_t reductions = whole_step ? 1 : reductions_per_step(cfg);
+  const std::int64_t gathers = whole_step ? 1 : gathers_per_step(cfg);
   for (Prediction& p : ranks) {
     p.comm_bytes[static_cast<int>(CollKind::all_reduce)] *= reductions;
     p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)] *= reductions;

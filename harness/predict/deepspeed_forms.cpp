@@ -81,33 +81,46 @@ CategoryBytes bytes_of(i64 temp, i64 act, i64 grad_unsharded, i64 comm, i64 grad
   return b;
 }
 
-// The MLP's forward and backward (data_parallel_forms.cpp's walk, no gathered units): the
-// bucket Bk and stage 2's G from the backward's first block on; stage 1's autograd 4P held
-// from there, stage 2's each layer's own gradients during its backward.
-void mlp_walk(const ModelConfig& m, int stage, i64 Bk, i64 G, Best& best) {
+CategoryBytes operator+(CategoryBytes a, const CategoryBytes& b) {
+  for (int c = 0; c < kCategoryCount; ++c) a.bytes[c] += b.bytes[c];
+  return a;
+}
+
+// The MLP's forward and backward (data_parallel_forms.cpp's walk, no gathered units): `held`
+// beside every instant (what a micro-step after the first holds from its start: stage 1's
+// autograd 4P and bucket, stage 2's accumulated gradient); from the backward's first block
+// on the bucket Bk and stage 2's G, and stage 1's autograd 4P (unless held already), stage
+// 2's each layer's own gradients during its backward.
+void mlp_walk(const ModelConfig& m, int stage, i64 Bk, i64 G, const CategoryBytes& held, Best& best) {
   const int L = m.layers;
   const i64 a = m.activation_bytes(m.batch), X = a, t = m.loss == Loss::mse ? a : 0;
   const i64 k = (m.activation == Activation::relu || m.loss == Loss::mse) ? 1 : 0;
   auto where = [&](int layer) { return "unit " + std::to_string(stage == 1 ? 0 : layer); };
+  auto consider = [&](const CategoryBytes& b, Phase ph, const std::string& at) { best.consider(b + held, ph, at); };
   for (int i = 0; i < L; ++i) {
     const i64 unsaved = (i == L - 1 && k == 0) ? a : 0;
-    best.consider(bytes_of(X + t + unsaved, (i + 1) * a - unsaved, 0, 0, 0), Phase::forward, where(i));
+    consider(bytes_of(X + t + unsaved, (i + 1) * a - unsaved, 0, 0, 0), Phase::forward, where(i));
   }
   const i64 last_unsaved = k == 0 ? a : 0;
-  best.consider(bytes_of(X + t + last_unsaved + 4, (L - 1 + k) * a, 0, 0, 0), Phase::forward, where(L - 1));
-  best.consider(bytes_of(X + t + a, (L - 1 + k) * a, 0, 0, 0), Phase::backward, where(L - 1));
-  const i64 grads = stage == 1 ? 4 * m.params() : 4 * m.layer_elems();
+  consider(bytes_of(X + t + last_unsaved + 4, (L - 1 + k) * a, 0, 0, 0), Phase::forward, where(L - 1));
+  consider(bytes_of(X + t + a, (L - 1 + k) * a, 0, 0, 0), Phase::backward, where(L - 1));
+  const bool stage1_held = stage == 1 && held[Category::grad_unsharded] > 0;
+  const i64 grads = stage1_held ? 0 : stage == 1 ? 4 * m.params() : 4 * m.layer_elems();
+  const i64 bucket = stage1_held ? 0 : Bk;
   for (int j = L - 1; j >= 0; --j) {
     const i64 outs = j == L - 1 ? L - 1 + k : j + 1;
-    best.consider(bytes_of(X + t + a, outs * a, grads, Bk, G), Phase::backward, where(j));
-    if (j > 0) best.consider(bytes_of(X + t + 2 * a, outs * a, grads, Bk, G), Phase::backward, where(j));  // dx
+    consider(bytes_of(X + t + a, outs * a, grads, bucket, G), Phase::backward, where(j));
+    if (j > 0) consider(bytes_of(X + t + 2 * a, outs * a, grads, bucket, G), Phase::backward, where(j));  // dx
   }
 }
 
 // A transformer's: the torch engine's walk (transformer_step.hpp) over units holding nothing
 // gathered; the root unit's full gradient carries the bucket (and stage 2's G), moved to
-// their categories after.
-void transformer_walk(const RunConfig& cfg, int world, int stage, i64 Bk, i64 G, Best& best) {
+// their categories after. `later`: a micro-step after the first, whose instants are the
+// first's with stage 1's root gradient (autograd's 4P and the bucket) held from its start,
+// or stage 2's accumulated gradient G beside each (the walk's first maximum moves by a
+// constant: the same instant).
+void transformer_walk(const RunConfig& cfg, int world, int stage, i64 Bk, i64 G, bool later, Best& best) {
   const ModelConfig& m = cfg.model;
   const std::vector<Unit> units = fsdp_units(m, stage == 1 ? 0 : 1, world);
   StepUnits su;
@@ -117,6 +130,7 @@ void transformer_walk(const RunConfig& cfg, int world, int stage, i64 Bk, i64 G,
     su.top_block.push_back(u.last_block - 1);
   }
   su.grad_bytes[0] += Bk + G;
+  if (later && stage == 1) su.micro = {MicroStep{true, false}};
   const TransformerShape& t = m.transformer;
   StepTransient step = m.name == "gpt2" ? gpt2_step_transient(t, m.batch, su, m.checkpoint)
                                         : llama_step_transient(t, m.batch, su, m.checkpoint);
@@ -125,6 +139,7 @@ void transformer_walk(const RunConfig& cfg, int world, int stage, i64 Bk, i64 G,
     step.bytes[Category::comm] += Bk;
     step.bytes[Category::grad] += G;
   }
+  if (later && stage == 2) step.bytes[Category::grad] += G;
   best.consider(step.bytes, step.phase, step.where);
 }
 
@@ -136,6 +151,7 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // Bytes an element of the model's parameters and gradients: fp32's 4 or bf16's 2 (the
   // optimizer's copy of the partition and AdamW's state are fp32 under both).
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
+  refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
   if (cfg.strategy == StrategyKind::zero3) return stage3_model_states(tensors, world, lp);
   const std::vector<DsPartition> parts = ds_partitions(tensors, world);
   const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
@@ -154,6 +170,7 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
     return std::vector<Prediction>(static_cast<std::size_t>(world), p);
   }
   const i64 Bk = 4 * ds_bucket_elems(cfg.bucket_mb, P);
+  const i64 K = cfg.accumulate;
   SavedForm saved;
   if (m.is_transformer()) {
     saved = m.name == "gpt2" ? gpt2_saved_after_forward(m.transformer, m.batch, m.checkpoint)
@@ -171,20 +188,33 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
     p.resting[Category::param] = 4 * Ppad + 4 * s;
     p.resting[Category::optim] = 8 * s + 4;
     p.model_states = p.resting.total() + kept_grads;
-    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 4 * P;
+    // The buckets' all-reduce at every reduction (stage 1: the boundary's alone; stage 2:
+    // every micro-step's), the group's all-gather after the optimizer (the step multiplies
+    // nothing: deepspeed_forms.hpp).
+    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 4 * P * (stage == 1 ? 1 : K);
     p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 4 * Ppad;
-    // Forward and backward; stage 2 makes grads_in_partition with the bucket.
+    // Forward and backward; stage 2 makes grads_in_partition with the bucket. A later
+    // micro-step holds from its start stage 1's autograd gradients and bucket, or stage 2's
+    // accumulated gradient (the first micro-step's grads_in_partition).
     Best best;
     const i64 G_early = stage == 2 ? G : 0;
-    if (m.is_transformer())
-      transformer_walk(cfg, world, stage, Bk, G_early, best);
-    else
-      mlp_walk(m, stage, Bk, G_early, best);
-    // The reduction after the backward: stage 1 makes grads_in_partition at its first copy,
-    // then (both) the padding beside the bucket (and stage 1's gradients).
     const i64 autograd = stage == 1 ? 4 * P : 0;
+    for (int micro = 0; micro < (K > 1 ? 2 : 1); ++micro) {
+      const bool later = micro > 0;
+      if (m.is_transformer()) {
+        transformer_walk(cfg, world, stage, Bk, G_early, later, best);
+      } else {
+        const CategoryBytes held = !later ? CategoryBytes{} : stage == 1 ? bytes_of(0, 0, autograd, Bk, 0)
+                                                                          : bytes_of(0, 0, 0, 0, G);
+        mlp_walk(m, stage, Bk, G_early, held, best);
+      }
+    }
+    // The boundary's reduction after the backward: stage 1 makes grads_in_partition at its
+    // first copy, then (both) the padding beside the bucket (and stage 1's gradients, and
+    // after a first micro-step stage 2's accumulated gradient beside the new one).
+    const i64 G_acc = stage == 2 && K > 1 ? G : 0;
     if (stage == 1 && G > 0) best.consider(bytes_of(0, 0, autograd, Bk, G), Phase::communication, "-");
-    if (pad > 0) best.consider(bytes_of(0, 0, autograd, Bk, G + pad), Phase::communication, "-");
+    if (pad > 0) best.consider(bytes_of(0, 0, autograd, Bk, G_acc + G + pad), Phase::communication, "-");
     // The optimizer: the flattened partition gradient beside grads_in_partition and padding.
     best.consider(bytes_of(0, 0, 0, 0, G + pad + 4 * s), Phase::optimizer, "-");
     p.peak_known = true;

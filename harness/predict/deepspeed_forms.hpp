@@ -9,14 +9,20 @@
 //                         param 4 C + 4 C (the partitions and the optimizer's copy) plus
 //                         4 n_t of every persistent tensor (n_t ≤ 100,000, kept gathered),
 //                         grad 4 C, optim 8 C + 4 per sub-group (of 10^9 elements)
-//   traffic (1, 2)        all-reduce 4P (the buckets), all-gather 4 Ppad (the group after
-//                         the step)
+//   traffic (1, 2)        all-reduce 4P a reduction (the buckets: stage 1 reduces once a
+//                         step, at the accumulation boundary; stage 2 every micro-step, 4PK
+//                         under --accumulate K), all-gather 4 Ppad (the group after the
+//                         step, once)
 // The peak of stages 1 and 2: the torch engine's walk of the forward and backward (one root
 // unit holding autograd's 4P and the bucket from the backward's start for stage 1; one
 // unit a block, each its gradients during its backward, the root unit also the bucket and
 // stage 2's grads_in_partition), then the reduction's instant (stage 1: 4P + Bk + G_r +
 // pad_r; stage 2: Bk + G_r + pad_r) and the optimizer's (G_r + pad_r + 4 s). Stage 3's peak
 // is not predicted (peak_known false).
+// --accumulate K > 1: the first micro-step's walk, then a later one's: stage 1's with
+// autograd's 4P and Bk held from its start (reduced at the boundary alone), stage 2's with
+// the accumulated G_r beside every instant (its backward makes a new G_r); stage 2's
+// boundary reduction holds both (Bk + 2 G_r + pad_r).
 #pragma once
 
 #include <vector>

@@ -31,9 +31,11 @@ class DataParallelStrategy : public Strategy {
   virtual float backward_beta(int k) const { return k == 0 ? 0.0f : 1.0f; }
 
   // --accumulate: which micro-step runs (0 to K - 1), and whether it reduces the
-  // gradients (every micro-step, or only the last under --no-sync).
+  // gradients (every micro-step, or only the last under --no-sync; an engine may say
+  // otherwise: DeepSpeed's stage 1 reduces only at the accumulation boundary).
   int micro_step_index() const { return micro_; }
-  bool syncs() const { return !cfg_.no_sync || micro_ + 1 == cfg_.accumulate; }
+  bool last_micro_step() const { return micro_ + 1 == cfg_.accumulate; }
+  virtual bool syncs() const { return !cfg_.no_sync || last_micro_step(); }
 
   // HSDP: a gradient shard the shard group has reduced, averaged across the replicate
   // group in place (nothing without one); before it is added to what earlier micro-steps

@@ -113,20 +113,28 @@ void DeepSpeedZero::reduce_gradients() {
   if (stage_ == 1)
     for (int t = 0; t < model_->param_tensors(); ++t) add_to_bucket(t, autograd_.data() + model_->tensor_offset(t));
   reduce_bucket();
-  // The partition's averaged gradient is its slice of grads_in_partition and, past P, a
-  // zero tensor (made here, with the bucket and stage 1's gradients still held).
-  if (part_.pad() > 0) pad_ = zeros(Category::grad, static_cast<std::size_t>(part_.pad()));
+  // The epilogue: the first reduction's grads_in_partition is the accumulated gradient; a
+  // later micro-step's (stage 2) is added onto it, and freed at the epilogue's end.
+  if (!acc_)
+    acc_ = std::move(gip_);
+  else if (gip_)
+    backend_.add(acc_.data(), gip_.data(), static_cast<std::size_t>(part_.touching));
+  // At the boundary the partition's averaged gradient is its slice of the accumulated one
+  // and, past P, a zero tensor (made here, with the bucket, stage 1's gradients and this
+  // micro-step's grads_in_partition still held).
+  if (last_micro_step() && part_.pad() > 0) pad_ = zeros(Category::grad, static_cast<std::size_t>(part_.pad()));
   bucket_.reset();
   autograd_.reset();
+  gip_.reset();
 }
 
 void DeepSpeedZero::optimizer_step(int step) {
   const std::size_t s = static_cast<std::size_t>(part_.size), real = static_cast<std::size_t>(part_.real);
   // single_grad_partition: the averaged gradient flattened.
   Buffer g = backend_.alloc(Category::grad, s);
-  if (real > 0) backend_.copy(g.data(), gip_.data() + part_.offset, real);
+  if (real > 0) backend_.copy(g.data(), acc_.data() + part_.offset, real);
   if (s > real) backend_.copy(g.data() + real, pad_.data(), s - real);
-  gip_.reset();
+  acc_.reset();
   pad_.reset();
   last_grad_ = download(g);
   backend_.fill(adam_.step.data(), static_cast<float>(step), 1);

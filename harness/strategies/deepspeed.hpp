@@ -30,6 +30,20 @@
 //                     s), grads_in_partition and the padding freed, AdamW on the copy, the
 //                     gradient freed, the copy written back into the flat group and the
 //                     group all-gathered in place.
+// --accumulate K (DeepSpeed's engine: allreduce_gradients after every backward):
+//   stage 1           reduces only at the accumulation boundary (the last micro-step):
+//                     autograd's gradients add up in their flat buffer, which with the
+//                     bucket (made at the first backward's first hook, setup_buckets) stays
+//                     from the first micro-step's backward to the boundary's reduction.
+//                     --no-sync changes nothing: DeepSpeed's no_sync skips the reduction
+//                     stage 1 skips anyway before the boundary;
+//   stage 2           reduces in its hooks every micro-step (K all-reduces); the first
+//                     micro-step's grads_in_partition becomes the accumulated gradient (its
+//                     epilogue's all_grad_tensors, views of it) held to the optimizer; each
+//                     later micro-step's backward makes a new one beside it, added onto it
+//                     in the epilogue and freed there; the padding is made at the boundary
+//                     alone. --no-sync is refused (DeepSpeed's no_sync asserts against
+//                     ZeRO stage 2/3).
 #pragma once
 
 #include <vector>
@@ -54,6 +68,10 @@ class DeepSpeedZero : public UnitShardedStrategy {
   void reshard(int) override {}
   void begin_unit_gradient(int unit) override;
   void reduce_unit(int unit) override;
+  // Stage 1 reduces at the accumulation boundary only; stage 2 every micro-step.
+  bool syncs() const override { return stage_ == 2 || last_micro_step(); }
+  // Stage 1's autograd gradients add up across micro-steps; stage 2's are fresh each one.
+  float backward_beta(int k) const override { return stage_ == 1 && k > 0 ? 1.0f : 0.0f; }
 
  private:
   // BlockAccess
@@ -78,7 +96,8 @@ class DeepSpeedZero : public UnitShardedStrategy {
   Buffer bucket_;    // (cap) comm, during backward and its reduction
   Buffer autograd_;  // stage 1: (P) grad_unsharded
   std::vector<Buffer> unit_grad_;  // stage 2: each unit's (elems) grad_unsharded during its backward
-  Buffer gip_;       // (touching) grad: grads_in_partition
+  Buffer gip_;       // (touching) grad: this micro-step's grads_in_partition
+  Buffer acc_;       // (touching) grad: the accumulated one (the first micro-step's), to the optimizer
   Buffer pad_;       // (pad) grad: the partition's padding
   std::vector<std::pair<int, std::int64_t>> in_bucket_;  // (tensor, offset in the bucket)
   std::int64_t bucket_used_ = 0;

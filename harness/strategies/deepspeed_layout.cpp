@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "harness/predict/transformer_forms.hpp"
+#include "shardscope/check.hpp"
+#include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
 
@@ -58,6 +60,13 @@ std::vector<std::int64_t> model_tensor_elems(const ModelConfig& model) {
 std::int64_t ds_bucket_elems(double bucket_mb, std::int64_t params) {
   if (bucket_mb <= 0.0) return params;
   return static_cast<std::int64_t>(bucket_mb * 1024.0 * 1024.0 / 4.0);
+}
+
+void refuse_deepspeed_no_sync(const RunConfig& cfg) {
+  if (!cfg.no_sync || (cfg.strategy != StrategyKind::zero2 && cfg.strategy != StrategyKind::zero3)) return;
+  throw UsageError("--no-sync and --engine deepspeed and --strategy " + std::string(strategy_name(cfg.strategy)) +
+                   ": DeepSpeed's no_sync asserts it is incompatible with ZeRO stage 2/3 (they partition gradients as "
+                   "backward runs); allowed: --strategy zero1, or --accumulate without --no-sync");
 }
 
 }  // namespace shardscope

@@ -41,6 +41,10 @@ std::vector<DsPartition> ds_partitions(const std::vector<std::int64_t>& tensor_e
 // weight, bias, weight, ...; a transformer's transformer_tensor_sizes.
 std::vector<std::int64_t> model_tensor_elems(const ModelConfig& model);
 
+// DeepSpeed's engine.no_sync asserts it is incompatible with the stages that partition
+// gradients (2 and 3): --no-sync with them is a UsageError naming both; stage 1 takes it.
+void refuse_deepspeed_no_sync(const RunConfig& cfg);
+
 // The ipg bucket's elements under --bucket-mb (MiB of fp32 gradients): 0 means one bucket
 // of the model's P elements (DeepSpeed's default reduce_bucket_size, 5e8 elements, holds
 // every model this tool trains whole).

@@ -1,6 +1,6 @@
 // --engine deepspeed through the binary: a run's record says deepspeed and holds its
 // predictions on every rank (emulated at W = 3 and under mpirun at W = 2; the MLP, GPT-2 and
-// Llama), the table labels the engine; every combination it does not take is exit 2 with
+// Llama; --accumulate), the table labels the engine; every combination it does not take is exit 2 with
 // one line naming it; plan prints stage 3's model states and says why it has no peak.
 #include <gtest/gtest.h>
 
@@ -61,7 +61,8 @@ TEST_F(DeepSpeedCli, UnderMpirunBothRanksHoldTheirPredictions) {
   const struct {
     const char* model;
     const char* strategy;
-  } cases[] = {{kMlp, "zero1"}, {kMlp, "zero2"}, {kGpt2, "zero2"}, {kLlama, "zero1"}};
+  } cases[] = {{kMlp, "zero1"},  {kMlp, "zero2"},  {kGpt2, "zero2"}, {kLlama, "zero1"},
+               {kMlp, "zero2 --accumulate 2"}, {kGpt2, "zero1 --accumulate 3 --no-sync"}};
   for (const auto& c : cases) {
     const int rc = shell("cd '" + dir_ + "' && timeout -k 5 120 mpirun --oversubscribe -np 2 '" + bin_ +
                          "' run --backend cpu --comm mpi " + c.model + "--steps 2 --engine deepspeed --strategy " +
@@ -83,12 +84,10 @@ TEST_F(DeepSpeedCli, CombinationsItDoesNotTakeAreExitTwo) {
   } cases[] = {
       {"--engine deepspeed --strategy zero2 --units 2",
        "shardscope: error: --units and --engine deepspeed: DeepSpeed's ZeRO has no units (one flat group); drop --units"},
-      {"--engine deepspeed --strategy zero1 --accumulate 2",
-       "shardscope: error: --accumulate 2 and --engine deepspeed: DeepSpeed's accumulation is not built yet; allowed "
-       "with --engine torch"},
-      {"--engine deepspeed --strategy zero1 --no-sync",
-       "shardscope: error: --no-sync and --engine deepspeed: DeepSpeed's accumulation is not built yet; allowed with "
-       "--engine torch"},
+      {"--engine deepspeed --strategy zero2 --accumulate 2 --no-sync",
+       "shardscope: error: --no-sync and --engine deepspeed and --strategy zero2: DeepSpeed's no_sync asserts it is "
+       "incompatible with ZeRO stage 2/3 (they partition gradients as backward runs); allowed: --strategy zero1, or "
+       "--accumulate without --no-sync"},
       {"--engine deepspeed --strategy zero2 --checkpoint full",
        "shardscope: error: --checkpoint full and --engine deepspeed: not built yet; give --checkpoint none"},
       {"--engine deepspeed --strategy zero1 --ddp-bucket copy",
@@ -110,6 +109,34 @@ TEST_F(DeepSpeedCli, CombinationsItDoesNotTakeAreExitTwo) {
                   "--steps 1 --engine deepspeed --strategy ddp --ddp-bucket copy > /dev/null 2> err.txt"),
             0)
       << first_line(dir_ + "/err.txt");
+}
+
+// --accumulate 3 through the binary, emulated at W = 3: stage 2 all-reduces its buckets every
+// micro-step (3 × 4P), stage 1 once at the boundary, with or without --no-sync (the same
+// record); every rank holds its predictions. plan skips zero2 under --no-sync with the reason.
+TEST_F(DeepSpeedCli, AccumulationOnEveryEmulatedRank) {
+  const long long P = 4 * (37 * 37 + 37);  // kMlp: 5,624 parameters, one bucket
+  for (const char* flags : {"--strategy zero1 --accumulate 3", "--strategy zero1 --accumulate 3 --no-sync",
+                            "--strategy zero2 --accumulate 3"})
+    for (int r = 0; r < 3; ++r) {
+      const std::string all = std::string(kMlp) + "--steps 2 --engine deepspeed " + flags + " --emulate 3:" +
+                              std::to_string(r);
+      const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + all +
+                           " --json r.json > out.txt 2> err.txt");
+      ASSERT_EQ(rc, 0) << all << ": " << first_line(dir_ + "/err.txt");
+      const json rank = json::parse(read("r.json"))["runs"][0]["ranks"][0];
+      expect_predicted(rank, all);
+      const bool stage2 = std::string(flags).find("zero2") != std::string::npos;
+      EXPECT_EQ(rank["comm"]["all_reduce"]["bytes"].get<long long>(), 4 * P * (stage2 ? 3 : 1)) << all;
+      EXPECT_EQ(rank["comm"]["all_reduce"]["calls"].get<long long>(), stage2 ? 3 : 1) << all;
+    }
+  const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan " + kMlp +
+                       "--engine deepspeed --strategies zero1,zero2 --worlds 3 --accumulate 2 --no-sync "
+                       "> out.txt 2> err.txt");
+  ASSERT_EQ(rc, 0) << first_line(dir_ + "/err.txt");
+  EXPECT_NE(read("out.txt").find("DeepSpeed's no_sync asserts it is incompatible with ZeRO stage 2/3"),
+            std::string::npos)
+      << read("out.txt");
 }
 
 TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndNoPeak) {

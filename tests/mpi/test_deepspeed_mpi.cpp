@@ -2,7 +2,7 @@
 // ctest): DeepSpeed's ZeRO stages 1 and 2 train like one rank on the concatenated batch
 // (parameters, the last step's averaged gradients and AdamW's state), their bytes equal the
 // closed forms (harness/predict/deepspeed_forms.hpp), and an emulated rank's bytes equal the
-// real rank's. The MLP, GPT-2 and Llama; one bucket and several.
+// real rank's. The MLP, GPT-2 and Llama; one bucket and several; --accumulate K.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -17,14 +17,16 @@ namespace {
 using testing::any_nonzero;
 using testing::worst_violation;
 
-void check_against_one_rank(const RunConfig& cfg, double params_abs) {
+// `whole`: the one-rank training it equals (cfg itself, or under --accumulate K the
+// K-fold batch in one micro-step).
+void check_against_one_rank(const RunConfig& cfg, double params_abs, const RunConfig& whole) {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   CpuBackend backend;
   auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
   const auto r = testing::run_dp(cfg, backend, *comm, true);
-  const HostState ref = testing::reference_training(cfg, world);
+  const HostState ref = testing::reference_training(whole, world);
   ASSERT_TRUE(any_nonzero(ref.grads));
   ASSERT_TRUE(any_nonzero(r.state.grads));
   ASSERT_TRUE(any_nonzero(r.state.exp_avg));
@@ -55,6 +57,8 @@ void check_against_one_rank(const RunConfig& cfg, double params_abs) {
   EXPECT_EQ(e.peak.by_category, r.peak.by_category);
 }
 
+void check_against_one_rank(const RunConfig& cfg, double params_abs) { check_against_one_rank(cfg, params_abs, cfg); }
+
 RunConfig ds_config(const ModelConfig& m, const char* strategy, double bucket_mb) {
   RunConfig cfg;
   cfg.model = m;
@@ -74,6 +78,31 @@ TEST(DeepSpeedMpi, MlpTrainsLikeOneRankAndMatchesTheClosedForms) {
       SCOPED_TRACE(std::string(strategy) + " bucket " + std::to_string(bucket));
       check_against_one_rank(ds_config(m, strategy, bucket), 1e-7);
     }
+}
+
+// --accumulate K: stage 1 reducing at the boundary alone (with and without --no-sync),
+// stage 2 every micro-step, both train like one rank on the ranks' K-fold batches (the loss
+// a mean: the K-fold batch's gradient is the mean of the micro-steps').
+TEST(DeepSpeedMpi, AccumulationTrainsLikeOneStepOnTheKFoldBatch) {
+  const ModelConfig m = testing::model_of(4, 37, 3, Activation::relu, Loss::mse);
+  const struct {
+    const char* strategy;
+    bool no_sync;
+  } cases[] = {{"zero1", false}, {"zero1", true}, {"zero2", false}};
+  for (const auto& c : cases)
+    for (int k : {2, 3})
+      for (double bucket : {0.0, 0.006}) {
+        SCOPED_TRACE(std::string(c.strategy) + (c.no_sync ? " no-sync" : "") + " K=" + std::to_string(k) +
+                     " bucket " + std::to_string(bucket));
+        RunConfig cfg = ds_config(m, c.strategy, bucket);
+        cfg.accumulate = k;
+        cfg.no_sync = c.no_sync;
+        RunConfig whole = cfg;
+        whole.model.batch = k * m.batch;
+        whole.accumulate = 1;
+        whole.no_sync = false;
+        check_against_one_rank(cfg, 1e-7, whole);
+      }
 }
 
 TEST(DeepSpeedMpi, TransformersTrainLikeOneRank) {
