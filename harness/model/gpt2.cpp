@@ -293,27 +293,29 @@ class TransformerBlock final : public SequenceBlock {
   // B: dx through the same ops as backward, without the weights' gradients. What W
   // reads stays: every Linear's saved input, each norm's saved input, mean, rstd and
   // weight reference, and the output gradients (Kept). GELU's and the attention's saves
-  // go as backward lets them go; each Linear's weight reference goes with its dx.
+  // go as backward lets them go; each Linear's weight reference goes with its dx. Under
+  // tensor parallelism B all-reduces c_fc's and c_attn's input gradients, as backward
+  // does; W needs no communication.
   Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape& tape) override {
-    SHARDSCOPE_REQUIRE(tp_.size == 1, "gpt2: the zero-bubble split of a tensor-parallel block is not built");
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
-    const int hs = s_.hidden, fs = s_.ffn;
+    const i64 n = tokens(c.rows), h = s_.hidden, hl = hl_, f = fl_;
+    const int hs = s_.hidden;
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
     std::vector<Buffer>& held = tape.held;
     held.resize(kKept);
     if (free_output) out.reset();
 
-    // mlp c_proj, GELU, c_fc
+    // mlp c_proj, GELU, c_fc (under tp its input gradient all-reduced in place, as backward's)
     held[kDfc] = temp(n * f);
-    linear_input_grad(be, held[kDfc].data(), dy.data(), param(kMlpProjW), n, fs, hs);
+    linear_input_grad(be, held[kDfc].data(), dy.data(), param(kMlpProjW), n, fl_, hs);
     c.saved.release(mlp_proj_weight_());
     be.gelu_tanh_backward(held[kDfc].data(), held[kDfc].data(), held[kFc].data(), floats(n * f));
     drop_saved(c.saved, held[kFc]);
     held[kDln2] = temp(n * h);
-    linear_input_grad(be, held[kDln2].data(), held[kDfc].data(), param(kFcW), n, hs, fs);
+    linear_input_grad(be, held[kDln2].data(), held[kDfc].data(), param(kFcW), n, hs, fl_);
+    column_parallel_input_grad(c, held[kDln2]);
     c.saved.release(fc_weight_());
 
     // ln_2, then the residual
@@ -324,13 +326,14 @@ class TransformerBlock final : public SequenceBlock {
     held[kDy] = std::move(dy);
 
     // attention's c_proj, the attention, c_attn
-    Buffer dattn = temp(n * h);
-    linear_input_grad(be, dattn.data(), held[kDmid].data(), param(kProjW), n, hs, hs);
+    Buffer dattn = temp(n * hl);
+    linear_input_grad(be, dattn.data(), held[kDmid].data(), param(kProjW), n, hl_, hs);
     c.saved.release(proj_weight_());
     held[kDqkv] = s_.attention == AttentionMode::flash ? flash_backward(c, dattn, held, /*keep_out*/ true)
                                                        : math_backward(c, dattn, held, /*keep_out*/ true);
     held[kDln1] = temp(n * h);
-    linear_input_grad(be, held[kDln1].data(), held[kDqkv].data(), param(kAttnW), n, hs, 3 * hs);
+    linear_input_grad(be, held[kDln1].data(), held[kDqkv].data(), param(kAttnW), n, hs, 3 * hl_);
+    column_parallel_input_grad(c, held[kDln1]);
     c.saved.release(attn_weight_());
 
     // ln_1, then the residual
@@ -349,7 +352,7 @@ class TransformerBlock final : public SequenceBlock {
   void backward_weight(const BlockCall& c, const float* x, float beta, BlockTape& tape) override {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows);
-    const int hs = s_.hidden, fs = s_.ffn;
+    const int hs = s_.hidden, fs = fl_, hls = hl_;  // the rank's f/T and h/T under tp
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto grad = [&](int t) { return c.access.grad(c.index, t); };
     std::vector<Buffer>& held = tape.held;
@@ -367,10 +370,10 @@ class TransformerBlock final : public SequenceBlock {
     drop(kXmid);
     drop(kMean2);
     drop(kRstd2);
-    linear_weight_grad(be, grad(kProjW), grad(kProjB), held[kDmid].data(), held[kAttnOut].data(), n, hs, hs, beta);
+    linear_weight_grad(be, grad(kProjW), grad(kProjB), held[kDmid].data(), held[kAttnOut].data(), n, hls, hs, beta);
     held[kDmid].reset();
     drop(kAttnOut);  // c_proj's save of y
-    linear_weight_grad(be, grad(kAttnW), grad(kAttnB), held[kDqkv].data(), held[kLn1].data(), n, hs, 3 * hs, beta);
+    linear_weight_grad(be, grad(kAttnW), grad(kAttnB), held[kDqkv].data(), held[kLn1].data(), n, hs, 3 * hls, beta);
     held[kDqkv].reset();
     drop(kLn1);
     layer_norm_weight_grad(be, grad(kLn1W), grad(kLn1B), held[kDln1].data(), x, held[kMean1].data(),

@@ -341,10 +341,10 @@ class DecoderLayer final : public SequenceBlock {
   // reads stays: every Linear's saved input, each norm's saved input, rstd and weight
   // reference, and the output gradients (Kept). SiLU's, the product's and the
   // attention's saves go as backward lets them go; each Linear's weight reference goes
-  // with its dx.
+  // with its dx. Under tensor parallelism B all-reduces the input gradients of gate and
+  // up and of q, k and v, as backward does; W needs no communication.
   Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape& tape) override {
-    SHARDSCOPE_REQUIRE(tp_.size == 1, "llama: the zero-bubble split of a tensor-parallel layer is not built");
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), h = s_.hidden, f = fl_;
     const int hs = s_.hidden, fs = fl_, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
@@ -371,6 +371,7 @@ class DecoderLayer final : public SequenceBlock {
     held[kDy2] = temp(n * h);
     linear_input_grad(be, held[kDy2].data(), dp.data(), param(t_.gateW), n, hs, fs);
     linear_input_grad(be, held[kDy2].data(), held[kDup].data(), param(t_.upW), n, hs, fs, 1.0f);
+    column_parallel_input_grad(c, tp_, held[kDy2], kFamily);
     c.saved.release(gate_ref_());
     c.saved.release(up_ref_());
 
@@ -396,6 +397,7 @@ class DecoderLayer final : public SequenceBlock {
     linear_input_grad(be, held[kDy1].data(), dq, param(t_.qW), n, hs, q);
     linear_input_grad(be, held[kDy1].data(), dk, param(t_.kW), n, hs, kv, 1.0f);
     linear_input_grad(be, held[kDy1].data(), dv, param(t_.vW), n, hs, kv, 1.0f);
+    column_parallel_input_grad(c, tp_, held[kDy1], kFamily);
     for (const WeightRef* ref : {&q_ref_, &k_ref_, &v_ref_}) c.saved.release((*ref)());
 
     // input_layernorm, then the residual

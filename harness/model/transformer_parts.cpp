@@ -451,13 +451,13 @@ Buffer FinalNormHead::backward(const BlockCall& c, const float* x, Buffer& out, 
 
 Buffer FinalNormHead::backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx,
                                      bool free_output, BlockTape& tape) {
-  SHARDSCOPE_REQUIRE(tp_.size == 1, "the zero-bubble split of a tensor-parallel head is not built");
   Backend& be = c.backend;
   const i64 n = tokens(c.rows);
   std::vector<Buffer>& held = tape.held;
   if (free_output) out.reset();
   Buffer dnorm = be.alloc(Category::temp, floats(n * s_.hidden));
   head_input_grad(be, dnorm.data(), dy.data(), head_weight(c), n, s_.hidden, vocab_);
+  if (tp_.size > 1) tp_group(c, "the vocabulary-parallel head").all_reduce_sum(dnorm.data(), dnorm.count());
   c.saved.release(head_key(c));
   Buffer dx;
   if (needs_dx) {

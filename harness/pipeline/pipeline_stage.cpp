@@ -43,11 +43,6 @@ void check_pipeline_tensor_parallel(const ModelConfig& model, ScheduleKind sched
   if (tp == 1) return;
   check_tensor_parallel(model, tp);
   const std::string mesh = "--mesh tp=" + str(tp) + " and --schedule " + std::string(schedule_name(schedule));
-  // The zero-bubble schedules run each block's backward in two halves (B, then W); a
-  // tensor-parallel transformer block's halves are not built (the MLP's Linears are).
-  if (model.is_transformer() && (schedule == ScheduleKind::zb_h1 || schedule == ScheduleKind::zbv))
-    throw UsageError(mesh + ": the zero-bubble split of a tensor-parallel transformer block is not built yet; "
-                     "allowed: gpipe, 1f1b, interleaved-1f1b");
   // The MLP's Linears alternate column- and row-parallel: a stage cut after a row Linear
   // sends the whole (rows, width) activation, as Megatron cuts between its MLPs.
   if (!model.is_transformer())

@@ -56,9 +56,8 @@ int pipeline_layers(const ModelConfig& model);
 std::vector<int> block_bounds(const ModelConfig& model, const std::vector<int>& split);
 
 // What --mesh tp=T > 1 asks of a pipeline's stages (UsageError naming the flags): the
-// model splits into T (check_tensor_parallel), the schedule's backward is whole for a
-// transformer (no zero-bubble split), and each of the MLP's virtual stages holds column-
-// and row-parallel pairs.
+// model splits into T (check_tensor_parallel), and each of the MLP's virtual stages holds
+// column- and row-parallel pairs.
 void check_pipeline_tensor_parallel(const ModelConfig& model, ScheduleKind schedule, const std::vector<int>& split,
                                     int tp);
 

@@ -137,63 +137,66 @@ PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace&
   // the final block: ln_f's input, mean, rstd, weight and output, and the head's weight.
   const int block = shape.attention == AttentionMode::flash ? 20 : 21;
   PieceForms p = transformer_piece(gpt2_blocks(shape, rows, false, tp), {2, block, 6}, place);
-  // Between B and W (zb-h1). A block keeps saved its input x, ln_1's and ln_2's mean,
-  // rstd and output, y, x_mid and GELU's output (5a + 16N + F, in 12 saves with the two
-  // norms' weights), and as temp its output gradients: c_fc's (F), ln_2's, c_proj's
-  // (dx_mid) and ln_1's (a each), dqkv (3a), and its dy (a: the block above's dx; the
+  // Between B and W (zb-h1, zbv). A block keeps saved its input x, ln_1's and ln_2's mean,
+  // rstd and output, y, x_mid and GELU's output (4a + q + 16N + F, in 12 saves with the
+  // two norms' weights), and as temp its output gradients: c_fc's (F), ln_2's, c_proj's
+  // (dx_mid) and ln_1's (a each), dqkv (3q), and its dy (a: the block above's dx; the
   // top block's on a piece other than the last is the received gradient, comm). The
   // embeddings keep arange (8T; the ids, 8N, saved too) and their dy (a); the final
   // block its input, ln_f's mean, rstd and output (2a + 8N, 5 saves) and dlogits and
-  // d ln_f (Λ + a).
-  const TokenSizes z = token_sizes(shape, rows);
-  const std::int64_t n = place.blocks, a = z.a, N = z.N;
+  // d ln_f (Λ + a). Under tensor parallelism q, F, A and Λ are the rank's (sizes at tp:
+  // q = a/T, the attention's tensors; a whole); with one rank q = a.
+  const Sizes z = sizes(shape, rows, tp);
+  const std::int64_t n = place.blocks, a = z.a, q = z.q, N = z.N;
   // zbv's V bottom: a piece whose input is the previous chunk's output on this stage does
   // not own its first block's x (that chunk's temp), though it saves it; and its top
   // block's dy is that chunk's dx (temp), not a received gradient.
   const std::int64_t local_in = !place.first && !place.recv_act ? a : 0;
   const bool dy_received = !place.last && place.send_act;
-  p.half_act = n * (5 * a + 16 * N + z.F) + (place.first ? 8 * z.T : 0) + (place.last ? 2 * a + 8 * N : 0) - local_in;
-  p.half_temp = n * (6 * a + z.F) + (n - (place.last ? 0 : 1)) * a + (place.first ? a : 0) +
+  p.half_act =
+      n * (4 * a + q + 16 * N + z.F) + (place.first ? 8 * z.T : 0) + (place.last ? 2 * a + 8 * N : 0) - local_in;
+  p.half_temp = n * (3 * a + 3 * q + z.F) + (n - (place.last ? 0 : 1)) * a + (place.first ? a : 0) +
                 (place.last ? z.lambda + a : 0);
   p.half_comm = dy_received ? a : 0;
   p.half_temp += !place.last && !dy_received ? a : 0;
   p.half_saves = 12 * n + (place.first ? 2 : 0) + (place.last ? 5 : 0);
   p.half_saved_bytes = p.half_act + local_in + (place.first ? 8 * N : 0);
   // B's instants. The last piece: dlogits (Λ, the log-probabilities and total_weight then
-  // freed), d ln_f (a), ln_f's dx (a, the top block's dy) with the norm's scratch (2h
-  // floats, 8h). Each block from (act, temp): d gelu (F), GELU's input freed, d ln_2 out
-  // (a), d x_mid (a) with the scratch, d y (a); the attention (flash: dqkv 3a beside d y,
-  // then qkv and lse freed, R = 3a + A; math: its buffers as the whole backward's, y kept,
-  // R = 2a + v + A); d ln_1 out (a), dx (a) with the scratch. A block ends F + R lower in
-  // activation and F + 7a higher in temp than it began: each instant is linear in the
-  // block's depth, so the top and the bottom block bound them.
-  const Sizes zs = sizes(shape, rows);
-  const std::int64_t F = z.F, A = z.A, V = zs.v, s8 = 8 * static_cast<std::int64_t>(shape.hidden);
+  // freed), d ln_f (a; all-reduced in place under tp), ln_f's dx (a, the top block's dy)
+  // with the norm's scratch (2h floats, 8h). Each block from (act, temp): d gelu (F),
+  // GELU's input freed, d ln_2 out (a), d x_mid (a) with the scratch, d y (q); the
+  // attention (flash: dqkv 3q beside d y, then qkv and lse freed, R = 3q + A; math: its
+  // buffers as the whole backward's, y kept, R = 2q + v + A); d ln_1 out (a), dx (a)
+  // with the scratch. A block ends F + R lower in activation and F + 4a + 3q higher in
+  // temp than it began: each instant is linear in the block's depth, so the top and the
+  // bottom block bound them.
+  const std::int64_t F = z.F, A = z.A, V = z.v, s8 = 8 * static_cast<std::int64_t>(shape.hidden);
   const bool flash = shape.attention == AttentionMode::flash;
   std::vector<PieceMoment>& m = p.split_backward;
   std::int64_t act = 0, temp = 0;
   if (place.last) push_head_split_backward(m, z.lambda, a, s8, act, temp);
-  const std::int64_t R = flash ? 3 * a + A : 2 * a + V + A;
+  const std::int64_t R = flash ? 3 * q + A : 2 * q + V + A;
   auto one_block = [&](std::int64_t x, std::int64_t t) {
+    const std::int64_t t2 = t + F + 2 * a;  // d gelu, d ln_2 out and d x_mid kept
     m.push_back({x, t + F, true});
     m.push_back({x - F, t + F + a, true});
-    m.push_back({x - F, t + F + 2 * a + s8, true});
-    m.push_back({x - F, t + F + 3 * a, true});
+    m.push_back({x - F, t2 + s8, true});
+    m.push_back({x - F, t2 + q, true});
     if (flash) {
-      m.push_back({x - F, t + F + 6 * a, true});
+      m.push_back({x - F, t2 + 4 * q, true});
     } else {
-      m.push_back({x - F, t + F + 4 * a, true});
-      m.push_back({x - F, t + F + 3 * a + A, true});
-      m.push_back({x - F, t + F + 4 * a + A, true});
-      m.push_back({x - F - V - A, t + F + 4 * a + A, true});
-      m.push_back({x - F - V - A, t + F + 5 * a + A, true});
-      m.push_back({x - F - V - A - 2 * a, t + F + 8 * a, true});
+      m.push_back({x - F, t2 + 2 * q, true});
+      m.push_back({x - F, t2 + q + A, true});
+      m.push_back({x - F, t2 + 2 * q + A, true});
+      m.push_back({x - F - V - A, t2 + 2 * q + A, true});
+      m.push_back({x - F - V - A, t2 + 3 * q + A, true});
+      m.push_back({x - F - V - A - 2 * q, t2 + 6 * q, true});
     }
-    m.push_back({x - F - R, t + F + 6 * a, true});
-    m.push_back({x - F - R, t + F + 7 * a + s8, true});
+    m.push_back({x - F - R, t2 + 3 * q + a, true});
+    m.push_back({x - F - R, t2 + 3 * q + 2 * a + s8, true});
   };
   one_block(act, temp);
-  if (n > 1) one_block(act - (n - 1) * (F + R), temp + (n - 1) * (F + 7 * a));
+  if (n > 1) one_block(act - (n - 1) * (F + R), temp + (n - 1) * (F + 4 * a + 3 * q));
   // A piece other than the last frees its output as its top block starts (held as temp
   // when the next chunk is on this stage).
   if (!place.last)

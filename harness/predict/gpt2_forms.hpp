@@ -54,9 +54,8 @@ StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, cons
 // the end of F adds its unsaved output a, or on the last piece the logits Λ and the loss
 // scalar 4 (temp); B's instants are the loss's and the final block's (last piece) and the
 // top transformer block's gradient buffers, each lower block holding K less.
-// tp > 1: a tensor-parallel rank's piece (the blocks' figures at tp; the boundary a
-// whole). Its zero-bubble halves are the one-rank model's: a tensor-parallel pipeline
-// runs no split backward (check_pipeline_tensor_parallel).
+// tp > 1: a tensor-parallel rank's piece (the blocks' figures at tp, the zero-bubble
+// halves' too; the boundary a whole).
 PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp = 1);
 
 }  // namespace shardscope

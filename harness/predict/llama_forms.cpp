@@ -149,7 +149,7 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
   // the head's weight.
   const int layer = shape.attention == AttentionMode::flash ? 28 : 27;
   PieceForms p = transformer_piece(llama_blocks(shape, rows, false, tp), {1, layer, 5}, place);
-  // Between B and W (zb-h1). A layer keeps saved its input x, both norms' rstd and
+  // Between B and W (zb-h1, zbv). A layer keeps saved its input x, both norms' rstd and
   // output, o_proj's input (Q = 4N·H·d), x_mid and the product (4a + 8N + Q + F, in 13
   // saves: the input norm's output thrice, the other's twice, the two norms' weights),
   // and as temp its output gradients: gate's and up's (F each), the post-attention
@@ -158,9 +158,10 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
   // is the received gradient, comm). The embedding keeps its dy (a; the ids, 8N, stay
   // saved); the final block its input, rstd and the norm's output (2a + 4N, 4 saves) and
   // dlogits and the norm's gradient (Λ + a).
-  const TokenSizes z = token_sizes(shape, rows);
+  // Under tensor parallelism Q, C (KV), F, A and Λ are the rank's (sizes at tp), a whole.
+  const Sizes z = sizes(shape, rows, tp);
   const std::int64_t n = place.blocks, a = z.a, N = z.N;
-  const std::int64_t Q = 4 * N * shape.heads * shape.head_dim, KV = 4 * N * shape.kv_heads * shape.head_dim;
+  const std::int64_t Q = z.Q, KV = z.C;
   // zbv's V bottom: a piece whose input is the previous chunk's output on this stage does
   // not own its first block's x (that chunk's temp), though it saves it; and its top
   // block's dy is that chunk's dx (temp), not a received gradient.
@@ -182,8 +183,7 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
   // A); d y1 (a), dx (a) with the scratch. A layer ends 3F + R lower in activation and
   // 2F + 4a + Q + 2C higher in temp than it began: the top and the bottom layer bound
   // every instant.
-  const Sizes zs = sizes(shape, rows);
-  const std::int64_t F = z.F, A = z.A, C = zs.C, s4 = 4 * static_cast<std::int64_t>(shape.hidden);
+  const std::int64_t F = z.F, A = z.A, C = z.C, s4 = 4 * static_cast<std::int64_t>(shape.hidden);
   const bool flash = shape.attention == AttentionMode::flash;
   std::vector<PieceMoment>& m = p.split_backward;
   std::int64_t act = 0, temp = 0;

@@ -42,9 +42,8 @@ StepTransient llama_step_transient(const TransformerShape& shape, int batch, con
 // One micro-batch of `rows` sequences through a pipeline piece of Llama
 // (transformer_piece.hpp): place.blocks decoder layers, with the embedding when first and
 // the final norm, the head and the loss when last.
-// tp > 1: a tensor-parallel rank's piece (the blocks' figures at tp; the boundary a
-// whole). Its zero-bubble halves are the one-rank model's: a tensor-parallel pipeline
-// runs no split backward (check_pipeline_tensor_parallel).
+// tp > 1: a tensor-parallel rank's piece (the blocks' figures at tp, the zero-bubble
+// halves' too; the boundary a whole).
 PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp = 1);
 
 }  // namespace shardscope

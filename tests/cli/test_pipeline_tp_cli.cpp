@@ -1,5 +1,5 @@
 // --mesh dp=D,tp=T,pp=S --schedule through the binary: every emulated rank of
-// dp=2,tp=2,pp=2 (GPT-2, Llama and the MLP; 1f1b, gpipe, interleaved-1f1b) holds its
+// dp=2,tp=2,pp=2 (GPT-2, Llama and the MLP; 1f1b, gpipe, interleaved-1f1b, zb-h1, zbv) holds its
 // predictions, group by group; under mpirun the four ranks of dp=1,tp=2,pp=2 do too and
 // the last stage's losses equal the unsplit pipeline's (tp = 1) within fp32's tolerance;
 // plan --mesh with tp gives one row per stage holding its D·T ranks, each measured by its
@@ -68,7 +68,9 @@ TEST_F(PipelineTpCli, EveryEmulatedRankHoldsItsPredictionsGroupByGroup) {
                         {kMlp, "1f1b --microbatches 3"},
                         {kGpt2, "gpipe --microbatches 2"},
                         {kLlama, "interleaved-1f1b --chunks 2 --microbatches 2"},
-                        {kMlp, "zbv --microbatches 3"}};
+                        {kMlp, "zbv --microbatches 3"},
+                        {kGpt2, "zbv --microbatches 3"},
+                        {kLlama, "zb-h1 --microbatches 3"}};
   for (const Case& c : cases)
     for (int r = 0; r < 8; ++r) {
       const std::string flags = std::string("--mesh dp=2,tp=2,pp=2 --schedule ") + c.schedule + " --emulate 8:" +
@@ -180,9 +182,6 @@ TEST_F(PipelineTpCli, WhatIsNotBuiltIsRefusedNamingIt) {
     std::string flags;
     std::string line;
   } cases[] = {
-      {std::string(kGpt2) + "--mesh tp=2,pp=2 --schedule zb-h1 --emulate 4:0",
-       "shardscope: error: --mesh tp=2 and --schedule zb-h1: the zero-bubble split of a tensor-parallel transformer "
-       "block is not built yet; allowed: gpipe, 1f1b, interleaved-1f1b"},
       {std::string(kMlp) + "--mesh tp=2,pp=2 --schedule 1f1b --split 3,5 --emulate 4:0",
        "shardscope: error: --mesh tp=2 and --schedule 1f1b: virtual stage 0 holds 3 layers; with tp > 1 every "
        "virtual stage of the MLP holds an even number (column- and row-parallel pairs; give --split or --layers)"},

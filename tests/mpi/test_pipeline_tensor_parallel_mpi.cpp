@@ -1,7 +1,7 @@
 // Tensor-parallel pipeline stages over MPI (--mesh dp=1,tp=2,pp=W/2 --schedule) at the
 // world this binary was started with (W = 2 and 4 from ctest; W = 3 has no tp of 2): GPT-2
-// (flash), Llama (math, grouped-query, untied head) and the MLP, gpipe, 1f1b and
-// interleaved-1f1b, train like one rank of the whole model: the last stage's loss each
+// (flash), Llama (math, grouped-query, untied head) and the MLP, gpipe, 1f1b,
+// interleaved-1f1b, zb-h1 and zbv, train like one rank of the whole model: the last stage's loss each
 // step equals the one-rank model's within fp32's tolerance, and each stage's tp slice of
 // the parameters, gradients and AdamW state (and a tied copy's) the one-rank model's
 // elements; its bytes equal the closed forms, each group's ledger the forms' bytes, and
@@ -62,7 +62,7 @@ TEST(PipelineTensorParallelMpi, StagesSplitAlongTpTrainLikeOneRank) {
     std::string schedule;
     int chunks;
   };
-  const std::vector<Case> cases = {{"gpipe", 1}, {"1f1b", 1}, {"interleaved-1f1b", 2}};
+  const std::vector<Case> cases = {{"gpipe", 1}, {"1f1b", 1}, {"interleaved-1f1b", 2}, {"zb-h1", 1}, {"zbv", 2}};
   ModelConfig llama = testing::llama_of(4, 16, 4, 2, 24, 24, 4, 4, AttentionMode::math, false);
   llama.transformer.qkv_bias = true;
   const std::vector<ModelConfig> models = {testing::gpt2_of(4, 16, 4, 24, 4, 4, AttentionMode::flash), llama,
