@@ -315,19 +315,22 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
       throw UsageError("--chunks: applies to interleaved-1f1b runs only; add interleaved-1f1b to --schedules");
   }
 
-  // --mesh fixes a data-parallel job's world, its product: --worlds may name that alone,
-  // and without --worlds it is the one world run.
+  // --mesh fixes a job's world, its product (a pipeline's too: its D·T·S ranks): --worlds
+  // may name that alone, and without --worlds it is the one world run.
   std::optional<MeshShape> mesh;
-  if (const std::optional<std::string> m = pass_value(o, "--mesh"); m && data_parallel) mesh = parse_mesh(*m);
-  std::vector<SweepJob> jobs;
-  if (data_parallel) {
-    const std::vector<int> worlds =
-        !o.worlds.empty() ? o.worlds : mesh ? std::vector<int>{mesh->world()} : std::vector<int>{2, 4};
+  if (const std::optional<std::string> m = pass_value(o, "--mesh"); m) mesh = parse_mesh(*m);
+  auto check_mesh_worlds = [&](const std::vector<int>& worlds) {
     for (int w : worlds)
       if (mesh && w != mesh->world())
         throw UsageError("--mesh " + mesh->text() + " and --worlds " + std::to_string(w) + ": the mesh is dp·tp·pp = " +
                          std::to_string(mesh->world()) + " ranks; give --worlds " + std::to_string(mesh->world()) +
                          " or leave --worlds out");
+  };
+  std::vector<SweepJob> jobs;
+  if (data_parallel) {
+    const std::vector<int> worlds =
+        !o.worlds.empty() ? o.worlds : mesh ? std::vector<int>{mesh->world()} : std::vector<int>{2, 4};
+    check_mesh_worlds(worlds);
     const std::vector<std::string> strategies = o.strategies.empty() ? kStrategies : o.strategies;
     const std::vector<std::string> flags = merged_flags(o, dp_preset ? kSeedDpFlags : Flags{}, std::nullopt);
     const std::optional<std::string> units = pass_value(o, "--units");
@@ -361,7 +364,11 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
     }
   }
   if (pipeline) {
-    const std::vector<int> worlds = !o.worlds.empty() ? o.worlds : pp_preset ? std::vector<int>{2} : std::vector<int>{2, 4};
+    const std::vector<int> worlds = !o.worlds.empty() ? o.worlds
+                                    : mesh            ? std::vector<int>{mesh->world()}
+                                    : pp_preset       ? std::vector<int>{2}
+                                                      : std::vector<int>{2, 4};
+    check_mesh_worlds(worlds);
     const std::vector<ScheduleKind> schedules =
         o.schedules.empty() ? std::vector<ScheduleKind>{ScheduleKind::gpipe, ScheduleKind::one_f_one_b} : o.schedules;
     std::vector<int> microbatches = o.microbatches;

@@ -3,7 +3,7 @@
 // predictions, group by group; under mpirun the four ranks of dp=1,tp=2,pp=2 do too and
 // the last stage's losses equal the unsplit pipeline's (tp = 1) within fp32's tolerance;
 // plan --mesh with tp gives one row per stage holding its D·T ranks, each measured by its
-// emulated run; the 512-rank Llama-2-70B plan (dp=8,tp=8,pp=8) answers in well under
+// emulated run; a sweep runs the mesh's world; the 512-rank Llama-2-70B plan (dp=8,tp=8,pp=8) answers in well under
 // 10 s; what is not built is exit 2 naming the flags.
 #include <gtest/gtest.h>
 
@@ -155,6 +155,26 @@ TEST_F(PipelineTpCli, PlanIsOneRowPerStageAndEachRankMeasuresIt) {
       }
     }
   }
+}
+
+// A sweep of a mesh's pipelines runs the mesh's one world when --worlds is left out
+// (every rank emulated, one record each), and refuses another world naming both flags.
+TEST_F(PipelineTpCli, ASweepRunsTheMeshsWorld) {
+  ASSERT_EQ(shardscope("timeout 120", std::string("sweep --emulate --out o --steps 2") + kGpt2 +
+                                          "--mesh tp=2,pp=2 --schedules 1f1b,zbv --microbatches 3"),
+            0)
+      << line_;
+  const json doc = read("o/shardscope.json");
+  ASSERT_EQ(doc["runs"].size(), 2u);
+  for (const json& run : doc["runs"]) {
+    ASSERT_EQ(run["stages"].size(), 4u);
+    for (const json& stage : run["stages"]) expect_predicted(stage, run["schedule"].get<std::string>());
+  }
+  EXPECT_EQ(shardscope("timeout 60", std::string("sweep --emulate --out o2 --worlds 2") + kGpt2 +
+                                         "--mesh tp=2,pp=2 --schedules 1f1b"),
+            2);
+  EXPECT_EQ(line_, "shardscope: error: --mesh dp=1,tp=2,pp=2 and --worlds 2: the mesh is dp·tp·pp = 4 ranks; give "
+                   "--worlds 4 or leave --worlds out");
 }
 
 // Issue 16's 512-rank plan in fp32 (--batch is the whole pipeline's: 16 sequences in 16
