@@ -166,4 +166,29 @@ TEST_F(PlanMesh, WhatIsNotBuiltForAMeshIsRefusedNamingIt) {
   }
 }
 
+// docs/results.md, "Megatron's theoretical_memory_usage beside ours": on the first stage of
+// GPT-2 124M (vocabulary padded as Megatron pads it) at dp=2,tp=2,pp=2, 1f1b, M = 8, each
+// layer's saved bytes are Megatron's s·b·h·(10 + 24/t) (bf16, with two dropout masks)
+// doubled for fp32 without the masks, plus the LayerNorms' mean and rstd and flash's
+// log-sum-exp; the first stage holds two micro-batches of 6 layers and their token ids and
+// positions. The rank's parameters are Megatron's count plus what it leaves out (wpe, the
+// biases, the norms whole on each tp rank, less the final norm's share).
+TEST_F(PlanMesh, TheFirstStageIsMegatronsEstimateItemized) {
+  ASSERT_EQ(shardscope("plan --model gpt2 --layers 12 --hidden 768 --heads 12 --vocab 50432 --seq 1024 --batch 8 "
+                       "--microbatches 8 --mesh dp=2,tp=2,pp=2 --schedules 1f1b --memory 80GiB --json p.json"),
+            0)
+      << line_;
+  const json stage = read("p.json")["plans"][0]["stages"][0]["predicted"];
+  const std::int64_t s = 1024, b = 1, h = 768, t = 2, heads = 12, n = s * b, V = 50432, L = 12, pp = 2, f = 3072;
+  const std::int64_t megatron_layer = s * b * h * (10 + 24 / t);  // bf16 bytes
+  const std::int64_t ours_layer = 2 * (megatron_layer - 2 * n * h) + 16 * n + 4 * b * heads * s / t;
+  EXPECT_EQ(stage["peak_live_microbatches"], 2);
+  EXPECT_EQ(stage["peak_live_bytes"].get<std::int64_t>(), 2 * (6 * ours_layer + 8 * n + 8 * s));
+  // Megatron: (block / pp + embedding) / t parameters, block = L·(2h(f + 2) + 4h²) + 2h.
+  const std::int64_t megatron_params = ((L * (2 * h * (f + 2) + 4 * h * h) + 2 * h) / pp + h * V) / t;
+  const std::int64_t wpe = 1024 * h, biases = 6 * (3 * h / t + h + f / t + h), norms = 6 * (4 * h - 4 * h / t), final_norm = 2 * h / pp / t;
+  const std::int64_t params = megatron_params + wpe + biases + norms - final_norm;
+  EXPECT_EQ(stage["peak_by_category"]["param"].get<std::int64_t>(), 4 * params);
+}
+
 }  // namespace

@@ -107,7 +107,7 @@ void expect_bf16_stage_as_predicted(const json& run, const json& stage, const st
 // Pipelines under autocast: every stage of gpipe, 1f1b and interleaved-1f1b at S = 2 (and
 // 4), GPT-2 and Llama, and every rank of --mesh dp=2,pp=2, emulated.
 TEST_F(Precision, TransformerPipelinesRunBf16AsPredictedOnEveryStage) {
-  for (const std::string model : {std::string(kGpt2), std::string(kLlama)})
+  for (const std::string& model : {std::string(kGpt2), std::string(kLlama)})
     for (const char* schedule : {"gpipe --microbatches 2", "1f1b --microbatches 2",
                                  "interleaved-1f1b --chunks 2 --microbatches 2"})
       for (int rank = 0; rank < 2; ++rank) {
