@@ -110,6 +110,15 @@ TEST(SweepPlan, SchedulesAloneRunPipelineOnly) {
   EXPECT_EQ(jobs[1].run_args, (Args{"--schedule", "interleaved-1f1b", "--microbatches", "4", "--chunks", "2"}));
 }
 
+// Under --mesh a pipeline job runs the mesh's D·T·S ranks, but its label says its stages
+// (the mesh's pp) and the mesh, as a data-parallel job's record label does.
+TEST(SweepPlan, AMeshsPipelineJobIsLabelledByItsStages) {
+  const std::vector<SweepJob> jobs = plan_sweep(Args{"--schedules", "1f1b", "--microbatches", "4", "--mesh", "dp=2,tp=2,pp=2"});
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].world, 8);
+  EXPECT_EQ(jobs[0].label, "1f1b S=2 mesh=dp2,tp2,pp2 M=4");
+}
+
 TEST(SweepPlan, PresetsChooseTheirFamilies) {
   EXPECT_EQ(plan_sweep(Args{"--preset", "seed-pp"}).size(), 6u);
   EXPECT_EQ(plan_sweep(Args{"--preset", "seed-dp"}).size(), 12u);

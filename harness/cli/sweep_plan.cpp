@@ -379,6 +379,7 @@ std::vector<SweepJob> plan_sweep(const SweepOptions& o) {
         const std::string name(schedule_name(schedule));
         for (int m : microbatches) {
           json config = {{"kind", "pipeline"}, {"schedule", name}, {"world", s}};
+          if (mesh) config["mesh"] = {{"dp", mesh->dp}, {"tp", mesh->tp}, {"pp", mesh->pp}};  // world: D·T·S ranks
           std::vector<std::string> args = {"--schedule", name};
           if (m > 0) {
             args.insert(args.end(), {"--microbatches", std::to_string(m)});

@@ -53,7 +53,13 @@ std::string run_label(const json& run) {
   const bool pipeline = is_pipeline(run);
   const json* name = cells::at(run, {pipeline ? "schedule" : "strategy"});
   label += name ? cells::text(name) : (pipeline ? "pipeline" : "data parallel");
-  if (const json* w = cells::at(run, {"world"})) label += (pipeline ? " S=" : " W=") + cells::text(w);
+  // Under a mesh a pipeline job's world is its D·T·S ranks; its stages are the mesh's pp.
+  const json* mesh = cells::at(run, {"mesh"});
+  const json* stages = pipeline && mesh ? cells::at(run, {"mesh", "pp"}) : nullptr;
+  if (const json* w = stages ? stages : cells::at(run, {"world"})) label += (pipeline ? " S=" : " W=") + cells::text(w);
+  if (stages)
+    label += " mesh=dp" + cells::text(cells::at(run, {"mesh", "dp"})) + ",tp" + cells::text(cells::at(run, {"mesh", "tp"})) +
+             ",pp" + cells::text(stages);
   if (!pipeline) {
     if (const json* k = cells::at(run, {"layers_per_unit"}); k && uses_units(run)) label += " " + units_label(k);
     if (const json* e = cells::at(run, {"engine"}); e && cells::text(e) != "torch") label += " engine=" + cells::text(e);
