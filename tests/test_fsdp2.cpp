@@ -4,6 +4,9 @@
 // model's.
 #include <gtest/gtest.h>
 
+#include <set>
+#include <string>
+
 #include "harness/comm/fake_comm.hpp"
 #include "harness/predict/fsdp2_forms.hpp"
 #include "harness/strategies/partition.hpp"
@@ -154,6 +157,63 @@ TEST(Fsdp2, MlpMeasuredEqualsPredictedEveryRank) {
               ++checked;
             }
   EXPECT_GT(checked, 500);
+}
+
+// --checkpoint full|every:K on the MLP under fsdp2: a wrapped layer's forward keeps only
+// its input, its backward re-runs it after the unit is gathered (and the unit below
+// prefetched) and its full gradients made. Both activations and losses, zero2 and zero3,
+// the root unit and units of one and two layers, prefetch and --overlap on and off, one
+// and two micro-steps (with and without --no-sync): every rank of W = 1 to 4 measures the
+// prediction, some peaks fall in a unit's top layer's recompute (block 3 or 4), and the
+// saves after forward drop the last relu output when the last layer is wrapped.
+TEST(Fsdp2, CheckpointedMlpMeasuresWhatItPredicts) {
+  int checked = 0, recompute_peaks = 0;
+  std::set<std::string> places;
+  for (const int every : {1, 2, 3})
+    for (Activation act : {Activation::none, Activation::relu})
+      for (Loss loss : {Loss::sum, Loss::mse})
+        for (const char* s : {"zero2", "zero3"})
+          for (int units : {0, 1, 2})
+            for (int variant = 0; variant < 4; ++variant)  // prefetch+overlap, neither, --accumulate 2 (+ --no-sync)
+              for (int world = 1; world <= 4; ++world)
+                for (int rank = 0; rank < world; ++rank) {
+                  ModelConfig m;
+                  m.layers = 5;
+                  m.width = 13;  // uneven chunks at W = 2, 3, 4
+                  m.batch = 7;
+                  m.activation = act;
+                  m.loss = loss;
+                  m.checkpoint = CheckpointPolicy{CheckpointKind::every, every};
+                  RunConfig cfg = fsdp2_config(m, s, units, variant == 1 ? 0 : 1);
+                  cfg.overlap = variant != 1;
+                  if (variant >= 2) cfg.accumulate = 2;
+                  cfg.no_sync = variant == 3;
+                  check_rank(cfg, world, rank,
+                             std::string(s) + " checkpoint=" + m.checkpoint.text() +
+                                 (act == Activation::relu ? " relu" : " none") + (loss == Loss::mse ? " mse" : " sum") +
+                                 " units=" + std::to_string(units) + " variant=" + std::to_string(variant));
+                  const Prediction p = predict_data_parallel(cfg, world, rank);
+                  if (p.peak_where.rfind("recompute", 0) == 0) {
+                    ++recompute_peaks;
+                    places.insert(p.peak_where);
+                  }
+                  ++checked;
+                }
+  EXPECT_EQ(checked, 3 * 2 * 2 * 2 * 3 * 4 * 10);
+  EXPECT_GT(recompute_peaks, 0);
+  EXPECT_LT(recompute_peaks, checked);
+  for (const std::string& at : places) EXPECT_TRUE(at == "recompute of block 3" || at == "recompute of block 4") << at;
+  // The saves after forward: every Linear's input, mse's target and its input, and the
+  // last layer's relu output only when the last layer (4) is not wrapped.
+  ModelConfig m;
+  m.layers = 5, m.width = 13, m.batch = 7, m.activation = Activation::relu;
+  const std::int64_t a = 4 * 7 * 13;
+  for (const int every : {1, 2, 3}) {
+    m.checkpoint = CheckpointPolicy{CheckpointKind::every, every};
+    const Prediction p = predict_data_parallel(fsdp2_config(m, "zero3", 1, 1), 3, 0);
+    const bool last_wrapped = 4 % every == 0;
+    EXPECT_EQ(p.saved_after_forward_bytes, (last_wrapped ? 5 : 6) * a) << every;
+  }
 }
 
 TEST(Fsdp2, TheFormsTensorRowsAreTheModelsShapes) {

@@ -510,11 +510,6 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
   if (c.model.checkpoint.attention() && !c.model.is_transformer())
     throw UsageError("--checkpoint attention: the MLP has no attention to recompute; allowed with --model gpt2|llama, "
                      "or give --checkpoint none, full or every:K");
-  // fsdp2 checkpoints a transformer's blocks (its step's walk is the torch engine's); the
-  // MLP's checkpointed fsdp2 step has no closed form yet.
-  if (c.model.checkpoint.any() && !c.model.is_transformer() && effective_engine(c.engine, c.strategy) == EngineKind::fsdp2)
-    throw UsageError("--checkpoint " + f.checkpoint + " and --engine fsdp2: fsdp2's checkpointed MLP step is not built "
-                     "yet; give --checkpoint none, --engine torch or --model gpt2|llama");
   for (const char* flag : {"--accumulate", "--no-sync"})
     if (has_schedule && app.count(flag) > 0)
       throw UsageError(std::string(flag) + " and --schedule: a pipeline's micro-batches are already its gradient "

@@ -5,7 +5,11 @@
 // one per tensor) and two instants more per gather and per reduce-scatter, where the
 // flat comm buffer (4·W·A_u) is live beside them: the copy-out of a gather (the flat
 // buffer and every gathered tensor of the unit) and the copy-in of a reduce-scatter
-// (the flat input beside the unit's full gradients).
+// (the flat input beside the unit's full gradients). Under --checkpoint a wrapped top
+// layer of a unit drops its forward's output when its backward begins and re-runs after
+// the unit is gathered (FSDP2's pre-backward hook fires on the block's output gradient,
+// before autograd unpacks the checkpoint's saves and recomputes): the re-run output is
+// one instant more, beside the gathered unit, its full gradients and any prefetch.
 // A transformer's peak: the torch engine's transformer walk (transformer_step.hpp) given
 // G_u as each unit's gathered bytes, 4·E_u as its full gradient and the flat buffers.
 #include "harness/predict/fsdp2_forms.hpp"
@@ -138,14 +142,20 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
   const std::int64_t a = m.activation_bytes(m.batch);
   const std::int64_t X = a;
   const std::int64_t t = m.loss == Loss::mse ? a : 0;
-  const std::int64_t k = (m.activation == Activation::relu || m.loss == Loss::mse) ? 1 : 0;
+  // --checkpoint: the last layer wrapped saves no output of its own (relu's is re-run).
+  const CheckpointPolicy& ck = m.checkpoint;
+  const bool relu = m.activation == Activation::relu;
+  const std::int64_t k = ((relu && !ck.wraps(L - 1)) || m.loss == Loss::mse) ? 1 : 0;
   struct Best {
     Transient bytes{-1, 0, 0, 0, 0};
     Phase phase = Phase::setup;
-    int unit = -1;
+    std::string where;
   } best;
+  auto consider_at = [&](const Transient& bytes, Phase phase, const std::string& where) {
+    if (bytes.total() > best.bytes.total()) best = {bytes, phase, where};  // the first instant of the maximum
+  };
   auto consider = [&](const Transient& bytes, Phase phase, int unit) {
-    if (bytes.total() > best.bytes.total()) best = {bytes, phase, unit};  // the first instant of the maximum
+    consider_at(bytes, phase, "unit " + std::to_string(unit));
   };
   // --accumulate (micro_steps.hpp): one walk per distinct micro-step; kept(u) = the full
   // gradients held besides unit u's while u's backward runs (u = U: before any unit's),
@@ -180,7 +190,9 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
     // reduce begins.
     for (int u = U - 1; u >= 0; --u) {
       const int j = units[u].last_block - 1, first = units[u].first_block;
-      const std::int64_t outs = (j == L - 1) ? (L - 1 + k) : (j + 1);
+      // A wrapped top layer's forward output is gone (the outputs below it stay).
+      const bool wrapped = ck.wraps(j);
+      const std::int64_t outs = wrapped ? j : (j == L - 1) ? (L - 1 + k) : (j + 1);
       const bool above_in_flight = cfg.overlap && ms.reduces && u + 1 < U;
       const std::int64_t flight = above_in_flight ? G[u + 1] + (ms.adds_to_shard ? 4 * A[u + 1] : 0) : 0;
       const Transient base{X + t + a, outs * a, 0, 0, flight};
@@ -214,6 +226,13 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
       at.param_unsharded = gathered;
       at.grad_unsharded = 4 * E[u] + kept(u);  // each tensor's full gradient
       consider(at, Phase::backward, u);
+      if (wrapped) {
+        // The re-run output (relu saves it: activation until the layer's backward ends;
+        // else temp, freed at once). A lower wrapped layer of the unit never holds more.
+        (relu ? at.activation : at.temp) += a;
+        consider_at(at, Phase::backward, "recompute of block " + std::to_string(j));
+        if (!relu) at.temp -= a;
+      }
       at.temp += a;  // dx
       if (j > 0) consider(at, Phase::backward, u);
       if (!ms.reduces) continue;
@@ -226,7 +245,7 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
     }
   }
   p.peak_phase = best.phase;
-  p.peak_where = "unit " + std::to_string(best.unit);
+  p.peak_where = best.where;
   const int mse = m.loss == Loss::mse ? 1 : 0;
   p.saved_after_forward_tensors = L + static_cast<int>(k) + mse;
   p.saved_after_forward_bytes = p.saved_after_forward_tensors * a;

@@ -69,12 +69,32 @@ TEST_F(Engine, Fsdp2RunsTransformersEveryRankAsPredicted) {
       const json& run = doc["runs"][0];
       EXPECT_EQ(run["engine"], "fsdp2");
       expect_predicted(run["ranks"][0], std::string(model) + "rank " + std::to_string(r));
-      // Checkpointed blocks too (the MLP's checkpointed fsdp2 step is refused).
+      // Checkpointed blocks too.
       const json ck = run_record("--engine fsdp2 --strategy zero3 --units 1 --checkpoint every:2 --emulate 3:" +
                                      std::to_string(r),
                                  "c.json", nullptr, model);
       expect_predicted(ck["runs"][0]["ranks"][0], std::string(model) + "checkpoint every:2 rank " + std::to_string(r));
     }
+}
+
+// The MLP under fsdp2 with --checkpoint full and every:2 (zero3, a unit a layer; zero2,
+// the root unit): every emulated rank of W = 2, 3, 4 holds its prediction, the peak's place
+// among it (a batch wide against the width: zero3's peak falls in the top layer's recompute).
+TEST_F(Engine, Fsdp2RunsTheCheckpointedMlpEveryRankAsPredicted) {
+  int recompute_places = 0;
+  for (const char* flags : {"--strategy zero3 --units 1 --checkpoint full", "--strategy zero2 --checkpoint every:2"})
+    for (int world = 2; world <= 4; ++world)
+      for (int r = 0; r < world; ++r) {
+        const std::string what = std::string(flags) + " W=" + std::to_string(world) + " r=" + std::to_string(r);
+        const json doc = run_record(std::string("--engine fsdp2 ") + flags + " --emulate " + std::to_string(world) +
+                                        ":" + std::to_string(r),
+                                    "k.json", nullptr, "--layers 4 --width 8 --batch 64 --activation none --loss sum ");
+        const json& rank = doc["runs"][0]["ranks"][0];
+        expect_predicted(rank, what);
+        EXPECT_EQ(rank["peak"]["where"], rank["predicted"]["peak_where"]) << what;
+        recompute_places += rank["peak"]["where"].get<std::string>().rfind("recompute", 0) == 0 ? 1 : 0;
+      }
+  EXPECT_GT(recompute_places, 0);
 }
 
 TEST_F(Engine, DeepspeedStageThreeAndAPipelinesEngineAreRefused) {
@@ -87,9 +107,6 @@ TEST_F(Engine, DeepspeedStageThreeAndAPipelinesEngineAreRefused) {
        "not run yet; allowed: ddp, zero1, zero2 (plan takes zero3)"},
       {"--layers 4 --width 16 --engine fsdp3",
        "shardscope: error: --engine: unknown 'fsdp3'; allowed: torch, fsdp2, deepspeed"},
-      {"--layers 4 --width 16 --engine fsdp2 --strategy zero3 --checkpoint full",
-       "shardscope: error: --checkpoint full and --engine fsdp2: fsdp2's checkpointed MLP step is not built yet; "
-       "give --checkpoint none, --engine torch or --model gpt2|llama"},
       {"--layers 4 --width 16 --schedule gpipe --engine fsdp2",
        "shardscope: error: --engine is only valid with --strategy (data parallel)"},
   };
@@ -107,11 +124,12 @@ TEST_F(Engine, Fsdp2UnderMpirunHoldsItsPredictionsOnBothRanks) {
   if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
   // The MLP under both strategies, then GPT-2 and Llama once each.
   const struct {
-    const char* model;
+    std::string model;
     const char* strategy;
   } cases[] = {
       {kMlp, "zero2"},
       {kMlp, "zero3"},
+      {std::string(kMlp) + "--checkpoint full ", "zero3"},
       {"--model gpt2 --hidden 16 --heads 2 --vocab 29 --seq 6 --layers 2 --batch 2 ", "zero3"},
       {"--model llama --hidden 16 --heads 4 --kv-heads 2 --ffn 24 --vocab 13 --seq 6 --layers 2 --batch 2 ", "zero2"},
   };
@@ -126,7 +144,7 @@ TEST_F(Engine, Fsdp2UnderMpirunHoldsItsPredictionsOnBothRanks) {
     EXPECT_EQ(run["engine"], "fsdp2");
     ASSERT_EQ(run["ranks"].size(), 2u);
     for (const json& rank : run["ranks"])
-      expect_predicted(rank, std::string(c.model) + strategy + " rank " + rank["rank"].dump());
+      expect_predicted(rank, c.model + strategy + " rank " + rank["rank"].dump());
   }
 #endif
 }

@@ -2,7 +2,8 @@
 // ctest): zero2 and zero3 as fully_shard train like one rank on the concatenated batch,
 // their bytes equal the closed forms (harness/predict/fsdp2_forms.hpp), and an emulated
 // rank's bytes equal the real rank's. The MLP, GPT-2 and Llama (the transformers' step
-// peaks too: harness/predict/transformer_step.hpp with fsdp2's buffers).
+// peaks too: harness/predict/transformer_step.hpp with fsdp2's buffers); the MLP
+// checkpointed too (full, every:2, every:3).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -53,9 +54,16 @@ TEST(Fsdp2Mpi, MlpTrainsLikeOneRankAndMatchesTheClosedForms) {
     const char* strategy;
     int units;
     int prefetch;
+    int checkpoint_every;  // 0: none
   };
-  for (const Setting& s : std::vector<Setting>{{"zero2", 0, 1}, {"zero3", 0, 1}, {"zero2", 1, 1},
-                                               {"zero3", 1, 1}, {"zero3", 2, 0}}) {
+  for (const Setting& s : std::vector<Setting>{{"zero2", 0, 1, 0},
+                                               {"zero3", 0, 1, 0},
+                                               {"zero2", 1, 1, 0},
+                                               {"zero3", 1, 1, 0},
+                                               {"zero3", 2, 0, 0},
+                                               {"zero3", 1, 1, 1},
+                                               {"zero2", 2, 1, 2},
+                                               {"zero3", 2, 0, 3}}) {
     RunConfig cfg;
     cfg.model.layers = 4;
     cfg.model.width = 37;  // 37 rows: uneven chunks at W = 2, 3, 4
@@ -68,7 +76,9 @@ TEST(Fsdp2Mpi, MlpTrainsLikeOneRankAndMatchesTheClosedForms) {
     cfg.engine = EngineKind::fsdp2;
     cfg.layers_per_unit = s.units;
     cfg.prefetch = s.prefetch;
-    SCOPED_TRACE(std::string(s.strategy) + " units=" + std::to_string(s.units));
+    if (s.checkpoint_every > 0) cfg.model.checkpoint = CheckpointPolicy{CheckpointKind::every, s.checkpoint_every};
+    SCOPED_TRACE(std::string(s.strategy) + " units=" + std::to_string(s.units) + " checkpoint=" +
+                 cfg.model.checkpoint.text());
     check_against_one_rank(cfg, 1e-7);
   }
 }
