@@ -534,9 +534,13 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
   if (c.schedule && app.count("--chunks") == 0) c.chunks = default_chunks(*c.schedule);  // zbv: its V's 2
   if (!f.split.empty()) c.split = parse_list("--split", f.split);
   refuse_unbuilt_precision(c, command, app);
-  // The torch engine's bf16: the MLP, GPT-2 and Llama run as torch.autocast(bfloat16) runs them.
-  c.model.autocast = c.precision == PrecisionKind::bf16 &&
+  // The torch engine's bf16: the MLP, GPT-2 and Llama run as torch.autocast(bfloat16) runs them
+  // under ddp and zero1; under zero2/zero3 as FSDP's MixedPrecision(param_dtype=bf16) runs them.
+  const bool bf16_fsdp = c.precision == PrecisionKind::bf16 && shards_by_unit(c.strategy) &&
+                         effective_engine(c.engine, c.strategy, c.precision) != EngineKind::deepspeed;
+  c.model.autocast = c.precision == PrecisionKind::bf16 && !bf16_fsdp &&
                      effective_engine(c.engine, c.strategy, c.precision) == EngineKind::torch;
+  c.model.param_bf16 = bf16_fsdp;
   c.wide_tables = f.wide;
   c.exact_bytes = exact_bytes_value(f.bytes);
   if (!f.backend.empty() && f.backend != "cpu" && f.backend != "cuda")

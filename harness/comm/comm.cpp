@@ -203,6 +203,11 @@ CommTicket Communicator::start_all_gather(const float* send, float* recv, std::s
                  [&](std::int64_t id) { post_all_gather(id, send, recv, send_count); });
 }
 
+CommTicket Communicator::start_all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t send_count) {
+  return started(CollKind::all_gather, static_cast<std::int64_t>(send_count) * 2 * world_, "all_gather",
+                 [&](std::int64_t id) { post_all_gather_bf16(id, send, recv, send_count); });
+}
+
 void Communicator::post_all_reduce_sum(std::int64_t, float* buf, std::size_t count) {
   do_all_reduce_sum(buf, count);
 }
@@ -213,6 +218,10 @@ void Communicator::post_reduce_scatter_sum(std::int64_t, const float* send, floa
 
 void Communicator::post_all_gather(std::int64_t, const float* send, float* recv, std::size_t send_count) {
   do_all_gather(send, recv, send_count);
+}
+
+void Communicator::post_all_gather_bf16(std::int64_t, const Bf16* send, Bf16* recv, std::size_t send_count) {
+  do_all_gather_bf16(send, recv, send_count);
 }
 
 void Communicator::progress() {
@@ -276,6 +285,11 @@ void Communicator::all_gather(const float* send, float* recv, std::size_t send_c
   // nccl-tests' size for all-gather is the whole output: world x shard.
   timed(CollKind::all_gather, payload_bytes(send_count) * world_, "all_gather",
         [&] { do_all_gather(send, recv, send_count); });
+}
+
+void Communicator::all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t send_count) {
+  timed(CollKind::all_gather, static_cast<std::int64_t>(send_count) * 2 * world_, "all_gather",
+        [&] { do_all_gather_bf16(send, recv, send_count); });
 }
 
 void Communicator::broadcast(float* buf, std::size_t count, int root) {

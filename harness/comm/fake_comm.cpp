@@ -7,9 +7,11 @@
 // finite values instead of whatever the allocator handed out.
 #include "harness/comm/fake_comm.hpp"
 
+#include <cstring>
 #include <string>
 
 #include "shardscope/backend.hpp"
+#include "shardscope/check.hpp"
 
 namespace shardscope {
 
@@ -38,6 +40,17 @@ class FakeCommunicator final : public Communicator {
     if (send != recv + own) backend()->copy(recv + own, send, send_count);
     if (own > 0) backend()->fill(recv, 0.0f, own);
     if (own + send_count < total) backend()->fill(recv + own + send_count, 0.0f, total - own - send_count);
+  }
+  // bf16 host buffers (the bf16 MLP runs on the cpu backend): the own slot, zeros elsewhere.
+  void do_all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t send_count) override {
+    if (backend() == nullptr || send_count == 0) return;
+    SHARDSCOPE_REQUIRE(backend()->name() == "cpu",
+                       "--comm fake: a bf16 all-gather of device buffers is not built (host buffers only)");
+    const std::size_t own = static_cast<std::size_t>(rank()) * send_count;
+    const std::size_t total = static_cast<std::size_t>(world()) * send_count;
+    if (send != recv + own) std::memmove(recv + own, send, send_count * sizeof(Bf16));
+    std::memset(static_cast<void*>(recv), 0, own * sizeof(Bf16));
+    std::memset(static_cast<void*>(recv + own + send_count), 0, (total - own - send_count) * sizeof(Bf16));
   }
   // Non-root ranks keep what they hold, which is defined (their own earlier values).
   void do_broadcast(float*, std::size_t, int) override {}

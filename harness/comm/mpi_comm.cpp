@@ -98,6 +98,14 @@ class MpiCommunicator final : public Communicator {
     backend()->upload(recv, hr, total);
   }
 
+  // bf16 host buffers (the bf16 MLP runs on the cpu backend), as 16-bit words.
+  void do_all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t send_count) override {
+    SHARDSCOPE_REQUIRE(!staged_, "--comm mpi: a bf16 all-gather staged through host memory is not built (host "
+                                 "buffers only)");
+    post_host_all_gather_bf16(send, recv, send_count);
+    wait_posted();
+  }
+
   void do_broadcast(float* buf, std::size_t count, int root) override {
     if (!staged_) return host_broadcast(buf, count, root);
     float* h = backend()->staging(0, count);
@@ -158,6 +166,12 @@ class MpiCommunicator final : public Communicator {
     std::vector<float> keep;
     post_host_reduce_scatter(send, recv, recv_count, keep);
     keep_posted(id, std::move(keep));
+  }
+
+  void post_all_gather_bf16(std::int64_t id, const Bf16* send, Bf16* recv, std::size_t send_count) override {
+    if (staged_) return do_all_gather_bf16(send, recv, send_count);
+    post_host_all_gather_bf16(send, recv, send_count);
+    keep_posted(id, {});
   }
 
   void post_all_gather(std::int64_t id, const float* send, float* recv, std::size_t send_count) override {
@@ -314,6 +328,23 @@ class MpiCommunicator final : public Communicator {
     if (!in_place) std::memcpy(mine, send, sc * sizeof(float));
     for (int d = 0; d < world(); ++d)
       post_broadcast(recv + static_cast<std::size_t>(d) * sc, sc, d);
+  }
+
+  // bf16 send(sc) -> recv(world * sc) as MPI_UINT16_T; send is never inside recv here
+  // (FSDP's cast shard is a buffer of its own). Slots over MPI's int count: each rank
+  // broadcasts its slot, piece by piece.
+  void post_host_all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t sc) {
+    if (sc == 0) return;
+    if (sc <= max_count_) {
+      const int n = static_cast<int>(sc);
+      MPI_CHECK(MPI_Iallgather(send, n, MPI_UINT16_T, recv, n, MPI_UINT16_T, comm_, post()));
+      return;
+    }
+    std::memcpy(recv + static_cast<std::size_t>(rank()) * sc, send, sc * sizeof(Bf16));
+    for (int d = 0; d < world(); ++d)
+      for_chunks(sc, [&](std::size_t off, int n) {
+        MPI_CHECK(MPI_Ibcast(recv + static_cast<std::size_t>(d) * sc + off, n, MPI_UINT16_T, d, comm_, post()));
+      });
   }
 
   void host_broadcast(float* buf, std::size_t count, int root) {

@@ -121,6 +121,14 @@ class NcclCommunicator final : public Communicator {
     wait_stream();
   }
 
+  void do_all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t send_count) override {
+    usable();
+    const FirstCall first(*this, Op::all_gather);
+    if (send_count > 0)
+      NCCL_CHECK(ncclAllGather(send, recv, send_count, ncclBfloat16, comm_, cuda_->stream()));
+    wait_stream();
+  }
+
   void do_broadcast(float* buf, std::size_t count, int root) override {
     usable();
     const FirstCall first(*this, Op::broadcast);
@@ -209,6 +217,12 @@ class NcclCommunicator final : public Communicator {
   void post_all_gather(std::int64_t id, const float* send, float* recv, std::size_t send_count) override {
     on_comm_stream(id, Op::all_gather, [&](cudaStream_t st) {
       if (send_count > 0) NCCL_CHECK(ncclAllGather(send, recv, send_count, ncclFloat, comm_, st));
+    });
+  }
+
+  void post_all_gather_bf16(std::int64_t id, const Bf16* send, Bf16* recv, std::size_t send_count) override {
+    on_comm_stream(id, Op::all_gather, [&](cudaStream_t st) {
+      if (send_count > 0) NCCL_CHECK(ncclAllGather(send, recv, send_count, ncclBfloat16, comm_, st));
     });
   }
 

@@ -26,6 +26,12 @@ class SelfCommunicator final : public Communicator {
   void do_all_gather(const float* send, float* recv, std::size_t send_count) override {
     copy(recv, send, send_count);
   }
+  // bf16 host buffers (the bf16 MLP runs on the cpu backend): a byte copy.
+  void do_all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t send_count) override {
+    SHARDSCOPE_REQUIRE(backend() == nullptr || backend()->name() == "cpu",
+                       "--comm self: a bf16 all-gather of device buffers is not built (host buffers only)");
+    if (send != recv && send_count > 0) std::memcpy(recv, send, send_count * sizeof(Bf16));
+  }
   void do_broadcast(float*, std::size_t, int) override {}
   void do_p2p(const std::vector<P2pOp>& ops) override {
     throw RunError(std::string("--comm self: ") + (ops[0].is_send ? "send to" : "recv from") +

@@ -13,6 +13,17 @@
 // casts each to an fp32 temp (the cast's backward) and adds it onto the fp32 gradient
 // (AccumulateGrad), and dx in bf16. A tensor-parallel split is not built under bf16.
 // The cast cache is the MLP's own (CastCache): the model engine knows nothing of it.
+//
+// Under --precision bf16 with zero2/zero3/hsdp (ModelConfig::param_bf16) the Linears run
+// as under FSDP's MixedPrecision(param_dtype=bf16, reduce_dtype=fp32) without autocast
+// (measured with torch 2.15: bench/torch_fsdp_mp.py): the parameters arrive as bf16 views
+// of the strategy's gathered bf16 unit (no casts of their own), FSDP's root casts the fp32
+// batch to a saved bf16 tensor (here, the first Linear), each GEMM runs on bf16 with fp32
+// sums and a bf16 output, ReLU keeps bf16, and backward writes the weight's and bias's
+// gradients in bf16 straight into the strategy's bf16 unit gradient (which the strategy
+// casts to fp32 for its reduce-scatter), dx in bf16. The loss takes the bf16 output: sum
+// sums it in fp32; mse saves it (bf16) and its fp32 target and computes on an fp32 cast
+// (temp) of it, as torch's mse_loss promotes the pair to fp32.
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -47,14 +58,16 @@ struct CastCache {
 class LinearBlock final : public Block {
  public:
   // `cache`: autocast's cast cache under --precision bf16 (null: fp32).
+  // `param_bf16`: FSDP's MixedPrecision (bf16 parameters and gradients from the strategy).
   LinearBlock(int index, int width, Activation activation, Split split = Split::none, TensorParallel tp = {},
-              std::shared_ptr<CastCache> cache = nullptr)
+              std::shared_ptr<CastCache> cache = nullptr, bool param_bf16 = false)
       : name_("layer " + std::to_string(index)),
         in_(split == Split::row ? width / tp.size : width),
         out_(split == Split::column ? width / tp.size : width),
         activation_(activation),
         split_(split),
         autocast_(cache != nullptr),
+        param_bf16_(param_bf16),
         cache_(std::move(cache)) {
     // torch's Linear init: uniform(-1/sqrt(in), 1/sqrt(in)) for weight and bias (the whole
     // Linear's fan-in, so that a shard starts as its slice of the one-rank model's).
@@ -80,6 +93,7 @@ class LinearBlock final : public Block {
   Buffer forward(const BlockCall& c, const float* in, bool input_requires_grad, bool output_saved,
                  BlockTape& tape) override {
     if (autocast_) return forward_bf16(c, in, input_requires_grad, output_saved, tape);
+    if (param_bf16_) return forward_param_bf16(c, in, input_requires_grad, output_saved, tape);
     // (rows, out) fp32: activation when saved for backward, temp otherwise
     Buffer out = c.backend.alloc(output_saved ? Category::activation : Category::temp,
                                  static_cast<std::size_t>(c.rows) * out_);
@@ -99,6 +113,7 @@ class LinearBlock final : public Block {
   Buffer backward(const BlockCall& c, const float* in, Buffer& out, Buffer dy, bool needs_dx, float beta,
                   BlockTape& tape) override {
     if (autocast_) return backward_bf16(c, in, out, std::move(dy), needs_dx, beta, tape);
+    if (param_bf16_) return backward_param_bf16(c, in, out, std::move(dy), needs_dx, beta, tape);
     activation_backward(c, out, dy);
     weight_gradients(c, in, dy, beta);
     Buffer dx;
@@ -111,7 +126,8 @@ class LinearBlock final : public Block {
 
   Buffer backward_input(const BlockCall& c, const float* /*in*/, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape& tape) override {
-    SHARDSCOPE_REQUIRE(!autocast_, name_ + ": the zero-bubble split is not built under bf16 (the CLI refuses it)");
+    SHARDSCOPE_REQUIRE(!autocast_ && !param_bf16_,
+                       name_ + ": the zero-bubble split is not built under bf16 (the CLI refuses it)");
     activation_backward(c, out, dy);
     // The weight gradients need only the input and dz: the output can go.
     if (free_output) out.reset();
@@ -231,6 +247,62 @@ class LinearBlock final : public Block {
     return dx;
   }
 
+  // FSDP's MixedPrecision: the weight (out, in) and bias (out) are bf16 views of the
+  // gathered unit. The first Linear casts the fp32 batch to bf16 (FSDP's root does:
+  // cast_root_forward_inputs), saved and held in its tape until its backward.
+  Buffer forward_param_bf16(const BlockCall& c, const float* in, bool input_requires_grad, bool output_saved,
+                            BlockTape& tape) {
+    const std::size_t n_in = static_cast<std::size_t>(c.rows) * in_, n_out = static_cast<std::size_t>(c.rows) * out_;
+    tape.held.clear();
+    Buffer input_cast;
+    if (!input_requires_grad) {
+      input_cast = c.backend.alloc(Category::activation, n_in, DType::bf16);  // (rows, in) bf16, saved
+      c.backend.cast_to_bf16(input_cast.bf16(), in, n_in);
+    }
+    const Bf16* x = input_cast ? input_cast.bf16() : as_bf16(in);
+    // (rows, out) bf16: activation when saved for backward, temp otherwise
+    Buffer out = c.backend.alloc(output_saved ? Category::activation : Category::temp, n_out, DType::bf16);
+    c.backend.gemm_bf16(Trans::no, Trans::yes, c.rows, out_, in_, 1.0f, x, in_, as_bf16(c.access.param(c.index, kWeight)),
+                        in_, 0.0f, out.bf16(), out_);
+    c.backend.bias_activation_bf16(out.bf16(), as_bf16(c.access.param(c.index, kBias)), c.rows, out_, activation_);
+    // Autograd: the bf16 input, a reference to the weight (a view of the gathered unit: no
+    // bytes of its own) when the input requires a gradient, ReLU's output.
+    c.saved.save(x, static_cast<std::int64_t>(n_in) * 2);
+    if (input_requires_grad) c.saved.save(weight_id(), 0);
+    if (activation_ == Activation::relu) c.saved.save(out.raw(), out.bytes());
+    if (input_cast) tape.held.push_back(std::move(input_cast));
+    return out;
+  }
+
+  // dW = dy^T x and db in bf16, written into the strategy's bf16 unit gradient (beta 0:
+  // a micro-step's gradients are not accumulated in bf16; the CLI refuses --accumulate);
+  // dx = dy W in bf16 (temp).
+  Buffer backward_param_bf16(const BlockCall& c, const float* in, Buffer& out, Buffer dy, bool needs_dx, float beta,
+                             BlockTape& tape) {
+    SHARDSCOPE_REQUIRE(beta == 0.0f, name_ + ": FSDP's bf16 gradients are not accumulated (the CLI refuses "
+                                              "--accumulate under --precision bf16 with zero2/zero3)");
+    const Bf16* x = tape.held.empty() ? as_bf16(in) : tape.held.front().bf16();
+    if (activation_ == Activation::relu) {
+      c.backend.relu_backward_bf16(dy.bf16(), out.bf16(), dy.count());
+      c.saved.release(out.raw());
+    }
+    c.backend.gemm_bf16(Trans::yes, Trans::no, out_, in_, c.rows, 1.0f, dy.bf16(), out_, x, in_, 0.0f,
+                        as_bf16(c.access.grad(c.index, kWeight)), in_);
+    c.backend.bias_grad_bf16(as_bf16(c.access.grad(c.index, kBias)), dy.bf16(), c.rows, out_);
+    Buffer dx;
+    if (needs_dx) {
+      dx = c.backend.alloc(Category::temp, static_cast<std::size_t>(c.rows) * in_, DType::bf16);
+      c.backend.gemm_bf16(Trans::no, Trans::no, c.rows, in_, out_, 1.0f, dy.bf16(), out_,
+                          as_bf16(c.access.param(c.index, kWeight)), in_, 0.0f, dx.bf16(), in_);
+      c.saved.release(weight_id());
+    }
+    c.saved.release(x);
+    tape.held.clear();  // the first layer's cast of the batch
+    dy.reset();
+    out.reset();
+    return dx;
+  }
+
   // A parameter gradient made in bf16 by `make` (count elements, temp), cast to an fp32
   // temp, then written onto grad (beta 0) or added to it (beta 1).
   template <class Make>
@@ -251,6 +323,7 @@ class LinearBlock final : public Block {
   Activation activation_;
   Split split_;
   bool autocast_;  // --precision bf16: torch.autocast(bfloat16)'s Linear
+  bool param_bf16_;  // --precision bf16 under FSDP: MixedPrecision's bf16 parameters and gradients
   std::shared_ptr<CastCache> cache_;
   std::vector<ParamSpec> params_;
   char weight_id_ = 0;
@@ -261,10 +334,12 @@ class LinearBlock final : public Block {
 class MlpLoss final : public ModelLoss {
  public:
   // `cache`: autocast's cast cache under --precision bf16 (null: fp32).
-  MlpLoss(int width, Loss kind, std::shared_ptr<CastCache> cache)
-      : width_(width), kind_(kind), bf16_(cache != nullptr), cache_(std::move(cache)) {}
+  // `param_bf16`: FSDP's MixedPrecision (the output is bf16, no autocast region).
+  MlpLoss(int width, Loss kind, std::shared_ptr<CastCache> cache, bool param_bf16)
+      : width_(width), kind_(kind), bf16_(cache != nullptr), param_bf16_(param_bf16), cache_(std::move(cache)) {}
 
-  // Under bf16, mse saves its fp32 cast of the output instead (autocast runs mse_loss in fp32).
+  // Under autocast, mse saves its fp32 cast of the output instead (autocast runs mse_loss in
+  // fp32); under FSDP's bf16 it saves the bf16 output itself.
   bool saves_input() const override { return kind_ == Loss::mse && !bf16_; }
   bool is_mean() const override { return kind_ == Loss::mse; }
   // mse's target: (rows, width) of ones; sum takes none.
@@ -278,6 +353,7 @@ class MlpLoss final : public ModelLoss {
   void forward(Backend& backend, SavedTensors& saved, const float* y, const float* target, int rows, float scale,
                float* value) override {
     const std::size_t n = static_cast<std::size_t>(rows) * width_;
+    if (param_bf16_) return forward_param_bf16(backend, saved, y, target, rows, scale, value);
     if (bf16_ && kind_ == Loss::sum) {
       backend.sum_bf16(value, as_bf16(y), n, scale);  // summed and kept in fp32
       cache_->entries.clear();                        // the autocast region exits
@@ -301,7 +377,8 @@ class MlpLoss final : public ModelLoss {
   Buffer backward(Backend& backend, SavedTensors& saved, const float* y, const float* target, int rows,
                   float scale) override {
     const std::size_t n = static_cast<std::size_t>(rows) * width_;
-    if (bf16_ && kind_ == Loss::sum) {
+    if (param_bf16_ && kind_ == Loss::mse) return mse_backward_param_bf16(backend, saved, y, target, rows, scale);
+    if ((bf16_ || param_bf16_) && kind_ == Loss::sum) {
       Buffer dy = backend.alloc(Category::temp, n, DType::bf16);  // (rows, width) bf16: the scale
       backend.fill_bf16(dy.bf16(), scale, n);
       return dy;
@@ -327,9 +404,39 @@ class MlpLoss final : public ModelLoss {
   }
 
  private:
+  // FSDP's bf16: sum in fp32 of the bf16 output; mse saves the bf16 output and the fp32
+  // target, and computes on an fp32 cast of the output (temp, freed at once).
+  void forward_param_bf16(Backend& backend, SavedTensors& saved, const float* y, const float* target, int rows,
+                          float scale, float* value) {
+    const std::size_t n = static_cast<std::size_t>(rows) * width_;
+    if (kind_ == Loss::sum) return backend.sum_bf16(value, as_bf16(y), n, scale);
+    saved.save(y, static_cast<std::int64_t>(n) * 2);
+    saved.save(target, static_cast<std::int64_t>(n) * 4);
+    Buffer y32 = backend.alloc(Category::temp, n);  // (rows, width) fp32
+    backend.cast_from_bf16(y32.data(), as_bf16(y), n, 0.0f);
+    backend.loss(kind_, y32.data(), target, nullptr, value, rows, width_, scale);
+  }
+  // mse's fp32 gradient from an fp32 cast of the saved bf16 output (both temp), then its
+  // bf16 cast (the gradient the output's dtype takes).
+  Buffer mse_backward_param_bf16(Backend& backend, SavedTensors& saved, const float* y, const float* target, int rows,
+                                 float scale) {
+    const std::size_t n = static_cast<std::size_t>(rows) * width_;
+    Buffer y32 = backend.alloc(Category::temp, n);
+    backend.cast_from_bf16(y32.data(), as_bf16(y), n, 0.0f);
+    Buffer dy32 = backend.alloc(Category::temp, n);
+    backend.loss(kind_, y32.data(), target, dy32.data(), nullptr, rows, width_, scale);
+    y32.reset();
+    saved.release(y);
+    saved.release(target);
+    Buffer dy = backend.alloc(Category::temp, n, DType::bf16);
+    backend.cast_to_bf16(dy.bf16(), dy32.data(), n);
+    return dy;
+  }
+
   int width_;
   Loss kind_;
   bool bf16_;   // --precision bf16: the last block's output is bf16
+  bool param_bf16_;  // --precision bf16 under FSDP: the last block's output is bf16, no autocast
   std::shared_ptr<CastCache> cache_;
   Buffer y32_;  // under bf16 mse: the output's fp32 cast, saved until backward
 };
@@ -357,9 +464,9 @@ std::unique_ptr<Model> make_mlp(const ModelConfig& m, const TensorParallel& tp) 
   for (int i = 0; i < m.layers; ++i) {
     // Split into tp: column, row, column, row, ... (each pair one Megatron MLP).
     const Split split = tp.size == 1 ? Split::none : i % 2 == 0 ? Split::column : Split::row;
-    blocks.push_back(std::make_unique<LinearBlock>(i, m.width, m.activation, split, tp, cache));
+    blocks.push_back(std::make_unique<LinearBlock>(i, m.width, m.activation, split, tp, cache, m.param_bf16));
   }
-  return std::make_unique<Model>(std::move(blocks), std::make_unique<MlpLoss>(m.width, m.loss, cache));
+  return std::make_unique<Model>(std::move(blocks), std::make_unique<MlpLoss>(m.width, m.loss, cache, m.param_bf16));
 }
 
 }  // namespace shardscope

@@ -22,6 +22,7 @@
 #include "harness/predict/llama_forms.hpp"
 #include "harness/predict/micro_steps.hpp"
 #include "harness/predict/mlp_autocast_forms.hpp"
+#include "harness/predict/mlp_fsdp_bf16_forms.hpp"
 #include "harness/predict/tensor_parallel_forms.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "harness/strategies/partition.hpp"
@@ -239,6 +240,9 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
   }
   // bf16 (autocast, ddp and zero1): the same resting bytes and communication, autocast's step.
   if (m.autocast) apply_mlp_autocast_step(cfg, ranks);
+  // bf16 under zero2/zero3 (FSDP1's MixedPrecision): fp32's resting bytes and reduce-scatter,
+  // bf16 gathers and the bf16 step.
+  if (m.param_bf16) apply_mlp_fsdp_bf16_step(cfg, units, ranks);
   return ranks;
 }
 

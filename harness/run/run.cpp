@@ -83,10 +83,21 @@ void refuse_unbuilt_autocast(const RunConfig& cfg) {
                                                   EngineKind::deepspeed)
     return;
   if (cfg.pipeline()) return;  // a pipeline's stages: pipeline_shape says what is built
-  if (shards_by_unit(cfg.strategy))
-    throw UsageError("--precision bf16 and --strategy " +
-                     std::string(cfg.hybrid() ? "hsdp" : strategy_name(cfg.strategy)) +
-                     ": FSDP's mixed precision is not built yet; allowed: ddp, zero1");
+  if (!shards_by_unit(cfg.strategy)) return;
+  // FSDP1's MixedPrecision(param_dtype=bf16, reduce_dtype=fp32): the MLP's zero2/zero3.
+  const std::string which = "--precision bf16 and --strategy " +
+                            std::string(cfg.hybrid() ? "hsdp" : strategy_name(cfg.strategy));
+  if (cfg.model.is_transformer())
+    throw UsageError(which + " with --model " + cfg.model.name + ": FSDP's mixed precision is built for the MLP "
+                     "only yet; allowed: --model mlp, or --strategy ddp|zero1");
+  if (cfg.hybrid())
+    throw UsageError(which + ": HSDP's mixed precision is not built yet; allowed: zero2, zero3 (or ddp, zero1)");
+  if (effective_engine(cfg.engine, cfg.strategy, cfg.precision) == EngineKind::fsdp2)
+    throw UsageError(which + " with --engine fsdp2: fully_shard's MixedPrecisionPolicy is not built yet; allowed: "
+                     "--engine torch (FSDP1's MixedPrecision)");
+  if (cfg.accumulate > 1)
+    throw UsageError("--accumulate " + std::to_string(cfg.accumulate) + " and " + which +
+                     ": FSDP's bf16 gradient accumulation is not built yet; give --accumulate 1");
 }
 
 void refuse_checkpointed_pipeline(const RunConfig& cfg) {
@@ -269,7 +280,7 @@ JobSetup prepare_job(const RunConfig& cfg, const MpiSession& mpi) {
   refuse_checkpointed_pipeline(cfg);
   refuse_unbuilt_autocast(cfg);
   // The autocast models keep bf16 tensors as host bits (harness/model/autocast_parts.hpp).
-  if (cfg.model.autocast && setup.backend == "cuda")
+  if ((cfg.model.autocast || cfg.model.param_bf16) && setup.backend == "cuda")
     throw UsageError("--precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
                      "--backend cpu");
   if (cfg.pipeline())
@@ -342,7 +353,7 @@ std::optional<ResultDocument> run_job(const RunConfig& cfg, const JobSetup& setu
   } else {
     DataParallelRun run = data_parallel_run(cfg, world);
     // The MLP's bf16 Linears run the backend's gemm_bf16 (the transformers' autocast parts their own).
-    if (cfg.model.autocast && !cfg.model.is_transformer()) run.bf16_gemm = backend->bf16_gemm();
+    if ((cfg.model.autocast || cfg.model.param_bf16) && !cfg.model.is_transformer()) run.bf16_gemm = backend->bf16_gemm();
     for (std::size_t r = 0; r < all.size(); ++r)
       run.ranks.push_back(read_rank_record(nlohmann::json::parse(all[r]), "rank " + std::to_string(r) + "'s record"));
     run.place = place;

@@ -7,7 +7,7 @@
 namespace shardscope {
 
 FsdpStrategy::FsdpStrategy(const StrategyContext& ctx, bool full_shard)
-    : UnitShardedStrategy(ctx, full_shard) {
+    : UnitShardedStrategy(ctx, full_shard), bf16_(ctx.cfg.model.param_bf16) {
   block_offset_in_unit_.assign(static_cast<std::size_t>(model_->blocks()), 0);
   for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
     std::int64_t at = 0;
@@ -52,41 +52,80 @@ std::int64_t FsdpStrategy::offset_in_unit(int block, int tensor) const {
          model_->block_offset(block);
 }
 
+// Under bf16 the gathered unit and the full gradient hold bf16 elements: the blocks read
+// and write them as bf16 (as_bf16) through these float pointers.
 const float* FsdpStrategy::param(int block, int tensor) {
-  return state_[unit_of_block_[block]].full.data() + offset_in_unit(block, tensor);
+  const Buffer& full = state_[unit_of_block_[block]].full;
+  const std::int64_t at = offset_in_unit(block, tensor);
+  return bf16_ ? reinterpret_cast<const float*>(full.bf16() + at) : full.data() + at;
 }
 float* FsdpStrategy::grad(int block, int tensor) {
-  return state_[unit_of_block_[block]].full_grad.data() + offset_in_unit(block, tensor);
+  const Buffer& full_grad = state_[unit_of_block_[block]].full_grad;
+  const std::int64_t at = offset_in_unit(block, tensor);
+  return bf16_ ? reinterpret_cast<float*>(full_grad.bf16() + at) : full_grad.data() + at;
+}
+
+CommTicket FsdpStrategy::gather_into_full(int u, bool blocking) {
+  UnitState& s = state_[u];
+  const std::size_t shard = static_cast<std::size_t>(units_[u].shard), padded = static_cast<std::size_t>(units_[u].padded);
+  backend_.tracker().mark(backend_.tracker().phase(), {PlaceKind::unit, u});
+  if (!bf16_) {
+    s.full = backend_.alloc(Category::param_unsharded, padded);
+    if (!blocking) return comm_.start_all_gather(s.shard.data(), s.full.data(), shard);
+    comm_.all_gather(s.shard.data(), s.full.data(), shard);
+    return {};
+  }
+  // FSDP1's _mp_shard: the shard's bf16 cast, all-gathered into the bf16 unit.
+  s.cast = backend_.alloc(Category::param_cast, shard, DType::bf16);
+  backend_.cast_to_bf16(s.cast.bf16(), s.shard.data(), shard);
+  s.full = backend_.alloc(Category::param_unsharded, padded, DType::bf16);
+  if (!blocking) return comm_.start_all_gather_bf16(s.cast.bf16(), s.full.bf16(), shard);
+  comm_.all_gather_bf16(s.cast.bf16(), s.full.bf16(), shard);
+  s.cast.reset();
+  return {};
 }
 
 void FsdpStrategy::gather(int u) {
   UnitState& s = state_[u];
   if (s.full) {
     comm_.wait(s.gathering);  // prefetched: its all-gather may still be in flight
+    s.cast.reset();           // its bf16 cast goes once the all-gather has completed
     return;
   }
-  backend_.tracker().mark(backend_.tracker().phase(), {PlaceKind::unit, u});
-  s.full = backend_.alloc(Category::param_unsharded, static_cast<std::size_t>(units_[u].padded));
-  comm_.all_gather(s.shard.data(), s.full.data(), static_cast<std::size_t>(units_[u].shard));
+  gather_into_full(u, true);
 }
 
 // The gathered buffer is allocated where a blocking gather allocates it, so overlap moves
-// no byte: only the wait moves, to the unit's own gather.
+// no byte: only the wait moves, to the unit's own gather (and with it, under bf16, the
+// free of the shard's cast).
 void FsdpStrategy::prefetch(int u) {
   UnitState& s = state_[u];
   if (!cfg_.overlap || s.full) return gather(u);
-  backend_.tracker().mark(backend_.tracker().phase(), {PlaceKind::unit, u});
-  s.full = backend_.alloc(Category::param_unsharded, static_cast<std::size_t>(units_[u].padded));
-  s.gathering = comm_.start_all_gather(s.shard.data(), s.full.data(), static_cast<std::size_t>(units_[u].shard));
+  s.gathering = gather_into_full(u, false);
 }
 
 void FsdpStrategy::begin_unit_gradient(int u) {
   UnitState& s = state_[u];
   if (s.full_grad) return;  // kept from the micro-step before (--no-sync)
   // (padded) full flat gradient; the padding tail is zero, the rest gets overwritten.
-  s.full_grad = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(units_[u].padded));
   const std::int64_t pad = units_[u].padded - units_[u].elems;
+  if (bf16_) {
+    s.full_grad = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(units_[u].padded), DType::bf16);
+    if (pad > 0) backend_.fill_bf16(s.full_grad.bf16() + units_[u].elems, 0.0f, static_cast<std::size_t>(pad));
+    return;
+  }
+  s.full_grad = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(units_[u].padded));
   if (pad > 0) backend_.fill(s.full_grad.data() + units_[u].elems, 0.0f, static_cast<std::size_t>(pad));
+}
+
+// reduce_dtype=fp32: the bf16 full gradient's fp32 cast replaces it (the bf16 freed after).
+void FsdpStrategy::cast_gradient_for_reduce(int u) {
+  UnitState& s = state_[u];
+  if (!bf16_) return;
+  const std::size_t padded = static_cast<std::size_t>(units_[u].padded);
+  Buffer full32 = backend_.alloc(Category::grad_unsharded, padded);
+  backend_.cast_from_bf16(full32.data(), s.full_grad.bf16(), padded, 0.0f);
+  s.full_grad = std::move(full32);
 }
 
 void FsdpStrategy::reduce_unit(int u) {
@@ -94,6 +133,7 @@ void FsdpStrategy::reduce_unit(int u) {
   const std::size_t n = static_cast<std::size_t>(units_[u].shard);
   if (cfg_.overlap) {
     finish_reduce();  // the unit before's: one in flight at a time
+    cast_gradient_for_reduce(u);
     reducing_.unit = u;
     float* dst = s.grad_shard.data();
     if (adds_to_shard()) {
@@ -103,6 +143,7 @@ void FsdpStrategy::reduce_unit(int u) {
     reducing_.ticket = comm_.start_reduce_scatter_sum(s.full_grad.data(), dst, n);
     return;
   }
+  cast_gradient_for_reduce(u);
   const float inv_world = 1.0f / static_cast<float>(comm_.world());
   if (adds_to_shard()) {
     // FSDP1's _accumulate_sharded_grad: the reduce-scatter's output is a new shard (comm),

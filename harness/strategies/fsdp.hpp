@@ -13,6 +13,14 @@
 // as FSDP2's reduce_scatter_state keeps it; FSDP1 frees the input at once under
 // record_stream, so the caching allocator reuses it only once the reduce-scatter has run:
 // we take the wait as that moment, so that the bytes stay a closed form.
+// --precision bf16 (ModelConfig::param_bf16): FSDP1's MixedPrecision(param_dtype=bf16,
+// reduce_dtype=fp32), measured with torch 2.15 (bench/torch_fsdp_mp.py). Shards, their
+// gradients and AdamW's state stay fp32. A gather casts the shard to bf16 (param_cast,
+// FSDP1's _mp_shard), all-gathers it into a bf16 unit (param_unsharded, 2 B an element)
+// and frees the cast once the all-gather has completed; the blocks compute on views of it
+// and write their gradients into a bf16 full gradient (grad_unsharded), which the unit's
+// reduction first casts to an fp32 one (FSDP1's post-backward flat_param.grad.to(fp32),
+// the bf16 freed after) and reduce-scatters in fp32, as without bf16.
 #pragma once
 
 #include <vector>
@@ -34,6 +42,7 @@ class FsdpStrategy : public UnitShardedStrategy {
   void prefetch(int unit) override;
   void reshard(int unit) override {
     comm_.wait(state_[unit].gathering);  // freed only after its all-gather completed
+    state_[unit].cast.reset();
     state_[unit].full.reset();
   }
   void begin_unit_gradient(int unit) override;
@@ -59,11 +68,18 @@ class FsdpStrategy : public UnitShardedStrategy {
     Buffer shard;       // (shard) param
     Buffer grad_shard;  // (shard) grad
     AdamState adam;     // (shard) optim, one step scalar per flat parameter
-    Buffer full;        // (padded) param_unsharded while gathered
+    Buffer full;        // (padded) param_unsharded while gathered; bf16 under --precision bf16
+    Buffer cast;        // (shard) bf16 param_cast of the shard until its all-gather completed (bf16)
     CommTicket gathering;  // full's all-gather, posted by prefetch and not yet waited for
-    Buffer full_grad;   // (padded) grad_unsharded during the unit's backward
+    Buffer full_grad;   // (padded) grad_unsharded during the unit's backward (bf16 until its reduction's cast)
   };
   std::vector<UnitState> state_;
+  bool bf16_ = false;  // --precision bf16: MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)
+  // Posts (or runs, when blocking) unit u's all-gather into a new s.full: fp32, or the bf16
+  // cast of the shard into a bf16 unit.
+  CommTicket gather_into_full(int u, bool blocking);
+  // reduce_dtype=fp32: replaces unit u's bf16 full gradient by its fp32 cast (no-op in fp32).
+  void cast_gradient_for_reduce(int u);
 
   // The reduce-scatter in flight (--overlap on): its unit, ticket and staging output.
   struct Reducing {

@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "shardscope/dtype.hpp"
+
 namespace shardscope {
 
 class Backend;
@@ -103,6 +105,10 @@ class Communicator {
   void reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count);
   // send(send_count) from every rank -> recv(world * send_count), rank order.
   void all_gather(const float* send, float* recv, std::size_t send_count);
+  // The same on bf16 elements (FSDP's MixedPrecision gathers its units in bf16): recorded
+  // as an all_gather of 2 B an element (world x send_count x 2 B). Host buffers, or a
+  // device's under nccl.
+  void all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t send_count);
   void broadcast(float* buf, std::size_t count, int root);
   // Posts every op together and returns when all have completed (MPI Isend/Irecv +
   // Waitall; NCCL group). Ops to the same peer match in order. Pipelines use this
@@ -135,6 +141,7 @@ class Communicator {
   CommTicket start_all_reduce_sum(float* buf, std::size_t count);
   CommTicket start_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count);
   CommTicket start_all_gather(const float* send, float* recv, std::size_t send_count);
+  CommTicket start_all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t send_count);
   // Lets posted collectives advance and notes which have completed (MPI progresses a
   // non-blocking collective only inside MPI calls: strategies call this between blocks).
   void progress();
@@ -166,6 +173,7 @@ class Communicator {
   virtual void do_all_reduce_max(float* buf, std::size_t count) = 0;
   virtual void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) = 0;
   virtual void do_all_gather(const float* send, float* recv, std::size_t send_count) = 0;
+  virtual void do_all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t send_count) = 0;
   virtual void do_broadcast(float* buf, std::size_t count, int root) = 0;
   virtual void do_p2p(const std::vector<P2pOp>& ops) = 0;
   virtual void do_barrier() = 0;
@@ -179,6 +187,7 @@ class Communicator {
   virtual void post_all_reduce_sum(std::int64_t id, float* buf, std::size_t count);
   virtual void post_reduce_scatter_sum(std::int64_t id, const float* send, float* recv, std::size_t recv_count);
   virtual void post_all_gather(std::int64_t id, const float* send, float* recv, std::size_t send_count);
+  virtual void post_all_gather_bf16(std::int64_t id, const Bf16* send, Bf16* recv, std::size_t send_count);
   // True once collective `id` has completed (a poll, never a wait).
   virtual bool test_posted(std::int64_t /*id*/) { return true; }
   // Returns when collective `id` has completed; after --comm-timeout throws RunError

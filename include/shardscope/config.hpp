@@ -79,6 +79,11 @@ struct ModelConfig {
   // --precision bf16 with the torch engine: a transformer runs as torch.autocast(bfloat16)
   // runs it (bf16 GEMMs on casts of their inputs and weights, norms and loss in fp32).
   bool autocast = false;
+  // --precision bf16 under zero2/zero3/hsdp: FSDP's MixedPrecision(param_dtype=bf16,
+  // reduce_dtype=fp32). No autocast: the strategy hands each block its parameters as bf16
+  // (views of the gathered bf16 unit) and takes its parameter gradients in bf16; the
+  // model runs in bf16 on them (the MLP only; harness/model/mlp.cpp).
+  bool param_bf16 = false;
 
   // gpt2 or llama: the shape is `transformer`, and the MLP's sizes below do not apply
   // (harness/predict/transformer_forms.hpp has the transformer's).

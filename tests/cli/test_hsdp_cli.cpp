@@ -145,8 +145,8 @@ TEST_F(HsdpCli, BadFlagsAreRefusedNamingThem) {
                                                               "--emulate 4:0"),
             2);
   EXPECT_EQ(first_line(dir_ + "/err.txt"),
-            "shardscope: error: --precision bf16 and --strategy hsdp: FSDP's mixed precision is not built yet; "
-            "allowed: ddp, zero1");
+            "shardscope: error: --precision bf16 and --strategy hsdp with --model gpt2: FSDP's mixed precision is "
+            "built for the MLP only yet; allowed: --model mlp, or --strategy ddp|zero1");
 }
 
 // plan and sweep take hsdp in --strategies with --shard-group (which reaches hsdp's jobs

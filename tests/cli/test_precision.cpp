@@ -201,6 +201,46 @@ TEST_F(Precision, Bf16MlpRunsEveryRankAsPredicted) {
     }
 }
 
+// zero2/zero3 under bf16 (FSDP1's MixedPrecision): every emulated rank of W = 3 measures its
+// forms; the all-gathers carry bf16 (half the fp32 run's bytes), the reduce-scatters fp32
+// (the fp32 run's); a plan of the same rank is the run's prediction; a sweep runs them.
+TEST_F(Precision, Bf16FsdpRunsEveryRankAsPredicted) {
+  for (const char* strategy : {"zero2 --units 1", "zero3 --units 1", "zero3 --units 2 --overlap off"})
+    for (int r = 0; r < 3; ++r) {
+      const std::string args = std::string("run --backend cpu ") + kMlp + "--strategy " + strategy + " --emulate 3:" +
+                               std::to_string(r);
+      ASSERT_EQ(binary(args + " --precision bf16 --json b.json"), 0) << args << ": " << first_line(dir_ + "/err.txt");
+      const json run = read("b.json")["runs"][0];
+      EXPECT_FALSE(run["bf16_gemm"].get<std::string>().empty()) << args;
+      const json& rank = run["ranks"][0];
+      expect_bf16_rank_as_predicted(run, rank, args);
+      EXPECT_EQ(rank["comm_bytes"], rank["predicted"]["comm_bytes"]) << args;
+      EXPECT_GT(rank["peak"]["by_category"]["param_unsharded"].get<std::int64_t>(), 0) << args;
+      ASSERT_EQ(binary(args + " --json f.json"), 0) << args << ": " << first_line(dir_ + "/err.txt");
+      const json fp32 = read("f.json")["runs"][0]["ranks"][0];
+      EXPECT_EQ(rank["resting"], fp32["resting"]) << args;
+      EXPECT_EQ(2 * rank["comm"]["all_gather"]["bytes"].get<std::int64_t>(),
+                fp32["comm"]["all_gather"]["bytes"].get<std::int64_t>())
+          << args;
+      EXPECT_EQ(rank["comm"]["reduce_scatter"]["bytes"], fp32["comm"]["reduce_scatter"]["bytes"]) << args;
+    }
+  ASSERT_EQ(binary(std::string("plan ") + kMlp + "--worlds 3 --strategies zero3 --units 1 --precision bf16 --json p.json"),
+            0)
+      << first_line(dir_ + "/err.txt");
+  ASSERT_EQ(binary(std::string("run --backend cpu ") + kMlp + "--strategy zero3 --units 1 --precision bf16 "
+                   "--emulate 3:2 --json r.json"),
+            0)
+      << first_line(dir_ + "/err.txt");
+  const json plan = read("p.json")["plans"][0];
+  EXPECT_EQ(plan["precision"], "bf16");
+  EXPECT_EQ(plan["rank_groups"].back()["predicted"]["peak_by_category"],
+            read("r.json")["runs"][0]["ranks"][0]["peak"]["by_category"]);
+  ASSERT_EQ(binary(std::string("sweep --backend cpu ") + kMlp + "--emulate --worlds 2 --strategies zero2,zero3 "
+                   "--precision bf16 --out sw"),
+            0)
+      << first_line(dir_ + "/err.txt");
+}
+
 // plan --precision bf16 of the MLP prints and writes autocast's forms: what the run of the
 // same rank measures, param_cast among the peak's categories, the label saying bf16.
 TEST_F(Precision, Bf16MlpPlanIsTheRunsPrediction) {
@@ -227,7 +267,7 @@ TEST_F(Precision, Bf16MlpUnderMpirunHoldsItsPredictionsOnBothRanks) {
   GTEST_SKIP() << "no MPI in this build";
 #else
   if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
-  for (const char* strategy : {"ddp", "zero1"}) {
+  for (const char* strategy : {"ddp", "zero1", "zero2 --units 1", "zero3 --units 1"}) {
     const int rc = shell("cd '" + dir_ + "' && timeout -k 5 120 mpirun --oversubscribe -np 2 '" + bin_ +
                          "' run --backend cpu --comm mpi " + kMlp + "--precision bf16 --strategy " + strategy +
                          " --json m.json > out.txt 2> err.txt");
@@ -250,12 +290,15 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
     std::string args;
     std::string line;
   } cases[] = {
-      {m + "--precision bf16 --strategy zero2",
-       "shardscope: error: --precision bf16 and --strategy zero2: FSDP's mixed precision is not built yet; allowed: "
-       "ddp, zero1"},
       {m + "--precision bf16 --strategy zero3 --engine fsdp2",
-       "shardscope: error: --precision bf16 and --strategy zero3: FSDP's mixed precision is not built yet; allowed: "
-       "ddp, zero1"},
+       "shardscope: error: --precision bf16 and --strategy zero3 with --engine fsdp2: fully_shard's "
+       "MixedPrecisionPolicy is not built yet; allowed: --engine torch (FSDP1's MixedPrecision)"},
+      {m + "--precision bf16 --strategy zero2 --accumulate 2",
+       "shardscope: error: --accumulate 2 and --precision bf16 and --strategy zero2: FSDP's bf16 gradient "
+       "accumulation is not built yet; give --accumulate 1"},
+      {m + "--precision bf16 --strategy hsdp --shard-group 2 --emulate 4:0",
+       "shardscope: error: --precision bf16 and --strategy hsdp: HSDP's mixed precision is not built yet; allowed: "
+       "zero2, zero3 (or ddp, zero1)"},
       {m + "--precision bf16 --schedule gpipe",
        "shardscope: error: --precision bf16 and --schedule gpipe: the MLP's pipeline under autocast is not built yet; "
        "allowed: --model gpt2|llama"},
@@ -267,17 +310,20 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
       {"run --backend cuda --layers 2 --width 8 --precision bf16",
        "shardscope: error: --precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
        "--backend cpu"},
-      {"sweep --backend cpu --layers 2 --width 8 --worlds 2 --strategies zero3 --precision bf16 --out sw",
-       "shardscope: error: --precision bf16 and --strategy zero3: FSDP's mixed precision is not built yet; allowed: "
-       "ddp, zero1"},
+      {"sweep --backend cpu --layers 2 --width 8 --worlds 2 --strategies zero3 --engine fsdp2 --precision bf16 --out sw",
+       "shardscope: error: --precision bf16 and --strategy zero3 with --engine fsdp2: fully_shard's "
+       "MixedPrecisionPolicy is not built yet; allowed: --engine torch (FSDP1's MixedPrecision)"},
+      {"run --backend cuda --layers 2 --width 8 --precision bf16 --strategy zero3",
+       "shardscope: error: --precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
+       "--backend cpu"},
       {"run --backend cpu --layers 2 --width 8 --precision fp16",
        "shardscope: error: --precision: unknown 'fp16'; allowed: fp32, bf16"},
       {g + "--precision bf16 --strategy zero2",
-       "shardscope: error: --precision bf16 and --strategy zero2: FSDP's mixed precision is not built yet; allowed: "
-       "ddp, zero1"},
+       "shardscope: error: --precision bf16 and --strategy zero2 with --model gpt2: FSDP's mixed precision is built "
+       "for the MLP only yet; allowed: --model mlp, or --strategy ddp|zero1"},
       {g + "--precision bf16 --strategy zero3 --engine fsdp2",
-       "shardscope: error: --precision bf16 and --strategy zero3: FSDP's mixed precision is not built yet; allowed: "
-       "ddp, zero1"},
+       "shardscope: error: --precision bf16 and --strategy zero3 with --model gpt2: FSDP's mixed precision is built "
+       "for the MLP only yet; allowed: --model mlp, or --strategy ddp|zero1"},
       {g + "--precision bf16 --schedule zb-h1",
        "shardscope: error: --precision bf16 and --schedule zb-h1: the zero-bubble split (B and W apart) under "
        "autocast is not built yet; allowed: gpipe, 1f1b, interleaved-1f1b"},

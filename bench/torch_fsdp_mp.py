@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""torch's FSDP mixed precision (param_dtype bf16, reduce_dtype fp32) on the seed's model.
+
+PyTorch runs the seed's model (docs/design.md §2: 8 x Linear(256, 256) + ReLU, MSE
+against ones, torch.optim.AdamW with its defaults, batch 32 a rank, 3 steps) on CPU under
+gloo, one process per rank, sharded as
+  fsdp1-zero3-unit  FSDP1 FULL_SHARD, each Linear wrapped, then the root
+  fsdp1-zero2-unit  FSDP1 SHARD_GRAD_OP, each Linear wrapped
+  fsdp1-root        FSDP1 FULL_SHARD, no wrap policy (one root unit)
+  fsdp2-zero3-unit  fully_shard on each Linear then the root, reshard_after_forward=True
+  fsdp2-zero2-unit  the same, reshard_after_forward=False
+with FSDP1's MixedPrecision(param_dtype=bfloat16, reduce_dtype=float32,
+buffer_dtype=float32) or fully_shard's MixedPrecisionPolicy(param_dtype=bfloat16,
+reduce_dtype=float32). Per rank it records (step 3 unless said):
+  resting     c10's allocator total after the step (bench/torch_peaks.py explains the log),
+              and the storages of the sharded parameters, gradients and AdamW state with
+              their dtypes;
+  collectives every all_gather_into_tensor / reduce_scatter_tensor / all_reduce the step
+              issues (patched in torch.distributed): dtype, input and output elements;
+  saved       what autograd saves in the forward (saved_tensors_hooks): each distinct
+              storage's dtype and bytes, split into the gathered parameters' storages and
+              the rest;
+  loss        the dtype the model's output and the loss come out in;
+  peak        the high-water mark of step 3 and its phase.
+With --shardscope BINARY it runs the same configuration with `--precision bf16 --emulate
+W:r` for every rank and prints resting, peak and communicated bytes beside torch's.
+
+Usage: bench/torch_fsdp_mp.py [--worlds 2,3,4] [--configs NAME,...] [--loss mse|sum]
+                              [--shardscope BINARY] [--json FILE]
+torch is a dependency of this bench only (never of CI).
+"""
+import argparse
+import collections
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_peaks  # noqa: E402  (the allocator log and the driver's helpers)
+
+LAYERS, WIDTH, BATCH, STEPS = torch_peaks.LAYERS, torch_peaks.WIDTH, torch_peaks.BATCH, torch_peaks.STEPS
+MARK = torch_peaks.MARK
+
+# name -> (shardscope flags, engine, reshard / FULL_SHARD, wrap each Linear)
+CONFIGS = {
+    "fsdp1-zero3-unit": (["--strategy", "zero3", "--units", "1"], "fsdp1", True, True),
+    "fsdp1-zero2-unit": (["--strategy", "zero2", "--units", "1"], "fsdp1", False, True),
+    "fsdp1-root": (["--strategy", "zero3", "--units", "all"], "fsdp1", True, False),
+    "fsdp2-zero3-unit": (["--strategy", "zero3", "--units", "1", "--engine", "fsdp2"], "fsdp2", True, True),
+    "fsdp2-zero2-unit": (["--strategy", "zero2", "--units", "1", "--engine", "fsdp2"], "fsdp2", False, True),
+}
+
+
+def build(config, torch):
+    _, engine, reshard, per_linear = CONFIGS[config]
+    mods = []
+    for _ in range(LAYERS):
+        mods += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*mods)
+    if engine == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for m in model:
+            if isinstance(m, torch.nn.Linear):
+                fully_shard(m, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(model, reshard_after_forward=reshard, mp_policy=mp)
+    else:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+        strategy = ShardingStrategy.FULL_SHARD if reshard else ShardingStrategy.SHARD_GRAD_OP
+        policy = ModuleWrapPolicy({torch.nn.Linear}) if per_linear else None
+        model = FSDP(model, sharding_strategy=strategy, auto_wrap_policy=policy, mixed_precision=mp,
+                     device_id=torch.device("cpu"))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+class Collectives:
+    """Every collective torch.distributed is asked for: kind, dtype, input and output elements."""
+
+    # torch 2.15's fully_shard and FSDP1's reduce-scatter call the *_single forms (output
+    # first, input second); FSDP1 all-gathers a CPU flat parameter with the list form.
+    KINDS = {"all_gather": "all_gather", "all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter",
+             "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+             "all_reduce": "all_reduce"}
+
+    def __init__(self, dist):
+        self.calls = []
+        for fn, kind in self.KINDS.items():
+            if hasattr(dist, fn):
+                setattr(dist, fn, self.wrap(getattr(dist, fn), kind))
+
+    def wrap(self, f, kind):
+        def counted(*args, **kwargs):
+            tensors = list(args) + [kwargs[k] for k in ("output", "input", "tensor", "output_tensor",
+                                                         "input_tensor") if k in kwargs]
+            if isinstance(tensors[0], (list, tuple)):  # all_gather(tensor_list, tensor)
+                parts, inp = tensors[0], tensors[1]
+                self.calls.append({"kind": kind, "dtype": str(inp.dtype).replace("torch.", ""), "in": inp.numel(),
+                                   "out": sum(t.numel() for t in parts), "elem_bytes": inp.element_size()})
+                return f(*args, **kwargs)
+            tensors = [t for t in tensors if hasattr(t, "dtype")]
+            if kind == "all_reduce":
+                out = inp = tensors[0]
+            else:
+                out, inp = tensors[0], tensors[1]
+            self.calls.append({"kind": kind, "dtype": str(inp.dtype).replace("torch.", ""),
+                               "in": inp.numel(), "out": out.numel(), "elem_bytes": inp.element_size()})
+            return f(*args, **kwargs)
+        return counted
+
+
+def worker(args):
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=args.rank, world_size=args.world)
+    torch.manual_seed(args.rank)
+    ledger = Collectives(dist)
+    c10 = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+    ctypes.c_bool.in_dll(c10, "FLAGS_caffe2_report_cpu_memory_usage").value = True
+
+    def mark(name):
+        os.write(2, f"{MARK} {name}\n".encode())
+
+    model, opt = build(args.config, torch)
+    saved = {}  # the last forward's saved storages: address -> dtype, bytes, shape
+    dtypes = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        saved.setdefault(s.data_ptr(), {"dtype": str(t.dtype).replace("torch.", ""), "bytes": s.nbytes(),
+                                        "shape": list(t.shape)})
+        return t
+
+    for step in range(STEPS):
+        ledger.calls.clear()
+        saved.clear()
+        mark("step")
+        x = torch.rand(BATCH, WIDTH) * 2 - 1
+        target = torch.ones(BATCH, WIDTH)
+        opt.zero_grad(set_to_none=False)
+        mark("forward")
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = model(x)
+            loss = torch.nn.functional.mse_loss(y, target) if args.loss == "mse" else y.sum()
+        dtypes = {"output": str(y.dtype), "loss": str(loss.dtype)}
+        mark("backward")
+        loss.backward()
+        mark("optimizer")
+        opt.step()
+        del x, target, loss, y
+        mark("end")
+    ctypes.c_bool.in_dll(c10, "FLAGS_caffe2_report_cpu_memory_usage").value = False
+    # What rests, storage by storage (deduplicated), with dtypes.
+    rest, rest_seen = collections.Counter(), set()
+
+    def local(t):
+        return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+    for p in model.parameters():
+        for part, t in (("param", p), ("grad", p.grad)):
+            if t is None:
+                continue
+            s = local(t).untyped_storage()
+            if s.data_ptr() not in rest_seen:
+                rest_seen.add(s.data_ptr())
+                rest[f"{part} {str(t.dtype).replace('torch.', '')}"] += s.nbytes()
+        for v in opt.state[p].values():
+            t = local(v)
+            s = t.untyped_storage()
+            if s.nbytes() and s.data_ptr() not in rest_seen:
+                rest_seen.add(s.data_ptr())
+                rest[f"optim {str(t.dtype).replace('torch.', '')}"] += s.nbytes()
+    with open(os.path.join(args.out, f"rank{args.rank}.json"), "w") as f:
+        json.dump({"storages": dict(rest), "collectives": ledger.calls, "saved": list(saved.values()),
+                   "dtypes": dtypes}, f)
+    dist.destroy_process_group()
+
+
+def torch_ranks(config, world, loss, tmp):
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(torch_peaks.free_port()),
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               TORCH_CPP_LOG_LEVEL="INFO")
+    logs = [os.path.join(tmp, f"log{r}.txt") for r in range(world)]
+    procs = []
+    for r in range(world):
+        with open(logs[r], "w") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, __file__, "--worker", "--config", config, "--world", str(world),
+                 "--rank", str(r), "--loss", loss, "--out", tmp], env=env, stdout=subprocess.DEVNULL,
+                stderr=log))
+    errors = []
+    for r, p in enumerate(procs):
+        try:
+            p.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"torch {config} W={world}: rank {r} did not finish in 600 s")
+        if p.returncode != 0:
+            tail = [l.strip() for l in open(logs[r], errors="replace") if "C10 " not in l][-3:]
+            errors.append(f"rank {r}: exit {p.returncode}: {' '.join(tail)}")
+    if errors:
+        raise RuntimeError(f"torch {config} W={world}: " + "; ".join(errors))
+    out = []
+    for r in range(world):
+        ranked = json.load(open(os.path.join(tmp, f"rank{r}.json")))
+        ranked.update(torch_peaks.allocator_figures(logs[r]))
+        out.append(ranked)
+    return out
+
+
+def summarize(calls):
+    """Per (kind, dtype): calls, and bytes at nccl-tests' size (shardscope's ledger)."""
+    out = collections.OrderedDict()
+    for c in calls:
+        key = f"{c['kind']} {c['dtype']}"
+        size = c["out"] if c["kind"] == "all_gather" else c["in"]
+        e = out.setdefault(key, {"calls": 0, "bytes": 0})
+        e["calls"] += 1
+        e["bytes"] += size * c["elem_bytes"]
+    return out
+
+
+def shardscope_ranks(binary, config, world, loss, tmp):
+    out = []
+    for r in range(world):
+        path = os.path.join(tmp, f"ss{r}.json")
+        cmd = [binary, "run", "--backend", "cpu", "--layers", str(LAYERS), "--width", str(WIDTH),
+               "--batch", str(BATCH), "--activation", "relu", "--loss", loss, "--steps", str(STEPS),
+               "--precision", "bf16", "--emulate", f"{world}:{r}", "--json", path] + CONFIGS[config][0]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        out.append(json.load(open(path))["runs"][0]["ranks"][0])
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worlds", default="2,3,4")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--loss", default="mse", choices=("mse", "sum"))
+    ap.add_argument("--shardscope", help="run this binary beside torch")
+    ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--config", help=argparse.SUPPRESS)
+    ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    try:
+        worlds = [int(w) for w in args.worlds.split(",")]
+    except ValueError:
+        sys.exit(f"torch_fsdp_mp: --worlds: expected a list of integers, got {args.worlds!r}")
+    configs = args.configs.split(",")
+    for c in configs:
+        if c not in CONFIGS:
+            sys.exit(f"torch_fsdp_mp: --configs: unknown {c!r}; known: {', '.join(CONFIGS)}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torch
+    except ImportError:
+        sys.exit(f"torch_fsdp_mp: PyTorch is not importable by {sys.executable}")
+    print(f"torch {torch.__version__} (CPU, gloo), bf16 params, fp32 reduce; model {LAYERS} x {WIDTH}, "
+          f"ReLU, {args.loss}, batch {BATCH}/rank, AdamW, step {STEPS}")
+    records = []
+    for config in configs:
+        for world in worlds:
+            with tempfile.TemporaryDirectory() as tmp:
+                theirs = torch_ranks(config, world, args.loss, tmp)
+                ours = shardscope_ranks(args.shardscope, config, world, args.loss, tmp) if args.shardscope \
+                    else [None] * world
+            print(f"\n{config}, W = {world}")
+            for r, (t, o) in enumerate(zip(theirs, ours)):
+                comm = summarize(t["collectives"])
+                saved = collections.Counter()
+                for s in t["saved"]:
+                    saved[f"{s['dtype']} {s['bytes']}"] += 1
+                print(f"  rank {r}: rest {t['resting']:,} (storages {t['storages']}), peak {t['peak']:,} "
+                      f"({t['phase']}); output {t['dtypes']['output']}, loss {t['dtypes']['loss']}")
+                print(f"    comm: " + "; ".join(f"{k}: {v['calls']} calls, {v['bytes']:,} B" for k, v in comm.items()))
+                print(f"    saved storages: " + ", ".join(f"{n} x {k} B" for k, n in saved.items()))
+                if o is not None:
+                    ocomm = {k: v["bytes"] for k, v in o["comm"].items() if v["calls"]}
+                    print(f"    ours: rest {o['resting']['total']:,}, peak {o['peak']['total']:,} "
+                          f"({o['peak']['phase']}, {o['peak']['where']}), comm {ocomm}")
+                records.append({"config": config, "world": world, "rank": r, "torch": t,
+                                "shardscope": None if o is None else
+                                {"resting": o["resting"], "peak": o["peak"], "comm": o["comm"]}})
+    if args.json:
+        with open(args.json + ".tmp", "w") as f:
+            json.dump({"torch": torch.__version__, "loss": args.loss, "records": records}, f, indent=1)
+        os.replace(args.json + ".tmp", args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+// The MLP's step under FSDP1's MixedPrecision in closed form (mlp_fsdp_bf16_forms.hpp).
+//
+// Symbols: B rows, w width, L layers; a2 = 2Bw (a bf16 activation), a4 = 4Bw (the fp32
+// batch X, mse's fp32 target t, and mse's fp32 temporaries); r = 1 with relu, m = 1 with
+// mse, k = 1 when the last output is saved (relu or mse); for unit u: g_u = 2 padded_u (its
+// bf16 gathered parameters, or its bf16 full gradient), f_u = 4 padded_u (the gradient's
+// fp32 cast for the reduce-scatter), c_u = 2 shard_u (the shard's bf16 cast).
+// "Every unit resharded after forward" is zero3 with more than one unit.
+//
+// Each instant where the live total can be highest is visited in time order; the first
+// instant of the highest total is the peak (the tracker keeps the first):
+//   forward   each unit's gather (its cast c_u and the bf16 unit g_u, beside what is still
+//             gathered: nothing when resharded, else units 0..u-1), and each layer's
+//             output (the batch's cast a2 is made by layer 0);
+//   loss      its scalar (4 B), and under mse the fp32 cast of the output (a4);
+//   loss grad sum: dy (a2); mse: the output's fp32 cast and mse's fp32 gradient (2 a4);
+//   backward  per unit from the last: a fresh gather (the top unit, or every unit without
+//             --prefetch), the prefetch of the unit below (its cast c_{u-1} held until
+//             its own gather's wait under --overlap on), the bf16 full gradient g_u, each
+//             layer's dx (a2, below layer 0), and the reduction's fp32 cast f_u beside
+//             g_u. Under --overlap on the unit above's fp32 gradient f_{u+1} is in flight
+//             through the unit's backward, and waited for just before the cast.
+// The batch's cast a2 lives until layer 0's backward; a layer j's output until its own
+// backward (the last only when k).
+#include "harness/predict/mlp_fsdp_bf16_forms.hpp"
+
+#include <string>
+
+namespace shardscope {
+namespace {
+
+struct Instant {
+  std::int64_t temp = 0, activation = 0, param_unsharded = 0, param_cast = 0, grad_unsharded = 0;
+  std::int64_t total() const { return temp + activation + param_unsharded + param_cast + grad_unsharded; }
+};
+
+}  // namespace
+
+void apply_mlp_fsdp_bf16_step(const RunConfig& cfg, const std::vector<Unit>& units, std::vector<Prediction>& ranks) {
+  const ModelConfig& model = cfg.model;
+  const std::int64_t B = model.batch, w = model.width;
+  const int L = model.layers;
+  const std::int64_t a2 = 2 * B * w, a4 = 4 * B * w;
+  const std::int64_t m = model.loss == Loss::mse ? 1 : 0;
+  const std::int64_t k = (model.activation == Activation::relu || m == 1) ? 1 : 0;
+  const std::int64_t X = a4, t = m * a4;
+  const int U = static_cast<int>(units.size());
+  const bool reshard = cfg.strategy == StrategyKind::zero3 && U > 1;
+  const bool prefetch = cfg.prefetch != 0;
+  std::vector<std::int64_t> g(U), f(U), c(U), g_upto(U);
+  for (int u = 0; u < U; ++u) {
+    g[u] = 2 * units[u].padded;
+    f[u] = 4 * units[u].padded;
+    c[u] = 2 * units[u].shard;
+    g_upto[u] = g[u] + (u > 0 ? g_upto[u - 1] : 0);
+  }
+  auto gathered_below = [&](int u) { return u > 0 ? g_upto[u - 1] : std::int64_t{0}; };
+  // Outputs alive while layer j runs backward: 0..j, the last only when saved.
+  auto outputs = [&](int j) { return static_cast<std::int64_t>(j == L - 1 ? L - 1 + k : j + 1); };
+
+  Instant best{-1, 0, 0, 0, 0};
+  Phase phase = Phase::setup;
+  std::string where;
+  auto consider = [&](const Instant& at, Phase ph, const std::string& place) {
+    if (at.total() > best.total()) {
+      best = at;
+      phase = ph;
+      where = place;
+    }
+  };
+  auto unit = [](int u) { return "unit " + std::to_string(u); };
+
+  // ---- forward ----
+  for (int u = 0; u < U; ++u) {
+    const int first = units[u].first_block;
+    const std::int64_t held = reshard ? 0 : gathered_below(u);
+    // The gather: the shard's cast and the bf16 unit; the batch's cast and outputs 0..first-1.
+    consider({X + t, first > 0 ? (first + 1) * a2 : 0, held + g[u], c[u], 0}, Phase::forward, unit(u));
+    for (int i = first; i < units[u].last_block; ++i) {
+      const bool saved = i < L - 1 || k == 1;
+      consider({X + t + (saved ? 0 : a2), a2 + i * a2 + (saved ? a2 : 0), held + g[u], 0, 0}, Phase::forward,
+               unit(u));
+    }
+  }
+  const std::int64_t gathered_end = reshard ? 0 : g_upto[U - 1];
+  const std::int64_t saved_outputs = a2 + (L - 1 + k) * a2;  // the batch's cast, outputs 0..L-2, the last when k
+  // The loss scalar; under mse beside the output's fp32 cast.
+  consider({X + t + 4 + (m ? a4 : (k ? 0 : a2)), saved_outputs, gathered_end, 0, 0}, Phase::forward, unit(U - 1));
+  // The loss gradient: dy (sum) or the output's fp32 cast and mse's fp32 gradient.
+  consider({X + t + (m ? 2 * a4 : a2), saved_outputs, gathered_end, 0, 0}, Phase::backward,
+           "layer " + std::to_string(L - 1));
+
+  // ---- backward ----
+  std::int64_t cast_held = 0;  // a prefetched unit's cast, until its gather's wait (--overlap on)
+  for (int u = U - 1; u >= 0; --u) {
+    const int first = units[u].first_block, top = units[u].last_block - 1;
+    const std::int64_t flight = cfg.overlap && u + 1 < U ? f[u + 1] : 0;
+    const std::int64_t dy = X + t + a2;
+    const std::int64_t act_top = a2 + outputs(top) * a2;
+    std::int64_t params = reshard ? g[u] : g_upto[u];
+    cast_held = 0;  // u's own gather waited for its all-gather
+    if (reshard) {
+      if (u == U - 1 || !prefetch) consider({dy, act_top, g[u], c[u], flight}, Phase::backward, unit(u));
+      if (prefetch && u > 0) {
+        consider({dy, act_top, g[u] + g[u - 1], c[u - 1], flight}, Phase::backward, unit(u - 1));
+        params += g[u - 1];
+        if (cfg.overlap) cast_held = c[u - 1];
+      }
+    }
+    const std::int64_t grad = g[u] + flight;
+    consider({dy, act_top, params, cast_held, grad}, Phase::backward, unit(u));  // the bf16 full gradient
+    for (int j = top; j >= first; --j)
+      if (j > 0) consider({dy + a2, a2 + outputs(j) * a2, params, cast_held, grad}, Phase::backward, unit(u));
+    // The reduction: the fp32 cast beside the bf16 gradient; dx and outputs 0..first-1 (and
+    // the batch's cast) when the unit has layers below.
+    consider({X + t + (first > 0 ? a2 : 0), first > 0 ? (first + 1) * a2 : 0, params, cast_held, g[u] + f[u]},
+             Phase::backward, unit(u));
+  }
+
+  const std::int64_t gathers = reshard ? 2 : 1;
+  for (Prediction& p : ranks) {
+    p.peak_by_category = p.resting;
+    p.peak_by_category[Category::temp] += best.temp;
+    p.peak_by_category[Category::activation] += best.activation;
+    p.peak_by_category[Category::param_unsharded] += best.param_unsharded;
+    p.peak_by_category[Category::param_cast] += best.param_cast;
+    p.peak_by_category[Category::grad_unsharded] += best.grad_unsharded;
+    p.peak_total = p.peak_by_category.total();
+    p.peak_phase = phase;
+    p.peak_where = where;
+    // Saved after forward: the batch's cast, outputs 0..L-2, the last when k (bf16), and
+    // mse's fp32 target; the weights are views of the gathered unit (no bytes of their own).
+    p.saved_after_forward_tensors = static_cast<int>(L + k + m);
+    p.saved_after_forward_bytes = (L + k) * a2 + m * a4;
+    p.comm_bytes[static_cast<int>(CollKind::all_gather)] = gathers * g_upto[U - 1];
+  }
+}
+
+}  // namespace shardscope

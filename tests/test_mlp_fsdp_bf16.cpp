@@ -1,0 +1,166 @@
+// --precision bf16 on the MLP under zero2/zero3 (FSDP1's MixedPrecision(param_dtype=bf16,
+// reduce_dtype=fp32): harness/strategies/fsdp.hpp, the param_bf16 Linears of
+// harness/model/mlp.cpp): every emulated rank measures what the closed forms predict
+// (harness/predict/mlp_fsdp_bf16_forms.cpp); the resting bytes, the all-gathers' and
+// reduce-scatters' bytes and the saves after forward are torch 2.15's
+// (bench/torch_fsdp_mp.py); the step trains near fp32's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "support/transformer_testbed.hpp"
+
+namespace shardscope {
+namespace {
+
+ModelConfig mlp(int layers, int width, int batch, Activation activation, Loss loss) {
+  ModelConfig m;
+  m.layers = layers;
+  m.width = width;
+  m.batch = batch;
+  m.activation = activation;
+  m.loss = loss;
+  return m;
+}
+
+RunConfig fsdp_bf16(const ModelConfig& model, const char* strategy, int units) {
+  RunConfig cfg;
+  cfg.model = model;
+  cfg.steps = 2;
+  cfg.seed = 3;
+  cfg.strategy = parse_strategy(strategy);
+  cfg.layers_per_unit = units;
+  cfg.precision = PrecisionKind::bf16;
+  cfg.model.param_bf16 = true;  // FSDP's MixedPrecision (the CLI's to_config sets it)
+  return cfg;
+}
+
+// zero2 and zero3; the root unit alone, units of one and two layers (the last unit
+// shorter); prefetch and overlap on and off; both activations and losses: every rank of
+// W = 1 to 4, on a width whose units pad at W = 3 and 4.
+TEST(MlpFsdpBf16, MeasuredEqualsPredictedOnEveryRank) {
+  int checked = 0;
+  for (const char* strategy : {"zero2", "zero3"})
+    for (int units : {0, 1, 2})
+      for (const Activation act : {Activation::none, Activation::relu})
+        for (const Loss loss : {Loss::sum, Loss::mse})
+          for (int mode = 0; mode < 3; ++mode)  // prefetch + overlap, prefetch blocking, neither
+            for (int world : {1, 2, 3, 4})
+              for (int rank = 0; rank < world; ++rank) {
+                RunConfig cfg = fsdp_bf16(mlp(5, 19, 3, act, loss), strategy, units);
+                cfg.prefetch = mode < 2 ? 1 : 0;
+                cfg.overlap = mode == 0;
+                SCOPED_TRACE(std::string(strategy) + " units=" + std::to_string(units) + " mode=" +
+                             std::to_string(mode) + (act == Activation::relu ? " relu" : " none") +
+                             (loss == Loss::mse ? " mse" : " sum") + " W=" + std::to_string(world) + " r=" +
+                             std::to_string(rank));
+                testing::expect_rank_measured_equals_predicted(cfg, world, rank);
+                ++checked;
+              }
+  EXPECT_EQ(checked, 2 * 3 * 2 * 2 * 3 * 10);
+}
+
+// Where the peak falls moves with the shape (a gather's cast, a gradient's fp32 cast beside
+// its bf16 one, mse's fp32 temporaries), each as predicted; the bf16 gather shows in the
+// categories: param_cast at a zero3 peak with prefetch under overlap, param_unsharded
+// half of fp32's.
+TEST(MlpFsdpBf16, PeaksAsPredictedAndGathersInBf16) {
+  for (const ModelConfig& m : {mlp(4, 64, 2, Activation::none, Loss::sum), mlp(2, 8, 64, Activation::relu, Loss::mse),
+                               mlp(6, 32, 8, Activation::relu, Loss::sum)}) {
+    for (const char* strategy : {"zero2", "zero3"}) {
+      const RunConfig cfg = fsdp_bf16(m, strategy, 1);
+      testing::expect_rank_measured_equals_predicted(cfg, 4, 3);
+      RunConfig fp32 = cfg;
+      fp32.precision = PrecisionKind::fp32;
+      fp32.model.param_bf16 = false;
+      const Prediction p16 = predict_data_parallel(cfg, 4, 3), p32 = predict_data_parallel(fp32, 4, 3);
+      EXPECT_EQ(p16.resting, p32.resting);
+      EXPECT_EQ(2 * p16.comm_bytes[static_cast<int>(CollKind::all_gather)],
+                p32.comm_bytes[static_cast<int>(CollKind::all_gather)]);
+      EXPECT_EQ(p16.comm_bytes[static_cast<int>(CollKind::reduce_scatter)],
+                p32.comm_bytes[static_cast<int>(CollKind::reduce_scatter)]);
+    }
+  }
+  const Prediction wide = predict_data_parallel(fsdp_bf16(mlp(4, 64, 2, Activation::none, Loss::sum), "zero3", 1), 4, 3);
+  EXPECT_GT(wide.peak_by_category[Category::param_cast], 0);  // unit below's cast, held until its wait
+  EXPECT_EQ(wide.peak_by_category[Category::param_unsharded], 2 * 2 * (64 * 64 + 64));  // two bf16 units
+}
+
+// torch 2.15, bench/torch_fsdp_mp.py on the seed model (8 x 256, ReLU, MSE, batch 32 a rank,
+// AdamW, step 3; CPU, gloo): FSDP1 with MixedPrecision(param_dtype=bfloat16,
+// reduce_dtype=float32, buffer_dtype=float32), each Linear wrapped (FULL_SHARD, SHARD_GRAD_OP)
+// or the root alone (FULL_SHARD). Every rank gave these: c10's allocator after the step, the
+// bytes of step 3's all-gathers (bfloat16) and reduce-scatters (float32) at nccl-tests' sizes,
+// and the storages autograd saved in the forward other than the gathered parameters (nine
+// bf16 activations and MSE's fp32 target).
+TEST(MlpFsdpBf16, SeedModelEqualsTorchFsdp1MixedPrecision) {
+  const struct {
+    const char* strategy;
+    int units, world;
+    std::int64_t resting, all_gather, reduce_scatter;
+  } torch215[] = {
+      {"zero3", 1, 2, 4210720, 2105344, 2105344}, {"zero3", 1, 3, 2807200, 2105376, 2105376},
+      {"zero3", 1, 4, 2105376, 2105344, 2105344}, {"zero2", 1, 2, 4210720, 1052672, 2105344},
+      {"zero2", 1, 3, 2807200, 1052688, 2105376}, {"zero2", 1, 4, 2105376, 1052672, 2105344},
+      {"zero3", 0, 2, 4210692, 1052672, 2105344}, {"zero3", 0, 3, 2807140, 1052676, 2105352},
+      {"zero3", 0, 4, 2105348, 1052672, 2105344},
+  };
+  constexpr std::int64_t kTorchSaved = 9 * 16384 + 32768;
+  for (const auto& t : torch215) {
+    RunConfig cfg = fsdp_bf16(mlp(8, 256, 32, Activation::relu, Loss::mse), t.strategy, t.units);
+    cfg.steps = 1;
+    const std::string what = std::string(t.strategy) + " units=" + std::to_string(t.units) + " W=" +
+                             std::to_string(t.world);
+    for (int rank = 0; rank < t.world; ++rank) {
+      const Prediction p = predict_data_parallel(cfg, t.world, rank);
+      EXPECT_EQ(p.resting.total(), t.resting) << what;
+      EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::all_gather)], t.all_gather) << what;
+      EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)], t.reduce_scatter) << what;
+      EXPECT_EQ(p.saved_after_forward_bytes, kTorchSaved) << what;
+    }
+    // The last rank measured: the same figures from the run.
+    CpuBackend backend;
+    auto comm = make_fake_communicator(t.world, t.world - 1, &backend);
+    const auto r = testing::run_dp(cfg, backend, *comm, false);
+    EXPECT_EQ(r.resting.total(), t.resting) << what;
+    EXPECT_EQ(r.ledger[CollKind::all_gather].bytes, t.all_gather) << what;
+    EXPECT_EQ(r.ledger[CollKind::reduce_scatter].bytes, t.reduce_scatter) << what;
+    EXPECT_EQ(r.saved.bytes, kTorchSaved) << what;
+  }
+}
+
+// One rank, one step on the same data and parameters: the bf16 step's gradients are the
+// fp32 step's within bf16's rounding, and not equal to them (the arithmetic is bf16's).
+TEST(MlpFsdpBf16, GradientsAreFp32sWithinBf16Rounding) {
+  for (const char* strategy : {"zero2", "zero3"})
+    for (const Loss loss : {Loss::sum, Loss::mse}) {
+      RunConfig cfg = fsdp_bf16(mlp(3, 32, 16, Activation::relu, loss), strategy, 1);
+      cfg.steps = 1;
+      RunConfig fp32 = cfg;
+      fp32.precision = PrecisionKind::fp32;
+      fp32.model.param_bf16 = false;
+      CpuBackend b16, b32;
+      auto c16 = make_fake_communicator(1, 0, &b16);
+      auto c32 = make_fake_communicator(1, 0, &b32);
+      const auto r16 = testing::run_dp(cfg, b16, *c16, true);
+      const auto r32 = testing::run_dp(fp32, b32, *c32, true);
+      const std::vector<float>& g16 = r16.state.grads;
+      const std::vector<float>& g32 = r32.state.grads;
+      ASSERT_EQ(g16.size(), g32.size());
+      double norm = 0.0, diff = 0.0;
+      int differ = 0;
+      for (std::size_t i = 0; i < g32.size(); ++i) {
+        norm += static_cast<double>(g32[i]) * g32[i];
+        diff += (static_cast<double>(g16[i]) - g32[i]) * (static_cast<double>(g16[i]) - g32[i]);
+        differ += g16[i] != g32[i];
+      }
+      ASSERT_GT(norm, 0.0);
+      EXPECT_LE(std::sqrt(diff / norm), 0.03) << strategy;
+      EXPECT_GT(differ, static_cast<int>(g32.size()) / 2) << "bf16 arithmetic left the gradients as fp32's";
+      EXPECT_NEAR(r16.losses[0], r32.losses[0], 0.02 * std::fabs(r32.losses[0]) + 1e-3);
+    }
+}
+
+}  // namespace
+}  // namespace shardscope
