@@ -1,6 +1,6 @@
 // --precision bf16 on the MLP under zero2/zero3 (FSDP1's MixedPrecision(param_dtype=bf16,
-// reduce_dtype=fp32): harness/strategies/fsdp.hpp, the param_bf16 Linears of
-// harness/model/mlp.cpp): every emulated rank measures what the closed forms predict
+// reduce_dtype=fp32): harness/strategies/fsdp.hpp; under --engine fsdp2 fully_shard's
+// MixedPrecisionPolicy: fsdp2.hpp; the param_bf16 Linears of harness/model/mlp.cpp): every emulated rank measures what the closed forms predict
 // (harness/predict/mlp_fsdp_bf16_forms.cpp); the resting bytes, the all-gathers' and
 // reduce-scatters' bytes and the saves after forward are torch 2.15's
 // (bench/torch_fsdp_mp.py); the step trains near fp32's.
@@ -9,6 +9,8 @@
 #include <cmath>
 #include <string>
 
+#include "harness/comm/fake_comm.hpp"
+#include "support/mesh_harness.hpp"
 #include "support/transformer_testbed.hpp"
 
 namespace shardscope {
@@ -24,8 +26,10 @@ ModelConfig mlp(int layers, int width, int batch, Activation activation, Loss lo
   return m;
 }
 
-RunConfig fsdp_bf16(const ModelConfig& model, const char* strategy, int units) {
+RunConfig fsdp_bf16(const ModelConfig& model, const char* strategy, int units,
+                    EngineKind engine = EngineKind::torch) {
   RunConfig cfg;
+  cfg.engine = engine;
   cfg.model = model;
   cfg.steps = 2;
   cfg.seed = 3;
@@ -41,6 +45,7 @@ RunConfig fsdp_bf16(const ModelConfig& model, const char* strategy, int units) {
 // W = 1 to 4, on a width whose units pad at W = 3 and 4.
 TEST(MlpFsdpBf16, MeasuredEqualsPredictedOnEveryRank) {
   int checked = 0;
+  for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2})
   for (const char* strategy : {"zero2", "zero3"})
     for (int units : {0, 1, 2})
       for (const Activation act : {Activation::none, Activation::relu})
@@ -48,17 +53,50 @@ TEST(MlpFsdpBf16, MeasuredEqualsPredictedOnEveryRank) {
           for (int mode = 0; mode < 3; ++mode)  // prefetch + overlap, prefetch blocking, neither
             for (int world : {1, 2, 3, 4})
               for (int rank = 0; rank < world; ++rank) {
-                RunConfig cfg = fsdp_bf16(mlp(5, 19, 3, act, loss), strategy, units);
+                RunConfig cfg = fsdp_bf16(mlp(5, 19, 3, act, loss), strategy, units, engine);
                 cfg.prefetch = mode < 2 ? 1 : 0;
                 cfg.overlap = mode == 0;
-                SCOPED_TRACE(std::string(strategy) + " units=" + std::to_string(units) + " mode=" +
+                SCOPED_TRACE(std::string(engine_name(engine)) + " " + strategy + " units=" + std::to_string(units) + " mode=" +
                              std::to_string(mode) + (act == Activation::relu ? " relu" : " none") +
                              (loss == Loss::mse ? " mse" : " sum") + " W=" + std::to_string(world) + " r=" +
                              std::to_string(rank));
                 testing::expect_rank_measured_equals_predicted(cfg, world, rank);
                 ++checked;
               }
-  EXPECT_EQ(checked, 2 * 3 * 2 * 2 * 3 * 10);
+  EXPECT_EQ(checked, 2 * 2 * 3 * 2 * 2 * 3 * 10);
+}
+
+// --strategy hsdp under bf16 (both engines): zero3's bf16 step within each shard group, the
+// replicas all-reducing the fp32 gradient shard (reduce_dtype): every rank of W = 4 with
+// groups of 1, 2 and 4 holds the forms, each group's bytes apart.
+TEST(MlpFsdpBf16, HsdpEveryRankAsPredicted) {
+  int checked = 0;
+  for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2})
+    for (int G : {1, 2, 4})
+      for (int units : {0, 1})
+        for (int rank = 0; rank < 4; ++rank) {
+          RunConfig cfg = fsdp_bf16(mlp(4, 37, 6, Activation::relu, Loss::mse), "zero3", units, engine);
+          cfg.shard_group = G;
+          SCOPED_TRACE(std::string(engine_name(engine)) + " G=" + std::to_string(G) + " units=" +
+                       std::to_string(units) + " rank " + std::to_string(rank));
+          CpuBackend backend;
+          auto fake = make_fake_communicator(4, rank, &backend);
+          const testing::HsdpResult r = testing::run_hsdp(cfg, backend, *fake, false);
+          const Prediction p = predict_data_parallel(cfg, 4, rank);
+          ASSERT_TRUE(p.peak_known);
+          EXPECT_EQ(r.dp.resting, p.resting);
+          EXPECT_EQ(r.dp.peak.total, p.peak_total);
+          EXPECT_EQ(r.dp.peak.by_category, p.peak_by_category);
+          EXPECT_EQ(r.dp.where, p.peak_where);
+          EXPECT_EQ(r.dp.saved.bytes, p.saved_after_forward_bytes);
+          EXPECT_EQ(r.replicate_ledger.total_bytes(), p.replicate_comm_bytes);
+          EXPECT_EQ(r.replicate_ledger.total_bytes(), G < 4 ? p.resting[Category::grad] : 0);  // fp32 shards
+          for (int k = 0; k < kCollKindCount; ++k)
+            EXPECT_EQ(r.dp.ledger.by_kind[k].bytes + r.replicate_ledger.by_kind[k].bytes, p.comm_bytes[k])
+                << kCollKindNames[k];
+          ++checked;
+        }
+  EXPECT_EQ(checked, 2 * 3 * 2 * 4);
 }
 
 // Where the peak falls moves with the shape (a gather's cast, a gradient's fp32 cast beside
@@ -68,8 +106,9 @@ TEST(MlpFsdpBf16, MeasuredEqualsPredictedOnEveryRank) {
 TEST(MlpFsdpBf16, PeaksAsPredictedAndGathersInBf16) {
   for (const ModelConfig& m : {mlp(4, 64, 2, Activation::none, Loss::sum), mlp(2, 8, 64, Activation::relu, Loss::mse),
                                mlp(6, 32, 8, Activation::relu, Loss::sum)}) {
-    for (const char* strategy : {"zero2", "zero3"}) {
-      const RunConfig cfg = fsdp_bf16(m, strategy, 1);
+    for (const char* strategy : {"zero2", "zero3"})
+    for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2}) {
+      const RunConfig cfg = fsdp_bf16(m, strategy, 1, engine);
       testing::expect_rank_measured_equals_predicted(cfg, 4, 3);
       RunConfig fp32 = cfg;
       fp32.precision = PrecisionKind::fp32;
@@ -130,12 +169,48 @@ TEST(MlpFsdpBf16, SeedModelEqualsTorchFsdp1MixedPrecision) {
   }
 }
 
+// torch 2.15's fully_shard on the seed model with MixedPrecisionPolicy(param_dtype=bfloat16,
+// reduce_dtype=float32), each Linear then the root (bench/torch_fsdp_mp.py, as above): the
+// storages of the sharded parameters, gradients and AdamW state after step 3 (the
+// allocator adds 4·W bytes a group, not modelled), the bf16 all-gathers' and fp32
+// reduce-scatters' bytes, and the saves (nine bf16 activations and the fp32 target).
+TEST(MlpFsdpBf16, SeedModelEqualsTorchFullyShardMixedPrecision) {
+  const struct {
+    const char* strategy;
+    int world;
+    std::int64_t resting, resting_last, all_gather, reduce_scatter;
+  } torch215[] = {
+      {"zero3", 2, 4210752, 4210752, 2105344, 2105344}, {"zero3", 3, 2829120, 2796224, 2121792, 2121792},
+      {"zero3", 4, 2105408, 2105408, 2105344, 2105344}, {"zero2", 2, 4210752, 4210752, 1052672, 2105344},
+      {"zero2", 3, 2829120, 2796224, 1060896, 2121792}, {"zero2", 4, 2105408, 2105408, 1052672, 2105344},
+  };
+  for (const auto& t : torch215) {
+    RunConfig cfg = fsdp_bf16(mlp(8, 256, 32, Activation::relu, Loss::mse), t.strategy, 1, EngineKind::fsdp2);
+    cfg.steps = 1;
+    const std::string what = std::string(t.strategy) + " W=" + std::to_string(t.world);
+    for (int rank = 0; rank < t.world; ++rank) {
+      const Prediction p = predict_data_parallel(cfg, t.world, rank);
+      EXPECT_EQ(p.resting.total(), rank == t.world - 1 ? t.resting_last : t.resting) << what << " rank " << rank;
+      EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::all_gather)], t.all_gather) << what;
+      EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)], t.reduce_scatter) << what;
+      EXPECT_EQ(p.saved_after_forward_bytes, 9 * 16384 + 32768) << what;
+    }
+    CpuBackend backend;
+    auto comm = make_fake_communicator(t.world, t.world - 1, &backend);
+    const auto r = testing::run_dp(cfg, backend, *comm, false);
+    EXPECT_EQ(r.resting.total(), t.resting_last) << what;
+    EXPECT_EQ(r.ledger[CollKind::all_gather].bytes, t.all_gather) << what;
+    EXPECT_EQ(r.ledger[CollKind::reduce_scatter].bytes, t.reduce_scatter) << what;
+  }
+}
+
 // One rank, one step on the same data and parameters: the bf16 step's gradients are the
 // fp32 step's within bf16's rounding, and not equal to them (the arithmetic is bf16's).
 TEST(MlpFsdpBf16, GradientsAreFp32sWithinBf16Rounding) {
+  for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2})
   for (const char* strategy : {"zero2", "zero3"})
     for (const Loss loss : {Loss::sum, Loss::mse}) {
-      RunConfig cfg = fsdp_bf16(mlp(3, 32, 16, Activation::relu, loss), strategy, 1);
+      RunConfig cfg = fsdp_bf16(mlp(3, 32, 16, Activation::relu, loss), strategy, 1, engine);
       cfg.steps = 1;
       RunConfig fp32 = cfg;
       fp32.precision = PrecisionKind::fp32;

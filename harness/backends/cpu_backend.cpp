@@ -234,6 +234,9 @@ void CpuBackend::bias_grad_bf16(Bf16* db, const Bf16* dz, int rows, int cols) {
 std::string CpuBackend::bf16_gemm() const { return host::bf16_gemm_kind(); }
 
 void CpuBackend::fill_bf16(Bf16* dst, float value, std::size_t n) { host::fill_bf16(dst, value, n); }
+void CpuBackend::copy_bf16(Bf16* dst, const Bf16* src, std::size_t n) {
+  if (n > 0 && dst != src) std::memmove(dst, src, n * sizeof(Bf16));
+}
 
 void CpuBackend::sum_bf16(float* out, const Bf16* x, std::size_t n, float scale) { host::sum_bf16(out, x, n, scale); }
 

@@ -45,6 +45,7 @@ class CpuBackend : public Backend {
   void relu_backward_bf16(Bf16* dz, const Bf16* a, std::size_t n) override;
   void bias_grad_bf16(Bf16* db, const Bf16* dz, int rows, int cols) override;
   void fill_bf16(Bf16* dst, float value, std::size_t n) override;
+  void copy_bf16(Bf16* dst, const Bf16* src, std::size_t n) override;
   void sum_bf16(float* out, const Bf16* x, std::size_t n, float scale) override;
   std::string bf16_gemm() const override;
 

@@ -330,17 +330,20 @@ class MpiCommunicator final : public Communicator {
       post_broadcast(recv + static_cast<std::size_t>(d) * sc, sc, d);
   }
 
-  // bf16 send(sc) -> recv(world * sc) as MPI_UINT16_T; send is never inside recv here
-  // (FSDP's cast shard is a buffer of its own). Slots over MPI's int count: each rank
-  // broadcasts its slot, piece by piece.
+  // bf16 send(sc) -> recv(world * sc) as MPI_UINT16_T. send is this rank's slot of recv
+  // (in place: fully_shard's flat buffer) or a buffer of its own (FSDP1's cast shard).
+  // Slots over MPI's int count: each rank broadcasts its slot, piece by piece.
   void post_host_all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t sc) {
     if (sc == 0) return;
+    Bf16* mine = recv + static_cast<std::size_t>(rank()) * sc;
+    const bool in_place = send == mine;
     if (sc <= max_count_) {
       const int n = static_cast<int>(sc);
-      MPI_CHECK(MPI_Iallgather(send, n, MPI_UINT16_T, recv, n, MPI_UINT16_T, comm_, post()));
+      MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, MPI_UINT16_T, recv, n, MPI_UINT16_T, comm_,
+                               post()));
       return;
     }
-    std::memcpy(recv + static_cast<std::size_t>(rank()) * sc, send, sc * sizeof(Bf16));
+    if (!in_place) std::memcpy(mine, send, sc * sizeof(Bf16));
     for (int d = 0; d < world(); ++d)
       for_chunks(sc, [&](std::size_t off, int n) {
         MPI_CHECK(MPI_Ibcast(recv + static_cast<std::size_t>(d) * sc + off, n, MPI_UINT16_T, d, comm_, post()));

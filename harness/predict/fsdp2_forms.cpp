@@ -20,6 +20,7 @@
 #include "harness/predict/gpt2_forms.hpp"
 #include "harness/predict/llama_forms.hpp"
 #include "harness/predict/micro_steps.hpp"
+#include "harness/predict/mlp_fsdp_bf16_forms.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "harness/predict/transformer_step.hpp"
 #include "harness/strategies/partition.hpp"
@@ -134,6 +135,13 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
       complete_step(gpt2_step_transient(t, m.batch, su, ck), gpt2_saved_after_forward(t, m.batch, ck), ranks);
     else
       complete_step(llama_step_transient(t, m.batch, su, ck), llama_saved_after_forward(t, m.batch, ck), ranks);
+    return ranks;
+  }
+
+  // bf16 (MixedPrecisionPolicy): fp32's resting bytes and reduce-scatter, bf16 gathers and step.
+  if (m.param_bf16) {
+    for (int r = 0; r < world; ++r) ranks[r].resting[Category::optim] = optim[r];
+    apply_mlp_fsdp2_bf16_step(cfg, units, A, E, ranks);
     return ranks;
   }
 

@@ -22,6 +22,15 @@
 //             through the unit's backward, and waited for just before the cast.
 // The batch's cast a2 lives until layer 0's backward; a layer j's output until its own
 // backward (the last only when k).
+//
+// Under --engine fsdp2 (fully_shard's MixedPrecisionPolicy) the same walk with its buffers,
+// for unit u (A_u a rank's padded shards, E_u the unit's elements): the shards' bf16 casts
+// C_u = 2 A_u (all live before the flat buffer), the flat bf16 buffer F_u = 2 W A_u (comm)
+// and the gathered bf16 tensors G_u = 2 W A_u, instants at the casts beside the flat
+// buffer and at the copy-out; the bf16 gradients D_u = 2 E_u; foreach_reduce's fp32 input
+// R_u = 4 W A_u beside them (the copy-in casts), held in flight under --overlap on until
+// the next unit's reduce; a prefetch under --overlap on holds the unit below's flat buffer
+// from its post to that unit's copy-out.
 #include "harness/predict/mlp_fsdp_bf16_forms.hpp"
 
 #include <string>
@@ -30,9 +39,48 @@ namespace shardscope {
 namespace {
 
 struct Instant {
-  std::int64_t temp = 0, activation = 0, param_unsharded = 0, param_cast = 0, grad_unsharded = 0;
-  std::int64_t total() const { return temp + activation + param_unsharded + param_cast + grad_unsharded; }
+  std::int64_t temp = 0, activation = 0, param_unsharded = 0, param_cast = 0, grad_unsharded = 0, comm = 0;
+  std::int64_t total() const { return temp + activation + param_unsharded + param_cast + grad_unsharded + comm; }
 };
+
+// The walk's highest instant: the first of the maximum (the tracker keeps the first).
+struct Highest {
+  Instant best{-1, 0, 0, 0, 0, 0};
+  Phase phase = Phase::setup;
+  std::string where;
+  void consider(const Instant& at, Phase ph, const std::string& place) {
+    if (at.total() > best.total()) {
+      best = at;
+      phase = ph;
+      where = place;
+    }
+  }
+};
+
+std::string unit_place(int u) { return "unit " + std::to_string(u); }
+
+// Each rank's peak from the walk's highest instant above its resting bytes, and the saves
+// after forward (the same under both engines): the batch's bf16 cast, outputs 0..L-2, the
+// last when k (bf16), and mse's fp32 target; the weights are views of the gathered unit.
+void complete(const ModelConfig& model, const Highest& h, std::vector<Prediction>& ranks) {
+  const std::int64_t a2 = 2 * static_cast<std::int64_t>(model.batch) * model.width;
+  const std::int64_t m = model.loss == Loss::mse ? 1 : 0;
+  const std::int64_t k = (model.activation == Activation::relu || m == 1) ? 1 : 0;
+  for (Prediction& p : ranks) {
+    p.peak_by_category = p.resting;
+    p.peak_by_category[Category::temp] += h.best.temp;
+    p.peak_by_category[Category::activation] += h.best.activation;
+    p.peak_by_category[Category::param_unsharded] += h.best.param_unsharded;
+    p.peak_by_category[Category::param_cast] += h.best.param_cast;
+    p.peak_by_category[Category::grad_unsharded] += h.best.grad_unsharded;
+    p.peak_by_category[Category::comm] += h.best.comm;
+    p.peak_total = p.peak_by_category.total();
+    p.peak_phase = h.phase;
+    p.peak_where = h.where;
+    p.saved_after_forward_tensors = static_cast<int>(model.layers + k + m);
+    p.saved_after_forward_bytes = (model.layers + k) * a2 + m * 2 * a2;
+  }
+}
 
 }  // namespace
 
@@ -58,17 +106,9 @@ void apply_mlp_fsdp_bf16_step(const RunConfig& cfg, const std::vector<Unit>& uni
   // Outputs alive while layer j runs backward: 0..j, the last only when saved.
   auto outputs = [&](int j) { return static_cast<std::int64_t>(j == L - 1 ? L - 1 + k : j + 1); };
 
-  Instant best{-1, 0, 0, 0, 0};
-  Phase phase = Phase::setup;
-  std::string where;
-  auto consider = [&](const Instant& at, Phase ph, const std::string& place) {
-    if (at.total() > best.total()) {
-      best = at;
-      phase = ph;
-      where = place;
-    }
-  };
-  auto unit = [](int u) { return "unit " + std::to_string(u); };
+  Highest h;
+  auto consider = [&](const Instant& at, Phase ph, const std::string& place) { h.consider(at, ph, place); };
+  auto unit = unit_place;
 
   // ---- forward ----
   for (int u = 0; u < U; ++u) {
@@ -117,23 +157,92 @@ void apply_mlp_fsdp_bf16_step(const RunConfig& cfg, const std::vector<Unit>& uni
              Phase::backward, unit(u));
   }
 
+  complete(model, h, ranks);
   const std::int64_t gathers = reshard ? 2 : 1;
-  for (Prediction& p : ranks) {
-    p.peak_by_category = p.resting;
-    p.peak_by_category[Category::temp] += best.temp;
-    p.peak_by_category[Category::activation] += best.activation;
-    p.peak_by_category[Category::param_unsharded] += best.param_unsharded;
-    p.peak_by_category[Category::param_cast] += best.param_cast;
-    p.peak_by_category[Category::grad_unsharded] += best.grad_unsharded;
-    p.peak_total = p.peak_by_category.total();
-    p.peak_phase = phase;
-    p.peak_where = where;
-    // Saved after forward: the batch's cast, outputs 0..L-2, the last when k (bf16), and
-    // mse's fp32 target; the weights are views of the gathered unit (no bytes of their own).
-    p.saved_after_forward_tensors = static_cast<int>(L + k + m);
-    p.saved_after_forward_bytes = (L + k) * a2 + m * a4;
-    p.comm_bytes[static_cast<int>(CollKind::all_gather)] = gathers * g_upto[U - 1];
+  for (Prediction& p : ranks) p.comm_bytes[static_cast<int>(CollKind::all_gather)] = gathers * g_upto[U - 1];
+}
+
+void apply_mlp_fsdp2_bf16_step(const RunConfig& cfg, const std::vector<Unit>& units, const std::vector<std::int64_t>& A,
+                               const std::vector<std::int64_t>& E, std::vector<Prediction>& ranks) {
+  const ModelConfig& model = cfg.model;
+  const std::int64_t B = model.batch, w = model.width;
+  const int L = model.layers;
+  const int world = static_cast<int>(ranks.size());
+  const std::int64_t a2 = 2 * B * w, a4 = 4 * B * w;
+  const std::int64_t m = model.loss == Loss::mse ? 1 : 0;
+  const std::int64_t k = (model.activation == Activation::relu || m == 1) ? 1 : 0;
+  const std::int64_t X = a4, t = m * a4;
+  const int U = static_cast<int>(units.size());
+  const bool reshard = cfg.strategy == StrategyKind::zero3 && U > 1;
+  const bool prefetch = cfg.prefetch != 0;
+  // Per unit: C the shards' casts (2 A), F the flat bf16 buffer and G the gathered bf16
+  // tensors (2 W A each), R the fp32 reduce-scatter input (4 W A), D the bf16 gradients (2 E).
+  std::vector<std::int64_t> C(U), F(U), G(U), R(U), D(U), G_upto(U);
+  for (int u = 0; u < U; ++u) {
+    C[u] = 2 * A[u];
+    F[u] = G[u] = 2 * world * A[u];
+    R[u] = 4 * world * A[u];
+    D[u] = 2 * E[u];
+    G_upto[u] = G[u] + (u > 0 ? G_upto[u - 1] : 0);
   }
+  auto gathered_below = [&](int u) { return u > 0 ? G_upto[u - 1] : std::int64_t{0}; };
+  auto outputs = [&](int j) { return static_cast<std::int64_t>(j == L - 1 ? L - 1 + k : j + 1); };
+  Highest h;
+  auto consider = [&](const Instant& at, Phase ph, int u) { h.consider(at, ph, unit_place(u)); };
+
+  // ---- forward: each gather (the casts beside the flat buffer, then its copy-out), each output ----
+  for (int u = 0; u < U; ++u) {
+    const int first = units[u].first_block;
+    const std::int64_t held = reshard ? 0 : gathered_below(u);
+    const std::int64_t below = first > 0 ? (first + 1) * a2 : 0;
+    consider({X + t, below, held, C[u], 0, F[u]}, Phase::forward, u);
+    consider({X + t, below, held + G[u], 0, 0, F[u]}, Phase::forward, u);
+    for (int i = first; i < units[u].last_block; ++i) {
+      const bool saved = i < L - 1 || k == 1;
+      consider({X + t + (saved ? 0 : a2), a2 + i * a2 + (saved ? a2 : 0), held + G[u], 0, 0, 0}, Phase::forward, u);
+    }
+  }
+  const std::int64_t gathered_end = reshard ? 0 : G_upto[U - 1];
+  const std::int64_t saved_outputs = a2 + (L - 1 + k) * a2;
+  h.consider({X + t + 4 + (m ? a4 : (k ? 0 : a2)), saved_outputs, gathered_end, 0, 0, 0}, Phase::forward,
+             unit_place(U - 1));
+  h.consider({X + t + (m ? 2 * a4 : a2), saved_outputs, gathered_end, 0, 0, 0}, Phase::backward,
+             "layer " + std::to_string(L - 1));
+
+  // ---- backward, per unit from the last ----
+  for (int u = U - 1; u >= 0; --u) {
+    const int first = units[u].first_block, top = units[u].last_block - 1;
+    const std::int64_t flight = cfg.overlap && u + 1 < U ? R[u + 1] : 0;  // the unit above's input, in flight
+    const std::int64_t dy = X + t + a2;
+    const std::int64_t act_top = a2 + outputs(top) * a2;
+    std::int64_t params = reshard ? G[u] : G_upto[u];
+    std::int64_t prefetching = 0;  // --overlap on: the unit below's flat buffer, its all-gather posted
+    if (reshard) {
+      if (u == U - 1 || !prefetch) consider({dy, act_top, 0, C[u], 0, F[u] + flight}, Phase::backward, u);
+      // The copy-out: after its own all-gather, or after the wait for the one the unit above
+      // posted (a blocking prefetch copied it out there).
+      if (u == U - 1 || !prefetch || cfg.overlap) consider({dy, act_top, G[u], 0, 0, F[u] + flight}, Phase::backward, u);
+      if (prefetch && u > 0) {
+        consider({dy, act_top, G[u], C[u - 1], 0, F[u - 1] + flight}, Phase::backward, u - 1);
+        if (cfg.overlap) {
+          prefetching = F[u - 1];
+        } else {
+          consider({dy, act_top, G[u] + G[u - 1], 0, 0, F[u - 1] + flight}, Phase::backward, u - 1);
+          params += G[u - 1];
+        }
+      }
+    }
+    consider({dy, act_top, params, 0, D[u], prefetching + flight}, Phase::backward, u);  // the bf16 gradients
+    for (int j = top; j >= first; --j)
+      if (j > 0) consider({dy + a2, a2 + outputs(j) * a2, params, 0, D[u], prefetching + flight}, Phase::backward, u);
+    // foreach_reduce's fp32 input beside the bf16 gradients (the unit above's waited for).
+    consider({X + t + (first > 0 ? a2 : 0), first > 0 ? (first + 1) * a2 : 0, params, 0, D[u], R[u] + prefetching},
+             Phase::backward, u);
+  }
+  complete(model, h, ranks);
+  std::int64_t gathered = 0;
+  for (int u = 0; u < U; ++u) gathered += (cfg.strategy == StrategyKind::zero3 && !units[u].root ? 2 : 1) * G[u];
+  for (Prediction& p : ranks) p.comm_bytes[static_cast<int>(CollKind::all_gather)] = gathered;
 }
 
 }  // namespace shardscope

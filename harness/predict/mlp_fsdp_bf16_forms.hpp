@@ -6,6 +6,7 @@
 // "bf16 under FSDP (MixedPrecision), the MLP".
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "harness/strategies/partition.hpp"
@@ -18,5 +19,10 @@ namespace shardscope {
 // and all-gather bytes, given with fp32's resting bytes and reduce-scatter, by the bf16
 // step's closed forms over the units the strategy cuts (`units`).
 void apply_mlp_fsdp_bf16_step(const RunConfig& cfg, const std::vector<Unit>& units, std::vector<Prediction>& ranks);
+
+// The same under --engine fsdp2 (fully_shard's MixedPrecisionPolicy(param_dtype=bf16,
+// reduce_dtype=fp32)): A[u] is a rank's padded shard elements of unit u, E[u] its elements.
+void apply_mlp_fsdp2_bf16_step(const RunConfig& cfg, const std::vector<Unit>& units, const std::vector<std::int64_t>& A,
+                               const std::vector<std::int64_t>& E, std::vector<Prediction>& ranks);
 
 }  // namespace shardscope

@@ -84,17 +84,13 @@ void refuse_unbuilt_autocast(const RunConfig& cfg) {
     return;
   if (cfg.pipeline()) return;  // a pipeline's stages: pipeline_shape says what is built
   if (!shards_by_unit(cfg.strategy)) return;
-  // FSDP1's MixedPrecision(param_dtype=bf16, reduce_dtype=fp32): the MLP's zero2/zero3.
+  // FSDP1's MixedPrecision and fully_shard's MixedPrecisionPolicy (param_dtype=bf16,
+  // reduce_dtype=fp32): the MLP's zero2/zero3.
   const std::string which = "--precision bf16 and --strategy " +
                             std::string(cfg.hybrid() ? "hsdp" : strategy_name(cfg.strategy));
   if (cfg.model.is_transformer())
     throw UsageError(which + " with --model " + cfg.model.name + ": FSDP's mixed precision is built for the MLP "
                      "only yet; allowed: --model mlp, or --strategy ddp|zero1");
-  if (cfg.hybrid())
-    throw UsageError(which + ": HSDP's mixed precision is not built yet; allowed: zero2, zero3 (or ddp, zero1)");
-  if (effective_engine(cfg.engine, cfg.strategy, cfg.precision) == EngineKind::fsdp2)
-    throw UsageError(which + " with --engine fsdp2: fully_shard's MixedPrecisionPolicy is not built yet; allowed: "
-                     "--engine torch (FSDP1's MixedPrecision)");
   if (cfg.accumulate > 1)
     throw UsageError("--accumulate " + std::to_string(cfg.accumulate) + " and " + which +
                      ": FSDP's bf16 gradient accumulation is not built yet; give --accumulate 1");

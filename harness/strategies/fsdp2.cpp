@@ -5,7 +5,7 @@
 namespace shardscope {
 
 Fsdp2Strategy::Fsdp2Strategy(const StrategyContext& ctx, bool full_shard)
-    : UnitShardedStrategy(ctx, full_shard) {
+    : UnitShardedStrategy(ctx, full_shard), bf16_(ctx.cfg.model.param_bf16) {
   const int world = ctx.comm.world();
   tensors_.resize(static_cast<std::size_t>(model_->param_tensors()));
   unit_tensors_.resize(units_.size());
@@ -47,11 +47,56 @@ void Fsdp2Strategy::setup() {
     unit_grad_.push_back(zeros(Category::grad, static_cast<std::size_t>(unit_flat_[u])));
 }
 
+// Under bf16 the gathered tensors and full gradients hold bf16: the blocks read and write
+// them as bf16 (as_bf16) through these float pointers.
 const float* Fsdp2Strategy::param(int block, int tensor) {
-  return tensors_[model_->first_tensor(block) + tensor].full.data();
+  const Buffer& full = tensors_[model_->first_tensor(block) + tensor].full;
+  return bf16_ ? reinterpret_cast<const float*>(full.bf16()) : full.data();
 }
 float* Fsdp2Strategy::grad(int block, int tensor) {
-  return tensors_[model_->first_tensor(block) + tensor].full_grad.data();
+  const Buffer& full_grad = tensors_[model_->first_tensor(block) + tensor].full_grad;
+  return bf16_ ? reinterpret_cast<float*>(full_grad.bf16()) : full_grad.data();
+}
+
+Buffer Fsdp2Strategy::flat_with_own_shards(int u) {
+  const std::int64_t world = comm_.world(), a = unit_flat_[u];
+  if (!bf16_) {
+    Buffer flat = backend_.alloc(Category::comm, static_cast<std::size_t>(world * a));
+    float* own = flat.data() + a * comm_.rank();
+    for (int t : tensors_of(u)) {
+      const TensorState& s = tensors_[t];
+      backend_.copy(own + s.offset, s.param.data(), static_cast<std::size_t>(s.shard.padded()));
+    }
+    return flat;
+  }
+  // all_gather_inputs: each tensor's padded shard cast to bf16, all made before the flat
+  // buffer and freed once copied in (foreach_all_gather's del).
+  std::vector<Buffer> casts;
+  for (int t : tensors_of(u)) {
+    const TensorState& s = tensors_[t];
+    const std::size_t n = static_cast<std::size_t>(s.shard.padded());
+    casts.push_back(backend_.alloc(Category::param_cast, n, DType::bf16));
+    backend_.cast_to_bf16(casts.back().bf16(), s.param.data(), n);
+  }
+  Buffer flat = backend_.alloc(Category::comm, static_cast<std::size_t>(world * a), DType::bf16);
+  Bf16* own = flat.bf16() + a * comm_.rank();
+  for (std::size_t i = 0; i < casts.size(); ++i) {
+    const TensorState& s = tensors_[tensors_of(u)[i]];
+    backend_.copy_bf16(own + s.offset, casts[i].bf16(), casts[i].count());
+  }
+  return flat;  // the casts go here
+}
+
+void Fsdp2Strategy::all_gather_flat(int u, Buffer& flat) {
+  const std::int64_t a = unit_flat_[u], at = a * comm_.rank();
+  if (bf16_) comm_.all_gather_bf16(flat.bf16() + at, flat.bf16(), static_cast<std::size_t>(a));
+  else comm_.all_gather(flat.data() + at, flat.data(), static_cast<std::size_t>(a));
+}
+
+CommTicket Fsdp2Strategy::start_all_gather_flat(int u, Buffer& flat) {
+  const std::int64_t a = unit_flat_[u], at = a * comm_.rank();
+  if (bf16_) return comm_.start_all_gather_bf16(flat.bf16() + at, flat.bf16(), static_cast<std::size_t>(a));
+  return comm_.start_all_gather(flat.data() + at, flat.data(), static_cast<std::size_t>(a));
 }
 
 void Fsdp2Strategy::gather(int u) {
@@ -66,15 +111,9 @@ void Fsdp2Strategy::gather(int u) {
     gathered_[u] = true;
     return;
   }
-  const std::int64_t world = comm_.world(), a = unit_flat_[u];
   // foreach_all_gather: this rank's padded shards copied into its slot, gathered in place.
-  Buffer flat = backend_.alloc(Category::comm, static_cast<std::size_t>(world * a));
-  float* own = flat.data() + a * comm_.rank();
-  for (int t : tensors_of(u)) {
-    const TensorState& s = tensors_[t];
-    backend_.copy(own + s.offset, s.param.data(), static_cast<std::size_t>(s.shard.padded()));
-  }
-  comm_.all_gather(own, flat.data(), static_cast<std::size_t>(a));
+  Buffer flat = flat_with_own_shards(u);
+  all_gather_flat(u, flat);
   copy_out(u, flat);
   flat.reset();
   gathered_[u] = true;
@@ -83,15 +122,9 @@ void Fsdp2Strategy::gather(int u) {
 void Fsdp2Strategy::prefetch(int u) {
   if (!cfg_.overlap || gathered_[u] || prefetching_[u].flat) return gather(u);
   backend_.tracker().mark(backend_.tracker().phase(), {PlaceKind::unit, u});
-  const std::int64_t world = comm_.world(), a = unit_flat_[u];
   Prefetching& pre = prefetching_[u];
-  pre.flat = backend_.alloc(Category::comm, static_cast<std::size_t>(world * a));
-  float* own = pre.flat.data() + a * comm_.rank();
-  for (int t : tensors_of(u)) {
-    const TensorState& s = tensors_[t];
-    backend_.copy(own + s.offset, s.param.data(), static_cast<std::size_t>(s.shard.padded()));
-  }
-  pre.ticket = comm_.start_all_gather(own, pre.flat.data(), static_cast<std::size_t>(a));
+  pre.flat = flat_with_own_shards(u);
+  pre.ticket = start_all_gather_flat(u, pre.flat);
 }
 
 void Fsdp2Strategy::copy_out(int u, const Buffer& flat) {
@@ -100,6 +133,12 @@ void Fsdp2Strategy::copy_out(int u, const Buffer& flat) {
   for (int t : tensors_of(u)) {
     TensorState& s = tensors_[t];
     const std::int64_t n = s.shard.padded();
+    if (bf16_) {
+      s.full = backend_.alloc(Category::param_unsharded, static_cast<std::size_t>(world * n), DType::bf16);
+      for (std::int64_t r = 0; r < world; ++r)
+        backend_.copy_bf16(s.full.bf16() + r * n, flat.bf16() + r * a + s.offset, static_cast<std::size_t>(n));
+      continue;
+    }
     s.full = backend_.alloc(Category::param_unsharded, static_cast<std::size_t>(world * n));
     for (std::int64_t r = 0; r < world; ++r)
       backend_.copy(s.full.data() + r * n, flat.data() + r * a + s.offset, static_cast<std::size_t>(n));
@@ -117,7 +156,8 @@ void Fsdp2Strategy::begin_unit_gradient(int u) {
   if (tensors_[tensors_of(u).front()].full_grad) return;
   for (int t : tensors_of(u)) {
     TensorState& s = tensors_[t];
-    s.full_grad = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(s.shard.elems()));
+    s.full_grad = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(s.shard.elems()),
+                                 bf16_ ? DType::bf16 : DType::f32);
   }
 }
 
@@ -125,14 +165,18 @@ void Fsdp2Strategy::reduce_unit(int u) {
   if (cfg_.overlap) finish_reduce();  // FSDP2 waits for the last one before the next input
   const int world = comm_.world();
   const std::int64_t a = unit_flat_[u];
-  // foreach_reduce: the full gradients chunked into rank-major slots, padding zero.
+  // foreach_reduce: the full gradients chunked into rank-major slots, padding zero (under
+  // bf16 the copy-in casts them to the fp32 input: reduce_dtype).
   Buffer input = backend_.alloc(Category::comm, static_cast<std::size_t>(world * a));
   for (int t : tensors_of(u)) {
     TensorState& s = tensors_[t];
     for (int r = 0; r < world; ++r) {
       float* slot = input.data() + a * r + s.offset;
       const std::int64_t local = s.shard.local(r), pad = s.shard.padded() - local;
-      if (local > 0) backend_.copy(slot, s.full_grad.data() + s.shard.padded() * r, static_cast<std::size_t>(local));
+      if (local > 0 && bf16_)
+        backend_.cast_from_bf16(slot, s.full_grad.bf16() + s.shard.padded() * r, static_cast<std::size_t>(local), 0.0f);
+      else if (local > 0)
+        backend_.copy(slot, s.full_grad.data() + s.shard.padded() * r, static_cast<std::size_t>(local));
       if (pad > 0) backend_.fill(slot + local, 0.0f, static_cast<std::size_t>(pad));
     }
     s.full_grad.reset();

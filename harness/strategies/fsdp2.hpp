@@ -24,6 +24,13 @@
 // and backward goes on; its input (and, adding onto the shard, its output) stays held,
 // as FSDP2's reduce_scatter_state holds them, until the next unit's reduce begins (its
 // wait comes before that unit's input is made) or, for the last, after the backward.
+// --precision bf16 (ModelConfig::param_bf16): MixedPrecisionPolicy(param_dtype=bf16,
+// reduce_dtype=fp32), measured with torch 2.15 (bench/torch_fsdp_mp.py). Shards, gradients
+// and AdamW state stay fp32. A gather casts each tensor's padded shard to bf16 (its
+// all_gather_input: param_cast, all of the unit's live together), makes the flat buffer in
+// bf16 (2 B an element), copies the casts in and frees them, all-gathers bf16, and copies
+// out into bf16 gathered tensors. Each tensor's full gradient is bf16; foreach_reduce's
+// copy-in casts them into the fp32 flat input (reduce_dtype), reduce-scattered in fp32.
 #pragma once
 
 #include <vector>
@@ -64,8 +71,8 @@ class Fsdp2Strategy : public UnitShardedStrategy {
     std::int64_t offset = 0;  // in its unit's flat buffers (per rank's slot)
     Buffer param;             // (padded shard) param
     AdamState adam;           // (local rows) optim
-    Buffer full;              // (W x padded) param_unsharded while gathered
-    Buffer full_grad;         // (elems) grad_unsharded during the unit's backward
+    Buffer full;              // (W x padded) param_unsharded while gathered (bf16 under bf16)
+    Buffer full_grad;         // (elems) grad_unsharded during the unit's backward (bf16 under bf16)
   };
   std::vector<TensorState> tensors_;
   std::vector<Buffer> unit_grad_;  // (A_u) grad
@@ -79,6 +86,13 @@ class Fsdp2Strategy : public UnitShardedStrategy {
     Buffer flat;
   };
   std::vector<Prefetching> prefetching_;
+  bool bf16_ = false;  // --precision bf16: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
+  // foreach_all_gather's copy-in: the flat buffer (W x A_u, comm; bf16 under bf16, through
+  // the casts of each tensor's shard) with this rank's padded shards in its slot.
+  Buffer flat_with_own_shards(int unit);
+  // All-gathers unit u's flat buffer in place (fp32 or bf16), or posts it.
+  void all_gather_flat(int unit, Buffer& flat);
+  CommTicket start_all_gather_flat(int unit, Buffer& flat);
 
   // The reduce-scatter in flight (--overlap on): FSDP2's reduce_scatter_state.
   struct Reducing {

@@ -201,11 +201,13 @@ TEST_F(Precision, Bf16MlpRunsEveryRankAsPredicted) {
     }
 }
 
-// zero2/zero3 under bf16 (FSDP1's MixedPrecision): every emulated rank of W = 3 measures its
+// zero2/zero3 under bf16 (FSDP1's MixedPrecision; fully_shard's under --engine fsdp2): every emulated rank of W = 3 measures its
 // forms; the all-gathers carry bf16 (half the fp32 run's bytes), the reduce-scatters fp32
 // (the fp32 run's); a plan of the same rank is the run's prediction; a sweep runs them.
 TEST_F(Precision, Bf16FsdpRunsEveryRankAsPredicted) {
-  for (const char* strategy : {"zero2 --units 1", "zero3 --units 1", "zero3 --units 2 --overlap off"})
+  for (const char* strategy : {"zero2 --units 1", "zero3 --units 1", "zero3 --units 2 --overlap off",
+                               "zero3 --units 1 --engine fsdp2", "zero2 --units 2 --engine fsdp2",
+                               "hsdp --shard-group 1 --units 1", "hsdp --shard-group 3 --units 1 --engine fsdp2"})
     for (int r = 0; r < 3; ++r) {
       const std::string args = std::string("run --backend cpu ") + kMlp + "--strategy " + strategy + " --emulate 3:" +
                                std::to_string(r);
@@ -235,10 +237,11 @@ TEST_F(Precision, Bf16FsdpRunsEveryRankAsPredicted) {
   EXPECT_EQ(plan["precision"], "bf16");
   EXPECT_EQ(plan["rank_groups"].back()["predicted"]["peak_by_category"],
             read("r.json")["runs"][0]["ranks"][0]["peak"]["by_category"]);
-  ASSERT_EQ(binary(std::string("sweep --backend cpu ") + kMlp + "--emulate --worlds 2 --strategies zero2,zero3 "
-                   "--precision bf16 --out sw"),
-            0)
-      << first_line(dir_ + "/err.txt");
+  for (const char* engine : {"torch", "fsdp2"})
+    ASSERT_EQ(binary(std::string("sweep --backend cpu ") + kMlp + "--emulate --worlds 2 --strategies zero2,zero3 "
+                     "--precision bf16 --engine " + engine + " --out sw-" + engine),
+              0)
+        << engine << ": " << first_line(dir_ + "/err.txt");
 }
 
 // plan --precision bf16 of the MLP prints and writes autocast's forms: what the run of the
@@ -267,7 +270,7 @@ TEST_F(Precision, Bf16MlpUnderMpirunHoldsItsPredictionsOnBothRanks) {
   GTEST_SKIP() << "no MPI in this build";
 #else
   if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
-  for (const char* strategy : {"ddp", "zero1", "zero2 --units 1", "zero3 --units 1"}) {
+  for (const char* strategy : {"ddp", "zero1", "zero2 --units 1", "zero3 --units 1", "zero3 --units 1 --engine fsdp2"}) {
     const int rc = shell("cd '" + dir_ + "' && timeout -k 5 120 mpirun --oversubscribe -np 2 '" + bin_ +
                          "' run --backend cpu --comm mpi " + kMlp + "--precision bf16 --strategy " + strategy +
                          " --json m.json > out.txt 2> err.txt");
@@ -290,15 +293,12 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
     std::string args;
     std::string line;
   } cases[] = {
-      {m + "--precision bf16 --strategy zero3 --engine fsdp2",
-       "shardscope: error: --precision bf16 and --strategy zero3 with --engine fsdp2: fully_shard's "
-       "MixedPrecisionPolicy is not built yet; allowed: --engine torch (FSDP1's MixedPrecision)"},
+      {m + "--precision bf16 --strategy zero3 --engine fsdp2 --accumulate 3 --no-sync",
+       "shardscope: error: --accumulate 3 and --precision bf16 and --strategy zero3: FSDP's bf16 gradient "
+       "accumulation is not built yet; give --accumulate 1"},
       {m + "--precision bf16 --strategy zero2 --accumulate 2",
        "shardscope: error: --accumulate 2 and --precision bf16 and --strategy zero2: FSDP's bf16 gradient "
        "accumulation is not built yet; give --accumulate 1"},
-      {m + "--precision bf16 --strategy hsdp --shard-group 2 --emulate 4:0",
-       "shardscope: error: --precision bf16 and --strategy hsdp: HSDP's mixed precision is not built yet; allowed: "
-       "zero2, zero3 (or ddp, zero1)"},
       {m + "--precision bf16 --schedule gpipe",
        "shardscope: error: --precision bf16 and --schedule gpipe: the MLP's pipeline under autocast is not built yet; "
        "allowed: --model gpt2|llama"},
@@ -310,9 +310,10 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
       {"run --backend cuda --layers 2 --width 8 --precision bf16",
        "shardscope: error: --precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
        "--backend cpu"},
-      {"sweep --backend cpu --layers 2 --width 8 --worlds 2 --strategies zero3 --engine fsdp2 --precision bf16 --out sw",
-       "shardscope: error: --precision bf16 and --strategy zero3 with --engine fsdp2: fully_shard's "
-       "MixedPrecisionPolicy is not built yet; allowed: --engine torch (FSDP1's MixedPrecision)"},
+      {"sweep --backend cpu --layers 2 --width 8 --worlds 2 --strategies hsdp --shard-group 2 --accumulate 2 "
+       "--precision bf16 --out sw",
+       "shardscope: error: --accumulate 2 and --precision bf16 and --strategy hsdp: FSDP's bf16 gradient "
+       "accumulation is not built yet; give --accumulate 1"},
       {"run --backend cuda --layers 2 --width 8 --precision bf16 --strategy zero3",
        "shardscope: error: --precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
        "--backend cpu"},

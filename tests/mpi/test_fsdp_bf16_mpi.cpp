@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "harness/comm/mpi_comm.hpp"
 #include "shardscope/comm.hpp"
 #include "support/dp_harness.hpp"
+#include "support/mesh_harness.hpp"
 
 namespace shardscope {
 namespace {
@@ -29,8 +31,8 @@ double relative_norm(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(d / n);
 }
 
-// The bf16 all-gather: rank r's words land in slot r on every rank, blocking and posted,
-// in one MPI call and in pieces of 7 words (the path past MPI's int count); the ledger
+// The bf16 all-gather: rank r's words land in slot r on every rank, blocking, posted and
+// in place, in one MPI call and in pieces of 7 words (the path past MPI's int count); the ledger
 // counts 2 B an element of the whole output.
 TEST(FsdpBf16Mpi, Bf16AllGatherConcatenatesInRankOrder) {
   int world = 1, rank = 0;
@@ -43,14 +45,19 @@ TEST(FsdpBf16Mpi, Bf16AllGatherConcatenatesInRankOrder) {
       auto word = [](int r, std::size_t i) { return Bf16{static_cast<std::uint16_t>(0x3f80 + 97 * r + i)}; };
       std::vector<Bf16> mine(sc);
       for (std::size_t i = 0; i < sc; ++i) mine[i] = word(rank, i);
-      for (bool posted : {false, true}) {
+      for (int mode = 0; mode < 3; ++mode) {  // blocking, posted, in place (send: this rank's slot)
         std::vector<Bf16> recv(sc * world, Bf16{0xffff});
+        const Bf16* send = mine.data();
+        if (mode == 2) {
+          std::copy(mine.begin(), mine.end(), recv.begin() + rank * sc);
+          send = recv.data() + rank * sc;
+        }
         comm->reset_ledger();
-        if (posted) {
-          CommTicket t = comm->start_all_gather_bf16(mine.data(), recv.data(), sc);
+        if (mode == 1) {
+          CommTicket t = comm->start_all_gather_bf16(send, recv.data(), sc);
           comm->wait(t);
         } else {
-          comm->all_gather_bf16(mine.data(), recv.data(), sc);
+          comm->all_gather_bf16(send, recv.data(), sc);
         }
         for (int r = 0; r < world; ++r)
           for (std::size_t i = 0; i < sc; ++i)
@@ -70,9 +77,17 @@ TEST(FsdpBf16Mpi, MlpTrainsNearOneFp32RankAndMatchesTheClosedForms) {
     const char* strategy;
     int units, prefetch;
     bool overlap;
+    EngineKind engine;
   };
-  for (const Setting& s : std::vector<Setting>{{"zero3", 1, 1, true}, {"zero3", 1, 1, false}, {"zero2", 1, 1, true},
-                                               {"zero3", 0, 1, true}, {"zero3", 2, 0, false}}) {
+  const EngineKind torch = EngineKind::torch, fsdp2 = EngineKind::fsdp2;
+  for (const Setting& s : std::vector<Setting>{{"zero3", 1, 1, true, torch},
+                                               {"zero3", 1, 1, false, torch},
+                                               {"zero2", 1, 1, true, torch},
+                                               {"zero3", 0, 1, true, torch},
+                                               {"zero3", 2, 0, false, torch},
+                                               {"zero3", 1, 1, true, fsdp2},
+                                               {"zero3", 1, 1, false, fsdp2},
+                                               {"zero2", 2, 1, true, fsdp2}}) {
     RunConfig cfg;
     cfg.model.layers = 4;
     cfg.model.width = 37;  // units pad at W = 3 and 4
@@ -87,7 +102,8 @@ TEST(FsdpBf16Mpi, MlpTrainsNearOneFp32RankAndMatchesTheClosedForms) {
     cfg.layers_per_unit = s.units;
     cfg.prefetch = s.prefetch;
     cfg.overlap = s.overlap;
-    SCOPED_TRACE(std::string(s.strategy) + " units=" + std::to_string(s.units) + " prefetch=" +
+    cfg.engine = s.engine;
+    SCOPED_TRACE(std::string(engine_name(s.engine)) + " " + s.strategy + " units=" + std::to_string(s.units) + " prefetch=" +
                  std::to_string(s.prefetch) + (s.overlap ? " overlap" : "") + " W=" + std::to_string(world) +
                  " rank " + std::to_string(rank));
     CpuBackend backend;
@@ -122,6 +138,54 @@ TEST(FsdpBf16Mpi, MlpTrainsNearOneFp32RankAndMatchesTheClosedForms) {
     EXPECT_EQ(e.peak.total, r.peak.total);
     EXPECT_EQ(e.peak.by_category, r.peak.by_category);
   }
+}
+
+// HSDP under bf16 with every shard group that divides the world, both engines: trains near
+// one fp32 rank, and each rank's bytes and both groups' communication are its forms.
+TEST(FsdpBf16Mpi, HsdpTrainsNearOneFp32RankWithEveryShardGroup) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  for (int G = 1; G <= world; ++G)
+    for (EngineKind engine : {EngineKind::torch, EngineKind::fsdp2}) {
+      if (world % G != 0) continue;
+      RunConfig cfg;
+      cfg.model.layers = 4;
+      cfg.model.width = 37;
+      cfg.model.batch = 6;
+      cfg.model.activation = Activation::relu;
+      cfg.model.loss = Loss::mse;
+      cfg.model.param_bf16 = true;
+      cfg.precision = PrecisionKind::bf16;
+      cfg.engine = engine;
+      cfg.steps = 3;
+      cfg.seed = 5;
+      cfg.strategy = StrategyKind::zero3;
+      cfg.layers_per_unit = 1;
+      cfg.shard_group = G;
+      SCOPED_TRACE("hsdp G=" + std::to_string(G) + " W=" + std::to_string(world) + " engine=" +
+                   std::string(engine_name(engine)) + " rank " + std::to_string(rank));
+      CpuBackend backend;
+      auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+      const testing::HsdpResult r = testing::run_hsdp(cfg, backend, *comm, true);
+      RunConfig fp32 = cfg;
+      fp32.shard_group = 0;
+      fp32.precision = PrecisionKind::fp32;
+      fp32.model.param_bf16 = false;
+      const HostState ref = testing::reference_training(fp32, world);
+      ASSERT_TRUE(testing::any_nonzero(ref.grads));
+      const double grads = relative_norm(r.dp.state.grads, ref.grads);
+      EXPECT_LT(grads, 0.06);
+      EXPECT_GT(grads, 0.0);
+      EXPECT_LT(relative_norm(r.dp.state.params, ref.params), 5e-3);
+      const Prediction p = predict_data_parallel(cfg, world, rank);
+      EXPECT_EQ(r.dp.resting, p.resting);
+      EXPECT_EQ(r.dp.peak.total, p.peak_total);
+      EXPECT_EQ(r.dp.peak.by_category, p.peak_by_category);
+      EXPECT_EQ(r.replicate_ledger.total_bytes(), p.replicate_comm_bytes);
+      for (int k = 0; k < kCollKindCount; ++k)
+        EXPECT_EQ(r.dp.ledger.by_kind[k].bytes + r.replicate_ledger.by_kind[k].bytes, p.comm_bytes[k]);
+    }
 }
 
 }  // namespace
