@@ -99,6 +99,33 @@ TEST(MlpFsdpBf16, HsdpEveryRankAsPredicted) {
   EXPECT_EQ(checked, 2 * 3 * 2 * 4);
 }
 
+// --accumulate K, every micro-step reducing (torch's accumulation without no_sync): a later
+// micro-step's reduce-scatter writes a staging shard added onto the gradient; both engines,
+// every rank of W = 1 to 4, the gathers and reduce-scatters K times one micro-step's.
+TEST(MlpFsdpBf16, AccumulationReducesEveryMicroStepAsPredicted) {
+  int checked = 0;
+  for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2})
+    for (const char* strategy : {"zero2", "zero3"})
+      for (int K : {2, 3})
+        for (bool overlap : {true, false})
+          for (int world : {1, 2, 3, 4})
+            for (int rank = 0; rank < world; ++rank) {
+              RunConfig cfg = fsdp_bf16(mlp(4, 19, 3, Activation::relu, Loss::mse), strategy, 1, engine);
+              cfg.accumulate = K;
+              cfg.overlap = overlap;
+              SCOPED_TRACE(std::string(engine_name(engine)) + " " + strategy + " K=" + std::to_string(K) +
+                           (overlap ? " overlap" : "") + " W=" + std::to_string(world) + " r=" + std::to_string(rank));
+              testing::expect_rank_measured_equals_predicted(cfg, world, rank);
+              RunConfig one = cfg;
+              one.accumulate = 1;
+              const Prediction pk = predict_data_parallel(cfg, world, rank), p1 = predict_data_parallel(one, world, rank);
+              for (CollKind kind : {CollKind::all_gather, CollKind::reduce_scatter})
+                EXPECT_EQ(pk.comm_bytes[static_cast<int>(kind)], K * p1.comm_bytes[static_cast<int>(kind)]);
+              ++checked;
+            }
+  EXPECT_EQ(checked, 2 * 2 * 2 * 2 * 10);
+}
+
 // Where the peak falls moves with the shape (a gather's cast, a gradient's fp32 cast beside
 // its bf16 one, mse's fp32 temporaries), each as predicted; the bf16 gather shows in the
 // categories: param_cast at a zero3 peak with prefetch under overlap, param_unsharded

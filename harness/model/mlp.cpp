@@ -275,12 +275,12 @@ class LinearBlock final : public Block {
   }
 
   // dW = dy^T x and db in bf16, written into the strategy's bf16 unit gradient (beta 0:
-  // a micro-step's gradients are not accumulated in bf16; the CLI refuses --accumulate);
+  // every micro-step reduces its own; the CLI refuses --no-sync, which would add them up);
   // dx = dy W in bf16 (temp).
   Buffer backward_param_bf16(const BlockCall& c, const float* in, Buffer& out, Buffer dy, bool needs_dx, float beta,
                              BlockTape& tape) {
     SHARDSCOPE_REQUIRE(beta == 0.0f, name_ + ": FSDP's bf16 gradients are not accumulated (the CLI refuses "
-                                              "--accumulate under --precision bf16 with zero2/zero3)");
+                                              "--no-sync under --precision bf16 with zero2/zero3)");
     const Bf16* x = tape.held.empty() ? as_bf16(in) : tape.held.front().bf16();
     if (activation_ == Activation::relu) {
       c.backend.relu_backward_bf16(dy.bf16(), out.bf16(), dy.count());

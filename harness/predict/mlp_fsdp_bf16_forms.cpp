@@ -35,6 +35,8 @@
 
 #include <string>
 
+#include "harness/predict/micro_steps.hpp"
+
 namespace shardscope {
 namespace {
 
@@ -110,53 +112,64 @@ void apply_mlp_fsdp_bf16_step(const RunConfig& cfg, const std::vector<Unit>& uni
   auto consider = [&](const Instant& at, Phase ph, const std::string& place) { h.consider(at, ph, place); };
   auto unit = unit_place;
 
-  // ---- forward ----
-  for (int u = 0; u < U; ++u) {
-    const int first = units[u].first_block;
-    const std::int64_t held = reshard ? 0 : gathered_below(u);
-    // The gather: the shard's cast and the bf16 unit; the batch's cast and outputs 0..first-1.
-    consider({X + t, first > 0 ? (first + 1) * a2 : 0, held + g[u], c[u], 0}, Phase::forward, unit(u));
-    for (int i = first; i < units[u].last_block; ++i) {
-      const bool saved = i < L - 1 || k == 1;
-      consider({X + t + (saved ? 0 : a2), a2 + i * a2 + (saved ? a2 : 0), held + g[u], 0, 0}, Phase::forward,
-               unit(u));
-    }
-  }
-  const std::int64_t gathered_end = reshard ? 0 : g_upto[U - 1];
-  const std::int64_t saved_outputs = a2 + (L - 1 + k) * a2;  // the batch's cast, outputs 0..L-2, the last when k
-  // The loss scalar; under mse beside the output's fp32 cast.
-  consider({X + t + 4 + (m ? a4 : (k ? 0 : a2)), saved_outputs, gathered_end, 0, 0}, Phase::forward, unit(U - 1));
-  // The loss gradient: dy (sum) or the output's fp32 cast and mse's fp32 gradient.
-  consider({X + t + (m ? 2 * a4 : a2), saved_outputs, gathered_end, 0, 0}, Phase::backward,
-           "layer " + std::to_string(L - 1));
-
-  // ---- backward ----
-  std::int64_t cast_held = 0;  // a prefetched unit's cast, until its gather's wait (--overlap on)
-  for (int u = U - 1; u >= 0; --u) {
-    const int first = units[u].first_block, top = units[u].last_block - 1;
-    const std::int64_t flight = cfg.overlap && u + 1 < U ? f[u + 1] : 0;
-    const std::int64_t dy = X + t + a2;
-    const std::int64_t act_top = a2 + outputs(top) * a2;
-    std::int64_t params = reshard ? g[u] : g_upto[u];
-    cast_held = 0;  // u's own gather waited for its all-gather
-    if (reshard) {
-      if (u == U - 1 || !prefetch) consider({dy, act_top, g[u], c[u], flight}, Phase::backward, unit(u));
-      if (prefetch && u > 0) {
-        consider({dy, act_top, g[u] + g[u - 1], c[u - 1], flight}, Phase::backward, unit(u - 1));
-        params += g[u - 1];
-        if (cfg.overlap) cast_held = c[u - 1];
+  // --accumulate K (every micro-step reducing: micro_steps.hpp): a later micro-step's
+  // reduce-scatter writes a staging shard (comm, 4 shard_u), added onto the gradient.
+  for (const MicroStep& ms : micro_steps(cfg)) {
+    // ---- forward ----
+    for (int u = 0; u < U; ++u) {
+      const int first = units[u].first_block;
+      const std::int64_t held = reshard ? 0 : gathered_below(u);
+      // The gather: the shard's cast and the bf16 unit; the batch's cast and outputs 0..first-1.
+      consider({X + t, first > 0 ? (first + 1) * a2 : 0, held + g[u], c[u], 0}, Phase::forward, unit(u));
+      for (int i = first; i < units[u].last_block; ++i) {
+        const bool saved = i < L - 1 || k == 1;
+        consider({X + t + (saved ? 0 : a2), a2 + i * a2 + (saved ? a2 : 0), held + g[u], 0, 0}, Phase::forward,
+                 unit(u));
       }
     }
-    const std::int64_t grad = g[u] + flight;
-    consider({dy, act_top, params, cast_held, grad}, Phase::backward, unit(u));  // the bf16 full gradient
-    for (int j = top; j >= first; --j)
-      if (j > 0) consider({dy + a2, a2 + outputs(j) * a2, params, cast_held, grad}, Phase::backward, unit(u));
-    // The reduction: the fp32 cast beside the bf16 gradient; dx and outputs 0..first-1 (and
-    // the batch's cast) when the unit has layers below.
-    consider({X + t + (first > 0 ? a2 : 0), first > 0 ? (first + 1) * a2 : 0, params, cast_held, g[u] + f[u]},
-             Phase::backward, unit(u));
-  }
+    const std::int64_t gathered_end = reshard ? 0 : g_upto[U - 1];
+    const std::int64_t saved_outputs = a2 + (L - 1 + k) * a2;  // the batch's cast, outputs 0..L-2, the last when k
+    // The loss scalar; under mse beside the output's fp32 cast.
+    consider({X + t + 4 + (m ? a4 : (k ? 0 : a2)), saved_outputs, gathered_end, 0, 0}, Phase::forward, unit(U - 1));
+    // The loss gradient: dy (sum) or the output's fp32 cast and mse's fp32 gradient.
+    consider({X + t + (m ? 2 * a4 : a2), saved_outputs, gathered_end, 0, 0}, Phase::backward,
+             "layer " + std::to_string(L - 1));
 
+    // ---- backward ----
+    std::int64_t cast_held = 0;  // a prefetched unit's cast, until its gather's wait (--overlap on)
+    for (int u = U - 1; u >= 0; --u) {
+      const int first = units[u].first_block, top = units[u].last_block - 1;
+      const bool above = cfg.overlap && u + 1 < U;
+      const std::int64_t flight = above ? f[u + 1] : 0;
+      const std::int64_t flight_out = above && ms.adds_to_shard ? 4 * units[u + 1].shard : 0;
+      const std::int64_t dy = X + t + a2;
+      const std::int64_t act_top = a2 + outputs(top) * a2;
+      std::int64_t params = reshard ? g[u] : g_upto[u];
+      cast_held = 0;  // u's own gather waited for its all-gather
+      if (reshard) {
+        if (u == U - 1 || !prefetch) consider({dy, act_top, g[u], c[u], flight, flight_out}, Phase::backward, unit(u));
+        if (prefetch && u > 0) {
+          consider({dy, act_top, g[u] + g[u - 1], c[u - 1], flight, flight_out}, Phase::backward, unit(u - 1));
+          params += g[u - 1];
+          if (cfg.overlap) cast_held = c[u - 1];
+        }
+      }
+      const std::int64_t grad = g[u] + flight;
+      consider({dy, act_top, params, cast_held, grad, flight_out}, Phase::backward, unit(u));  // the bf16 full gradient
+      for (int j = top; j >= first; --j)
+        if (j > 0)
+          consider({dy + a2, a2 + outputs(j) * a2, params, cast_held, grad, flight_out}, Phase::backward, unit(u));
+      // The reduction: the fp32 cast beside the bf16 gradient; dx and outputs 0..first-1 (and
+      // the batch's cast) when the unit has layers below.
+      consider({X + t + (first > 0 ? a2 : 0), first > 0 ? (first + 1) * a2 : 0, params, cast_held, g[u] + f[u]},
+               Phase::backward, unit(u));
+      // A later micro-step: the staging shard beside the fp32 gradient, the bf16 one freed.
+      if (ms.adds_to_shard)
+        consider({X + t + (first > 0 ? a2 : 0), first > 0 ? (first + 1) * a2 : 0, params, cast_held, f[u],
+                  4 * units[u].shard},
+                 Phase::backward, unit(u));
+    }
+  }
   complete(model, h, ranks);
   const std::int64_t gathers = reshard ? 2 : 1;
   for (Prediction& p : ranks) p.comm_bytes[static_cast<int>(CollKind::all_gather)] = gathers * g_upto[U - 1];
@@ -190,54 +203,63 @@ void apply_mlp_fsdp2_bf16_step(const RunConfig& cfg, const std::vector<Unit>& un
   Highest h;
   auto consider = [&](const Instant& at, Phase ph, int u) { h.consider(at, ph, unit_place(u)); };
 
-  // ---- forward: each gather (the casts beside the flat buffer, then its copy-out), each output ----
-  for (int u = 0; u < U; ++u) {
-    const int first = units[u].first_block;
-    const std::int64_t held = reshard ? 0 : gathered_below(u);
-    const std::int64_t below = first > 0 ? (first + 1) * a2 : 0;
-    consider({X + t, below, held, C[u], 0, F[u]}, Phase::forward, u);
-    consider({X + t, below, held + G[u], 0, 0, F[u]}, Phase::forward, u);
-    for (int i = first; i < units[u].last_block; ++i) {
-      const bool saved = i < L - 1 || k == 1;
-      consider({X + t + (saved ? 0 : a2), a2 + i * a2 + (saved ? a2 : 0), held + G[u], 0, 0, 0}, Phase::forward, u);
-    }
-  }
-  const std::int64_t gathered_end = reshard ? 0 : G_upto[U - 1];
-  const std::int64_t saved_outputs = a2 + (L - 1 + k) * a2;
-  h.consider({X + t + 4 + (m ? a4 : (k ? 0 : a2)), saved_outputs, gathered_end, 0, 0, 0}, Phase::forward,
-             unit_place(U - 1));
-  h.consider({X + t + (m ? 2 * a4 : a2), saved_outputs, gathered_end, 0, 0, 0}, Phase::backward,
-             "layer " + std::to_string(L - 1));
-
-  // ---- backward, per unit from the last ----
-  for (int u = U - 1; u >= 0; --u) {
-    const int first = units[u].first_block, top = units[u].last_block - 1;
-    const std::int64_t flight = cfg.overlap && u + 1 < U ? R[u + 1] : 0;  // the unit above's input, in flight
-    const std::int64_t dy = X + t + a2;
-    const std::int64_t act_top = a2 + outputs(top) * a2;
-    std::int64_t params = reshard ? G[u] : G_upto[u];
-    std::int64_t prefetching = 0;  // --overlap on: the unit below's flat buffer, its all-gather posted
-    if (reshard) {
-      if (u == U - 1 || !prefetch) consider({dy, act_top, 0, C[u], 0, F[u] + flight}, Phase::backward, u);
-      // The copy-out: after its own all-gather, or after the wait for the one the unit above
-      // posted (a blocking prefetch copied it out there).
-      if (u == U - 1 || !prefetch || cfg.overlap) consider({dy, act_top, G[u], 0, 0, F[u] + flight}, Phase::backward, u);
-      if (prefetch && u > 0) {
-        consider({dy, act_top, G[u], C[u - 1], 0, F[u - 1] + flight}, Phase::backward, u - 1);
-        if (cfg.overlap) {
-          prefetching = F[u - 1];
-        } else {
-          consider({dy, act_top, G[u] + G[u - 1], 0, 0, F[u - 1] + flight}, Phase::backward, u - 1);
-          params += G[u - 1];
-        }
+  for (const MicroStep& ms : micro_steps(cfg)) {
+    // ---- forward: each gather (the casts beside the flat buffer, then its copy-out), each output ----
+    for (int u = 0; u < U; ++u) {
+      const int first = units[u].first_block;
+      const std::int64_t held = reshard ? 0 : gathered_below(u);
+      const std::int64_t below = first > 0 ? (first + 1) * a2 : 0;
+      consider({X + t, below, held, C[u], 0, F[u]}, Phase::forward, u);
+      consider({X + t, below, held + G[u], 0, 0, F[u]}, Phase::forward, u);
+      for (int i = first; i < units[u].last_block; ++i) {
+        const bool saved = i < L - 1 || k == 1;
+        consider({X + t + (saved ? 0 : a2), a2 + i * a2 + (saved ? a2 : 0), held + G[u], 0, 0, 0}, Phase::forward, u);
       }
     }
-    consider({dy, act_top, params, 0, D[u], prefetching + flight}, Phase::backward, u);  // the bf16 gradients
-    for (int j = top; j >= first; --j)
-      if (j > 0) consider({dy + a2, a2 + outputs(j) * a2, params, 0, D[u], prefetching + flight}, Phase::backward, u);
-    // foreach_reduce's fp32 input beside the bf16 gradients (the unit above's waited for).
-    consider({X + t + (first > 0 ? a2 : 0), first > 0 ? (first + 1) * a2 : 0, params, 0, D[u], R[u] + prefetching},
-             Phase::backward, u);
+    const std::int64_t gathered_end = reshard ? 0 : G_upto[U - 1];
+    const std::int64_t saved_outputs = a2 + (L - 1 + k) * a2;
+    h.consider({X + t + 4 + (m ? a4 : (k ? 0 : a2)), saved_outputs, gathered_end, 0, 0, 0}, Phase::forward,
+               unit_place(U - 1));
+    h.consider({X + t + (m ? 2 * a4 : a2), saved_outputs, gathered_end, 0, 0, 0}, Phase::backward,
+               "layer " + std::to_string(L - 1));
+
+    // ---- backward, per unit from the last ----
+    for (int u = U - 1; u >= 0; --u) {
+      const int first = units[u].first_block, top = units[u].last_block - 1;
+      // The unit above's input (and, in a later micro-step, its staging output) in flight.
+      const std::int64_t flight = cfg.overlap && u + 1 < U ? R[u + 1] + (ms.adds_to_shard ? 4 * A[u + 1] : 0) : 0;
+      const std::int64_t dy = X + t + a2;
+      const std::int64_t act_top = a2 + outputs(top) * a2;
+      std::int64_t params = reshard ? G[u] : G_upto[u];
+      std::int64_t prefetching = 0;  // --overlap on: the unit below's flat buffer, its all-gather posted
+      if (reshard) {
+        if (u == U - 1 || !prefetch) consider({dy, act_top, 0, C[u], 0, F[u] + flight}, Phase::backward, u);
+        // The copy-out: after its own all-gather, or after the wait for the one the unit above
+        // posted (a blocking prefetch copied it out there).
+        if (u == U - 1 || !prefetch || cfg.overlap)
+          consider({dy, act_top, G[u], 0, 0, F[u] + flight}, Phase::backward, u);
+        if (prefetch && u > 0) {
+          consider({dy, act_top, G[u], C[u - 1], 0, F[u - 1] + flight}, Phase::backward, u - 1);
+          if (cfg.overlap) {
+            prefetching = F[u - 1];
+          } else {
+            consider({dy, act_top, G[u] + G[u - 1], 0, 0, F[u - 1] + flight}, Phase::backward, u - 1);
+            params += G[u - 1];
+          }
+        }
+      }
+      consider({dy, act_top, params, 0, D[u], prefetching + flight}, Phase::backward, u);  // the bf16 gradients
+      for (int j = top; j >= first; --j)
+        if (j > 0) consider({dy + a2, a2 + outputs(j) * a2, params, 0, D[u], prefetching + flight}, Phase::backward, u);
+      // foreach_reduce's fp32 input beside the bf16 gradients (the unit above's waited for).
+      consider({X + t + (first > 0 ? a2 : 0), first > 0 ? (first + 1) * a2 : 0, params, 0, D[u], R[u] + prefetching},
+               Phase::backward, u);
+      // A later micro-step: the staging output beside the input, the gradients copied in and freed.
+      if (ms.adds_to_shard)
+        consider({X + t + (first > 0 ? a2 : 0), first > 0 ? (first + 1) * a2 : 0, params, 0, 0,
+                  R[u] + 4 * A[u] + prefetching},
+                 Phase::backward, u);
+    }
   }
   complete(model, h, ranks);
   std::int64_t gathered = 0;

@@ -91,9 +91,9 @@ void refuse_unbuilt_autocast(const RunConfig& cfg) {
   if (cfg.model.is_transformer())
     throw UsageError(which + " with --model " + cfg.model.name + ": FSDP's mixed precision is built for the MLP "
                      "only yet; allowed: --model mlp, or --strategy ddp|zero1");
-  if (cfg.accumulate > 1)
-    throw UsageError("--accumulate " + std::to_string(cfg.accumulate) + " and " + which +
-                     ": FSDP's bf16 gradient accumulation is not built yet; give --accumulate 1");
+  if (cfg.no_sync)
+    throw UsageError("--no-sync and " + which + ": FSDP's bf16 gradients kept unreduced across micro-steps are not "
+                     "built yet; leave --no-sync out (--accumulate reduces every micro-step)");
 }
 
 void refuse_checkpointed_pipeline(const RunConfig& cfg) {

@@ -207,7 +207,8 @@ TEST_F(Precision, Bf16MlpRunsEveryRankAsPredicted) {
 TEST_F(Precision, Bf16FsdpRunsEveryRankAsPredicted) {
   for (const char* strategy : {"zero2 --units 1", "zero3 --units 1", "zero3 --units 2 --overlap off",
                                "zero3 --units 1 --engine fsdp2", "zero2 --units 2 --engine fsdp2",
-                               "hsdp --shard-group 1 --units 1", "hsdp --shard-group 3 --units 1 --engine fsdp2"})
+                               "hsdp --shard-group 1 --units 1", "hsdp --shard-group 3 --units 1 --engine fsdp2",
+                               "zero3 --units 1 --accumulate 2", "zero2 --units 1 --accumulate 3 --engine fsdp2"})
     for (int r = 0; r < 3; ++r) {
       const std::string args = std::string("run --backend cpu ") + kMlp + "--strategy " + strategy + " --emulate 3:" +
                                std::to_string(r);
@@ -294,11 +295,8 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
     std::string line;
   } cases[] = {
       {m + "--precision bf16 --strategy zero3 --engine fsdp2 --accumulate 3 --no-sync",
-       "shardscope: error: --accumulate 3 and --precision bf16 and --strategy zero3: FSDP's bf16 gradient "
-       "accumulation is not built yet; give --accumulate 1"},
-      {m + "--precision bf16 --strategy zero2 --accumulate 2",
-       "shardscope: error: --accumulate 2 and --precision bf16 and --strategy zero2: FSDP's bf16 gradient "
-       "accumulation is not built yet; give --accumulate 1"},
+       "shardscope: error: --no-sync and --precision bf16 and --strategy zero3: FSDP's bf16 gradients kept "
+       "unreduced across micro-steps are not built yet; leave --no-sync out (--accumulate reduces every micro-step)"},
       {m + "--precision bf16 --schedule gpipe",
        "shardscope: error: --precision bf16 and --schedule gpipe: the MLP's pipeline under autocast is not built yet; "
        "allowed: --model gpt2|llama"},
@@ -311,9 +309,9 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
        "shardscope: error: --precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
        "--backend cpu"},
       {"sweep --backend cpu --layers 2 --width 8 --worlds 2 --strategies hsdp --shard-group 2 --accumulate 2 "
-       "--precision bf16 --out sw",
-       "shardscope: error: --accumulate 2 and --precision bf16 and --strategy hsdp: FSDP's bf16 gradient "
-       "accumulation is not built yet; give --accumulate 1"},
+       "--no-sync --precision bf16 --out sw",
+       "shardscope: error: --no-sync and --precision bf16 and --strategy hsdp: FSDP's bf16 gradients kept "
+       "unreduced across micro-steps are not built yet; leave --no-sync out (--accumulate reduces every micro-step)"},
       {"run --backend cuda --layers 2 --width 8 --precision bf16 --strategy zero3",
        "shardscope: error: --precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
        "--backend cpu"},
