@@ -306,9 +306,6 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
                      "(a measured run needs bf16 buffers); allowed: fp32");
   }
   const std::string bf16 = "--precision bf16";
-  if (!c.model.is_transformer() && c.model.checkpoint.any())
-    throw UsageError("--checkpoint " + c.model.checkpoint.text() + " and " + bf16 +
-                     ": the MLP's checkpointed autocast step is not built yet; give --checkpoint none");
   if (c.model.checkpoint.attention())
     throw UsageError("--checkpoint attention and " + bf16 +
                      ": selective recompute under autocast is not built yet; give --checkpoint none, full or every:K");

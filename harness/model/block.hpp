@@ -129,6 +129,13 @@ class Block {
   // which autocast's cast cache holds until the region ends: Model::loss_forward frees
   // them).
   virtual void drop_checkpointed(BlockTape& tape) { tape.held.clear(); }
+  // A wrapped block's re-run in backward has returned: torch's checkpoint runs it in an
+  // autocast region of its own, whose exit empties the cast cache (the MLP's: the casts
+  // autograd did not save go). Nothing to do elsewhere.
+  virtual void end_recompute(BlockTape& /*tape*/) {}
+  // Bytes of the block's input for `rows` rows, as a checkpoint saves it: fp32 by default
+  // (the MLP's layers past the first take a bf16 input under autocast).
+  virtual std::int64_t input_bytes(int rows) const { return 4 * input_elems(rows); }
   // The model's input when this block is the first, on the host: the slice's rows of
   // input_elems(1) values each. By default hashed values in [-1, 1) (hashed_rows, the
   // MLP's batch); a token embedding draws token ids.

@@ -12,6 +12,9 @@
 // Linear's backward). Backward makes the weight's and the bias's gradients in bf16 (temp),
 // casts each to an fp32 temp (the cast's backward) and adds it onto the fp32 gradient
 // (AccumulateGrad), and dx in bf16. A tensor-parallel split is not built under bf16.
+// --checkpoint under bf16: a wrapped layer's casts stay in the cast cache until the loss
+// (its saves dropped), and its re-run's own region empties the cache when it ends
+// (drop_checkpointed, end_recompute).
 // The cast cache is the MLP's own (CastCache): the model engine knows nothing of it.
 //
 // Under --precision bf16 with zero2/zero3/hsdp (ModelConfig::param_bf16) the Linears run
@@ -62,6 +65,7 @@ class LinearBlock final : public Block {
   LinearBlock(int index, int width, Activation activation, Split split = Split::none, TensorParallel tp = {},
               std::shared_ptr<CastCache> cache = nullptr, bool param_bf16 = false)
       : name_("layer " + std::to_string(index)),
+        index_(index),
         in_(split == Split::row ? width / tp.size : width),
         out_(split == Split::column ? width / tp.size : width),
         activation_(activation),
@@ -89,6 +93,25 @@ class LinearBlock final : public Block {
   std::int64_t output_elems(int rows) const override { return static_cast<std::int64_t>(rows) * out_; }
   bool saves_input() const override { return true; }  // Linear saves its input
   bool saves_output() const override { return activation_ == Activation::relu; }  // ReLU saves its output
+  // Under autocast a layer past the first takes the bf16 output of the one below.
+  std::int64_t input_bytes(int rows) const override { return input_elems(rows) * ((autocast_ || param_bf16_) && index_ > 0 ? 2 : 4); }
+
+  // --checkpoint under autocast: the wrapped layer's saves are dropped, but its weight's
+  // cast stays in autocast's cast cache (a cast of a leaf that requires grad is cached)
+  // until the region ends with the loss (MlpLoss::forward empties it), as its bias's
+  // already does; the first layer's cast of the batch is no leaf's (uncached): it goes
+  // with its dropped save.
+  void drop_checkpointed(BlockTape& tape) override {
+    if (autocast_ && !tape.held.empty() && tape.held[kWeightCast])
+      cache_->entries.push_back(std::move(tape.held[kWeightCast]));
+    tape.held.clear();
+  }
+  // The re-run's own autocast region exits (torch's checkpoint restores autocast around
+  // the recompute): the cache lets go of its bias's cast, and of its weight's unless
+  // autograd saved it (layers past the first), which lives to the layer's backward.
+  void end_recompute(BlockTape& /*tape*/) override {
+    if (autocast_) cache_->entries.clear();
+  }
 
   Buffer forward(const BlockCall& c, const float* in, bool input_requires_grad, bool output_saved,
                  BlockTape& tape) override {
@@ -318,7 +341,8 @@ class LinearBlock final : public Block {
   }
 
   std::string name_;
-  int in_;   // input features this rank takes
+  int index_;  // the model's layer
+  int in_;     // input features this rank takes
   int out_;  // output features this rank makes
   Activation activation_;
   Split split_;

@@ -203,6 +203,7 @@ Buffer Model::backward(ModelContext& ctx, Tape& tape, Buffer dy, float beta) {
                                               tape.blocks[j]);
         // Nothing holds a re-run output the block does not save: freed at once.
         if (!block(b).saves_output()) tape.outputs[j].reset();
+        blocks_[b]->end_recompute(tape.blocks[j]);
       }
       ctx.backend.tracker().mark(Phase::backward, was);
     }

@@ -154,7 +154,7 @@ class Model {
   BlockCall call(ModelContext& ctx, int b, int rows) const {
     return {ctx.backend, ctx.saved, ctx.access, b, rows, ctx.tp};
   }
-  std::int64_t input_bytes(int b, int rows) const { return 4 * blocks_[b]->input_elems(rows); }
+  std::int64_t input_bytes(int b, int rows) const { return blocks_[b]->input_bytes(rows); }
 
   std::vector<std::unique_ptr<Block>> blocks_;
   std::unique_ptr<ModelLoss> loss_;

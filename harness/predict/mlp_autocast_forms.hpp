@@ -1,7 +1,8 @@
 // The MLP's step under --precision bf16 with ddp and zero1 (torch.autocast(bfloat16)
 // semantics, harness/model/mlp.cpp): resting bytes and communication are fp32's
 // (parameters, gradients and AdamW state stay fp32; gradients are all-reduced in fp32),
-// the step's transients are bf16 and the weight casts param_cast. docs/formulas.md,
+// the step's transients are bf16 and the weight casts param_cast; --checkpoint full|every:K
+// too (a wrapped layer's casts cached to the loss, made again by its re-run). docs/formulas.md,
 // "bf16 (autocast), the MLP".
 #pragma once
 

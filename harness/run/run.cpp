@@ -94,6 +94,10 @@ void refuse_unbuilt_autocast(const RunConfig& cfg) {
   if (cfg.no_sync)
     throw UsageError("--no-sync and " + which + ": FSDP's bf16 gradients kept unreduced across micro-steps are not "
                      "built yet; leave --no-sync out (--accumulate reduces every micro-step)");
+  if (cfg.model.checkpoint.any())
+    throw UsageError("--checkpoint " + cfg.model.checkpoint.text() + " and " + which +
+                     ": FSDP's checkpointed bf16 step is not built yet; give --checkpoint none, or --strategy "
+                     "ddp|zero1 (autocast)");
 }
 
 void refuse_checkpointed_pipeline(const RunConfig& cfg) {

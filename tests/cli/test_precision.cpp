@@ -245,6 +245,30 @@ TEST_F(Precision, Bf16FsdpRunsEveryRankAsPredicted) {
         << engine << ": " << first_line(dir_ + "/err.txt");
 }
 
+// The MLP under autocast with --checkpoint full and every:2 (ddp; zero1 with --accumulate 2):
+// every emulated rank of W = 2, 3, 4 measures its forms, the peak's place among them (a
+// batch wide against the width puts the peak in the top layer's re-run, its casts and its
+// output beside dy).
+TEST_F(Precision, Bf16CheckpointedMlpRunsEveryRankAsPredicted) {
+  int recompute_places = 0;
+  for (const char* flags : {"--strategy ddp --checkpoint full", "--strategy zero1 --checkpoint every:2 --accumulate 2"})
+    for (int world = 2; world <= 4; ++world)
+      for (int r = 0; r < world; ++r) {
+        const std::string args = std::string("run --backend cpu --layers 3 --width 8 --batch 64 --activation none "
+                                             "--loss sum --steps 2 --precision bf16 ") +
+                                 flags + " --emulate " + std::to_string(world) + ":" + std::to_string(r);
+        ASSERT_EQ(binary(args + " --json k.json"), 0) << args << ": " << first_line(dir_ + "/err.txt");
+        const json run = read("k.json")["runs"][0];
+        const json& rank = run["ranks"][0];
+        expect_bf16_rank_as_predicted(run, rank, args);
+        EXPECT_EQ(rank["resting"], rank["predicted"]["resting"]) << args;
+        EXPECT_EQ(rank["comm_bytes"], rank["predicted"]["comm_bytes"]) << args;
+        EXPECT_EQ(rank["peak"]["where"], rank["predicted"]["peak_where"]) << args;
+        recompute_places += rank["peak"]["where"].get<std::string>().rfind("recompute", 0) == 0 ? 1 : 0;
+      }
+  EXPECT_GT(recompute_places, 0);
+}
+
 // plan --precision bf16 of the MLP prints and writes autocast's forms: what the run of the
 // same rank measures, param_cast among the peak's categories, the label saying bf16.
 TEST_F(Precision, Bf16MlpPlanIsTheRunsPrediction) {
@@ -271,7 +295,8 @@ TEST_F(Precision, Bf16MlpUnderMpirunHoldsItsPredictionsOnBothRanks) {
   GTEST_SKIP() << "no MPI in this build";
 #else
   if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
-  for (const char* strategy : {"ddp", "zero1", "zero2 --units 1", "zero3 --units 1", "zero3 --units 1 --engine fsdp2"}) {
+  for (const char* strategy : {"ddp", "zero1", "zero2 --units 1", "zero3 --units 1", "zero3 --units 1 --engine fsdp2",
+                               "ddp --checkpoint full", "zero1 --checkpoint every:2"}) {
     const int rc = shell("cd '" + dir_ + "' && timeout -k 5 120 mpirun --oversubscribe -np 2 '" + bin_ +
                          "' run --backend cpu --comm mpi " + kMlp + "--precision bf16 --strategy " + strategy +
                          " --json m.json > out.txt 2> err.txt");
@@ -300,9 +325,12 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
       {m + "--precision bf16 --schedule gpipe",
        "shardscope: error: --precision bf16 and --schedule gpipe: the MLP's pipeline under autocast is not built yet; "
        "allowed: --model gpt2|llama"},
-      {m + "--precision bf16 --checkpoint full",
-       "shardscope: error: --checkpoint full and --precision bf16: the MLP's checkpointed autocast step is not built "
-       "yet; give --checkpoint none"},
+      {m + "--precision bf16 --strategy zero3 --checkpoint full",
+       "shardscope: error: --checkpoint full and --precision bf16 and --strategy zero3: FSDP's checkpointed bf16 "
+       "step is not built yet; give --checkpoint none, or --strategy ddp|zero1 (autocast)"},
+      {m + "--precision bf16 --checkpoint attention",
+       "shardscope: error: --checkpoint attention: the MLP has no attention to recompute; allowed with --model "
+       "gpt2|llama, or give --checkpoint none, full or every:K"},
       {"run --backend cpu --layers 2 --width 8 --precision bf16 --mesh dp=1,tp=2",
        "shardscope: error: --mesh and --precision bf16: a mesh under autocast is not built yet"},
       {"run --backend cuda --layers 2 --width 8 --precision bf16",
