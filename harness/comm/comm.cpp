@@ -324,7 +324,7 @@ void Communicator::p2p(const std::vector<P2pOp>& ops) {
                        std::string(op.is_send ? "send" : "recv") + ": peer " +
                            std::to_string(op.peer) + " is not a rank of world " +
                            std::to_string(world_));
-    dir_bytes[op.is_send ? 0 : 1] += payload_bytes(op.count);
+    dir_bytes[op.is_send ? 0 : 1] += static_cast<std::int64_t>(op.count) * dtype_bytes(op.dtype);
     dir_ops[op.is_send ? 0 : 1] += 1;
   }
   auto label = [&] {
@@ -342,7 +342,7 @@ void Communicator::p2p(const std::vector<P2pOp>& ops) {
   });
   for (const P2pOp& op : ops) {
     const int d = op.is_send ? 0 : 1;
-    const std::int64_t b = payload_bytes(op.count);
+    const std::int64_t b = static_cast<std::int64_t>(op.count) * dtype_bytes(op.dtype);
     CollStats& s = ledger_[op.is_send ? CollKind::send : CollKind::recv];
     s.calls += 1;
     s.bytes += b;

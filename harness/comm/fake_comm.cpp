@@ -57,7 +57,10 @@ class FakeCommunicator final : public Communicator {
   void do_p2p(const std::vector<P2pOp>& ops) override {
     if (backend() == nullptr) return;
     for (const P2pOp& op : ops)
-      if (!op.is_send && op.count > 0) backend()->fill(op.buf, 0.0f, op.count);
+      if (!op.is_send && op.count > 0) {
+        if (op.dtype == DType::bf16) backend()->fill_bf16(as_bf16(op.buf), 0.0f, op.count);
+        else backend()->fill(op.buf, 0.0f, op.count);
+      }
   }
   void do_barrier() override {}
   // The group's rank r of its size: what the real group's communicator would be.

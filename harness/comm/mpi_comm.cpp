@@ -121,6 +121,17 @@ class MpiCommunicator final : public Communicator {
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const P2pOp& op = ops[i];
       float* buf = op.buf;
+      if (op.dtype == DType::bf16) {  // its bytes, as they are (host buffers: autocast runs on the cpu)
+        SHARDSCOPE_REQUIRE(!staged_, "mpi: a bf16 p2p through staged host memory is not built");
+        char* bytes = reinterpret_cast<char*>(buf);
+        for_chunks(op.count * 2, [&](std::size_t off, int n) {
+          if (op.is_send)
+            MPI_CHECK(MPI_Isend(bytes + off, n, MPI_BYTE, op.peer, kTag, comm_, post()));
+          else
+            MPI_CHECK(MPI_Irecv(bytes + off, n, MPI_BYTE, op.peer, kTag, comm_, post()));
+        });
+        continue;
+      }
       if (staged_) {  // one staging slot per op, so every op has its own host buffer
         host[i] = backend()->staging(static_cast<int>(i), op.count);
         if (op.is_send) backend()->download(host[i], op.buf, op.count);

@@ -152,9 +152,10 @@ class NcclCommunicator final : public Communicator {
     std::string failed_call;
     for (const P2pOp& op : ops) {
       if (op.count == 0) continue;
+      const ncclDataType_t type = op.dtype == DType::bf16 ? ncclBfloat16 : ncclFloat;
       const ncclResult_t r =
-          op.is_send ? ncclSend(op.buf, op.count, ncclFloat, op.peer, comm_, cuda_->stream())
-                     : ncclRecv(op.buf, op.count, ncclFloat, op.peer, comm_, cuda_->stream());
+          op.is_send ? ncclSend(op.buf, op.count, type, op.peer, comm_, cuda_->stream())
+                     : ncclRecv(op.buf, op.count, type, op.peer, comm_, cuda_->stream());
       if (r != ncclSuccess && first_error == ncclSuccess) {
         first_error = r;
         failed_call = std::string(op.is_send ? "ncclSend" : "ncclRecv") + " to/from rank " +

@@ -107,6 +107,10 @@ class Block {
   // features of one row: what a pipeline stage sends and receives at a boundary).
   virtual std::int64_t input_elems(int rows) const = 0;
   virtual std::int64_t output_elems(int rows) const = 0;
+  // The dtype of its output, and so of what a pipeline stage sends after it (and of the
+  // gradient it receives back): bf16 for the MLP's Linear under autocast, whose GEMM and
+  // ReLU give bf16; fp32 everywhere else (a transformer's residual stream stays fp32).
+  virtual DType output_dtype() const { return DType::f32; }
   // Whether autograd saves the block's input (its first op does: a Linear does) and
   // its output (its last op does: ReLU does). The model decides from these whether
   // an output is an activation (someone saves it) or a temporary.

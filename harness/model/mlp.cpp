@@ -29,6 +29,7 @@
 // (temp) of it, as torch's mse_loss promotes the pair to fp32.
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,6 +113,7 @@ class LinearBlock final : public Block {
   void end_recompute(BlockTape& /*tape*/) override {
     if (autocast_) cache_->entries.clear();
   }
+  DType output_dtype() const override { return autocast_ || param_bf16_ ? DType::bf16 : DType::f32; }
 
   Buffer forward(const BlockCall& c, const float* in, bool input_requires_grad, bool output_saved,
                  BlockTape& tape) override {
@@ -362,6 +364,9 @@ class MlpLoss final : public ModelLoss {
   MlpLoss(int width, Loss kind, std::shared_ptr<CastCache> cache, bool param_bf16)
       : width_(width), kind_(kind), bf16_(cache != nullptr), param_bf16_(param_bf16), cache_(std::move(cache)) {}
 
+  void end_autocast_region() override {
+    if (cache_) cache_->entries.clear();
+  }
   // Under autocast, mse saves its fp32 cast of the output instead (autocast runs mse_loss in
   // fp32); under FSDP's bf16 it saves the bf16 output itself.
   bool saves_input() const override { return kind_ == Loss::mse && !bf16_; }
@@ -385,9 +390,10 @@ class MlpLoss final : public ModelLoss {
     }
     if (bf16_) {
       // mse under autocast: the bf16 output cast to fp32 (rows, width), saved with the target.
-      y32_ = backend.alloc(Category::activation, n);
-      backend.cast_from_bf16(y32_.data(), as_bf16(y), n, 0.0f);
-      y = y32_.data();
+      Buffer& y32 = y32_[target];
+      y32 = backend.alloc(Category::activation, n);
+      backend.cast_from_bf16(y32.data(), as_bf16(y), n, 0.0f);
+      y = y32.data();
     }
     if (kind_ == Loss::mse) {
       const std::int64_t bytes = static_cast<std::int64_t>(rows) * width_ * 4;
@@ -410,10 +416,13 @@ class MlpLoss final : public ModelLoss {
     if (bf16_) {
       // mse's fp32 gradient at its fp32 input, which then goes; its cast's backward to bf16.
       Buffer dy32 = backend.alloc(Category::temp, n);
-      backend.loss(kind_, y32_.data(), target, dy32.data(), nullptr, rows, width_, scale);
-      saved.release(y32_.data());
+      auto it = y32_.find(target);
+      SHARDSCOPE_REQUIRE(it != y32_.end(), "mse under bf16: a backward without its forward");
+      Buffer& y32 = it->second;
+      backend.loss(kind_, y32.data(), target, dy32.data(), nullptr, rows, width_, scale);
+      saved.release(y32.data());
       saved.release(target);
-      y32_.reset();
+      y32_.erase(it);
       Buffer dy = backend.alloc(Category::temp, n, DType::bf16);
       backend.cast_to_bf16(dy.bf16(), dy32.data(), n);
       return dy;
@@ -462,7 +471,9 @@ class MlpLoss final : public ModelLoss {
   bool bf16_;   // --precision bf16: the last block's output is bf16
   bool param_bf16_;  // --precision bf16 under FSDP: the last block's output is bf16, no autocast
   std::shared_ptr<CastCache> cache_;
-  Buffer y32_;  // under bf16 mse: the output's fp32 cast, saved until backward
+  // Under bf16 mse: the output's fp32 cast, saved until backward, of each forward in flight
+  // (a pipeline's last stage holds several micro-batches'), by its target's rows.
+  std::map<const float*, Buffer> y32_;
 };
 
 }  // namespace

@@ -62,6 +62,10 @@ class ModelLoss {
   // The tensor-parallel group a vocabulary-parallel loss reduces over (null: none); the
   // model hands it over before each forward and backward.
   virtual void bind_tensor_parallel(Communicator* /*group*/) {}
+  // Under autocast: the region a forward ran in has ended without this loss (a pipeline
+  // stage's forward that does not end the model): autocast's cast cache lets go of what it
+  // holds. The loss's own forward ends the region otherwise. Nothing in fp32.
+  virtual void end_autocast_region() {}
 };
 
 // What the engine runs with: the backend, the saved-tensor instrument and the access
@@ -104,6 +108,7 @@ class Model {
   // loss's target (0: none) for `rows` rows; each is rows times a row's.
   std::int64_t input_elems(int rows) const { return blocks_.front()->input_elems(rows); }
   std::int64_t output_elems(int b, int rows) const { return blocks_[b]->output_elems(rows); }
+  DType output_dtype(int b) const { return blocks_[b]->output_dtype(); }
   std::int64_t target_elems(int rows) const { return loss_->target_elems(rows); }
   bool loss_is_mean() const { return loss_->is_mean(); }
   // The input of the slice's rows on the host (input_elems(at.rows) values: block 0's
@@ -133,6 +138,9 @@ class Model {
   // The loss of the model's output (the tape must end at the last block); returns its
   // value scaled by `scale`.
   float loss_forward(ModelContext& ctx, Tape& tape, const float* target, float scale);
+  // A forward that does not end the model ends its autocast region (a pipeline stage's
+  // micro-batch whose loss is on another stage): ModelLoss::end_autocast_region.
+  void end_autocast_region() { loss_->end_autocast_region(); }
   // Whole backward of the tape. `dy` is the gradient of the segment's output (empty
   // when the tape ends with the loss). Gradients are written with `beta` (0 overwrite,
   // 1 accumulate). Returns dx (temp) when the input requires grad. A checkpointed

@@ -59,14 +59,12 @@ int pipeline_microbatches(const RunConfig& cfg, int stages) {
 
 namespace {
 
-// --precision bf16 (the torch engine's autocast) runs a transformer's stages under gpipe,
-// 1f1b and interleaved-1f1b (harness/predict/autocast_piece.hpp); what is not built is
-// refused by name.
+// --precision bf16 (the torch engine's autocast) runs the MLP's, GPT-2's and Llama's stages
+// under gpipe, 1f1b and interleaved-1f1b (harness/predict/autocast_piece.hpp); what is not
+// built is refused by name.
 void check_autocast_pipeline(const RunConfig& cfg) {
   if (!cfg.model.autocast) return;
   const std::string both = "--precision bf16 and --schedule " + std::string(schedule_name(*cfg.schedule));
-  if (!cfg.model.is_transformer())
-    throw UsageError(both + ": the MLP's pipeline under autocast is not built yet; allowed: --model gpt2|llama");
   if (cfg.mesh.tp > 1)
     throw UsageError(both + " and --mesh tp=" + str(cfg.mesh.tp) + ": tensor-parallel stages under autocast are "
                      "not built yet; allowed: --mesh dp=D,pp=S");
@@ -373,7 +371,7 @@ void PipelineStage::run_group(const ProgramStep& ps) {
       SHARDSCOPE_REQUIRE(it != pending_.end(), "pipeline stage " + str(stage_) + ": nothing to send for " +
                                                    payload_name(op.payload) +
                                                    "(m=" + str(op.microbatch) + ", vstage " + str(op.vstage) + ")");
-      ops.push_back({true, const_cast<float*>(it->second.data), it->second.count, op.peer});
+      ops.push_back({true, const_cast<float*>(it->second.data), it->second.count, op.peer, it->second.dtype});
       sent.push_back(key);
       continue;
     }
@@ -381,20 +379,24 @@ void PipelineStage::run_group(const ProgramStep& ps) {
     // receiver's (gradient): what crosses that boundary.
     const int boundary = op.payload == Payload::activation ? op.vstage : op.vstage - 1;
     const std::size_t count = boundary_elems(boundary, layout_.rows[op.microbatch]);
+    const DType dtype = boundary_dtype(boundary);
     Slot* sl = nullptr;
     if (op.payload == Payload::activation) {
       // saved by the consumer's first block
       sl = &slot(op.microbatch, chunk_of_vstage(s, op.vstage + 1));
-      sl->act_in = backend_.alloc(Category::activation, count);
-      ops.push_back({false, sl->act_in.data(), count, op.peer});
+      sl->act_in = backend_.alloc(Category::activation, count, dtype);
+      ops.push_back({false, sl->act_in.data(), count, op.peer, dtype});
     } else {
       // gradient of the consumer's output, a p2p staging buffer
       sl = &slot(op.microbatch, chunk_of_vstage(s, op.vstage - 1));
-      sl->grad_in = backend_.alloc(Category::comm, count);
-      ops.push_back({false, sl->grad_in.data(), count, op.peer});
+      sl->grad_in = backend_.alloc(Category::comm, count, dtype);
+      ops.push_back({false, sl->grad_in.data(), count, op.peer, dtype});
     }
     // The fake communicator moves nothing: give the math defined inputs.
-    if (comm_.emulated()) backend_.fill(ops.back().buf, 0.0f, count);
+    if (comm_.emulated()) {
+      if (dtype == DType::bf16) backend_.fill_bf16(as_bf16(ops.back().buf), 0.0f, count);
+      else backend_.fill(ops.back().buf, 0.0f, count);
+    }
   }
   peak_comm_bytes_ = std::max(peak_comm_bytes_, tracker.current()[Category::comm]);
   {
@@ -440,9 +442,14 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
         const float scale = model_->loss_is_mean() ? static_cast<float>(rows) / static_cast<float>(batch) : 1.0f;
         loss = model_->loss_forward(mc, sl.tape, target ? target.data() + model_->target_elems(row_offset) : nullptr,
                                     scale);
-      } else if (stage_of_vstage(s, k + 1) != stage_) {
+      } else {
+        // The stage's forward ends its autocast region (nothing in fp32).
+        model_->end_autocast_region();
+      }
+      if (k != V - 1 && stage_of_vstage(s, k + 1) != stage_) {
         Pending p;
         p.count = boundary_elems(k, rows);
+        p.dtype = boundary_dtype(k);
         if (model_->output_saved(last - 1, last)) {
           p.data = sl.tape.output();  // saved here: lives on in the tape until B
         } else {
@@ -481,6 +488,7 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
         } else {
           Pending p;
           p.count = boundary_elems(k - 1, rows);
+          p.dtype = boundary_dtype(k - 1);
           p.data = dx.data();
           p.owned = std::move(dx);
           pending_.emplace(Key{key_payload(Payload::gradient), a.microbatch, k}, std::move(p));
@@ -528,6 +536,8 @@ void PipelineStage::optimizer_step(int step) {
 std::size_t PipelineStage::boundary_elems(int vstage, int rows) const {
   return static_cast<std::size_t>(model_->output_elems(layout_.end_layer(vstage) - 1, rows));
 }
+
+DType PipelineStage::boundary_dtype(int vstage) const { return model_->output_dtype(layout_.end_layer(vstage) - 1); }
 
 std::vector<float> PipelineStage::download(const float* p, std::size_t n) const {
   std::vector<float> out(n);

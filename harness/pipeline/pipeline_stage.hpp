@@ -123,6 +123,9 @@ class PipelineStage {
   // stage's share of the pipeline's wall-clock makespan, the optimizer left out.
   double actions_end_ms() const { return actions_end_ms_; }
   std::int64_t peak_comm_bytes() const { return peak_comm_bytes_; }
+  // The dtype of what it sends and receives (its first chunk's output: every boundary of a
+  // model has one dtype).
+  DType p2p_dtype() const { return boundary_dtype(vstage(0)); }
   const std::string& peak_where() const { return peak_where_; }
 
   // Whether this stage holds its own copy of a tied parameter whose owner block lives on
@@ -183,6 +186,7 @@ class PipelineStage {
   struct Pending {
     const float* data = nullptr;
     std::size_t count = 0;
+    DType dtype = DType::f32;
     Buffer owned;  // empty when the buffer is saved here and lives on in its tape
   };
   using Key = std::tuple<int, int, int>;  // (payload, micro-batch, producing vstage)
@@ -205,6 +209,8 @@ class PipelineStage {
   // Elements of virtual stage `vstage`'s output for `rows` rows: what crosses the
   // boundary after it (its activation forward, its gradient backward).
   std::size_t boundary_elems(int vstage, int rows) const;
+  // Its dtype: bf16 after the MLP's Linears under autocast, else fp32 (Block::output_dtype).
+  DType boundary_dtype(int vstage) const;
 
   const RunConfig& cfg_;
   Backend& backend_;

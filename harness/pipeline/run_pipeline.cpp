@@ -164,6 +164,7 @@ StageRecord run_pipeline(const RunConfig& cfg, Backend& backend, Communicator& w
   r.p2p_sent_bytes = ledger[CollKind::send].bytes;
   r.p2p_recv_bytes = ledger[CollKind::recv].bytes;
   r.p2p_peak_comm_bytes = stage.peak_comm_bytes();
+  if (stage.p2p_dtype() == DType::bf16) r.p2p_dtype = "bf16";
   r.comm = comm_figures(ledger, comm.world(), comm.emulated());
   // A pipeline's only all-reduce is the tied embedding's, between two ranks (its first
   // and last stage): nccl-tests' factor for a world of 2.

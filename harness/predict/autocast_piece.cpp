@@ -58,6 +58,36 @@ PieceForms autocast_piece(const AutocastFamily& f, const TokenSizes& z, const Sa
 
 }  // namespace
 
+PieceForms mlp_autocast_piece(const PiecePlace& place, int width, int rows, bool relu, bool mse) {
+  const i64 w = width, a = 2 * w * rows, A = 4 * w * rows, c = 2 * w * w, cb = 2 * w, n = place.blocks;
+  const i64 first = place.first ? 1 : 0, ls = relu ? 1 : 0, m = place.last && mse ? 1 : 0;
+  PieceForms p;
+  p.boundary = p.input = a;
+  p.held_act = a * ((place.recv_act ? 1 : 0) + first + n - 1 + ls) + m * A;
+  p.held_cast = c * (n - first);
+  p.held_temp = !relu && !place.last && !place.send_act ? a : 0;
+  p.forward_temp = (relu ? 0 : a) + (place.last ? 4 : 0);
+  p.output_saved = relu;
+  // Saves: every Linear's input, the weight casts saved, ReLU's outputs, mse's input and
+  // target; distinct bytes: n inputs, the last output with relu, the casts, mse's two.
+  p.saves = n + (n - first) + (relu ? n : 0) + 2 * m;
+  p.saved_bytes = a * (n + ls) + c * (n - first) + 2 * m * A;
+  // The end of F with autocast's cast cache still holding the biases' casts (and the first
+  // Linear's weight cast): the region ends after it.
+  p.forward.push_back({p.held_act, p.forward_temp, false, false, p.held_cast + n * cb + first * c});
+  std::vector<PieceMoment>& b = p.backward;
+  i64 act = 0, dy = 0;  // the loss gradient (temp) on the last piece
+  if (place.last && mse) {
+    b.push_back({0, A, true});
+    act = -A;
+    b.push_back({act, A + a, true});
+  }
+  if (place.last) dy = a;
+  b.push_back({act, dy + 3 * c, true});
+  if (n > 1 || !place.first) b.push_back({act, dy + a, true});
+  return p;
+}
+
 // GPT-2's saves under autocast are fp32's by count: x, ln_1's mean, rstd, weight and
 // output cast, c_attn's weight cast, flash's qkv, output and lse (math's q, k,
 // probabilities and v), c_proj's weight cast and input, x_mid, ln_2's mean, rstd, weight

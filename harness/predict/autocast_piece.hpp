@@ -30,6 +30,23 @@ namespace shardscope {
 //   B's instants       the last piece's dlogits, the head's backward and the final norm's
 //                      dx; then the top block's backward instants, its dy the received
 //                      gradient (comm) unless last.
+// The MLP's piece under autocast: each Linear's GEMM and ReLU give bf16, so what a stage
+// sends and receives is bf16 (a = 2·width·r bytes a micro-batch and direction). With
+// A = 4·width·r (fp32), c = 2·width² (a weight's cast), cb = 2·width (a bias's), n layers,
+// first = [virtual stage 0], ls = [relu] (the last output saved), m = [mse and last]:
+//   held from F to B   activation  a·([received] + first + n−1 + ls) + m·A (its received
+//                      input or the batch's cast, the outputs the next Linears and ReLU
+//                      save, mse's fp32 cast of the output)
+//                      param_cast  c·(n − first): the saved weight casts (virtual stage
+//                      0's first Linear's input needs no gradient: its cast is not saved)
+//   end of F           the unsaved last output a (temp) and the loss scalar 4 (last),
+//                      beside autocast's cast cache: every bias cast n·cb and the first
+//                      Linear's weight cast, freed when the region ends
+//   B's instants       the loss gradient (sum: a; mse: A beside its fp32 input, then A + a
+//                      with the input freed); the top Linear's dW in bf16 and its fp32
+//                      cast (3c), then dx (a, unless n = 1 on virtual stage 0), its dy the
+//                      received gradient (comm) unless last.
+PieceForms mlp_autocast_piece(const PiecePlace& place, int width, int rows, bool relu, bool mse);
 PieceForms gpt2_autocast_piece(const TransformerShape& shape, int rows, const PiecePlace& place);
 PieceForms llama_autocast_piece(const TransformerShape& shape, int rows, const PiecePlace& place);
 

@@ -152,6 +152,8 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
   } else {
     c.batch_bytes = c.rows.row_bytes * sh.model.batch;
     c.target_bytes = c.mse ? c.batch_bytes : 0;
+    // Under autocast a micro-batch's boundary tensor is bf16 (the batch and target stay fp32).
+    if (sh.model.autocast) c.rows.row_bytes = 2 * static_cast<i64>(sh.model.width);
   }
   auto stage_of = [&](int k) { return placed_stage(sh.schedule, c.S, k); };
   c.pieces.reserve(static_cast<std::size_t>(c.v));
@@ -178,6 +180,8 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
       else if (c.transformer)
         *f = sh.model.name == "gpt2" ? gpt2_piece(ts, static_cast<int>(r), place, c.tp)
                                      : llama_piece(ts, static_cast<int>(r), place, c.tp);
+      else if (sh.model.autocast)  // --precision bf16: autocast_piece.hpp
+        *f = mlp_autocast_piece(place, sh.model.width, static_cast<int>(r), c.relu, c.mse);
       else
         *f = mlp_piece(p, c.rows.row_bytes, r, c.tp);
     }

@@ -482,6 +482,7 @@ StageRecord read_stage(const Reader& rd, const json& member, const std::string& 
   s.p2p_sent_bytes = rd.count(p2p, join(path, "p2p"), "sent_bytes");
   s.p2p_recv_bytes = rd.count(p2p, join(path, "p2p"), "recv_bytes");
   s.p2p_peak_comm_bytes = rd.count(p2p, join(path, "p2p"), "peak_comm_bytes");
+  if (p2p.contains("dtype")) s.p2p_dtype = rd.text(p2p, join(path, "p2p"), "dtype", "fp32 or bf16");
   s.comm = read_comm(rd, member, path);
   s.comm_bytes = rd.count(member, path, "comm_bytes");
   s.busy_ms = rd.optional_time(member, path, "busy_ms");

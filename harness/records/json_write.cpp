@@ -320,6 +320,7 @@ json to_json(const StageRecord& s) {
   r["peak"] = peak_json(s.peak);
   add_allocator(s.allocator, r);
   r["p2p"] = {{"sent_bytes", s.p2p_sent_bytes}, {"recv_bytes", s.p2p_recv_bytes}, {"peak_comm_bytes", s.p2p_peak_comm_bytes}};
+  if (s.p2p_dtype) r["p2p"]["dtype"] = *s.p2p_dtype;
   r["comm"] = comm_json(s.comm);
   r["comm_bytes"] = s.comm_bytes;
   r["busy_ms"] = or_null(s.busy_ms);

@@ -258,6 +258,9 @@ struct StageRecord {
   std::int64_t p2p_sent_bytes = 0;  // "p2p": {"sent_bytes", "recv_bytes", "peak_comm_bytes"}
   std::int64_t p2p_recv_bytes = 0;
   std::int64_t p2p_peak_comm_bytes = 0;
+  // "p2p": {"dtype"}: "bf16" when what the stages exchange is bf16 (the MLP under autocast:
+  // its bytes are then 2 a element); left out when fp32.
+  std::optional<std::string> p2p_dtype;
   CommFigures comm;
   std::int64_t comm_bytes = 0;
   std::optional<double> busy_ms;

@@ -35,8 +35,11 @@ inline constexpr std::array<std::string_view, kCollKindCount> kCollKindNames = {
 struct P2pOp {
   bool is_send;
   float* buf;          // send: read; recv: written
-  std::size_t count;   // floats
+  std::size_t count;   // elements of dtype
   int peer;
+  // bf16: a pipeline's bf16 activation or gradient under autocast (2 B an element: the
+  // ledger counts them so); buf then holds Bf16 (as_bf16).
+  DType dtype = DType::f32;
 };
 
 // ms: each call's time from when it was posted to when it was seen complete. exposed_ms:
