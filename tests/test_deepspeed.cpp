@@ -273,10 +273,99 @@ TEST(DeepSpeed, AccumulationOnTheSeedModelByHand) {
   }
 }
 
-// Stage 3 is planned by its model states: an MLP of two 4 x 4 layers over 3 ranks. Each
+// Stage 3 runs the MLP (deepspeed_zero3.hpp): every emulated rank at W = 1 to 4 measures what
+// the closed forms predict, on MLPs whose weights are gathered alone (above the persistence
+// threshold) or with their biases (threshold 0), whose biases stay gathered (persistent:
+// several gathered together after the step, or one alone in its gather buffer), whose
+// tensors do not divide by the world (zero tensors in the reduction), with one bucket and
+// buckets of about one weight (reductions in backward), and --accumulate 2.
+TEST(DeepSpeed, StageThreeMeasuredEqualsPredictedEveryRank) {
+  struct Case {
+    const char* name;
+    ModelConfig m;
+    std::int64_t threshold;
+    double bucket;  // MiB; one weight fits
+  };
+  ModelConfig wide;  // 320 x 320: a weight of 102,400 elements, above DeepSpeed's default threshold
+  wide.layers = 3;
+  wide.width = 320;
+  wide.batch = 2;
+  wide.activation = Activation::relu;
+  wide.loss = Loss::mse;
+  ModelConfig narrow;  // 5 x 24: a weight of 576
+  narrow.layers = 5;
+  narrow.width = 24;
+  narrow.batch = 3;
+  narrow.activation = Activation::relu;
+  ModelConfig odd;  // 3 x 7: a weight of 49, a bias of 7 (short partitions at W = 2, 3, 4)
+  odd.layers = 3;
+  odd.width = 7;
+  odd.batch = 2;
+  odd.loss = Loss::mse;
+  ModelConfig one = odd;  // one layer: its bias the only persistent tensor
+  one.layers = 1;
+  ModelConfig big_batch;  // activations above the parameters
+  big_batch.layers = 4;
+  big_batch.width = 16;
+  big_batch.batch = 256;
+  const Case cases[] = {
+      {"wide", wide, 100'000, 0.0},          {"wide buckets", wide, 100'000, 0.4},
+      {"narrow all gathered", narrow, 0, 0.0}, {"narrow buckets", narrow, 0, 0.0023},
+      {"narrow biases kept", narrow, 30, 0.0023}, {"odd", odd, 7, 0.0},
+      {"odd all gathered", odd, 0, 0.0002},   {"odd all kept", odd, 100'000, 0.0},
+      {"one layer", one, 7, 0.0},             {"big batch", big_batch, 0, 0.0},
+  };
+  std::set<std::string> phases;
+  for (const Case& c : cases)
+    for (int k : {1, 2})
+      for (int world = 1; world <= 4; ++world)
+        for (int rank = 0; rank < world; ++rank) {
+          RunConfig cfg = ds_config(c.m, "zero3", c.bucket);
+          cfg.param_persistence = c.threshold;
+          cfg.accumulate = k;
+          const std::string at = check_rank(cfg, world, rank, std::string(c.name) + " K=" + std::to_string(k));
+          phases.insert(at.substr(0, at.find(' ')));
+        }
+  // The peak falls in forward or backward (a gathered layer beside its gradients), in the
+  // optimizer (the flattened gradient) and in the persistent tensors' gather after it.
+  EXPECT_TRUE(phases.count("backward")) << ::testing::PrintToString(phases);
+  EXPECT_TRUE(phases.count("communication")) << ::testing::PrintToString(phases);
+}
+
+// Stage 3 of a 5 x 24 MLP at W = 4, every tensor gathered (threshold 0), by hand: c = 144
+// a weight, 6 a bias, C = 5 × 150 = 750; at rest param 8C = 6,000 (the partitions and the
+// optimizer's copy), grad 4C = 3,000 (the gradient partitions), optim 8C + 4 = 6,004, comm
+// the one bucket 4P = 12,000: 27,004 B. A step all-reduces 4P = 12,000 B and gathers each
+// layer twice (forward and backward) through a flat buffer of 4 × 4 × 150 = 2,400 B: 24,000.
+TEST(DeepSpeed, StageThreeRestsAndMovesByHand) {
+  ModelConfig m;
+  m.layers = 5;
+  m.width = 24;
+  m.batch = 3;
+  RunConfig cfg = ds_config(m, "zero3", 0);
+  cfg.param_persistence = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    CpuBackend backend;
+    auto comm = make_fake_communicator(4, rank, &backend);
+    const auto r = run_dp(cfg, backend, *comm, false);
+    EXPECT_EQ(r.resting.total(), 27'004);
+    EXPECT_EQ(r.resting[Category::param], 6'000);
+    EXPECT_EQ(r.resting[Category::grad], 3'000);
+    EXPECT_EQ(r.resting[Category::optim], 6'004);
+    EXPECT_EQ(r.resting[Category::comm], 12'000);
+    EXPECT_EQ(r.ledger.by_kind[static_cast<int>(CollKind::all_reduce)].bytes, 12'000);
+    EXPECT_EQ(r.ledger.by_kind[static_cast<int>(CollKind::all_gather)].bytes, 24'000);
+    EXPECT_EQ(r.ledger.by_kind[static_cast<int>(CollKind::all_gather)].calls, 10);
+    // A layer's gather holds its flat buffer (2,400) beside its two tensors (4 × 600).
+    EXPECT_GE(r.peak.by_category[Category::param_unsharded], 2'400);
+  }
+}
+
+// Stage 3's resting bytes of an MLP of two 4 x 4 layers over 3 ranks. Each
 // weight (16) is partitioned in 6, each bias (4) in 2: C = 16. Every tensor is persistent
-// (at most 100,000 elements: kept gathered, 40 elements). param 4C + 4C + 4·40 = 288, grad
-// 4C = 64, optim 8C + 4 (one sub-group) = 132; the peak is not predicted.
+// (at most 100,000 elements: kept gathered, 40 elements, by one coalesced gather). param
+// 4C + 4C + 4·40 = 288, grad 4C = 64, optim 8C + 4 (one sub-group) = 132, comm the bucket
+// (4P = 160); the MLP's step is predicted too.
 TEST(DeepSpeed, StageThreeModelStatesByHand) {
   ModelConfig m;
   m.layers = 2;
@@ -287,7 +376,9 @@ TEST(DeepSpeed, StageThreeModelStatesByHand) {
     EXPECT_EQ(p.resting[Category::param], 288);
     EXPECT_EQ(p.resting[Category::grad], 64);
     EXPECT_EQ(p.resting[Category::optim], 132);
-    EXPECT_FALSE(p.peak_known);
+    EXPECT_EQ(p.resting[Category::comm], 160);
+    EXPECT_EQ(*p.model_states, 288 + 64 + 132);
+    EXPECT_TRUE(p.peak_known);
   }
 }
 

@@ -125,9 +125,10 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "(FSDP's HYBRID_SHARD); G divides the world")
       ->type_name("G");
   app.add_option("--engine", f.engine,
-                 "torch | fsdp2: whose layout zero2/zero3 take: torch's FSDP1 flat units, or fully_shard's "
-                 "per-tensor dim-0 shards; ddp and zero1 are torch's under either (default torch; deepspeed is not built yet)")
-      ->type_name("torch|fsdp2");
+                 "torch | fsdp2 | deepspeed: whose layout the sharded strategies take: torch's FSDP1 flat units, "
+                 "fully_shard's per-tensor dim-0 shards (zero2/zero3), or DeepSpeed's ZeRO stages (zero1, zero2, "
+                 "zero3); ddp is torch's under each (default torch)")
+      ->type_name("torch|fsdp2|deepspeed");
   app.add_option("--precision", f.precision,
                  "fp32 | bf16: bf16 trains in the engine's mixed-precision regime (default fp32; built: the MLP, "
                  "gpt2 and llama under ddp and zero1, the torch engine's autocast)")
@@ -315,16 +316,18 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
   if (command != "plan") refuse_unbuilt_autocast(c);
 }
 
-// --engine deepspeed's combinations (docs/cli.md): stage 3 is planned, not run; DeepSpeed has
+// --engine deepspeed's combinations (docs/cli.md): stage 3 runs the MLP (a transformer's is
+// planned, not run); DeepSpeed has
 // no units, no checkpointed step here, no DDP bucket copy, no no_sync under stages 2 and 3
 // (its engine asserts so), and its bucket must hold the largest tensor (DeepSpeed's
 // extra-large-parameter path is not built).
 void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const std::string& command) {
   if (effective_engine(c.engine, c.strategy, c.precision) != EngineKind::deepspeed) return;
   const std::string both = "--engine deepspeed and --strategy " + f.strategy;
-  if (c.strategy == StrategyKind::zero3 && command != "plan")
-    throw UsageError(both + ": DeepSpeed's stage 3 is planned (its model states), not run yet; allowed: ddp, "
-                     "zero1, zero2 (plan takes zero3)");
+  if (c.strategy == StrategyKind::zero3 && command != "plan" && c.model.is_transformer())
+    throw UsageError(both + " and --model " + c.model.name + ": DeepSpeed's stage 3 gathers each module of a "
+                     "transformer block (every Linear, norm and embedding) on its own, which this tool's blocks do "
+                     "not split: planned by its model states, not run yet; allowed: the MLP (plan takes zero3)");
   if (app.count("--units") > 0)
     throw UsageError("--units and --engine deepspeed: DeepSpeed's ZeRO has no units (one flat group); drop --units");
   // A plan lists its strategies: the forms skip each refused one with the reason.

@@ -14,22 +14,20 @@ namespace {
 
 using i64 = std::int64_t;
 
-// DeepSpeed's defaults: a tensor of at most this many elements stays gathered under stage 3
-// (stage3_param_persistence_threshold), and stage 3's optimizer groups hold this many
-// elements (sub_group_size).
-constexpr i64 kPersistenceThreshold = 100'000;
+// DeepSpeed's default: stage 3's optimizer groups hold this many elements (sub_group_size).
 constexpr i64 kSubGroupSize = 1'000'000'000;
 
 // Stage 3's model states (planned only): lp bytes an element of the model's parameters and
 // gradients (4 fp32, 2 bf16), the optimizer's copy and AdamW's state fp32.
-std::vector<Prediction> stage3_model_states(const std::vector<i64>& tensors, int world, i64 lp) {
+// A tensor of at most `threshold` elements stays gathered (stage3_param_persistence_threshold).
+std::vector<Prediction> stage3_model_states(const std::vector<i64>& tensors, int world, i64 lp, i64 threshold) {
   Prediction p;
   p.peak_known = false;
   i64 C = 0, persistent = 0, groups = 0, in_group = 0;
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     const i64 c = (tensors[t] + world - 1) / world;
     C += c;
-    if (tensors[t] <= kPersistenceThreshold) persistent += tensors[t];
+    if (tensors[t] <= threshold) persistent += tensors[t];
     // A sub-group closes once it holds sub_group_size elements, and at the last tensor.
     in_group += c;
     if (in_group >= kSubGroupSize || t + 1 == tensors.size()) {
@@ -152,7 +150,10 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // optimizer's copy of the partition and AdamW's state are fp32 under both).
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
   refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
-  if (cfg.strategy == StrategyKind::zero3) return stage3_model_states(tensors, world, lp);
+  // Stage 3 runs the MLP in fp32; elsewhere it is planned by its model states.
+  if (cfg.strategy == StrategyKind::zero3)
+    return !m.is_transformer() && lp == 4 ? predict_deepspeed_stage3_mlp(cfg, world)
+                                          : stage3_model_states(tensors, world, lp, cfg.param_persistence);
   const std::vector<DsPartition> parts = ds_partitions(tensors, world);
   const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
   if (cfg.strategy == StrategyKind::ddp) return baseline_model_states(P, world, lp);  // bf16 only

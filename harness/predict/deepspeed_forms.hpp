@@ -17,8 +17,10 @@
 // unit holding autograd's 4P and the bucket from the backward's start for stage 1; one
 // unit a block, each its gradients during its backward, the root unit also the bucket and
 // stage 2's grads_in_partition), then the reduction's instant (stage 1: 4P + Bk + G_r +
-// pad_r; stage 2: Bk + G_r + pad_r) and the optimizer's (G_r + pad_r + 4 s). Stage 3's peak
-// is not predicted (peak_known false).
+// pad_r; stage 2: Bk + G_r + pad_r) and the optimizer's (G_r + pad_r + 4 s). Stage 3 of the MLP
+// in fp32 is predicted through its step (deepspeed_stage3_forms.cpp: resting adds the kept
+// bucket Bk, and a lone persistent tensor holds its W·c_t gather buffer); of a transformer,
+// and under bf16, by its model states (peak_known false).
 // --accumulate K > 1: the first micro-step's walk, then a later one's: stage 1's with
 // autograd's 4P and Bk held from its start (reduced at the boundary alone), stage 2's with
 // the accumulated G_r beside every instant (its backward makes a new G_r); stage 2's
@@ -33,5 +35,9 @@
 namespace shardscope {
 
 std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world);
+
+// Stage 3's run of the MLP in fp32 (harness/strategies/deepspeed_zero3.hpp), every rank:
+// deepspeed_stage3_forms.cpp.
+std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int world);
 
 }  // namespace shardscope

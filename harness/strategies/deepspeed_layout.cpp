@@ -62,6 +62,24 @@ std::int64_t ds_bucket_elems(double bucket_mb, std::int64_t params) {
   return static_cast<std::int64_t>(bucket_mb * 1024.0 * 1024.0 / 4.0);
 }
 
+std::int64_t Ds3Layout::real(int t, int rank) const {
+  const std::int64_t begin = part[t] * rank;
+  return std::max<std::int64_t>(0, std::min(part[t], elems[t] - begin));
+}
+
+Ds3Layout ds3_layout(const std::vector<std::int64_t>& tensor_elems, int world, std::int64_t threshold) {
+  Ds3Layout l;
+  for (std::int64_t n : tensor_elems) {
+    const std::int64_t c = (n + world - 1) / world;
+    l.elems.push_back(n);
+    l.part.push_back(c);
+    l.offset.push_back(l.flat);
+    l.persistent.push_back(n <= threshold);
+    l.flat += c;
+  }
+  return l;
+}
+
 void refuse_deepspeed_no_sync(const RunConfig& cfg) {
   if (!cfg.no_sync || (cfg.strategy != StrategyKind::zero2 && cfg.strategy != StrategyKind::zero3)) return;
   throw UsageError("--no-sync and --engine deepspeed and --strategy " + std::string(strategy_name(cfg.strategy)) +

@@ -41,6 +41,23 @@ std::vector<DsPartition> ds_partitions(const std::vector<std::int64_t>& tensor_e
 // weight, bias, weight, ...; a transformer's transformer_tensor_sizes.
 std::vector<std::int64_t> model_tensor_elems(const ModelConfig& model);
 
+// Stage 3 (partition_parameters.py): every tensor partitioned on its own, rank r holding
+// elements [r·c, (r + 1)·c) of it, c = ceil(n / W), zero past n (its ds_tensor); the rank's
+// partitions concatenated in tensor order are its flat partition of C = Σ c elements (one
+// optimizer sub-group: this tool's models stay below 10^9 partition elements). A tensor
+// of at most `threshold` elements (stage3_param_persistence_threshold) is persistent: kept
+// gathered between steps.
+struct Ds3Layout {
+  std::vector<std::int64_t> elems;   // n_t
+  std::vector<std::int64_t> part;    // c_t
+  std::vector<std::int64_t> offset;  // where tensor t's partition starts in the flat partition
+  std::vector<bool> persistent;
+  std::int64_t flat = 0;             // C
+  // Of tensor t, the elements rank r's partition holds that are parameters (c_t, fewer past n_t).
+  std::int64_t real(int t, int rank) const;
+};
+Ds3Layout ds3_layout(const std::vector<std::int64_t>& tensor_elems, int world, std::int64_t threshold);
+
 // DeepSpeed's engine.no_sync asserts it is incompatible with the stages that partition
 // gradients (2 and 3): --no-sync with them is a UsageError naming both; stage 1 takes it.
 void refuse_deepspeed_no_sync(const RunConfig& cfg);

@@ -113,6 +113,9 @@ struct RunConfig {
   int prefetch = 1;
   std::string ddp_bucket = "view";  // view | copy
   double bucket_mb = 0.0;           // 0 = one flat bucket
+  // zero3 under --engine deepspeed: a parameter tensor of at most this many elements stays
+  // gathered between steps (DeepSpeed's stage3_param_persistence_threshold; its default).
+  std::int64_t param_persistence = 100'000;
   // --strategy hsdp --shard-group G: zero3 (FSDP's HYBRID_SHARD) sharded within groups of
   // G consecutive ranks and replicated across them; 0: not hybrid. `strategy` is zero3.
   int shard_group = 0;

@@ -1,5 +1,5 @@
 // --engine deepspeed over MPI at the world this binary was started with (W = 2, 3, 4 from
-// ctest): DeepSpeed's ZeRO stages 1 and 2 train like one rank on the concatenated batch
+// ctest): DeepSpeed's ZeRO stages 1 and 2 (and stage 3 of the MLP) train like one rank on the concatenated batch
 // (parameters, the last step's averaged gradients and AdamW's state), their bytes equal the
 // closed forms (harness/predict/deepspeed_forms.hpp), and an emulated rank's bytes equal the
 // real rank's. The MLP, GPT-2 and Llama; one bucket and several; --accumulate K.
@@ -101,6 +101,26 @@ TEST(DeepSpeedMpi, AccumulationTrainsLikeOneStepOnTheKFoldBatch) {
         whole.model.batch = k * m.batch;
         whole.accumulate = 1;
         whole.no_sync = false;
+        check_against_one_rank(cfg, 1e-7, whole);
+      }
+}
+
+// Stage 3 (the MLP): every tensor gathered (threshold 0), the weights alone (the biases
+// persistent) and every tensor persistent; one bucket and buckets of about a weight;
+// --accumulate 2 on the 2-fold batch.
+TEST(DeepSpeedMpi, StageThreeTrainsLikeOneRank) {
+  const ModelConfig m = testing::model_of(3, 37, 4, Activation::relu, Loss::mse);
+  for (std::int64_t threshold : {std::int64_t{0}, std::int64_t{37}, std::int64_t{100'000}})
+    for (double bucket : {0.0, 0.006})
+      for (int k : {1, 2}) {
+        SCOPED_TRACE("threshold " + std::to_string(threshold) + " bucket " + std::to_string(bucket) + " K=" +
+                     std::to_string(k));
+        RunConfig cfg = ds_config(m, "zero3", bucket);
+        cfg.param_persistence = threshold;
+        cfg.accumulate = k;
+        RunConfig whole = cfg;
+        whole.model.batch = k * m.batch;
+        whole.accumulate = 1;
         check_against_one_rank(cfg, 1e-7, whole);
       }
 }

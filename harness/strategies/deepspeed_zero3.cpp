@@ -1,0 +1,214 @@
+#include "harness/strategies/deepspeed_zero3.hpp"
+
+#include <algorithm>
+
+#include "shardscope/check.hpp"
+
+namespace shardscope {
+
+DeepSpeedZero3::DeepSpeedZero3(const StrategyContext& ctx)
+    : DataParallelStrategy(ctx),
+      layout_(ds3_layout(model_tensor_elems(ctx.cfg.model), ctx.comm.world(), ctx.cfg.param_persistence)),
+      bucket_cap_(ds_bucket_elems(ctx.cfg.bucket_mb, model_->params())) {
+  SHARDSCOPE_REQUIRE(!ctx.cfg.model.is_transformer(), "deepspeed zero3: only the MLP runs (the CLI refuses the rest)");
+  for (int t = 0; t < model_->param_tensors(); ++t)
+    if (layout_.persistent[t]) persistent_.push_back(t);
+  gathered_.resize(static_cast<std::size_t>(model_->param_tensors()));
+  view_.assign(static_cast<std::size_t>(model_->param_tensors()), nullptr);
+  block_grad_.resize(static_cast<std::size_t>(model_->blocks()));
+}
+
+void DeepSpeedZero3::setup() {
+  backend_.tracker().mark(Phase::setup);
+  const int r = comm_.rank();
+  const std::size_t C = static_cast<std::size_t>(layout_.flat);
+  // The flat partition: rank r's slice of every tensor, zero past its end.
+  std::vector<float> host(C, 0.0f);
+  for (int t = 0; t < model_->param_tensors(); ++t) {
+    const std::int64_t real = layout_.real(t, r);
+    if (real == 0) continue;
+    const std::vector<float> part = model_->init_flat_slice(cfg_.seed, model_->tensor_offset(t) + layout_.part[t] * r, real);
+    std::copy(part.begin(), part.end(), host.begin() + layout_.offset[t]);
+  }
+  flat_ = backend_.alloc(Category::param, C);
+  backend_.upload(flat_.data(), host.data(), C);
+  master_ = backend_.alloc(Category::param, C);
+  backend_.copy(master_.data(), flat_.data(), C);
+  adam_ = make_adam_state(backend_, C);
+  grad_parts_ = zeros(Category::grad, C);
+  bucket_ = backend_.alloc(Category::comm, static_cast<std::size_t>(bucket_cap_));
+  gather(persistent_, Category::param);
+}
+
+std::vector<int> DeepSpeedZero3::gathered_tensors(int block) const {
+  std::vector<int> out;
+  for (int t = model_->first_tensor(block); t < model_->first_tensor(block + 1); ++t)
+    if (!layout_.persistent[t]) out.push_back(t);
+  return out;
+}
+
+void DeepSpeedZero3::gather(const std::vector<int>& tensors, Category c) {
+  if (tensors.empty()) return;
+  const std::size_t W = static_cast<std::size_t>(comm_.world()), r = static_cast<std::size_t>(comm_.rank());
+  if (W == 1) {
+    // One rank (_no_gather_coalesced): each tensor views its partition, the whole of it.
+    for (int t : tensors) view_[t] = flat_.data() + layout_.offset[t];
+    return;
+  }
+  if (tensors.size() == 1) {
+    // One tensor (_all_gather_sequential): a buffer of W·c_t it then views.
+    const int t = tensors[0];
+    const std::size_t c_t = static_cast<std::size_t>(layout_.part[t]);
+    gathered_[t] = backend_.alloc(c, W * c_t);
+    comm_.all_gather(flat_.data() + layout_.offset[t], gathered_[t].data(), c_t);
+    view_[t] = gathered_[t].data();
+    return;
+  }
+  // Several (all_gather_coalesced): their partitions side by side in the rank's slot of a
+  // flat buffer of W·Σc_t, all-gathered in place; then each tensor copied out of every
+  // rank's slot into a tensor of its own (n_t), and the flat buffer freed.
+  std::size_t sum = 0;
+  for (int t : tensors) sum += static_cast<std::size_t>(layout_.part[t]);
+  Buffer staging = backend_.alloc(Category::comm, W * sum);
+  float* own = staging.data() + r * sum;
+  std::size_t at = 0;
+  for (int t : tensors) {
+    backend_.copy(own + at, flat_.data() + layout_.offset[t], static_cast<std::size_t>(layout_.part[t]));
+    at += static_cast<std::size_t>(layout_.part[t]);
+  }
+  comm_.all_gather(own, staging.data(), sum);
+  at = 0;
+  for (int t : tensors) {
+    const std::int64_t n = layout_.elems[t], c_t = layout_.part[t];
+    gathered_[t] = backend_.alloc(c, static_cast<std::size_t>(n));
+    for (std::size_t q = 0; q < W; ++q) {
+      const std::int64_t begin = c_t * static_cast<std::int64_t>(q);
+      const std::int64_t count = std::max<std::int64_t>(0, std::min(c_t, n - begin));
+      if (count > 0)
+        backend_.copy(gathered_[t].data() + begin, staging.data() + q * sum + at, static_cast<std::size_t>(count));
+    }
+    view_[t] = gathered_[t].data();
+    at += static_cast<std::size_t>(c_t);
+  }
+}
+
+void DeepSpeedZero3::release(const std::vector<int>& tensors) {
+  for (int t : tensors) {
+    gathered_[t].reset();
+    view_[t] = nullptr;
+  }
+}
+
+const float* DeepSpeedZero3::param(int block, int tensor) {
+  const float* p = view_[tensor_of(block, tensor)];
+  SHARDSCOPE_REQUIRE(p != nullptr, "deepspeed zero3: a tensor used while not gathered");
+  return p;
+}
+
+float* DeepSpeedZero3::grad(int block, int tensor) {
+  const std::int64_t in_block = model_->tensor_offset(tensor_of(block, tensor)) - model_->block_offset(block);
+  return block_grad_[block].data() + in_block;
+}
+
+// The model marks the block's place (layer b) before each hook.
+void DeepSpeedZero3::before_forward(int block) {
+  gather(gathered_tensors(block), Category::param_unsharded);
+}
+
+void DeepSpeedZero3::after_forward(int block) { release(gathered_tensors(block)); }
+
+void DeepSpeedZero3::before_backward(int block) {
+  gather(gathered_tensors(block), Category::param_unsharded);
+  const std::int64_t n = model_->block_offset(block + 1) - model_->block_offset(block);
+  block_grad_[block] = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(n));
+}
+
+void DeepSpeedZero3::after_backward(int block) {
+  // The block's tensors as their hooks fire: last first.
+  for (int t = model_->first_tensor(block + 1) - 1; t >= model_->first_tensor(block); --t)
+    add_to_bucket(t, block_grad_[block].data() + model_->tensor_offset(t) - model_->block_offset(block));
+  block_grad_[block].reset();
+  release(gathered_tensors(block));
+}
+
+void DeepSpeedZero3::add_to_bucket(int t, const float* src) {
+  const std::int64_t n = layout_.elems[t];
+  if (bucket_used_ + n > bucket_cap_ && bucket_used_ > 0) reduce_bucket();
+  backend_.copy(bucket_.data() + bucket_used_, src, static_cast<std::size_t>(n));
+  in_bucket_.emplace_back(t, bucket_used_);
+  bucket_used_ += n;
+}
+
+void DeepSpeedZero3::reduce_bucket() {
+  if (bucket_used_ == 0) return;
+  const std::size_t n = static_cast<std::size_t>(bucket_used_);
+  const int W = comm_.world(), r = comm_.rank();
+  if (W > 1) backend_.scale(bucket_.data(), 1.0f / static_cast<float>(W), n);
+  comm_.all_reduce_sum(bucket_.data(), n);
+  // Each tensor's slice of the rank's partition; where it is short, a zero tensor of c_t
+  // holds it (kept, with the bucket's others, until the bucket is done).
+  std::vector<Buffer> padded;
+  const bool adds = micro_step_index() > 0;
+  for (const auto& [t, at] : in_bucket_) {
+    const std::size_t c_t = static_cast<std::size_t>(layout_.part[t]);
+    const std::int64_t real = layout_.real(t, r);
+    const float* slice = bucket_.data() + at + layout_.part[t] * r;
+    if (real < layout_.part[t]) {
+      padded.push_back(zeros(Category::grad, c_t));
+      if (real > 0) backend_.copy(padded.back().data(), slice, static_cast<std::size_t>(real));
+      slice = padded.back().data();
+    }
+    if (real == 0) continue;  // partition_grads skips a partition holding no parameters
+    float* dst = grad_parts_.data() + layout_.offset[t];
+    if (adds)
+      backend_.add(dst, slice, c_t);
+    else
+      backend_.copy(dst, slice, c_t);
+  }
+  in_bucket_.clear();
+  bucket_used_ = 0;
+}
+
+void DeepSpeedZero3::reduce_gradients() { reduce_bucket(); }
+
+void DeepSpeedZero3::optimizer_step(int step) {
+  const std::size_t C = static_cast<std::size_t>(layout_.flat);
+  release(persistent_);  // _partition_all_parameters
+  Buffer g = backend_.alloc(Category::grad, C);  // the gradient partitions flattened
+  backend_.copy(g.data(), grad_parts_.data(), C);
+  last_grad_ = download(g);
+  backend_.fill(adam_.step.data(), static_cast<float>(step), 1);
+  backend_.adamw(hyper_, {{master_.data(), g.data(), adam_.exp_avg.data(), adam_.exp_avg_sq.data(), C, step}});
+  g.reset();
+  backend_.copy(flat_.data(), master_.data(), C);
+  backend_.tracker().mark(Phase::communication);
+  gather(persistent_, Category::param);  // _post_step
+}
+
+HostState DeepSpeedZero3::gather_state() {
+  const int W = comm_.world();
+  const std::size_t C = static_cast<std::size_t>(layout_.flat);
+  std::vector<float> last = last_grad_;
+  last.resize(C, 0.0f);
+  Buffer grad = backend_.alloc(Category::temp, C);
+  backend_.upload(grad.data(), last.data(), C);
+  const float* sources[4] = {master_.data(), grad.data(), adam_.exp_avg.data(), adam_.exp_avg_sq.data()};
+  HostState h;
+  std::vector<float>* targets[4] = {&h.params, &h.grads, &h.exp_avg, &h.exp_avg_sq};
+  for (int k = 0; k < 4; ++k) {
+    Buffer all = backend_.alloc(Category::temp, static_cast<std::size_t>(W) * C);
+    comm_.all_gather(sources[k], all.data(), C);
+    const std::vector<float> every = download(all);
+    // Tensor t's elements: rank q's partition of it, in rank order, up to n_t.
+    std::vector<float>& out = *targets[k];
+    for (int t = 0; t < model_->param_tensors(); ++t)
+      for (int q = 0; q < W; ++q) {
+        const std::int64_t real = layout_.real(t, q);
+        const auto from = every.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(q) * C + layout_.offset[t]);
+        out.insert(out.end(), from, from + real);
+      }
+  }
+  return h;
+}
+
+}  // namespace shardscope

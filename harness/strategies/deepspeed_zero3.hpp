@@ -1,0 +1,96 @@
+// zero3 under --engine deepspeed: DeepSpeed's ZeRO stage 3 (DeepSpeedZeroOptimizer_Stage3,
+// its parameter coordinator and partition_parameters.py), fp32, the MLP (each Linear one
+// module). docs/design.md, "DeepSpeed"; the layout: deepspeed_layout.hpp (Ds3Layout).
+// DeepSpeed's configuration as taken here: stage3_prefetch_bucket_size 0 (no prefetch),
+// stage3_max_reuse_distance 0 (a module's parameters are released after each use; at its
+// default of 10^9 elements DeepSpeed keeps them from the forward to the backward once its
+// trace is complete), stage3_param_persistence_threshold RunConfig::param_persistence
+// (DeepSpeed's default 100,000), contiguous_gradients on, reduce_scatter off (each bucket
+// all-reduced, as stages 1 and 2 here), overlap_comm off.
+//
+// At rest, per rank:
+//   param  the flat partition (C elements; every tensor's ds_tensor a view of it), the
+//          optimizer's copy of it (C), and the persistent tensors gathered: several by one
+//          coalesced gather, each then a tensor of n_t; a lone one keeps its gather buffer
+//          of W·c_t;
+//   grad   the gradient partitions (C: grad_partitions_flat_buffer, made at init, kept);
+//   optim  exp_avg and exp_avg_sq of the copy (2C) and one step (one sub-group);
+//   comm   the ipg bucket (--bucket-mb; DeepSpeed makes it at init and keeps it).
+// A step (each micro-step under --accumulate; stage 3 reduces in every one):
+//   forward   a block gathers its tensors that are not persistent before it runs
+//             (param_unsharded): one into a buffer of W·c_t it then views; several into a
+//             flat comm buffer of W·Σc_t, each then copied into a tensor of n_t and the
+//             flat buffer freed (one rank gathers nothing: a tensor views its partition,
+//             as _no_gather_coalesced makes it); they are released after the block;
+//   backward  when a block's backward begins its tensors are gathered again, then its
+//             gradients made (grad_unsharded, Σ n_t); when it ends they are copied into the
+//             bucket, last tensor first (the bucket reduced first when the next would not
+//             fit), freed, and the gathered tensors released;
+//   a bucket  is divided by W and all-reduced; each tensor's slice of the rank's partition
+//             (c_t elements; where fewer are parameters, a zero tensor of c_t holds it,
+//             category grad, every one of the bucket's kept until its end) is copied into
+//             (the first micro-step) or added onto its gradient partition;
+//   after backward  the last bucket is reduced;
+//   optimizer every gathered tensor is released (the persistent ones too), the gradient
+//             partitions flattened into a new buffer (grad, C), AdamW on the copy, the
+//             gradient freed, the copy written into the flat partition; then the
+//             persistent tensors are gathered again.
+#pragma once
+
+#include <vector>
+
+#include "harness/model/adam_state.hpp"
+#include "harness/strategies/data_parallel.hpp"
+#include "harness/strategies/deepspeed_layout.hpp"
+
+namespace shardscope {
+
+class DeepSpeedZero3 : public DataParallelStrategy, private BlockAccess {
+ public:
+  explicit DeepSpeedZero3(const StrategyContext& ctx);
+  void setup() override;
+  HostState gather_state() override;
+
+ protected:
+  BlockAccess& access() override { return *this; }
+  void reduce_gradients() override;  // the epilogue: the last bucket
+  void optimizer_step(int step) override;
+  // Fresh gradients every micro-step: each reduction copies or adds them into the partitions.
+  float backward_beta(int) const override { return 0.0f; }
+
+ private:
+  // BlockAccess
+  const float* param(int block, int tensor) override;
+  float* grad(int block, int tensor) override;
+  void before_forward(int block) override;
+  void after_forward(int block) override;
+  void before_backward(int block) override;
+  void after_backward(int block) override;
+
+  // The model's tensor index of block b's tensor i; block b's tensors that are not persistent.
+  int tensor_of(int block, int tensor) const { return model_->first_tensor(block) + tensor; }
+  std::vector<int> gathered_tensors(int block) const;
+  // Gathers `tensors` (their partitions) into gathered_, in category `c`; releases them.
+  void gather(const std::vector<int>& tensors, Category c);
+  void release(const std::vector<int>& tensors);
+  void add_to_bucket(int tensor, const float* src);
+  void reduce_bucket();
+
+  Ds3Layout layout_;
+  std::int64_t bucket_cap_ = 0;
+  std::vector<int> persistent_;  // the persistent tensors, in order
+
+  Buffer flat_;       // (C) param: every tensor's partition
+  Buffer master_;     // (C) param: the optimizer's copy
+  AdamState adam_;    // (C) optim
+  Buffer grad_parts_;  // (C) grad: the gradient partitions
+  Buffer bucket_;     // (cap) comm
+  std::vector<Buffer> gathered_;    // per tensor: its gathered values (n_t, or a gather buffer of W·c_t)
+  std::vector<const float*> view_;  // per tensor: where its values are while gathered (null: released)
+  std::vector<Buffer> block_grad_;  // per block: its tensors' gradients during its backward
+  std::vector<std::pair<int, std::int64_t>> in_bucket_;  // (tensor, offset in the bucket)
+  std::int64_t bucket_used_ = 0;
+  std::vector<float> last_grad_;  // the last step's averaged gradient partitions (host, untracked)
+};
+
+}  // namespace shardscope
