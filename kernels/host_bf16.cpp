@@ -104,6 +104,10 @@ void fill_bf16(Bf16* dst, float value, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) dst[i] = v;
 }
 
+void scale_bf16(Bf16* x, float s, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) x[i] = to_bf16(from_bf16(x[i]) * s);
+}
+
 void sum_bf16(float* out, const Bf16* x, std::size_t n, float scale) {
   float s = 0.0f;
   for (std::size_t i = 0; i < n; ++i) s += from_bf16(x[i]);

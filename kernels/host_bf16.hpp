@@ -30,6 +30,7 @@ void bias_activation_bf16(Bf16* y, const Bf16* bias, int rows, int cols, Activat
 void relu_backward_bf16(Bf16* dz, const Bf16* a, std::size_t n);
 void bias_grad_bf16(Bf16* db, const Bf16* dz, int rows, int cols);
 void fill_bf16(Bf16* dst, float value, std::size_t n);
+void scale_bf16(Bf16* x, float s, std::size_t n);
 void sum_bf16(float* out, const Bf16* x, std::size_t n, float scale);
 
 }  // namespace shardscope::host

@@ -46,6 +46,7 @@ class CpuBackend : public Backend {
   void bias_grad_bf16(Bf16* db, const Bf16* dz, int rows, int cols) override;
   void fill_bf16(Bf16* dst, float value, std::size_t n) override;
   void copy_bf16(Bf16* dst, const Bf16* src, std::size_t n) override;
+  void scale_bf16(Bf16* x, float s, std::size_t n) override;
   void sum_bf16(float* out, const Bf16* x, std::size_t n, float scale) override;
   std::string bf16_gemm() const override;
 

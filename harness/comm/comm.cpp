@@ -292,6 +292,16 @@ void Communicator::all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t sen
         [&] { do_all_gather_bf16(send, recv, send_count); });
 }
 
+void Communicator::all_reduce_sum_bf16(Bf16* buf, std::size_t count) {
+  timed(CollKind::all_reduce, static_cast<std::int64_t>(count) * 2, "all_reduce",
+        [&] { do_all_reduce_sum_bf16(buf, count); });
+}
+
+void Communicator::do_all_reduce_sum_bf16(Bf16*, std::size_t) {
+  throw RunError("--comm " + name() + ": a bf16 all-reduce is not built for this communicator (host buffers under "
+                 "fake, self and mpi only)");
+}
+
 void Communicator::broadcast(float* buf, std::size_t count, int root) {
   SHARDSCOPE_REQUIRE(root >= 0 && root < world_,
                      "broadcast: root " + std::to_string(root) + " is not a rank of world " +

@@ -37,6 +37,22 @@ namespace shardscope {
 
 namespace {
 
+// MPI has no bf16: a sum of 16-bit words read as bf16, each addition rounded to bf16.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const Bf16* a = static_cast<const Bf16*>(in);
+  Bf16* b = static_cast<Bf16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = to_bf16(from_bf16(a[i]) + from_bf16(b[i]));
+}
+
+MPI_Op bf16_sum_op() {
+  static MPI_Op op = [] {
+    MPI_Op made = MPI_OP_NULL;
+    MPI_CHECK(MPI_Op_create(&bf16_sum, 1, &made));
+    return made;
+  }();
+  return op;
+}
+
 // True when [a, a+na) and [b, b+nb) share an element.
 bool overlaps(const float* a, std::size_t na, const float* b, std::size_t nb) {
   if (na == 0 || nb == 0) return false;
@@ -103,6 +119,16 @@ class MpiCommunicator final : public Communicator {
     SHARDSCOPE_REQUIRE(!staged_, "--comm mpi: a bf16 all-gather staged through host memory is not built (host "
                                  "buffers only)");
     post_host_all_gather_bf16(send, recv, send_count);
+    wait_posted();
+  }
+
+  // bf16 host buffers as 16-bit words, summed by bf16_sum (each addition rounded to bf16).
+  void do_all_reduce_sum_bf16(Bf16* buf, std::size_t count) override {
+    SHARDSCOPE_REQUIRE(!staged_, "--comm mpi: a bf16 all-reduce staged through host memory is not built (host "
+                                 "buffers only)");
+    for_chunks(count, [&](std::size_t off, int n) {
+      MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf + off, n, MPI_UINT16_T, bf16_sum_op(), comm_, post()));
+    });
     wait_posted();
   }
 

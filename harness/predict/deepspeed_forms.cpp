@@ -35,7 +35,9 @@ std::vector<Prediction> stage3_model_states(const std::vector<i64>& tensors, int
       in_group = 0;
     }
   }
-  p.resting[Category::param] = lp * C + 4 * C + lp * persistent;
+  // The optimizer's fp32 copy: the master weights under bf16, a second fp32 copy in fp32.
+  p.resting[Category::param] = lp * C + (lp == 4 ? 4 * C : 0) + lp * persistent;
+  p.resting[Category::master] = lp == 4 ? 0 : 4 * C;
   p.resting[Category::grad] = lp * C;
   p.resting[Category::optim] = 8 * C + 4 * groups;
   p.model_states = p.resting.total();  // its gradient partitions are kept
@@ -47,7 +49,8 @@ std::vector<Prediction> stage3_model_states(const std::vector<i64>& tensors, int
 std::vector<Prediction> baseline_model_states(i64 P, int world, i64 lp) {
   Prediction p;
   p.peak_known = false;
-  p.resting[Category::param] = lp * P + 4 * P;
+  p.resting[Category::param] = lp * P;
+  p.resting[Category::master] = 4 * P;
   p.resting[Category::grad] = lp * P;
   p.resting[Category::optim] = 8 * P + 4;
   p.model_states = p.resting.total();
@@ -141,6 +144,73 @@ void transformer_walk(const RunConfig& cfg, int world, int stage, i64 Bk, i64 G,
   best.consider(step.bytes, step.phase, step.where);
 }
 
+// Stages 1 and 2 of the MLP under --precision bf16 (deepspeed.hpp): the bf16 Linears'
+// activations (mlp_fsdp_bf16_forms.hpp's: a2 = 2Bw a bf16 activation, a4 = 4Bw the fp32
+// batch X, mse's fp32 target t and its fp32 temporaries; the batch's bf16 cast a2 made by
+// layer 0), beside DeepSpeed's bf16 buffers: Bk2 = 2c the bucket, G2 = 2 × the tensors
+// touching the partition, pad2 its bf16 padding; stage 1's autograd gradients 2P from the
+// backward's first block, stage 2's each layer's 2(w² + w) during its backward (with Bk2 and
+// G2 from the first). After the backward the reduction's instants (as fp32's, in bf16
+// bytes); the optimizer's: the bf16 flattened partition (2s) and its fp32 cast (4s) beside
+// G2 and pad2. Resting: the bf16 group 2·Ppad (param), the master weights 4s (master),
+// AdamW 8s + 4; traffic 2P all-reduced and 2·Ppad all-gathered, in bf16.
+std::vector<Prediction> bf16_mlp_ranks(const RunConfig& cfg, int world, int stage,
+                                       const std::vector<DsPartition>& parts) {
+  const ModelConfig& m = cfg.model;
+  const int L = m.layers;
+  const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
+  const i64 a2 = 2 * static_cast<i64>(m.batch) * m.width, a4 = 2 * a2;
+  const i64 mse = m.loss == Loss::mse ? 1 : 0;
+  const i64 k = (m.activation == Activation::relu || mse == 1) ? 1 : 0;
+  const i64 X = a4, t = mse * a4;
+  const i64 Bk2 = 2 * ds_bucket_elems(cfg.bucket_mb, P);
+  auto outputs = [&](int j) { return static_cast<i64>(j == L - 1 ? L - 1 + k : j + 1); };
+  auto unit = [&](int layer) { return "unit " + std::to_string(stage == 1 ? 0 : layer); };
+  std::vector<Prediction> ranks(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    const i64 G2 = 2 * parts[r].touching, pad2 = 2 * parts[r].pad();
+    Best best;
+    auto at = [&](i64 temp, i64 act, i64 gu, i64 comm, i64 grad, Phase ph, const std::string& where) {
+      best.consider(bytes_of(temp, act, gu, comm, grad), ph, where);
+    };
+    for (int i = 0; i < L; ++i) {
+      const bool saved = i < L - 1 || k == 1;
+      at(X + t + (saved ? 0 : a2), a2 + i * a2 + (saved ? a2 : 0), 0, 0, 0, Phase::forward, unit(i));
+    }
+    const i64 saved_outputs = a2 + (L - 1 + k) * a2;
+    at(X + t + 4 + (mse ? a4 : (k ? 0 : a2)), saved_outputs, 0, 0, 0, Phase::forward, unit(L - 1));
+    at(X + t + (mse ? 2 * a4 : a2), saved_outputs, 0, 0, 0, Phase::backward, "layer " + std::to_string(L - 1));
+    const i64 dy = X + t + a2;
+    const i64 G_early = stage == 2 ? G2 : 0;
+    for (int j = L - 1; j >= 0; --j) {
+      const i64 grads = stage == 1 ? 2 * P : 2 * m.layer_elems();
+      if (stage == 2 || j == L - 1) at(dy, a2 + outputs(j) * a2, grads, Bk2, G_early, Phase::backward, unit(j));
+      if (j > 0) at(dy + a2, a2 + outputs(j) * a2, grads, Bk2, G_early, Phase::backward, unit(j));
+    }
+    const i64 autograd = stage == 1 ? 2 * P : 0;
+    if (stage == 1 && G2 > 0) at(0, 0, autograd, Bk2, G2, Phase::communication, "-");
+    if (pad2 > 0) at(0, 0, autograd, Bk2, G2 + pad2, Phase::communication, "-");
+    at(0, 0, 0, 0, G2 + pad2 + 2 * s + 4 * s, Phase::optimizer, "-");
+
+    Prediction& p = ranks[r];
+    p.resting[Category::param] = 2 * Ppad;
+    p.resting[Category::master] = 4 * s;
+    p.resting[Category::optim] = 8 * s + 4;
+    p.model_states = p.resting.total() + (stage == 1 ? 2 * P : 2 * s);
+    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 2 * P;
+    p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 2 * Ppad;
+    p.peak_known = true;
+    p.peak_by_category = p.resting;
+    for (int c = 0; c < kCategoryCount; ++c) p.peak_by_category.bytes[c] += best.bytes.bytes[c];
+    p.peak_total = p.peak_by_category.total();
+    p.peak_phase = best.phase;
+    p.peak_where = best.where;
+    p.saved_after_forward_tensors = static_cast<int>(L + k + mse);
+    p.saved_after_forward_bytes = (L + k) * a2 + mse * a4;
+  }
+  return ranks;
+}
+
 }  // namespace
 
 std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world) {
@@ -161,11 +231,15 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // The ZeRO paper's accounting adds the gradients the stage keeps during a step: stage 1
   // autograd's full ones, stage 2 the partition's.
   const i64 kept_grads = stage == 1 ? lp * P : lp * s;
+  // bf16 runs the MLP's stages 1 and 2.
+  if (lp != 4 && !m.is_transformer()) return bf16_mlp_ranks(cfg, world, stage, parts);
   if (lp != 4) {
-    // bf16 is planned by its model states: the flat group in bf16, its fp32 copy.
+    // A transformer's bf16 is planned by its model states: the flat group in bf16, its
+    // fp32 copy (the master weights).
     Prediction p;
     p.peak_known = false;
-    p.resting[Category::param] = lp * Ppad + 4 * s;
+    p.resting[Category::param] = lp * Ppad;
+    p.resting[Category::master] = 4 * s;
     p.resting[Category::optim] = 8 * s + 4;
     p.model_states = p.resting.total() + kept_grads;
     return std::vector<Prediction>(static_cast<std::size_t>(world), p);

@@ -1,6 +1,18 @@
 // zero1 and zero2 under --engine deepspeed: DeepSpeed's ZeRO stages 1 and 2
 // (DeepSpeedZeroOptimizer, contiguous_gradients on, overlap_comm off, reduce_scatter off:
-// each bucket all-reduced), fp32. docs/design.md, "DeepSpeed"; the layout: deepspeed_layout.hpp.
+// each bucket all-reduced), fp32 or bf16. docs/design.md, "DeepSpeed"; the layout:
+// deepspeed_layout.hpp.
+//
+// --precision bf16 (the MLP, one micro-step): DeepSpeed's bf16 regime under ZeRO 1 and 2 (the
+// engine casts the module to bf16; the ZeRO optimizer takes its bf16 parameters): the flat
+// group, autograd's gradients, the bucket (communication_data_type defaults to bf16 under
+// bf16: divided and all-reduced in bf16), grads_in_partition and the padding are bf16, 2 B
+// an element; the optimizer's copy of the partition is the fp32 master weights (category
+// master), AdamW's state fp32. The step flattens the averaged partition in bf16 (2s), casts
+// it to a new fp32 buffer (4s, `.to(fp32)`) and frees the bf16 one; after AdamW the master
+// weights are rounded into the flat group's partition and the group all-gathered in bf16.
+// The Linears run on bf16 views of the group and write bf16 gradients
+// (ModelConfig::param_bf16, harness/model/mlp.cpp).
 //
 // At rest, per rank:
 //   param  the flat group (Ppad elements; the model's parameters are views of it) and the
@@ -79,6 +91,10 @@ class DeepSpeedZero : public UnitShardedStrategy {
   float* grad(int block, int tensor) override;
 
   std::int64_t tensor_offset(int block, int tensor) const;
+  // Element `elem` of a buffer of the model's dtype (lp_), as the float* the model and the
+  // copies pass around (a bf16 one is read back with as_bf16); a copy of n such elements.
+  float* at(const Buffer& b, std::int64_t elem) const;
+  void copy_lp(float* dst, const float* src, std::size_t n);
   // Tensor t's gradient (n elements at src) into the bucket, reducing the bucket first when
   // it would overflow.
   void add_to_bucket(int t, const float* src);
@@ -87,6 +103,9 @@ class DeepSpeedZero : public UnitShardedStrategy {
   int stage_;
   DsPartition part_;
   std::int64_t bucket_cap_ = 0;
+  // The dtype of the flat group, autograd's gradients, the bucket, grads_in_partition and
+  // the padding: fp32, or bf16 under --precision bf16 (the optimizer's copy and AdamW fp32).
+  DType lp_ = DType::f32;
   std::vector<std::int64_t> gip_offset_;          // each touching tensor's place in grads_in_partition
   std::vector<std::int64_t> block_offset_in_unit_;  // stage 2: where each block starts in its unit's buffer
 

@@ -190,6 +190,8 @@ class Backend {
   virtual void fill_bf16(Bf16* dst, float value, std::size_t n);
   // dst(n) = src(n), bf16 elements (fully_shard's copy-in and copy-out of bf16 units).
   virtual void copy_bf16(Bf16* dst, const Bf16* src, std::size_t n);
+  // x(n) = bf16(x * s) in place (torch's div_ of a bf16 bucket by the world).
+  virtual void scale_bf16(Bf16* x, float s, std::size_t n);
   // out[0] (one fp32 on the backend) = scale * the sum of x(n), summed in fp32: a bf16
   // output's `sum` loss, kept in fp32.
   virtual void sum_bf16(float* out, const Bf16* x, std::size_t n, float scale);

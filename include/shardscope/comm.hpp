@@ -112,6 +112,10 @@ class Communicator {
   // as an all_gather of 2 B an element (world x send_count x 2 B). Host buffers, or a
   // device's under nccl.
   void all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t send_count);
+  // In place: buf(count) = sum over ranks, on bf16 elements (each addition rounded to bf16,
+  // as NCCL's bf16 sum does; DeepSpeed's bf16 buckets): recorded as an all_reduce of 2 B an
+  // element. Host buffers (fake, self, mpi); elsewhere a RunError naming the communicator.
+  void all_reduce_sum_bf16(Bf16* buf, std::size_t count);
   void broadcast(float* buf, std::size_t count, int root);
   // Posts every op together and returns when all have completed (MPI Isend/Irecv +
   // Waitall; NCCL group). Ops to the same peer match in order. Pipelines use this
@@ -177,6 +181,7 @@ class Communicator {
   virtual void do_reduce_scatter_sum(const float* send, float* recv, std::size_t recv_count) = 0;
   virtual void do_all_gather(const float* send, float* recv, std::size_t send_count) = 0;
   virtual void do_all_gather_bf16(const Bf16* send, Bf16* recv, std::size_t send_count) = 0;
+  virtual void do_all_reduce_sum_bf16(Bf16* buf, std::size_t count);  // default: not built (RunError)
   virtual void do_broadcast(float* buf, std::size_t count, int root) = 0;
   virtual void do_p2p(const std::vector<P2pOp>& ops) = 0;
   virtual void do_barrier() = 0;

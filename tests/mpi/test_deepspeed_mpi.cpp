@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "harness/comm/fake_comm.hpp"
 #include "shardscope/comm.hpp"
 #include "support/dp_harness.hpp"
@@ -123,6 +126,50 @@ TEST(DeepSpeedMpi, StageThreeTrainsLikeOneRank) {
         whole.accumulate = 1;
         check_against_one_rank(cfg, 1e-7, whole);
       }
+}
+
+// --precision bf16 (the MLP, stages 1 and 2): every rank's bytes and traffic equal the closed
+// forms and an emulated rank's; the averaged gradient after one step is the fp32 one-rank
+// training's within bf16's rounding (the buckets are divided and all-reduced in bf16).
+TEST(DeepSpeedMpi, Bf16HoldsItsPredictionsAndAveragesTheGradients) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const ModelConfig m = testing::model_of(4, 37, 6, Activation::relu, Loss::mse);
+  for (const char* strategy : {"zero1", "zero2"})
+    for (double bucket : {0.0, 0.006}) {
+      SCOPED_TRACE(std::string(strategy) + " bucket " + std::to_string(bucket));
+      RunConfig cfg = ds_config(m, strategy, bucket);
+      cfg.steps = 1;
+      cfg.precision = PrecisionKind::bf16;
+      cfg.model.param_bf16 = true;
+      CpuBackend backend;
+      auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+      const auto r = testing::run_dp(cfg, backend, *comm, true);
+      const Prediction p = predict_data_parallel(cfg, world, rank);
+      EXPECT_EQ(r.resting, p.resting);
+      for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
+      EXPECT_EQ(r.peak.total, p.peak_total);
+      EXPECT_EQ(r.peak.by_category, p.peak_by_category);
+      EXPECT_EQ(r.where, p.peak_where);
+      CpuBackend backend2;
+      auto fake = make_fake_communicator(world, rank, &backend2);
+      const auto e = testing::run_dp(cfg, backend2, *fake, false);
+      EXPECT_EQ(e.resting, r.resting);
+      EXPECT_EQ(e.peak.by_category, r.peak.by_category);
+      RunConfig fp32 = cfg;
+      fp32.precision = PrecisionKind::fp32;
+      fp32.model.param_bf16 = false;
+      const HostState ref = testing::reference_training(fp32, world);
+      ASSERT_TRUE(any_nonzero(ref.grads));
+      ASSERT_TRUE(any_nonzero(r.state.grads));
+      ASSERT_EQ(r.state.grads.size(), ref.grads.size());
+      double largest = 0.0;
+      for (float g : ref.grads) largest = std::max(largest, static_cast<double>(std::fabs(g)));
+      std::size_t at = 0;
+      // bf16 keeps 8 bits of mantissa: each gradient within 5% of fp32's, or 2% of the largest.
+      EXPECT_EQ(worst_violation(r.state.grads, ref.grads, 5e-2, 2e-2 * largest, &at), 0.0) << "grads at " << at;
+    }
 }
 
 TEST(DeepSpeedMpi, TransformersTrainLikeOneRank) {
