@@ -283,6 +283,52 @@ TEST(TensorParallelTransformer, EveryEmulatedRankOfAnAccumulatingMeshIsPredicted
       }
 }
 
+// --sp, Megatron's sequence parallelism: every rank of dp=2,tp=2, tp=4, dp=4,tp=2 and
+// dp=2,tp=4, ddp and zero1 along dp, flash and math, one sequence (math's v a view of
+// qkv) and several: the norms' and residuals' tokens a T-th, each gathered and partial
+// tensor (N, h) in temp, the all-gathers and reduce-scatters of the tp group by kind.
+TEST(TensorParallelTransformer, EveryEmulatedRankOfASequenceParallelGpt2MeshIsPredicted) {
+  const std::vector<MeshShape> meshes = {{2, 2, 1, true}, {1, 4, 1, true}, {4, 2, 1, true}, {2, 4, 1, true}};
+  for (const MeshShape& mesh : meshes)
+    for (const char* strategy : {"ddp", "zero1"})
+      for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+        for (int batch : {1, 3}) {
+          RunConfig cfg;
+          cfg.mesh = mesh;
+          cfg.steps = 2;
+          cfg.strategy = parse_strategy(strategy);
+          cfg.model = gpt2_of(2, 32, 4, 64, 8, batch, mode, 0, 12);
+          cfg.model.sequence_parallel = true;
+          expect_every_rank_as_predicted(cfg);
+        }
+}
+
+// At the same shape --sp saves fewer bytes than tp alone (the stream's tensors a T-th:
+// measured, and as the closed forms say), and moves the tp group's bytes as all-gathers
+// and reduce-scatters instead of all-reduces.
+TEST(TensorParallelTransformer, SequenceParallelismSavesFewerBytes) {
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+    RunConfig cfg;
+    cfg.mesh = MeshShape{2, 2, 1, true};
+    cfg.steps = 1;
+    cfg.model = gpt2_of(2, 32, 4, 64, 8, 2, mode, 0, 12);
+    RunConfig sp = cfg;
+    sp.model.sequence_parallel = true;
+    CpuBackend b1, b2;
+    auto f1 = make_fake_communicator(4, 1, &b1);
+    auto f2 = make_fake_communicator(4, 1, &b2);
+    const testing::MeshResult tp = testing::run_mesh(cfg, b1, *f1, false);
+    const testing::MeshResult seq = testing::run_mesh(sp, b2, *f2, false);
+    ASSERT_GT(seq.dp.saved.bytes, 0);
+    EXPECT_LT(seq.dp.saved.bytes, tp.dp.saved.bytes);
+    EXPECT_EQ(seq.dp.saved.bytes, predict_data_parallel(sp, 4, 1).saved_after_forward_bytes);
+    EXPECT_LT(seq.dp.peak.by_category[Category::activation], tp.dp.peak.by_category[Category::activation]);
+    EXPECT_EQ(tp.tp_ledger[CollKind::all_gather].calls, 0);
+    EXPECT_GT(seq.tp_ledger[CollKind::all_gather].calls, 0);
+    EXPECT_GT(seq.tp_ledger[CollKind::reduce_scatter].calls, 0);
+  }
+}
+
 TEST(TensorParallelTransformer, EveryEmulatedRankOfAnEightWayGpt2MeshIsPredicted) {
   for (const MeshShape& mesh : {MeshShape{1, 8, 1, true}, MeshShape{2, 4, 1, true}})
     for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {

@@ -87,7 +87,7 @@ struct RunFlags {
   std::string checkpoint = "none";
   std::string accumulate = "1";
   std::string mesh, shard_group;
-  bool tf32 = false, wide = false, no_sync = false;
+  bool tf32 = false, wide = false, no_sync = false, sp = false;
   // Transformers (--model gpt2|llama, --hf-config): empty when not given.
   std::string hf_config, hidden, heads, kv_heads, ffn, vocab, seq, positions, attention = "flash";
 };
@@ -157,6 +157,9 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "dp=D,tp=T,pp=S (any subset; D*T*S = the world; ranks tp fastest, then dp, then pp): each axis its "
                  "own group and communicator; tp splits the MLP's Linears (column, row, ...) and GPT-2 and Llama as Megatron-LM")
       ->type_name("AXES");
+  app.add_flag("--sp", f.sp,
+               "with --mesh tp > 1 (GPT-2, Llama): Megatron's sequence parallelism, the norms and residuals holding "
+               "each tensor-parallel rank's seq/T tokens (all-gathers and reduce-scatters instead of all-reduces)");
   app.add_option("--comm-timeout", f.comm_timeout,
                  "seconds any one collective may wait before the job is aborted, exit 3 (default 300)")
       ->type_name("SECONDS");
@@ -391,6 +394,39 @@ void check_mesh_config(const RunConfig& c) {
                      "under ddp and zero1 (not the MLP, not zero2/zero3 yet)");
 }
 
+// --sp as built (docs/design.md, "Sequence parallelism"): GPT-2 in fp32 under --mesh with
+// tp > 1, ddp or zero1 along dp, and a sequence the tp ranks divide.
+void check_sequence_parallel(const RunConfig& c, const RunFlags& f, const CLI::App& app) {
+  if (!c.model.is_transformer())
+    throw UsageError("--sp and --model mlp: sequence parallelism splits a transformer's sequence (the MLP has none); "
+                     "give --model gpt2|llama or drop --sp");
+  const int tp = app.count("--mesh") > 0 ? parse_mesh(f.mesh).tp : 1;
+  if (tp < 2)
+    throw UsageError("--sp: sequence parallelism splits the sequence over the tensor-parallel ranks; give --mesh with "
+                     "tp > 1 (e.g. --mesh dp=2,tp=2)");
+  if (c.precision != PrecisionKind::fp32)
+    throw UsageError("--sp and --precision bf16: sequence parallelism under autocast is not built yet; give "
+                     "--precision fp32");
+  if (app.count("--schedule") > 0)
+    throw UsageError("--sp and --schedule: sequence-parallel pipeline stages are not built yet; drop --sp or "
+                     "--schedule");
+  if (c.model.name != "gpt2")
+    throw UsageError("--sp and --model " + c.model.name + ": sequence parallelism is built for gpt2 yet");
+  if (c.model.checkpoint.any())
+    throw UsageError("--sp and --checkpoint " + c.model.checkpoint.text() +
+                     ": a checkpointed sequence-parallel block is not built yet; give --checkpoint none");
+  if (c.strategy != StrategyKind::ddp && c.strategy != StrategyKind::zero1)
+    throw UsageError("--sp and --strategy " + std::string(strategy_name(c.strategy)) +
+                     ": sequence parallelism runs ddp or zero1 along dp yet");
+  if (c.accumulate > 1 || c.no_sync)
+    throw UsageError("--sp and --accumulate/--no-sync: accumulation with sequence parallelism is not built yet");
+  const int seq = c.model.transformer.seq;
+  if (seq % tp != 0)
+    throw UsageError("--sp and --mesh tp=" + std::to_string(tp) + ": --seq " + std::to_string(seq) +
+                     " does not divide into " + std::to_string(tp) + " tensor-parallel ranks' shards; give a --seq " +
+                     "that tp divides");
+}
+
 // HSDP as built (docs/design.md, "HSDP"): zero3 under the torch or fsdp2 engine, without a mesh;
 // --shard-group divides the world when the flags give it (--emulate W:r).
 void check_hsdp_config(const RunConfig& c) {
@@ -543,6 +579,8 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
   c.chunks = parse_positive("--chunks", f.chunks, 1'000);
   if (c.schedule && app.count("--chunks") == 0) c.chunks = default_chunks(*c.schedule);  // zbv: its V's 2
   if (!f.split.empty()) c.split = parse_list("--split", f.split);
+  c.model.sequence_parallel = f.sp;
+  if (f.sp) check_sequence_parallel(c, f, app);  // before the refusals that would name --mesh instead
   refuse_unbuilt_precision(c, command, app);
   // The torch engine's bf16: the MLP, GPT-2 and Llama run as torch.autocast(bfloat16) runs them
   // under ddp and zero1; under zero2/zero3 as FSDP's MixedPrecision(param_dtype=bf16) runs them.

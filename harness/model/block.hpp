@@ -45,6 +45,9 @@ struct ParamSpec {
 struct TensorParallel {
   int size = 1;
   int rank = 0;
+  // Sequence parallelism (--sp, size > 1): outside the parallel Linears a block's input and
+  // output are the rank's N/T tokens (transformer_parts.hpp, "Sequence parallelism").
+  bool sequence = false;
 };
 
 // How a block reaches its parameters and gradient slots: tensor t of block b, in the

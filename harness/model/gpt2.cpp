@@ -95,8 +95,8 @@ class TransformerBlock final : public SequenceBlock {
   void set_recompute_attention(bool on) override { recompute_attention_ = on; }
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return params_; }
-  std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
-  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  std::int64_t input_elems(int rows) const override { return stream(rows) * s_.hidden; }
+  std::int64_t output_elems(int rows) const override { return stream(rows) * s_.hidden; }
   bool saves_input() const override { return true; }  // ln_1's input
   bool saves_output() const override { return false; }
 
@@ -112,7 +112,8 @@ class TransformerBlock final : public SequenceBlock {
                  BlockTape& tape) override {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), h = s_.hidden, hl = hl_, f = fl_;
-    const i64 a = 4 * n * h;    // bytes of one (N, h) activation
+    const i64 ns = stream(c.rows);  // the residual stream's tokens here: n, or n/T under --sp
+    const i64 a = 4 * ns * h;   // bytes of one (N, h) activation of the stream (N/T tokens under --sp)
     const i64 al = 4 * n * hl;  // of the attention's (N, h/T) on this rank
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto act = [&](i64 count) { return be.alloc(Category::activation, floats(count)); };
@@ -121,14 +122,14 @@ class TransformerBlock final : public SequenceBlock {
     held.resize(kHeld);
 
     // ln_1: saves its input, mean and rstd (N, 1) each.
-    held[kMean1] = act(n);
-    held[kRstd1] = act(n);
-    held[kLn1] = act(n * h);
+    held[kMean1] = act(ns);
+    held[kRstd1] = act(ns);
+    held[kLn1] = act(ns * h);
     be.layer_norm_forward(held[kLn1].data(), held[kMean1].data(), held[kRstd1].data(), x, param(kLn1W),
-                          param(kLn1B), static_cast<int>(n), s_.hidden, s_.norm_eps);
+                          param(kLn1B), static_cast<int>(ns), s_.hidden, s_.norm_eps);
     c.saved.save(x, a);
-    c.saved.save(held[kMean1].data(), 4 * n);
-    c.saved.save(held[kRstd1].data(), 4 * n);
+    c.saved.save(held[kMean1].data(), 4 * ns);
+    c.saved.save(held[kRstd1].data(), 4 * ns);
     c.saved.save(ln_weight_(), 0);
 
     // c_attn: saves its input (ln_1's output, addmm's mat1) and its weight.
@@ -136,7 +137,7 @@ class TransformerBlock final : public SequenceBlock {
     // (N, 3h): saved by flash, and by math when its v is a view of it
     const bool qkv_saved = flash || v_is_view(c.rows);
     Buffer qkv = be.alloc(qkv_saved ? Category::activation : Category::temp, floats(3 * n * hl));
-    linear_forward(be, qkv.data(), held[kLn1].data(), param(kAttnW), param(kAttnB), n, s_.hidden, 3 * hl_, 0.0f);
+    column_parallel_forward(c, qkv, held[kLn1], param(kAttnW), param(kAttnB), 3 * hl_);
     c.saved.save(held[kLn1].data(), a);
     c.saved.save(attn_weight_(), 0);
 
@@ -186,25 +187,25 @@ class TransformerBlock final : public SequenceBlock {
     }
 
     // x_mid = x + c_proj(y): c_proj saves y (mm's mat1) and its weight.
-    held[kXmid] = act(n * h);
+    held[kXmid] = act(ns * h);
     row_parallel_forward(c, held[kXmid], x, y, param(kProjW), param(kProjB), hl_);
     c.saved.save(y, al);
     c.saved.save(proj_weight_(), 0);
 
     // ln_2
-    held[kMean2] = act(n);
-    held[kRstd2] = act(n);
-    held[kLn2] = act(n * h);
+    held[kMean2] = act(ns);
+    held[kRstd2] = act(ns);
+    held[kLn2] = act(ns * h);
     be.layer_norm_forward(held[kLn2].data(), held[kMean2].data(), held[kRstd2].data(), held[kXmid].data(),
-                          param(kLn2W), param(kLn2B), static_cast<int>(n), s_.hidden, s_.norm_eps);
+                          param(kLn2W), param(kLn2B), static_cast<int>(ns), s_.hidden, s_.norm_eps);
     c.saved.save(held[kXmid].data(), a);
-    c.saved.save(held[kMean2].data(), 4 * n);
-    c.saved.save(held[kRstd2].data(), 4 * n);
+    c.saved.save(held[kMean2].data(), 4 * ns);
+    c.saved.save(held[kRstd2].data(), 4 * ns);
     c.saved.save(ln2_weight_(), 0);
 
     // c_fc (saves ln_2's output), GELU (saves its input), mlp c_proj (saves GELU's output)
     held[kFc] = act(n * f);
-    linear_forward(be, held[kFc].data(), held[kLn2].data(), param(kFcW), param(kFcB), n, s_.hidden, fl_, 0.0f);
+    column_parallel_forward(c, held[kFc], held[kLn2], param(kFcW), param(kFcB), fl_);
     c.saved.save(held[kLn2].data(), a);
     c.saved.save(fc_weight_(), 0);
     held[kGelu] = act(n * f);
@@ -212,7 +213,7 @@ class TransformerBlock final : public SequenceBlock {
     c.saved.save(held[kFc].data(), 4 * n * f);
 
     // out = x_mid + mlp.c_proj(gelu): (N, h), activation when the next block saves it.
-    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * h));
+    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(ns * h));
     row_parallel_forward(c, out, held[kXmid].data(), held[kGelu].data(), param(kMlpProjW), param(kMlpProjB), fl_);
     c.saved.save(held[kGelu].data(), 4 * n * f);
     c.saved.save(mlp_proj_weight_(), 0);
@@ -222,7 +223,7 @@ class TransformerBlock final : public SequenceBlock {
   Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
                   BlockTape& tape) override {
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden, hl = hl_, f = fl_;
+    const i64 n = tokens(c.rows), h = s_.hidden, hl = hl_, f = fl_, ns = stream(c.rows);
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto grad = [&](int t) { return c.access.grad(c.index, t); };
     auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
@@ -230,38 +231,37 @@ class TransformerBlock final : public SequenceBlock {
     std::vector<Buffer>& held = tape.held;
     out.reset();  // nothing in this block needs its output
 
-    // mlp c_proj, GELU, c_fc
+    // mlp c_proj (under --sp its output gradient's tokens gathered: the reduce-scatter's
+    // backward; its bias's gradient summed over all of them), GELU, c_fc
+    Buffer dy_whole = tp_.sequence ? gather_tokens(c, tp_, dy.data(), n, s_.hidden, kFamily) : Buffer{};
     Buffer dg = temp(n * f);
-    linear_backward(be, dg.data(), grad(kMlpProjW), grad(kMlpProjB), dy.data(), held[kGelu].data(), param(kMlpProjW),
-                    n, fl_, s_.hidden, beta);
+    linear_backward(be, dg.data(), grad(kMlpProjW), grad(kMlpProjB), dy_whole ? dy_whole.data() : dy.data(),
+                    held[kGelu].data(), param(kMlpProjW), n, fl_, s_.hidden, beta);
+    dy_whole.reset();
     c.saved.release(mlp_proj_weight_());
     drop(kGelu);
     be.gelu_tanh_backward(dg.data(), dg.data(), held[kFc].data(), floats(n * f));
     drop(kFc);
-    Buffer dln = temp(n * h);
-    linear_backward(be, dln.data(), grad(kFcW), grad(kFcB), dg.data(), held[kLn2].data(), param(kFcW), n, s_.hidden,
-                    fl_, beta);
-    column_parallel_input_grad(c, dln);
+    Buffer dln = column_parallel_backward(c, dg, held[kLn2], param(kFcW), grad(kFcW), grad(kFcB), fl_, beta);
     dg.reset();
     c.saved.release(fc_weight_());
     drop(kLn2);
 
     // ln_2, then the residual: dx_mid = ln_2's dx + dy
-    Buffer dmid = temp(n * h);
-    be.layer_norm_backward(dmid.data(), grad(kLn2W), grad(kLn2B), dln.data(), held[kXmid].data(),
-                           held[kMean2].data(), held[kRstd2].data(), param(kLn2W), static_cast<int>(n), s_.hidden,
-                           beta);
-    dln.reset();
+    Buffer dmid = temp(ns * h);
+    norm_backward(c, dmid, dln, held[kXmid].data(), held[kMean2], held[kRstd2], kLn2W, kLn2B, beta);
     c.saved.release(ln2_weight_());
     drop(kXmid);
     drop(kMean2);
     drop(kRstd2);
-    add_residual(be, dmid, dy, n * h);
+    add_residual(be, dmid, dy, ns * h);
 
-    // attention's c_proj
+    // attention's c_proj (its output gradient's tokens gathered under --sp)
+    Buffer dmid_whole = tp_.sequence ? gather_tokens(c, tp_, dmid.data(), n, s_.hidden, kFamily) : Buffer{};
     Buffer dattn = temp(n * hl);
-    linear_backward(be, dattn.data(), grad(kProjW), grad(kProjB), dmid.data(), held[kAttnOut].data(),
-                    param(kProjW), n, hl_, s_.hidden, beta);
+    linear_backward(be, dattn.data(), grad(kProjW), grad(kProjB), dmid_whole ? dmid_whole.data() : dmid.data(),
+                    held[kAttnOut].data(), param(kProjW), n, hl_, s_.hidden, beta);
+    dmid_whole.reset();
     c.saved.release(proj_weight_());
     c.saved.release(held[kAttnOut].data());  // c_proj's save of y
 
@@ -269,24 +269,19 @@ class TransformerBlock final : public SequenceBlock {
     Buffer dqkv = s_.attention == AttentionMode::flash ? flash_backward(c, dattn, held) : math_backward(c, dattn, held);
 
     // c_attn
-    dln = temp(n * h);
-    linear_backward(be, dln.data(), grad(kAttnW), grad(kAttnB), dqkv.data(), held[kLn1].data(), param(kAttnW), n,
-                    s_.hidden, 3 * hl_, beta);
-    column_parallel_input_grad(c, dln);
+    dln = column_parallel_backward(c, dqkv, held[kLn1], param(kAttnW), grad(kAttnW), grad(kAttnB), 3 * hl_, beta);
     dqkv.reset();
     c.saved.release(attn_weight_());
     drop(kLn1);
 
     // ln_1, then the residual: dx = ln_1's dx + dx_mid
-    Buffer dx = temp(n * h);
-    be.layer_norm_backward(dx.data(), grad(kLn1W), grad(kLn1B), dln.data(), x, held[kMean1].data(),
-                           held[kRstd1].data(), param(kLn1W), static_cast<int>(n), s_.hidden, beta);
-    dln.reset();
+    Buffer dx = temp(ns * h);
+    norm_backward(c, dx, dln, x, held[kMean1], held[kRstd1], kLn1W, kLn1B, beta);
     c.saved.release(ln_weight_());
     c.saved.release(x);
     drop(kMean1);
     drop(kRstd1);
-    add_residual(be, dx, dmid, n * h);
+    add_residual(be, dx, dmid, ns * h);
     return finish_backward(held, std::move(dx), needs_dx);
   }
 
@@ -394,6 +389,58 @@ class TransformerBlock final : public SequenceBlock {
     return s;
   }
 
+  // The residual stream's tokens on this rank for `rows` sequences: N, or N/T under --sp.
+  i64 stream(int rows) const { return stream_tokens(tp_, tokens(rows)); }
+
+  // y (N, out) = ln W^T + b for c_attn and c_fc (column-parallel under tp): under --sp
+  // ln's tokens are gathered first into a temp (N, h), freed once y is made (the Linear
+  // saves the rank's tokens, as Megatron's does).
+  void column_parallel_forward(const BlockCall& c, Buffer& y, const Buffer& ln, const float* w, const float* b,
+                               int out) const {
+    const i64 n = tokens(c.rows);
+    Buffer whole = tp_.sequence ? gather_tokens(c, tp_, ln.data(), n, s_.hidden, kFamily) : Buffer{};
+    linear_forward(c.backend, y.data(), whole ? whole.data() : ln.data(), w, b, n, s_.hidden, out, 0.0f);
+  }
+  // c_fc's and c_attn's backward from dy (N, out), their input ln saved: the weights'
+  // gradients and the input gradient (temp), this rank's part of the sum: all-reduced in
+  // place under tp; under --sp the saved tokens of ln gathered again (a temp (N, h), freed
+  // after the weights' gradients) and the input gradient (N, h) reduce-scattered to the
+  // rank's (N/T, h).
+  Buffer column_parallel_backward(const BlockCall& c, const Buffer& dy, const Buffer& ln, const float* w, float* dw,
+                                  float* db, int out, float beta) const {
+    Backend& be = c.backend;
+    const i64 n = tokens(c.rows);
+    Buffer whole = tp_.sequence ? gather_tokens(c, tp_, ln.data(), n, s_.hidden, kFamily) : Buffer{};
+    Buffer dln = be.alloc(Category::temp, floats(n * s_.hidden));
+    linear_backward(be, dln.data(), dw, db, dy.data(), whole ? whole.data() : ln.data(), w, n, s_.hidden, out, beta);
+    if (!tp_.sequence) {
+      column_parallel_input_grad(c, dln);
+      return dln;
+    }
+    whole.reset();
+    return scatter_tokens(c, tp_, dln, n, s_.hidden, kFamily);
+  }
+  // A LayerNorm's backward over the stream's tokens: dx (allocated by the caller) from dy
+  // (freed); its weight's and bias's gradients with beta, or under --sp the rank's part
+  // of them made in a temp (2h) and all-reduced over the group (reduce_norm_grads).
+  void norm_backward(const BlockCall& c, Buffer& dx, Buffer& dy, const float* x, const Buffer& mean,
+                     const Buffer& rstd, int wt, int bt, float beta) const {
+    Backend& be = c.backend;
+    const int h = s_.hidden, ns = static_cast<int>(stream(c.rows));
+    const float* gamma = c.access.param(c.index, wt);
+    if (!tp_.sequence) {
+      be.layer_norm_backward(dx.data(), c.access.grad(c.index, wt), c.access.grad(c.index, bt), dy.data(), x,
+                             mean.data(), rstd.data(), gamma, ns, h, beta);
+      dy.reset();
+      return;
+    }
+    Buffer part = be.alloc(Category::temp, floats(2 * static_cast<i64>(h)));
+    be.layer_norm_backward(dx.data(), part.data(), part.data() + h, dy.data(), x, mean.data(), rstd.data(), gamma, ns,
+                           h, 0.0f);
+    dy.reset();
+    reduce_norm_grads(c, part, {{c.access.grad(c.index, wt), h}, {c.access.grad(c.index, bt), h}}, beta, kFamily);
+  }
+
   // out (N, h) = residual + x W^T + b, x of `in` features here (row-parallel under tp).
   void row_parallel_forward(const BlockCall& c, Buffer& out, const float* residual, const float* x, const float* w,
                             const float* b, int in) const {
@@ -493,9 +540,9 @@ class FinalBlock final : public FinalNormHead {
                                  s_.hidden, s_.norm_eps);
   }
   void norm_backward(const BlockCall& c, float* dx, const float* dy, const float* x, const std::vector<Buffer>& st,
-                     i64 n, float beta) const override {
-    c.backend.layer_norm_backward(dx, grad(c, 0), grad(c, 1), dy, x, st[0].data(), st[1].data(), param(c, 0),
-                                  static_cast<int>(n), s_.hidden, beta);
+                     i64 n, float beta, float* into) const override {
+    c.backend.layer_norm_backward(dx, into ? into : grad(c, 0), into ? into + s_.hidden : grad(c, 1), dy, x,
+                                  st[0].data(), st[1].data(), param(c, 0), static_cast<int>(n), s_.hidden, beta);
   }
   void norm_input_grad(const BlockCall& c, float* dx, const float* dy, const float* x, const std::vector<Buffer>& st,
                        i64 n) const override {
@@ -518,7 +565,9 @@ class FinalBlock final : public FinalNormHead {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt2(const ModelConfig& m, const TensorParallel& tp) {
+std::unique_ptr<Model> make_gpt2(const ModelConfig& m, const TensorParallel& split) {
+  TensorParallel tp = split;
+  tp.sequence = m.sequence_parallel && tp.size > 1;
   TransformerShape s = m.transformer;
   s.tied_embeddings = true;  // nanoGPT's head is the token embedding
   if (s.head_dim == 0 && s.heads > 0) s.head_dim = s.hidden / s.heads;
@@ -532,6 +581,7 @@ std::unique_ptr<Model> make_gpt2(const ModelConfig& m, const TensorParallel& tp)
   SHARDSCOPE_REQUIRE(tp.size == 1 || (!m.autocast && s.heads % tp.size == 0 && s.ffn % tp.size == 0 &&
                                       s.vocab % tp.size == 0),
                      "gpt2: an unchecked tensor-parallel shape");
+  SHARDSCOPE_REQUIRE(!tp.sequence || s.seq % tp.size == 0, "gpt2: an unchecked sequence-parallel shape");
   if (m.autocast) return make_gpt2_autocast(s);
   std::vector<std::unique_ptr<Block>> blocks;
   blocks.push_back(make_embedding_block(s, {"transformer.wte.weight", "transformer.wpe.weight"}, kFamily, tp));

@@ -553,9 +553,9 @@ class FinalBlock final : public FinalNormHead {
                                s_.norm_eps);
   }
   void norm_backward(const BlockCall& c, float* dx, const float* dy, const float* x, const std::vector<Buffer>& st,
-                     i64 n, float beta) const override {
-    c.backend.rms_norm_backward(dx, c.access.grad(c.index, 0), dy, x, st[0].data(), c.access.param(c.index, 0),
-                                static_cast<int>(n), s_.hidden, beta);
+                     i64 n, float beta, float* into) const override {
+    c.backend.rms_norm_backward(dx, into ? into : c.access.grad(c.index, 0), dy, x, st[0].data(),
+                                c.access.param(c.index, 0), static_cast<int>(n), s_.hidden, beta);
   }
   void norm_input_grad(const BlockCall& c, float* dx, const float* dy, const float* x, const std::vector<Buffer>& st,
                        i64 n) const override {
@@ -580,7 +580,9 @@ class FinalBlock final : public FinalNormHead {
 
 }  // namespace
 
-std::unique_ptr<Model> make_llama(const ModelConfig& m, const TensorParallel& tp) {
+std::unique_ptr<Model> make_llama(const ModelConfig& m, const TensorParallel& split) {
+  TensorParallel tp = split;
+  tp.sequence = m.sequence_parallel && tp.size > 1;
   TransformerShape s = m.transformer;
   if (s.head_dim == 0 && s.heads > 0) s.head_dim = s.hidden / s.heads;
   if (s.kv_heads == 0) s.kv_heads = s.heads;
@@ -590,6 +592,7 @@ std::unique_ptr<Model> make_llama(const ModelConfig& m, const TensorParallel& tp
   SHARDSCOPE_REQUIRE(tp.size == 1 || (!m.autocast && s.heads % tp.size == 0 && s.kv_heads % tp.size == 0 &&
                                       s.ffn % tp.size == 0 && s.vocab % tp.size == 0),
                      "llama: an unchecked tensor-parallel shape");
+  SHARDSCOPE_REQUIRE(!tp.sequence || s.seq % tp.size == 0, "llama: an unchecked sequence-parallel shape");
   if (m.autocast) return make_llama_autocast(s);
   std::vector<std::unique_ptr<Block>> blocks;
   blocks.push_back(make_embedding_block(s, {"model.embed_tokens.weight", ""}, kFamily, tp));

@@ -24,14 +24,50 @@ void residual_linear_forward(const BlockCall& c, const TensorParallel& tp, float
     linear_forward(be, out, x, w, b, n, in, hidden, 1.0f);
     return;
   }
-  linear_forward(be, out, x, w, nullptr, n, in, hidden, 0.0f);
-  tp_group(c, who).all_reduce_sum(out, floats(n * hidden));
-  be.add(out, residual, floats(n * hidden));
-  if (b) be.bias_activation(out, b, static_cast<int>(n), hidden, Activation::none);
+  const i64 ns = stream_tokens(tp, n);
+  if (tp.sequence) {
+    Buffer partial = be.alloc(Category::temp, floats(n * hidden));
+    linear_forward(be, partial.data(), x, w, nullptr, n, in, hidden, 0.0f);
+    tp_group(c, who).reduce_scatter_sum(partial.data(), out, floats(ns * hidden));
+  } else {
+    linear_forward(be, out, x, w, nullptr, n, in, hidden, 0.0f);
+    tp_group(c, who).all_reduce_sum(out, floats(n * hidden));
+  }
+  be.add(out, residual, floats(ns * hidden));
+  if (b) be.bias_activation(out, b, static_cast<int>(ns), hidden, Activation::none);
 }
 
 void column_parallel_input_grad(const BlockCall& c, const TensorParallel& tp, Buffer& dx, const char* who) {
   if (tp.size > 1) tp_group(c, who).all_reduce_sum(dx.data(), dx.count());
+}
+
+Buffer gather_tokens(const BlockCall& c, const TensorParallel& tp, const float* shard, i64 n, int cols,
+                     const char* who) {
+  Buffer full = c.backend.alloc(Category::temp, floats(n * cols));
+  tp_group(c, who).all_gather(shard, full.data(), floats(stream_tokens(tp, n) * cols));
+  return full;
+}
+
+Buffer scatter_tokens(const BlockCall& c, const TensorParallel& tp, Buffer& full, i64 n, int cols, const char* who) {
+  const i64 ns = stream_tokens(tp, n);
+  Buffer part = c.backend.alloc(Category::temp, floats(ns * cols));
+  tp_group(c, who).reduce_scatter_sum(full.data(), part.data(), floats(ns * cols));
+  full.reset();
+  return part;
+}
+
+void reduce_norm_grads(const BlockCall& c, Buffer& part, const std::vector<GradSlot>& grads, float beta,
+                       const char* who) {
+  tp_group(c, who).all_reduce_sum(part.data(), part.count());
+  const float* from = part.data();
+  for (const GradSlot& g : grads) {
+    if (beta == 0.0f)
+      c.backend.copy(g.where, from, floats(g.floats));
+    else
+      c.backend.add(g.where, from, floats(g.floats));
+    from += g.floats;
+  }
+  part.reset();
 }
 
 void shard_rows(ParamSpec& spec, int r, i64 rows, i64 cols) {
@@ -96,7 +132,7 @@ class EmbeddingBlock final : public SequenceBlock {
   std::string name() const override { return "embeddings"; }
   const std::vector<ParamSpec>& params() const override { return params_; }
   std::int64_t input_elems(int rows) const override { return id_floats(tokens(rows)); }
-  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  std::int64_t output_elems(int rows) const override { return stream_tokens(tp_, tokens(rows)) * s_.hidden; }
   bool saves_input() const override { return true; }  // the ids, as EmbeddingBackward's indices
   bool saves_output() const override { return false; }
   std::vector<float> host_input(const DataSlice& at) const override {
@@ -116,17 +152,30 @@ class EmbeddingBlock final : public SequenceBlock {
       be.upload(pos.data(), host.data(), host.size());
       tape.held.push_back(std::move(pos));
     }
-    // x0 = tokens[idx] (+ positions[pos]), (N, h)
-    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * s_.hidden));
+    // x0 = tokens[idx] (+ positions[pos]), (N, h); under --sp the rank's (N/T, h) tokens
+    // of it (the sum made in a temp (N, h)).
+    const char* who = "the vocabulary-parallel embedding";
+    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp,
+                          floats(stream_tokens(tp_, n) * s_.hidden));
+    Buffer whole = tp_.sequence ? be.alloc(Category::temp, floats(n * s_.hidden)) : Buffer{};
+    float* x0 = tp_.sequence ? whole.data() : out.data();
     if (tp_.size == 1) {
-      be.embedding_forward(out.data(), ids_of(in), c.access.param(c.index, 0), static_cast<int>(n), s_.hidden);
+      be.embedding_forward(x0, ids_of(in), c.access.param(c.index, 0), static_cast<int>(n), s_.hidden);
     } else {
       // Each rank its rows' part (zeros elsewhere), summed over the group in place.
-      be.vocab_embedding_forward(out.data(), ids_of(in), c.access.param(c.index, 0), static_cast<int>(n), s_.hidden,
+      be.vocab_embedding_forward(x0, ids_of(in), c.access.param(c.index, 0), static_cast<int>(n), s_.hidden,
                                  first_row(), vocab_);
-      tp_group(c, "the vocabulary-parallel embedding").all_reduce_sum(out.data(), out.count());
+      // --sp without positions: the sum reduce-scattered to the rank's tokens (Megatron's
+      // reduce_scatter_embeddings); with them all-reduced, the positions added, the
+      // rank's tokens kept (Megatron's scatter_to_sequence_parallel_region).
+      if (tp_.sequence && !positions_)
+        tp_group(c, who).reduce_scatter_sum(x0, out.data(), out.count());
+      else
+        tp_group(c, who).all_reduce_sum(x0, floats(n * s_.hidden));
     }
-    if (positions_) be.add_positions(out.data(), c.access.param(c.index, 1), c.rows, s_.seq, s_.hidden);
+    if (positions_) be.add_positions(x0, c.access.param(c.index, 1), c.rows, s_.seq, s_.hidden);
+    if (tp_.sequence && positions_) be.copy(out.data(), x0 + static_cast<i64>(tp_.rank) * out.count(), out.count());
+    whole.reset();
     c.saved.save(in, 8 * n);
     if (positions_) c.saved.save(tape.held[0].data(), 8 * static_cast<i64>(s_.seq));
     return out;
@@ -157,6 +206,11 @@ class EmbeddingBlock final : public SequenceBlock {
   void weight_grads(const BlockCall& c, const float* in, Buffer& dy, float beta, BlockTape& tape) {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows);
+    // --sp: the rank's tokens of dy gathered (the scatter's backward), dy freed.
+    if (tp_.sequence) {
+      Buffer whole = gather_tokens(c, tp_, dy.data(), n, s_.hidden, "the vocabulary-parallel embedding");
+      dy = std::move(whole);
+    }
     // A tied head (the model's last block) wrote the table's gradient earlier in this
     // backward, with `beta`: the embedding adds onto it.
     const float table_beta = s_.tied_embeddings ? 1.0f : beta;
@@ -403,25 +457,28 @@ Buffer finish_backward(std::vector<Buffer>& held, Buffer dx, bool needs_dx) {
   return dx;
 }
 
-std::int64_t FinalNormHead::input_elems(int rows) const { return tokens(rows) * s_.hidden; }
+std::int64_t FinalNormHead::input_elems(int rows) const { return stream_tokens(tp_, tokens(rows)) * s_.hidden; }
 std::int64_t FinalNormHead::output_elems(int rows) const { return tokens(rows) * vocab_; }
 
 Buffer FinalNormHead::forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
                               BlockTape& tape) {
   Backend& be = c.backend;
-  const i64 n = tokens(c.rows), h = s_.hidden;
+  const i64 n = tokens(c.rows), h = s_.hidden, ns = stream_tokens(tp_, n);
   std::vector<Buffer>& held = tape.held;
   held.clear();
-  for (int j = 0; j < stats_; ++j) held.push_back(be.alloc(Category::activation, floats(n)));
-  held.push_back(be.alloc(Category::activation, floats(n * h)));  // y
-  norm_forward(c, held[stats_].data(), held, x, n);
-  c.saved.save(x, 4 * n * h);
-  for (int j = 0; j < stats_; ++j) c.saved.save(held[j].data(), 4 * n);
+  for (int j = 0; j < stats_; ++j) held.push_back(be.alloc(Category::activation, floats(ns)));
+  held.push_back(be.alloc(Category::activation, floats(ns * h)));  // y
+  norm_forward(c, held[stats_].data(), held, x, ns);
+  c.saved.save(x, 4 * ns * h);
+  for (int j = 0; j < stats_; ++j) c.saved.save(held[j].data(), 4 * ns);
   c.saved.save(norm_ref_(), 0);
   // logits (N, V) = y W^T: the head (mm) saves y and its weight.
   Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * vocab_));
-  head_forward(be, out.data(), held[stats_].data(), head_weight(c), n, s_.hidden, vocab_);
-  c.saved.save(held[stats_].data(), 4 * n * h);
+  Buffer whole = tp_.sequence ? gather_tokens(c, tp_, held[stats_].data(), n, s_.hidden, "the sequence-parallel head")
+                              : Buffer{};
+  head_forward(be, out.data(), whole ? whole.data() : held[stats_].data(), head_weight(c), n, s_.hidden, vocab_);
+  whole.reset();
+  c.saved.save(held[stats_].data(), 4 * ns * h);
   c.saved.save(head_key(c), 0);
   return out;
 }
@@ -429,19 +486,38 @@ Buffer FinalNormHead::forward(const BlockCall& c, const float* x, bool /*input_r
 Buffer FinalNormHead::backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
                                BlockTape& tape) {
   Backend& be = c.backend;
-  const i64 n = tokens(c.rows);
+  const i64 n = tokens(c.rows), ns = stream_tokens(tp_, n);
   std::vector<Buffer>& held = tape.held;
   out.reset();
   // The head: dy_norm = dlogits W and dW = dlogits^T y (a tied head writes the
   // embedding's gradient first, with beta; the embedding adds its part later).
-  Buffer dnorm =
-      head_backward(be, dy, held[stats_].data(), head_weight(c), head_grad(c), n, s_.hidden, vocab_, beta);
-  // The head's input went to every rank: its gradient is the group's sum.
-  if (tp_.size > 1) tp_group(c, "the vocabulary-parallel head").all_reduce_sum(dnorm.data(), dnorm.count());
+  Buffer dnorm;
+  if (tp_.sequence) {
+    // y's tokens gathered again; the input gradient (N, h) reduce-scattered to the rank's.
+    const char* who = "the sequence-parallel head";
+    Buffer whole = gather_tokens(c, tp_, held[stats_].data(), n, s_.hidden, who);
+    Buffer dwhole = head_backward(be, dy, whole.data(), head_weight(c), head_grad(c), n, s_.hidden, vocab_, beta);
+    whole.reset();
+    dnorm = scatter_tokens(c, tp_, dwhole, n, s_.hidden, who);
+  } else {
+    dnorm = head_backward(be, dy, held[stats_].data(), head_weight(c), head_grad(c), n, s_.hidden, vocab_, beta);
+    // The head's input went to every rank: its gradient is the group's sum.
+    if (tp_.size > 1) tp_group(c, "the vocabulary-parallel head").all_reduce_sum(dnorm.data(), dnorm.count());
+  }
   c.saved.release(head_key(c));
   drop_saved(c.saved, held[stats_]);
-  Buffer dx = be.alloc(Category::temp, floats(n * s_.hidden));
-  norm_backward(c, dx.data(), dnorm.data(), x, held, n, beta);
+  Buffer dx = be.alloc(Category::temp, floats(ns * s_.hidden));
+  if (tp_.sequence) {
+    const i64 h = s_.hidden;
+    Buffer part = be.alloc(Category::temp, floats(stats_ * h));  // the norm's parameters' gradients
+    norm_backward(c, dx.data(), dnorm.data(), x, held, ns, 0.0f, part.data());
+    dnorm.reset();
+    std::vector<GradSlot> slots;
+    for (int j = 0; j < stats_; ++j) slots.push_back({c.access.grad(c.index, j), h});
+    reduce_norm_grads(c, part, slots, beta, "the sequence-parallel final norm");
+  } else {
+    norm_backward(c, dx.data(), dnorm.data(), x, held, ns, beta);
+  }
   dnorm.reset();
   c.saved.release(norm_ref_());
   c.saved.release(x);

@@ -79,13 +79,43 @@ void shard_cols(ParamSpec& spec, int r, i64 cols, i64 full_cols);
 // out (N, hidden) = residual + x W^T + b (b may be null) for a Linear taking `in`
 // features: the whole Linear on one rank (tp.size 1: residual copied, then the product
 // added onto it); a row-parallel one's partial product made in out, all-reduced over
-// the group in place (Megatron's g), then the residual and the bias added.
+// the group in place (Megatron's g), then the residual and the bias added. Under --sp
+// out and residual are the rank's (N/T, hidden) tokens: the partial product is made in
+// a temp (N, hidden), reduce-scattered into out and freed, then the residual and the bias
+// added.
 void residual_linear_forward(const BlockCall& c, const TensorParallel& tp, float* out, const float* residual,
                              const float* x, const float* w, const float* b, i64 n, int in, int hidden,
                              const char* who);
 // A column-parallel Linear's input gradient is this rank's part of the sum: all-reduced
 // over the group in place (Megatron's f in backward); nothing with one rank.
 void column_parallel_input_grad(const BlockCall& c, const TensorParallel& tp, Buffer& dx, const char* who);
+
+// Megatron's sequence parallelism (--sp, tp.sequence; docs/design.md, "Sequence
+// parallelism"). Outside the parallel Linears (the norms, the residual adds, the blocks'
+// inputs and outputs) a rank holds n/T of a block's n tokens: rows [r n/T, (r + 1) n/T)
+// of the (n, ·) tensor in memory order, which with one sequence is the sequence's r-th
+// T-th. (Megatron's layout is (s, b, h), ours (b, s, h): every op of that region works
+// token by token, so which tokens a rank holds changes no value.) Where the
+// tensor-parallel model all-reduces a row-parallel output, the group reduce-scatters it
+// to the rank's tokens (residual_linear_forward); before a column-parallel region the
+// rank's tokens are all-gathered, and its input gradient is reduce-scattered.
+inline i64 stream_tokens(const TensorParallel& tp, i64 n) { return tp.sequence ? n / tp.size : n; }
+// The whole (n, cols) tensor (temp) gathered from every rank's (n/T, cols) `shard`.
+Buffer gather_tokens(const BlockCall& c, const TensorParallel& tp, const float* shard, i64 n, int cols,
+                     const char* who);
+// The rank's (n/T, cols) part (temp) of the group's sum of `full` (n, cols), which is freed.
+Buffer scatter_tokens(const BlockCall& c, const TensorParallel& tp, Buffer& full, i64 n, int cols, const char* who);
+// A norm over the rank's tokens makes its part of its parameters' gradients: `part`
+// (temp, the gradients' floats end to end) is all-reduced over the group, written onto
+// each gradient {where, floats} with beta (0 overwrite, 1 add) and freed. (Megatron
+// all-reduces these sequence-parallel gradients once a step, coalesced; here each norm's
+// once its backward has made them: the same bytes a step.)
+struct GradSlot {
+  float* where = nullptr;
+  i64 floats = 0;
+};
+void reduce_norm_grads(const BlockCall& c, Buffer& part, const std::vector<GradSlot>& grads, float beta,
+                       const char* who);
 
 // A block of a transformer family: its rows are sequences of shape.seq tokens (N = rows
 // * seq). Each family's blocks run the zero-bubble split (zb-h1's B and W halves): B
@@ -118,7 +148,11 @@ class FinalNormHead : public SequenceBlock {
   // Under tensor parallelism the head is vocabulary-parallel (Megatron's
   // parallel_lm_logits): its weight is rank tp.rank's V/T rows, its logits (N, V/T), and
   // the norm's output gradient is all-reduced over the group (the head's input is
-  // copied to every rank in forward: its backward sums).
+  // copied to every rank in forward: its backward sums). Under --sp the norm runs on the
+  // rank's N/T tokens: its output is all-gathered for the head (a temp (N, h) freed
+  // after the logits; the head saves the rank's tokens and gathers them again for its
+  // weight's gradient), the head's input gradient reduce-scattered, and the norm's
+  // parameter gradients all-reduced.
   FinalNormHead(const TransformerShape& shape, const char* family, int norm_stats, const TensorParallel& tp = {})
       : SequenceBlock(shape, family), stats_(norm_stats), tp_(tp), vocab_(shape.vocab / tp.size) {}
   std::string name() const override { return "final"; }
@@ -139,8 +173,11 @@ class FinalNormHead : public SequenceBlock {
   // The norm over x (N, h) with its statistics in stats (held's first norm_stats).
   virtual void norm_forward(const BlockCall& c, float* y, const std::vector<Buffer>& stats, const float* x,
                             i64 n) const = 0;
+  // The norm's parameters are the block's first norm_stats tensors, h floats each
+  // (LayerNorm's weight and bias, RMSNorm's weight): their gradients go there with beta,
+  // or with `into` (--sp: the rank's part) end to end into it, overwritten.
   virtual void norm_backward(const BlockCall& c, float* dx, const float* dy, const float* x,
-                             const std::vector<Buffer>& stats, i64 n, float beta) const = 0;
+                             const std::vector<Buffer>& stats, i64 n, float beta, float* into = nullptr) const = 0;
   virtual void norm_input_grad(const BlockCall& c, float* dx, const float* dy, const float* x,
                                const std::vector<Buffer>& stats, i64 n) const = 0;
   virtual void norm_weight_grad(const BlockCall& c, const float* dy, const float* x, const std::vector<Buffer>& stats,

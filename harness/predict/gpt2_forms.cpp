@@ -23,12 +23,17 @@ using i64 = std::int64_t;
 // Under tensor parallelism (tp = T > 1) a rank's attention holds H/T heads and its MLP
 // f/T features: q = a/T is one of its (N, h/T) tensors (q, k, v, y), and F, A and the
 // logits Λ are its parts, F/T, A/T and Λ/T; a (the residual stream, the norms) is whole.
+// Under --sp the residual stream's a, and the norms' statistics 16N a block, are the
+// rank's N/T tokens' (a/T, 16N/T): the Sizes' a is then a/T, ns = N/T; w is the whole
+// (N, h)'s 4Nh, the gathered and partial tensors' bytes.
 struct Sizes : TokenSizes {
   i64 q = 0;  // one (N, h/T) tensor of the attention: a with one rank
   i64 v = 0;  // math: what saving v holds (a copy, q; with B = 1 or H/T = 1 the qkv it views, 3q)
+  i64 w = 0;  // the whole (N, h): 4Nh
+  i64 ns = 0;  // the stream's tokens: N, or N/T under --sp
 };
 
-Sizes sizes(const TransformerShape& s, int batch, int tp = 1) {
+Sizes sizes(const TransformerShape& s, int batch, int tp = 1, bool sp = false) {
   Sizes z;
   static_cast<TokenSizes&>(z) = token_sizes(s, batch);
   z.q = z.a / tp;
@@ -36,30 +41,34 @@ Sizes sizes(const TransformerShape& s, int batch, int tp = 1) {
   z.A /= tp;
   z.lambda /= tp;
   z.v = batch == 1 || s.heads / tp == 1 ? 3 * z.q : z.q;
+  z.w = z.a;
+  z.ns = sp ? z.N / tp : z.N;
+  if (sp) z.a /= tp;
   return z;
 }
 
 }  // namespace
 
-SavedForm gpt2_block_saved(const TransformerShape& shape, int batch, int tp) {
-  const Sizes z = sizes(shape, batch, tp);
-  return {4 * z.a + 4 * z.q + 2 * z.F + 16 * z.N + z.A + (z.flash ? 0 : z.v - z.q), z.flash ? 13 : 15};
+SavedForm gpt2_block_saved(const TransformerShape& shape, int batch, int tp, bool sp) {
+  const Sizes z = sizes(shape, batch, tp, sp);
+  return {4 * z.a + 4 * z.q + 2 * z.F + 16 * z.ns + z.A + (z.flash ? 0 : z.v - z.q), z.flash ? 13 : 15};
 }
 
 SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch, const CheckpointPolicy& checkpoint,
-                                   int tp) {
-  const Sizes z = sizes(shape, batch, tp);
-  SavedForm block = gpt2_block_saved(shape, batch, tp);
+                                   int tp, bool sp) {
+  const Sizes z = sizes(shape, batch, tp, sp);
+  SavedForm block = gpt2_block_saved(shape, batch, tp, sp);
   // --checkpoint attention: no probabilities (math) or log-sum-exp (flash).
   if (checkpoint.attention()) block = {block.bytes - z.A, block.tensors - 1};
   const int w = checkpoint.wrapped_of(z.L);  // each saves its input alone
-  return {8 * z.N + 8 * z.T + (z.L - w) * block.bytes + w * z.a + z.a + 8 * z.N + z.a + z.lambda + 8 * z.N + 4,
+  return {8 * z.N + 8 * z.T + (z.L - w) * block.bytes + w * z.a + z.a + 8 * z.ns + z.a + z.lambda + 8 * z.N + 4,
           9 + (z.L - w) * block.tensors + w};
 }
 
-StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_attention, int tp) {
-  const Sizes z = sizes(shape, batch, tp);
-  const i64 a = z.a, q = z.q, F = z.F, A = z.A, N = z.N;
+StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_attention, int tp, bool sp) {
+  const Sizes z = sizes(shape, batch, tp, sp);
+  const i64 a = z.a, q = z.q, F = z.F, A = z.A, N = z.N, ns = z.ns, w = z.w;
+  const i64 g = 8 * static_cast<i64>(shape.hidden);  // --sp: a LayerNorm's part of its gradients (2h floats)
   const i64 X = 16 * N;
   const i64 V = z.v;
   // --checkpoint attention: the attention's own save A (math's probabilities, flash's
@@ -67,18 +76,37 @@ StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_
   const i64 R = recompute_attention ? A : 0;
   StepBlocks blocks(z);
   blocks.base = 8 * z.T + a;  // arange(T) and x0
-  blocks.K = gpt2_block_saved(shape, batch, tp).bytes - R;
+  blocks.K = gpt2_block_saved(shape, batch, tp, sp).bytes - R;
   // Its forward's attention, from S: ln_1's mean, rstd and output (8N + a), q, k and v's
   // save V, the probabilities A and the head-major output (temp q). The probabilities are
   // freed before the output is copied token-major: that instant (8N + a + 3q + V, temp q)
   // and the head-major copies beside qkv (8N + a + 3q, temp 3q) lie below the block's output.
-  if (R > 0 && !z.flash)
+  // --sp: mlp.c_proj's whole partial product (w, temp) beside every save of the block and
+  // its output, which every other gathered or partial tensor of its forward lies below.
+  const i64 K_sp = blocks.K;
+  if ((R > 0 && !z.flash) || sp)
     blocks.forward_attention = [=](PeakWalk& walk, i64 S, i64 pu, i64 gu, const std::string& where) {
-      walk.consider(X + q, S + 8 * N + a + 2 * q + V + A, pu, gu, Phase::forward, where);
+      if (R > 0 && !z.flash) walk.consider(X + q, S + 8 * ns + a + 2 * q + V + A, pu, gu, Phase::forward, where);
+      if (sp) walk.consider(X + w, S + K_sp, pu, gu, Phase::forward, where);
     };
   // vocab_parallel_cross_entropy's statistics: max and sum, (N) each, temp.
   if (tp > 1) blocks.loss_stats = 8 * N;
-  blocks.final_held = 8 * N + a;  // ln_f's mean, rstd and output
+  blocks.final_held = 8 * ns + a;  // ln_f's mean, rstd and output
+  if (sp) {
+    // ln_f's output gathered for the head; in backward gathered again (w) beside dlogits,
+    // the head's input gradient (w) reduce-scattered to d ln_f out (a), then dx (a) and
+    // ln_f's part of its gradients (g), its output released.
+    blocks.head_gather = w;
+    const i64 lambda = z.lambda;
+    blocks.final_backward = [=](PeakWalk& walk, i64 A1, i64 pu, i64 gu, const std::string& where) {
+      auto consider = [&](i64 temp, i64 act) { walk.consider(temp, act, pu, gu, Phase::backward, where); };
+      consider(X + lambda + w, A1);
+      consider(X + lambda + 2 * w, A1);
+      consider(X + w + a, A1);
+      consider(X + 2 * a, A1 - a);
+      consider(X + 2 * a + g, A1 - a);
+    };
+  }
   // A wrapped block's re-run: its allocations only grow up to its output (math's qkv,
   // copied head-major and freed, and the head-major attention output hold less:
   // 8N + 7a and 8N + 6a + A beside K + a), so its highest instant is the output made.
@@ -93,12 +121,29 @@ StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_
     auto consider = [&](i64 temp, i64 act, bool dy_live = false) {
       walk.consider(temp, act, pu, gu, Phase::backward, where, dy_live);
     };
-    consider(X + a + F, A4, true);                   // d gelu
-    consider(X + 2 * a + F, A4 - 2 * F, true);       // d ln_2 out
-    consider(X + 3 * a, A4 - 2 * F - a, true);       // d x_mid
+    if (!sp) {
+      consider(X + a + F, A4, true);                   // d gelu
+      consider(X + 2 * a + F, A4 - 2 * F, true);       // d ln_2 out
+      consider(X + 3 * a, A4 - 2 * F - a, true);       // d x_mid
+    } else {
+      // dy gathered (w), d gelu; ln_2's output gathered (w) beside c_fc's whole input
+      // gradient (w), which is reduce-scattered to d ln_2 out (a); d x_mid with ln_2's
+      // part of its gradients (g).
+      consider(X + a + w, A4, true);
+      consider(X + a + w + F, A4, true);
+      consider(X + a + F + w, A4 - 2 * F, true);
+      consider(X + a + F + 2 * w, A4 - 2 * F, true);
+      consider(X + 2 * a + F + w, A4 - 2 * F, true);
+      consider(X + 3 * a, A4 - 2 * F - a, true);
+      consider(X + 3 * a + g, A4 - 2 * F - a, true);
+    }
     // A8: the activations at the attention's backward with the probabilities held (under
     // --checkpoint attention only once they are recomputed, R = A before).
-    const i64 A8 = A4 - 2 * F - 2 * a - 8 * N + R;
+    const i64 A8 = A4 - 2 * F - 2 * a - 8 * ns + R;
+    if (sp) {
+      consider(X + a + w, A8 - R);             // d x_mid gathered
+      consider(X + a + w + q, A8 - R);         // d attention output beside it
+    }
     consider(X + a + q, A8 - R);               // d attention output
     if (z.flash) {
       if (R > 0) {                             // the flash forward again: its output, its lse
@@ -116,15 +161,25 @@ StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_
       consider(X + a + 6 * q, A8 - 3 * q - V - A); // d qkv
     }
     const i64 A9 = z.flash ? A8 - 4 * q - A : A8 - 3 * q - V - A;
-    consider(X + 2 * a + 3 * q, A9);           // d ln_1 out
-    consider(X + 3 * a, A9 - a);               // dx
+    if (!sp) {
+      consider(X + 2 * a + 3 * q, A9);           // d ln_1 out
+      consider(X + 3 * a, A9 - a);               // dx
+    } else {
+      // ln_1's output gathered (w), c_attn's whole input gradient (w) reduce-scattered to
+      // d ln_1 out (a); dx with ln_1's part of its gradients (g).
+      consider(X + a + 3 * q + w, A9);
+      consider(X + a + 3 * q + 2 * w, A9);
+      consider(X + 2 * a + 3 * q + w, A9);
+      consider(X + 3 * a, A9 - a);
+      consider(X + 3 * a + g, A9 - a);
+    }
   };
   return blocks;
 }
 
 StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
-                                  const CheckpointPolicy& checkpoint, int tp) {
-  StepBlocks blocks = gpt2_blocks(shape, batch, checkpoint.attention(), tp);
+                                  const CheckpointPolicy& checkpoint, int tp, bool sp) {
+  StepBlocks blocks = gpt2_blocks(shape, batch, checkpoint.attention(), tp, sp);
   blocks.checkpoint = checkpoint;
   return transformer_step_transient(blocks, units);
 }

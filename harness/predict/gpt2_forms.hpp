@@ -26,11 +26,14 @@ namespace shardscope {
 // log-probabilities, the target and nll_loss's total_weight).
 // Under tensor parallelism (tp = T) a rank's block saves 4a + 4q + 2F/T + 16N + A/T
 // (q = a/T: its qkv 3q and y q; math: q, k q each, v q or 3q), and the model Λ/T.
-SavedForm gpt2_block_saved(const TransformerShape& shape, int batch, int tp = 1);
+// Under --sp (sp) the stream's tensors are the rank's N/T tokens: a rank's block saves
+// 4a/T + 4q + 2F/T + 16N/T + A/T, the one-rank block's T-th (flash).
+SavedForm gpt2_block_saved(const TransformerShape& shape, int batch, int tp = 1, bool sp = false);
 // Under --checkpoint a wrapped block saves only its input: a in 1 storage; under
 // --checkpoint attention a math block saves A (the probabilities, 1 storage) less.
 SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch,
-                                   const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1);
+                                   const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1,
+                                   bool sp = false);
 
 // What a data-parallel step holds beyond its resting bytes at its peak
 // (transformer_step.hpp walks it; the blocks' part is GPT-2's).
@@ -39,9 +42,13 @@ SavedForm gpt2_saved_after_forward(const TransformerShape& shape, int batch,
 // again in the attention's backward; the forward's attention instant).
 // tp > 1: a tensor-parallel rank's (every a of the attention's heads and every F, A, Λ
 // a T-th, the residual stream's a whole; the loss's statistics 8N).
-StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_attention = false, int tp = 1);
+// sp: --sp (docs/formulas.md, "Sequence parallelism"): the stream's a, and the norms'
+// statistics, a T-th; the gathered and partial tensors (the whole (N, h)) in temp.
+StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_attention = false, int tp = 1,
+                       bool sp = false);
 StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
-                                  const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1);
+                                  const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1,
+                                  bool sp = false);
 
 // One micro-batch of `rows` sequences through a pipeline piece of GPT-2 (piece_forms.hpp):
 // place.blocks transformer blocks, with the embeddings when first and the final block and

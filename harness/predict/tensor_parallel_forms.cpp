@@ -19,6 +19,7 @@
 #include "harness/predict/tensor_parallel_forms.hpp"
 
 #include <algorithm>
+#include <array>
 #include <string>
 
 #include "harness/predict/gpt2_forms.hpp"
@@ -143,36 +144,63 @@ std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg
   const int T = cfg.mesh.tp;
   SHARDSCOPE_REQUIRE(T > 1 && m.is_transformer(), "predict: the transformer does not split into tp");
   const TokenSizes z = token_sizes(s, m.batch);
-  // A block --checkpoint wraps runs its forward again in backward: its two row-parallel
-  // all-reduces again (--checkpoint attention re-runs the attention core alone: none).
-  const std::int64_t rerun = 2 * z.a * m.checkpoint.wrapped_of(s.layers);
-  // --accumulate K: every micro-step's forward and backward, each with its all-reduces.
-  const std::int64_t tp_bytes =
-      cfg.accumulate * (2 * z.a + 4 * static_cast<std::int64_t>(s.layers) * z.a + 8 * z.N + 4 + rerun);
+  const std::int64_t L = s.layers, a = z.a;
+  const bool gpt2 = m.name == "gpt2", sp = m.sequence_parallel;
+  // The tp group's bytes a micro-step, by collective (docs/formulas.md, "Tensor
+  // parallelism of the transformers" and "Sequence parallelism").
+  std::array<std::int64_t, kCollKindCount> tp{};
+  auto& all_reduce = tp[static_cast<int>(CollKind::all_reduce)];
+  if (!sp) {
+    // A block --checkpoint wraps runs its forward again in backward: its two row-parallel
+    // all-reduces again (--checkpoint attention re-runs the attention core alone: none).
+    const std::int64_t rerun = 2 * a * m.checkpoint.wrapped_of(s.layers);
+    all_reduce = 2 * a + 4 * L * a + 8 * z.N + 4 + rerun;
+  } else {
+    // Each block all-gathers a in forward before its two column-parallel regions and
+    // reduce-scatters a after its two row-parallel Linears; in backward it all-gathers
+    // its output gradient and x_mid's (the reduce-scatters' backward) and ln_1's and
+    // ln_2's saved tokens again, reduce-scatters its two column-parallel input gradients
+    // and all-reduces its two norms' parts of their gradients (g each: LayerNorm's 2h
+    // floats, RMSNorm's h). The final block gathers its norm's output for the head in
+    // forward and again in backward, and reduce-scatters the head's input gradient;
+    // the embedding all-reduces (GPT-2: the positions are added to the whole sum) or
+    // reduce-scatters (Llama) its output and gathers its output gradient; the loss as
+    // without --sp (8N + 4).
+    const std::int64_t g = (gpt2 ? 8 : 4) * static_cast<std::int64_t>(s.hidden);
+    all_reduce = (gpt2 ? a : 0) + 8 * z.N + 4 + (2 * L + 1) * g;
+    tp[static_cast<int>(CollKind::reduce_scatter)] = 4 * L * a + a + (gpt2 ? 0 : a);
+    tp[static_cast<int>(CollKind::all_gather)] = 6 * L * a + 3 * a;
+  }
+  // --accumulate K: every micro-step's forward and backward, each with its collectives.
+  std::int64_t tp_bytes = 0;
+  for (std::int64_t& b : tp) {
+    b *= cfg.accumulate;
+    tp_bytes += b;
+  }
   std::vector<Prediction> ranks;
   if (shards_by_unit(cfg.strategy)) {
     // zero2/zero3 along dp: FSDP1's units of the rank's tensors (transformer_model_states
     // and step_units take them at cfg.mesh.tp), gathered and reduce-scattered over dp.
     SHARDSCOPE_REQUIRE(cfg.accumulate == 1 && !cfg.no_sync, "predict: accumulation of a tensor-parallel FSDP step");
     ranks = transformer_model_states(cfg, dp_world);
-    for (Prediction& p : ranks) {
-      p.axis_comm_bytes[static_cast<int>(MeshAxis::dp)] = p.comm_total();
-      p.axis_comm_bytes[static_cast<int>(MeshAxis::tp)] = tp_bytes;
-      p.comm_bytes[static_cast<int>(CollKind::all_reduce)] += tp_bytes;
-    }
+    for (Prediction& p : ranks) p.axis_comm_bytes[static_cast<int>(MeshAxis::dp)] = p.comm_total();
   } else {
-    ranks = tensor_parallel_states(cfg, transformer_tensor_sizes(s, T), dp_world, tp_bytes);
+    ranks = tensor_parallel_states(cfg, transformer_tensor_sizes(s, T), dp_world, 0);
     // ddp and zero1 all-reduce the gradients after each micro-step (once under --no-sync).
     for (Prediction& p : ranks) {
-      const std::int64_t dp_reduce = p.comm_bytes[static_cast<int>(CollKind::all_reduce)] - tp_bytes;
-      p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = dp_reduce * reductions_per_step(cfg) + tp_bytes;
+      const std::int64_t dp_reduce = p.comm_bytes[static_cast<int>(CollKind::all_reduce)];
+      p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = dp_reduce * reductions_per_step(cfg);
       p.axis_comm_bytes[static_cast<int>(MeshAxis::dp)] += dp_reduce * (reductions_per_step(cfg) - 1);
     }
   }
+  for (Prediction& p : ranks) {
+    p.axis_comm_bytes[static_cast<int>(MeshAxis::tp)] = tp_bytes;
+    for (int k = 0; k < kCollKindCount; ++k) p.comm_bytes[k] += tp[k];
+  }
   const StepUnits units = step_units(cfg, dp_world);
-  if (m.name == "gpt2")
-    complete_step(gpt2_step_transient(s, m.batch, units, m.checkpoint, T),
-                  gpt2_saved_after_forward(s, m.batch, m.checkpoint, T), ranks);
+  if (gpt2)
+    complete_step(gpt2_step_transient(s, m.batch, units, m.checkpoint, T, sp),
+                  gpt2_saved_after_forward(s, m.batch, m.checkpoint, T, sp), ranks);
   else
     complete_step(llama_step_transient(s, m.batch, units, m.checkpoint, T),
                   llama_saved_after_forward(s, m.batch, m.checkpoint, T), ranks);

@@ -140,6 +140,9 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     // Forward's end (the loss's total_weight made): every save, the logits, the loss scalar.
     const i64 after_forward = f0 + (units.reshard ? 0 : all_units);
     const i64 A_f = held_at(z.L) + z.final_held + lambda + 4;
+    if (z.head_gather > 0)
+      walk.consider(X + lambda + z.head_gather, A_f - lambda - 4, after_forward, fwd_grads, Phase::forward,
+                    fsdp ? unit(0) : layer(z.L + 1));
     walk.consider(X + lambda + 4, A_f, after_forward, fwd_grads, Phase::forward, fsdp ? unit(0) : layer(z.L + 1));
     if (z.loss_stats > 0)
       walk.consider(X + lambda + 4 + z.loss_stats, A_f, after_forward, fwd_grads, Phase::forward,
@@ -152,8 +155,12 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     if (fsdp) walk.consider(X + lambda, A1, after_forward, root_grads, Phase::backward, unit(0));
     const std::string fin = fsdp ? unit(0) : layer(z.L + 1);
     // The final block: d norm, then dx (dlogits and the norm's output gone).
-    walk.consider(X + lambda + a, A1, after_forward, root_grads, Phase::backward, fin);
-    walk.consider(X + 2 * a, A1 - a, after_forward, root_grads, Phase::backward, fin);
+    if (z.final_backward) {
+      z.final_backward(walk, A1, after_forward, root_grads, fin);
+    } else {
+      walk.consider(X + lambda + a, A1, after_forward, root_grads, Phase::backward, fin);
+      walk.consider(X + 2 * a, A1 - a, after_forward, root_grads, Phase::backward, fin);
+    }
     // Blocks [lo, hi] backward, from hi, in one unit's gathered parameters and full
     // gradient: a wrapped block's re-run, then its gradient buffers from A4 = S_b + K - a
     // (its output freed). Lower blocks hold less at each instant than the unit's top

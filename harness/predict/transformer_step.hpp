@@ -114,6 +114,16 @@ struct StepBlocks {
   // Tensor parallelism: vocab_parallel_cross_entropy's statistics (temp), made once the
   // loss's total_weight is and freed before the loss scalar is written (0: none).
   std::int64_t loss_stats = 0;
+  // --sp: the final norm's output gathered for the head (temp, the whole (N, h)) beside
+  // the logits, before the loss (0: none). With --sp a block's `a` (its input, output and
+  // dy) is the rank's N/T tokens' a/T.
+  std::int64_t head_gather = 0;
+  // The final block's backward after the loss's gradient, from A1 (the activations once
+  // the log-probabilities and total_weight are released) with dlogits (Λ) in temp. Empty:
+  // its d norm (a) beside dlogits, then its dx (a) with the norm's output released.
+  std::function<void(PeakWalk&, std::int64_t A1, std::int64_t gathered, std::int64_t grad_full,
+                     const std::string& where)>
+      final_backward;
   // --checkpoint: transformer block i (model block i + 1) wrapped when checkpoint.wraps(i);
   // a wrapped block holds only its output (a) between its forward and its backward.
   CheckpointPolicy checkpoint;
@@ -122,11 +132,12 @@ struct StepBlocks {
   std::function<void(PeakWalk&, std::int64_t A4, std::int64_t gathered, std::int64_t grad_full,
                      const std::string& where)>
       backward;
-  // --checkpoint attention (math): instants inside a block's forward, from S (the
-  // activations below it, its input among them), that can rise above its output once
-  // the probabilities are no longer kept: the attention's, the probabilities beside its
-  // head-major output. Empty otherwise (every forward instant then lies below the block's
-  // output or the same block's backward).
+  // Instants inside a block's forward, from S (the activations below it, its input among
+  // them), that can rise above its output: --checkpoint attention's (math), the
+  // probabilities beside the head-major output once they are no longer kept; --sp's, the
+  // row-parallel Linear's whole partial product beside the block's output. Empty
+  // otherwise (every forward instant then lies below the block's output or the same
+  // block's backward).
   std::function<void(PeakWalk&, std::int64_t S, std::int64_t gathered, std::int64_t grad_full,
                      const std::string& where)>
       forward_attention;

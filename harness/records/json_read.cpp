@@ -393,7 +393,9 @@ std::optional<std::vector<GroupCommRecord>> read_comm_groups(const Reader& rd, c
 // A run's "mesh": {"dp", "tp", "pp"}.
 MeshRecord read_mesh(const Reader& rd, const json& run) {
   const json& m = rd.object(run, "", "mesh");
-  return MeshRecord{rd.positive(m, "mesh", "dp"), rd.positive(m, "mesh", "tp"), rd.positive(m, "mesh", "pp")};
+  MeshRecord r{rd.positive(m, "mesh", "dp"), rd.positive(m, "mesh", "tp"), rd.positive(m, "mesh", "pp")};
+  if (Reader::present(m, "sp")) r.sp = rd.boolean(m, "mesh", "sp");
+  return r;
 }
 
 RankRecord read_rank(const Reader& rd, const json& member, const std::string& path) {
@@ -598,7 +600,7 @@ std::string run_label(const json& run, bool pipeline) {
     if (const json* n = Reader::present(run, "no_sync"); n && *n == true) label += " no_sync";
     if (const json* m = Reader::present(run, "mesh"); m && m->is_object())
       label += " mesh=dp" + text(m->value("dp", json(1))) + ",tp" + text(m->value("tp", json(1))) + ",pp" +
-               text(m->value("pp", json(1)));
+               text(m->value("pp", json(1))) + (m->value("sp", false) == true ? ",sp" : "");
   } else {
     if (const json* m = Reader::present(run, "microbatches")) label += " M=" + text(*m);
     if (const json* v = Reader::present(run, "chunks")) label += " chunks=" + text(*v);

@@ -167,7 +167,10 @@ json data_parallel_json(const DataParallelRun& dp) {
   run["timed_steps"] = dp.timed_steps;
   run["seed"] = dp.seed;
   if (dp.shard_group) run["shard_group"] = *dp.shard_group;
-  if (dp.mesh) run["mesh"] = {{"dp", dp.mesh->dp}, {"tp", dp.mesh->tp}, {"pp", dp.mesh->pp}};
+  if (dp.mesh) {
+    run["mesh"] = {{"dp", dp.mesh->dp}, {"tp", dp.mesh->tp}, {"pp", dp.mesh->pp}};
+    if (dp.mesh->sp) run["mesh"]["sp"] = true;
+  }
   run["model"] = to_json(dp.model);
   json ranks = json::array();
   for (const RankRecord& r : dp.ranks) ranks.push_back(to_json(r));

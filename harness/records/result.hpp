@@ -183,6 +183,7 @@ struct MeshRecord {
   int dp = 1;
   int tp = 1;
   int pp = 1;
+  bool sp = false;  // --sp: "sp": true (left out without it)
 };
 
 // One rank of a data-parallel run ("runs[].ranks[]").

@@ -80,7 +80,7 @@ std::string run_label(const DataParallelRun& run) {
   if (tables::uses_units(run)) label += " " + tables::units_setting(run);
   if (run.mesh)
     label += " mesh=dp" + std::to_string(run.mesh->dp) + ",tp" + std::to_string(run.mesh->tp) + ",pp" +
-             std::to_string(run.mesh->pp);
+             std::to_string(run.mesh->pp) + (run.mesh->sp ? ",sp" : "");
   return label + tables::setting_label(run);
 }
 

@@ -229,7 +229,7 @@ DataParallelRun data_parallel_run(const RunConfig& cfg, int world) {
   run.steps = cfg.steps;
   run.timed_steps = timed_steps(cfg.steps);
   run.seed = cfg.seed;
-  if (cfg.mesh.given) run.mesh = MeshRecord{cfg.mesh.dp, cfg.mesh.tp, cfg.mesh.pp};
+  if (cfg.mesh.given) run.mesh = MeshRecord{cfg.mesh.dp, cfg.mesh.tp, cfg.mesh.pp, cfg.model.sequence_parallel};
   if (cfg.hybrid()) {
     run.strategy = "hsdp";
     run.shard_group = cfg.shard_group;

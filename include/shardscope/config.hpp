@@ -84,6 +84,10 @@ struct ModelConfig {
   // (views of the gathered bf16 unit) and takes its parameter gradients in bf16; the
   // model runs in bf16 on them (the MLP only; harness/model/mlp.cpp).
   bool param_bf16 = false;
+  // --sp with --mesh tp > 1 (a transformer): Megatron's sequence parallelism, the norms'
+  // and residuals' regions holding a tensor-parallel rank's N/T tokens (docs/design.md,
+  // "Sequence parallelism").
+  bool sequence_parallel = false;
 
   // gpt2 or llama: the shape is `transformer`, and the MLP's sizes below do not apply
   // (harness/predict/transformer_forms.hpp has the transformer's).

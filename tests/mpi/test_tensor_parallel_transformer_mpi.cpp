@@ -24,6 +24,62 @@ using testing::any_nonzero;
 using testing::pick;
 using testing::worst_violation;
 
+// Runs cfg's mesh over MPI_COMM_WORLD: each step's loss, and the rank's slice of the
+// parameters, gradients and AdamW state, equal the one-rank model's on the
+// data-parallel group's batches within fp32's tolerance; its bytes and each group's
+// communication equal the closed forms; the rank played alone holds the same bytes.
+void expect_trains_like_one_rank(const RunConfig& cfg, int world, int rank) {
+  const MeshShape& mesh = cfg.mesh;
+  CpuBackend backend;
+  auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+  const testing::MeshResult r = testing::run_mesh(cfg, backend, *comm, true);
+
+  // One rank on the data-parallel group's batches, the whole model.
+  RunConfig one = cfg;
+  one.mesh = MeshShape{};
+  std::vector<std::vector<float>> losses;
+  const HostState ref = testing::reference_training(one, mesh.dp, &losses);
+  ASSERT_EQ(r.dp.losses.size(), losses.size());
+  for (std::size_t s = 0; s < losses.size(); ++s) {
+    const float want = losses[s][static_cast<std::size_t>(r.coord.dp)];
+    ASSERT_GT(want, 0.0f);
+    EXPECT_NEAR(r.dp.losses[s], want, 1e-5 * want) << "step " << s;
+  }
+  const std::vector<std::int64_t> at = testing::full_indices(cfg.model, mesh.tp, r.coord.tp);
+  ASSERT_EQ(at.size(), r.dp.state.params.size());
+  ASSERT_TRUE(any_nonzero(r.dp.state.grads));
+  std::size_t i = 0;
+  // A parameter's AdamW step, lr m / sqrt(v), carries its gradient's relative error:
+  // near-zero gradients (summed over the group in another order) move a step by up
+  // to 1e-3 of lr (measured 1.2e-6); atol is 1 % of lr.
+  EXPECT_EQ(worst_violation(r.dp.state.params, pick(ref.params, at), 1e-5, 1e-5, &i), 0.0) << "params at " << i;
+  EXPECT_EQ(worst_violation(r.dp.state.grads, pick(ref.grads, at), 1e-3, 1e-6, &i), 0.0) << "grads at " << i;
+  EXPECT_EQ(worst_violation(r.dp.state.exp_avg, pick(ref.exp_avg, at), 1e-3, 1e-7, &i), 0.0) << "exp_avg at " << i;
+  EXPECT_EQ(worst_violation(r.dp.state.exp_avg_sq, pick(ref.exp_avg_sq, at), 1e-3, 1e-12, &i), 0.0)
+      << "exp_avg_sq at " << i;
+
+  const Prediction p = predict_data_parallel(cfg, world, rank);
+  EXPECT_EQ(r.dp.resting, p.resting);
+  EXPECT_EQ(r.dp.peak.total, p.peak_total);
+  EXPECT_EQ(r.dp.peak.by_category, p.peak_by_category);
+  EXPECT_EQ(r.dp.where, p.peak_where);
+  EXPECT_EQ(r.dp.saved.bytes, p.saved_after_forward_bytes);
+  EXPECT_EQ(r.dp.ledger.total_bytes(), p.axis_comm_bytes[static_cast<int>(MeshAxis::dp)]);
+  EXPECT_EQ(r.tp_ledger.total_bytes(), p.axis_comm_bytes[static_cast<int>(MeshAxis::tp)]);
+  for (int k = 0; k < kCollKindCount; ++k)
+    EXPECT_EQ(r.dp.ledger.by_kind[k].bytes + r.tp_ledger.by_kind[k].bytes, p.comm_bytes[k]);
+
+  // The same rank played alone: the fake world's groups shape every call alike.
+  CpuBackend backend2;
+  auto fake = make_fake_communicator(world, rank, &backend2);
+  const testing::MeshResult e = testing::run_mesh(cfg, backend2, *fake, false);
+  EXPECT_EQ(e.dp.resting, r.dp.resting);
+  EXPECT_EQ(e.dp.peak.total, r.dp.peak.total);
+  EXPECT_EQ(e.dp.peak.by_category, r.dp.peak.by_category);
+  EXPECT_EQ(e.tp_ledger.total_bytes(), r.tp_ledger.total_bytes());
+  EXPECT_EQ(e.dp.ledger.total_bytes(), r.dp.ledger.total_bytes());
+}
+
 TEST(TensorParallelTransformerMpi, Gpt2AndLlamaMeshesTrainLikeOneRank) {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -51,54 +107,35 @@ TEST(TensorParallelTransformerMpi, Gpt2AndLlamaMeshesTrainLikeOneRank) {
           if (std::string(strategy) == "zero1") cfg.model.checkpoint = CheckpointPolicy{CheckpointKind::every, 1};
           SCOPED_TRACE(std::string(family) + " --mesh " + mesh.text() + " " + strategy +
                        (mode == AttentionMode::flash ? " flash" : " math") + " rank " + std::to_string(rank));
-          CpuBackend backend;
-          auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
-          const testing::MeshResult r = testing::run_mesh(cfg, backend, *comm, true);
+          expect_trains_like_one_rank(cfg, world, rank);
+        }
+}
 
-          // One rank on the data-parallel group's batches, the whole model.
-          RunConfig one = cfg;
-          one.mesh = MeshShape{};
-          std::vector<std::vector<float>> losses;
-          const HostState ref = testing::reference_training(one, mesh.dp, &losses);
-          ASSERT_EQ(r.dp.losses.size(), losses.size());
-          for (std::size_t s = 0; s < losses.size(); ++s) {
-            const float want = losses[s][static_cast<std::size_t>(r.coord.dp)];
-            ASSERT_GT(want, 0.0f);
-            EXPECT_NEAR(r.dp.losses[s], want, 1e-5 * want) << "step " << s;
-          }
-          const std::vector<std::int64_t> at = testing::full_indices(cfg.model, mesh.tp, r.coord.tp);
-          ASSERT_EQ(at.size(), r.dp.state.params.size());
-          ASSERT_TRUE(any_nonzero(r.dp.state.grads));
-          std::size_t i = 0;
-          // A parameter's AdamW step, lr m / sqrt(v), carries its gradient's relative error:
-          // near-zero gradients (summed over the group in another order) move a step by up
-          // to 1e-3 of lr (measured 1.2e-6); atol is 1 % of lr.
-          EXPECT_EQ(worst_violation(r.dp.state.params, pick(ref.params, at), 1e-5, 1e-5, &i), 0.0) << "params at " << i;
-          EXPECT_EQ(worst_violation(r.dp.state.grads, pick(ref.grads, at), 1e-3, 1e-6, &i), 0.0) << "grads at " << i;
-          EXPECT_EQ(worst_violation(r.dp.state.exp_avg, pick(ref.exp_avg, at), 1e-3, 1e-7, &i), 0.0) << "exp_avg at " << i;
-          EXPECT_EQ(worst_violation(r.dp.state.exp_avg_sq, pick(ref.exp_avg_sq, at), 1e-3, 1e-12, &i), 0.0)
-              << "exp_avg_sq at " << i;
-
-          const Prediction p = predict_data_parallel(cfg, world, rank);
-          EXPECT_EQ(r.dp.resting, p.resting);
-          EXPECT_EQ(r.dp.peak.total, p.peak_total);
-          EXPECT_EQ(r.dp.peak.by_category, p.peak_by_category);
-          EXPECT_EQ(r.dp.where, p.peak_where);
-          EXPECT_EQ(r.dp.saved.bytes, p.saved_after_forward_bytes);
-          EXPECT_EQ(r.dp.ledger.total_bytes(), p.axis_comm_bytes[static_cast<int>(MeshAxis::dp)]);
-          EXPECT_EQ(r.tp_ledger.total_bytes(), p.axis_comm_bytes[static_cast<int>(MeshAxis::tp)]);
-          for (int k = 0; k < kCollKindCount; ++k)
-            EXPECT_EQ(r.dp.ledger.by_kind[k].bytes + r.tp_ledger.by_kind[k].bytes, p.comm_bytes[k]);
-
-          // The same rank played alone: the fake world's groups shape every call alike.
-          CpuBackend backend2;
-          auto fake = make_fake_communicator(world, rank, &backend2);
-          const testing::MeshResult e = testing::run_mesh(cfg, backend2, *fake, false);
-          EXPECT_EQ(e.dp.resting, r.dp.resting);
-          EXPECT_EQ(e.dp.peak.total, r.dp.peak.total);
-          EXPECT_EQ(e.dp.peak.by_category, r.dp.peak.by_category);
-          EXPECT_EQ(e.tp_ledger.total_bytes(), r.tp_ledger.total_bytes());
-          EXPECT_EQ(e.dp.ledger.total_bytes(), r.dp.ledger.total_bytes());
+// --sp (Megatron's sequence parallelism): every mesh of the world with tp = 2 or 4,
+// ddp and zero1 along dp, flash and math: the norms and residuals on each rank's seq/T
+// tokens train like one rank (so like tp without --sp), and every figure is predicted.
+TEST(TensorParallelTransformerMpi, SequenceParallelMeshesTrainLikeOneRank) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::vector<MeshShape> meshes;
+  for (int tp : {2, 4})
+    if (world % tp == 0) meshes.push_back(MeshShape{world / tp, tp, 1, true});
+  if (meshes.empty()) GTEST_SKIP() << "no tp of 2 or 4 divides W = " << world;
+  for (const MeshShape& mesh : meshes)
+    for (const char* family : {"gpt2"})
+      for (const char* strategy : {"ddp", "zero1"})
+        for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+          RunConfig cfg;
+          cfg.mesh = mesh;
+          cfg.model = testing::gpt2_of(2, 16, 4, 24, 8, 2, mode, 0, 8);
+          cfg.model.sequence_parallel = true;
+          cfg.steps = 3;
+          cfg.seed = 5;
+          cfg.strategy = parse_strategy(strategy);
+          SCOPED_TRACE(std::string(family) + " --mesh " + mesh.text() + " --sp " + strategy +
+                       (mode == AttentionMode::flash ? " flash" : " math") + " rank " + std::to_string(rank));
+          expect_trains_like_one_rank(cfg, world, rank);
         }
 }
 
