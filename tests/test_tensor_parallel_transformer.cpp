@@ -303,30 +303,104 @@ TEST(TensorParallelTransformer, EveryEmulatedRankOfASequenceParallelGpt2MeshIsPr
         }
 }
 
+// Llama under --sp: grouped-query attention split by heads, tied and untied, q/k/v biases
+// and o_proj's bias, flash and math, the RMSNorms on a rank's N/T tokens, its embedding's
+// sum reduce-scattered.
+TEST(TensorParallelTransformer, EveryEmulatedRankOfASequenceParallelLlamaMeshIsPredicted) {
+  const std::vector<MeshShape> meshes = {{2, 2, 1, true}, {1, 4, 1, true}, {4, 2, 1, true}, {2, 4, 1, true}};
+  for (const MeshShape& mesh : meshes)
+    for (const char* strategy : {"ddp", "zero1"})
+      for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+        for (int variant = 0; variant < 2; ++variant) {
+          RunConfig cfg;
+          cfg.mesh = mesh;
+          cfg.steps = 2;
+          cfg.strategy = parse_strategy(strategy);
+          cfg.model = llama_of(2, 32, 8, 4, 48, 64, 8, variant == 0 ? 1 : 3, mode, variant == 1);
+          cfg.model.transformer.qkv_bias = cfg.model.transformer.out_bias = variant == 0;
+          cfg.model.sequence_parallel = true;
+          expect_every_rank_as_predicted(cfg);
+        }
+}
+
+// --sp with zero2 and zero3 along dp (FSDP1's flat units: one root unit, or a root and
+// units of 1 or 2 blocks), with --checkpoint full, every:2 and attention (a wrapped
+// block's re-run gathers and reduce-scatters again), and with --accumulate 3 under ddp
+// and zero1 (the norms' parts added onto the gradient), GPT-2 and Llama.
+TEST(TensorParallelTransformer, EveryEmulatedRankOfASequenceParallelFsdpCheckpointedOrAccumulatingMeshIsPredicted) {
+  for (const MeshShape& mesh : {MeshShape{2, 2, 1, true}, MeshShape{4, 2, 1, true}, MeshShape{2, 4, 1, true}})
+    for (const char* strategy : {"zero2", "zero3"})
+      for (int units : {0, 1, 2})
+        for (bool llama : {false, true}) {
+          RunConfig cfg;
+          cfg.mesh = mesh;
+          cfg.steps = 2;
+          cfg.strategy = parse_strategy(strategy);
+          cfg.layers_per_unit = units;
+          cfg.model = llama ? llama_of(3, 32, 8, 4, 48, 64, 8, 2, AttentionMode::math, units == 1)
+                            : gpt2_of(3, 32, 4, 64, 8, units == 2 ? 1 : 3, AttentionMode::flash, 0, 12);
+          cfg.model.sequence_parallel = true;
+          expect_every_rank_as_predicted(cfg);
+        }
+  for (const MeshShape& mesh : {MeshShape{2, 2, 1, true}, MeshShape{1, 4, 1, true}})
+    for (const char* strategy : {"ddp", "zero3"})
+      for (const CheckpointPolicy& policy : {CheckpointPolicy{CheckpointKind::every, 1},
+                                             CheckpointPolicy{CheckpointKind::every, 2},
+                                             CheckpointPolicy{CheckpointKind::attention, 1}})
+        for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+          for (bool llama : {false, true}) {
+            RunConfig cfg;
+            cfg.mesh = mesh;
+            cfg.steps = 2;
+            cfg.strategy = parse_strategy(strategy);
+            cfg.layers_per_unit = 1;
+            cfg.model = llama ? llama_of(3, 32, 8, 4, 48, 64, 8, 2, mode, false)
+                              : gpt2_of(3, 32, 4, 64, 8, 2, mode, 0, 12);
+            cfg.model.checkpoint = policy;
+            cfg.model.sequence_parallel = true;
+            expect_every_rank_as_predicted(cfg);
+          }
+  for (const char* strategy : {"ddp", "zero1"})
+    for (bool no_sync : {false, true})
+      for (bool llama : {false, true}) {
+        RunConfig cfg;
+        cfg.mesh = MeshShape{2, 2, 1, true};
+        cfg.steps = 2;
+        cfg.strategy = parse_strategy(strategy);
+        cfg.accumulate = 3;
+        cfg.no_sync = no_sync;
+        cfg.model = llama ? llama_of(2, 32, 8, 4, 48, 64, 8, 3, AttentionMode::math, false)
+                          : gpt2_of(2, 32, 4, 64, 8, 3, AttentionMode::flash, 0, 12);
+        cfg.model.sequence_parallel = true;
+        expect_every_rank_as_predicted(cfg);
+      }
+}
+
 // At the same shape --sp saves fewer bytes than tp alone (the stream's tensors a T-th:
 // measured, and as the closed forms say), and moves the tp group's bytes as all-gathers
 // and reduce-scatters instead of all-reduces.
 TEST(TensorParallelTransformer, SequenceParallelismSavesFewerBytes) {
-  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
-    RunConfig cfg;
-    cfg.mesh = MeshShape{2, 2, 1, true};
-    cfg.steps = 1;
-    cfg.model = gpt2_of(2, 32, 4, 64, 8, 2, mode, 0, 12);
-    RunConfig sp = cfg;
-    sp.model.sequence_parallel = true;
-    CpuBackend b1, b2;
-    auto f1 = make_fake_communicator(4, 1, &b1);
-    auto f2 = make_fake_communicator(4, 1, &b2);
-    const testing::MeshResult tp = testing::run_mesh(cfg, b1, *f1, false);
-    const testing::MeshResult seq = testing::run_mesh(sp, b2, *f2, false);
-    ASSERT_GT(seq.dp.saved.bytes, 0);
-    EXPECT_LT(seq.dp.saved.bytes, tp.dp.saved.bytes);
-    EXPECT_EQ(seq.dp.saved.bytes, predict_data_parallel(sp, 4, 1).saved_after_forward_bytes);
-    EXPECT_LT(seq.dp.peak.by_category[Category::activation], tp.dp.peak.by_category[Category::activation]);
-    EXPECT_EQ(tp.tp_ledger[CollKind::all_gather].calls, 0);
-    EXPECT_GT(seq.tp_ledger[CollKind::all_gather].calls, 0);
-    EXPECT_GT(seq.tp_ledger[CollKind::reduce_scatter].calls, 0);
-  }
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+    for (bool llama : {false, true}) {
+      RunConfig cfg;
+      cfg.mesh = MeshShape{2, 2, 1, true};
+      cfg.steps = 1;
+      cfg.model = llama ? llama_of(2, 32, 8, 4, 48, 64, 8, 2, mode, false) : gpt2_of(2, 32, 4, 64, 8, 2, mode, 0, 12);
+      RunConfig sp = cfg;
+      sp.model.sequence_parallel = true;
+      CpuBackend b1, b2;
+      auto f1 = make_fake_communicator(4, 1, &b1);
+      auto f2 = make_fake_communicator(4, 1, &b2);
+      const testing::MeshResult tp = testing::run_mesh(cfg, b1, *f1, false);
+      const testing::MeshResult seq = testing::run_mesh(sp, b2, *f2, false);
+      ASSERT_GT(seq.dp.saved.bytes, 0);
+      EXPECT_LT(seq.dp.saved.bytes, tp.dp.saved.bytes);
+      EXPECT_EQ(seq.dp.saved.bytes, predict_data_parallel(sp, 4, 1).saved_after_forward_bytes);
+      EXPECT_LT(seq.dp.peak.by_category[Category::activation], tp.dp.peak.by_category[Category::activation]);
+      EXPECT_EQ(tp.tp_ledger[CollKind::all_gather].calls, 0);
+      EXPECT_GT(seq.tp_ledger[CollKind::all_gather].calls, 0);
+      EXPECT_GT(seq.tp_ledger[CollKind::reduce_scatter].calls, 0);
+    }
 }
 
 TEST(TensorParallelTransformer, EveryEmulatedRankOfAnEightWayGpt2MeshIsPredicted) {

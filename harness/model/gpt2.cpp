@@ -293,6 +293,7 @@ class TransformerBlock final : public SequenceBlock {
   // does; W needs no communication.
   Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape& tape) override {
+    SHARDSCOPE_REQUIRE(!tp_.sequence, "gpt2: the zero-bubble split of a sequence-parallel block is not built");
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), h = s_.hidden, hl = hl_, f = fl_;
     const int hs = s_.hidden;

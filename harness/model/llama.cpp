@@ -110,8 +110,8 @@ class DecoderLayer final : public SequenceBlock {
   void set_recompute_attention(bool on) override { recompute_attention_ = on; }
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return t_.params; }
-  std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
-  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.hidden; }
+  std::int64_t input_elems(int rows) const override { return stream(rows) * s_.hidden; }
+  std::int64_t output_elems(int rows) const override { return stream(rows) * s_.hidden; }
   bool saves_input() const override { return true; }  // the input RMSNorm's input
   bool saves_output() const override { return false; }
 
@@ -128,7 +128,8 @@ class DecoderLayer final : public SequenceBlock {
                  BlockTape& tape) override {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), h = s_.hidden, f = fl_;
-    const i64 a = 4 * n * h;  // bytes of one (N, h) activation
+    const i64 ns = stream(c.rows);  // the residual stream's tokens here: n, or n/T under --sp
+    const i64 a = 4 * ns * h;       // bytes of one (N, h) activation of the stream
     const int hs = s_.hidden, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
     auto param = [&](int t) { return t < 0 ? nullptr : c.access.param(c.index, t); };
     auto act = [&](i64 count) { return be.alloc(Category::activation, floats(count)); };
@@ -137,12 +138,12 @@ class DecoderLayer final : public SequenceBlock {
     held.resize(kHeld);
 
     // input_layernorm (fused RMSNorm): saves its input and rstd (N, 1).
-    held[kRstd1] = act(n);
-    held[kY1] = act(n * h);
-    be.rms_norm_forward(held[kY1].data(), held[kRstd1].data(), x, param(t_.norm1), static_cast<int>(n), hs,
+    held[kRstd1] = act(ns);
+    held[kY1] = act(ns * h);
+    be.rms_norm_forward(held[kY1].data(), held[kRstd1].data(), x, param(t_.norm1), static_cast<int>(ns), hs,
                         s_.norm_eps);
     c.saved.save(x, a);
-    c.saved.save(held[kRstd1].data(), 4 * n);
+    c.saved.save(held[kRstd1].data(), 4 * ns);
     c.saved.save(norm_ref_(), 0);
 
     // q, k, v projections (each saves the norm's output and its weight); RoPE on q and k
@@ -152,9 +153,14 @@ class DecoderLayer final : public SequenceBlock {
     Buffer qb = be.alloc(qkv_category, floats(n * q));
     Buffer kb = be.alloc(qkv_category, floats(n * kv));
     Buffer vb = be.alloc(qkv_category, floats(n * kv));
-    linear_forward(be, qb.data(), held[kY1].data(), param(t_.qW), param(t_.qB), n, hs, q, 0.0f);
-    linear_forward(be, kb.data(), held[kY1].data(), param(t_.kW), param(t_.kB), n, hs, kv, 0.0f);
-    linear_forward(be, vb.data(), held[kY1].data(), param(t_.vW), param(t_.vB), n, hs, kv, 0.0f);
+    {
+      // --sp: the norm's tokens gathered once for the three (a temp (N, h)); each saves the rank's.
+      Buffer whole = gathered(c, held[kY1]);
+      const float* y1 = whole ? whole.data() : held[kY1].data();
+      linear_forward(be, qb.data(), y1, param(t_.qW), param(t_.qB), n, hs, q, 0.0f);
+      linear_forward(be, kb.data(), y1, param(t_.kW), param(t_.kB), n, hs, kv, 0.0f);
+      linear_forward(be, vb.data(), y1, param(t_.vW), param(t_.vB), n, hs, kv, 0.0f);
+    }
     for (const WeightRef* ref : {&q_ref_, &k_ref_, &v_ref_}) {
       c.saved.save(held[kY1].data(), a);
       c.saved.save((*ref)(), 0);
@@ -206,33 +212,37 @@ class DecoderLayer final : public SequenceBlock {
     }
 
     // x_mid = x + o_proj(out): o_proj saves out and its weight.
-    held[kXmid] = act(n * h);
+    held[kXmid] = act(ns * h);
     residual_linear_forward(c, tp_, held[kXmid].data(), x, held[kOut].data(), param(t_.oW), param(t_.oB), n, q, hs,
                             kFamily);
     c.saved.save(held[kOut].data(), 4 * n * q);
     c.saved.save(o_ref_(), 0);
 
     // post_attention_layernorm
-    held[kRstd2] = act(n);
-    held[kY2] = act(n * h);
+    held[kRstd2] = act(ns);
+    held[kY2] = act(ns * h);
     be.rms_norm_forward(held[kY2].data(), held[kRstd2].data(), held[kXmid].data(), param(t_.norm2),
-                        static_cast<int>(n), hs, s_.norm_eps);
+                        static_cast<int>(ns), hs, s_.norm_eps);
     c.saved.save(held[kXmid].data(), a);
-    c.saved.save(held[kRstd2].data(), 4 * n);
+    c.saved.save(held[kRstd2].data(), 4 * ns);
     c.saved.save(norm2_ref_(), 0);
 
     // The MLP in Hugging Face's order: gate (saves y2), SiLU (saves gate's output), up
     // (saves y2), the product (saves both factors), down (saves the product).
     const int fs = fl_;
     held[kGate] = act(n * f);
-    linear_forward(be, held[kGate].data(), held[kY2].data(), param(t_.gateW), nullptr, n, hs, fs, 0.0f);
+    // --sp: the norm's tokens gathered once for gate and up (a temp (N, h), freed after up).
+    Buffer y2_whole = gathered(c, held[kY2]);
+    const float* y2 = y2_whole ? y2_whole.data() : held[kY2].data();
+    linear_forward(be, held[kGate].data(), y2, param(t_.gateW), nullptr, n, hs, fs, 0.0f);
     c.saved.save(held[kY2].data(), a);
     c.saved.save(gate_ref_(), 0);
     held[kSilu] = act(n * f);
     be.silu_forward(held[kSilu].data(), held[kGate].data(), floats(n * f));
     c.saved.save(held[kGate].data(), 4 * n * f);
     held[kUp] = act(n * f);
-    linear_forward(be, held[kUp].data(), held[kY2].data(), param(t_.upW), nullptr, n, hs, fs, 0.0f);
+    linear_forward(be, held[kUp].data(), y2, param(t_.upW), nullptr, n, hs, fs, 0.0f);
+    y2_whole.reset();
     c.saved.save(held[kY2].data(), a);
     c.saved.save(up_ref_(), 0);
     held[kProd] = act(n * f);
@@ -241,7 +251,7 @@ class DecoderLayer final : public SequenceBlock {
     c.saved.save(held[kUp].data(), 4 * n * f);
 
     // out = x_mid + down_proj(product): (N, h), activation when the next block saves it.
-    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * h));
+    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(ns * h));
     residual_linear_forward(c, tp_, out.data(), held[kXmid].data(), held[kProd].data(), param(t_.downW), nullptr, n, fs,
                             hs, kFamily);
     c.saved.save(held[kProd].data(), 4 * n * f);
@@ -252,7 +262,7 @@ class DecoderLayer final : public SequenceBlock {
   Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
                   BlockTape& tape) override {
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden, f = fl_;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = fl_, ns = stream(c.rows);
     const int hs = s_.hidden, fs = fl_, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto grad = [&](int t) { return t < 0 ? nullptr : c.access.grad(c.index, t); };
@@ -261,10 +271,13 @@ class DecoderLayer final : public SequenceBlock {
     auto drop = [&](int j) { drop_saved(c.saved, tape.held[j]); };
     out.reset();  // nothing in this block needs its output
 
-    // down_proj, then the product's factors: d up = dp * silu, d silu = dp * up, d gate = SiLU'(d silu)
+    // down_proj (under --sp its output gradient's tokens gathered: the reduce-scatter's
+    // backward), then the product's factors: d up = dp * silu, d silu = dp * up, d gate = SiLU'(d silu)
+    Buffer dy_whole = gathered(c, dy);
     Buffer dp = temp(n * f);
-    linear_backward(be, dp.data(), grad(t_.downW), nullptr, dy.data(), held[kProd].data(), param(t_.downW), n, fs, hs,
-                    beta);
+    linear_backward(be, dp.data(), grad(t_.downW), nullptr, dy_whole ? dy_whole.data() : dy.data(), held[kProd].data(),
+                    param(t_.downW), n, fs, hs, beta);
+    dy_whole.reset();
     c.saved.release(down_ref_());
     drop(kProd);
     Buffer du = temp(n * f);
@@ -274,14 +287,16 @@ class DecoderLayer final : public SequenceBlock {
     drop(kUp);
     be.silu_backward(dp.data(), dp.data(), held[kGate].data(), floats(n * f));
     drop(kGate);
-    // gate_proj and up_proj: dy2 = d gate W_gate + d up W_up
+    // gate_proj and up_proj: dy2 = d gate W_gate + d up W_up (--sp: the norm's saved tokens
+    // gathered again for the weights' gradients, dy2 (N, h) reduce-scattered to the rank's)
+    Buffer y2_whole = gathered(c, held[kY2]);
+    const float* y2 = y2_whole ? y2_whole.data() : held[kY2].data();
     Buffer dy2 = temp(n * h);
-    linear_backward(be, dy2.data(), grad(t_.gateW), nullptr, dp.data(), held[kY2].data(), param(t_.gateW), n, hs, fs,
-                    beta);
+    linear_backward(be, dy2.data(), grad(t_.gateW), nullptr, dp.data(), y2, param(t_.gateW), n, hs, fs, beta);
     dp.reset();
-    linear_backward(be, dy2.data(), grad(t_.upW), nullptr, du.data(), held[kY2].data(), param(t_.upW), n, hs, fs, beta,
-                    1.0f);
-    column_parallel_input_grad(c, tp_, dy2, kFamily);
+    linear_backward(be, dy2.data(), grad(t_.upW), nullptr, du.data(), y2, param(t_.upW), n, hs, fs, beta, 1.0f);
+    y2_whole.reset();
+    column_input_grad(c, dy2);
     du.reset();
     c.saved.release(gate_ref_());
     c.saved.release(up_ref_());
@@ -289,19 +304,20 @@ class DecoderLayer final : public SequenceBlock {
     drop(kY2);
 
     // post_attention_layernorm, then the residual: dx_mid = the norm's dx + dy
-    Buffer dmid = temp(n * h);
-    be.rms_norm_backward(dmid.data(), grad(t_.norm2), dy2.data(), held[kXmid].data(), held[kRstd2].data(),
-                         param(t_.norm2), static_cast<int>(n), hs, beta);
-    dy2.reset();
+    Buffer dmid = temp(ns * h);
+    norm_backward(c, dmid, dy2, held[kXmid].data(), held[kRstd2], t_.norm2, beta);
     c.saved.release(norm2_ref_());
     drop(kXmid);
     drop(kRstd2);
-    add_residual(be, dmid, dy, n * h);
+    add_residual(be, dmid, dy, ns * h);
 
-    // o_proj
+    // o_proj (its output gradient's tokens gathered under --sp; its bias's gradient summed
+    // over all of them)
+    Buffer dmid_whole = gathered(c, dmid);
     Buffer dout = temp(n * q);
-    linear_backward(be, dout.data(), grad(t_.oW), grad(t_.oB), dmid.data(), held[kOut].data(), param(t_.oW), n, q, hs,
-                    beta);
+    linear_backward(be, dout.data(), grad(t_.oW), grad(t_.oB), dmid_whole ? dmid_whole.data() : dmid.data(),
+                    held[kOut].data(), param(t_.oW), n, q, hs, beta);
+    dmid_whole.reset();
     c.saved.release(o_ref_());
     c.saved.release(held[kOut].data());  // o_proj's save of out
 
@@ -314,11 +330,14 @@ class DecoderLayer final : public SequenceBlock {
     be.rope(dk, kv, c.rows, s_.seq, as_.kv_heads, s_.head_dim, s_.rope_theta, true);
 
     // q, k, v projections: dy1 = dq W_q + dk W_k + dv W_v
+    Buffer y1_whole = gathered(c, held[kY1]);
+    const float* y1 = y1_whole ? y1_whole.data() : held[kY1].data();
     Buffer dy1 = temp(n * h);
-    linear_backward(be, dy1.data(), grad(t_.qW), grad(t_.qB), dq, held[kY1].data(), param(t_.qW), n, hs, q, beta);
-    linear_backward(be, dy1.data(), grad(t_.kW), grad(t_.kB), dk, held[kY1].data(), param(t_.kW), n, hs, kv, beta, 1.0f);
-    linear_backward(be, dy1.data(), grad(t_.vW), grad(t_.vB), dv, held[kY1].data(), param(t_.vW), n, hs, kv, beta, 1.0f);
-    column_parallel_input_grad(c, tp_, dy1, kFamily);
+    linear_backward(be, dy1.data(), grad(t_.qW), grad(t_.qB), dq, y1, param(t_.qW), n, hs, q, beta);
+    linear_backward(be, dy1.data(), grad(t_.kW), grad(t_.kB), dk, y1, param(t_.kW), n, hs, kv, beta, 1.0f);
+    linear_backward(be, dy1.data(), grad(t_.vW), grad(t_.vB), dv, y1, param(t_.vW), n, hs, kv, beta, 1.0f);
+    y1_whole.reset();
+    column_input_grad(c, dy1);
     dqkv.reset();
     for (const WeightRef* ref : {&q_ref_, &k_ref_, &v_ref_}) c.saved.release((*ref)());
     c.saved.release(held[kY1].data());
@@ -326,14 +345,12 @@ class DecoderLayer final : public SequenceBlock {
     drop(kY1);
 
     // input_layernorm, then the residual: dx = the norm's dx + dx_mid
-    Buffer dx = temp(n * h);
-    be.rms_norm_backward(dx.data(), grad(t_.norm1), dy1.data(), x, held[kRstd1].data(), param(t_.norm1),
-                         static_cast<int>(n), hs, beta);
-    dy1.reset();
+    Buffer dx = temp(ns * h);
+    norm_backward(c, dx, dy1, x, held[kRstd1], t_.norm1, beta);
     c.saved.release(norm_ref_());
     c.saved.release(x);
     drop(kRstd1);
-    add_residual(be, dx, dmid, n * h);
+    add_residual(be, dx, dmid, ns * h);
     return finish_backward(held, std::move(dx), needs_dx);
   }
 
@@ -345,6 +362,7 @@ class DecoderLayer final : public SequenceBlock {
   // up and of q, k and v, as backward does; W needs no communication.
   Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape& tape) override {
+    SHARDSCOPE_REQUIRE(!tp_.sequence, "llama: the zero-bubble split of a sequence-parallel layer is not built");
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), h = s_.hidden, f = fl_;
     const int hs = s_.hidden, fs = fl_, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
@@ -460,6 +478,39 @@ class DecoderLayer final : public SequenceBlock {
     s.heads /= tp;
     s.kv_heads /= tp;
     return s;
+  }
+  // The residual stream's tokens on this rank for `rows` sequences: N, or N/T under --sp.
+  i64 stream(int rows) const { return stream_tokens(tp_, tokens(rows)); }
+  // Under --sp the whole (N, h) of a stream tensor's tokens, gathered (temp); empty without.
+  Buffer gathered(const BlockCall& c, const Buffer& part) const {
+    return tp_.sequence ? gather_tokens(c, tp_, part.data(), tokens(c.rows), s_.hidden, kFamily) : Buffer{};
+  }
+  // A column-parallel pair's or triple's input gradient (N, h), this rank's part of the
+  // sum: all-reduced in place under tp, reduce-scattered to the rank's tokens under --sp
+  // (dx replaced by its (N/T, h) part).
+  void column_input_grad(const BlockCall& c, Buffer& dx) const {
+    if (tp_.sequence)
+      dx = scatter_tokens(c, tp_, dx, tokens(c.rows), s_.hidden, kFamily);
+    else
+      column_parallel_input_grad(c, tp_, dx, kFamily);
+  }
+  // An RMSNorm's backward over the stream's tokens: dx (allocated by the caller) from dy
+  // (freed); its weight's gradient with beta, or under --sp the rank's part of it made in
+  // a temp (h) and all-reduced over the group (reduce_norm_grads).
+  void norm_backward(const BlockCall& c, Buffer& dx, Buffer& dy, const float* x, const Buffer& rstd, int wt,
+                     float beta) const {
+    Backend& be = c.backend;
+    const int h = s_.hidden, ns = static_cast<int>(stream(c.rows));
+    const float* gamma = c.access.param(c.index, wt);
+    if (!tp_.sequence) {
+      be.rms_norm_backward(dx.data(), c.access.grad(c.index, wt), dy.data(), x, rstd.data(), gamma, ns, h, beta);
+      dy.reset();
+      return;
+    }
+    Buffer part = be.alloc(Category::temp, floats(h));
+    be.rms_norm_backward(dx.data(), part.data(), dy.data(), x, rstd.data(), gamma, ns, h, 0.0f);
+    dy.reset();
+    reduce_norm_grads(c, part, {{c.access.grad(c.index, wt), h}}, beta, kFamily);
   }
   i64 qw() const { return static_cast<i64>(as_.heads) * s_.head_dim; }      // q's width, H d
   i64 kvw() const { return static_cast<i64>(as_.kv_heads) * s_.head_dim; }  // k's and v's, K d

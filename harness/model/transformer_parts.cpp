@@ -527,6 +527,7 @@ Buffer FinalNormHead::backward(const BlockCall& c, const float* x, Buffer& out, 
 
 Buffer FinalNormHead::backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx,
                                      bool free_output, BlockTape& tape) {
+  SHARDSCOPE_REQUIRE(!tp_.sequence, "the zero-bubble split of a sequence-parallel head is not built");
   Backend& be = c.backend;
   const i64 n = tokens(c.rows);
   std::vector<Buffer>& held = tape.held;

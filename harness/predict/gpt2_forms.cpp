@@ -92,26 +92,14 @@ StepBlocks gpt2_blocks(const TransformerShape& shape, int batch, bool recompute_
   // vocab_parallel_cross_entropy's statistics: max and sum, (N) each, temp.
   if (tp > 1) blocks.loss_stats = 8 * N;
   blocks.final_held = 8 * ns + a;  // ln_f's mean, rstd and output
-  if (sp) {
-    // ln_f's output gathered for the head; in backward gathered again (w) beside dlogits,
-    // the head's input gradient (w) reduce-scattered to d ln_f out (a), then dx (a) and
-    // ln_f's part of its gradients (g), its output released.
-    blocks.head_gather = w;
-    const i64 lambda = z.lambda;
-    blocks.final_backward = [=](PeakWalk& walk, i64 A1, i64 pu, i64 gu, const std::string& where) {
-      auto consider = [&](i64 temp, i64 act) { walk.consider(temp, act, pu, gu, Phase::backward, where); };
-      consider(X + lambda + w, A1);
-      consider(X + lambda + 2 * w, A1);
-      consider(X + w + a, A1);
-      consider(X + 2 * a, A1 - a);
-      consider(X + 2 * a + g, A1 - a);
-    };
-  }
+  if (sp) sequence_parallel_final(blocks, w, g);
   // A wrapped block's re-run: its allocations only grow up to its output (math's qkv,
   // copied head-major and freed, and the head-major attention output hold less:
   // 8N + 7a and 8N + 6a + A beside K + a), so its highest instant is the output made.
   const i64 K = blocks.K;
+  // Under --sp its mlp.c_proj's whole partial product (w) lies beside that output.
   blocks.recompute = [=](PeakWalk& walk, i64 S, i64 pu, i64 gu, const std::string& where) {
+    if (sp) walk.consider(X + 2 * a + w, S + K - a, pu, gu, Phase::backward, where, true);
     walk.consider(X + 2 * a, S + K - a, pu, gu, Phase::backward, where, true);
   };
   // A top block's gradient buffers, from its output freed (A4), dy = a. Under tensor

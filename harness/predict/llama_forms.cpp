@@ -24,11 +24,14 @@ using i64 = std::int64_t;
 
 struct Sizes : TokenSizes {
   i64 Q = 0, C = 0;  // q's (and math's expanded k's and v's) bytes, and k's and v's
+  i64 w = 0;         // the whole (N, h): 4Nh
+  i64 ns = 0;        // the stream's tokens: N, or N/T under --sp
 };
 
 // Under tensor parallelism (tp = T > 1) a rank holds H/T query heads and K/T kv heads, and
-// f/T of the MLP: Q, C, F, A and the logits Λ are its T-th; a (the residual stream) whole.
-Sizes sizes(const TransformerShape& s, int batch, int tp = 1) {
+// f/T of the MLP: Q, C, F, A and the logits Λ are its T-th; a (the residual stream) whole,
+// or under --sp (sp) its N/T tokens' a/T, the norms' statistics likewise.
+Sizes sizes(const TransformerShape& s, int batch, int tp = 1, bool sp = false) {
   Sizes z;
   static_cast<TokenSizes&>(z) = token_sizes(s, batch);
   z.Q = 4 * z.N * (s.heads / tp) * s.head_dim;
@@ -36,52 +39,63 @@ Sizes sizes(const TransformerShape& s, int batch, int tp = 1) {
   z.F /= tp;
   z.A /= tp;
   z.lambda /= tp;
+  z.w = z.a;
+  z.ns = sp ? z.N / tp : z.N;
+  if (sp) z.a /= tp;
   return z;
 }
 
 }  // namespace
 
-SavedForm llama_block_saved(const TransformerShape& shape, int batch, int tp) {
-  const Sizes z = sizes(shape, batch, tp);
+SavedForm llama_block_saved(const TransformerShape& shape, int batch, int tp, bool sp) {
+  const Sizes z = sizes(shape, batch, tp, sp);
   const i64 attention = z.flash ? 2 * z.Q + 2 * z.C : 4 * z.Q;
-  return {4 * z.a + attention + 8 * z.N + z.A + 4 * z.F, 15};
+  return {4 * z.a + attention + 8 * z.ns + z.A + 4 * z.F, 15};
 }
 
 SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch, const CheckpointPolicy& checkpoint,
-                                    int tp) {
-  const Sizes z = sizes(shape, batch, tp);
-  SavedForm block = llama_block_saved(shape, batch, tp);
+                                    int tp, bool sp) {
+  const Sizes z = sizes(shape, batch, tp, sp);
+  SavedForm block = llama_block_saved(shape, batch, tp, sp);
   // --checkpoint attention: no probabilities (math) or log-sum-exp (flash).
   if (checkpoint.attention()) block = {block.bytes - z.A, block.tensors - 1};
   const int w = checkpoint.wrapped_of(z.L);  // each saves its input alone
-  return {8 * z.N + (z.L - w) * block.bytes + w * z.a + 2 * z.a + 4 * z.N + z.lambda + 8 * z.N + 4,
+  return {8 * z.N + (z.L - w) * block.bytes + w * z.a + 2 * z.a + 4 * z.ns + z.lambda + 8 * z.N + 4,
           7 + (z.L - w) * block.tensors + w};
 }
 
-StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute_attention, int tp) {
-  const Sizes z = sizes(shape, batch, tp);
-  const i64 a = z.a, Q = z.Q, C = z.C, F = z.F, A = z.A, N = z.N;
+StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute_attention, int tp, bool sp) {
+  const Sizes z = sizes(shape, batch, tp, sp);
+  const i64 a = z.a, Q = z.Q, C = z.C, F = z.F, A = z.A, N = z.N, ns = z.ns, w = z.w;
+  const i64 g = 4 * static_cast<i64>(shape.hidden);  // --sp: an RMSNorm's part of its gradient (h floats)
   const i64 X = 16 * N;
   // --checkpoint attention: the attention's own save A (math's probabilities, flash's
   // log-sum-exp) is not kept from forward to backward.
   const i64 R = recompute_attention ? A : 0;
   StepBlocks blocks(z);
   blocks.base = a;  // x0
-  blocks.K = llama_block_saved(shape, batch, tp).bytes - R;
+  blocks.K = llama_block_saved(shape, batch, tp, sp).bytes - R;
   // vocab_parallel_cross_entropy's statistics: max and sum, (N) each, temp.
   if (tp > 1) blocks.loss_stats = 8 * N;
   // Its forward's attention, from S: the input norm's rstd and output (4N + a), q, k, v
   // token-major (temp Q + 2C) beside their head-major copies (3Q); then the probabilities
   // A and the head-major output (temp Q); then, the probabilities freed, the token-major
   // output Q.
-  if (R > 0 && !z.flash)
+  // --sp: down_proj's whole partial product (w, temp) beside every save of the layer and
+  // its output, which every other gathered or partial tensor of its forward lies below.
+  const i64 K_sp = blocks.K;
+  if ((R > 0 && !z.flash) || sp)
     blocks.forward_attention = [=](PeakWalk& walk, i64 S, i64 pu, i64 gu, const std::string& where) {
       auto consider = [&](i64 temp, i64 act) { walk.consider(temp, act, pu, gu, Phase::forward, where); };
-      consider(X + Q + 2 * C, S + 4 * N + a + 3 * Q);
-      consider(X + Q, S + 4 * N + a + 3 * Q + A);
-      consider(X + Q, S + 4 * N + a + 4 * Q);
+      if (R > 0 && !z.flash) {
+        consider(X + Q + 2 * C, S + 4 * ns + a + 3 * Q);
+        consider(X + Q, S + 4 * ns + a + 3 * Q + A);
+        consider(X + Q, S + 4 * ns + a + 4 * Q);
+      }
+      if (sp) consider(X + w, S + K_sp);
     };
-  blocks.final_held = 4 * N + a;  // the final norm's rstd and output
+  blocks.final_held = 4 * ns + a;  // the final norm's rstd and output
+  if (sp) sequence_parallel_final(blocks, w, g);
   // A wrapped layer's re-run, from S with dy = a: math's q, k, v token-major (temp)
   // beside their head-major copies, then (those freed) the probabilities and the
   // head-major output (temp) beside the token-major one; then its output (temp).
@@ -89,9 +103,10 @@ StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute
   blocks.recompute = [=](PeakWalk& walk, i64 S, i64 pu, i64 gu, const std::string& where) {
     auto consider = [&](i64 temp, i64 act) { walk.consider(temp, act, pu, gu, Phase::backward, where, true); };
     if (!z.flash) {
-      consider(X + a + Q + 2 * C, S + 4 * N + a + 3 * Q);
-      consider(X + a + Q, S + 4 * N + a + 4 * Q + A);
+      consider(X + a + Q + 2 * C, S + 4 * ns + a + 3 * Q);
+      consider(X + a + Q, S + 4 * ns + a + 4 * Q + A);
     }
+    if (sp) consider(X + 2 * a + w, S + K - a);  // --sp: down_proj's whole partial product beside it
     consider(X + 2 * a, S + K - a);
   };
   // A top layer's gradient buffers, from its output freed (A4), dy = a.
@@ -99,13 +114,31 @@ StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute
     auto consider = [&](i64 temp, i64 act, bool dy_live = false) {
       walk.consider(temp, act, pu, gu, Phase::backward, where, dy_live);
     };
-    consider(X + a + F, A4, true);                  // d product
-    consider(X + a + 2 * F, A4 - F, true);          // d up
-    consider(X + 2 * a + 2 * F, A4 - 4 * F, true);  // d y2
-    consider(X + 3 * a, A4 - 4 * F - a, true);      // d x_mid
+    if (!sp) {
+      consider(X + a + F, A4, true);                  // d product
+      consider(X + a + 2 * F, A4 - F, true);          // d up
+      consider(X + 2 * a + 2 * F, A4 - 4 * F, true);  // d y2
+      consider(X + 3 * a, A4 - 4 * F - a, true);      // d x_mid
+    } else {
+      // dy gathered (w), d product; d up; y2's tokens gathered (w) beside gate's and up's
+      // whole input gradient (w), reduce-scattered to d y2 (a) once the gathered y2 and
+      // d gate are freed; d x_mid with the norm's part of its gradient (g).
+      consider(X + a + w, A4, true);
+      consider(X + a + w + F, A4, true);
+      consider(X + a + 2 * F, A4 - F, true);
+      consider(X + a + 2 * F + w, A4 - 4 * F, true);
+      consider(X + a + 2 * F + 2 * w, A4 - 4 * F, true);
+      consider(X + 2 * a + F + w, A4 - 4 * F, true);
+      consider(X + 3 * a, A4 - 4 * F - a, true);
+      consider(X + 3 * a + g, A4 - 4 * F - a, true);
+    }
     // A5: the activations at the attention's backward with the probabilities held (under
     // --checkpoint attention only once they are recomputed, R = A before).
-    const i64 A5 = A4 - 4 * F - 2 * a - 4 * N + R;
+    const i64 A5 = A4 - 4 * F - 2 * a - 4 * ns + R;
+    if (sp) {
+      consider(X + a + w, A5 - R);            // d x_mid gathered
+      consider(X + a + w + Q, A5 - R);        // d out beside it
+    }
     consider(X + a + Q, A5 - R);              // d out
     i64 A6 = 0;
     if (z.flash) {
@@ -126,15 +159,25 @@ StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute
       A6 = Am - 3 * Q - A;
       consider(X + a + 4 * Q + 2 * C, A6);      // d q, k, v token-major
     }
-    consider(X + 2 * a + Q + 2 * C, A6);      // d y1
-    consider(X + 3 * a, A6 - a);              // dx
+    if (!sp) {
+      consider(X + 2 * a + Q + 2 * C, A6);      // d y1
+      consider(X + 3 * a, A6 - a);              // dx
+    } else {
+      // y1's tokens gathered (w) beside q, k and v's whole input gradient (w),
+      // reduce-scattered to d y1 (a); dx with the norm's part of its gradient (g).
+      consider(X + a + Q + 2 * C + w, A6);
+      consider(X + a + Q + 2 * C + 2 * w, A6);
+      consider(X + 2 * a + Q + 2 * C + w, A6);
+      consider(X + 3 * a, A6 - a);
+      consider(X + 3 * a + g, A6 - a);
+    }
   };
   return blocks;
 }
 
 StepTransient llama_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
-                                   const CheckpointPolicy& checkpoint, int tp) {
-  StepBlocks blocks = llama_blocks(shape, batch, checkpoint.attention(), tp);
+                                   const CheckpointPolicy& checkpoint, int tp, bool sp) {
+  StepBlocks blocks = llama_blocks(shape, batch, checkpoint.attention(), tp, sp);
   blocks.checkpoint = checkpoint;
   return transformer_step_transient(blocks, units);
 }

@@ -24,20 +24,24 @@ namespace shardscope {
 // (the ids; the blocks; the final norm's input, rstd and output; the log-probabilities,
 // the target and nll_loss's total_weight).
 // tp > 1: a tensor-parallel rank's (Q, C, F, A, Λ its T-th; the residual stream's a whole).
-SavedForm llama_block_saved(const TransformerShape& shape, int batch, int tp = 1);
+// sp: --sp, the stream's a and the norms' statistics a T-th (docs/formulas.md, "Sequence parallelism").
+SavedForm llama_block_saved(const TransformerShape& shape, int batch, int tp = 1, bool sp = false);
 // Under --checkpoint a wrapped layer saves only its input: a in 1 storage; under
 // --checkpoint attention a math layer saves A (the probabilities, 1 storage) less.
 SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch,
-                                    const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1);
+                                    const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1,
+                                    bool sp = false);
 
 // What a data-parallel step holds beyond its resting bytes at its peak
 // (transformer_step.hpp walks it; the blocks' part is Llama's).
 // What Llama's blocks hold, for `batch` sequences, as the walk and a pipeline's pieces read it.
 // recompute_attention: --checkpoint attention (math: K less A, the probabilities made
 // again in the attention's backward; the forward's attention instants).
-StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute_attention = false, int tp = 1);
+StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute_attention = false, int tp = 1,
+                        bool sp = false);
 StepTransient llama_step_transient(const TransformerShape& shape, int batch, const StepUnits& units,
-                                   const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1);
+                                   const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1,
+                                   bool sp = false);
 
 // One micro-batch of `rows` sequences through a pipeline piece of Llama
 // (transformer_piece.hpp): place.blocks decoder layers, with the embedding when first and

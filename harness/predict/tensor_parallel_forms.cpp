@@ -168,8 +168,11 @@ std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg
     // without --sp (8N + 4).
     const std::int64_t g = (gpt2 ? 8 : 4) * static_cast<std::int64_t>(s.hidden);
     all_reduce = (gpt2 ? a : 0) + 8 * z.N + 4 + (2 * L + 1) * g;
-    tp[static_cast<int>(CollKind::reduce_scatter)] = 4 * L * a + a + (gpt2 ? 0 : a);
-    tp[static_cast<int>(CollKind::all_gather)] = 6 * L * a + 3 * a;
+    // A block --checkpoint wraps runs its forward again in backward: its two gathers and
+    // two reduce-scatters again.
+    const std::int64_t rerun = 2 * a * m.checkpoint.wrapped_of(s.layers);
+    tp[static_cast<int>(CollKind::reduce_scatter)] = 4 * L * a + a + (gpt2 ? 0 : a) + rerun;
+    tp[static_cast<int>(CollKind::all_gather)] = 6 * L * a + 3 * a + rerun;
   }
   // --accumulate K: every micro-step's forward and backward, each with its collectives.
   std::int64_t tp_bytes = 0;
@@ -202,8 +205,8 @@ std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg
     complete_step(gpt2_step_transient(s, m.batch, units, m.checkpoint, T, sp),
                   gpt2_saved_after_forward(s, m.batch, m.checkpoint, T, sp), ranks);
   else
-    complete_step(llama_step_transient(s, m.batch, units, m.checkpoint, T),
-                  llama_saved_after_forward(s, m.batch, m.checkpoint, T), ranks);
+    complete_step(llama_step_transient(s, m.batch, units, m.checkpoint, T, sp),
+                  llama_saved_after_forward(s, m.batch, m.checkpoint, T, sp), ranks);
   return ranks;
 }
 

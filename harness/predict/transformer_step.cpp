@@ -259,6 +259,19 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
   return walk.best();
 }
 
+void sequence_parallel_final(StepBlocks& blocks, i64 w, i64 g) {
+  blocks.head_gather = w;
+  const i64 X = 16 * blocks.N, a = blocks.a, lambda = blocks.lambda;
+  blocks.final_backward = [=](PeakWalk& walk, i64 A1, i64 pu, i64 gu, const std::string& where) {
+    auto consider = [&](i64 temp, i64 act) { walk.consider(temp, act, pu, gu, Phase::backward, where); };
+    consider(X + lambda + w, A1);
+    consider(X + lambda + 2 * w, A1);
+    consider(X + w + a, A1);
+    consider(X + 2 * a, A1 - a);
+    consider(X + 2 * a + g, A1 - a);
+  };
+}
+
 void complete_step(const StepTransient& t, const SavedForm& saved, std::vector<Prediction>& ranks) {
   for (Prediction& p : ranks) {
     p.peak_known = true;

@@ -150,6 +150,12 @@ struct StepBlocks {
 };
 StepTransient transformer_step_transient(const StepBlocks& blocks, const StepUnits& units);
 
+// --sp's final block, both families: its norm's output gathered for the head (w, the
+// whole (N, h)); in backward (dlogits Λ held) gathered again, the head's whole input
+// gradient (w) reduce-scattered to d norm out (a, the rank's tokens), then dx (a) and the
+// norm's part of its gradients (g), its output released.
+void sequence_parallel_final(StepBlocks& blocks, std::int64_t w, std::int64_t g);
+
 // Completes a transformer's data-parallel predictions, whose model states are filled:
 // the peak (resting + the step's transient) and the saves after forward, on every rank.
 void complete_step(const StepTransient& step, const SavedForm& saved, std::vector<Prediction>& ranks);

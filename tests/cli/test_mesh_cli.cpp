@@ -176,11 +176,13 @@ TEST_F(MeshCli, TransformerShapesTensorParallelismCannotSplitAreRefusedNamingThe
 }
 
 // --sp (Megatron's sequence parallelism) through the binary: every emulated rank of
-// dp=2,tp=2 holds its predictions, its record says sp, and its tp group all-gathers and
-// reduce-scatters.
+// dp=2,tp=2, GPT-2 and Llama, ddp and zero3, holds its predictions, its record says sp,
+// and its tp group all-gathers and reduce-scatters.
 TEST_F(MeshCli, EveryEmulatedRankOfASequenceParallelTransformerHoldsItsPredictions) {
-  for (const char* model : {" --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64 --seq 8 --batch 2 --steps 2 "})
-    for (const char* strategy : {"ddp", "zero1"})
+  for (const char* model : {" --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64 --seq 8 --batch 2 --steps 2 ",
+                            " --model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --ffn 48 --vocab 64 --seq 8 "
+                            "--batch 2 --steps 2 "})
+    for (const char* strategy : {"ddp", "zero3 --units 1"})
       for (int r = 0; r < 4; ++r) {
         const std::string flags = std::string(model) + "--strategy " + strategy +
                                   " --mesh dp=2,tp=2 --sp --emulate 4:" + std::to_string(r);

@@ -112,8 +112,10 @@ TEST(TensorParallelTransformerMpi, Gpt2AndLlamaMeshesTrainLikeOneRank) {
 }
 
 // --sp (Megatron's sequence parallelism): every mesh of the world with tp = 2 or 4,
-// ddp and zero1 along dp, flash and math: the norms and residuals on each rank's seq/T
-// tokens train like one rank (so like tp without --sp), and every figure is predicted.
+// GPT-2 and Llama, ddp, zero1 (with --checkpoint full: each block's gathers and
+// reduce-scatters again) and zero3 along dp, flash and math: the norms and residuals on
+// each rank's seq/T tokens train like one rank (so like tp without --sp), and every
+// figure is predicted.
 TEST(TensorParallelTransformerMpi, SequenceParallelMeshesTrainLikeOneRank) {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -123,16 +125,23 @@ TEST(TensorParallelTransformerMpi, SequenceParallelMeshesTrainLikeOneRank) {
     if (world % tp == 0) meshes.push_back(MeshShape{world / tp, tp, 1, true});
   if (meshes.empty()) GTEST_SKIP() << "no tp of 2 or 4 divides W = " << world;
   for (const MeshShape& mesh : meshes)
-    for (const char* family : {"gpt2"})
-      for (const char* strategy : {"ddp", "zero1"})
+    for (const char* family : {"gpt2", "llama"})
+      for (const char* strategy : {"ddp", "zero1", "zero3"})
         for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
           RunConfig cfg;
           cfg.mesh = mesh;
-          cfg.model = testing::gpt2_of(2, 16, 4, 24, 8, 2, mode, 0, 8);
+          if (std::string(family) == "gpt2") {
+            cfg.model = testing::gpt2_of(2, 16, 4, 24, 8, 2, mode, 0, 8);
+          } else {
+            cfg.model = testing::llama_of(2, 32, 8, 4, 24, 24, 8, 2, mode, false);
+            cfg.model.transformer.qkv_bias = cfg.model.transformer.out_bias = true;
+          }
           cfg.model.sequence_parallel = true;
           cfg.steps = 3;
           cfg.seed = 5;
           cfg.strategy = parse_strategy(strategy);
+          cfg.layers_per_unit = 1;
+          if (std::string(strategy) == "zero1") cfg.model.checkpoint = CheckpointPolicy{CheckpointKind::every, 1};
           SCOPED_TRACE(std::string(family) + " --mesh " + mesh.text() + " --sp " + strategy +
                        (mode == AttentionMode::flash ? " flash" : " math") + " rank " + std::to_string(rank));
           expect_trains_like_one_rank(cfg, world, rank);
