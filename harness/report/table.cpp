@@ -225,6 +225,12 @@ std::string title_lines(const std::string& title, const TableOptions& options) {
   return options.wide ? title : wrap_text(title, ", ", TableOptions::kColumns, "  ");
 }
 
+std::string mesh_title(const std::optional<MeshRecord>& mesh) {
+  if (!mesh) return "";
+  return " (mesh dp=" + std::to_string(mesh->dp) + ",tp=" + std::to_string(mesh->tp) + ",pp=" + std::to_string(mesh->pp) +
+         (mesh->sp ? ", --sp" : "") + ")";
+}
+
 std::string setup_line(const RunPlace& place) {
   std::string line = "backend " + place.backend + ", comm " + place.comm;
   if (place.emulated) line += ", emulated (times are compute only)";

@@ -140,11 +140,7 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
   const std::int64_t param_bytes = first.model.param_bytes;
   const bool emulated = first.place.emulated;
   // Under --mesh, W is the mesh's and the bytes are a rank's slice of the model.
-  const std::string mesh = first.mesh ? " (mesh dp=" + std::to_string(first.mesh->dp) + ",tp=" +
-                                            std::to_string(first.mesh->tp) + ",pp=" + std::to_string(first.mesh->pp) +
-                                            (first.mesh->sp ? ", --sp" : "") + ")"
-                                      : "";
-  os << title_lines("data parallel, W = " + std::to_string(first.world) + mesh + ": " + model_line(first.model, true, options),
+  os << title_lines("data parallel, W = " + std::to_string(first.world) + mesh_title(first.mesh) + ": " + model_line(first.model, true, options),
                     options)
      << "\n  "
      << setup_line(first.place) << steps_note(runs) << "\n";

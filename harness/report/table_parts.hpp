@@ -47,6 +47,8 @@ std::string wrap_text(const std::string& text, const std::string& sep, std::size
 // A group's title ("data parallel, W = 4: " + its model line): broken at ", " into lines
 // of at most TableOptions::kColumns, the next indented two, unless --wide (one line, as before).
 std::string title_lines(const std::string& title, const TableOptions& options);
+// " (mesh dp=2,tp=2,pp=1, --sp)" for a record made under --mesh, "" without one.
+std::string mesh_title(const std::optional<MeshRecord>& mesh);
 // "backend cpu, comm mpi" plus ", emulated (times are compute only)" when emulated.
 std::string setup_line(const RunPlace& place);
 // "; steps 3, 2 timed" when every run agrees on steps and timed steps, else "".

@@ -47,10 +47,7 @@ void print_group(const std::vector<const PipelineRun*>& runs, const ResultDocume
                  std::ostream& os) {
   const PipelineRun& first = *runs.front();
   // Under --mesh each stage is held by a rank of each data-parallel replica.
-  const std::string mesh = first.mesh ? " (mesh dp=" + std::to_string(first.mesh->dp) + ",tp=" +
-                                            std::to_string(first.mesh->tp) + ",pp=" + std::to_string(first.mesh->pp) + ")"
-                                      : "";
-  os << title_lines("pipeline, S = " + std::to_string(first.world) + " stages" + mesh + ": " +
+  os << title_lines("pipeline, S = " + std::to_string(first.world) + " stages" + tables::mesh_title(first.mesh) + ": " +
                         model_line(first.model, false, options),
                     options)
      << "\n  "

@@ -417,14 +417,16 @@ void print_plan(const PlanDocument& plan, std::ostream& os, const TableOptions& 
                                                                            " outside the pool"
                                                                      : "");
   for (const auto& group : by_model(data_parallel)) {
-    os << tables::title_lines("data parallel, predicted per rank: " + tables::model_line(group[0]->run.model, true, options),
+    os << tables::title_lines("data parallel, predicted per rank" + tables::mesh_title(group[0]->run.mesh) + ": " +
+                                  tables::model_line(group[0]->run.model, true, options),
                               options)
        << memory << "\n\n";
     print_data_parallel(group, plan, options, os);
     os << '\n';
   }
   for (const auto& group : by_model(pipeline)) {
-    os << tables::title_lines("pipeline, predicted per stage: " + tables::model_line(group[0]->run.model, false, options),
+    os << tables::title_lines("pipeline, predicted per stage" + tables::mesh_title(group[0]->run.mesh) + ": " +
+                                  tables::model_line(group[0]->run.model, false, options),
                               options)
        << memory << "\n\n";
     print_pipeline(group, plan, options, os);
