@@ -57,20 +57,7 @@ std::vector<Prediction> baseline_model_states(i64 P, int world, i64 lp) {
   return std::vector<Prediction>(static_cast<std::size_t>(world), p);
 }
 
-// A walk's instants, the first of the largest kept (as the tracker keeps it).
-struct Best {
-  CategoryBytes bytes;
-  i64 total = -1;
-  Phase phase = Phase::setup;
-  std::string where;
-  void consider(const CategoryBytes& b, Phase ph, const std::string& at) {
-    if (b.total() <= total) return;
-    bytes = b;
-    total = b.total();
-    phase = ph;
-    where = at;
-  }
-};
+using Best = DeepSpeedPeak;
 
 CategoryBytes bytes_of(i64 temp, i64 act, i64 grad_unsharded, i64 comm, i64 grad) {
   CategoryBytes b;

@@ -27,12 +27,29 @@
 // boundary reduction holds both (Bk + 2 G_r + pad_r).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "shardscope/config.hpp"
 #include "shardscope/predict.hpp"
 
 namespace shardscope {
+
+// A forms walk's instants over the resting bytes, the first of the largest kept (as the
+// tracker keeps it): stages 1-2's and stage 3's walks.
+struct DeepSpeedPeak {
+  CategoryBytes bytes;
+  std::int64_t total = -1;
+  Phase phase = Phase::setup;
+  std::string where;
+  void consider(const CategoryBytes& b, Phase ph, const std::string& at) {
+    if (b.total() <= total) return;
+    bytes = b;
+    total = b.total();
+    phase = ph;
+    where = at;
+  }
+};
 
 std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world);
 

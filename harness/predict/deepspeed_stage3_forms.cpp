@@ -38,13 +38,9 @@ Gather gather_of(const Ds3Layout& l, const std::vector<int>& tensors, int world)
   return g;
 }
 
-// A walk's instants over the resting bytes; the first of the largest kept.
+// Stage 3's instants name seven categories (DeepSpeedPeak keeps the first of the largest).
 struct Walk {
-  CategoryBytes best;
-  i64 total = 0;
-  bool any = false;
-  Phase phase = Phase::setup;
-  std::string where;
+  DeepSpeedPeak peak;
   void consider(i64 temp, i64 act, i64 gathered, i64 grads, i64 comm, i64 grad, i64 param, Phase ph,
                 const std::string& at) {
     CategoryBytes b;
@@ -55,12 +51,7 @@ struct Walk {
     b[Category::comm] = comm;
     b[Category::grad] = grad;
     b[Category::param] = param;
-    if (any && b.total() <= total) return;
-    any = true;
-    best = b;
-    total = b.total();
-    phase = ph;
-    where = at;
+    peak.consider(b, ph, at);
   }
 };
 
@@ -155,10 +146,10 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
 
     p.peak_known = true;
     p.peak_by_category = p.resting;
-    for (int c = 0; c < kCategoryCount; ++c) p.peak_by_category.bytes[c] += w.best.bytes[c];
+    for (int c = 0; c < kCategoryCount; ++c) p.peak_by_category.bytes[c] += w.peak.bytes.bytes[c];
     p.peak_total = p.peak_by_category.total();
-    p.peak_phase = w.phase;
-    p.peak_where = w.where;
+    p.peak_phase = w.peak.phase;
+    p.peak_where = w.peak.where;
     p.saved_after_forward_tensors = L + static_cast<int>(k) + (m.loss == Loss::mse ? 1 : 0);
     p.saved_after_forward_bytes = p.saved_after_forward_tensors * a;
   }
