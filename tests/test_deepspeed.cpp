@@ -11,46 +11,16 @@
 
 #include "harness/comm/fake_comm.hpp"
 #include "harness/strategies/deepspeed_layout.hpp"
+#include "support/deepspeed_check.hpp"
 #include "support/dp_harness.hpp"
 #include "support/pipeline_configs.hpp"
 
 namespace shardscope {
 namespace {
 
+using testing::check_deepspeed_rank;
+using testing::ds_config;
 using testing::run_dp;
-
-RunConfig ds_config(const ModelConfig& m, const char* strategy, double bucket_mb) {
-  RunConfig cfg;
-  cfg.model = m;
-  cfg.steps = 2;
-  cfg.strategy = parse_strategy(strategy);
-  cfg.engine = EngineKind::deepspeed;
-  cfg.bucket_mb = bucket_mb;
-  return cfg;
-}
-
-// One emulated rank against its prediction; returns the peak's phase and place.
-std::string check_rank(const RunConfig& cfg, int world, int rank, const std::string& what) {
-  CpuBackend backend;
-  auto comm = make_fake_communicator(world, rank, &backend);
-  const auto r = run_dp(cfg, backend, *comm, false);
-  const Prediction p = predict_data_parallel(cfg, world, rank);
-  SCOPED_TRACE(what + " W=" + std::to_string(world) + " r=" + std::to_string(rank));
-  EXPECT_GT(r.resting.total(), 0);
-  for (int k = 0; k < kCategoryCount; ++k)
-    EXPECT_EQ(r.resting.bytes[k], p.resting.bytes[k]) << "resting " << kCategoryNames[k];
-  for (int k = 0; k < kCollKindCount; ++k)
-    EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]) << "comm " << kCollKindNames[k];
-  EXPECT_TRUE(p.peak_known);
-  EXPECT_EQ(r.peak.total, p.peak_total);
-  for (int k = 0; k < kCategoryCount; ++k)
-    EXPECT_EQ(r.peak.by_category.bytes[k], p.peak_by_category.bytes[k]) << "at the peak " << kCategoryNames[k];
-  EXPECT_EQ(std::string(phase_name(r.peak.phase)), std::string(phase_name(p.peak_phase)));
-  EXPECT_EQ(r.where, p.peak_where);
-  EXPECT_EQ(r.saved.bytes, p.saved_after_forward_bytes);
-  EXPECT_EQ(r.saved.tensors, p.saved_after_forward_tensors);
-  return std::string(phase_name(r.peak.phase)) + " " + r.where;
-}
 
 // Tensors of 10, 3, 10 and 3 elements (P = 26) over 4 ranks: padded to a multiple of 2·4,
 // Ppad = 32, s = 8. Rank 0 holds [0, 8) of tensor 0; rank 1 [8, 16): the end of tensor 0,
@@ -138,7 +108,7 @@ TEST(DeepSpeed, MlpMeasuredEqualsPredictedEveryRank) {
           for (int rank = 0; rank < world; ++rank) {
             if (bucket > 0 && bucket * 1024 * 1024 / 4 < m.weight_elems()) continue;
             const RunConfig cfg = ds_config(m, s, bucket);
-            places.insert(check_rank(cfg, world, rank,
+            places.insert(check_deepspeed_rank(cfg, world, rank,
                                      std::string(s) + " " + std::to_string(m.layers) + "x" + std::to_string(m.width) +
                                          " bucket " + std::to_string(bucket)));
           }
@@ -168,7 +138,7 @@ TEST(DeepSpeed, TransformersMeasuredEqualPredictedEveryRank) {
             std::int64_t largest = 0;
             for (std::int64_t n : model_tensor_elems(m)) largest = std::max(largest, n);
             if (bucket > 0 && ds_bucket_elems(bucket, 0) < largest) continue;
-            const std::string at = check_rank(ds_config(m, s, bucket), world, rank,
+            const std::string at = check_deepspeed_rank(ds_config(m, s, bucket), world, rank,
                                               name + " " + s + " bucket " + std::to_string(bucket));
             phases.insert(at.substr(0, at.find(' ')));
           }
@@ -214,7 +184,7 @@ TEST(DeepSpeed, AccumulationMeasuredEqualsPredictedEveryRank) {
                 cfg.accumulate = k;
                 cfg.no_sync = no_sync;
                 const std::string at =
-                    check_rank(cfg, world, rank,
+                    check_deepspeed_rank(cfg, world, rank,
                                std::string(s) + " " + std::to_string(m.layers) + "x" + std::to_string(m.width) +
                                    " K=" + std::to_string(k) + (no_sync ? " no-sync" : "") + " bucket " +
                                    std::to_string(bucket));
@@ -234,7 +204,7 @@ TEST(DeepSpeed, AccumulationMeasuredEqualsPredictedEveryRank) {
           for (int rank = 0; rank < world; ++rank) {
             RunConfig cfg = ds_config(m, s, 0.005);
             cfg.accumulate = k;
-            check_rank(cfg, world, rank, name + " " + s + " K=" + std::to_string(k));
+            check_deepspeed_rank(cfg, world, rank, name + " " + s + " K=" + std::to_string(k));
           }
 }
 
@@ -323,7 +293,7 @@ TEST(DeepSpeed, StageThreeMeasuredEqualsPredictedEveryRank) {
           RunConfig cfg = ds_config(c.m, "zero3", c.bucket);
           cfg.param_persistence = c.threshold;
           cfg.accumulate = k;
-          const std::string at = check_rank(cfg, world, rank, std::string(c.name) + " K=" + std::to_string(k));
+          const std::string at = check_deepspeed_rank(cfg, world, rank, std::string(c.name) + " K=" + std::to_string(k));
           phases.insert(at.substr(0, at.find(' ')));
         }
   // The peak falls in forward or backward (a gathered layer beside its gradients), in the
@@ -417,7 +387,7 @@ TEST(DeepSpeed, Bf16MeasuredEqualsPredictedEveryRank) {
             RunConfig cfg = ds_config(m, s, bucket);
             cfg.precision = PrecisionKind::bf16;
             cfg.model.param_bf16 = true;
-            places.insert(check_rank(cfg, world, rank,
+            places.insert(check_deepspeed_rank(cfg, world, rank,
                                      std::string(s) + " bf16 " + std::to_string(m.layers) + "x" +
                                          std::to_string(m.width) + " bucket " + std::to_string(bucket)));
           }

@@ -8,6 +8,7 @@
 #include "harness/predict/transformer_step.hpp"
 #include "harness/strategies/deepspeed_layout.hpp"
 #include "harness/strategies/partition.hpp"
+#include "shardscope/check.hpp"
 
 namespace shardscope {
 namespace {
@@ -79,10 +80,17 @@ CategoryBytes operator+(CategoryBytes a, const CategoryBytes& b) {
 // autograd 4P and bucket, stage 2's accumulated gradient); from the backward's first block
 // on the bucket Bk and stage 2's G, and stage 1's autograd 4P (unless held already), stage
 // 2's each layer's own gradients during its backward.
+// --checkpoint (torch's non-reentrant checkpoint per layer, as the torch engine's walk): a
+// wrapped layer's forward is the same but for the last layer's own save of its ReLU output
+// (k); its backward frees its forward's output, so it holds j outputs when its gradients
+// are made (the engine's hook, before the re-run), then the re-run output a ('recompute of
+// block j': activation under ReLU, which saves it, else temp, freed at once), then dx.
 void mlp_walk(const ModelConfig& m, int stage, i64 Bk, i64 G, const CategoryBytes& held, Best& best) {
   const int L = m.layers;
+  const CheckpointPolicy& ck = m.checkpoint;
+  const bool relu = m.activation == Activation::relu;
   const i64 a = m.activation_bytes(m.batch), X = a, t = m.loss == Loss::mse ? a : 0;
-  const i64 k = (m.activation == Activation::relu || m.loss == Loss::mse) ? 1 : 0;
+  const i64 k = ((relu && !ck.wraps(L - 1)) || m.loss == Loss::mse) ? 1 : 0;
   auto where = [&](int layer) { return "unit " + std::to_string(stage == 1 ? 0 : layer); };
   auto consider = [&](const CategoryBytes& b, Phase ph, const std::string& at) { best.consider(b + held, ph, at); };
   for (int i = 0; i < L; ++i) {
@@ -96,9 +104,15 @@ void mlp_walk(const ModelConfig& m, int stage, i64 Bk, i64 G, const CategoryByte
   const i64 grads = stage1_held ? 0 : stage == 1 ? 4 * m.params() : 4 * m.layer_elems();
   const i64 bucket = stage1_held ? 0 : Bk;
   for (int j = L - 1; j >= 0; --j) {
-    const i64 outs = j == L - 1 ? L - 1 + k : j + 1;
+    const bool wrapped = ck.wraps(j);
+    const i64 outs = wrapped ? j : j == L - 1 ? L - 1 + k : j + 1;
     consider(bytes_of(X + t + a, outs * a, grads, bucket, G), Phase::backward, where(j));
-    if (j > 0) consider(bytes_of(X + t + 2 * a, outs * a, grads, bucket, G), Phase::backward, where(j));  // dx
+    // The re-run output: saved by ReLU (activation), else freed at once (temp).
+    const i64 rerun_act = wrapped && relu ? a : 0;
+    if (wrapped)
+      consider(bytes_of(X + t + a + (relu ? 0 : a), outs * a + rerun_act, grads, bucket, G), Phase::backward,
+               "recompute of block " + std::to_string(j));
+    if (j > 0) consider(bytes_of(X + t + 2 * a, outs * a + rerun_act, grads, bucket, G), Phase::backward, where(j));  // dx
   }
 }
 
@@ -207,6 +221,14 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // optimizer's copy of the partition and AdamW's state are fp32 under both).
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
   refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
+  // --checkpoint's step is built under stages 1 and 2 in fp32; planned by its model states
+  // where those are all there is (stage 3 and bf16 of a transformer, the bf16 baseline).
+  const bool states_only =
+      cfg.strategy == StrategyKind::ddp || (m.is_transformer() && (cfg.strategy == StrategyKind::zero3 || lp != 4));
+  if (m.checkpoint.any() && !states_only && (cfg.strategy == StrategyKind::zero3 || lp != 4))
+    throw UsageError("--checkpoint " + m.checkpoint.text() + " and --engine deepspeed and --strategy " +
+                     std::string(strategy_name(cfg.strategy)) + (lp != 4 ? " and --precision bf16" : "") +
+                     ": not built yet; allowed: zero1, zero2 in fp32");
   // Stage 3 runs the MLP in fp32; elsewhere it is planned by its model states.
   if (cfg.strategy == StrategyKind::zero3)
     return !m.is_transformer() && lp == 4 ? predict_deepspeed_stage3_mlp(cfg, world)
@@ -238,7 +260,9 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
     saved = m.name == "gpt2" ? gpt2_saved_after_forward(m.transformer, m.batch, m.checkpoint)
                              : llama_saved_after_forward(m.transformer, m.batch, m.checkpoint);
   } else {
-    const int k = (m.activation == Activation::relu || m.loss == Loss::mse) ? 1 : 0;
+    // The last layer's ReLU output is saved unless that layer is wrapped (mse saves it too).
+    const bool relu_saves = m.activation == Activation::relu && !m.checkpoint.wraps(m.layers - 1);
+    const int k = (relu_saves || m.loss == Loss::mse) ? 1 : 0;
     saved.tensors = m.layers + k + (m.loss == Loss::mse ? 1 : 0);
     saved.bytes = saved.tensors * m.activation_bytes(m.batch);
   }

@@ -172,6 +172,32 @@ TEST(DeepSpeedMpi, Bf16HoldsItsPredictionsAndAveragesTheGradients) {
     }
 }
 
+// --checkpoint (torch's non-reentrant checkpoint per layer or block) under stages 1 and 2:
+// the re-run is the forward's arithmetic, so a checkpointed step trains like one rank as the
+// unchecked one does; its bytes equal the closed forms and an emulated rank's.
+TEST(DeepSpeedMpi, CheckpointedStagesTrainLikeOneRank) {
+  const ModelConfig mlp = testing::model_of(4, 37, 6, Activation::relu, Loss::mse);
+  for (const char* strategy : {"zero1", "zero2"})
+    for (const CheckpointPolicy ck : {CheckpointPolicy{CheckpointKind::every, 1}, CheckpointPolicy{CheckpointKind::every, 2}}) {
+      SCOPED_TRACE(std::string("mlp ") + strategy + " " + ck.text());
+      RunConfig cfg = ds_config(mlp, strategy, 0.006);
+      cfg.model.checkpoint = ck;
+      check_against_one_rank(cfg, 1e-7);
+    }
+  const std::pair<const char*, ModelConfig> models[] = {
+      {"gpt2", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::math)},
+      {"llama", testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, AttentionMode::flash, false)},
+  };
+  for (const auto& [name, m] : models)
+    for (const char* strategy : {"zero1", "zero2"})
+      for (const CheckpointPolicy ck : {CheckpointPolicy{CheckpointKind::every, 1}, CheckpointPolicy{CheckpointKind::attention, 1}}) {
+        SCOPED_TRACE(std::string(name) + " " + strategy + " " + ck.text());
+        RunConfig cfg = ds_config(m, strategy, 0.005);
+        cfg.model.checkpoint = ck;
+        check_against_one_rank(cfg, 4e-4);
+      }
+}
+
 TEST(DeepSpeedMpi, TransformersTrainLikeOneRank) {
   const std::pair<const char*, ModelConfig> models[] = {
       {"gpt2", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::flash)},
