@@ -96,8 +96,9 @@ TEST(TensorParallelTransformer, ShapesThatDoNotDivideAreRefusedNamingThem) {
   refused(gpt2_of(2, 64, 4, 250, 8, 1, AttentionMode::flash), 4, "vocabulary (250)");
   refused(gpt2_of(2, 64, 4, 256, 8, 1, AttentionMode::flash, 90), 4, "ffn (90)");
   EXPECT_NO_THROW(check_tensor_parallel(gpt2_of(2, 64, 4, 256, 8, 1, AttentionMode::flash), 4));
-  // Llama: fewer kv heads than tp (or any tp does not divide) are not split.
-  refused(llama_of(2, 64, 8, 2, 96, 256, 8, 1, AttentionMode::flash, false), 4, "kv heads (2)");
+  // Llama: kv heads that tp neither divides nor is divided by (fewer than tp and
+  // dividing it are replicated: test_kv_replicas.cpp), and heads tp does not divide.
+  refused(llama_of(2, 48, 12, 6, 96, 256, 8, 1, AttentionMode::flash, false), 4, "kv heads (6)");
   refused(llama_of(2, 64, 8, 8, 96, 256, 8, 1, AttentionMode::flash, false), 3, "heads (8)");
   EXPECT_NO_THROW(check_tensor_parallel(llama_of(2, 64, 8, 4, 96, 256, 8, 1, AttentionMode::flash, false), 4));
 }

@@ -43,7 +43,7 @@ constexpr int kEmbedTokens = 0;
 LlamaLayerTensors llama_layer_tensors(const TransformerShape& s, int layer, const TensorParallel& tp) {
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   const i64 h = s.hidden, f = s.ffn / tp.size, q = static_cast<i64>(s.heads / tp.size) * s.head_dim,
-            kv = static_cast<i64>(s.kv_heads / tp.size) * s.head_dim;
+            kv = static_cast<i64>(kv_heads_per_rank(s, tp.size)) * s.head_dim;
   LlamaLayerTensors t;
   const float w = uniform_bound(kInitStd);
   auto add = [&](int& index, const std::string& name, std::vector<std::int64_t> shape, float bound = 0.0f,
@@ -68,13 +68,16 @@ LlamaLayerTensors llama_layer_tensors(const TransformerShape& s, int layer, cons
   add(t.norm2, "post_attention_layernorm.weight", {h}, 0.0f, 1.0f);
   if (tp.size > 1) {
     const int r = tp.rank;
+    // Replicated kv heads (fewer than tp): rank r's copy is kv head r / (T/K), the one
+    // model's rows of that head, the same on the T/K ranks that share it.
+    const int kr = r / kv_replicas(s, tp.size);
     shard_rows(t.params[t.qW], r, q, h);
-    shard_rows(t.params[t.kW], r, kv, h);
-    shard_rows(t.params[t.vW], r, kv, h);
+    shard_rows(t.params[t.kW], kr, kv, h);
+    shard_rows(t.params[t.vW], kr, kv, h);
     if (s.qkv_bias) {
       shard_rows(t.params[t.qB], r, 1, q);
-      shard_rows(t.params[t.kB], r, 1, kv);
-      shard_rows(t.params[t.vB], r, 1, kv);
+      shard_rows(t.params[t.kB], kr, 1, kv);
+      shard_rows(t.params[t.vB], kr, 1, kv);
     }
     shard_cols(t.params[t.oW], r, q, static_cast<i64>(s.heads) * s.head_dim);
     shard_rows(t.params[t.gateW], r, f, h);
@@ -89,8 +92,9 @@ namespace {
 // ---- a decoder layer ----
 // Under tensor parallelism (Megatron's split) rank r of T holds query heads [r H/T, (r+1)
 // H/T) and kv heads [r K/T, (r+1) K/T) (T divides K: each rank's query heads read only
-// its kv heads): q_proj, k_proj and v_proj column-parallel (their heads' rows, and of the
-// biases), o_proj row-parallel (the H d/T columns its heads feed; the bias whole);
+// its kv heads), or with fewer kv heads than tp (K divides T) a copy of kv head r / (T/K),
+// the one its query heads read: q_proj, k_proj and v_proj column-parallel (their heads'
+// rows, and of the biases; a copy's gradients summed over the group, KvGrads), o_proj row-parallel (the H d/T columns its heads feed; the bias whole);
 // gate_proj and up_proj column-parallel (f/T rows each), down_proj row-parallel (f/T
 // columns). A row-parallel projection's partial product is made in the buffer it ends
 // in (x_mid, the layer's output) and all-reduced in place, then the residual (and
@@ -105,6 +109,8 @@ class DecoderLayer final : public SequenceBlock {
         tp_(tp),
         fl_(s.ffn / tp.size),
         as_(attention_shape(s, tp.size)),
+        kv_replicas_(kv_replicas(s, tp.size)),
+        kv_head_(tp.rank / kv_replicas_),
         t_(llama_layer_tensors(s, layer, tp)) {}
   bool checkpointable() const override { return true; }
   void set_recompute_attention(bool on) override { recompute_attention_ = on; }
@@ -334,8 +340,10 @@ class DecoderLayer final : public SequenceBlock {
     const float* y1 = y1_whole ? y1_whole.data() : held[kY1].data();
     Buffer dy1 = temp(n * h);
     linear_backward(be, dy1.data(), grad(t_.qW), grad(t_.qB), dq, y1, param(t_.qW), n, hs, q, beta);
-    linear_backward(be, dy1.data(), grad(t_.kW), grad(t_.kB), dk, y1, param(t_.kW), n, hs, kv, beta, 1.0f);
-    linear_backward(be, dy1.data(), grad(t_.vW), grad(t_.vB), dv, y1, param(t_.vW), n, hs, kv, beta, 1.0f);
+    KvGrads kvg = kv_grads(c, beta);  // a replicated copy's: into its slot of the group's sum
+    linear_backward(be, dy1.data(), kvg.kW, kvg.kB, dk, y1, param(t_.kW), n, hs, kv, kvg.beta, 1.0f);
+    linear_backward(be, dy1.data(), kvg.vW, kvg.vB, dv, y1, param(t_.vW), n, hs, kv, kvg.beta, 1.0f);
+    reduce_kv_grads(c, kvg, beta);
     y1_whole.reset();
     column_input_grad(c, dy1);
     dqkv.reset();
@@ -363,6 +371,7 @@ class DecoderLayer final : public SequenceBlock {
   Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape& tape) override {
     SHARDSCOPE_REQUIRE(!tp_.sequence, "llama: the zero-bubble split of a sequence-parallel layer is not built");
+    SHARDSCOPE_REQUIRE(kv_replicas_ == 1, "llama: the zero-bubble split of replicated kv heads is not built");
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), h = s_.hidden, f = fl_;
     const int hs = s_.hidden, fs = fl_, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
@@ -475,9 +484,53 @@ class DecoderLayer final : public SequenceBlock {
  private:
   // The attention's shape on this rank: its H/T query heads and K/T kv heads.
   static TransformerShape attention_shape(TransformerShape s, int tp) {
+    s.kv_heads = kv_heads_per_rank(s, tp);
     s.heads /= tp;
-    s.kv_heads /= tp;
     return s;
+  }
+  // Replicated kv heads (kv_replicas_ > 1, fewer kv heads than tp): k_proj's and v_proj's
+  // gradients of the rank's copy are made into its head's slot of a temp holding every kv
+  // head's (K slots, each k_proj's weight and bias then v_proj's: 2d(h + b) floats, b = 1
+  // with qkv biases), zeros but the rank's; the temp is all-reduced over the tp group,
+  // which makes each slot the sum of its T/K copies' gradients, the rank's slot is
+  // written onto the gradients with beta, and the temp freed (reduce_kv_grads). The
+  // copies' gradients are then equal, and so the copies stay equal. Otherwise the
+  // gradients themselves, with beta.
+  struct KvGrads {
+    Buffer part;
+    float *kW = nullptr, *kB = nullptr, *vW = nullptr, *vB = nullptr;
+    float beta = 0.0f;
+  };
+  i64 kv_weight_floats() const { return kvw() * s_.hidden; }
+  i64 kv_bias_floats() const { return s_.qkv_bias ? kvw() : 0; }
+  i64 kv_slot_floats() const { return 2 * (kv_weight_floats() + kv_bias_floats()); }
+  KvGrads kv_grads(const BlockCall& c, float beta) const {
+    auto grad = [&](int t) { return t < 0 ? nullptr : c.access.grad(c.index, t); };
+    KvGrads g;
+    if (kv_replicas_ == 1) {
+      g.kW = grad(t_.kW), g.kB = grad(t_.kB), g.vW = grad(t_.vW), g.vB = grad(t_.vB);
+      g.beta = beta;
+      return g;
+    }
+    const i64 w = kv_weight_floats(), b = kv_bias_floats();
+    g.part = c.backend.alloc(Category::temp, floats(s_.kv_heads * kv_slot_floats()));
+    c.backend.fill(g.part.data(), 0.0f, g.part.count());
+    float* at = g.part.data() + kv_head_ * kv_slot_floats();
+    g.kW = at;
+    g.kB = b > 0 ? at + w : nullptr;
+    g.vW = at + w + b;
+    g.vB = b > 0 ? at + 2 * w + b : nullptr;
+    return g;
+  }
+  void reduce_kv_grads(const BlockCall& c, KvGrads& g, float beta) const {
+    if (!g.part) return;
+    auto grad = [&](int t) { return c.access.grad(c.index, t); };
+    const i64 w = kv_weight_floats(), b = kv_bias_floats();
+    std::vector<GradSlot> slots = {{grad(t_.kW), w}};
+    if (b > 0) slots.push_back({grad(t_.kB), b});
+    slots.push_back({grad(t_.vW), w});
+    if (b > 0) slots.push_back({grad(t_.vB), b});
+    reduce_norm_grads(c, g.part, slots, beta, kFamily, kv_head_ * kv_slot_floats());
   }
   // The residual stream's tokens on this rank for `rows` sequences: N, or N/T under --sp.
   i64 stream(int rows) const { return stream_tokens(tp_, tokens(rows)); }
@@ -574,6 +627,8 @@ class DecoderLayer final : public SequenceBlock {
   TensorParallel tp_;
   int fl_;               // the MLP's inner features on this rank: f/T
   TransformerShape as_;  // the attention's shape on this rank
+  int kv_replicas_;      // the ranks holding a copy of each kv head: T/K when K < T, else 1
+  int kv_head_;          // with copies, the kv head this rank's is
   bool recompute_attention_ = false;  // --checkpoint attention
   LlamaLayerTensors t_;  // its tensors, and where each lies among them
   WeightRef norm_ref_, q_ref_, k_ref_, v_ref_, o_ref_, norm2_ref_, gate_ref_, up_ref_, down_ref_;
@@ -640,7 +695,8 @@ std::unique_ptr<Model> make_llama(const ModelConfig& m, const TensorParallel& sp
   SHARDSCOPE_REQUIRE(s.layers > 0 && s.hidden > 0 && s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0 &&
                          s.head_dim > 0 && s.head_dim % 2 == 0 && s.ffn > 0 && s.vocab > 0 && s.seq > 0,
                      "llama: an unchecked transformer shape");
-  SHARDSCOPE_REQUIRE(tp.size == 1 || (!m.autocast && s.heads % tp.size == 0 && s.kv_heads % tp.size == 0 &&
+  SHARDSCOPE_REQUIRE(tp.size == 1 || (!m.autocast && s.heads % tp.size == 0 &&
+                                      (s.kv_heads % tp.size == 0 || tp.size % s.kv_heads == 0) &&
                                       s.ffn % tp.size == 0 && s.vocab % tp.size == 0),
                      "llama: an unchecked tensor-parallel shape");
   SHARDSCOPE_REQUIRE(!tp.sequence || s.seq % tp.size == 0, "llama: an unchecked sequence-parallel shape");

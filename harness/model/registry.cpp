@@ -74,12 +74,12 @@ void check_tensor_parallel(const ModelConfig& m, int tp) {
   need(s.heads, "heads", "each rank holds heads/tp of the attention");
   need(s.ffn, "ffn", "each rank holds ffn/tp of the MLP's inner features");
   need(s.vocab, "vocabulary", "each rank holds vocab/tp rows of the embedding and the head; Megatron pads it");
-  // Fewer kv heads than tp would be replicated, each rank holding the one its query heads
-  // read, and the copies' gradients summed over the ranks sharing it: not built (Megatron
-  // core divides num_query_groups by tp too).
-  if (s.kv_heads % tp != 0)
+  // Fewer kv heads than tp are replicated: each rank holds the one its query heads read,
+  // the copies' gradients summed over the group (docs/design.md, "Tensor parallelism of
+  // the transformers"). A count that neither divides nor is divided by tp has no such split.
+  if (s.kv_heads % tp != 0 && tp % s.kv_heads != 0)
     throw UsageError(mesh + ": the kv heads (" + std::to_string(s.kv_heads) + ") must divide by tp (each rank holds "
-                     "kv_heads/tp of them; replicating fewer kv heads than tp is not built yet)");
+                     "kv_heads/tp of them) or divide tp (each kv head replicated on tp/kv_heads ranks)");
 }
 
 }  // namespace shardscope

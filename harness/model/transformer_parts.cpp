@@ -57,9 +57,9 @@ Buffer scatter_tokens(const BlockCall& c, const TensorParallel& tp, Buffer& full
 }
 
 void reduce_norm_grads(const BlockCall& c, Buffer& part, const std::vector<GradSlot>& grads, float beta,
-                       const char* who) {
+                       const char* who, i64 first) {
   tp_group(c, who).all_reduce_sum(part.data(), part.count());
-  const float* from = part.data();
+  const float* from = part.data() + first;
   for (const GradSlot& g : grads) {
     if (beta == 0.0f)
       c.backend.copy(g.where, from, floats(g.floats));

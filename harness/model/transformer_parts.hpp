@@ -106,8 +106,10 @@ Buffer gather_tokens(const BlockCall& c, const TensorParallel& tp, const float* 
 // The rank's (n/T, cols) part (temp) of the group's sum of `full` (n, cols), which is freed.
 Buffer scatter_tokens(const BlockCall& c, const TensorParallel& tp, Buffer& full, i64 n, int cols, const char* who);
 // A norm over the rank's tokens makes its part of its parameters' gradients: `part`
-// (temp, the gradients' floats end to end) is all-reduced over the group, written onto
-// each gradient {where, floats} with beta (0 overwrite, 1 add) and freed. (Megatron
+// (temp, the gradients' floats end to end from its float `first`) is all-reduced over
+// the group, written onto each gradient {where, floats} with beta (0 overwrite, 1 add)
+// and freed. (Replicated kv heads use it too: their part holds every kv head's slot and
+// the rank's begins at `first`.) (Megatron
 // all-reduces these sequence-parallel gradients once a step, coalesced; here each norm's
 // once its backward has made them: the same bytes a step.)
 struct GradSlot {
@@ -115,7 +117,7 @@ struct GradSlot {
   i64 floats = 0;
 };
 void reduce_norm_grads(const BlockCall& c, Buffer& part, const std::vector<GradSlot>& grads, float beta,
-                       const char* who);
+                       const char* who, i64 first = 0);
 
 // A block of a transformer family: its rows are sequences of shape.seq tokens (N = rows
 // * seq). Each family's blocks run the zero-bubble split (zb-h1's B and W halves): B

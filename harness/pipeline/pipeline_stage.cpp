@@ -43,6 +43,11 @@ void check_pipeline_tensor_parallel(const ModelConfig& model, ScheduleKind sched
   if (tp == 1) return;
   check_tensor_parallel(model, tp);
   const std::string mesh = "--mesh tp=" + str(tp) + " and --schedule " + std::string(schedule_name(schedule));
+  if (model.is_transformer() && kv_replicas(model.transformer, tp) > 1 &&
+      (schedule == ScheduleKind::zb_h1 || schedule == ScheduleKind::zbv))
+    throw UsageError(mesh + ": the kv heads (" + str(model.transformer.kv_heads) + ") are fewer than tp, each "
+                     "replicated; the zero-bubble split (W apart) of replicated kv heads is not built yet; allowed: "
+                     "gpipe, 1f1b, interleaved-1f1b");
   // The MLP's Linears alternate column- and row-parallel: a stage cut after a row Linear
   // sends the whole (rows, width) activation, as Megatron cuts between its MLPs.
   if (!model.is_transformer())

@@ -26,16 +26,19 @@ struct Sizes : TokenSizes {
   i64 Q = 0, C = 0;  // q's (and math's expanded k's and v's) bytes, and k's and v's
   i64 w = 0;         // the whole (N, h): 4Nh
   i64 ns = 0;        // the stream's tokens: N, or N/T under --sp
+  i64 P = 0;         // replicated kv heads (K < T): every kv head's k and v gradients, 8K·d(h + b)
 };
 
-// Under tensor parallelism (tp = T > 1) a rank holds H/T query heads and K/T kv heads, and
-// f/T of the MLP: Q, C, F, A and the logits Λ are its T-th; a (the residual stream) whole,
-// or under --sp (sp) its N/T tokens' a/T, the norms' statistics likewise.
+// Under tensor parallelism (tp = T > 1) a rank holds H/T query heads and K/T kv heads (one
+// kv head when K < T), and f/T of the MLP: Q, C, F, A and the logits Λ are its T-th (C
+// one head's when K < T); a (the residual stream) whole, or under --sp (sp) its N/T
+// tokens' a/T, the norms' statistics likewise.
 Sizes sizes(const TransformerShape& s, int batch, int tp = 1, bool sp = false) {
   Sizes z;
   static_cast<TokenSizes&>(z) = token_sizes(s, batch);
   z.Q = 4 * z.N * (s.heads / tp) * s.head_dim;
-  z.C = 4 * z.N * (s.kv_heads / tp) * s.head_dim;
+  z.C = 4 * z.N * kv_heads_per_rank(s, tp) * s.head_dim;
+  if (kv_replicas(s, tp) > 1) z.P = 8 * static_cast<i64>(s.kv_heads) * s.head_dim * (s.hidden + (s.qkv_bias ? 1 : 0));
   z.F /= tp;
   z.A /= tp;
   z.lambda /= tp;
@@ -66,7 +69,7 @@ SavedForm llama_saved_after_forward(const TransformerShape& shape, int batch, co
 
 StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute_attention, int tp, bool sp) {
   const Sizes z = sizes(shape, batch, tp, sp);
-  const i64 a = z.a, Q = z.Q, C = z.C, F = z.F, A = z.A, N = z.N, ns = z.ns, w = z.w;
+  const i64 a = z.a, Q = z.Q, C = z.C, F = z.F, A = z.A, N = z.N, ns = z.ns, w = z.w, P = z.P;
   const i64 g = 4 * static_cast<i64>(shape.hidden);  // --sp: an RMSNorm's part of its gradient (h floats)
   const i64 X = 16 * N;
   // --checkpoint attention: the attention's own save A (math's probabilities, flash's
@@ -159,14 +162,18 @@ StepBlocks llama_blocks(const TransformerShape& shape, int batch, bool recompute
       A6 = Am - 3 * Q - A;
       consider(X + a + 4 * Q + 2 * C, A6);      // d q, k, v token-major
     }
+    // Replicated kv heads: every kv head's k and v gradients (P, temp) beside d y1, from
+    // k_proj's weight gradient to their all-reduce.
     if (!sp) {
       consider(X + 2 * a + Q + 2 * C, A6);      // d y1
+      if (P > 0) consider(X + 2 * a + Q + 2 * C + P, A6);
       consider(X + 3 * a, A6 - a);              // dx
     } else {
       // y1's tokens gathered (w) beside q, k and v's whole input gradient (w),
       // reduce-scattered to d y1 (a); dx with the norm's part of its gradient (g).
       consider(X + a + Q + 2 * C + w, A6);
       consider(X + a + Q + 2 * C + 2 * w, A6);
+      if (P > 0) consider(X + a + Q + 2 * C + 2 * w + P, A6);
       consider(X + 2 * a + Q + 2 * C + w, A6);
       consider(X + 3 * a, A6 - a);
       consider(X + 3 * a + g, A6 - a);

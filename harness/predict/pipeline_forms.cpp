@@ -281,7 +281,10 @@ i64 tp_all_reduce(const Ctx& c) {
     }
     const TransformerShape& ts = c.sh.model.transformer;
     const i64 N = B * ts.seq, a = 4 * N * ts.hidden;
-    bytes += 4 * p.n * a + (p.first ? a : 0) + (p.last ? 8 * N + 4 * c.M + a : 0);
+    // Replicated kv heads (K < T): each layer's backward of each micro-batch all-reduces
+    // its copies' gradients (kv_replica_all_reduce_bytes).
+    bytes += 4 * p.n * a + (p.first ? a : 0) + (p.last ? 8 * N + 4 * c.M + a : 0) +
+             p.n * c.M * kv_replica_all_reduce_bytes(ts, c.tp);
   }
   return bytes;
 }

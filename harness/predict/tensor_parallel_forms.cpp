@@ -174,6 +174,8 @@ std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg
     tp[static_cast<int>(CollKind::reduce_scatter)] = 4 * L * a + a + (gpt2 ? 0 : a) + rerun;
     tp[static_cast<int>(CollKind::all_gather)] = 6 * L * a + 3 * a + rerun;
   }
+  // Replicated kv heads (K < T): each layer's backward all-reduces its copies' gradients.
+  all_reduce += L * kv_replica_all_reduce_bytes(s, T);
   // --accumulate K: every micro-step's forward and backward, each with its collectives.
   std::int64_t tp_bytes = 0;
   for (std::int64_t& b : tp) {

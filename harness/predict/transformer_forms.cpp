@@ -26,7 +26,7 @@ bool is_gpt2(const TransformerShape& s) { return s.model_type == "gpt2"; }
 // Calls add(name, elems) for each tensor of block `layer` (0-based), in torch's order: a
 // tensor-parallel rank's part when tp > 1 (column-parallel Linears' out/tp rows and
 // bias, row-parallel ones' in/tp columns; norms and row-parallel biases whole; Llama's
-// kv heads kv/tp each: tp divides them).
+// kv heads kv/tp each when tp divides them, one (a copy) when they divide tp).
 template <typename Add>
 void block_tensors(const TransformerShape& s, int layer, Add&& add, int tp = 1) {
   const i64 h = s.hidden, f = s.ffn / tp;
@@ -47,7 +47,7 @@ void block_tensors(const TransformerShape& s, int layer, Add&& add, int tp = 1) 
     add(p + "mlp.c_proj.bias", h);
     return;
   }
-  const i64 q = static_cast<i64>(s.heads / tp) * s.head_dim, kv = static_cast<i64>(s.kv_heads / tp) * s.head_dim;
+  const i64 q = static_cast<i64>(s.heads / tp) * s.head_dim, kv = static_cast<i64>(kv_heads_per_rank(s, tp)) * s.head_dim;
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   add(p + "self_attn.q_proj.weight", q * h);
   if (s.qkv_bias) add(p + "self_attn.q_proj.bias", q);
@@ -63,6 +63,15 @@ void block_tensors(const TransformerShape& s, int layer, Add&& add, int tp = 1) 
   add(p + "input_layernorm.weight", h);
   add(p + "post_attention_layernorm.weight", h);
 }
+
+}  // namespace
+
+std::int64_t kv_replica_all_reduce_bytes(const TransformerShape& s, int tp) {
+  if (is_gpt2(s) || kv_replicas(s, tp) == 1) return 0;
+  return 8 * static_cast<i64>(s.kv_heads) * s.head_dim * (s.hidden + (s.qkv_bias ? 1 : 0));
+}
+
+namespace {
 
 // The token embedding (and an untied head) is vocabulary-parallel under tp: V/tp rows.
 template <typename Add>

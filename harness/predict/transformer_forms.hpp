@@ -50,6 +50,12 @@ std::vector<TransformerTensor> transformer_tensors(const TransformerShape& shape
 // "Tensor parallelism of the transformers"), the same tensors in the same order.
 std::vector<std::int64_t> transformer_tensor_sizes(const TransformerShape& shape, int tp = 1);
 
+// With fewer kv heads than tp (K < T, T divisible by K; Llama's GQA) each rank holds a copy
+// of one kv head, and each decoder layer's backward all-reduces over the tp group every
+// kv head's k_proj and v_proj gradients (the rank's copy's in its head's slot, zeros
+// elsewhere): 8·K·d·(h + b) bytes (b = 1 with q/k/v biases); 0 otherwise.
+std::int64_t kv_replica_all_reduce_bytes(const TransformerShape& shape, int tp);
+
 // Parameters of each of the L + 2 blocks, in order (what FSDP's units take); with tp > 1
 // a tensor-parallel rank's.
 std::vector<std::int64_t> transformer_block_sizes(const TransformerShape& shape, int tp = 1);

@@ -38,6 +38,17 @@ struct TransformerShape {
   std::string model_type;        // the config.json's model_type ("gpt2", "llama", "mistral", "qwen2"), or the family
 };
 
+// The kv heads a rank of a tensor-parallel group of tp holds (docs/design.md, "Tensor
+// parallelism of the transformers"): K/T of them when T divides K; one when K divides T
+// (fewer kv heads than tp: each kv head replicated on the T/K ranks whose query heads
+// read it, kv_replicas of them).
+inline int kv_replicas(const TransformerShape& s, int tp) {
+  return s.kv_heads > 0 && s.kv_heads < tp ? tp / s.kv_heads : 1;
+}
+inline int kv_heads_per_rank(const TransformerShape& s, int tp) {
+  return s.kv_heads > 0 && s.kv_heads < tp ? 1 : s.kv_heads / tp;
+}
+
 // --checkpoint (docs/design.md §2): which blocks torch's non-reentrant checkpoint
 // wraps. A model's checkpointable blocks are the MLP's layers and a transformer's
 // blocks (h.i, layers.i), never its embedding or final block; they are numbered

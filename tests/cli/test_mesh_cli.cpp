@@ -162,10 +162,10 @@ TEST_F(MeshCli, TransformerShapesTensorParallelismCannotSplitAreRefusedNamingThe
       {" --model gpt2 --layers 1 --hidden 32 --heads 4 --ffn 90 --vocab 64 --seq 8 --mesh tp=4 --emulate 4:0",
        "shardscope: error: --mesh tp=4: the ffn (90) must divide by tp (each rank holds ffn/tp of the MLP's inner "
        "features)"},
-      {" --model llama --layers 1 --hidden 32 --heads 4 --kv-heads 2 --ffn 48 --vocab 64 --seq 8 --mesh tp=4 "
+      {" --model llama --layers 1 --hidden 48 --heads 12 --kv-heads 6 --ffn 48 --vocab 64 --seq 8 --mesh tp=4 "
        "--emulate 4:0",
-       "shardscope: error: --mesh tp=4: the kv heads (2) must divide by tp (each rank holds kv_heads/tp of them; "
-       "replicating fewer kv heads than tp is not built yet)"},
+       "shardscope: error: --mesh tp=4: the kv heads (6) must divide by tp (each rank holds kv_heads/tp of them) or "
+       "divide tp (each kv head replicated on tp/kv_heads ranks)"},
   };
   for (const auto& c : cases) {
     const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu" + c.flags +

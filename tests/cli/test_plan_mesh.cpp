@@ -125,6 +125,26 @@ TEST_F(PlanMesh, FiveHundredTwelveBf16RanksAnswerInSeconds) {
   }
 }
 
+// Llama-2-70B's 8 kv heads at tp = 16 (dp=2,tp=16,pp=8, 256 ranks, fp32): each kv head
+// replicated on two ranks, a middle stage's 10 layers each holding per rank q_proj's and
+// o_proj's 4 heads (h·512 each), one kv head's k_proj and v_proj (h·128 each), f/16 =
+// 1792 of gate, up and down, and both RMSNorms: 4 B a parameter.
+TEST_F(PlanMesh, Llama70bsEightKvHeadsPlanAtTpSixteen) {
+  const std::string data = shardscope::testing::env("SHARDSCOPE_TEST_DATA_DIR");
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(shardscope("plan --hf-config '" + data + "/hf/llama-2-70b.json' --mesh dp=2,tp=16,pp=8 --schedules 1f1b "
+                       "--microbatches 16 --seq 4096 --batch 16 --memory 80GiB --json p.json"),
+            0)
+      << line_;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  const json plan = read("p.json")["plans"][0];
+  ASSERT_EQ(plan["stages"].size(), 8u);
+  const json& stage = plan["stages"][1];
+  EXPECT_EQ(stage["ranks"].size(), 32u);
+  const std::int64_t h = 8192, layer = 2 * h * 512 + 2 * h * 128 + 3 * h * 1792 + 2 * h;
+  EXPECT_EQ(stage["predicted"]["peak_by_category"]["param"].get<std::int64_t>(), 4 * 10 * layer);
+}
+
 // --batch is a pipeline's whole batch: issue 16's --batch 1 with 16 micro-batches is a
 // configuration that cannot run, which plan lists as skipped saying what to pass, and run
 // refuses (exit 2) in the same words.

@@ -148,5 +148,63 @@ TEST(TensorParallelTransformerMpi, SequenceParallelMeshesTrainLikeOneRank) {
         }
 }
 
+// Llama's kv heads replicated when fewer than tp (--kv-heads 1 at tp = 2 and 4, 2 at tp =
+// 4): ddp and zero3 along dp, flash and math, q/k/v biases: trains like one rank (each
+// copy's gradient the sum over its T/K ranks: the one-rank model's head's), every figure
+// predicted, and after the steps the T/K copies of each kv head are equal to the bit.
+TEST(TensorParallelTransformerMpi, ReplicatedKvHeadsTrainLikeOneRankAndStayEqual) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  struct Case {
+    int tp, kv;
+  };
+  std::vector<Case> cases;
+  for (const Case& k : {Case{2, 1}, Case{4, 2}, Case{4, 1}})
+    if (world % k.tp == 0) cases.push_back(k);
+  if (cases.empty()) GTEST_SKIP() << "no tp of 2 or 4 divides W = " << world;
+  for (const Case& k : cases)
+    for (const char* strategy : {"ddp", "zero3"})
+      for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+        RunConfig cfg;
+        cfg.mesh = MeshShape{world / k.tp, k.tp, 1, true};
+        cfg.model = testing::llama_of(2, 32, 8, k.kv, 24, 24, 6, 2, mode, false);
+        cfg.model.transformer.qkv_bias = true;
+        cfg.steps = 3;
+        cfg.seed = 5;
+        cfg.strategy = parse_strategy(strategy);
+        cfg.layers_per_unit = 1;
+        SCOPED_TRACE("llama --kv-heads " + std::to_string(k.kv) + " --mesh " + cfg.mesh.text() + " " + strategy +
+                     (mode == AttentionMode::flash ? " flash" : " math") + " rank " + std::to_string(rank));
+        expect_trains_like_one_rank(cfg, world, rank);
+
+        // Every rank's k_proj and v_proj (weights and biases) after the steps, gathered.
+        CpuBackend backend;
+        auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+        const testing::MeshResult r = testing::run_mesh(cfg, backend, *comm, true);
+        const auto slice = make_model(cfg.model, TensorParallel{k.tp, r.coord.tp});
+        std::vector<float> mine;
+        for (int t = 0; t < slice->param_tensors(); ++t)
+          if (slice->tensor(t).name.find("k_proj") != std::string::npos ||
+              slice->tensor(t).name.find("v_proj") != std::string::npos)
+            for (std::int64_t e = 0; e < slice->tensor_elems(t); ++e)
+              mine.push_back(r.dp.state.params[static_cast<std::size_t>(slice->tensor_offset(t) + e)]);
+        ASSERT_TRUE(any_nonzero(mine));
+        const int n = static_cast<int>(mine.size());
+        std::vector<float> all(static_cast<std::size_t>(n) * world);
+        MPI_Allgather(mine.data(), n, MPI_FLOAT, all.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
+        // A rank's copy equals, bit for bit, that of every rank holding the same kv head.
+        const int replicas = k.tp / k.kv;
+        for (int other = 0; other < world; ++other) {
+          const MeshCoord o = cfg.mesh.coord(other);
+          if (o.tp / replicas != r.coord.tp / replicas) continue;
+          EXPECT_EQ(std::vector<float>(all.begin() + static_cast<std::ptrdiff_t>(other) * n,
+                                       all.begin() + static_cast<std::ptrdiff_t>(other + 1) * n),
+                    mine)
+              << "rank " << other << "'s copy";
+        }
+      }
+}
+
 }  // namespace
 }  // namespace shardscope
