@@ -400,7 +400,8 @@ void check_mesh_config(const RunConfig& c) {
 }
 
 // --sp as built (docs/design.md, "Sequence parallelism"): GPT-2 and Llama in fp32 under --mesh with
-// tp > 1, ddp or zero1 along dp, and a sequence the tp ranks divide.
+// tp > 1, along dp or in pipeline stages (gpipe, 1f1b, interleaved-1f1b: the stage's checks,
+// check_pipeline_tensor_parallel), and a sequence the tp ranks divide.
 void check_sequence_parallel(const RunConfig& c, const RunFlags& f, const CLI::App& app) {
   if (!c.model.is_transformer())
     throw UsageError("--sp and --model mlp: sequence parallelism splits a transformer's sequence (the MLP has none); "
@@ -412,9 +413,6 @@ void check_sequence_parallel(const RunConfig& c, const RunFlags& f, const CLI::A
   if (c.precision != PrecisionKind::fp32)
     throw UsageError("--sp and --precision bf16: sequence parallelism under autocast is not built yet; give "
                      "--precision fp32");
-  if (app.count("--schedule") > 0)
-    throw UsageError("--sp and --schedule: sequence-parallel pipeline stages are not built yet; drop --sp or "
-                     "--schedule");
   const int seq = c.model.transformer.seq;
   if (seq % tp != 0)
     throw UsageError("--sp and --mesh tp=" + std::to_string(tp) + ": --seq " + std::to_string(seq) +

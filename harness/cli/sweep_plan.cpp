@@ -45,9 +45,10 @@ constexpr int kMaxMicrobatches = 10'000;
 constexpr int kMaxTimeoutS = 604'800;
 
 // `run` flags that shape one family only (run refuses them in the other): a sweep passes
-// each to the jobs it applies to, so one sweep can mix both families.
+// each to the jobs it applies to, so one sweep can mix both families. (--sp reaches both:
+// sequence-parallel data-parallel steps and pipeline stages.)
 const std::vector<std::string> kDataParallelOnly = {"--units",      "--prefetch", "--ddp-bucket", "--bucket-mb",
-                                                    "--accumulate", "--no-sync",  "--overlap",    "--sp"};
+                                                    "--accumulate", "--no-sync",  "--overlap"};
 const std::vector<std::string> kPipelineOnly = {"--chunks", "--split"};  // --microbatches is a sweep list
 
 // `run` flags the sweep sets itself, and what to use instead.

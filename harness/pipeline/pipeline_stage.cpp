@@ -43,6 +43,9 @@ void check_pipeline_tensor_parallel(const ModelConfig& model, ScheduleKind sched
   if (tp == 1) return;
   check_tensor_parallel(model, tp);
   const std::string mesh = "--mesh tp=" + str(tp) + " and --schedule " + std::string(schedule_name(schedule));
+  if (model.sequence_parallel && (schedule == ScheduleKind::zb_h1 || schedule == ScheduleKind::zbv))
+    throw UsageError("--sp and --schedule " + std::string(schedule_name(schedule)) + ": the zero-bubble split (B and W "
+                     "apart) of a sequence-parallel stage is not built yet; allowed: gpipe, 1f1b, interleaved-1f1b");
   if (model.is_transformer() && kv_replicas(model.transformer, tp) > 1 &&
       (schedule == ScheduleKind::zb_h1 || schedule == ScheduleKind::zbv))
     throw UsageError(mesh + ": the kv heads (" + str(model.transformer.kv_heads) + ") are fewer than tp, each "

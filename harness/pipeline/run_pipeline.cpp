@@ -82,7 +82,7 @@ PipelineRun pipeline_run(const RunConfig& cfg, int stages) {
   run.model = model_record(cfg.model);
   run.split = shape.split;
   run.microbatch_rows = tensor_split_sizes(cfg.model.batch, shape.microbatches);
-  if (cfg.mesh.given) run.mesh = MeshRecord{cfg.mesh.dp, cfg.mesh.tp, cfg.mesh.pp};
+  if (cfg.mesh.given) run.mesh = MeshRecord{cfg.mesh.dp, cfg.mesh.tp, cfg.mesh.pp, cfg.model.sequence_parallel};
   return run;
 }
 

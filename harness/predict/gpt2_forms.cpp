@@ -172,14 +172,15 @@ StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, cons
   return transformer_step_transient(blocks, units);
 }
 
-PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp) {
+PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp, bool sp) {
   // Saves a block records: x, ln_1's mean, rstd, weight and output, c_attn's weight, then
   // flash's qkv, output and lse or math's q, k, probabilities and v; c_proj's input and
   // weight, x_mid, ln_2's mean, rstd, weight and output, c_fc's weight, its output (GELU's
   // input), GELU's output and mlp c_proj's weight. The embeddings: the ids and arange;
   // the final block: ln_f's input, mean, rstd, weight and output, and the head's weight.
   const int block = shape.attention == AttentionMode::flash ? 20 : 21;
-  PieceForms p = transformer_piece(gpt2_blocks(shape, rows, false, tp), {2, block, 6}, place);
+  PieceForms p = transformer_piece(gpt2_blocks(shape, rows, false, tp, sp), {2, block, 6}, place);
+  if (sp) return p;  // --sp: no zero-bubble split (pipeline_stage.cpp refuses it)
   // Between B and W (zb-h1, zbv). A block keeps saved its input x, ln_1's and ln_2's mean,
   // rstd and output, y, x_mid and GELU's output (4a + q + 16N + F, in 12 saves with the
   // two norms' weights), and as temp its output gradients: c_fc's (F), ln_2's, c_proj's

@@ -62,7 +62,9 @@ StepTransient gpt2_step_transient(const TransformerShape& shape, int batch, cons
 // scalar 4 (temp); B's instants are the loss's and the final block's (last piece) and the
 // top transformer block's gradient buffers, each lower block holding K less.
 // tp > 1: a tensor-parallel rank's piece (the blocks' figures at tp, the zero-bubble
-// halves' too; the boundary a whole).
-PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp = 1);
+// halves' too; the boundary a whole). sp (--sp, tp > 1): the blocks' figures under --sp,
+// the boundary the rank's seq/T tokens (a/T); no zero-bubble halves (not built).
+PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp = 1,
+                      bool sp = false);
 
 }  // namespace shardscope

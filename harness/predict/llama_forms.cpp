@@ -189,7 +189,7 @@ StepTransient llama_step_transient(const TransformerShape& shape, int batch, con
   return transformer_step_transient(blocks, units);
 }
 
-PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp) {
+PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp, bool sp) {
   // Saves a layer records: x, its rstd and the norm's weight; the norm's output and a
   // weight for each of q, k and v; flash's q, k, v, output and lse or math's q, k, the
   // probabilities and v; o_proj's input and weight; x_mid, its rstd and the norm's weight;
@@ -198,7 +198,8 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
   // embedding: the ids; the final block: the norm's input, rstd, weight and output, and
   // the head's weight.
   const int layer = shape.attention == AttentionMode::flash ? 28 : 27;
-  PieceForms p = transformer_piece(llama_blocks(shape, rows, false, tp), {1, layer, 5}, place);
+  PieceForms p = transformer_piece(llama_blocks(shape, rows, false, tp, sp), {1, layer, 5}, place);
+  if (sp) return p;  // --sp: no zero-bubble split (pipeline_stage.cpp refuses it)
   // Between B and W (zb-h1, zbv). A layer keeps saved its input x, both norms' rstd and
   // output, o_proj's input (Q = 4N·H·d), x_mid and the product (4a + 8N + Q + F, in 13
   // saves: the input norm's output thrice, the other's twice, the two norms' weights),

@@ -47,7 +47,9 @@ StepTransient llama_step_transient(const TransformerShape& shape, int batch, con
 // (transformer_piece.hpp): place.blocks decoder layers, with the embedding when first and
 // the final norm, the head and the loss when last.
 // tp > 1: a tensor-parallel rank's piece (the blocks' figures at tp, the zero-bubble
-// halves' too; the boundary a whole).
-PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp = 1);
+// halves' too; the boundary a whole). sp (--sp, tp > 1): the blocks' figures under --sp,
+// the boundary the rank's seq/T tokens (a/T); no zero-bubble halves (not built).
+PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp = 1,
+                       bool sp = false);
 
 }  // namespace shardscope

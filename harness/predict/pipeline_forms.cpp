@@ -66,6 +66,7 @@ struct Ctx {
   std::vector<Piece> pieces;  // by chunk
   bool transformer = false;
   int tp = 1;  // --mesh tp=T: the blocks are a tensor-parallel rank's
+  bool sp = false;  // --sp: a transformer's stages sequence-parallel (their boundaries the rank's seq/T tokens)
   i64 batch_bytes = 0, target_bytes = 0;  // the whole batch's input and the loss's target (0: none)
 };
 
@@ -143,6 +144,7 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
   c.rows.row_bytes = 4 * static_cast<i64>(sh.model.width);
   c.transformer = sh.model.is_transformer();
   c.tp = sh.tp;
+  c.sp = c.tp > 1 && sh.model.is_transformer() && sh.model.sequence_parallel;
   const TransformerShape& ts = sh.model.transformer;
   if (c.transformer) {
     SHARDSCOPE_REQUIRE(sh.model.name == "gpt2" || sh.model.name == "llama",
@@ -178,8 +180,8 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
         *f = sh.model.name == "gpt2" ? gpt2_autocast_piece(ts, static_cast<int>(r), place)
                                      : llama_autocast_piece(ts, static_cast<int>(r), place);
       else if (c.transformer)
-        *f = sh.model.name == "gpt2" ? gpt2_piece(ts, static_cast<int>(r), place, c.tp)
-                                     : llama_piece(ts, static_cast<int>(r), place, c.tp);
+        *f = sh.model.name == "gpt2" ? gpt2_piece(ts, static_cast<int>(r), place, c.tp, c.sp)
+                                     : llama_piece(ts, static_cast<int>(r), place, c.tp, c.sp);
       else if (sh.model.autocast)  // --precision bf16: autocast_piece.hpp
         *f = mlp_autocast_piece(place, sh.model.width, static_cast<int>(r), c.relu, c.mse);
       else
@@ -270,6 +272,17 @@ i64 p2p_sent(const Ctx& c) {
 //     max and sum of exp (8N) and its value (4) and the head's input gradient (a, last);
 //   an MLP piece: each row Linear's output and each column Linear's input gradient but
 //     virtual stage 0's first (whose input is the batch): (n - [first])·a.
+// Under --sp (docs/formulas.md, "Sequence parallelism"; a the whole (N, h)) all-gathers,
+// reduce-scatters and all-reduces:
+//   each block all-gathers 2a in forward and 4a in backward, reduce-scatters 2a in each,
+//     and all-reduces its two norms' parts of their gradients (2g a micro-batch, g:
+//     LayerNorm's 8h bytes, RMSNorm's 4h): 10a + 2g·M over the micro-batches;
+//   the embeddings (first) reduce-scatter (Llama) or all-reduce (GPT-2) their output and
+//     gather its gradient: 2a;
+//   the final block (last) gathers its norm's output twice and reduce-scatters the head's
+//     input gradient (3a), all-reduces its norm's part (g a micro-batch), and the loss as
+//     without --sp (8N, 4 a micro-batch).
+// Replicated kv heads (K < T) add each layer's copies' all-reduce a micro-batch.
 i64 tp_all_reduce(const Ctx& c) {
   if (c.tp == 1) return 0;
   const i64 B = c.sh.model.batch;
@@ -281,10 +294,14 @@ i64 tp_all_reduce(const Ctx& c) {
     }
     const TransformerShape& ts = c.sh.model.transformer;
     const i64 N = B * ts.seq, a = 4 * N * ts.hidden;
-    // Replicated kv heads (K < T): each layer's backward of each micro-batch all-reduces
-    // its copies' gradients (kv_replica_all_reduce_bytes).
-    bytes += 4 * p.n * a + (p.first ? a : 0) + (p.last ? 8 * N + 4 * c.M + a : 0) +
-             p.n * c.M * kv_replica_all_reduce_bytes(ts, c.tp);
+    const i64 kv = p.n * c.M * kv_replica_all_reduce_bytes(ts, c.tp);
+    if (c.sp) {
+      const i64 g = (c.sh.model.name == "gpt2" ? 8 : 4) * static_cast<i64>(ts.hidden);
+      bytes += p.n * (10 * a + 2 * g * c.M) + (p.first ? 2 * a : 0) + (p.last ? 3 * a + g * c.M + 8 * N + 4 * c.M : 0) +
+               kv;
+      continue;
+    }
+    bytes += 4 * p.n * a + (p.first ? a : 0) + (p.last ? 8 * N + 4 * c.M + a : 0) + kv;
   }
   return bytes;
 }

@@ -28,6 +28,8 @@ struct PieceSaves {
 //                      input the previous chunk on the same stage holds (a)
 //   end of F           its output a, or on the last piece the logits Λ and the loss scalar 4
 //                      (and under tensor parallelism the loss's statistics, 8N)
+//   F's instants       under --sp: the top block's whole partial product beside its saves
+//                      and output, and the last piece's gathered norm output beside Λ
 //   B's instants       the last piece's dlogits, d norm and dx; then the top block's (the
 //                      family's walk, its dy the received gradient unless last).
 PieceForms transformer_piece(const StepBlocks& blocks, const PieceSaves& saves, const PiecePlace& place);

@@ -193,7 +193,10 @@ json pipeline_json(const PipelineRun& pp) {
   run["model"] = to_json(pp.model);
   run["split"] = pp.split;
   run["microbatch_rows"] = pp.microbatch_rows;
-  if (pp.mesh) run["mesh"] = {{"dp", pp.mesh->dp}, {"tp", pp.mesh->tp}, {"pp", pp.mesh->pp}};
+  if (pp.mesh) {
+    run["mesh"] = {{"dp", pp.mesh->dp}, {"tp", pp.mesh->tp}, {"pp", pp.mesh->pp}};
+    if (pp.mesh->sp) run["mesh"]["sp"] = true;
+  }
   json stages = json::array();
   for (const StageRecord& s : pp.stages) stages.push_back(to_json(s));
   run["stages"] = std::move(stages);

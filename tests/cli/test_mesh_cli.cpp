@@ -218,9 +218,10 @@ TEST_F(MeshCli, WhatSequenceParallelismDoesNotRunIsRefusedNamingSp) {
       {gpt2 + "--seq 8 --mesh tp=2 --sp --precision bf16 --emulate 2:0",
        "shardscope: error: --sp and --precision bf16: sequence parallelism under autocast is not built yet; give "
        "--precision fp32"},
-      {gpt2 + "--seq 8 --mesh tp=2,pp=2 --sp --schedule 1f1b --emulate 4:0",
-       "shardscope: error: --sp and --schedule: sequence-parallel pipeline stages are not built yet; drop --sp or "
-       "--schedule"},
+      {" --model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64 --seq 8 --batch 3 --mesh tp=2,pp=2 --sp "
+       "--schedule zb-h1 --microbatches 3 --emulate 4:0",
+       "shardscope: error: --sp and --schedule zb-h1: the zero-bubble split (B and W apart) of a sequence-parallel "
+       "stage is not built yet; allowed: gpipe, 1f1b, interleaved-1f1b"},
       {" --layers 2 --width 32 --mesh tp=2 --sp --emulate 2:0",
        "shardscope: error: --sp and --model mlp: sequence parallelism splits a transformer's sequence (the MLP has "
        "none); give --model gpt2|llama or drop --sp"},

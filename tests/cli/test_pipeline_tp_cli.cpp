@@ -127,6 +127,83 @@ TEST_F(PipelineTpCli, UnderMpirunEveryRankHoldsItsPredictionsAndTrainsLikeTheUns
 #endif
 }
 
+// --sp: every emulated rank of dp=2,tp=2,pp=2 (GPT-2 and Llama; 1f1b, gpipe,
+// interleaved-1f1b) holds its predictions group by group, its record's mesh says sp, and
+// it sends half the bytes the same rank sends without --sp (the rank's seq/2 tokens);
+// under mpirun the four ranks of tp=2,pp=2 --sp do too, and the last stage's losses equal
+// the unsplit pipeline's.
+TEST_F(PipelineTpCli, SequenceParallelStagesHoldTheirPredictionsAndTrainLikeTheUnsplitPipeline) {
+  struct Case {
+    const char* model;
+    const char* schedule;
+  };
+  const Case cases[] = {{kGpt2, "1f1b --microbatches 3"},
+                        {kLlama, "1f1b --microbatches 3"},
+                        {kGpt2, "gpipe --microbatches 2"},
+                        {kLlama, "interleaved-1f1b --chunks 2 --microbatches 2"}};
+  for (const Case& c : cases)
+    for (int r = 0; r < 8; ++r) {
+      const std::string flags = std::string("--mesh dp=2,tp=2,pp=2 --schedule ") + c.schedule + " --emulate 8:" +
+                                std::to_string(r);
+      const std::string run = std::string("run --backend cpu --steps 2") + c.model + flags;
+      ASSERT_EQ(shardscope("timeout 60", run + " --sp --json sp.json"), 0) << flags << ": " << line_;
+      ASSERT_EQ(shardscope("timeout 60", run + " --json tp.json"), 0) << flags << ": " << line_;
+      const json sp = read("sp.json")["runs"][0];
+      EXPECT_EQ(sp["mesh"], json({{"dp", 2}, {"tp", 2}, {"pp", 2}, {"sp", true}})) << flags;
+      const json& stage = sp["stages"][0];
+      expect_predicted(stage, c.model + flags + " --sp");
+      EXPECT_GT(stage["comm_groups"]["tp"]["comm"]["all_gather"]["bytes"].get<std::int64_t>(), 0) << flags;
+      const json whole = read("tp.json")["runs"][0]["stages"][0];
+      EXPECT_EQ(2 * stage["p2p"]["sent_bytes"].get<std::int64_t>(), whole["p2p"]["sent_bytes"].get<std::int64_t>())
+          << flags;
+    }
+  // plan --sp: each stage's row is what its ranks measure; zbv skipped with the reason.
+  ASSERT_EQ(shardscope("timeout 60", std::string("plan") + kLlama +
+                                         "--mesh dp=2,tp=2,pp=2 --sp --schedules 1f1b,zbv --microbatches 3 --json p.json"),
+            0)
+      << line_;
+  const json plan = read("p.json")["plans"][0];
+  ASSERT_EQ(plan["stages"].size(), 2u);
+  for (const json& row : plan["stages"]) {
+    const int r = row["ranks"][0].get<int>();
+    ASSERT_EQ(shardscope("timeout 60", std::string("run --backend cpu --steps 2") + kLlama +
+                                           "--mesh dp=2,tp=2,pp=2 --sp --schedule 1f1b --microbatches 3 --emulate 8:" +
+                                           std::to_string(r) + " --json r.json"),
+              0)
+        << line_;
+    const json measured = read("r.json")["runs"][0]["stages"][0];
+    EXPECT_EQ(measured["peak"]["total"], row["predicted"]["peak_total"]) << "rank " << r;
+    EXPECT_EQ(measured["comm_bytes"], row["predicted"]["comm_bytes"]) << "rank " << r;
+  }
+#ifdef SHARDSCOPE_WITH_MPI
+  if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
+  for (const char* model : {kGpt2, kLlama}) {
+    const std::string flags = std::string("run --backend cpu --comm mpi --steps 3") + model +
+                              "--schedule 1f1b --microbatches 4";
+    ASSERT_EQ(
+        shardscope("timeout -k 5 120 mpirun --oversubscribe -np 4", flags + " --mesh tp=2,pp=2 --sp --json sp.json"), 0)
+        << model << ": " << line_;
+    ASSERT_EQ(shardscope("timeout -k 5 120 mpirun --oversubscribe -np 2", flags + " --json one.json"), 0)
+        << model << ": " << line_;
+    const json run = read("sp.json")["runs"][0];
+    const json unsplit = read("one.json")["runs"][0];
+    ASSERT_EQ(run["stages"].size(), 4u);
+    for (const json& stage : run["stages"]) expect_predicted(stage, std::string(model) + " --sp");
+    const json& want = unsplit["stages"][1]["loss"];
+    ASSERT_EQ(want.size(), 3u);
+    for (int r : {2, 3}) {
+      const json& got = run["stages"][r]["loss"];
+      ASSERT_EQ(got.size(), want.size()) << model;
+      for (std::size_t s = 0; s < want.size(); ++s) {
+        const double w = want[s].get<double>();
+        EXPECT_GT(std::abs(w), 0.0);
+        EXPECT_NEAR(got[s].get<double>(), w, 1e-5 * std::abs(w)) << model << " rank " << r << " step " << s;
+      }
+    }
+  }
+#endif
+}
+
 // plan --mesh dp=2,tp=2,pp=2: two rows, one per stage, each its four ranks (the tp ranks
 // of a stage hold equal slices), and each rank's emulated run measures its row's figures.
 TEST_F(PipelineTpCli, PlanIsOneRowPerStageAndEachRankMeasuresIt) {
