@@ -94,8 +94,9 @@ namespace {
 // H/T) and kv heads [r K/T, (r+1) K/T) (T divides K: each rank's query heads read only
 // its kv heads), or with fewer kv heads than tp (K divides T) a copy of kv head r / (T/K),
 // the one its query heads read: q_proj, k_proj and v_proj column-parallel (their heads'
-// rows, and of the biases; a copy's gradients summed over the group, KvGrads), o_proj row-parallel (the H d/T columns its heads feed; the bias whole);
-// gate_proj and up_proj column-parallel (f/T rows each), down_proj row-parallel (f/T
+// rows, and of the biases; a copy's gradients summed over the group, KvGrads), o_proj
+// row-parallel (the H d/T columns its heads feed; the bias whole); gate_proj and up_proj
+// column-parallel (f/T rows each), down_proj row-parallel (f/T
 // columns). A row-parallel projection's partial product is made in the buffer it ends
 // in (x_mid, the layer's output) and all-reduced in place, then the residual (and
 // o_proj's bias) added; the input gradient of q, k, v (one sum) and of gate and up (one

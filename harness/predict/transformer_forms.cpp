@@ -47,7 +47,8 @@ void block_tensors(const TransformerShape& s, int layer, Add&& add, int tp = 1) 
     add(p + "mlp.c_proj.bias", h);
     return;
   }
-  const i64 q = static_cast<i64>(s.heads / tp) * s.head_dim, kv = static_cast<i64>(kv_heads_per_rank(s, tp)) * s.head_dim;
+  const i64 q = static_cast<i64>(s.heads / tp) * s.head_dim;
+  const i64 kv = static_cast<i64>(kv_heads_per_rank(s, tp)) * s.head_dim;
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   add(p + "self_attn.q_proj.weight", q * h);
   if (s.qkv_bias) add(p + "self_attn.q_proj.bias", q);

@@ -158,10 +158,8 @@ TEST_F(PipelineTpCli, SequenceParallelStagesHoldTheirPredictionsAndTrainLikeTheU
           << flags;
     }
   // plan --sp: each stage's row is what its ranks measure; zbv skipped with the reason.
-  ASSERT_EQ(shardscope("timeout 60", std::string("plan") + kLlama +
-                                         "--mesh dp=2,tp=2,pp=2 --sp --schedules 1f1b,zbv --microbatches 3 --json p.json"),
-            0)
-      << line_;
+  const std::string plan_flags = "--mesh dp=2,tp=2,pp=2 --sp --schedules 1f1b,zbv --microbatches 3 --json p.json";
+  ASSERT_EQ(shardscope("timeout 60", std::string("plan") + kLlama + plan_flags), 0) << line_;
   const json plan = read("p.json")["plans"][0];
   ASSERT_EQ(plan["stages"].size(), 2u);
   for (const json& row : plan["stages"]) {
