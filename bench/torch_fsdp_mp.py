@@ -9,6 +9,11 @@ gloo, one process per rank, sharded as
   fsdp1-root        FSDP1 FULL_SHARD, no wrap policy (one root unit)
   fsdp2-zero3-unit  fully_shard on each Linear then the root, reshard_after_forward=True
   fsdp2-zero2-unit  the same, reshard_after_forward=False
+  gpt2-fsdp1-zero3-block, gpt2-fsdp1-zero2-block
+                    nanoGPT's GPT-2 (bench/torch_saved.py's module: 2 blocks, hidden 64, 4
+                    heads, vocabulary 100, 16 tokens, 2 sequences a rank, tied head, flash
+                    SDPA, cross-entropy on the ids) under FSDP1 FULL_SHARD / SHARD_GRAD_OP,
+                    each Block wrapped, then the root (embeddings, ln_f, the head)
 with FSDP1's MixedPrecision(param_dtype=bfloat16, reduce_dtype=float32,
 buffer_dtype=float32) or fully_shard's MixedPrecisionPolicy(param_dtype=bfloat16,
 reduce_dtype=float32). Per rank it records (step 3 unless said):
@@ -52,15 +57,30 @@ CONFIGS = {
     "fsdp1-root": (["--strategy", "zero3", "--units", "all"], "fsdp1", True, False),
     "fsdp2-zero3-unit": (["--strategy", "zero3", "--units", "1", "--engine", "fsdp2"], "fsdp2", True, True),
     "fsdp2-zero2-unit": (["--strategy", "zero2", "--units", "1", "--engine", "fsdp2"], "fsdp2", False, True),
+    "gpt2-fsdp1-zero3-block": (["--strategy", "zero3", "--units", "1"], "fsdp1", True, "gpt2"),
+    "gpt2-fsdp1-zero2-block": (["--strategy", "zero2", "--units", "1"], "fsdp1", False, "gpt2"),
 }
+# The GPT-2 configurations' shape, as shardscope's flags name it.
+GPT2 = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "seq": 16, "positions": 16, "batch": 2}
+
+
+def gpt2_flags():
+    return ["--model", "gpt2"] + [x for k, v in GPT2.items() for x in (f"--{k}", str(v))]
 
 
 def build(config, torch):
     _, engine, reshard, per_linear = CONFIGS[config]
-    mods = []
-    for _ in range(LAYERS):
-        mods += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*mods)
+    if per_linear == "gpt2":
+        import torch_saved
+        g = GPT2
+        model = torch_saved.build_gpt(torch, g["layers"], g["hidden"], g["heads"], g["vocab"], g["seq"])
+        wrap = {type(model.h[0])}
+    else:
+        mods = []
+        for _ in range(LAYERS):
+            mods += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*mods)
+        wrap = {torch.nn.Linear}
     if engine == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -73,7 +93,7 @@ def build(config, torch):
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
         strategy = ShardingStrategy.FULL_SHARD if reshard else ShardingStrategy.SHARD_GRAD_OP
-        policy = ModuleWrapPolicy({torch.nn.Linear}) if per_linear else None
+        policy = ModuleWrapPolicy(wrap) if per_linear else None
         model = FSDP(model, sharding_strategy=strategy, auto_wrap_policy=policy, mixed_precision=mp,
                      device_id=torch.device("cpu"))
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -143,13 +163,23 @@ def worker(args):
         ledger.calls.clear()
         saved.clear()
         mark("step")
-        x = torch.rand(BATCH, WIDTH) * 2 - 1
-        target = torch.ones(BATCH, WIDTH)
+        gpt2 = CONFIGS[args.config][3] == "gpt2"
+        if gpt2:
+            x = torch.randint(0, GPT2["vocab"], (GPT2["batch"], GPT2["seq"]))
+            target = torch.randint(0, GPT2["vocab"], (GPT2["batch"], GPT2["seq"]))
+        else:
+            x = torch.rand(BATCH, WIDTH) * 2 - 1
+            target = torch.ones(BATCH, WIDTH)
         opt.zero_grad(set_to_none=False)
         mark("forward")
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            y = model(x)
-            loss = torch.nn.functional.mse_loss(y, target) if args.loss == "mse" else y.sum()
+            if gpt2:
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    y = loss = model(x, target)
+            else:
+                y = model(x)
+                loss = torch.nn.functional.mse_loss(y, target) if args.loss == "mse" else y.sum()
         dtypes = {"output": str(y.dtype), "loss": str(loss.dtype)}
         mark("backward")
         loss.backward()
@@ -233,9 +263,10 @@ def shardscope_ranks(binary, config, world, loss, tmp):
     out = []
     for r in range(world):
         path = os.path.join(tmp, f"ss{r}.json")
-        cmd = [binary, "run", "--backend", "cpu", "--layers", str(LAYERS), "--width", str(WIDTH),
-               "--batch", str(BATCH), "--activation", "relu", "--loss", loss, "--steps", str(STEPS),
-               "--precision", "bf16", "--emulate", f"{world}:{r}", "--json", path] + CONFIGS[config][0]
+        model = gpt2_flags() if CONFIGS[config][3] == "gpt2" else \
+            ["--layers", str(LAYERS), "--width", str(WIDTH), "--batch", str(BATCH), "--activation", "relu", "--loss", loss]
+        cmd = [binary, "run", "--backend", "cpu", "--steps", str(STEPS), "--precision", "bf16", "--emulate",
+               f"{world}:{r}", "--json", path] + model + CONFIGS[config][0]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         out.append(json.load(open(path))["runs"][0]["ranks"][0])
     return out

@@ -190,6 +190,9 @@ def torch_saved(torch, args, mode, precision="fp32"):
     backend = SDPBackend.MATH if mode == "math" else SDPBackend.FLASH_ATTENTION
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
                 else contextlib.nullcontext())
+    if precision == "module":  # FSDP's MixedPrecision(param_dtype=bf16): the module in bf16, no autocast
+        model = model.to(torch.bfloat16)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     with sdpa_kernel(backend), autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = model(idx, targets)
     saved_nodes(loss, seen)
@@ -237,7 +240,7 @@ def main() -> int:
     ap.add_argument("--attention", choices=["math", "flash", "both"], default="both")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", default="none", help="none | full | every:K | attention (default none)")
-    ap.add_argument("--precision", choices=["fp32", "bf16", "both"], default="fp32",
+    ap.add_argument("--precision", choices=["fp32", "bf16", "both", "module"], default="fp32",
                     help="fp32, or bf16 under torch.autocast('cpu', bfloat16) (default fp32)")
     ap.add_argument("--itemize", action="store_true", help="list every saved storage")
     ap.add_argument("--shardscope", metavar="BINARY", help="also run BINARY on the same shape")

@@ -584,6 +584,7 @@ std::unique_ptr<Model> make_gpt2(const ModelConfig& m, const TensorParallel& spl
                      "gpt2: an unchecked tensor-parallel shape");
   SHARDSCOPE_REQUIRE(!tp.sequence || s.seq % tp.size == 0, "gpt2: an unchecked sequence-parallel shape");
   if (m.autocast) return make_gpt2_autocast(s);
+  if (m.param_bf16) return make_gpt2_param_bf16(s);
   std::vector<std::unique_ptr<Block>> blocks;
   blocks.push_back(make_embedding_block(s, {"transformer.wte.weight", "transformer.wpe.weight"}, kFamily, tp));
   for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<TransformerBlock>(s, i, tp));

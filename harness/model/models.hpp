@@ -22,6 +22,8 @@ std::unique_ptr<Model> make_gpt2(const ModelConfig& config, const TensorParallel
 std::vector<ParamSpec> gpt2_block_params(const TransformerShape& shape, int layer, const TensorParallel& tp = {});
 // GPT-2 under autocast(bfloat16) (config.autocast), for a shape make_gpt2 completed.
 std::unique_ptr<Model> make_gpt2_autocast(const TransformerShape& shape);  // gpt2_autocast.cpp
+// GPT-2 under FSDP's MixedPrecision (config.param_bf16): the module in bf16 on the units' bf16 views.
+std::unique_ptr<Model> make_gpt2_param_bf16(const TransformerShape& shape);  // gpt2_param_bf16.cpp
 std::unique_ptr<Model> make_llama(const ModelConfig& config, const TensorParallel& tp = {});  // llama.cpp
 // UsageError naming --mesh and each shape that tp does not divide: for any model what
 // tp cannot split (check_mlp_tensor_parallel; a transformer's heads, ffn, vocabulary and

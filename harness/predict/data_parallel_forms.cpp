@@ -23,6 +23,7 @@
 #include "harness/predict/micro_steps.hpp"
 #include "harness/predict/mlp_autocast_forms.hpp"
 #include "harness/predict/mlp_fsdp_bf16_forms.hpp"
+#include "harness/predict/param_bf16_forms.hpp"
 #include "harness/predict/tensor_parallel_forms.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "harness/strategies/partition.hpp"
@@ -67,6 +68,14 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
     const int b = cfg.model.batch;
     const StepUnits units = step_units(cfg, world);
     const CheckpointPolicy& ck = cfg.model.checkpoint;
+    // --precision bf16 under zero2/zero3/hsdp (FSDP1's MixedPrecision, GPT-2:
+    // param_bf16_forms.hpp): fp32's resting bytes and reduce-scatter, the units gathered in bf16.
+    if (cfg.model.param_bf16) {
+      complete_step(transformer_step_transient(gpt2_param_bf16_blocks(t, b), units),
+                    gpt2_saved_after_forward_param_bf16(t, b), ranks);
+      for (Prediction& p : ranks) p.comm_bytes[static_cast<int>(CollKind::all_gather)] /= 2;
+      return ranks;
+    }
     // --precision bf16 (autocast, ddp and zero1: autocast_step.hpp); under zero2/zero3 or
     // --checkpoint attention its peak has no form (the CLI refuses them).
     if (cfg.model.autocast) {

@@ -12,6 +12,7 @@
 
 #include <vector>
 
+#include "harness/predict/param_bf16_forms.hpp"
 #include "harness/strategies/partition.hpp"
 #include "shardscope/strategy_kind.hpp"
 
@@ -26,11 +27,12 @@ std::string layer(int b) { return "layer " + std::to_string(b); }
 }  // namespace
 
 void PeakWalk::consider(i64 temp, i64 act, i64 gathered, i64 grad_full, Phase phase, const std::string& where,
-                        bool dy_live, i64 comm) {
+                        bool dy_live, i64 comm, i64 cast) {
   if (record_) record_->push_back({temp, act, dy_live});
   grad_full += held_grad_;
   comm += held_comm_;
-  const i64 total = temp + act + gathered + grad_full + comm;
+  cast += held_cast_;
+  const i64 total = temp + act + gathered + grad_full + comm + cast;
   if (total <= best_total_) return;
   best_total_ = total;
   best_.bytes = CategoryBytes{};
@@ -39,6 +41,7 @@ void PeakWalk::consider(i64 temp, i64 act, i64 gathered, i64 grad_full, Phase ph
   best_.bytes[Category::param_unsharded] = gathered;
   best_.bytes[Category::grad_unsharded] = grad_full;
   best_.bytes[Category::comm] = comm;
+  best_.bytes[Category::param_cast] = cast;
   best_.phase = phase;
   best_.where = where;
 }
@@ -71,6 +74,7 @@ StepUnits step_units(const RunConfig& cfg, int world) {
   g.prefetch = cfg.prefetch != 0;
   g.overlap = cfg.overlap;
   g.micro = micro_steps(cfg);
+  make_units_bf16(g, cfg, world);
   return g;
 }
 
@@ -86,6 +90,11 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
   for (int u = 1; u < U; ++u) all_units += f(u);
   const i64 f0 = fsdp ? f(0) : 0;
   const i64 e0 = fsdp ? e(0) : 0;
+  // --precision bf16: each gather's shard cast, and the full gradient as reduce-scattered
+  // (its fp32 cast; fp32's own without bf16).
+  const bool bf16 = fsdp && units.bf16;
+  auto c = [&](int u) { return bf16 ? units.cast_bytes[u] : i64{0}; };
+  auto r = [&](int u) { return bf16 ? units.reduce_bytes[u] : e(u); };
   // Model block b (1..L) is transformer block b - 1; a wrapped one holds a, else K.
   auto wrapped = [&](int b) { return z.checkpoint.wraps(b - 1); };
   std::vector<i64> held(z.L + 1, z.base);  // held[b] = S_{b+1}: after block b's forward
@@ -114,6 +123,7 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     // unit's reduce-scatter in backward, unless the full gradients kept from the
     // micro-step before outweigh what backward adds).
     if (flat) walk.consider(X, 0, f0, fwd_grads, Phase::forward, unit(0), false, f0);
+    if (bf16) walk.consider(X, 0, f0, fwd_grads, Phase::forward, unit(0), false, 0, c(0));
     // --checkpoint attention: each block's attention instants, its unit gathered (a
     // transformer block b of unit u: top_block[u - 1] < b <= top_block[u]).
     if (z.forward_attention) {
@@ -132,6 +142,11 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
         walk.consider(X, held_at(first - 1), f0 + (units.reshard ? 0 : so_far) + f(u), fwd_grads, Phase::forward,
                       unit(u), false, f(u));
       }
+      if (bf16) {
+        const int first = u == 1 ? 1 : units.top_block[u - 1] + 1;
+        walk.consider(X, held_at(first - 1), f0 + (units.reshard ? 0 : so_far) + f(u), fwd_grads, Phase::forward,
+                      unit(u), false, 0, c(u));
+      }
       so_far += f(u);
       const int b = units.top_block[u];
       const i64 gathered = units.reshard ? f(u) : ms.params_held ? all_units : so_far;
@@ -139,9 +154,9 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     }
     // Forward's end (the loss's total_weight made): every save, the logits, the loss scalar.
     const i64 after_forward = f0 + (units.reshard ? 0 : all_units);
-    const i64 A_f = held_at(z.L) + z.final_held + lambda + 4;
+    const i64 A_f = held_at(z.L) + z.final_held + lambda + z.loss_weight;
     if (z.head_gather > 0)
-      walk.consider(X + lambda + z.head_gather, A_f - lambda - 4, after_forward, fwd_grads, Phase::forward,
+      walk.consider(X + lambda + z.head_gather, A_f - lambda - z.loss_weight, after_forward, fwd_grads, Phase::forward,
                     fsdp ? unit(0) : layer(z.L + 1));
     walk.consider(X + lambda + 4, A_f, after_forward, fwd_grads, Phase::forward, fsdp ? unit(0) : layer(z.L + 1));
     if (z.loss_stats > 0)
@@ -150,7 +165,7 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     // The loss's gradient (before the root unit's backward hook), then the root's full
     // gradient (log-probabilities and total_weight released).
     walk.consider(X + lambda, A_f, after_forward, fwd_grads, Phase::backward, layer(z.L + 1));
-    const i64 A1 = A_f - lambda - 4;
+    const i64 A1 = A_f - lambda - z.loss_weight;
     const i64 root_grads = e0 + kept(U);
     if (fsdp) walk.consider(X + lambda, A1, after_forward, root_grads, Phase::backward, unit(0));
     const std::string fin = fsdp ? unit(0) : layer(z.L + 1);
@@ -177,6 +192,11 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     // shard beside the full gradient.
     auto root_reduce = [&] {
       if (!fsdp || !ms.reduces) return;
+      if (bf16) {  // the fp32 cast beside the bf16 gradient, then (adding) the staging shard beside it
+        walk.consider(X, 0, f0, e0 + r(0), Phase::backward, unit(0));
+        if (ms.adds_to_shard) walk.consider(X, 0, f0, r(0), Phase::backward, unit(0), false, s(0));
+        return;
+      }
       if (flat) walk.consider(X, 0, f0, e0, Phase::backward, unit(0), false, f0);
       if (ms.adds_to_shard) {
         if (flat)
@@ -205,10 +225,11 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
       const int b = units.top_block[u];
       const int first = u == 1 ? 1 : units.top_block[u - 1] + 1;
       const bool above_in_flight = units.overlap && ms.reduces && u + 1 < U;
-      const i64 flight_grad = above_in_flight && !flat ? e(u + 1) : 0;
+      const i64 flight_grad = above_in_flight && !flat ? r(u + 1) : 0;
       const i64 flight_comm = above_in_flight ? (flat ? f(u + 1) : 0) + (ms.adds_to_shard ? s(u + 1) : 0) : 0;
       walk.hold(flight_grad, flight_comm);
       i64 prefetching = 0;  // fsdp2 under --overlap on: the unit below's flat buffer, its all-gather posted
+      i64 cast_held = 0;    // bf16 under --overlap on: the unit below's shard cast, its all-gather posted
       const i64 S = wrapped(b) ? held_at(b - 1) : held_at(b);
       const i64 before = e0 + kept(u) + (ms.grads_held ? e(u) : 0);  // before its full gradient is made
       if (units.reshard && flat && units.overlap) {
@@ -228,19 +249,29 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
         if (!prefetched) {
           pu += f(u);
           if (flat) walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, f(u));
-          walk.consider(X + a, S, pu, before, Phase::backward, unit(u));
+          walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, 0, c(u));
         }
         if (units.prefetch && u - 1 >= 1) {
           pu += f(u - 1);
           if (flat) walk.consider(X + a, S, pu, before, Phase::backward, unit(u - 1), false, f(u - 1));
-          walk.consider(X + a, S, pu, before, Phase::backward, unit(u));
+          walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, 0, c(u - 1));
+          // FSDP1 under --overlap on: the posted gather's cast lives until that unit's wait.
+          if (units.overlap) cast_held = c(u - 1);
+          walk.hold(flight_grad, flight_comm, cast_held);
         }
       }
       const i64 gu = e0 + e(u) + kept(u);
       walk.consider(X + a, S, pu, gu, Phase::backward, unit(u));  // the unit's full gradient
       blocks_backward(b, first, pu, gu, unit(u));
-      walk.hold(0, prefetching);  // the unit above's waited for as this unit's reduce begins
-      if (ms.reduces) {
+      walk.hold(0, prefetching, cast_held);  // the unit above's waited for as this unit's reduce begins
+      if (ms.reduces && bf16) {
+        // FSDP1's reduce_dtype=fp32: the fp32 cast beside the bf16 gradient, then (adding
+        // onto the shard) the staging shard beside the fp32 one, the bf16 freed.
+        const i64 S_first = held_at(first - 1);
+        walk.consider(X + a, S_first, pu, gu + r(u), Phase::backward, unit(u));
+        if (ms.adds_to_shard)
+          walk.consider(X + a, S_first, pu, gu - e(u) + r(u), Phase::backward, unit(u), false, s(u));
+      } else if (ms.reduces) {
         const i64 S_first = held_at(first - 1);
         if (flat) walk.consider(X + a, S_first, pu, gu, Phase::backward, unit(u), false, f(u));
         if (ms.adds_to_shard) {

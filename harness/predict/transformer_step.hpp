@@ -51,6 +51,14 @@ struct StepUnits {
   // --accumulate: the step's distinct micro-steps in time order (micro_steps.hpp), each
   // walked; one plain step without.
   std::vector<MicroStep> micro{MicroStep{}};
+  // --precision bf16 (FSDP1's MixedPrecision, param_bf16_forms.hpp): bytes and grad_bytes
+  // are the bf16 unit's and its bf16 full gradient (2 B an element); a gather holds the
+  // shard's bf16 cast (cast_bytes, param_cast) until its all-gather completes (under
+  // --overlap on a prefetch's to its wait), and a reduction casts the bf16 gradient to an
+  // fp32 one (reduce_bytes) beside it before the bf16 goes; that fp32 one is reduce-scattered
+  // (the one in flight under --overlap on).
+  bool bf16 = false;
+  std::vector<std::int64_t> cast_bytes, reduce_bytes;
 };
 StepUnits step_units(const RunConfig& cfg, int world);
 
@@ -74,22 +82,24 @@ class PeakWalk {
  public:
   // One instant: temp and activation beyond the resting bytes, gathered parameters and
   // full gradients; dy_live: a block's backward still holds its dy (in temp).
+  // cast: the shards' bf16 casts live (param_cast, --precision bf16).
   void consider(std::int64_t temp, std::int64_t act, std::int64_t gathered, std::int64_t grad_full, Phase phase,
-                const std::string& where, bool dy_live = false, std::int64_t comm = 0);
+                const std::string& where, bool dy_live = false, std::int64_t comm = 0, std::int64_t cast = 0);
   const StepTransient& best() const { return best_; }
   // Every instant considered is also appended here (none when null).
   void record(std::vector<WalkInstant>* into) { record_ = into; }
   // Bytes held beside every instant considered from now on (a collective in flight:
   // its full gradient, its comm buffers), until held again.
-  void hold(std::int64_t grad_full, std::int64_t comm) {
+  void hold(std::int64_t grad_full, std::int64_t comm, std::int64_t cast = 0) {
     held_grad_ = grad_full;
     held_comm_ = comm;
+    held_cast_ = cast;
   }
 
  private:
   StepTransient best_;
   std::int64_t best_total_ = -1;
-  std::int64_t held_grad_ = 0, held_comm_ = 0;
+  std::int64_t held_grad_ = 0, held_comm_ = 0, held_cast_ = 0;
   std::vector<WalkInstant>* record_ = nullptr;
 };
 
@@ -111,6 +121,7 @@ struct StepBlocks {
   std::int64_t base = 0;        // activations before block 1: the embeddings' saves beside the ids, and x0
   std::int64_t K = 0;           // a transformer block's: its saves less its input, with its output
   std::int64_t final_held = 0;  // the final block's beside its input: the norm's statistics and output
+  std::int64_t loss_weight = 4;  // nll_loss's total_weight (saved): fp32 4 B, bf16 logits' 2 B
   // Tensor parallelism: vocab_parallel_cross_entropy's statistics (temp), made once the
   // loss's total_weight is and freed before the loss scalar is written (0: none).
   std::int64_t loss_stats = 0;

@@ -88,9 +88,14 @@ void refuse_unbuilt_autocast(const RunConfig& cfg) {
   // reduce_dtype=fp32): the MLP's zero2/zero3.
   const std::string which = "--precision bf16 and --strategy " +
                             std::string(cfg.hybrid() ? "hsdp" : strategy_name(cfg.strategy));
-  if (cfg.model.is_transformer())
+  // GPT-2's bf16 module runs under FSDP1's MixedPrecision (the torch engine); fully_shard's
+  // and Llama's are not built yet.
+  if (cfg.model.is_transformer() && cfg.model.name != "gpt2")
     throw UsageError(which + " with --model " + cfg.model.name + ": FSDP's mixed precision is built for the MLP "
-                     "only yet; allowed: --model mlp, or --strategy ddp|zero1");
+                     "and gpt2 only yet; allowed: --model mlp|gpt2, or --strategy ddp|zero1");
+  if (cfg.model.is_transformer() && effective_engine(cfg.engine, cfg.strategy, cfg.precision) == EngineKind::fsdp2)
+    throw UsageError(which + ", --engine fsdp2 and --model " + cfg.model.name + ": fully_shard's mixed precision "
+                     "is built for the MLP only yet; allowed: --engine torch (FSDP1's MixedPrecision)");
   if (cfg.no_sync)
     throw UsageError("--no-sync and " + which + ": FSDP's bf16 gradients kept unreduced across micro-steps are not "
                      "built yet; leave --no-sync out (--accumulate reduces every micro-step)");

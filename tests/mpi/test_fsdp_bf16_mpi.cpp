@@ -140,6 +140,80 @@ TEST(FsdpBf16Mpi, MlpTrainsNearOneFp32RankAndMatchesTheClosedForms) {
   }
 }
 
+// GPT-2's bf16 module under FSDP1's MixedPrecision (harness/model/gpt2_param_bf16.cpp): trains
+// like one fp32 rank on the concatenated batch within bf16's rounding, and every real rank's
+// bytes and communication equal the closed forms (harness/predict/param_bf16_forms.hpp).
+TEST(FsdpBf16Mpi, Gpt2TrainsNearOneFp32RankAndMatchesTheClosedForms) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  struct Setting {
+    const char* strategy;
+    int units, prefetch;
+    bool overlap;
+    AttentionMode attention;
+  };
+  for (const Setting& s : std::vector<Setting>{{"zero3", 1, 1, true, AttentionMode::flash},
+                                               {"zero3", 1, 1, false, AttentionMode::math},
+                                               {"zero2", 1, 1, true, AttentionMode::flash},
+                                               {"zero3", 0, 1, true, AttentionMode::flash},
+                                               {"zero3", 2, 0, false, AttentionMode::flash}}) {
+    RunConfig cfg;
+    TransformerShape& t = cfg.model.transformer;
+    t.model_type = "gpt2";
+    t.layers = 2;
+    t.hidden = 24;
+    t.heads = 2;
+    t.kv_heads = 2;
+    t.head_dim = 12;
+    t.ffn = 96;
+    t.vocab = 37;  // units pad at W = 3 and 4
+    t.seq = 6;
+    t.positions = 6;
+    t.tied_embeddings = t.qkv_bias = t.out_bias = true;
+    t.attention = s.attention;
+    cfg.model.name = "gpt2";
+    cfg.model.layers = t.layers;
+    cfg.model.width = t.hidden;
+    cfg.model.batch = 2;
+    cfg.model.param_bf16 = true;
+    cfg.precision = PrecisionKind::bf16;
+    cfg.steps = 3;
+    cfg.seed = 11;
+    cfg.strategy = parse_strategy(s.strategy);
+    cfg.layers_per_unit = s.units;
+    cfg.prefetch = s.prefetch;
+    cfg.overlap = s.overlap;
+    SCOPED_TRACE(std::string(s.strategy) + " units=" + std::to_string(s.units) + " prefetch=" +
+                 std::to_string(s.prefetch) + (s.overlap ? " overlap" : "") + " W=" + std::to_string(world) +
+                 " rank " + std::to_string(rank));
+    CpuBackend backend;
+    auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+    const auto r = testing::run_dp(cfg, backend, *comm, true);
+    RunConfig fp32 = cfg;
+    fp32.precision = PrecisionKind::fp32;
+    fp32.model.param_bf16 = false;
+    const HostState ref = testing::reference_training(fp32, world);
+    ASSERT_TRUE(testing::any_nonzero(ref.grads));
+    ASSERT_TRUE(testing::any_nonzero(r.state.grads));
+    const double grads = relative_norm(r.state.grads, ref.grads);
+    // bf16's rounding after three steps; a unit gathered into the wrong slots would be off by
+    // its whole norm.
+    EXPECT_LT(grads, 0.08);
+    EXPECT_GT(grads, 0.0);  // and bf16's arithmetic
+    EXPECT_LT(relative_norm(r.state.params, ref.params), 5e-3);
+
+    const Prediction p = predict_data_parallel(cfg, world, rank);
+    EXPECT_EQ(r.saved.bytes, p.saved_after_forward_bytes);
+    EXPECT_EQ(r.resting, p.resting);
+    for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
+    ASSERT_TRUE(p.peak_known);
+    EXPECT_EQ(r.peak.total, p.peak_total);
+    EXPECT_EQ(r.peak.by_category, p.peak_by_category);
+    EXPECT_EQ(r.where, p.peak_where);
+  }
+}
+
 // HSDP under bf16 with every shard group that divides the world, both engines: trains near
 // one fp32 rank, and each rank's bytes and both groups' communication are its forms.
 TEST(FsdpBf16Mpi, HsdpTrainsNearOneFp32RankWithEveryShardGroup) {

@@ -1,0 +1,262 @@
+// GPT-2 under --precision bf16 with zero2/zero3/hsdp: FSDP1's MixedPrecision(param_dtype=bf16,
+// reduce_dtype=fp32) (harness/strategies/fsdp.hpp) on nanoGPT's module in bf16
+// (harness/model/gpt2_param_bf16.cpp). What it saves equals what torch 2.15 saves on the
+// module cast to bf16 (bench/torch_saved.py --precision module) and the closed form; every
+// emulated rank measures what the closed forms predict (harness/predict/param_bf16_forms.cpp
+// and the transformer step's walk); its gradients are fp32's within bf16's rounding.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "harness/comm/fake_comm.hpp"
+#include "harness/predict/param_bf16_forms.hpp"
+#include "support/mesh_harness.hpp"
+#include "support/transformer_testbed.hpp"
+
+namespace shardscope {
+namespace {
+
+using testing::mode_name;
+
+struct Shape {
+  int layers, hidden, heads, vocab, seq, batch;
+};
+
+ModelConfig gpt2_model(const Shape& s, AttentionMode mode) {
+  const TransformerShape t =
+      testing::shape("gpt2", s.layers, s.hidden, s.heads, s.heads, 4 * s.hidden, s.vocab, s.seq, mode);
+  return testing::transformer_model("gpt2", t, s.batch);
+}
+
+RunConfig fsdp_bf16(const ModelConfig& model, const char* strategy, int units) {
+  RunConfig cfg;
+  cfg.model = model;
+  cfg.steps = 2;
+  cfg.seed = 5;
+  cfg.strategy = parse_strategy(strategy);
+  cfg.layers_per_unit = units;
+  cfg.precision = PrecisionKind::bf16;
+  cfg.model.param_bf16 = true;  // FSDP's MixedPrecision (the CLI's to_config sets it)
+  return cfg;
+}
+
+// torch 2.15's figures on nanoGPT's module after module.to(torch.bfloat16) (FSDP's
+// MixedPrecision gathers bf16 parameters and runs no autocast): unique storages saved for
+// backward after forward + loss, parameters excluded, by bench/torch_saved.py --precision module:
+//   --layers 2 --hidden 64 --heads 4 --vocab 100 --seq 16 --batch 2
+//     module math torch 187906 B in 39 storages / module flash torch 147970 B in 35 storages
+//   --layers 3 --hidden 96 --heads 6 --vocab 257 --seq 24 --batch 3
+//     module math torch 980402 B in 54 storages / module flash torch 736754 B in 48 storages
+//   --layers 2 --hidden 48 --heads 3 --vocab 50 --seq 12 --batch 1
+//     module math torch 51266 B in 39 storages / module flash torch 41186 B in 35 storages
+struct TorchSaved {
+  Shape shape;
+  AttentionMode mode;
+  std::int64_t bytes;
+  int storages;
+};
+const TorchSaved kTorchModule[] = {
+    {{2, 64, 4, 100, 16, 2}, AttentionMode::math, 187906, 39},
+    {{2, 64, 4, 100, 16, 2}, AttentionMode::flash, 147970, 35},
+    {{3, 96, 6, 257, 24, 3}, AttentionMode::math, 980402, 54},
+    {{3, 96, 6, 257, 24, 3}, AttentionMode::flash, 736754, 48},
+    {{2, 48, 3, 50, 12, 1}, AttentionMode::math, 51266, 39},
+    {{2, 48, 3, 50, 12, 1}, AttentionMode::flash, 41186, 35},
+};
+
+TEST(Gpt2FsdpBf16, SavesWhatTorchsBf16ModuleSavesAfterForward) {
+  for (const TorchSaved& c : kTorchModule) {
+    SCOPED_TRACE(std::string(mode_name(c.mode)) + " L=" + std::to_string(c.shape.layers) + " h=" +
+                 std::to_string(c.shape.hidden) + " B=" + std::to_string(c.shape.batch));
+    RunConfig cfg = fsdp_bf16(gpt2_model(c.shape, c.mode), "zero3", 1);
+    cfg.steps = 1;
+    CpuBackend backend;
+    auto comm = make_fake_communicator(2, 1, &backend);
+    const auto r = testing::run_dp(cfg, backend, *comm, false);
+    EXPECT_EQ(r.saved.bytes, c.bytes);
+    EXPECT_EQ(r.saved.tensors, c.storages);
+    const SavedForm form = gpt2_saved_after_forward_param_bf16(cfg.model.transformer, c.shape.batch);
+    EXPECT_EQ(form.bytes, c.bytes);
+    EXPECT_EQ(form.tensors, c.storages);
+    ASSERT_EQ(r.losses.size(), 1u);
+    EXPECT_NEAR(r.losses[0], std::log(static_cast<float>(c.shape.vocab)), 0.1f);
+    EXPECT_EQ(r.resting[Category::activation], 0);
+    EXPECT_EQ(r.resting[Category::temp], 0);
+  }
+}
+
+// zero2 and zero3; the root unit alone, units of one and two blocks; prefetch and overlap on
+// and off; flash and math: every rank of W = 1 to 4, on a vocabulary and widths whose units
+// pad at W = 3 and 4.
+TEST(Gpt2FsdpBf16, MeasuredEqualsPredictedOnEveryRank) {
+  int checked = 0;
+  for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+    for (const char* strategy : {"zero2", "zero3"})
+      for (int units : {0, 1, 2})
+        for (int setting = 0; setting < 3; ++setting)  // prefetch + overlap, prefetch blocking, neither
+          for (int world : {1, 2, 3, 4})
+            for (int rank = 0; rank < world; ++rank) {
+              RunConfig cfg = fsdp_bf16(gpt2_model({3, 24, 2, 37, 6, 2}, mode), strategy, units);
+              cfg.prefetch = setting < 2 ? 1 : 0;
+              cfg.overlap = setting == 0;
+              SCOPED_TRACE(std::string(mode_name(mode)) + " " + strategy + " units=" + std::to_string(units) +
+                           " setting=" + std::to_string(setting) + " W=" + std::to_string(world) + " r=" +
+                           std::to_string(rank));
+              testing::expect_rank_measured_equals_predicted(cfg, world, rank);
+              ++checked;
+            }
+  EXPECT_EQ(checked, 2 * 2 * 3 * 3 * 10);
+}
+
+// --accumulate K, every micro-step reducing: a later micro-step's reduce-scatter writes a
+// staging shard added onto the gradient; every rank of W = 1 to 4, the gathers and
+// reduce-scatters K times one micro-step's.
+TEST(Gpt2FsdpBf16, AccumulationReducesEveryMicroStepAsPredicted) {
+  int checked = 0;
+  for (const char* strategy : {"zero2", "zero3"})
+    for (int K : {2, 3})
+      for (bool overlap : {true, false})
+        for (int world : {1, 2, 3, 4})
+          for (int rank = 0; rank < world; ++rank) {
+            RunConfig cfg = fsdp_bf16(gpt2_model({2, 16, 2, 29, 4, 1}, AttentionMode::flash), strategy, 1);
+            cfg.accumulate = K;
+            cfg.overlap = overlap;
+            SCOPED_TRACE(std::string(strategy) + " K=" + std::to_string(K) + (overlap ? " overlap" : "") + " W=" +
+                         std::to_string(world) + " r=" + std::to_string(rank));
+            testing::expect_rank_measured_equals_predicted(cfg, world, rank);
+            RunConfig one = cfg;
+            one.accumulate = 1;
+            const Prediction pk = predict_data_parallel(cfg, world, rank), p1 = predict_data_parallel(one, world, rank);
+            for (CollKind kind : {CollKind::all_gather, CollKind::reduce_scatter})
+              EXPECT_EQ(pk.comm_bytes[static_cast<int>(kind)], K * p1.comm_bytes[static_cast<int>(kind)]);
+            ++checked;
+          }
+  EXPECT_EQ(checked, 2 * 2 * 2 * 10);
+}
+
+// --strategy hsdp under bf16: zero3's bf16 step in each shard group, the replicas
+// all-reducing the fp32 gradient shard: every rank of W = 4 with groups of 1, 2 and 4.
+TEST(Gpt2FsdpBf16, HsdpEveryRankAsPredicted) {
+  int checked = 0;
+  for (int G : {1, 2, 4})
+    for (int units : {0, 1})
+      for (int rank = 0; rank < 4; ++rank) {
+        RunConfig cfg = fsdp_bf16(gpt2_model({2, 24, 3, 41, 6, 1}, AttentionMode::math), "zero3", units);
+        cfg.shard_group = G;
+        SCOPED_TRACE("G=" + std::to_string(G) + " units=" + std::to_string(units) + " rank " + std::to_string(rank));
+        CpuBackend backend;
+        auto fake = make_fake_communicator(4, rank, &backend);
+        const testing::HsdpResult r = testing::run_hsdp(cfg, backend, *fake, false);
+        const Prediction p = predict_data_parallel(cfg, 4, rank);
+        ASSERT_TRUE(p.peak_known);
+        EXPECT_EQ(r.dp.resting, p.resting);
+        EXPECT_EQ(r.dp.peak.total, p.peak_total);
+        EXPECT_EQ(r.dp.peak.by_category, p.peak_by_category);
+        EXPECT_EQ(r.dp.where, p.peak_where);
+        EXPECT_EQ(r.dp.saved.bytes, p.saved_after_forward_bytes);
+        EXPECT_EQ(r.replicate_ledger.total_bytes(), p.replicate_comm_bytes);
+        EXPECT_EQ(r.replicate_ledger.total_bytes(), G < 4 ? p.resting[Category::grad] : 0);  // fp32 shards
+        for (int k = 0; k < kCollKindCount; ++k)
+          EXPECT_EQ(r.dp.ledger.by_kind[k].bytes + r.replicate_ledger.by_kind[k].bytes, p.comm_bytes[k])
+              << kCollKindNames[k];
+        ++checked;
+      }
+  EXPECT_EQ(checked, 3 * 2 * 4);
+}
+
+// The bf16 gather shows in the categories: the gathered units are half fp32's, the
+// all-gather carries 2 B an element (half fp32's bytes) and the reduce-scatter fp32's; the
+// resting bytes are fp32's.
+TEST(Gpt2FsdpBf16, GathersInBf16AndReducesInFp32) {
+  for (const char* strategy : {"zero2", "zero3"})
+    for (int world : {2, 3}) {
+      RunConfig cfg = fsdp_bf16(gpt2_model({2, 32, 2, 50, 8, 2}, AttentionMode::flash), strategy, 1);
+      RunConfig fp32 = cfg;
+      fp32.precision = PrecisionKind::fp32;
+      fp32.model.param_bf16 = false;
+      SCOPED_TRACE(std::string(strategy) + " W=" + std::to_string(world));
+      const Prediction p16 = predict_data_parallel(cfg, world, 0), p32 = predict_data_parallel(fp32, world, 0);
+      EXPECT_EQ(p16.resting, p32.resting);
+      EXPECT_EQ(2 * p16.comm_bytes[static_cast<int>(CollKind::all_gather)],
+                p32.comm_bytes[static_cast<int>(CollKind::all_gather)]);
+      EXPECT_EQ(p16.comm_bytes[static_cast<int>(CollKind::reduce_scatter)],
+                p32.comm_bytes[static_cast<int>(CollKind::reduce_scatter)]);
+      EXPECT_GT(p16.comm_bytes[static_cast<int>(CollKind::all_gather)], 0);
+      EXPECT_LT(p16.peak_total, p32.peak_total);
+    }
+}
+
+// torch 2.15's FSDP1 with MixedPrecision(param_dtype=bfloat16, reduce_dtype=float32) on nanoGPT's
+// GPT-2 (2 blocks, hidden 64, 4 heads, vocabulary 100, 16 tokens, 2 sequences a rank, flash),
+// each Block wrapped, then the root, on CPU over gloo (bench/torch_fsdp_mp.py --configs
+// gpt2-fsdp1-zero3-block,gpt2-fsdp1-zero2-block): the storages of the sharded parameters,
+// gradients and AdamW state after step 3, the bf16 all-gathers' and fp32 reduce-scatters'
+// bytes at nccl-tests' sizes, and the storages saved in the forward other than the gathered
+// units (147,970 B: bench/torch_saved.py --precision module's).
+TEST(Gpt2FsdpBf16, EqualsTorchFsdp1MixedPrecision) {
+  const struct {
+    const char* strategy;
+    int world;
+    std::int64_t resting, all_gather, reduce_scatter;
+  } torch215[] = {
+      {"zero3", 2, 860172, 414976, 430080}, {"zero3", 3, 573484, 414996, 430104},
+      {"zero3", 4, 430092, 414976, 430080}, {"zero2", 2, 860172, 215040, 430080},
+      {"zero2", 3, 573484, 215052, 430104}, {"zero2", 4, 430092, 215040, 430080},
+  };
+  for (const auto& t : torch215) {
+    RunConfig cfg = fsdp_bf16(gpt2_model({2, 64, 4, 100, 16, 2}, AttentionMode::flash), t.strategy, 1);
+    cfg.steps = 1;
+    const std::string what = std::string(t.strategy) + " W=" + std::to_string(t.world);
+    for (int rank = 0; rank < t.world; ++rank) {
+      const Prediction p = predict_data_parallel(cfg, t.world, rank);
+      EXPECT_EQ(p.resting.total(), t.resting) << what;
+      EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::all_gather)], t.all_gather) << what;
+      EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)], t.reduce_scatter) << what;
+      EXPECT_EQ(p.saved_after_forward_bytes, 147970) << what;
+    }
+    CpuBackend backend;
+    auto comm = make_fake_communicator(t.world, t.world - 1, &backend);
+    const auto r = testing::run_dp(cfg, backend, *comm, false);
+    EXPECT_EQ(r.resting.total(), t.resting) << what;
+    EXPECT_EQ(r.ledger[CollKind::all_gather].bytes, t.all_gather) << what;
+    EXPECT_EQ(r.ledger[CollKind::reduce_scatter].bytes, t.reduce_scatter) << what;
+    EXPECT_EQ(r.saved.bytes, 147970) << what;
+  }
+}
+
+// One rank, one step on the same data and parameters: the bf16 module's gradients (reduced
+// in fp32) are the fp32 step's within bf16's rounding, and not equal to them.
+TEST(Gpt2FsdpBf16, GradientsAreFp32sWithinBf16Rounding) {
+  for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+    for (const char* strategy : {"zero2", "zero3"}) {
+      SCOPED_TRACE(std::string(mode_name(mode)) + " " + strategy);
+      RunConfig cfg = fsdp_bf16(gpt2_model({2, 32, 4, 37, 8, 2}, mode), strategy, 1);
+      cfg.steps = 1;
+      RunConfig fp32 = cfg;
+      fp32.precision = PrecisionKind::fp32;
+      fp32.model.param_bf16 = false;
+      CpuBackend b16, b32;
+      auto c16 = make_fake_communicator(1, 0, &b16);
+      auto c32 = make_fake_communicator(1, 0, &b32);
+      const auto r16 = testing::run_dp(cfg, b16, *c16, true);
+      const auto r32 = testing::run_dp(fp32, b32, *c32, true);
+      const std::vector<float>& g16 = r16.state.grads;
+      const std::vector<float>& g32 = r32.state.grads;
+      ASSERT_EQ(g16.size(), g32.size());
+      double norm = 0.0, diff = 0.0;
+      int differ = 0;
+      for (std::size_t i = 0; i < g32.size(); ++i) {
+        norm += static_cast<double>(g32[i]) * g32[i];
+        diff += (static_cast<double>(g16[i]) - g32[i]) * (static_cast<double>(g16[i]) - g32[i]);
+        differ += g16[i] != g32[i];
+      }
+      ASSERT_GT(norm, 0.0);
+      EXPECT_LE(std::sqrt(diff / norm), 0.05);
+      EXPECT_GT(differ, static_cast<int>(g32.size()) / 2) << "bf16 arithmetic left the gradients as fp32's";
+      EXPECT_NEAR(r16.losses[0], r32.losses[0], 0.02 * std::fabs(r32.losses[0]) + 1e-3);
+    }
+}
+
+}  // namespace
+}  // namespace shardscope
