@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 
+#include "harness/comm/fake_comm.hpp"
 #include "harness/strategies/deepspeed_layout.hpp"
 #include "support/deepspeed_check.hpp"
 #include "support/pipeline_configs.hpp"
@@ -69,6 +70,95 @@ TEST(DeepSpeedCheckpoint, MlpStagesOneTwoMeasuredEqualPredictedEveryRank) {
   bool recompute = false;
   for (const std::string& p : places) recompute = recompute || p.find("recompute") != std::string::npos;
   EXPECT_TRUE(recompute) << ::testing::PrintToString(places);
+}
+
+// Stage 3 of the MLP (deepspeed_zero3.hpp): under ReLU a wrapped layer's re-run gathers it
+// again before its backward's gather, without ReLU its backward's gather serves the re-run;
+// the re-run's saves keep the weight's gathered bytes to the layer's backward end. Weights
+// gathered alone (their biases persistent) or with their biases (threshold 0), short
+// partitions, one bucket and buckets of about a weight, K = 1, 2, both activations: every
+// emulated rank at W = 1 to 4; the peak falls in a re-run somewhere.
+TEST(DeepSpeedCheckpoint, MlpStageThreeMeasuredEqualsPredictedEveryRank) {
+  struct Case {
+    const char* name;
+    ModelConfig m;
+    std::int64_t threshold;
+    double bucket;
+  };
+  ModelConfig wide;  // 320 x 320: a weight above DeepSpeed's default threshold, gathered alone
+  wide.layers = 3;
+  wide.width = 320;
+  wide.batch = 2;
+  wide.loss = Loss::mse;
+  ModelConfig narrow;  // 5 x 24
+  narrow.layers = 5;
+  narrow.width = 24;
+  narrow.batch = 3;
+  ModelConfig odd;  // 3 x 7: short partitions at W = 2, 3, 4
+  odd.layers = 3;
+  odd.width = 7;
+  odd.batch = 2;
+  odd.loss = Loss::mse;
+  ModelConfig big_batch;  // activations above the parameters
+  big_batch.layers = 4;
+  big_batch.width = 16;
+  big_batch.batch = 256;
+  const Case cases[] = {
+      {"wide", wide, 100'000, 0.0},           {"narrow all gathered", narrow, 0, 0.0},
+      {"narrow buckets", narrow, 0, 0.0023},  {"narrow biases kept", narrow, 30, 0.0023},
+      {"odd", odd, 7, 0.0},                   {"odd all gathered", odd, 0, 0.0002},
+      {"big batch", big_batch, 0, 0.0},
+  };
+  std::set<std::string> places;
+  for (const Case& c : cases)
+    for (Activation act : {Activation::relu, Activation::none})
+      for (const CheckpointPolicy& ck : {every(1), every(2)})
+        for (int k : {1, 2})
+          for (int world = 1; world <= 4; ++world)
+            for (int rank = 0; rank < world; ++rank) {
+              RunConfig cfg = ds_config(c.m, "zero3", c.bucket);
+              cfg.model.activation = act;
+              cfg.model.checkpoint = ck;
+              cfg.param_persistence = c.threshold;
+              cfg.accumulate = k;
+              places.insert(check_deepspeed_rank(cfg, world, rank,
+                                                 std::string(c.name) + (act == Activation::relu ? " relu " : " none ") +
+                                                     ck.text() + " K=" + std::to_string(k)));
+            }
+  bool recompute = false;
+  for (const std::string& p : places) recompute = recompute || p.find("recompute") != std::string::npos;
+  EXPECT_TRUE(recompute) << ::testing::PrintToString(places);
+}
+
+// Stage 3 of a 3 x 24 MLP under ReLU, every tensor gathered (threshold 0), --checkpoint full
+// at W = 4, by hand: c = 144 a weight, 6 a bias; a layer's gather moves 4 × 4 × 150 = 2,400 B.
+// The unchecked step gathers each layer twice (14,400 B); the re-runs gather each layer once
+// more (7,200 B: 21,600 in all). Layer 1's and 2's re-run saves keep their weight (576
+// elements, 2,304 B) beside the backward's gather: two copies of the weight at once.
+TEST(DeepSpeedCheckpoint, StageThreeReRunGathersAgainByHand) {
+  ModelConfig m;
+  m.layers = 3;
+  m.width = 24;
+  m.batch = 3;
+  m.activation = Activation::relu;
+  RunConfig cfg = ds_config(m, "zero3", 0);
+  cfg.param_persistence = 0;
+  cfg.model.checkpoint = every(1);
+  RunConfig plain = cfg;
+  plain.model.checkpoint = CheckpointPolicy{};
+  CpuBackend b1, b2;
+  auto c1 = make_fake_communicator(4, 0, &b1);
+  auto c2 = make_fake_communicator(4, 0, &b2);
+  const auto r = testing::run_dp(cfg, b1, *c1, false);
+  const auto u = testing::run_dp(plain, b2, *c2, false);
+  const int gather = static_cast<int>(CollKind::all_gather);
+  EXPECT_EQ(u.ledger.by_kind[gather].bytes, 14'400);
+  EXPECT_EQ(r.ledger.by_kind[gather].bytes, 21'600);
+  EXPECT_EQ(r.ledger.by_kind[gather].calls, 9);
+  // The backward's gather of a layer (2 × 4 × (576 + 24) = 4,800 B: its flat buffer's 2,400
+  // beside its tensors' 2,400) with the re-run's weight (2,304) kept.
+  EXPECT_EQ(r.peak.by_category[Category::param_unsharded] - u.peak.by_category[Category::param_unsharded], 2'304)
+      << describe_place(r.peak.place);
 }
 
 // GPT-2 and Llama (flash and math, Llama tied and untied) under stages 1 and 2: full,

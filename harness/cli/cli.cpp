@@ -330,7 +330,7 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
 }
 
 // --engine deepspeed's combinations (docs/cli.md): stage 3 runs the MLP (a transformer's is
-// planned, not run); --checkpoint runs under stages 1 and 2 in fp32; DeepSpeed has
+// planned, not run); --checkpoint runs in fp32; DeepSpeed has
 // no units, no DDP bucket copy, no no_sync under stages 2 and 3
 // (its engine asserts so), and its bucket must hold the largest tensor (DeepSpeed's
 // extra-large-parameter path is not built).
@@ -345,13 +345,10 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
     throw UsageError("--units and --engine deepspeed: DeepSpeed's ZeRO has no units (one flat group); drop --units");
   // A plan lists its strategies: the forms skip each refused one with the reason.
   if (command != "plan") refuse_deepspeed_no_sync(c);
-  // --checkpoint runs under stages 1 and 2 in fp32; stage 3 and bf16 are refused (a plan
-  // skips them with the forms' reason).
-  if (c.model.checkpoint.any() && command != "plan" &&
-      (c.strategy == StrategyKind::zero3 || c.precision == PrecisionKind::bf16))
-    throw UsageError("--checkpoint " + f.checkpoint + " and " + both +
-                     (c.precision == PrecisionKind::bf16 ? " and --precision bf16" : "") +
-                     ": not built yet; allowed: zero1, zero2 in fp32");
+  // --checkpoint runs in fp32; bf16 is refused (a plan skips it with the forms' reason).
+  if (c.model.checkpoint.any() && command != "plan" && c.precision == PrecisionKind::bf16)
+    throw UsageError("--checkpoint " + f.checkpoint + " and " + both + " and --precision bf16: not built yet; "
+                     "allowed: fp32");
   if (app.count("--ddp-bucket") > 0)
     throw UsageError("--ddp-bucket and " + both + ": DeepSpeed's buckets are its own (--bucket-mb); drop --ddp-bucket");
   std::int64_t largest = 0;

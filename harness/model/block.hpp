@@ -62,6 +62,10 @@ class BlockAccess {
   virtual void after_forward(int /*block*/) {}
   virtual void before_backward(int /*block*/) {}
   virtual void after_backward(int /*block*/) {}
+  // Around a checkpointed block's re-run in its backward (after before_backward): its
+  // module hooks fire again, as DeepSpeed's stage 3 gathers and releases on them.
+  virtual void before_recompute(int /*block*/) {}
+  virtual void after_recompute(int /*block*/) {}
 };
 
 // Which rows of which batch: rows [row_begin, row_begin + rows) of the batch that

@@ -197,6 +197,7 @@ Buffer Model::backward(ModelContext& ctx, Tape& tape, Buffer dy, float beta) {
     if (recompute) {
       const Place was = ctx.backend.tracker().place();
       ctx.backend.tracker().mark(Phase::backward, {PlaceKind::recompute, checkpoint_ordinal(b)});
+      ctx.access.before_recompute(b);
       {
         ScopedRange range(ctx.backend, block_range("recompute", block(b)).c_str());
         tape.outputs[j] = blocks_[b]->forward(call(ctx, b, tape.rows), in, needs_dx, block(b).saves_output(),
@@ -206,6 +207,7 @@ Buffer Model::backward(ModelContext& ctx, Tape& tape, Buffer dy, float beta) {
         blocks_[b]->end_recompute(tape.blocks[j]);
       }
       ctx.backend.tracker().mark(Phase::backward, was);
+      ctx.access.after_recompute(b);
     }
     Buffer dx;
     {

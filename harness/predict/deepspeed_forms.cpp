@@ -221,14 +221,14 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // optimizer's copy of the partition and AdamW's state are fp32 under both).
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
   refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
-  // --checkpoint's step is built under stages 1 and 2 in fp32; planned by its model states
-  // where those are all there is (stage 3 and bf16 of a transformer, the bf16 baseline).
+  // --checkpoint's step is built in fp32; planned by its model states where those are all
+  // there is (stage 3 and bf16 of a transformer, the bf16 baseline).
   const bool states_only =
       cfg.strategy == StrategyKind::ddp || (m.is_transformer() && (cfg.strategy == StrategyKind::zero3 || lp != 4));
-  if (m.checkpoint.any() && !states_only && (cfg.strategy == StrategyKind::zero3 || lp != 4))
+  if (m.checkpoint.any() && !states_only && lp != 4)
     throw UsageError("--checkpoint " + m.checkpoint.text() + " and --engine deepspeed and --strategy " +
-                     std::string(strategy_name(cfg.strategy)) + (lp != 4 ? " and --precision bf16" : "") +
-                     ": not built yet; allowed: zero1, zero2 in fp32");
+                     std::string(strategy_name(cfg.strategy)) +
+                     " and --precision bf16: not built yet; allowed: fp32");
   // Stage 3 runs the MLP in fp32; elsewhere it is planned by its model states.
   if (cfg.strategy == StrategyKind::zero3)
     return !m.is_transformer() && lp == 4 ? predict_deepspeed_stage3_mlp(cfg, world)

@@ -72,14 +72,28 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
     layer[i] = gather_of(l, gathered, world);
   }
   const Gather kept = gather_of(l, persistent, world);
-  i64 moved = 0;
-  for (const Gather& g : layer) moved += g.moved;
+  // --checkpoint: a wrapped layer under ReLU gathers again for its re-run (its output is the
+  // ReLU's, whose backward unpacks before the Linear's pre-backward hook fires); the re-run's
+  // saves keep the weight's gathered bytes (layer j > 0, its input requiring a gradient):
+  // 4·n_w when gathered with its bias, its buffer of 4W·c_w alone.
+  const CheckpointPolicy& ck = m.checkpoint;
+  const bool relu = m.activation == Activation::relu;
+  std::vector<i64> kept_by_rerun(static_cast<std::size_t>(L), 0);
+  i64 moved = 0, rerun_moved = 0;
+  for (int i = 0; i < L; ++i) {
+    moved += layer[i].moved;
+    if (ck.wraps(i) && relu) rerun_moved += layer[i].moved;
+    const int w = 2 * i;
+    if (i > 0 && world > 1 && !l.persistent[w])
+      kept_by_rerun[i] = l.persistent[w + 1] ? 4 * world * l.part[w] : 4 * l.elems[w];
+  }
 
   // The MLP's activations (data_parallel_forms.cpp's walk): a = one layer's output, X the
   // batch, t_ mse's target, k = 1 when the last output is saved.
   const i64 a = m.activation_bytes(m.batch), X = a, t_ = m.loss == Loss::mse ? a : 0;
-  const i64 k = (m.activation == Activation::relu || m.loss == Loss::mse) ? 1 : 0;
+  const i64 k = ((relu && !ck.wraps(L - 1)) || m.loss == Loss::mse) ? 1 : 0;
   auto where = [](int i) { return "layer " + std::to_string(i); };
+  auto rerun = [](int i) { return "recompute of block " + std::to_string(i); };
 
   std::vector<Prediction> ranks(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
@@ -90,7 +104,7 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
     p.resting[Category::comm] = Bk;
     p.model_states = p.resting.total() - Bk;
     p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 4 * P * K;
-    p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 2 * moved * K + kept.moved;
+    p.comm_bytes[static_cast<int>(CollKind::all_gather)] = (2 * moved + rerun_moved) * K + kept.moved;
 
     // The zero tensors a bucket's reduction holds: 4·c_t for each of its tensors whose
     // slice of rank r is short of c_t. The buckets fill in backward order (tensor T - 1
@@ -128,15 +142,35 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
     w.consider(X + t_ + a, (L - 1 + k) * a, 0, 0, 0, 0, 0, Phase::backward, where(L - 1));
     // Backward, layer j from the top: its gather, its gradients E_j, its dx (j > 0); in its
     // hook (its dy and output gone, dx kept) each bucket it reduces, with its zero tensors.
+    // A wrapped layer (its forward's output freed: j outputs held) under ReLU: the re-run's
+    // gather and output (activation, kept), the release keeping H_j, the backward's gather
+    // beside it, its gradients and dx; without ReLU: the backward's gather and gradients,
+    // the re-run's output (temp, freed at once), its release keeping H_j alone through dx.
+    // H_j is freed when the layer's backward has run, before its hook's reductions.
     for (int j = L - 1; j >= 0; --j) {
-      const i64 outs = j == L - 1 ? L - 1 + k : j + 1;
+      const bool wrapped = ck.wraps(j);
+      const i64 outs = wrapped ? j : j == L - 1 ? L - 1 + k : j + 1;
       const i64 E = 4 * (l.elems[2 * j] + l.elems[2 * j + 1]);
       const Gather& g = layer[j];
-      if (g.flat > 0) w.consider(X + t_ + a, outs * a, g.held, 0, g.flat, 0, 0, Phase::backward, where(j));
-      w.consider(X + t_ + a, outs * a, g.held, E, 0, 0, 0, Phase::backward, where(j));
-      if (j > 0) w.consider(X + t_ + 2 * a, outs * a, g.held, E, 0, 0, 0, Phase::backward, where(j));
+      const i64 H = kept_by_rerun[j], dy = X + t_ + a;
+      i64 after = g.held;  // gathered when the hook's reductions run
+      if (wrapped && relu) {
+        if (g.flat > 0) w.consider(dy, outs * a, g.held, 0, g.flat, 0, 0, Phase::backward, rerun(j));
+        w.consider(dy, (outs + 1) * a, g.held, 0, 0, 0, 0, Phase::backward, rerun(j));
+        if (g.flat > 0) w.consider(dy, (outs + 1) * a, H + g.held, 0, g.flat, 0, 0, Phase::backward, where(j));
+        w.consider(dy, (outs + 1) * a, H + g.held, E, 0, 0, 0, Phase::backward, where(j));
+        if (j > 0) w.consider(dy + a, (outs + 1) * a, H + g.held, E, 0, 0, 0, Phase::backward, where(j));
+      } else {
+        if (g.flat > 0) w.consider(dy, outs * a, g.held, 0, g.flat, 0, 0, Phase::backward, where(j));
+        w.consider(dy, outs * a, g.held, E, 0, 0, 0, Phase::backward, where(j));
+        if (wrapped) {
+          w.consider(dy + a, outs * a, g.held, E, 0, 0, 0, Phase::backward, rerun(j));
+          after = 0;
+        }
+        if (j > 0) w.consider(dy + a, outs * a, wrapped ? H : g.held, E, 0, 0, 0, Phase::backward, where(j));
+      }
       for (i64 z : reductions_in[j])
-        w.consider(X + t_ + (j > 0 ? a : 0), j * a, g.held, E, 0, z, 0, Phase::backward, where(j));
+        w.consider(X + t_ + (j > 0 ? a : 0), j * a, after, E, 0, z, 0, Phase::backward, where(j));
     }
     // The epilogue's reduction (the batch freed), the optimizer's flattened gradient (every
     // gathered tensor released), the persistent tensors' gather after it.

@@ -117,13 +117,44 @@ void DeepSpeedZero3::before_forward(int block) {
 
 void DeepSpeedZero3::after_forward(int block) { release(gathered_tensors(block)); }
 
-void DeepSpeedZero3::before_backward(int block) {
+bool DeepSpeedZero3::recompute_first(int block) const {
+  return model_->checkpointed(block) && cfg_.model.activation == Activation::relu;
+}
+
+void DeepSpeedZero3::gather_for_backward(int block) {
   gather(gathered_tensors(block), Category::param_unsharded);
   const std::int64_t n = model_->block_offset(block + 1) - model_->block_offset(block);
   block_grad_[block] = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(n));
 }
 
+void DeepSpeedZero3::before_backward(int block) {
+  if (!recompute_first(block)) gather_for_backward(block);
+}
+
+// The re-run's pre-forward hook: it gathers what is not gathered (under ReLU, all of it).
+void DeepSpeedZero3::before_recompute(int block) {
+  if (recompute_first(block)) gather(gathered_tensors(block), Category::param_unsharded);
+}
+
+// The re-run's post-forward hook releases the layer; its saves keep the weight's gathered
+// buffer when the Linear saved its weight (its input requires a gradient: not layer 0),
+// which the backward then reads. Under ReLU the pre-backward hook comes next.
+void DeepSpeedZero3::after_recompute(int block) {
+  const std::vector<int> tensors = gathered_tensors(block);
+  const int weight = tensor_of(block, 0);
+  for (int t : tensors) {
+    if (t == weight && block > 0) {
+      rerun_saved_ = std::move(gathered_[t]);
+      continue;  // view_ stays on the kept storage until a gather replaces it
+    }
+    gathered_[t].reset();
+    view_[t] = nullptr;
+  }
+  if (recompute_first(block)) gather_for_backward(block);
+}
+
 void DeepSpeedZero3::after_backward(int block) {
+  rerun_saved_.reset();  // the Linear's backward has run: its saves are freed
   // The block's tensors as their hooks fire: last first.
   for (int t = model_->first_tensor(block + 1) - 1; t >= model_->first_tensor(block); --t)
     add_to_bucket(t, block_grad_[block].data() + model_->tensor_offset(t) - model_->block_offset(block));

@@ -31,6 +31,18 @@
 //             category grad, every one of the bucket's kept until its end) is copied into
 //             (the first micro-step) or added onto its gradient partition;
 //   after backward  the last bucket is reduced;
+//   --checkpoint a wrapped layer's re-run fires the Linear's forward hooks again (torch's
+//             non-reentrant checkpoint; DeepSpeed's pre- and post-forward hooks): under
+//             ReLU the block's output is the ReLU's, whose backward unpacks first, so the
+//             re-run comes before the Linear's pre-backward hook: it gathers the layer,
+//             runs, releases it, and the pre-backward hook gathers it again (then the
+//             gradients); without ReLU the pre-backward hook (on the Linear's output) has
+//             gathered it already, the re-run gathers nothing and its release partitions
+//             it before the backward. Either way the re-run's saves keep the weight's
+//             gathered storage (torch's recompute saves a detached view of the parameter;
+//             the layer's input requires a gradient, so the Linear saves its weight, not
+//             in layer 0) until the layer's backward has run: the weight's gathered buffer
+//             is held from the re-run's release to the backward's end;
 //   optimizer every gathered tensor is released (the persistent ones too), the gradient
 //             partitions flattened into a new buffer (grad, C), AdamW on the copy, the
 //             gradient freed, the copy written into the flat partition; then the
@@ -66,6 +78,12 @@ class DeepSpeedZero3 : public DataParallelStrategy, private BlockAccess {
   void after_forward(int block) override;
   void before_backward(int block) override;
   void after_backward(int block) override;
+  void before_recompute(int block) override;
+  void after_recompute(int block) override;
+  // A wrapped block whose re-run comes before its Linear's pre-backward hook (its output
+  // is its ReLU's).
+  bool recompute_first(int block) const;
+  void gather_for_backward(int block);
 
   // The model's tensor index of block b's tensor i; block b's tensors that are not persistent.
   int tensor_of(int block, int tensor) const { return model_->first_tensor(block) + tensor; }
@@ -88,6 +106,7 @@ class DeepSpeedZero3 : public DataParallelStrategy, private BlockAccess {
   std::vector<Buffer> gathered_;    // per tensor: its gathered values (n_t, or a gather buffer of W·c_t)
   std::vector<const float*> view_;  // per tensor: where its values are while gathered (null: released)
   std::vector<Buffer> block_grad_;  // per block: its tensors' gradients during its backward
+  Buffer rerun_saved_;  // the weight's gathered buffer a re-run's saves keep, to the block's backward end
   std::vector<std::pair<int, std::int64_t>> in_bucket_;  // (tensor, offset in the bucket)
   std::int64_t bucket_used_ = 0;
   std::vector<float> last_grad_;  // the last step's averaged gradient partitions (host, untracked)

@@ -172,7 +172,8 @@ TEST(DeepSpeedMpi, Bf16HoldsItsPredictionsAndAveragesTheGradients) {
     }
 }
 
-// --checkpoint (torch's non-reentrant checkpoint per layer or block) under stages 1 and 2:
+// --checkpoint (torch's non-reentrant checkpoint per layer or block) under stages 1 and 2
+// (and stage 3 of the MLP):
 // the re-run is the forward's arithmetic, so a checkpointed step trains like one rank as the
 // unchecked one does; its bytes equal the closed forms and an emulated rank's.
 TEST(DeepSpeedMpi, CheckpointedStagesTrainLikeOneRank) {
@@ -182,6 +183,16 @@ TEST(DeepSpeedMpi, CheckpointedStagesTrainLikeOneRank) {
       SCOPED_TRACE(std::string("mlp ") + strategy + " " + ck.text());
       RunConfig cfg = ds_config(mlp, strategy, 0.006);
       cfg.model.checkpoint = ck;
+      check_against_one_rank(cfg, 1e-7);
+    }
+  // Stage 3: the re-run's gathers (under ReLU) and the weights its saves keep.
+  for (Activation act : {Activation::relu, Activation::none})
+    for (std::int64_t threshold : {std::int64_t{0}, std::int64_t{37}}) {
+      SCOPED_TRACE(std::string("mlp zero3 ") + (act == Activation::relu ? "relu" : "none") + " threshold " +
+                   std::to_string(threshold));
+      RunConfig cfg = ds_config(testing::model_of(3, 37, 4, act, Loss::mse), "zero3", 0.006);
+      cfg.param_persistence = threshold;
+      cfg.model.checkpoint = {CheckpointKind::every, 1};
       check_against_one_rank(cfg, 1e-7);
     }
   const std::pair<const char*, ModelConfig> models[] = {
