@@ -372,7 +372,6 @@ class DecoderLayer final : public SequenceBlock {
   Buffer backward_input(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, bool free_output,
                         BlockTape& tape) override {
     SHARDSCOPE_REQUIRE(!tp_.sequence, "llama: the zero-bubble split of a sequence-parallel layer is not built");
-    SHARDSCOPE_REQUIRE(kv_replicas_ == 1, "llama: the zero-bubble split of replicated kv heads is not built");
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), h = s_.hidden, f = fl_;
     const int hs = s_.hidden, fs = fl_, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
@@ -468,8 +467,10 @@ class DecoderLayer final : public SequenceBlock {
     drop(kOut);  // o_proj's save of out
     const float* dq = held[kDqkv].data();
     linear_weight_grad(be, grad(t_.qW), grad(t_.qB), dq, held[kY1].data(), n, hs, q, beta);
-    linear_weight_grad(be, grad(t_.kW), grad(t_.kB), dq + n * q, held[kY1].data(), n, hs, kv, beta);
-    linear_weight_grad(be, grad(t_.vW), grad(t_.vB), dq + n * (q + kv), held[kY1].data(), n, hs, kv, beta);
+    KvGrads kvg = kv_grads(c, beta);  // a replicated copy's: into its slot of the group's sum
+    linear_weight_grad(be, kvg.kW, kvg.kB, dq + n * q, held[kY1].data(), n, hs, kv, kvg.beta);
+    linear_weight_grad(be, kvg.vW, kvg.vB, dq + n * (q + kv), held[kY1].data(), n, hs, kv, kvg.beta);
+    reduce_kv_grads(c, kvg, beta);
     held[kDqkv].reset();
     c.saved.release(held[kY1].data());
     c.saved.release(held[kY1].data());

@@ -46,11 +46,6 @@ void check_pipeline_tensor_parallel(const ModelConfig& model, ScheduleKind sched
   if (model.sequence_parallel && (schedule == ScheduleKind::zb_h1 || schedule == ScheduleKind::zbv))
     throw UsageError("--sp and --schedule " + std::string(schedule_name(schedule)) + ": the zero-bubble split (B and W "
                      "apart) of a sequence-parallel stage is not built yet; allowed: gpipe, 1f1b, interleaved-1f1b");
-  if (model.is_transformer() && kv_replicas(model.transformer, tp) > 1 &&
-      (schedule == ScheduleKind::zb_h1 || schedule == ScheduleKind::zbv))
-    throw UsageError(mesh + ": the kv heads (" + str(model.transformer.kv_heads) + ") are fewer than tp, each "
-                     "replicated; the zero-bubble split (W apart) of replicated kv heads is not built yet; allowed: "
-                     "gpipe, 1f1b, interleaved-1f1b");
   // The MLP's Linears alternate column- and row-parallel: a stage cut after a row Linear
   // sends the whole (rows, width) activation, as Megatron cuts between its MLPs.
   if (!model.is_transformer())

@@ -269,6 +269,19 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
       mo.temp -= p.held_temp;
       mo.output_freed = true;
     }
+  // W with replicated kv heads (K < T): the top layer's W (on the last piece after the
+  // final block's, which frees dlogits and the norm's gradient, Λ + a temp, and its
+  // input, rstd and output, 2a + 4N) frees its dy (a: the received gradient, comm, or
+  // temp), the product, y2, x_mid, its rstd and o_proj's out (F + 2a + 4N + Q,
+  // activation), d gate, d up, d y2 and d x_mid (2F + 2a, temp), then holds every kv
+  // head's k and v gradients (P, temp) until their all-reduce: the W's highest instant
+  // (every lower layer's holds less, the layer above's saves and gradients freed).
+  if (z.P > 0) {
+    const std::int64_t act = -(F + 2 * a + 4 * N + Q) - (place.last ? 2 * a + 4 * N : 0);
+    const std::int64_t temp =
+        -(2 * F + 2 * a) - (dy_received ? 0 : a) - (place.last ? z.lambda + a : 0) + z.P;
+    p.split_weight.push_back({act, temp, false});
+  }
   return p;
 }
 

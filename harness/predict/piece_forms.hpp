@@ -67,6 +67,13 @@ struct PieceForms {
   // comm, alive throughout, not counted). Its W's instants never pass the moment before
   // it: each allocation of a W (a norm's scratch dx, a) follows frees of more.
   std::vector<PieceMoment> split_backward;
+  // The instants of its W (zb-h1, zbv) above the moment it starts, relative to that moment:
+  // activation and temp (negative: what the W freed before), dy_live false when the top
+  // block's received dy (half_comm) is freed by then. Only Llama's replicated kv heads
+  // have one: every kv head's k and v gradients (temp) made once the top layer's W has
+  // freed its MLP's, norms' and o_proj's part. Empty otherwise: each allocation of a W
+  // (a norm's scratch dx, a) follows frees of more.
+  std::vector<PieceMoment> split_weight;
 };
 
 // The last piece's split B begins with the head (docs/formulas.md, "Transformers: what B

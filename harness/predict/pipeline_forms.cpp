@@ -516,9 +516,12 @@ CategoryBytes peak_one_f_one_b(const Ctx& c, i64 w, const CategoryBytes& base) {
 //     the next action's group, or past a W the next F's when F follows that W (its
 //     consumer, stage s-1's B, runs in that F's round).
 // Instants: groups and F(m) as in 1F1B; B(m): its group (with the received dy), then
-// its split instants (split_backward), the dy alive throughout. A W never passes the
-// moment before it: each of its allocations (a transformer norm's scratch dx) follows
-// frees of more.
+// its split instants (split_backward), the dy alive throughout. A W passes the moment
+// before it only at its split_weight instants (replicated kv heads' gradients): W(b-s)
+// right after B(b), holding the whole pairs [b+1, ...) and the half pairs [b-s, b], with
+// B(b)'s input gradient pending when an F follows the W (else the W's group sent it);
+// the last W's, after every B, the half pairs [j, M). Any other allocation of a W (a
+// transformer norm's scratch dx) follows frees of more.
 CategoryBytes peak_zb_h1(const Ctx& c, const CategoryBytes& base) {
   const Piece& p = c.pieces[0];
   const Rows& r = c.rows;
@@ -545,8 +548,14 @@ CategoryBytes peak_zb_h1(const Ctx& c, const CategoryBytes& base) {
     for (const PieceMoment& d : (m < r.e ? p.big : p.small).split_backward)
       peak.visit({held_now.activation + d.activation, held_now.temp + d.temp, held_now.comm + dy_comm});
   };
+  auto weight = [&](i64 m, Moment held_now, i64 pending) {
+    for (const PieceMoment& d : (m < r.e ? p.big : p.small).split_weight)
+      peak.visit({held_now.activation + d.activation, held_now.temp + pending + d.temp,
+                  held_now.comm - (d.dy_live ? 0 : fig(&PieceForms::half_comm, m))});
+  };
+  const bool weighs = !p.big.split_weight.empty();
   for (i64 j : breakpoints(0, w - 1, r.e, {0, -1})) forward(j, held(0, j, 0, 0), pending_f(j - 1));
-  for (i64 b : breakpoints(0, M - 1, r.e, {0, -1, w, w + 1, -s}, {s, M - w})) {
+  for (i64 b : breakpoints(0, M - 1, r.e, {0, -1, 1, w, w + 1, -s}, {s, M - w, M - w - 1})) {
     const i64 hlo = std::max<i64>(0, b - s);
     const bool f_runs = w + b < M;
     if (f_runs) forward(w + b, held(b, w + b, hlo, b), b == 0 ? pending_f(w - 1) : pending_b(b - 1));
@@ -554,7 +563,11 @@ CategoryBytes peak_zb_h1(const Ctx& c, const CategoryBytes& base) {
     // (then that W's group sent it); B(0) of a stage with no steady state follows F(M-1).
     const i64 pending = f_runs ? pending_f(w + b) : b == 0 ? pending_f(M - 1) : b - 1 >= s ? 0 : pending_b(b - 1);
     backward(b, held(b, f_runs ? w + b + 1 : M, hlo, b), pending);
+    if (weighs && b >= s)  // W(b-s); B(b)'s input gradient pending when F(w+b+1) follows
+      weight(b - s, held(b + 1, f_runs ? w + b + 1 : M, b - s, b + 1), w + b + 1 < M ? pending_b(b) : 0);
   }
+  if (weighs)
+    for (i64 j = std::max<i64>(0, M - s); j < M; ++j) weight(j, held(M, M, j, M), 0);
   return peak.best();
 }
 
@@ -687,13 +700,14 @@ CategoryBytes peak_interleaved(const Ctx& c, const CategoryBytes& base) {
 // Instants per position: F its group (held + pending + the received input, activation),
 // then, the group's sends freed, its end (held_act(m) more, forward_temp(m) temp); B its
 // group (the received dy, comm) then its split instants (split_backward; a kept output
-// added back to those after the output's free); W none (it never passes the moment
-// before it). So the state after any position is a formula of the counts of each
-// (kind, chunk) before it, and in the steady state position p + 6 holds the same pairs
-// and buffers as p with every micro-batch one on, rows no larger: it can never set a new
-// maximum. Positions are visited from 0 until a whole period past the start of every
-// stage's steady state (and of every send's reach), and from a period before any
-// stage's cool-down to the end: O(S) positions.
+// added back to those after the output's free); W its split_weight instants (replicated
+// kv heads' gradients; none otherwise: a W never passes the moment before it). So the
+// state after any position is a formula of the counts of each (kind, chunk) before it,
+// and in the steady state position p + 6 holds the same pairs and buffers as p with
+// every micro-batch one on, rows no larger: it can never set a new maximum. Positions
+// are visited from 0 until a whole period past the start of every stage's steady state
+// (and of every send's reach), and from a period before any stage's cool-down to the
+// end: O(S) positions.
 class ZbvWalk {
  public:
   using Kind = ZbvTiming::Kind;
@@ -818,6 +832,8 @@ class ZbvWalk {
         break;
       }
       case Kind::W:
+        for (const PieceMoment& d : f.split_weight)  // replicated kv heads' gradients
+          visit_at({act_ + d.activation, temp_ + pending_bytes_ + d.temp, comm_ - (d.dy_live ? 0 : f.half_comm)});
         act_ -= f.half_act;
         temp_ -= f.half_temp;
         comm_ -= f.half_comm;

@@ -177,5 +177,29 @@ TEST(PipelineTensorParallelMpi, SequenceParallelStagesTrainLikeOneRank) {
     }
 }
 
+// Llama's kv heads replicated (one kv head at tp = 2): 1f1b, zb-h1 and zbv (the copies'
+// gradients made and all-reduced in W) train like one rank of the whole model, every
+// figure predicted.
+TEST(PipelineTensorParallelMpi, ReplicatedKvHeadStagesTrainLikeOneRank) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (world % 2 != 0) GTEST_SKIP() << "no tp of 2 divides W = " << world;
+  const MeshShape mesh{1, 2, world / 2, true};
+  const int S = mesh.pp;
+  struct Case {
+    std::string schedule;
+    int chunks;
+  };
+  ModelConfig llama = testing::llama_of(4, 16, 4, 1, 24, 24, 4, 4, AttentionMode::flash, false);
+  llama.transformer.qkv_bias = true;
+  for (const Case& c : std::vector<Case>{{"1f1b", 1}, {"zb-h1", 1}, {"zbv", 2}}) {
+    RunConfig cfg = testing::pipeline_config(c.schedule, 2 * S, c.chunks, llama, 3, 7);
+    cfg.mesh = mesh;
+    SCOPED_TRACE("llama --kv-heads 1 " + c.schedule + " --mesh " + mesh.text() + " rank " + std::to_string(rank));
+    expect_stage_trains_like_one_rank(cfg, world, rank);
+  }
+}
+
 }  // namespace
 }  // namespace shardscope
