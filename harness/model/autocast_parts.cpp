@@ -54,6 +54,22 @@ Buffer autocast_linear_backward(Backend& be, const float* dy, const Buffer& x, c
   return dx;
 }
 
+Buffer reduce_row_parallel(const BlockCall& c, Buffer& y, i64 count, const char* who) {
+  Buffer sum = cast_bf16(c.backend, Category::temp, y.data(), count);
+  y.reset();
+  tp_group(c, who).all_reduce_sum_bf16(sum.bf16(), floats(count));
+  return sum;
+}
+
+void add_row_parallel_output(Backend& be, float* out, const float* residual, const Buffer& sum, const float* b,
+                             i64 n, int hidden) {
+  const i64 count = n * hidden;
+  be.copy(out, residual, floats(count));
+  const Bf16* s = sum.bf16();
+  for (i64 i = 0; i < count; ++i) out[i] += from_bf16(s[i]);
+  if (b) be.bias_activation(out, b, static_cast<int>(n), hidden, Activation::none);
+}
+
 void keep_only(std::vector<Buffer>& held, std::initializer_list<int> keep) {
   for (std::size_t j = 0; j < held.size(); ++j)
     if (std::find(keep.begin(), keep.end(), static_cast<int>(j)) == keep.end()) held[j].reset();
@@ -64,8 +80,13 @@ void throw_unbuilt_autocast_split(const char* family) {
 }
 
 AutocastFinal::AutocastFinal(const TransformerShape& s, const char* family, Norm norm, std::vector<ParamSpec> params,
-                             TensorRef tied)
-    : SequenceBlock(s, family), norm_(norm), params_(std::move(params)), tied_(tied) {}
+                             TensorRef tied, const TensorParallel& tp)
+    : SequenceBlock(s, family),
+      norm_(norm),
+      params_(std::move(params)),
+      tied_(tied),
+      tp_(tp),
+      vocab_(s.vocab / tp.size) {}
 
 const float* AutocastFinal::head_weight(const BlockCall& c) const {
   return tied_.block >= 0 ? c.access.param(tied_.block, tied_.tensor) : c.access.param(c.index, 1);
@@ -77,7 +98,7 @@ float* AutocastFinal::head_grad(const BlockCall& c) const {
 Buffer AutocastFinal::forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
                               BlockTape& tape) {
   Backend& be = c.backend;
-  const i64 n = tokens(c.rows), h = s_.hidden, v = s_.vocab;
+  const i64 n = tokens(c.rows), h = s_.hidden, v = vocab_;
   std::vector<Buffer>& held = tape.held;
   held.clear();
   held.resize(kHeld);
@@ -100,7 +121,7 @@ Buffer AutocastFinal::forward(const BlockCall& c, const float* x, bool /*input_r
   // logits (N, V) = bf16(y W^T): mm saves y's cast and the weight's; the loss casts the
   // logits to fp32, which is what this block hands it.
   held[kW] = cast_bf16(be, kCastCategory, head_weight(c), v * h);
-  Buffer logits = autocast_linear(be, held[kY], held[kW], nullptr, n, s_.hidden, s_.vocab);
+  Buffer logits = autocast_linear(be, held[kY], held[kW], nullptr, n, s_.hidden, vocab_);
   c.saved.save(held[kY].data(), 2 * n * h);
   c.saved.save(held[kW].data(), 2 * v * h);
   if (!output_saved) return logits;
@@ -117,10 +138,12 @@ Buffer AutocastFinal::backward(const BlockCall& c, const float* x, Buffer& out, 
   out.reset();
   // The head: the gradient at the bf16 logits is bf16; a tied weight's gradient is written
   // first, with beta (the embedding adds its part later).
-  autocast_round(dy.data(), n * s_.vocab);
+  autocast_round(dy.data(), n * vocab_);
   Buffer dnorm = autocast_linear_backward(be, dy.data(), held[kY], held[kW], head_grad(c), nullptr, n, s_.hidden,
-                                          s_.vocab, beta);
+                                          vocab_, beta);
   dy.reset();
+  // The head's input went to every rank: its (fp32) gradient is the group's sum.
+  column_parallel_input_grad(c, tp_, dnorm, "the vocabulary-parallel head");
   drop_saved(c.saved, held[kW]);
   drop_saved(c.saved, held[kY]);
   Buffer dx = be.alloc(Category::temp, floats(n * h));

@@ -43,6 +43,18 @@ Buffer autocast_linear(Backend& be, const Buffer& x, const Buffer& w, const floa
 Buffer autocast_linear_backward(Backend& be, const float* dy, const Buffer& x, const Buffer& w, float* dw, float* db,
                                 i64 n, int in, int out, float beta);
 
+// Megatron's tensor parallelism under autocast (docs/design.md, "Tensor parallelism under
+// bf16"). A row-parallel Linear's GEMM gives the rank's partial product in bf16, without
+// the bias (added once, after the sum); Megatron's g all-reduces that bf16 tensor. `y`
+// (count, an fp32 temp of bf16 values) is cast into a bf16 temp (2 B an element), y freed,
+// and the cast all-reduced over the group in bf16; returns the sum (bf16 temp).
+Buffer reduce_row_parallel(const BlockCall& c, Buffer& y, i64 count, const char* who);
+// out (n, hidden) = residual + sum + b: the fp32 residual, the bf16 sum and the fp32 bias
+// (may be null), added in fp32 (RowParallelLinear adds its bias to the reduced output:
+// bf16 + fp32 is fp32).
+void add_row_parallel_output(Backend& be, float* out, const float* residual, const Buffer& sum, const float* b,
+                             i64 n, int hidden);
+
 // Frees every buffer of `held` but those at `keep` (a wrapped block's weights' casts, which
 // autocast's cast cache holds past the block's forward).
 void keep_only(std::vector<Buffer>& held, std::initializer_list<int> keep);
@@ -58,13 +70,16 @@ void keep_only(std::vector<Buffer>& held, std::initializer_list<int> keep);
 class AutocastFinal final : public SequenceBlock {
  public:
   enum class Norm { layer, rms };
+  // Under tensor parallelism the head is vocabulary-parallel: its weight (and its cast) the
+  // rank's V/T rows, its logits (N, V/T), and its input gradient (fp32, the norm's output
+  // gradient) all-reduced over the group.
   AutocastFinal(const TransformerShape& s, const char* family, Norm norm, std::vector<ParamSpec> params,
-                TensorRef tied);
+                TensorRef tied, const TensorParallel& tp = {});
   std::string name() const override { return "final"; }
   const std::vector<ParamSpec>& params() const override { return params_; }
   TensorRef tied_param() const override { return tied_; }
   std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
-  std::int64_t output_elems(int rows) const override { return tokens(rows) * s_.vocab; }
+  std::int64_t output_elems(int rows) const override { return tokens(rows) * vocab_; }
   bool saves_input() const override { return true; }
   bool saves_output() const override { return false; }  // log_softmax saves its own result
 
@@ -86,6 +101,8 @@ class AutocastFinal final : public SequenceBlock {
   Norm norm_;
   std::vector<ParamSpec> params_;
   TensorRef tied_;
+  TensorParallel tp_;
+  int vocab_;  // the head's rows on this rank (V/T)
   WeightRef norm_ref_;
 };
 

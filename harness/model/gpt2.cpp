@@ -579,11 +579,11 @@ std::unique_ptr<Model> make_gpt2(const ModelConfig& m, const TensorParallel& spl
                          s.seq > 0 && s.seq <= s.positions && s.kv_heads == s.heads &&
                          s.head_dim * s.heads == s.hidden,
                      "gpt2: an unchecked transformer shape");
-  SHARDSCOPE_REQUIRE(tp.size == 1 || (!m.autocast && s.heads % tp.size == 0 && s.ffn % tp.size == 0 &&
-                                      s.vocab % tp.size == 0),
+  SHARDSCOPE_REQUIRE(tp.size == 1 || (!m.param_bf16 && !(m.autocast && tp.sequence) && s.heads % tp.size == 0 &&
+                                      s.ffn % tp.size == 0 && s.vocab % tp.size == 0),
                      "gpt2: an unchecked tensor-parallel shape");
   SHARDSCOPE_REQUIRE(!tp.sequence || s.seq % tp.size == 0, "gpt2: an unchecked sequence-parallel shape");
-  if (m.autocast) return make_gpt2_autocast(s);
+  if (m.autocast) return make_gpt2_autocast(s, tp);
   if (m.param_bf16) return make_gpt2_param_bf16(s);
   std::vector<std::unique_ptr<Block>> blocks;
   blocks.push_back(make_embedding_block(s, {"transformer.wte.weight", "transformer.wpe.weight"}, kFamily, tp));

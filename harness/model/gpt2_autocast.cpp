@@ -13,6 +13,14 @@
 // bf16 arithmetic and buffers are autocast_parts.hpp's. The weights' casts are allocated
 // as param_cast (kCastCategory); they are saved tensors all the same, and the saved-tensor
 // instrument counts them.
+//
+// Under tensor parallelism (Megatron's split, as gpt2.cpp's fp32 blocks) each rank casts its
+// own shards: c_attn and c_fc column-parallel (their GEMMs on the whole input's cast, their
+// outputs the rank's heads' q, k, v and f/T features), attn.c_proj and mlp.c_proj
+// row-parallel: the partial product bf16, without the bias, all-reduced in bf16 (2 B an
+// element), then the residual and the bias added in fp32. Each column-parallel Linear's
+// input gradient is the fp32 gradient at the norm's output (Megatron's f sits before
+// autocast's cast, whose backward hands f an fp32 gradient): all-reduced in fp32.
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,8 +45,14 @@ enum BlockTensor : int {
 
 class AutocastBlock final : public SequenceBlock {
  public:
-  AutocastBlock(const TransformerShape& s, int layer)
-      : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)), params_(gpt2_block_params(s, layer)) {}
+  AutocastBlock(const TransformerShape& s, int layer, const TensorParallel& tp)
+      : SequenceBlock(s, kFamily),
+        name_("block " + std::to_string(layer)),
+        params_(gpt2_block_params(s, layer, tp)),
+        tp_(tp),
+        hl_(s.hidden / tp.size),
+        fl_(s.ffn / tp.size),
+        as_(attention_shape(s, tp.size)) {}
   bool checkpointable() const override { return true; }
   // --checkpoint attention (selective recompute) is not built under autocast: refused,
   // never run as if it were not asked.
@@ -66,9 +80,11 @@ class AutocastBlock final : public SequenceBlock {
   Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
                  BlockTape& tape) override {
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
-    const int hs = s_.hidden, fs = s_.ffn;
-    const i64 a = 4 * n * h;  // bytes of one fp32 (N, h) activation
+    const i64 n = tokens(c.rows), h = s_.hidden, f = fl_, hl = hl_;
+    const int hs = s_.hidden, fs = fl_;
+    const i64 a = 4 * n * h;    // bytes of one fp32 (N, h) activation
+    const i64 al = 4 * n * hl;  // of the attention's (N, h/T) on this rank
+    const bool split = tp_.size > 1;
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto act = [&](i64 count) { return be.alloc(Category::activation, floats(count)); };
     // A weight's bf16 cast: the GEMM saves it (2 bytes an element).
@@ -95,52 +111,59 @@ class AutocastBlock final : public SequenceBlock {
     ln.reset();
 
     // c_attn (addmm saves mat1, its bf16 input, and mat2, the weight's cast)
-    held[kWAttn] = weight_cast(kAttnW, 3 * h * h);
-    Buffer qkv = autocast_linear(be, held[kLn1], held[kWAttn], param(kAttnB), n, hs, 3 * hs);
+    held[kWAttn] = weight_cast(kAttnW, 3 * hl * h);
+    Buffer qkv = autocast_linear(be, held[kLn1], held[kWAttn], param(kAttnB), n, hs, 3 * hl_);
     c.saved.save(held[kLn1].data(), a / 2);
 
     if (s_.attention == AttentionMode::flash) {
       // Flash SDPA on bf16 q, k, v (views of the one qkv storage): saves them, its bf16
       // output and the fp32 log-sum-exp (B, heads, T).
-      held[kQkv] = cast_bf16(be, Category::activation, qkv.data(), 3 * n * h);
-      held[kLse] = act(static_cast<i64>(c.rows) * s_.heads * s_.seq);
-      Buffer out = be.alloc(Category::temp, floats(n * h));
-      be.flash_attention_forward(attention(c.rows, qkv.data()), out.data(), hs, held[kLse].data());
+      held[kQkv] = cast_bf16(be, Category::activation, qkv.data(), 3 * n * hl);
+      held[kLse] = act(static_cast<i64>(c.rows) * as_.heads * s_.seq);
+      Buffer out = be.alloc(Category::temp, floats(n * hl));
+      be.flash_attention_forward(attention(c.rows, qkv.data()), out.data(), hl_, held[kLse].data());
       qkv.reset();
-      held[kOut] = cast_bf16(be, Category::activation, out.data(), n * h);
+      held[kOut] = cast_bf16(be, Category::activation, out.data(), n * hl);
       out.reset();
-      c.saved.save(held[kQkv].data(), 3 * a / 2);
-      c.saved.save(held[kOut].data(), a / 2);
-      c.saved.save(held[kLse].data(), 4 * static_cast<i64>(c.rows) * s_.heads * s_.seq);
+      c.saved.save(held[kQkv].data(), 3 * al / 2);
+      c.saved.save(held[kOut].data(), al / 2);
+      c.saved.save(held[kLse].data(), 4 * static_cast<i64>(c.rows) * as_.heads * s_.seq);
     } else {
       // Math SDPA on the CPU upcasts q, k, v to fp32 (head-major copies, saved by its
       // bmms: always copies), keeps the fp32 probabilities and hands back its output in
       // bf16, copied token-major for c_proj.
       for (int j : {kQ, kK, kV}) {
-        held[j] = act(n * h);
-        be.permute_heads(held[j].data(), qkv.data() + (j == kQ ? 0 : j == kK ? h : 2 * h), 3 * hs, c.rows, s_.seq,
-                         s_.heads, s_.head_dim, true);
+        held[j] = act(n * hl);
+        be.permute_heads(held[j].data(), qkv.data() + (j == kQ ? 0 : j == kK ? hl : 2 * hl), 3 * hl_, c.rows, s_.seq,
+                         as_.heads, s_.head_dim, true);
       }
       qkv.reset();
-      const MathAttention m = math_attention(s_, c.rows);
+      const MathAttention m = math_attention(as_, c.rows);
       auto [probs, out] = math_attention_forward(be, m, held[kQ].data(), held[kK].data(), m.head_major(held[kV].data()));
       held[kProbs] = std::move(probs);
-      held[kOut] = cast_bf16(be, Category::activation, out.data(), n * h);
+      held[kOut] = cast_bf16(be, Category::activation, out.data(), n * hl);
       out.reset();
-      c.saved.save(held[kQ].data(), a);
-      c.saved.save(held[kK].data(), a);
+      c.saved.save(held[kQ].data(), al);
+      c.saved.save(held[kK].data(), al);
       c.saved.save(held[kProbs].data(), static_cast<i64>(held[kProbs].bytes()));
-      c.saved.save(held[kV].data(), a);
+      c.saved.save(held[kV].data(), al);
     }
 
-    // x_mid = x + c_proj(y) (fp32 + bf16): c_proj saves y and its weight's cast.
-    held[kWProj] = weight_cast(kProjW, h * h);
-    Buffer r = autocast_linear(be, held[kOut], held[kWProj], param(kProjB), n, hs, hs);
-    held[kXmid] = act(n * h);
-    be.copy(held[kXmid].data(), x, floats(n * h));
-    be.add(held[kXmid].data(), r.data(), floats(n * h));
-    r.reset();
-    c.saved.save(held[kOut].data(), a / 2);
+    // x_mid = x + c_proj(y) (fp32 + bf16): c_proj saves y and its weight's cast. Row-parallel
+    // under tp: the bf16 partial product all-reduced, then the residual and the bias added.
+    held[kWProj] = weight_cast(kProjW, h * hl);
+    Buffer r = autocast_linear(be, held[kOut], held[kWProj], split ? nullptr : param(kProjB), n, hl_, hs);
+    if (split) {
+      Buffer sum = reduce_row_parallel(c, r, n * h, kFamily);
+      held[kXmid] = act(n * h);
+      add_row_parallel_output(be, held[kXmid].data(), x, sum, param(kProjB), n, hs);
+    } else {
+      held[kXmid] = act(n * h);
+      be.copy(held[kXmid].data(), x, floats(n * h));
+      be.add(held[kXmid].data(), r.data(), floats(n * h));
+      r.reset();
+    }
+    c.saved.save(held[kOut].data(), al / 2);
 
     // ln_2 (fp32), its output cast for c_fc
     held[kMean2] = act(n);
@@ -165,13 +188,22 @@ class AutocastBlock final : public SequenceBlock {
     fc.reset();
     c.saved.save(held[kFc].data(), 2 * n * f);
 
-    // out = x_mid + mlp.c_proj(gelu): (N, h) fp32, activation when the next block saves it.
+    // out = x_mid + mlp.c_proj(gelu): (N, h) fp32, activation when the next block saves it
+    // (row-parallel under tp, as c_proj).
     held[kWMlp] = weight_cast(kMlpProjW, h * f);
-    r = autocast_linear(be, held[kGelu], held[kWMlp], param(kMlpProjB), n, fs, hs);
-    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * h));
-    be.copy(out.data(), held[kXmid].data(), floats(n * h));
-    be.add(out.data(), r.data(), floats(n * h));
-    r.reset();
+    r = autocast_linear(be, held[kGelu], held[kWMlp], split ? nullptr : param(kMlpProjB), n, fs, hs);
+    const Category out_category = output_saved ? Category::activation : Category::temp;
+    Buffer out;
+    if (split) {
+      Buffer sum = reduce_row_parallel(c, r, n * h, kFamily);
+      out = be.alloc(out_category, floats(n * h));
+      add_row_parallel_output(be, out.data(), held[kXmid].data(), sum, param(kMlpProjB), n, hs);
+    } else {
+      out = be.alloc(out_category, floats(n * h));
+      be.copy(out.data(), held[kXmid].data(), floats(n * h));
+      be.add(out.data(), r.data(), floats(n * h));
+      r.reset();
+    }
     c.saved.save(held[kGelu].data(), 2 * n * f);
     return out;
   }
@@ -179,10 +211,16 @@ class AutocastBlock final : public SequenceBlock {
   Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
                   BlockTape& tape) override {
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
-    const int hs = s_.hidden, fs = s_.ffn;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = fl_, hl = hl_;
+    const int hs = s_.hidden, fs = fl_;
+    const bool split = tp_.size > 1;
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto grad = [&](int t) { return c.access.grad(c.index, t); };
+    // A row-parallel bias is added in fp32 after the sum under tp: its gradient is the
+    // column sums of the fp32 output gradient (with one rank, of its bf16 rounding).
+    auto row_bias_grad = [&](int t, const Buffer& dout) {
+      if (split) be.bias_grad(grad(t), dout.data(), static_cast<int>(n), hs, beta);
+    };
     auto drop = [&](int j) { drop_saved(c.saved, tape.held[j]); };
     // The gradient at a bf16 tensor is bf16: an fp32 copy of dy's values rounded.
     auto rounded = [&](const Buffer& g, i64 count) { return rounded_copy(be, g.data(), count); };
@@ -191,9 +229,10 @@ class AutocastBlock final : public SequenceBlock {
 
     // mlp c_proj, GELU (in fp32 on the widened bf16 input, its gradient rounded), c_fc
     Buffer dr = rounded(dy, n * h);
-    Buffer dg = autocast_linear_backward(be, dr.data(), held[kGelu], held[kWMlp], grad(kMlpProjW), grad(kMlpProjB), n, fs, hs,
-                                         beta);
+    Buffer dg = autocast_linear_backward(be, dr.data(), held[kGelu], held[kWMlp], grad(kMlpProjW),
+                                         split ? nullptr : grad(kMlpProjB), n, fs, hs, beta);
     dr.reset();
+    row_bias_grad(kMlpProjB, dy);
     drop(kWMlp);
     drop(kGelu);
     {
@@ -204,6 +243,7 @@ class AutocastBlock final : public SequenceBlock {
     drop(kFc);
     Buffer dln = autocast_linear_backward(be, dg.data(), held[kLn2], held[kWFc], grad(kFcW), grad(kFcB), n, hs, fs, beta);
     dg.reset();
+    column_parallel_input_grad(c, tp_, dln, kFamily);
     drop(kWFc);
     drop(kLn2);
 
@@ -220,35 +260,38 @@ class AutocastBlock final : public SequenceBlock {
 
     // attention's c_proj
     dr = rounded(dmid, n * h);
-    Buffer dattn =
-        autocast_linear_backward(be, dr.data(), held[kOut], held[kWProj], grad(kProjW), grad(kProjB), n, hs, hs, beta);
+    Buffer dattn = autocast_linear_backward(be, dr.data(), held[kOut], held[kWProj], grad(kProjW),
+                                            split ? nullptr : grad(kProjB), n, hl_, hs, beta);
     dr.reset();
+    row_bias_grad(kProjB, dmid);
     drop(kWProj);
     c.saved.release(held[kOut].data());  // c_proj's save of y
 
     // attention: dqkv (N, 3h), bf16 values
-    Buffer dqkv = be.alloc(Category::temp, floats(3 * n * h));
+    Buffer dqkv = be.alloc(Category::temp, floats(3 * n * hl));
     if (s_.attention == AttentionMode::flash) {
-      Buffer qkv = widen(be, held[kQkv], 3 * n * h);
-      Buffer o = widen(be, held[kOut], n * h);
-      be.flash_attention_backward(attention(c.rows, qkv.data()), o.data(), hs, dattn.data(), held[kLse].data(),
-                                  dqkv.data(), dqkv.data() + h, dqkv.data() + 2 * h);
+      Buffer qkv = widen(be, held[kQkv], 3 * n * hl);
+      Buffer o = widen(be, held[kOut], n * hl);
+      be.flash_attention_backward(attention(c.rows, qkv.data()), o.data(), hl_, dattn.data(), held[kLse].data(),
+                                  dqkv.data(), dqkv.data() + hl, dqkv.data() + 2 * hl);
       dattn.reset();
       for (int j : {kQkv, kOut, kLse}) drop(j);
     } else {
       held[kOut].reset();
-      const MathAttention m = math_attention(s_, c.rows);
+      const MathAttention m = math_attention(as_, c.rows);
       HeadGrads g = math_attention_backward(be, c.saved, m, dattn, held[kQ], held[kK], held[kProbs],
                                             m.head_major(held[kV].data()), held[kV]);
       int at = 0;
       for (const Buffer* d : {&g.dq, &g.dk, &g.dv})
-        be.permute_heads(dqkv.data() + h * at++, d->data(), 3 * hs, c.rows, s_.seq, s_.heads, s_.head_dim, false);
+        be.permute_heads(dqkv.data() + hl * at++, d->data(), 3 * hl_, c.rows, s_.seq, as_.heads, s_.head_dim, false);
     }
-    autocast_round(dqkv.data(), 3 * n * h);
+    autocast_round(dqkv.data(), 3 * n * hl);
 
     // c_attn
-    dln = autocast_linear_backward(be, dqkv.data(), held[kLn1], held[kWAttn], grad(kAttnW), grad(kAttnB), n, hs, 3 * hs, beta);
+    dln = autocast_linear_backward(be, dqkv.data(), held[kLn1], held[kWAttn], grad(kAttnW), grad(kAttnB), n, hs,
+                                   3 * hl_, beta);
     dqkv.reset();
+    column_parallel_input_grad(c, tp_, dln, kFamily);
     drop(kWAttn);
     drop(kLn1);
 
@@ -273,26 +316,36 @@ class AutocastBlock final : public SequenceBlock {
   }
 
  private:
+  // The attention's shape on this rank: its H/T heads.
+  static TransformerShape attention_shape(TransformerShape s, int tp) {
+    s.heads /= tp;
+    s.kv_heads /= tp;
+    return s;
+  }
   AttentionArgs attention(int rows, const float* qkv) const {
-    return attention_args(s_, rows, qkv, qkv + s_.hidden, qkv + 2 * s_.hidden, 3 * s_.hidden, 3 * s_.hidden);
+    return attention_args(as_, rows, qkv, qkv + hl_, qkv + 2 * hl_, 3 * hl_, 3 * hl_);
   }
 
   std::string name_;
   std::vector<ParamSpec> params_;
+  TensorParallel tp_;
+  int hl_;               // the attention's width on this rank: h/T
+  int fl_;               // the MLP's: f/T
+  TransformerShape as_;  // the attention's shape on this rank (H/T heads)
   WeightRef ln_weight_, ln2_weight_;
 };
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt2_autocast(const TransformerShape& s) {
+std::unique_ptr<Model> make_gpt2_autocast(const TransformerShape& s, const TensorParallel& tp) {
   std::vector<std::unique_ptr<Block>> blocks;
-  blocks.push_back(make_embedding_block(s, {"transformer.wte.weight", "transformer.wpe.weight"}, kFamily));
-  for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<AutocastBlock>(s, i));
+  blocks.push_back(make_embedding_block(s, {"transformer.wte.weight", "transformer.wpe.weight"}, kFamily, tp));
+  for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<AutocastBlock>(s, i, tp));
   blocks.push_back(std::make_unique<AutocastFinal>(
       s, kFamily, AutocastFinal::Norm::layer,
       std::vector<ParamSpec>{{"transformer.ln_f.weight", {s.hidden}, 0.0f, 1.0f}, {"transformer.ln_f.bias", {s.hidden}}},
-      TensorRef{kEmbeddingBlock, kWte}));
-  return std::make_unique<Model>(std::move(blocks), make_cross_entropy(s, kFamily));
+      TensorRef{kEmbeddingBlock, kWte}, tp));
+  return std::make_unique<Model>(std::move(blocks), make_cross_entropy(s, kFamily, tp));
 }
 
 }  // namespace shardscope

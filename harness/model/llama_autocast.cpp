@@ -14,6 +14,13 @@
 // --precision bf16 --itemize lists Hugging Face's: ours is that less the composite norm's
 // x·rstd and the rotary tables, as in fp32). The bf16 arithmetic and buffers are
 // autocast_parts.hpp's; the weights' casts are allocated as param_cast (kCastCategory).
+//
+// Under tensor parallelism (llama.cpp's split) each rank casts its own shards: q_proj,
+// k_proj, v_proj, gate_proj and up_proj column-parallel (each on its own cast of the whole
+// norm output), o_proj and down_proj row-parallel: the bf16 partial product, without
+// o_proj's bias, all-reduced in bf16 (2 B an element), then the residual and the bias
+// added in fp32. The fp32 gradients at the norms' outputs (q, k and v's sum; gate and up's)
+// are all-reduced in fp32, as Megatron's f sits before autocast's casts.
 #include <memory>
 #include <string>
 #include <tuple>
@@ -34,8 +41,13 @@ constexpr int kEmbedTokens = 0;
 
 class AutocastLayer final : public SequenceBlock {
  public:
-  AutocastLayer(const TransformerShape& s, int layer)
-      : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)), t_(llama_layer_tensors(s, layer)) {}
+  AutocastLayer(const TransformerShape& s, int layer, const TensorParallel& tp)
+      : SequenceBlock(s, kFamily),
+        name_("block " + std::to_string(layer)),
+        t_(llama_layer_tensors(s, layer, tp)),
+        tp_(tp),
+        fl_(s.ffn / tp.size),
+        as_(attention_shape(s, tp.size)) {}
   bool checkpointable() const override { return true; }
   // --checkpoint attention (selective recompute) is not built under autocast: refused,
   // never run as if it were not asked.
@@ -63,9 +75,10 @@ class AutocastLayer final : public SequenceBlock {
   Buffer forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/, bool output_saved,
                  BlockTape& tape) override {
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
+    const i64 n = tokens(c.rows), h = s_.hidden, f = fl_;
     const i64 a = 4 * n * h;  // bytes of one fp32 (N, h) activation
-    const int hs = s_.hidden, fs = s_.ffn, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
+    const int hs = s_.hidden, fs = fl_, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
+    const bool split = tp_.size > 1;
     auto param = [&](int t) { return t < 0 ? nullptr : c.access.param(c.index, t); };
     auto act = [&](i64 count) { return be.alloc(Category::activation, floats(count)); };
     std::vector<Buffer>& held = tape.held;
@@ -96,8 +109,8 @@ class AutocastLayer final : public SequenceBlock {
     Buffer kb = linear(y.data(), kYk, t_.kW, kWk, t_.kB, hs, kv);
     Buffer vb = linear(y.data(), kYv, t_.vW, kWv, t_.vB, hs, kv);
     y.reset();
-    be.rope(qb.data(), q, c.rows, s_.seq, s_.heads, s_.head_dim, s_.rope_theta, false);
-    be.rope(kb.data(), kv, c.rows, s_.seq, s_.kv_heads, s_.head_dim, s_.rope_theta, false);
+    be.rope(qb.data(), q, c.rows, s_.seq, as_.heads, s_.head_dim, s_.rope_theta, false);
+    be.rope(kb.data(), kv, c.rows, s_.seq, as_.kv_heads, s_.head_dim, s_.rope_theta, false);
     autocast_round(qb.data(), n * q);
     autocast_round(kb.data(), n * kv);
 
@@ -124,15 +137,15 @@ class AutocastLayer final : public SequenceBlock {
       // Math SDPA upcasts to fp32: q head-major, k and v expanded to H heads, the
       // probabilities; its output back in bf16, token-major for o_proj.
       held[kQ] = act(n * q);
-      be.permute_heads(held[kQ].data(), qb.data(), q, c.rows, s_.seq, s_.heads, s_.head_dim, true);
+      be.permute_heads(held[kQ].data(), qb.data(), q, c.rows, s_.seq, as_.heads, s_.head_dim, true);
       held[kK] = act(n * q);
-      expand_heads(be, held[kK].data(), kb.data(), kv, c.rows, s_.seq, s_.heads, s_.kv_heads, s_.head_dim);
+      expand_heads(be, held[kK].data(), kb.data(), kv, c.rows, s_.seq, as_.heads, as_.kv_heads, s_.head_dim);
       held[kV] = act(n * q);
-      expand_heads(be, held[kV].data(), vb.data(), kv, c.rows, s_.seq, s_.heads, s_.kv_heads, s_.head_dim);
+      expand_heads(be, held[kV].data(), vb.data(), kv, c.rows, s_.seq, as_.heads, as_.kv_heads, s_.head_dim);
       qb.reset();
       kb.reset();
       vb.reset();
-      const MathAttention m = math_attention(s_, c.rows);
+      const MathAttention m = math_attention(as_, c.rows);
       auto [probs, o] = math_attention_forward(be, m, held[kQ].data(), held[kK].data(), m.head_major(held[kV].data()));
       held[kAttn] = std::move(probs);
       held[kOut] = cast_bf16(be, Category::activation, o.data(), n * q);
@@ -141,14 +154,22 @@ class AutocastLayer final : public SequenceBlock {
     }
 
     // x_mid = x + o_proj(out) (fp32 + bf16): o_proj saves out and its weight's cast.
+    // Row-parallel under tp: the bf16 partial product all-reduced, the residual and the
+    // bias added.
     held[kWo] = cast_bf16(be, kCastCategory, param(t_.oW), h * q);
-    Buffer r = autocast_linear(be, held[kOut], held[kWo], param(t_.oB), n, q, hs);
+    Buffer r = autocast_linear(be, held[kOut], held[kWo], split ? nullptr : param(t_.oB), n, q, hs);
     c.saved.save(held[kOut].data(), 2 * n * q);
     c.saved.save(held[kWo].data(), 2 * h * q);
-    held[kXmid] = act(n * h);
-    be.copy(held[kXmid].data(), x, floats(n * h));
-    be.add(held[kXmid].data(), r.data(), floats(n * h));
-    r.reset();
+    if (split) {
+      Buffer sum = reduce_row_parallel(c, r, n * h, kFamily);
+      held[kXmid] = act(n * h);
+      add_row_parallel_output(be, held[kXmid].data(), x, sum, param(t_.oB), n, hs);
+    } else {
+      held[kXmid] = act(n * h);
+      be.copy(held[kXmid].data(), x, floats(n * h));
+      be.add(held[kXmid].data(), r.data(), floats(n * h));
+      r.reset();
+    }
 
     // post_attention_layernorm (fp32)
     held[kRstd2] = act(n);
@@ -182,7 +203,14 @@ class AutocastLayer final : public SequenceBlock {
     r = autocast_linear(be, held[kProd], held[kWd], nullptr, n, fs, hs);
     c.saved.save(held[kProd].data(), 2 * n * f);
     c.saved.save(held[kWd].data(), 2 * h * f);
-    Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * h));
+    const Category out_category = output_saved ? Category::activation : Category::temp;
+    if (split) {
+      Buffer sum = reduce_row_parallel(c, r, n * h, kFamily);
+      Buffer out = be.alloc(out_category, floats(n * h));
+      add_row_parallel_output(be, out.data(), held[kXmid].data(), sum, nullptr, n, hs);
+      return out;
+    }
+    Buffer out = be.alloc(out_category, floats(n * h));
     be.copy(out.data(), held[kXmid].data(), floats(n * h));
     be.add(out.data(), r.data(), floats(n * h));
     return out;
@@ -191,8 +219,9 @@ class AutocastLayer final : public SequenceBlock {
   Buffer backward(const BlockCall& c, const float* x, Buffer& out, Buffer dy, bool needs_dx, float beta,
                   BlockTape& tape) override {
     Backend& be = c.backend;
-    const i64 n = tokens(c.rows), h = s_.hidden, f = s_.ffn;
-    const int hs = s_.hidden, fs = s_.ffn, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
+    const i64 n = tokens(c.rows), h = s_.hidden, f = fl_;
+    const int hs = s_.hidden, fs = fl_, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
+    const bool split = tp_.size > 1;
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto grad = [&](int t) { return t < 0 ? nullptr : c.access.grad(c.index, t); };
     std::vector<Buffer>& held = tape.held;
@@ -237,6 +266,7 @@ class AutocastLayer final : public SequenceBlock {
     du.reset();
     drop(kWu);
     drop(kYu);
+    column_parallel_input_grad(c, tp_, dy2, kFamily);
 
     // post_attention_layernorm, then the residual: dx_mid = the norm's dx + dy
     Buffer dmid = be.alloc(Category::temp, floats(n * h));
@@ -250,8 +280,11 @@ class AutocastLayer final : public SequenceBlock {
 
     // o_proj
     dr = rounded_copy(be, dmid.data(), n * h);
-    Buffer dout = autocast_linear_backward(be, dr.data(), held[kOut], held[kWo], grad(t_.oW), grad(t_.oB), n, q, hs, beta);
+    Buffer dout = autocast_linear_backward(be, dr.data(), held[kOut], held[kWo], grad(t_.oW),
+                                           split ? nullptr : grad(t_.oB), n, q, hs, beta);
     dr.reset();
+    // Under tp o_proj's bias is added in fp32 after the sum: its gradient sums dx_mid's fp32 rows.
+    if (split && t_.oB >= 0) be.bias_grad(grad(t_.oB), dmid.data(), static_cast<int>(n), hs, beta);
     drop(kWo);
     c.saved.release(held[kOut].data());  // o_proj's save of out
 
@@ -271,17 +304,17 @@ class AutocastLayer final : public SequenceBlock {
       for (int j : {kQ, kK, kV, kOut, kAttn}) drop(j);
     } else {
       held[kOut].reset();
-      const MathAttention m = math_attention(s_, c.rows);
+      const MathAttention m = math_attention(as_, c.rows);
       HeadGrads hg = math_attention_backward(be, c.saved, m, dout, held[kQ], held[kK], held[kAttn],
                                              m.head_major(held[kV].data()), held[kV]);
-      be.permute_heads(dq, hg.dq.data(), q, c.rows, s_.seq, s_.heads, s_.head_dim, false);
-      reduce_heads(be, dk, hg.dk.data(), kv, c.rows, s_.seq, s_.heads, s_.kv_heads, s_.head_dim);
-      reduce_heads(be, dv, hg.dv.data(), kv, c.rows, s_.seq, s_.heads, s_.kv_heads, s_.head_dim);
+      be.permute_heads(dq, hg.dq.data(), q, c.rows, s_.seq, as_.heads, s_.head_dim, false);
+      reduce_heads(be, dk, hg.dk.data(), kv, c.rows, s_.seq, as_.heads, as_.kv_heads, s_.head_dim);
+      reduce_heads(be, dv, hg.dv.data(), kv, c.rows, s_.seq, as_.heads, as_.kv_heads, s_.head_dim);
     }
     // SDPA's gradients are bf16; RoPE's backward in fp32; the projections' outputs' bf16.
     autocast_round(dqkv.data(), n * (q + 2 * kv));
-    be.rope(dq, q, c.rows, s_.seq, s_.heads, s_.head_dim, s_.rope_theta, true);
-    be.rope(dk, kv, c.rows, s_.seq, s_.kv_heads, s_.head_dim, s_.rope_theta, true);
+    be.rope(dq, q, c.rows, s_.seq, as_.heads, s_.head_dim, s_.rope_theta, true);
+    be.rope(dk, kv, c.rows, s_.seq, as_.kv_heads, s_.head_dim, s_.rope_theta, true);
     autocast_round(dq, n * (q + kv));
 
     // q, k, v projections, each onto its own cast of y1; y1's gradient is their sum (fp32)
@@ -292,6 +325,7 @@ class AutocastLayer final : public SequenceBlock {
     }
     dqkv.reset();
     for (int j : {kWq, kYq, kWk, kYk, kWv, kYv}) drop(j);
+    column_parallel_input_grad(c, tp_, dy1, kFamily);
 
     // input_layernorm, then the residual: dx = the norm's dx + dx_mid
     Buffer dx = be.alloc(Category::temp, floats(n * h));
@@ -313,30 +347,45 @@ class AutocastLayer final : public SequenceBlock {
   }
 
  private:
-  i64 qw() const { return static_cast<i64>(s_.heads) * s_.head_dim; }      // q's width, H d
-  i64 kvw() const { return static_cast<i64>(s_.kv_heads) * s_.head_dim; }  // k's and v's, K d
-  i64 lse_elems(int rows) const { return static_cast<i64>(rows) * s_.heads * s_.seq; }
+  // The attention's shape on this rank: its H/T query heads and K/T kv heads.
+  static TransformerShape attention_shape(TransformerShape s, int tp) {
+    s.heads /= tp;
+    s.kv_heads /= tp;
+    return s;
+  }
+  i64 qw() const { return static_cast<i64>(as_.heads) * s_.head_dim; }      // q's width here, H d/T
+  i64 kvw() const { return static_cast<i64>(as_.kv_heads) * s_.head_dim; }  // k's and v's, K d/T
+  i64 lse_elems(int rows) const { return static_cast<i64>(rows) * as_.heads * s_.seq; }
   AttentionArgs flash_args(int rows, const float* q, const float* k, const float* v) const {
-    return attention_args(s_, rows, q, k, v, static_cast<int>(qw()), static_cast<int>(kvw()));
+    return attention_args(as_, rows, q, k, v, static_cast<int>(qw()), static_cast<int>(kvw()));
   }
 
   std::string name_;
   LlamaLayerTensors t_;  // its tensors, and where each lies among them
+  TensorParallel tp_;
+  int fl_;               // the MLP's inner features on this rank: f/T
+  TransformerShape as_;  // the attention's shape on this rank
   WeightRef norm_ref_, norm2_ref_;
 };
 
 }  // namespace
 
-std::unique_ptr<Model> make_llama_autocast(const TransformerShape& s) {
+std::unique_ptr<Model> make_llama_autocast(const TransformerShape& s, const TensorParallel& tp) {
   std::vector<std::unique_ptr<Block>> blocks;
-  blocks.push_back(make_embedding_block(s, {"model.embed_tokens.weight", ""}, kFamily));
-  for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<AutocastLayer>(s, i));
+  blocks.push_back(make_embedding_block(s, {"model.embed_tokens.weight", ""}, kFamily, tp));
+  for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<AutocastLayer>(s, i, tp));
   std::vector<ParamSpec> final_params = {{"model.norm.weight", {s.hidden}, 0.0f, 1.0f}};
-  if (!s.tied_embeddings) final_params.push_back({"lm_head.weight", {s.vocab, s.hidden}, uniform_bound(kInitStd)});
+  if (!s.tied_embeddings) {
+    // lm_head: vocabulary-parallel under tp (rank r's V/T rows).
+    const i64 rows = s.vocab / tp.size;
+    ParamSpec head{"lm_head.weight", {rows, s.hidden}, uniform_bound(kInitStd)};
+    if (tp.size > 1) shard_rows(head, tp.rank, rows, s.hidden);
+    final_params.push_back(head);
+  }
   blocks.push_back(std::make_unique<AutocastFinal>(
       s, kFamily, AutocastFinal::Norm::rms, std::move(final_params),
-      s.tied_embeddings ? TensorRef{kEmbeddingBlock, kEmbedTokens} : TensorRef{}));
-  return std::make_unique<Model>(std::move(blocks), make_cross_entropy(s, kFamily));
+      s.tied_embeddings ? TensorRef{kEmbeddingBlock, kEmbedTokens} : TensorRef{}, tp));
+  return std::make_unique<Model>(std::move(blocks), make_cross_entropy(s, kFamily, tp));
 }
 
 }  // namespace shardscope

@@ -20,14 +20,15 @@ std::unique_ptr<Model> make_gpt2(const ModelConfig& config, const TensorParallel
 // names, shapes and init (rank tp.rank's slices under tensor parallelism), for the fp32
 // and the autocast blocks alike (gpt2.cpp).
 std::vector<ParamSpec> gpt2_block_params(const TransformerShape& shape, int layer, const TensorParallel& tp = {});
-// GPT-2 under autocast(bfloat16) (config.autocast), for a shape make_gpt2 completed.
-std::unique_ptr<Model> make_gpt2_autocast(const TransformerShape& shape);  // gpt2_autocast.cpp
+// GPT-2 under autocast(bfloat16) (config.autocast), for a shape make_gpt2 completed; with
+// tp.size > 1 Megatron's split as make_gpt2's, each rank casting its own shards.
+std::unique_ptr<Model> make_gpt2_autocast(const TransformerShape& shape, const TensorParallel& tp = {});  // gpt2_autocast.cpp
 // GPT-2 under FSDP's MixedPrecision (config.param_bf16): the module in bf16 on the units' bf16 views.
 std::unique_ptr<Model> make_gpt2_param_bf16(const TransformerShape& shape);  // gpt2_param_bf16.cpp
 std::unique_ptr<Model> make_llama(const ModelConfig& config, const TensorParallel& tp = {});  // llama.cpp
 // UsageError naming --mesh and each shape that tp does not divide: for any model what
 // tp cannot split (check_mlp_tensor_parallel; a transformer's heads, ffn, vocabulary and
-// kv heads), or that is not built (--precision bf16).
+// kv heads), or that is not built (the MLP under --precision bf16).
 void check_tensor_parallel(const ModelConfig& config, int tp);
 // A Llama decoder layer's parameter tensors in Hugging Face's order and init (rank
 // tp.rank's slices under tensor parallelism), and where each lies among them (-1: the
@@ -38,7 +39,8 @@ struct LlamaLayerTensors {
   int gateW = -1, upW = -1, downW = -1, norm1 = -1, norm2 = -1;
 };
 LlamaLayerTensors llama_layer_tensors(const TransformerShape& shape, int layer, const TensorParallel& tp = {});
-// Llama under autocast(bfloat16) (config.autocast), for a shape make_llama completed.
-std::unique_ptr<Model> make_llama_autocast(const TransformerShape& shape);  // llama_autocast.cpp
+// Llama under autocast(bfloat16) (config.autocast), for a shape make_llama completed; with
+// tp.size > 1 Megatron's split as make_llama's.
+std::unique_ptr<Model> make_llama_autocast(const TransformerShape& shape, const TensorParallel& tp = {});  // llama_autocast.cpp
 
 }  // namespace shardscope

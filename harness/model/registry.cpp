@@ -64,9 +64,6 @@ void check_tensor_parallel(const ModelConfig& m, int tp) {
   if (!m.is_transformer()) return check_mlp_tensor_parallel(m, tp);
   const std::string mesh = "--mesh tp=" + std::to_string(tp);
   const TransformerShape& s = m.transformer;
-  if (m.autocast)
-    throw UsageError(mesh + " and --precision bf16: a tensor-parallel autocast transformer is not built yet; give "
-                     "--precision fp32");
   auto need = [&](int value, const char* what, const char* why) {
     if (value % tp != 0)
       throw UsageError(mesh + ": the " + what + " (" + std::to_string(value) + ") must divide by tp (" + why + ")");
@@ -80,6 +77,10 @@ void check_tensor_parallel(const ModelConfig& m, int tp) {
   if (s.kv_heads % tp != 0 && tp % s.kv_heads != 0)
     throw UsageError(mesh + ": the kv heads (" + std::to_string(s.kv_heads) + ") must divide by tp (each rank holds "
                      "kv_heads/tp of them) or divide tp (each kv head replicated on tp/kv_heads ranks)");
+  if (m.autocast && s.kv_heads % tp != 0)
+    throw UsageError(mesh + " and --precision bf16: the kv heads (" + std::to_string(s.kv_heads) + ") replicated on " +
+                     std::to_string(tp / s.kv_heads) + " ranks each under autocast are not built yet; give a tp that "
+                     "divides the kv heads, or --precision fp32");
 }
 
 }  // namespace shardscope

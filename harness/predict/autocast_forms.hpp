@@ -19,6 +19,12 @@
 // Λ = 4NV, Q = 4NHd, C = 4NKd; A = 4BHT (flash's log-sum-exp) or 4BHT² (math's
 // probabilities). A bf16 tensor takes half its fp32 bytes (a/2, F/2, Q/2, C/2).
 // --checkpoint attention (selective recompute) is not covered: the autocast models refuse it.
+// Under tensor parallelism (tp = T, Megatron's split) a rank saves its shards' part: every
+// tensor of the attention's heads or the MLP's inner features a T-th (GPT-2's qkv and
+// output, Llama's Q and C, F, A), its weights' casts a T-th, the log-probabilities Λ/T and
+// the head's cast 2Vh/T; the residual stream's tensors, the norms' statistics and the
+// Linears' input casts (a/2, the whole input: column-parallel GEMMs take all of it) whole;
+// the storages as many.
 #pragma once
 
 #include "harness/predict/transformer_step.hpp"
@@ -46,7 +52,7 @@ struct AutocastSaved {
 //                math 13a/2 + F + 16N + A in 15: qkv and the output replaced by fp32
 //                q, k, v (3a, whatever B and H) and the bf16 output copied token-major (a/2)
 //   param_cast   2·(4h² + 2hf) in 4: c_attn's, c_proj's, c_fc's and mlp c_proj's weights
-AutocastSaved gpt2_block_saved_autocast(const TransformerShape& shape, int batch);
+AutocastSaved gpt2_block_saved_autocast(const TransformerShape& shape, int batch, int tp = 1);
 // The model after forward and loss: the ids and arange(T) 8N + 8T, the blocks, ln_f's
 // input a, mean and rstd 8N and output cast a/2, the log-probabilities Λ (fp32), the
 // target 8N and total_weight 4 (activations, 9 storages beside the blocks'), and the
@@ -54,7 +60,7 @@ AutocastSaved gpt2_block_saved_autocast(const TransformerShape& shape, int batch
 // alone (a, 1 storage) and holds no cast after forward (its casts die with the cast cache
 // when the autocast region ends, and are made again by its recompute).
 AutocastSaved gpt2_saved_after_forward_autocast(const TransformerShape& shape, int batch,
-                                                const CheckpointPolicy& checkpoint = CheckpointPolicy{});
+                                                const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1);
 
 // Llama (ours: RMSNorm fused, saving its fp32 input and rstd; RoPE in the attention's
 // kernel, no cos and sin tables), one decoder layer:
@@ -67,12 +73,12 @@ AutocastSaved gpt2_saved_after_forward_autocast(const TransformerShape& shape, i
 //                math 9a/2 + 7Q/2 + 8N + A + 2F in 18: q, k and v expanded to H heads in
 //                fp32 (Q each) and the output bf16 token-major (Q/2)
 //   param_cast   4hHd + 4hKd + 6hf in 7: q, k, v, o, gate, up and down weights
-AutocastSaved llama_block_saved_autocast(const TransformerShape& shape, int batch);
+AutocastSaved llama_block_saved_autocast(const TransformerShape& shape, int batch, int tp = 1);
 // The model after forward and loss: the ids 8N, the layers, the final norm's input a and
 // rstd 4N and the head's input cast a/2, the log-probabilities Λ, the target 8N and
 // total_weight 4 (activations, 7 storages beside the layers'), and the head's weight cast
 // 2Vh (lm_head's, or the tied embedding's: param_cast, 1). Checkpointed layers as GPT-2's.
 AutocastSaved llama_saved_after_forward_autocast(const TransformerShape& shape, int batch,
-                                                 const CheckpointPolicy& checkpoint = CheckpointPolicy{});
+                                                 const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1);
 
 }  // namespace shardscope

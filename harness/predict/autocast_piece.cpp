@@ -18,7 +18,7 @@ struct Saves {
 };
 
 PieceForms autocast_piece(const AutocastFamily& f, const TokenSizes& z, const Saves& saves, const PiecePlace& place) {
-  const i64 a = z.a, lambda = z.lambda, N = z.N, n = place.blocks;
+  const i64 a = z.a, lambda = f.lambda, N = z.N, n = place.blocks;
   const i64 X = 16 * N;  // the ids and the target in the walk's temp: the stage's base here
   const i64 in = place.first ? f.base : place.recv_act ? a : 0;
   const i64 head = f.stats + a / 2;  // the final block's beside its input: statistics, y's cast
@@ -31,7 +31,7 @@ PieceForms autocast_piece(const AutocastFamily& f, const TokenSizes& z, const Sa
                   (!place.first && !place.recv_act ? a : 0);
   p.saves = n * saves.block + (place.first ? saves.embeddings : 0) + (place.last ? saves.final_block + 3 : 0);
   p.held_temp = !place.last && !place.send_act ? a : 0;
-  p.forward_temp = place.last ? lambda + 4 : a;
+  p.forward_temp = place.last ? lambda + 4 + f.loss_stats : a;
   // F: the top block's instants (every lower block's lie below them: K > 0 more held).
   for (const AutocastInstant& i : f.forward)
     p.forward.push_back({in + (n - 1) * f.K + i.act, i.temp - X, false, false, (n - 1) * f.c + i.cast});
@@ -94,15 +94,15 @@ PieceForms mlp_autocast_piece(const PiecePlace& place, int width, int rows, bool
 // and output cast, c_fc's weight cast, its output, GELU's output and mlp c_proj's weight
 // cast; the embeddings' ids and arange; the final block's input, mean, rstd, weight, y's
 // cast and the head's weight cast.
-PieceForms gpt2_autocast_piece(const TransformerShape& shape, int rows, const PiecePlace& place) {
+PieceForms gpt2_autocast_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp) {
   const int block = shape.attention == AttentionMode::flash ? 20 : 21;
-  return autocast_piece(gpt2_autocast_family(shape, rows), token_sizes(shape, rows), {2, block, 6}, place);
+  return autocast_piece(gpt2_autocast_family(shape, rows, tp), token_sizes(shape, rows), {2, block, 6}, place);
 }
 
 // Llama's: as fp32's, each of q, k and v saving its own input cast.
-PieceForms llama_autocast_piece(const TransformerShape& shape, int rows, const PiecePlace& place) {
+PieceForms llama_autocast_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp) {
   const int layer = shape.attention == AttentionMode::flash ? 28 : 27;
-  return autocast_piece(llama_autocast_family(shape, rows), token_sizes(shape, rows), {1, layer, 5}, place);
+  return autocast_piece(llama_autocast_family(shape, rows, tp), token_sizes(shape, rows), {1, layer, 5}, place);
 }
 
 }  // namespace shardscope

@@ -47,7 +47,9 @@ namespace shardscope {
 //                      cast (3c), then dx (a, unless n = 1 on virtual stage 0), its dy the
 //                      received gradient (comm) unless last.
 PieceForms mlp_autocast_piece(const PiecePlace& place, int width, int rows, bool relu, bool mse);
-PieceForms gpt2_autocast_piece(const TransformerShape& shape, int rows, const PiecePlace& place);
-PieceForms llama_autocast_piece(const TransformerShape& shape, int rows, const PiecePlace& place);
+// tp > 1: a tensor-parallel rank's piece (the family's blocks at tp, autocast_step.hpp; the
+// boundary a whole).
+PieceForms gpt2_autocast_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp = 1);
+PieceForms llama_autocast_piece(const TransformerShape& shape, int rows, const PiecePlace& place, int tp = 1);
 
 }  // namespace shardscope

@@ -18,6 +18,15 @@
 // bytes are W (its cast W/2, its widened copy W). --checkpoint full|every:K: a wrapped
 // block's casts stay in autocast's cast cache until the loss's end, and its re-run makes
 // them again; --checkpoint attention is not built under autocast (the CLI refuses it).
+//
+// Under tensor parallelism (tp = T > 1, docs/formulas.md "bf16 under tensor parallelism")
+// a rank's blocks hold its shards: every weight's bytes (so its cast and its widened copy)
+// and every tensor of the attention's heads or the MLP's inner features a T-th (GPT-2's
+// q, k, v and output, Llama's Q and C_k, F, A), the residual stream, the norms and the
+// Linears' input casts whole; the head's weight W_V and the logits Λ a T-th. A
+// row-parallel Linear's GEMM adds no bias (its rounded copy is gone) and its partial
+// product (a, fp32 here) is cast into a bf16 temp for the all-reduce (a/2) beside it: one
+// more instant after each of the block's two row-parallel GEMMs, temp X + 3a/2.
 #pragma once
 
 #include <cstdint>
@@ -47,18 +56,23 @@ struct AutocastInstant {
 // the activations before block 1 (the embeddings'); stats the final norm's statistics;
 // W_V the head's weight (4Vh, fp32 bytes); a block's forward and backward instants. The
 // data-parallel step's walk and a pipeline piece (autocast_piece.hpp) read them.
+// lambda: the logits' bytes on the rank, Λ (Λ/T under tp); loss_stats: under tp the
+// vocabulary-parallel loss's statistics, max and sum (8N, temp), made once its
+// log-probabilities and total_weight are and freed before its value is written (0 with
+// one rank).
 struct AutocastFamily {
-  std::int64_t base = 0, K = 0, c = 0, stats = 0, W_V = 0;
+  std::int64_t base = 0, K = 0, c = 0, stats = 0, W_V = 0, lambda = 0, loss_stats = 0;
   std::vector<AutocastInstant> forward, backward;
 };
-AutocastFamily gpt2_autocast_family(const TransformerShape& shape, int batch);
-AutocastFamily llama_autocast_family(const TransformerShape& shape, int batch);
+AutocastFamily gpt2_autocast_family(const TransformerShape& shape, int batch, int tp = 1);
+AutocastFamily llama_autocast_family(const TransformerShape& shape, int batch, int tp = 1);
 
 // What a ddp or zero1 step of GPT-2 / Llama under autocast holds beyond its resting
 // bytes at its peak, per category, with that instant's phase and place.
+// tp > 1: a tensor-parallel rank's (ddp or zero1 along dp).
 StepTransient gpt2_step_transient_autocast(const TransformerShape& shape, int batch,
-                                           const CheckpointPolicy& checkpoint = CheckpointPolicy{});
+                                           const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1);
 StepTransient llama_step_transient_autocast(const TransformerShape& shape, int batch,
-                                            const CheckpointPolicy& checkpoint = CheckpointPolicy{});
+                                            const CheckpointPolicy& checkpoint = CheckpointPolicy{}, int tp = 1);
 
 }  // namespace shardscope

@@ -177,8 +177,8 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
       const i64 r = c.rows.q + (f == &p.big ? 1 : 0);
       const PiecePlace place{static_cast<int>(p.n), p.first, p.last, p.recv_act, p.send_act};
       if (c.transformer && sh.model.autocast)  // --precision bf16: autocast_piece.hpp
-        *f = sh.model.name == "gpt2" ? gpt2_autocast_piece(ts, static_cast<int>(r), place)
-                                     : llama_autocast_piece(ts, static_cast<int>(r), place);
+        *f = sh.model.name == "gpt2" ? gpt2_autocast_piece(ts, static_cast<int>(r), place, c.tp)
+                                     : llama_autocast_piece(ts, static_cast<int>(r), place, c.tp);
       else if (c.transformer)
         *f = sh.model.name == "gpt2" ? gpt2_piece(ts, static_cast<int>(r), place, c.tp, c.sp)
                                      : llama_piece(ts, static_cast<int>(r), place, c.tp, c.sp);
@@ -268,8 +268,9 @@ i64 p2p_sent(const Ctx& c) {
 // group, each in place, per micro-batch of r rows (a = its (rows, hidden) activation,
 // N its tokens) and summed over the M micro-batches (Σ r = B):
 //   a transformer piece: the embedding's output (a, first), each block's two
-//     row-parallel outputs and two column-parallel input gradients (4a), the loss's row
-//     max and sum of exp (8N) and its value (4) and the head's input gradient (a, last);
+//     row-parallel outputs and two column-parallel input gradients (4a; 3a under
+//     --precision bf16, whose row-parallel outputs are bf16), the loss's row max and sum
+//     of exp (8N) and its value (4) and the head's input gradient (a, last);
 //   an MLP piece: each row Linear's output and each column Linear's input gradient but
 //     virtual stage 0's first (whose input is the batch): (n - [first])·a.
 // Under --sp (docs/formulas.md, "Sequence parallelism"; a the whole (N, h)) all-gathers,
@@ -301,7 +302,8 @@ i64 tp_all_reduce(const Ctx& c) {
                kv;
       continue;
     }
-    bytes += 4 * p.n * a + (p.first ? a : 0) + (p.last ? 8 * N + 4 * c.M + a : 0) + kv;
+    const i64 block = c.sh.model.autocast ? 3 * a : 4 * a;  // bf16: the row-parallel outputs' a/2 each
+    bytes += p.n * block + (p.first ? a : 0) + (p.last ? 8 * N + 4 * c.M + a : 0) + kv;
   }
   return bytes;
 }

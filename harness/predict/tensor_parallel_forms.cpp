@@ -22,6 +22,8 @@
 #include <array>
 #include <string>
 
+#include "harness/predict/autocast_forms.hpp"
+#include "harness/predict/autocast_step.hpp"
 #include "harness/predict/gpt2_forms.hpp"
 #include "harness/predict/llama_forms.hpp"
 #include "harness/predict/micro_steps.hpp"
@@ -150,7 +152,15 @@ std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg
   // parallelism of the transformers" and "Sequence parallelism").
   std::array<std::int64_t, kCollKindCount> tp{};
   auto& all_reduce = tp[static_cast<int>(CollKind::all_reduce)];
-  if (!sp) {
+  if (m.autocast) {
+    // --precision bf16 (docs/formulas.md, "bf16 under tensor parallelism"): each block's
+    // two row-parallel outputs are all-reduced in bf16 (a/2 each), its two column-parallel
+    // input gradients in fp32 (a each); the embedding's output, the head's input gradient
+    // and the loss's statistics and value in fp32 as without autocast. A wrapped block's
+    // re-run all-reduces its two bf16 outputs again.
+    const std::int64_t rerun = a * m.checkpoint.wrapped_of(s.layers);
+    all_reduce = 2 * a + 3 * L * a + 8 * z.N + 4 + rerun;
+  } else if (!sp) {
     // A block --checkpoint wraps runs its forward again in backward: its two row-parallel
     // all-reduces again (--checkpoint attention re-runs the attention core alone: none).
     const std::int64_t rerun = 2 * a * m.checkpoint.wrapped_of(s.layers);
@@ -203,7 +213,16 @@ std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg
     for (int k = 0; k < kCollKindCount; ++k) p.comm_bytes[k] += tp[k];
   }
   const StepUnits units = step_units(cfg, dp_world);
-  if (gpt2)
+  if (m.autocast) {
+    // autocast (ddp and zero1 along dp: autocast_step.hpp at tp).
+    SHARDSCOPE_REQUIRE(units.bytes.empty() && !sp, "predict: a tensor-parallel autocast step under FSDP or --sp");
+    const CheckpointPolicy& ck = m.checkpoint;
+    complete_step(gpt2 ? gpt2_step_transient_autocast(s, m.batch, ck, T) : llama_step_transient_autocast(s, m.batch, ck, T),
+                  (gpt2 ? gpt2_saved_after_forward_autocast(s, m.batch, ck, T)
+                        : llama_saved_after_forward_autocast(s, m.batch, ck, T))
+                      .total(),
+                  ranks);
+  } else if (gpt2)
     complete_step(gpt2_step_transient(s, m.batch, units, m.checkpoint, T, sp),
                   gpt2_saved_after_forward(s, m.batch, m.checkpoint, T, sp), ranks);
   else

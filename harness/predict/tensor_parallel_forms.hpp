@@ -24,7 +24,9 @@ std::vector<Prediction> predict_tensor_parallel_mlp(const RunConfig& cfg, int dp
 // (transformer_tensor_sizes at tp), the step's walk at tp (gpt2_forms.hpp), and the
 // group's all-reduces: the embedding's output, each block's two row-parallel outputs and
 // two column-parallel input gradients, the loss's max and sum (N floats each) and its
-// 4-byte value, and the head's input gradient: 2a + 4La + 8N + 4.
+// 4-byte value, and the head's input gradient: 2a + 4La + 8N + 4. Under --precision bf16
+// (autocast, ddp and zero1 along dp) the row-parallel outputs are bf16: 2a + 3La + 8N + 4,
+// and the step is autocast_step.hpp's at tp.
 std::vector<Prediction> predict_tensor_parallel_transformer(const RunConfig& cfg, int dp_world);
 
 }  // namespace shardscope

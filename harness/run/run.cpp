@@ -88,6 +88,11 @@ void refuse_unbuilt_autocast(const RunConfig& cfg) {
   // reduce_dtype=fp32): the MLP's zero2/zero3.
   const std::string which = "--precision bf16 and --strategy " +
                             std::string(cfg.hybrid() ? "hsdp" : strategy_name(cfg.strategy));
+  // A transformer's mesh under bf16 runs autocast's ddp and zero1 along dp (tensor_parallel_forms);
+  // FSDP's mixed precision on a mesh is not built yet.
+  if (cfg.mesh.given && !cfg.hybrid())
+    throw UsageError("--mesh and " + which + ": FSDP's mixed precision on a mesh is not built yet; allowed: "
+                     "--strategy ddp|zero1 (autocast), or no --mesh");
   // GPT-2's bf16 module runs under FSDP1's MixedPrecision (the torch engine); fully_shard's
   // and Llama's are not built yet.
   if (cfg.model.is_transformer() && cfg.model.name != "gpt2")

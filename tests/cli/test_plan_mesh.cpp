@@ -170,12 +170,10 @@ TEST_F(PlanMesh, WhatIsNotBuiltForAMeshIsRefusedNamingIt) {
     std::string flags;
     std::string line;
   } cases[] = {
-      // Issue 16's plan: tensor-parallel stages under bf16 have no forms measured yet, so plan
-      // says so instead of predicting them (a bf16 pipeline of tp = 1 is planned, and the
-      // fp32 plan of tp = 8: test_pipeline_tp_cli.cpp).
-      {llama + "--mesh dp=8,tp=8,pp=8 --schedules 1f1b --microbatches 16 --precision bf16 --batch 16",
-       "shardscope: error: --mesh tp=8 and --precision bf16: a tensor-parallel autocast transformer is not built yet; "
-       "give --precision fp32"},
+      // bf16 on a dp × tp mesh is planned (ddp, zero1), but not with --sp.
+      {llama + "--mesh dp=8,tp=8 --strategies ddp --precision bf16 --batch 1 --sp",
+       "shardscope: error: --sp and --precision bf16: sequence parallelism under autocast is not built yet; give "
+       "--precision fp32"},
       {std::string(kMlp) + "--mesh dp=2,pp=2 --schedules 1f1b --worlds 4",
        "shardscope: error: --worlds and --mesh dp=2,tp=1,pp=2: the mesh's dp·tp·pp (4 ranks) is the world; drop "
        "--worlds"},

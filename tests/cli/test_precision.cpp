@@ -396,7 +396,8 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
        "shardscope: error: --checkpoint attention: the MLP has no attention to recompute; allowed with --model "
        "gpt2|llama, or give --checkpoint none, full or every:K"},
       {"run --backend cpu --layers 2 --width 8 --precision bf16 --mesh dp=1,tp=2",
-       "shardscope: error: --mesh and --precision bf16: a mesh under autocast is not built yet"},
+       "shardscope: error: --mesh and --precision bf16 and --model mlp: a data-parallel mesh of the MLP under "
+       "autocast is not built yet (its pipelines are: give --schedule); allowed: --model gpt2|llama"},
       {"run --backend cuda --layers 2 --width 8 --precision bf16",
        "shardscope: error: --precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
        "--backend cpu"},
@@ -427,8 +428,12 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
       {g + "--precision bf16 --checkpoint attention",
        "shardscope: error: --checkpoint attention and --precision bf16: selective recompute under autocast is not "
        "built yet; give --checkpoint none, full or every:K"},
-      {g + "--precision bf16 --mesh dp=2", "shardscope: error: --mesh and --precision bf16: a mesh under autocast is "
-                                           "not built yet"},
+      {g + "--precision bf16 --strategy zero3 --mesh dp=2,tp=2 --emulate 4:0",
+       "shardscope: error: --mesh and --precision bf16 and --strategy zero3: FSDP's mixed precision on a mesh is not "
+       "built yet; allowed: --strategy ddp|zero1 (autocast), or no --mesh"},
+      {g + "--precision bf16 --mesh dp=1,tp=2 --sp",
+       "shardscope: error: --sp and --precision bf16: sequence parallelism under autocast is not built yet; give "
+       "--precision fp32"},
       {std::string("run --backend cuda ") + kGpt2 + "--precision bf16",
        "shardscope: error: --precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
        "--backend cpu"},
@@ -437,6 +442,66 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
     EXPECT_EQ(binary(c.args), 2) << c.args;
     EXPECT_EQ(first_line(dir_ + "/err.txt"), c.line) << c.args;
   }
+}
+
+// --mesh dp=D,tp=T under bf16 (Megatron's split, each rank casting its own shards; the
+// row-parallel outputs all-reduced in bf16): every emulated rank of dp=2,tp=2 and tp=4,
+// GPT-2 and Llama, ddp and zero1, flash and math, and --checkpoint full with --accumulate 2,
+// each group's bytes its prediction.
+TEST_F(Precision, TensorParallelTransformersRunBf16AsPredictedOnEveryRank) {
+  const char* const llama4 =
+      "--model llama --layers 2 --hidden 32 --heads 4 --kv-heads 4 --ffn 48 --vocab 64 --seq 8 --batch 2 --steps 2 ";
+  const char* const gpt2 = "--model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64 --seq 8 --batch 2 --steps 2 ";
+  for (const char* model : {gpt2, llama4})
+    for (const char* setting : {"--strategy ddp --attention flash", "--strategy zero1 --attention math",
+                                "--strategy ddp --checkpoint full --accumulate 2"})
+      for (const char* mesh : {"dp=2,tp=2", "tp=4"})
+        for (int rank = 0; rank < 4; ++rank) {
+          const std::string args = std::string("run --backend cpu ") + model + "--precision bf16 " + setting +
+                                   " --mesh " + mesh + " --emulate 4:" + std::to_string(rank);
+          ASSERT_EQ(binary(args + " --json r.json"), 0) << args << ": " << first_line(dir_ + "/err.txt");
+          const json run = read("r.json")["runs"][0];
+          const json& r = run["ranks"][0];
+          expect_bf16_rank_as_predicted(run, r, args);
+          EXPECT_EQ(r["comm_bytes"], r["predicted"]["comm_bytes"]) << args;
+          EXPECT_GT(r["peak"]["by_category"]["param_cast"].get<std::int64_t>(), 0) << args;
+          const json& tp = r["comm_groups"]["tp"];
+          EXPECT_GT(tp["comm_bytes"].get<std::int64_t>(), 0) << args;
+          EXPECT_EQ(tp["comm_bytes"], tp["predicted_comm_bytes"]) << args;
+          EXPECT_EQ(r["comm_groups"]["dp"]["comm_bytes"], r["comm_groups"]["dp"]["predicted_comm_bytes"]) << args;
+        }
+}
+
+// plan on a bf16 dp × tp mesh: ddp and zero1 planned, each rank group's peak the one an
+// emulated run of its first rank measures; zero3 listed skipped with the reason.
+TEST_F(Precision, PlanTakesBf16TensorParallelTransformersAsTheirRunsMeasureThem) {
+  const std::string gpt2 = "--model gpt2 --layers 2 --hidden 32 --heads 4 --vocab 64 --seq 8 --batch 2 ";
+  ASSERT_EQ(binary("plan " + gpt2 + "--precision bf16 --mesh dp=2,tp=2 --strategies ddp,zero1,zero3 --json p.json"), 0)
+      << first_line(dir_ + "/err.txt");
+  const json plans = read("p.json")["plans"];
+  ASSERT_EQ(plans.size(), 3u);
+  int planned = 0;
+  for (const json& p : plans) {
+    if (p.value("skipped", false)) {
+      EXPECT_EQ(p["strategy"], "zero3") << p.dump();
+      EXPECT_NE(p["reason"].get<std::string>().find("--precision bf16 and --strategy zero3"), std::string::npos);
+      continue;
+    }
+    ++planned;
+    EXPECT_EQ(p["precision"], "bf16") << p.dump();
+    for (const json& group : p["rank_groups"]) {
+      const std::string args = "run --backend cpu " + gpt2 + "--steps 2 --precision bf16 --strategy " +
+                               p["strategy"].get<std::string>() + " --mesh dp=2,tp=2 --emulate 4:" +
+                               std::to_string(group["first"].get<int>());
+      ASSERT_EQ(binary(args + " --json r.json"), 0) << args << ": " << first_line(dir_ + "/err.txt");
+      const json run = read("r.json")["runs"][0];
+      const json& rank = run["ranks"][0];
+      EXPECT_EQ(rank["peak"]["total"], group["predicted"]["peak_total"]) << args;
+      EXPECT_EQ(rank["peak"]["by_category"], group["predicted"]["peak_by_category"]) << args;
+      EXPECT_EQ(rank["comm_bytes"], group["predicted"]["comm_bytes"]) << args;
+    }
+  }
+  EXPECT_EQ(planned, 2);
 }
 
 TEST_F(Precision, PlanTakesBf16TransformersUnderDdpAndZero1) {
