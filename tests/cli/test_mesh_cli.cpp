@@ -149,6 +149,32 @@ TEST_F(MeshCli, EveryEmulatedRankOfATensorParallelTransformerHoldsItsPredictions
       }
 }
 
+// Llama's kv heads replicated when fewer than tp, through the binary: --kv-heads 2 at tp=4
+// and --kv-heads 1 at dp=2,tp=2 (ddp and zero3), every emulated rank holds its predictions
+// group by group; the rank's k_proj is one kv head's (h·d = 32·4 elements at --heads 8).
+TEST_F(MeshCli, EveryEmulatedRankOfReplicatedKvHeadsHoldsItsPredictions) {
+  const struct {
+    const char* flags;
+    int world;
+  } cases[] = {{"--kv-heads 2 --strategy ddp --mesh tp=4", 4},
+               {"--kv-heads 1 --strategy ddp --mesh dp=2,tp=2", 4},
+               {"--kv-heads 1 --strategy zero3 --units 1 --mesh dp=2,tp=2", 4}};
+  for (const auto& c : cases)
+    for (int r = 0; r < c.world; ++r) {
+      const std::string flags = std::string(" --model llama --layers 2 --hidden 32 --heads 8 --ffn 48 --vocab 64 --seq 8 "
+                                            "--batch 2 --steps 2 ") +
+                                c.flags + " --emulate " + std::to_string(c.world) + ":" + std::to_string(r);
+      const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu" + flags +
+                           " --json g.json > out.txt 2> err.txt");
+      ASSERT_EQ(rc, 0) << flags << ": " << first_line(dir_ + "/err.txt");
+      std::ifstream in(dir_ + "/g.json");
+      const json doc = json::parse(in);
+      const json& rank = doc["runs"][0]["ranks"][0];
+      EXPECT_GT(rank["comm_groups"]["tp"]["comm_bytes"].get<std::int64_t>(), 0) << flags;
+      expect_predicted(rank, flags);
+    }
+}
+
 TEST_F(MeshCli, TransformerShapesTensorParallelismCannotSplitAreRefusedNamingThem) {
   const struct {
     const char* flags;
