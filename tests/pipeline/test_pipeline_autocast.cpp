@@ -222,7 +222,7 @@ const GroupCommRecord& group(const StageRecord& r, const char* axis) {
 }
 
 // Every emulated rank of `mesh` running cfg along it holds its forms; dp all-reduces the
-// fp32 gradients (4 B a parameter the stage holds).
+// fp32 gradients (4 B a parameter the stage holds; nothing with one replica).
 void expect_mesh_ranks_as_predicted(const MeshShape& mesh, RunConfig cfg) {
   cfg.mesh = mesh;
   const int W = mesh.world();
@@ -241,8 +241,26 @@ void expect_mesh_ranks_as_predicted(const MeshShape& mesh, RunConfig cfg) {
     EXPECT_EQ(r.comm_bytes, r.predicted.comm_bytes);
     for (const char* axis : {"dp", "tp", "pp"})
       EXPECT_EQ(group(r, axis).comm_bytes, group(r, axis).predicted_comm_bytes) << axis;
-    EXPECT_EQ(group(r, "dp").comm_bytes, r.resting.bytes[static_cast<int>(Category::param)]);
+    EXPECT_EQ(group(r, "dp").comm_bytes, mesh.dp > 1 ? r.resting.bytes[static_cast<int>(Category::param)] : 0);
   }
+}
+
+// --mesh dp=D,tp=T,pp=S: every emulated rank of dp=2,tp=2,pp=2 and tp=4,pp=2, GPT-2 and
+// Llama (flash and math, tied and untied, biases), gpipe, 1f1b and interleaved-1f1b: each
+// stage's blocks a tp rank's shards under autocast (its weights' casts a T-th, the
+// row-parallel outputs all-reduced in bf16 over tp), the residual stream sent whole.
+TEST(PipelineAutocast, TensorParallelMeshEveryEmulatedRankHoldsItsPredictions) {
+  for (const MeshShape mesh : {MeshShape{2, 2, 2, true}, MeshShape{1, 4, 2, true}})
+    for (const Grid& g : kBuilt) {
+      const int S = mesh.pp, M = 2 * S;
+      ModelConfig llama = testing::llama_of(2 * S + 1, 8, 4, 4, 8, 12, 4, 2 * S, AttentionMode::flash, false);
+      llama.transformer.qkv_bias = llama.transformer.out_bias = true;
+      for (const ModelConfig& model :
+           {testing::llama_of(2 * S + 1, 8, 4, 4, 8, 12, 4, 2 * S, AttentionMode::math, true), llama,
+            testing::gpt2_of(2 * S + 1, 8, 4, 12, 4, 2 * S, AttentionMode::flash),
+            testing::gpt2_of(2 * S + 1, 8, 4, 12, 4, 2 * S, AttentionMode::math)})
+        expect_mesh_ranks_as_predicted(mesh, bf16_config(g.schedule, M, g.chunks, model));
+    }
 }
 
 // --mesh dp=D,pp=S: every emulated rank of W = 4 and 8, GPT-2, Llama and the MLP.
@@ -272,6 +290,12 @@ TEST(PipelineAutocast, RefusesWhatIsNotBuilt) {
   const ModelConfig gpt2 = testing::gpt2_of(4, 8, 2, 11, 4, 4, AttentionMode::flash);
   refused(bf16_config("zb-h1", 2, 1, gpt2), "--schedule zb-h1");
   refused(bf16_config("zbv", 4, 2, gpt2), "--schedule zbv");
+  RunConfig tp_zbv = bf16_config("zbv", 4, 2, testing::gpt2_of(4, 8, 2, 12, 4, 4, AttentionMode::flash));
+  tp_zbv.mesh = MeshShape{1, 2, 2, true};
+  refused(tp_zbv, "--schedule zbv");
+  RunConfig mlp = bf16_config("1f1b", 2, 1, testing::model_of(4, 12, 4, Activation::relu, Loss::mse));
+  mlp.mesh = MeshShape{1, 2, 2, true};
+  refused(mlp, "--mesh tp=2");
 }
 
 }  // namespace
