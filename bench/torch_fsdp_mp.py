@@ -9,11 +9,12 @@ gloo, one process per rank, sharded as
   fsdp1-root        FSDP1 FULL_SHARD, no wrap policy (one root unit)
   fsdp2-zero3-unit  fully_shard on each Linear then the root, reshard_after_forward=True
   fsdp2-zero2-unit  the same, reshard_after_forward=False
-  gpt2-fsdp1-zero3-block, gpt2-fsdp1-zero2-block
+  gpt2-fsdp1-zero3-block, gpt2-fsdp1-zero2-block, gpt2-fsdp2-zero3-block, gpt2-fsdp2-zero2-block
                     nanoGPT's GPT-2 (bench/torch_saved.py's module: 2 blocks, hidden 64, 4
                     heads, vocabulary 100, 16 tokens, 2 sequences a rank, tied head, flash
                     SDPA, cross-entropy on the ids) under FSDP1 FULL_SHARD / SHARD_GRAD_OP,
-                    each Block wrapped, then the root (embeddings, ln_f, the head)
+                    each Block wrapped, then the root (embeddings, ln_f, the head); or
+                    fully_shard on each Block then the root
 with FSDP1's MixedPrecision(param_dtype=bfloat16, reduce_dtype=float32,
 buffer_dtype=float32) or fully_shard's MixedPrecisionPolicy(param_dtype=bfloat16,
 reduce_dtype=float32). Per rank it records (step 3 unless said):
@@ -59,6 +60,8 @@ CONFIGS = {
     "fsdp2-zero2-unit": (["--strategy", "zero2", "--units", "1", "--engine", "fsdp2"], "fsdp2", False, True),
     "gpt2-fsdp1-zero3-block": (["--strategy", "zero3", "--units", "1"], "fsdp1", True, "gpt2"),
     "gpt2-fsdp1-zero2-block": (["--strategy", "zero2", "--units", "1"], "fsdp1", False, "gpt2"),
+    "gpt2-fsdp2-zero3-block": (["--strategy", "zero3", "--units", "1", "--engine", "fsdp2"], "fsdp2", True, "gpt2"),
+    "gpt2-fsdp2-zero2-block": (["--strategy", "zero2", "--units", "1", "--engine", "fsdp2"], "fsdp2", False, "gpt2"),
 }
 # The GPT-2 configurations' shape, as shardscope's flags name it.
 GPT2 = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "seq": 16, "positions": 16, "batch": 2}
@@ -84,8 +87,8 @@ def build(config, torch):
     if engine == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for m in model:
-            if isinstance(m, torch.nn.Linear):
+        for m in model.modules():
+            if type(m) in wrap:
                 fully_shard(m, reshard_after_forward=reshard, mp_policy=mp)
         fully_shard(model, reshard_after_forward=reshard, mp_policy=mp)
     else:

@@ -21,6 +21,7 @@
 #include "harness/predict/llama_forms.hpp"
 #include "harness/predict/micro_steps.hpp"
 #include "harness/predict/mlp_fsdp_bf16_forms.hpp"
+#include "harness/predict/param_bf16_forms.hpp"
 #include "harness/predict/transformer_forms.hpp"
 #include "harness/predict/transformer_step.hpp"
 #include "harness/strategies/partition.hpp"
@@ -131,6 +132,24 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
     su.flat_comm = true;
     const TransformerShape& t = m.transformer;
     const CheckpointPolicy& ck = m.checkpoint;
+    // bf16 (MixedPrecisionPolicy, GPT-2's bf16 module: param_bf16_forms.hpp): the gathered
+    // tensors and the flat buffer 2·W·A_u, the shards' casts 2·A_u, the bf16 gradients 2·E_u,
+    // the fp32 flat input 4·W·A_u; the all-gathers carry bf16.
+    if (m.param_bf16) {
+      su.bf16 = true;
+      su.cast_bytes.assign(U, 0);
+      su.reduce_bytes.assign(U, 0);
+      for (int u = 0; u < U; ++u) {
+        su.bytes[u] = G[u] / 2;
+        su.grad_bytes[u] = 2 * E[u];
+        su.cast_bytes[u] = 2 * A[u];
+        su.reduce_bytes[u] = G[u];
+      }
+      complete_step(transformer_step_transient(gpt2_param_bf16_blocks(t, m.batch), su),
+                    gpt2_saved_after_forward_param_bf16(t, m.batch), ranks);
+      for (Prediction& rank : ranks) rank.comm_bytes[static_cast<int>(CollKind::all_gather)] /= 2;
+      return ranks;
+    }
     if (m.name == "gpt2")
       complete_step(gpt2_step_transient(t, m.batch, su, ck), gpt2_saved_after_forward(t, m.batch, ck), ranks);
     else

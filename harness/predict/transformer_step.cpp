@@ -90,11 +90,12 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
   for (int u = 1; u < U; ++u) all_units += f(u);
   const i64 f0 = fsdp ? f(0) : 0;
   const i64 e0 = fsdp ? e(0) : 0;
-  // --precision bf16: each gather's shard cast, and the full gradient as reduce-scattered
-  // (its fp32 cast; fp32's own without bf16).
+  // --precision bf16: each gather's shard casts, and what is reduce-scattered: FSDP1's full
+  // gradient (its fp32 cast; fp32's own without bf16), fsdp2's flat input (the gradients'
+  // fp32 copy-in; fp32's flat buffer f without bf16).
   const bool bf16 = fsdp && units.bf16;
   auto c = [&](int u) { return bf16 ? units.cast_bytes[u] : i64{0}; };
-  auto r = [&](int u) { return bf16 ? units.reduce_bytes[u] : e(u); };
+  auto r = [&](int u) { return bf16 ? units.reduce_bytes[u] : flat ? f(u) : e(u); };
   // Model block b (1..L) is transformer block b - 1; a wrapped one holds a, else K.
   auto wrapped = [&](int b) { return z.checkpoint.wraps(b - 1); };
   std::vector<i64> held(z.L + 1, z.base);  // held[b] = S_{b+1}: after block b's forward
@@ -122,8 +123,10 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     // root's before the embeddings, each unit's before its first block (below the
     // unit's reduce-scatter in backward, unless the full gradients kept from the
     // micro-step before outweigh what backward adds).
+    // bf16: FSDP1's cast beside the gathered unit; fsdp2's casts beside the flat buffer first.
+    if (flat && bf16) walk.consider(X, 0, 0, fwd_grads, Phase::forward, unit(0), false, f0, c(0));
     if (flat) walk.consider(X, 0, f0, fwd_grads, Phase::forward, unit(0), false, f0);
-    if (bf16) walk.consider(X, 0, f0, fwd_grads, Phase::forward, unit(0), false, 0, c(0));
+    if (bf16 && !flat) walk.consider(X, 0, f0, fwd_grads, Phase::forward, unit(0), false, 0, c(0));
     // --checkpoint attention: each block's attention instants, its unit gathered (a
     // transformer block b of unit u: top_block[u - 1] < b <= top_block[u]).
     if (z.forward_attention) {
@@ -139,10 +142,11 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     for (int u = 1; u < U; ++u) {
       if (flat) {
         const int first = u == 1 ? 1 : units.top_block[u - 1] + 1;
-        walk.consider(X, held_at(first - 1), f0 + (units.reshard ? 0 : so_far) + f(u), fwd_grads, Phase::forward,
-                      unit(u), false, f(u));
+        const i64 below = f0 + (units.reshard ? 0 : so_far);
+        if (bf16) walk.consider(X, held_at(first - 1), below, fwd_grads, Phase::forward, unit(u), false, f(u), c(u));
+        walk.consider(X, held_at(first - 1), below + f(u), fwd_grads, Phase::forward, unit(u), false, f(u));
       }
-      if (bf16) {
+      if (bf16 && !flat) {
         const int first = u == 1 ? 1 : units.top_block[u - 1] + 1;
         walk.consider(X, held_at(first - 1), f0 + (units.reshard ? 0 : so_far) + f(u), fwd_grads, Phase::forward,
                       unit(u), false, 0, c(u));
@@ -192,15 +196,15 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     // shard beside the full gradient.
     auto root_reduce = [&] {
       if (!fsdp || !ms.reduces) return;
-      if (bf16) {  // the fp32 cast beside the bf16 gradient, then (adding) the staging shard beside it
+      if (bf16 && !flat) {  // the fp32 cast beside the bf16 gradient, then (adding) the staging shard beside it
         walk.consider(X, 0, f0, e0 + r(0), Phase::backward, unit(0));
         if (ms.adds_to_shard) walk.consider(X, 0, f0, r(0), Phase::backward, unit(0), false, s(0));
         return;
       }
-      if (flat) walk.consider(X, 0, f0, e0, Phase::backward, unit(0), false, f0);
+      if (flat) walk.consider(X, 0, f0, e0, Phase::backward, unit(0), false, r(0));
       if (ms.adds_to_shard) {
         if (flat)
-          walk.consider(X, 0, f0, 0, Phase::backward, unit(0), false, f0 + s(0));
+          walk.consider(X, 0, f0, 0, Phase::backward, unit(0), false, r(0) + s(0));
         else
           walk.consider(X, 0, f0, e0, Phase::backward, unit(0), false, s(0));
       }
@@ -226,7 +230,7 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
       const int first = u == 1 ? 1 : units.top_block[u - 1] + 1;
       const bool above_in_flight = units.overlap && ms.reduces && u + 1 < U;
       const i64 flight_grad = above_in_flight && !flat ? r(u + 1) : 0;
-      const i64 flight_comm = above_in_flight ? (flat ? f(u + 1) : 0) + (ms.adds_to_shard ? s(u + 1) : 0) : 0;
+      const i64 flight_comm = above_in_flight ? (flat ? r(u + 1) : 0) + (ms.adds_to_shard ? s(u + 1) : 0) : 0;
       walk.hold(flight_grad, flight_comm);
       i64 prefetching = 0;  // fsdp2 under --overlap on: the unit below's flat buffer, its all-gather posted
       i64 cast_held = 0;    // bf16 under --overlap on: the unit below's shard cast, its all-gather posted
@@ -236,27 +240,36 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
         // fsdp2 under --overlap on: the unit's copy-out here, after its own all-gather or
         // the wait for the one the unit above posted; then the next unit's all-gather is
         // posted into its flat buffer (held), copied out when that unit's backward begins.
+        // bf16: a gather of its own casts the shards beside the flat buffer first (a posted
+        // one did so at its post).
+        if (bf16 && !(units.prefetch && u + 1 < U))
+          walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, f(u), c(u));
         pu += f(u);
         walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, f(u));
         walk.consider(X + a, S, pu, before, Phase::backward, unit(u));
         if (units.prefetch && u - 1 >= 1) {
           prefetching = f(u - 1);
           walk.hold(flight_grad, flight_comm + prefetching);
-          walk.consider(X + a, S, pu, before, Phase::backward, unit(u - 1));
+          walk.consider(X + a, S, pu, before, Phase::backward, unit(u - 1), false, 0, c(u - 1));
         }
       } else if (units.reshard) {
         const bool prefetched = units.prefetch && u + 1 < U;
+        // bf16: FSDP1's cast beside the gathered unit; fsdp2's casts beside the flat buffer
+        // before the copy-out.
         if (!prefetched) {
+          if (flat && bf16) walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, f(u), c(u));
           pu += f(u);
           if (flat) walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, f(u));
-          walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, 0, c(u));
+          walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, 0, flat ? 0 : c(u));
         }
         if (units.prefetch && u - 1 >= 1) {
+          if (flat && bf16)
+            walk.consider(X + a, S, pu, before, Phase::backward, unit(u - 1), false, f(u - 1), c(u - 1));
           pu += f(u - 1);
           if (flat) walk.consider(X + a, S, pu, before, Phase::backward, unit(u - 1), false, f(u - 1));
-          walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, 0, c(u - 1));
+          walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, 0, flat ? 0 : c(u - 1));
           // FSDP1 under --overlap on: the posted gather's cast lives until that unit's wait.
-          if (units.overlap) cast_held = c(u - 1);
+          if (units.overlap && !flat) cast_held = c(u - 1);
           walk.hold(flight_grad, flight_comm, cast_held);
         }
       }
@@ -264,7 +277,7 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
       walk.consider(X + a, S, pu, gu, Phase::backward, unit(u));  // the unit's full gradient
       blocks_backward(b, first, pu, gu, unit(u));
       walk.hold(0, prefetching, cast_held);  // the unit above's waited for as this unit's reduce begins
-      if (ms.reduces && bf16) {
+      if (ms.reduces && bf16 && !flat) {
         // FSDP1's reduce_dtype=fp32: the fp32 cast beside the bf16 gradient, then (adding
         // onto the shard) the staging shard beside the fp32 one, the bf16 freed.
         const i64 S_first = held_at(first - 1);
@@ -273,10 +286,10 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
           walk.consider(X + a, S_first, pu, gu - e(u) + r(u), Phase::backward, unit(u), false, s(u));
       } else if (ms.reduces) {
         const i64 S_first = held_at(first - 1);
-        if (flat) walk.consider(X + a, S_first, pu, gu, Phase::backward, unit(u), false, f(u));
+        if (flat) walk.consider(X + a, S_first, pu, gu, Phase::backward, unit(u), false, r(u));
         if (ms.adds_to_shard) {
           if (flat)
-            walk.consider(X + a, S_first, pu, gu - e(u), Phase::backward, unit(u), false, f(u) + s(u));
+            walk.consider(X + a, S_first, pu, gu - e(u), Phase::backward, unit(u), false, r(u) + s(u));
           else
             walk.consider(X + a, S_first, pu, gu, Phase::backward, unit(u), false, s(u));
         }

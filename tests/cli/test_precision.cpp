@@ -279,7 +279,9 @@ TEST_F(Precision, Bf16FsdpRunsEveryRankAsPredicted) {
 // bytes), the reduce-scatters fp32; plan gives the run's peak.
 TEST_F(Precision, Bf16FsdpGpt2RunsEveryRankAsPredicted) {
   for (const char* strategy : {"zero2 --units 1", "zero3 --units 1", "zero3 --units 2 --overlap off --attention math",
-                               "hsdp --shard-group 1 --units 1", "zero3 --units 1 --accumulate 2"})
+                               "hsdp --shard-group 1 --units 1", "zero3 --units 1 --accumulate 2",
+                               "zero3 --units 1 --engine fsdp2", "zero2 --units 2 --engine fsdp2 --attention math",
+                               "hsdp --shard-group 3 --units 1 --engine fsdp2"})
     for (int r = 0; r < 3; ++r) {
       const std::string args = std::string("run --backend cpu ") + kGpt2 + "--strategy " + strategy + " --emulate 3:" +
                                std::to_string(r);
@@ -413,9 +415,6 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
       {std::string("run --backend cpu ") + kLlama + "--precision bf16 --strategy zero2",
        "shardscope: error: --precision bf16 and --strategy zero2 with --model llama: FSDP's mixed precision is built "
        "for the MLP and gpt2 only yet; allowed: --model mlp|gpt2, or --strategy ddp|zero1"},
-      {g + "--precision bf16 --strategy zero3 --engine fsdp2",
-       "shardscope: error: --precision bf16 and --strategy zero3, --engine fsdp2 and --model gpt2: fully_shard's mixed "
-       "precision is built for the MLP only yet; allowed: --engine torch (FSDP1's MixedPrecision)"},
       {g + "--precision bf16 --strategy zero3 --checkpoint full",
        "shardscope: error: --checkpoint full and --precision bf16 and --strategy zero3: FSDP's checkpointed bf16 "
        "step is not built yet; give --checkpoint none, or --strategy ddp|zero1 (autocast)"},

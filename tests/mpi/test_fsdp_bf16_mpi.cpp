@@ -140,9 +140,10 @@ TEST(FsdpBf16Mpi, MlpTrainsNearOneFp32RankAndMatchesTheClosedForms) {
   }
 }
 
-// GPT-2's bf16 module under FSDP1's MixedPrecision (harness/model/gpt2_param_bf16.cpp): trains
-// like one fp32 rank on the concatenated batch within bf16's rounding, and every real rank's
-// bytes and communication equal the closed forms (harness/predict/param_bf16_forms.hpp).
+// GPT-2's bf16 module (harness/model/gpt2_param_bf16.cpp) under FSDP1's MixedPrecision and
+// fully_shard's MixedPrecisionPolicy: trains like one fp32 rank on the concatenated batch
+// within bf16's rounding, and every real rank's bytes and communication equal the closed
+// forms (harness/predict/param_bf16_forms.hpp).
 TEST(FsdpBf16Mpi, Gpt2TrainsNearOneFp32RankAndMatchesTheClosedForms) {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -152,12 +153,16 @@ TEST(FsdpBf16Mpi, Gpt2TrainsNearOneFp32RankAndMatchesTheClosedForms) {
     int units, prefetch;
     bool overlap;
     AttentionMode attention;
+    EngineKind engine;
   };
-  for (const Setting& s : std::vector<Setting>{{"zero3", 1, 1, true, AttentionMode::flash},
-                                               {"zero3", 1, 1, false, AttentionMode::math},
-                                               {"zero2", 1, 1, true, AttentionMode::flash},
-                                               {"zero3", 0, 1, true, AttentionMode::flash},
-                                               {"zero3", 2, 0, false, AttentionMode::flash}}) {
+  const EngineKind torch = EngineKind::torch, fsdp2 = EngineKind::fsdp2;
+  for (const Setting& s : std::vector<Setting>{{"zero3", 1, 1, true, AttentionMode::flash, torch},
+                                               {"zero3", 1, 1, false, AttentionMode::math, torch},
+                                               {"zero2", 1, 1, true, AttentionMode::flash, torch},
+                                               {"zero3", 0, 1, true, AttentionMode::flash, torch},
+                                               {"zero3", 2, 0, false, AttentionMode::flash, torch},
+                                               {"zero3", 1, 1, true, AttentionMode::flash, fsdp2},
+                                               {"zero2", 1, 1, false, AttentionMode::math, fsdp2}}) {
     RunConfig cfg;
     TransformerShape& t = cfg.model.transformer;
     t.model_type = "gpt2";
@@ -184,7 +189,8 @@ TEST(FsdpBf16Mpi, Gpt2TrainsNearOneFp32RankAndMatchesTheClosedForms) {
     cfg.layers_per_unit = s.units;
     cfg.prefetch = s.prefetch;
     cfg.overlap = s.overlap;
-    SCOPED_TRACE(std::string(s.strategy) + " units=" + std::to_string(s.units) + " prefetch=" +
+    cfg.engine = s.engine;
+    SCOPED_TRACE(std::string(engine_name(s.engine)) + " " + s.strategy + " units=" + std::to_string(s.units) + " prefetch=" +
                  std::to_string(s.prefetch) + (s.overlap ? " overlap" : "") + " W=" + std::to_string(world) +
                  " rank " + std::to_string(rank));
     CpuBackend backend;
