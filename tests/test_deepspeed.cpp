@@ -10,6 +10,7 @@
 #include <set>
 
 #include "harness/comm/fake_comm.hpp"
+#include "harness/predict/param_bf16_forms.hpp"
 #include "harness/strategies/deepspeed_layout.hpp"
 #include "support/deepspeed_check.hpp"
 #include "support/dp_harness.hpp"
@@ -395,6 +396,39 @@ TEST(DeepSpeed, Bf16MeasuredEqualsPredictedEveryRank) {
   for (const std::string& p : places) backward = backward || p.rfind("backward", 0) == 0;
   EXPECT_TRUE(backward) << ::testing::PrintToString(places);
   EXPECT_TRUE(places.count("optimizer -")) << ::testing::PrintToString(places);
+}
+
+// --precision bf16 on GPT-2 (the bf16 module of harness/model/gpt2_param_bf16.cpp on the bf16
+// flat group's views: DeepSpeed's bf16 casts the module to bf16): every emulated rank of stages
+// 1 and 2 at W = 1 to 4, one bucket and several, flash and math, measures what the closed
+// forms predict (deepspeed_forms.cpp's bf16_gpt2_ranks), the saves torch's bf16 module's; the
+// resting bytes are the bf16 group, the master weights and AdamW's state, and the buckets
+// and the group's all-gather move 2 B an element.
+TEST(DeepSpeed, Bf16Gpt2MeasuredEqualsPredictedEveryRank) {
+  std::set<std::string> places;
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+    for (const char* s : {"zero1", "zero2"})
+      for (double bucket : {0.0, 0.005})  // one bucket; 1,310 elements, several buckets
+        for (int world = 1; world <= 4; ++world)
+          for (int rank = 0; rank < world; ++rank) {
+            const ModelConfig m = testing::gpt2_of(2, 16, 2, 29, 6, 2, mode);
+            RunConfig cfg = ds_config(m, s, bucket);
+            cfg.precision = PrecisionKind::bf16;
+            cfg.model.param_bf16 = true;
+            places.insert(check_deepspeed_rank(cfg, world, rank,
+                                               std::string(s) + " bf16 gpt2 " + (mode == AttentionMode::flash ? "flash" : "math") + " bucket " +
+                                                   std::to_string(bucket)));
+            const Prediction p = predict_data_parallel(cfg, world, rank);
+            const std::vector<DsPartition> parts = ds_partitions(model_tensor_elems(cfg.model), world);
+            EXPECT_EQ(p.resting[Category::param], 2 * parts[0].padded);
+            EXPECT_EQ(p.resting[Category::master], 4 * parts[0].size);
+            EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::all_reduce)], 2 * parts[0].elems);
+            EXPECT_EQ(p.saved_after_forward_bytes,
+                      gpt2_saved_after_forward_param_bf16(cfg.model.transformer, cfg.model.batch).bytes);
+          }
+  bool backward = false;
+  for (const std::string& p : places) backward = backward || p.rfind("backward", 0) == 0;
+  EXPECT_TRUE(backward) << ::testing::PrintToString(places);
 }
 
 // The seed model (P = 526,336, s = 131,584 at W = 4) under bf16, by hand: at rest the bf16

@@ -303,14 +303,15 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
 // (refuse_unbuilt_autocast).
 void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, const CLI::App& app) {
   if (c.precision == PrecisionKind::fp32) return;
-  // DeepSpeed's bf16 regime runs the MLP's stages 1 and 2 in one micro-step; the rest is
-  // planned by its model states.
+  // DeepSpeed's bf16 regime runs the MLP's and GPT-2's stages 1 and 2 in one micro-step; the
+  // rest is planned by its model states.
   if (effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed) {
     if (command == "plan") return;
     const std::string both = "--precision bf16 and --engine deepspeed";
-    if (c.model.is_transformer())
+    if (c.model.is_transformer() && c.model.name != "gpt2")
       throw UsageError(both + " and --model " + c.model.name + ": planned (plan prints its model states), not run "
-                       "yet (its bf16 modules are built for the MLP); allowed: the MLP under zero1, zero2");
+                       "yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under "
+                       "zero1, zero2");
     if (c.strategy != StrategyKind::zero1 && c.strategy != StrategyKind::zero2)
       throw UsageError(both + " and --strategy " + std::string(strategy_name(c.strategy)) + ": planned (plan prints "
                        "its model states), not run yet; allowed: zero1, zero2");
@@ -583,8 +584,10 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
                          effective_engine(c.engine, c.strategy, c.precision) != EngineKind::deepspeed;
   c.model.autocast = c.precision == PrecisionKind::bf16 && !bf16_fsdp &&
                      effective_engine(c.engine, c.strategy, c.precision) == EngineKind::torch;
-  // DeepSpeed's bf16 (the MLP's stages 1 and 2): the module in bf16 on the flat group's views.
-  const bool bf16_deepspeed = c.precision == PrecisionKind::bf16 && !c.model.is_transformer() &&
+  // DeepSpeed's bf16 (the MLP's and GPT-2's stages 1 and 2): the module in bf16 on the flat
+  // group's views.
+  const bool bf16_deepspeed = c.precision == PrecisionKind::bf16 &&
+                              (!c.model.is_transformer() || c.model.name == "gpt2") &&
                               effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed &&
                               (c.strategy == StrategyKind::zero1 || c.strategy == StrategyKind::zero2);
   c.model.param_bf16 = bf16_fsdp || bf16_deepspeed;

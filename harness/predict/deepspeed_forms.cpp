@@ -5,6 +5,7 @@
 
 #include "harness/predict/gpt2_forms.hpp"
 #include "harness/predict/llama_forms.hpp"
+#include "harness/predict/param_bf16_forms.hpp"
 #include "harness/predict/transformer_step.hpp"
 #include "harness/strategies/deepspeed_layout.hpp"
 #include "harness/strategies/partition.hpp"
@@ -212,6 +213,63 @@ std::vector<Prediction> bf16_mlp_ranks(const RunConfig& cfg, int world, int stag
   return ranks;
 }
 
+// Stages 1 and 2 of GPT-2 under --precision bf16: the bf16 module (param_bf16_forms.hpp) on
+// the bf16 flat group's views, its activations the transformer walk's with the bf16 blocks over
+// units holding nothing gathered, autograd's bf16 gradients 2·elems a unit (stage 1 one root
+// unit of 2P, from the backward's first block; stage 2 each block's during its backward), the
+// root's full gradient carrying the bf16 bucket Bk2 and stage 2's G2 (moved to their
+// categories after, as fp32's transformer_walk); then the reduction's and the optimizer's
+// instants as the bf16 MLP's (bf16_mlp_ranks).
+std::vector<Prediction> bf16_gpt2_ranks(const RunConfig& cfg, int world, int stage,
+                                        const std::vector<DsPartition>& parts) {
+  const ModelConfig& m = cfg.model;
+  const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
+  const i64 Bk2 = 2 * ds_bucket_elems(cfg.bucket_mb, P);
+  const SavedForm saved = gpt2_saved_after_forward_param_bf16(m.transformer, m.batch);
+  const std::vector<Unit> units = fsdp_units(m, stage == 1 ? 0 : 1, world);
+  std::vector<Prediction> ranks(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    const i64 G2 = 2 * parts[r].touching, pad2 = 2 * parts[r].pad();
+    const i64 G_early = stage == 2 ? G2 : 0;
+    StepUnits su;
+    for (const Unit& u : units) {
+      su.bytes.push_back(0);
+      su.grad_bytes.push_back(2 * u.elems);
+      su.top_block.push_back(u.last_block - 1);
+    }
+    su.grad_bytes[0] += Bk2 + G_early;
+    StepTransient step = transformer_step_transient(gpt2_param_bf16_blocks(m.transformer, m.batch), su);
+    if (step.bytes[Category::grad_unsharded] > 0) {
+      step.bytes[Category::grad_unsharded] -= Bk2 + G_early;
+      step.bytes[Category::comm] += Bk2;
+      step.bytes[Category::grad] += G_early;
+    }
+    Best best;
+    best.consider(step.bytes, step.phase, step.where);
+    const i64 autograd = stage == 1 ? 2 * P : 0;
+    if (stage == 1 && G2 > 0) best.consider(bytes_of(0, 0, autograd, Bk2, G2), Phase::communication, "-");
+    if (pad2 > 0) best.consider(bytes_of(0, 0, autograd, Bk2, G2 + pad2), Phase::communication, "-");
+    best.consider(bytes_of(0, 0, 0, 0, G2 + pad2 + 2 * s + 4 * s), Phase::optimizer, "-");
+
+    Prediction& p = ranks[r];
+    p.resting[Category::param] = 2 * Ppad;
+    p.resting[Category::master] = 4 * s;
+    p.resting[Category::optim] = 8 * s + 4;
+    p.model_states = p.resting.total() + (stage == 1 ? 2 * P : 2 * s);
+    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 2 * P;
+    p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 2 * Ppad;
+    p.peak_known = true;
+    p.peak_by_category = p.resting;
+    for (int c = 0; c < kCategoryCount; ++c) p.peak_by_category.bytes[c] += best.bytes.bytes[c];
+    p.peak_total = p.peak_by_category.total();
+    p.peak_phase = best.phase;
+    p.peak_where = best.where;
+    p.saved_after_forward_bytes = saved.bytes;
+    p.saved_after_forward_tensors = saved.tensors;
+  }
+  return ranks;
+}
+
 }  // namespace
 
 std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world) {
@@ -224,7 +282,8 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // --checkpoint's step is built in fp32; planned by its model states where those are all
   // there is (stage 3 and bf16 of a transformer, the bf16 baseline).
   const bool states_only =
-      cfg.strategy == StrategyKind::ddp || (m.is_transformer() && (cfg.strategy == StrategyKind::zero3 || lp != 4));
+      cfg.strategy == StrategyKind::ddp ||
+      (m.is_transformer() && (cfg.strategy == StrategyKind::zero3 || (lp != 4 && m.name != "gpt2")));
   if (m.checkpoint.any() && !states_only && lp != 4)
     throw UsageError("--checkpoint " + m.checkpoint.text() + " and --engine deepspeed and --strategy " +
                      std::string(strategy_name(cfg.strategy)) +
@@ -240,8 +299,9 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // The ZeRO paper's accounting adds the gradients the stage keeps during a step: stage 1
   // autograd's full ones, stage 2 the partition's.
   const i64 kept_grads = stage == 1 ? lp * P : lp * s;
-  // bf16 runs the MLP's stages 1 and 2.
+  // bf16 runs the MLP's and GPT-2's stages 1 and 2.
   if (lp != 4 && !m.is_transformer()) return bf16_mlp_ranks(cfg, world, stage, parts);
+  if (lp != 4 && m.name == "gpt2") return bf16_gpt2_ranks(cfg, world, stage, parts);
   if (lp != 4) {
     // A transformer's bf16 is planned by its model states: the flat group in bf16, its
     // fp32 copy (the master weights).

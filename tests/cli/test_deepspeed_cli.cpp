@@ -177,13 +177,14 @@ TEST_F(DeepSpeedCli, AccumulationOnEveryEmulatedRank) {
       << read("out.txt");
 }
 
-// --precision bf16 runs the MLP's zero1 and zero2 (DeepSpeed's bf16 regime): every emulated
-// rank at W = 3 holds its predictions, the record says bf16 and its GEMM; a transformer's,
-// stage 3's and an accumulated bf16 run are refused by name (exit 2).
+// --precision bf16 runs the MLP's and GPT-2's zero1 and zero2 (DeepSpeed's bf16 regime): every
+// emulated rank at W = 3 holds its predictions, the record says bf16; Llama's, stage 3's and an
+// accumulated bf16 run are refused by name (exit 2).
 TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
+  for (const char* model : {kMlp, kGpt2})
   for (const char* strategy : {"zero1", "zero2"})
     for (int r = 0; r < 3; ++r) {
-      const std::string flags = std::string(kMlp) + "--steps 2 --engine deepspeed --precision bf16 --strategy " +
+      const std::string flags = std::string(model) + "--steps 2 --engine deepspeed --precision bf16 --strategy " +
                                 strategy + " --emulate 3:" + std::to_string(r);
       const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + flags +
                            " --json r.json > out.txt 2> err.txt");
@@ -197,9 +198,10 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
     std::string flags;
     const char* line;
   } refused[] = {
-      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero1",
-       "shardscope: error: --precision bf16 and --engine deepspeed and --model gpt2: planned (plan prints its model "
-       "states), not run yet (its bf16 modules are built for the MLP); allowed: the MLP under zero1, zero2"},
+      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero1",
+       "shardscope: error: --precision bf16 and --engine deepspeed and --model llama: planned (plan prints its model "
+       "states), not run yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under "
+       "zero1, zero2"},
       {std::string(kMlp) + "--engine deepspeed --precision bf16 --strategy zero3",
        "shardscope: error: --precision bf16 and --engine deepspeed and --strategy zero3: planned (plan prints its "
        "model states), not run yet; allowed: zero1, zero2"},
