@@ -25,7 +25,9 @@ checkpoint's empty dummy tensor holds no bytes and is not counted.
 torch.autocast("cpu", dtype=torch.bfloat16) (parameters fp32; each Linear's GEMM in bf16 on
 bf16 casts of its input and weight; the norms, softmax and loss in fp32). A Linear's weight
 cast (autocast's cast cache; autograd holds it until that Linear's backward) is a saved
-storage that is no parameter: counted, and reported apart as param_cast.
+storage that is no parameter: counted, and reported apart as param_cast. --precision module
+casts the module to bf16 and runs no autocast (FSDP's MixedPrecision(param_dtype=bf16) runs
+the gathered bf16 unit so; DeepSpeed's bf16 casts the module).
 --itemize lists each saved storage (bytes, shape, dtype) in the order first saved, with
 the autograd nodes that saved it (and "param_cast" for a weight's bf16 cast).
 With --shardscope BINARY, runs `BINARY run --model llama ...` on the same shape (one
@@ -76,6 +78,8 @@ def hf_saved(torch, transformers, args, mode, precision="fp32"):
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(attention_bias=args.attention_bias, **shape))
     model.train()
+    if precision == "module":  # FSDP's MixedPrecision(param_dtype=bf16): the module in bf16, no autocast
+        model = model.to(torch.bfloat16)
     if args.checkpoint != "none":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         k = 1 if args.checkpoint == "full" else int(args.checkpoint.split(":", 1)[1])
@@ -176,7 +180,7 @@ def main():
     p.add_argument("--attention-bias", action="store_true")
     p.add_argument("--attention", choices=["eager", "sdpa", "sdpa-math", "all"], default="all")
     p.add_argument("--checkpoint", default="none", help="none | full | every:K (default none)")
-    p.add_argument("--precision", choices=["fp32", "bf16", "both"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "bf16", "both", "module"], default="fp32")
     p.add_argument("--itemize", action="store_true")
     p.add_argument("--shardscope", metavar="BINARY")
     p.add_argument("--seed", type=int, default=0)
