@@ -154,22 +154,22 @@ TEST(TensorParallelAutocast, RowParallelOutputsAreAllReducedInBf16) {
   }
 }
 
-// Fewer kv heads than tp are replicated in fp32; under bf16 that is not built: refused
-// naming the flags and the kv heads, where a tp dividing them is taken.
-TEST(TensorParallelAutocast, ReplicatedKvHeadsAreRefusedNamingThem) {
-  ModelConfig m = llama_of(2, 32, 8, 2, 48, 64, 8, 2, AttentionMode::flash, false);
-  m.autocast = true;
-  EXPECT_NO_THROW(check_tensor_parallel(m, 2));
-  try {
-    check_tensor_parallel(m, 4);
-    ADD_FAILURE() << "replicated kv heads under bf16 accepted";
-  } catch (const UsageError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("--mesh tp=4 and --precision bf16"), std::string::npos) << what;
-    EXPECT_NE(what.find("kv heads (2)"), std::string::npos) << what;
-  }
-  m.autocast = false;
-  EXPECT_NO_THROW(check_tensor_parallel(m, 4));
+// Fewer kv heads than tp, replicated (one kv head a rank, its copies' k and v gradients
+// all-reduced over tp in fp32): --kv-heads 2 at tp=4, 1 at tp=2 and tp=4 (with and without
+// q/k/v biases), ddp and zero1, flash and math; a wide layer whose peak is the k and v
+// gradients' temp beside k_proj's backward.
+TEST(TensorParallelAutocast, EveryEmulatedRankWithReplicatedKvHeadsIsPredicted) {
+  for (const MeshShape& mesh : {MeshShape{1, 4, 1, true}, MeshShape{2, 2, 1, true}, MeshShape{2, 4, 1, true}})
+    for (int kv : {1, 2})
+      for (const char* strategy : {"ddp", "zero1"})
+        for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+          if (kv >= mesh.tp) continue;
+          ModelConfig m = llama_of(2, 32, 8, kv, 48, 64, 8, 2, mode, kv == 1);
+          m.transformer.qkv_bias = m.transformer.out_bias = std::string(strategy) == "ddp";
+          expect_every_rank_as_predicted(bf16_mesh(mesh, strategy, m));
+        }
+  expect_every_rank_as_predicted(
+      bf16_mesh(MeshShape{1, 4, 1, true}, "ddp", llama_of(2, 256, 4, 1, 16, 16, 2, 1, AttentionMode::flash, false)));
 }
 
 }  // namespace

@@ -20,7 +20,10 @@
 // norm output), o_proj and down_proj row-parallel: the bf16 partial product, without
 // o_proj's bias, all-reduced in bf16 (2 B an element), then the residual and the bias
 // added in fp32. The fp32 gradients at the norms' outputs (q, k and v's sum; gate and up's)
-// are all-reduced in fp32, as Megatron's f sits before autocast's casts.
+// are all-reduced in fp32, as Megatron's f sits before autocast's casts. Fewer kv heads
+// than tp are replicated as in fp32 (llama.cpp): a copy's k_proj and v_proj gradients are
+// made into its head's slot of every kv head's (fp32, temp), all-reduced over tp and
+// written onto the gradients.
 #include <memory>
 #include <string>
 #include <tuple>
@@ -47,7 +50,9 @@ class AutocastLayer final : public SequenceBlock {
         t_(llama_layer_tensors(s, layer, tp)),
         tp_(tp),
         fl_(s.ffn / tp.size),
-        as_(attention_shape(s, tp.size)) {}
+        as_(attention_shape(s, tp.size)),
+        kv_replicas_(kv_replicas(s, tp.size)),
+        kv_head_(tp.rank / kv_replicas_) {}
   bool checkpointable() const override { return true; }
   // --checkpoint attention (selective recompute) is not built under autocast: refused,
   // never run as if it were not asked.
@@ -317,11 +322,35 @@ class AutocastLayer final : public SequenceBlock {
     be.rope(dk, kv, c.rows, s_.seq, as_.kv_heads, s_.head_dim, s_.rope_theta, true);
     autocast_round(dq, n * (q + kv));
 
-    // q, k, v projections, each onto its own cast of y1; y1's gradient is their sum (fp32)
+    // q, k, v projections, each onto its own cast of y1; y1's gradient is their sum (fp32).
+    // Replicated kv heads: k's and v's gradients into the rank's slot of every kv head's
+    // (a temp, zeros elsewhere), all-reduced over tp, then written with beta.
     Buffer dy1 = autocast_linear_backward(be, dq, held[kYq], held[kWq], grad(t_.qW), grad(t_.qB), n, hs, q, beta);
-    for (auto [d, xi, wi, wt, bt, width] : {std::tuple{dk, kYk, kWk, t_.kW, t_.kB, kv}, std::tuple{dv, kYv, kWv, t_.vW, t_.vB, kv}}) {
-      Buffer part = autocast_linear_backward(be, d, held[xi], held[wi], grad(wt), grad(bt), n, hs, width, beta);
+    Buffer kv_part;
+    float* kv_slot[4] = {grad(t_.kW), grad(t_.kB), grad(t_.vW), grad(t_.vB)};
+    float kv_beta = beta;
+    const i64 kw = static_cast<i64>(kv) * h, kb = t_.kB >= 0 ? kv : 0;
+    if (kv_replicas_ > 1) {
+      kv_part = be.alloc(Category::temp, floats(s_.kv_heads * 2 * (kw + kb)));
+      be.fill(kv_part.data(), 0.0f, kv_part.count());
+      float* at = kv_part.data() + kv_head_ * 2 * (kw + kb);
+      kv_slot[0] = at;
+      kv_slot[1] = kb > 0 ? at + kw : nullptr;
+      kv_slot[2] = at + kw + kb;
+      kv_slot[3] = kb > 0 ? at + 2 * kw + kb : nullptr;
+      kv_beta = 0.0f;
+    }
+    for (auto [d, xi, wi, wslot, bslot] : {std::tuple{dk, kYk, kWk, 0, 1}, std::tuple{dv, kYv, kWv, 2, 3}}) {
+      Buffer part = autocast_linear_backward(be, d, held[xi], held[wi], kv_slot[wslot], kv_slot[bslot], n, hs, kv,
+                                             kv_beta);
       be.add(dy1.data(), part.data(), floats(n * h));
+    }
+    if (kv_part) {
+      std::vector<GradSlot> slots = {{grad(t_.kW), kw}};
+      if (kb > 0) slots.push_back({grad(t_.kB), kb});
+      slots.push_back({grad(t_.vW), kw});
+      if (kb > 0) slots.push_back({grad(t_.vB), kb});
+      reduce_norm_grads(c, kv_part, slots, beta, kFamily, kv_head_ * 2 * (kw + kb));
     }
     dqkv.reset();
     for (int j : {kWq, kYq, kWk, kYk, kWv, kYv}) drop(j);
@@ -347,10 +376,11 @@ class AutocastLayer final : public SequenceBlock {
   }
 
  private:
-  // The attention's shape on this rank: its H/T query heads and K/T kv heads.
+  // The attention's shape on this rank: its H/T query heads and K/T kv heads (one, a
+  // replica, when K < T).
   static TransformerShape attention_shape(TransformerShape s, int tp) {
+    s.kv_heads = kv_heads_per_rank(s, tp);
     s.heads /= tp;
-    s.kv_heads /= tp;
     return s;
   }
   i64 qw() const { return static_cast<i64>(as_.heads) * s_.head_dim; }      // q's width here, H d/T
@@ -365,6 +395,8 @@ class AutocastLayer final : public SequenceBlock {
   TensorParallel tp_;
   int fl_;               // the MLP's inner features on this rank: f/T
   TransformerShape as_;  // the attention's shape on this rank
+  int kv_replicas_;      // the ranks holding a copy of each kv head: T/K when K < T, else 1
+  int kv_head_;          // the kv head this rank's copy is (replicated kv heads)
   WeightRef norm_ref_, norm2_ref_;
 };
 

@@ -77,10 +77,6 @@ void check_tensor_parallel(const ModelConfig& m, int tp) {
   if (s.kv_heads % tp != 0 && tp % s.kv_heads != 0)
     throw UsageError(mesh + ": the kv heads (" + std::to_string(s.kv_heads) + ") must divide by tp (each rank holds "
                      "kv_heads/tp of them) or divide tp (each kv head replicated on tp/kv_heads ranks)");
-  if (m.autocast && s.kv_heads % tp != 0)
-    throw UsageError(mesh + " and --precision bf16: the kv heads (" + std::to_string(s.kv_heads) + ") replicated on " +
-                     std::to_string(tp / s.kv_heads) + " ranks each under autocast are not built yet; give a tp that "
-                     "divides the kv heads, or --precision fp32");
 }
 
 }  // namespace shardscope

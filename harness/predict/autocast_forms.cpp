@@ -9,14 +9,14 @@ using i64 = std::int64_t;
 
 // A GPT-2 block's Linear weights (c_attn 3h·h, c_proj h·h, c_fc f·h, mlp c_proj h·f) and
 // a Llama layer's (q H·d·h, k and v K·d·h, o h·H·d, gate and up f·h, down h·f), elements
-// (a tensor-parallel rank's: each a T-th).
+// (a tensor-parallel rank's: each a T-th; Llama's k and v one kv head's when K < T).
 i64 gpt2_linear_elems(const TransformerShape& s) {
   const i64 h = s.hidden, f = s.ffn;
   return 4 * h * h + 2 * h * f;
 }
-i64 llama_linear_elems(const TransformerShape& s) {
-  const i64 h = s.hidden, f = s.ffn, hd = static_cast<i64>(s.heads) * s.head_dim,
-            kd = static_cast<i64>(s.kv_heads) * s.head_dim;
+i64 llama_linear_elems(const TransformerShape& s, int tp) {
+  const i64 h = s.hidden, f = s.ffn / tp, hd = static_cast<i64>(s.heads / tp) * s.head_dim,
+            kd = static_cast<i64>(kv_heads_per_rank(s, tp)) * s.head_dim;
   return 2 * h * hd + 2 * h * kd + 3 * h * f;
 }
 
@@ -56,12 +56,13 @@ AutocastSaved gpt2_saved_after_forward_autocast(const TransformerShape& shape, i
 
 AutocastSaved llama_block_saved_autocast(const TransformerShape& shape, int batch, int tp) {
   const TokenSizes z = token_sizes(shape, batch);
-  const i64 Q = 4 * z.N * (shape.heads / tp) * shape.head_dim, C = 4 * z.N * (shape.kv_heads / tp) * shape.head_dim;
+  const i64 Q = 4 * z.N * (shape.heads / tp) * shape.head_dim,
+            C = 4 * z.N * kv_heads_per_rank(shape, tp) * shape.head_dim;
   AutocastSaved b;
   const i64 attention = z.flash ? Q / 2 + C + Q / 2 : 3 * Q + Q / 2;
   // the input and x_mid (fp32), two rstd, five input casts (a/2), the attention, four (N, f) bf16
   b.activations = {2 * z.a + 8 * z.N + 5 * z.a / 2 + attention + z.A / tp + 2 * z.F / tp, 18};
-  b.param_cast = {2 * llama_linear_elems(shape) / tp, 7};
+  b.param_cast = {2 * llama_linear_elems(shape, tp), 7};
   return b;
 }
 

@@ -8,6 +8,8 @@
 // each with the one that covers it named below.
 #include "harness/predict/autocast_step.hpp"
 
+#include "harness/predict/transformer_forms.hpp"
+
 #include <string>
 #include <vector>
 
@@ -184,7 +186,9 @@ StepTransient gpt2_step_transient_autocast(const TransformerShape& s, int batch,
 // q, k, v and output Q + C_k, the lse A; math: fp32 q and k, v expanded 3Q, the output
 // Q/2, the probabilities A); K = 8N + 9a/2 + H + 2F, its output included. Under tp
 // o_proj and down_proj each add the instant temp X + 3a/2 (the partial product beside
-// its bf16 cast), as GPT-2's row-parallel Linears.
+// its bf16 cast), as GPT-2's row-parallel Linears. Replicated kv heads (K < T: one kv head
+// a rank, C_k = 4N·d, W_k = 4h·d): k_proj's and v_proj's backward hold P = 8K·d(h + b)
+// more (every kv head's k and v gradients, temp, all-reduced once both are made).
 //   q_proj    temp X + 2a + W_q + Q + b_q (the norm's output, its cast widened, the weight
 //             widened, q), act S + 4N + a/2 (rstd, q's input cast), cast W_q/2
 //   v_proj    temp X + 2a + Q + 2C_k + W_k + b_k, act S + 4N + 3a/2, cast W_q/2 + W_k
@@ -222,7 +226,8 @@ StepTransient gpt2_step_transient_autocast(const TransformerShape& s, int batch,
 AutocastFamily llama_autocast_family(const TransformerShape& s, int batch, int tp) {
   const TokenSizes z = token_sizes(s, batch);
   const i64 T = tp, h = s.hidden, f = s.ffn / T, V = s.vocab, hd = static_cast<i64>(s.heads / T) * s.head_dim,
-            kd = static_cast<i64>(s.kv_heads / T) * s.head_dim;
+            kd = static_cast<i64>(kv_heads_per_rank(s, tp)) * s.head_dim;
+  const i64 P = kv_replica_all_reduce_bytes(s, tp);
   const i64 N = z.N, a = z.a, F = z.F / T, A = z.A / T, X = 16 * N;
   const i64 Q = 4 * N * hd, Ck = 4 * N * kd;
   const i64 Wq = 4 * h * hd, Wk = 4 * h * kd, Wf = 4 * h * f;
@@ -259,7 +264,7 @@ AutocastFamily llama_autocast_family(const TransformerShape& s, int batch, int t
   else
     l.backward.push_back({X + a + 3 * Q + 2 * Ck + A, 4 * N + 3 * a / 2 + 3 * Q + A, Wq / 2 + Wk});
   l.backward.push_back({X + 3 * a + Q + 2 * Ck + Wq, 4 * N + 3 * a / 2, Wq / 2 + Wk});
-  l.backward.push_back({X + 4 * a + Q + 2 * Ck + Wk, 4 * N + 3 * a / 2, Wq / 2 + Wk});
+  l.backward.push_back({X + 4 * a + Q + 2 * Ck + Wk + P, 4 * N + 3 * a / 2, Wq / 2 + Wk});
   return l;
 }
 

@@ -1,6 +1,7 @@
 // Tensor-parallel GPT-2 and Llama under --precision bf16 (autocast) over MPI at the world
 // this binary was started with (W = 2, 3, 4 from ctest): every mesh of that world with
-// tp = 2 or 4, ddp and zero1 (with --checkpoint full) along dp, flash and math. Each
+// tp = 2 or 4, ddp and zero1 (with --checkpoint full) along dp, flash and math, Llama with
+// 4 kv heads and with one (replicated on every tp rank). Each
 // step's loss is the one-rank bf16 model's on the rank's batch within bf16's rounding (a
 // row-parallel output is each rank's partial product rounded to bf16, then summed in
 // bf16: other roundings than the whole product's; measured within 1e-4 of the loss, held
@@ -64,7 +65,7 @@ TEST(TensorParallelAutocastMpi, Gpt2AndLlamaLossesAreTheOneRankBf16Models) {
     if (world % tp == 0) meshes.push_back(MeshShape{world / tp, tp, 1, true});
   if (meshes.empty()) GTEST_SKIP() << "no tp of 2 or 4 divides W = " << world;
   for (const MeshShape& mesh : meshes)
-    for (const char* family : {"gpt2", "llama"})
+    for (const char* family : {"gpt2", "llama", "llama mqa"})
       for (const char* strategy : {"ddp", "zero1"})
         for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
           RunConfig cfg;
@@ -72,7 +73,9 @@ TEST(TensorParallelAutocastMpi, Gpt2AndLlamaLossesAreTheOneRankBf16Models) {
           if (std::string(family) == "gpt2") {
             cfg.model = testing::gpt2_of(2, 16, 4, 24, 6, 2, mode, 0, 8);
           } else {
-            cfg.model = testing::llama_of(2, 32, 8, 4, 24, 24, 6, 2, mode, false);
+            // "llama mqa": one kv head, replicated on every tp rank.
+            const bool mqa = std::string(family) == "llama mqa";
+            cfg.model = testing::llama_of(2, 32, 8, mqa ? 1 : 4, 24, 24, 6, 2, mode, false);
             cfg.model.transformer.qkv_bias = cfg.model.transformer.out_bias = true;
           }
           cfg.model.autocast = true;

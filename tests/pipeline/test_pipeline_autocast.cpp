@@ -246,7 +246,8 @@ void expect_mesh_ranks_as_predicted(const MeshShape& mesh, RunConfig cfg) {
 }
 
 // --mesh dp=D,tp=T,pp=S: every emulated rank of dp=2,tp=2,pp=2 and tp=4,pp=2, GPT-2 and
-// Llama (flash and math, tied and untied, biases), gpipe, 1f1b and interleaved-1f1b: each
+// Llama (flash and math, tied and untied, biases, one kv head replicated on every tp rank),
+// gpipe, 1f1b and interleaved-1f1b: each
 // stage's blocks a tp rank's shards under autocast (its weights' casts a T-th, the
 // row-parallel outputs all-reduced in bf16 over tp), the residual stream sent whole.
 TEST(PipelineAutocast, TensorParallelMeshEveryEmulatedRankHoldsItsPredictions) {
@@ -258,7 +259,8 @@ TEST(PipelineAutocast, TensorParallelMeshEveryEmulatedRankHoldsItsPredictions) {
       for (const ModelConfig& model :
            {testing::llama_of(2 * S + 1, 8, 4, 4, 8, 12, 4, 2 * S, AttentionMode::math, true), llama,
             testing::gpt2_of(2 * S + 1, 8, 4, 12, 4, 2 * S, AttentionMode::flash),
-            testing::gpt2_of(2 * S + 1, 8, 4, 12, 4, 2 * S, AttentionMode::math)})
+            testing::gpt2_of(2 * S + 1, 8, 4, 12, 4, 2 * S, AttentionMode::math),
+            testing::llama_of(2 * S + 1, 8, 4, 1, 8, 12, 4, 2 * S, AttentionMode::flash, false)})
         expect_mesh_ranks_as_predicted(mesh, bf16_config(g.schedule, M, g.chunks, model));
     }
 }
