@@ -146,6 +146,96 @@ TEST(DeepSpeed, TransformersMeasuredEqualPredictedEveryRank) {
   EXPECT_TRUE(phases.count("backward")) << ::testing::PrintToString(phases);
 }
 
+// Stage 3 of GPT-2 and Llama (deepspeed_zero3.hpp): each module gathered on its own (every
+// Linear and norm of a block, each embedding, the final norm, the head), its gradients made
+// in its backward and copied into the bucket as it ends, the embeddings kept gathered to the
+// last bucket's reduction. Every emulated rank at W = 1 to 4 measures what the closed forms
+// predict (deepspeed_stage3_transformer_forms.cpp): GPT-2 (tied head) and Llama (untied,
+// tied, with q/k/v and o biases, grouped-query), flash and math; every tensor gathered
+// (threshold 0), the weights gathered and the norms, biases and small tables kept (100),
+// every tensor kept (100,000); one bucket and buckets of about a weight (reductions inside
+// the backward, beside their zero tensors); one micro-step and two.
+TEST(DeepSpeed, StageThreeTransformersMeasuredEqualPredictedEveryRank) {
+  std::vector<std::pair<std::string, ModelConfig>> models;
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+    const std::string how = mode == AttentionMode::flash ? " flash" : " math";
+    models.emplace_back("gpt2" + how, testing::gpt2_of(2, 16, 2, 29, 6, 2, mode));
+    models.emplace_back("llama" + how, testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, mode, false));
+    models.emplace_back("llama tied" + how, testing::llama_of(3, 16, 4, 4, 20, 11, 5, 3, mode, true));
+  }
+  ModelConfig biased = testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, AttentionMode::flash, false);
+  biased.transformer.qkv_bias = biased.transformer.out_bias = true;
+  models.emplace_back("llama biased flash", biased);
+  models.emplace_back("gpt2 one sequence math", testing::gpt2_of(2, 16, 2, 29, 6, 1, AttentionMode::math));
+  // Weights above the activations (each block's modules set the peak), and a vocabulary
+  // above both (the head's and the embeddings').
+  models.emplace_back("gpt2 wide", testing::gpt2_of(2, 64, 4, 37, 2, 1, AttentionMode::flash));
+  models.emplace_back("llama wide math", testing::llama_of(2, 64, 4, 2, 96, 37, 2, 1, AttentionMode::math, false));
+  models.emplace_back("llama wide tied", testing::llama_of(2, 64, 4, 1, 96, 37, 3, 1, AttentionMode::flash, true));
+  models.emplace_back("gpt2 vocabulary", testing::gpt2_of(1, 16, 2, 2001, 4, 1, AttentionMode::math));
+  models.emplace_back("llama vocabulary", testing::llama_of(1, 16, 4, 2, 24, 2001, 4, 1, AttentionMode::flash, false));
+  // Sizes no world divides: short slices, whose zero tensors a reduction holds.
+  models.emplace_back("gpt2 odd", testing::gpt2_of(3, 18, 3, 41, 3, 1, AttentionMode::flash));
+  models.emplace_back("llama odd", testing::llama_of(3, 18, 3, 1, 30, 41, 3, 1, AttentionMode::flash, false));
+  std::set<std::string> places;
+  for (const auto& [name, m] : models)
+    for (std::int64_t threshold : {0, 100, 5'000, 100'000})
+      for (int buckets : {0, 1, 2})  // one bucket; buckets of 1.05 and 2.2 times the largest tensor
+        for (int k : {1, 2})
+          for (int world = 1; world <= 4; ++world)
+            for (int rank = 0; rank < world; ++rank) {
+              std::int64_t largest = 0;
+              for (std::int64_t n : model_tensor_elems(m)) largest = std::max(largest, n);
+              const double times = buckets == 0 ? 0.0 : buckets == 1 ? 1.05 : 2.2;
+              const double bucket = times * 4.0 * static_cast<double>(largest) / (1 << 20);
+              RunConfig cfg = ds_config(m, "zero3", bucket);
+              cfg.param_persistence = threshold;
+              cfg.accumulate = k;
+              const std::string at = check_deepspeed_rank(
+                  cfg, world, rank,
+                  name + " threshold " + std::to_string(threshold) + " bucket " + std::to_string(bucket) + " K=" +
+                      std::to_string(k));
+              places.insert(at.substr(0, at.find(' ')));
+              // A peak inside the backward at a bucket's reduction: its zero tensors (grad) beside it.
+              const Prediction p = predict_data_parallel(cfg, world, rank);
+              if (p.peak_phase == Phase::backward && p.peak_by_category[Category::grad] > p.resting[Category::grad])
+                places.insert("a reduction");
+            }
+  // Peaks in a block's backward (a module gathered beside its gradients), at a reduction
+  // inside it, in the optimizer (the flattened gradient) and in the persistent tensors'
+  // gather after it.
+  for (const char* p : {"backward", "a reduction", "optimizer", "communication"})
+    EXPECT_TRUE(places.count(p)) << p << " in " << ::testing::PrintToString(places);
+}
+
+// Stage 3 of a one-block GPT-2 (h 16, 2 heads, vocabulary 29, 6 tokens) at W = 2, every
+// tensor gathered (threshold 0), by hand: P = 464 (wte) + 96 (wpe) + 3,280 (the block) + 32
+// (ln_f) = 3,872, every tensor even: C = P/2 = 1,936. At rest param 8C = 15,488, grad
+// 4C = 7,744, optim 8C + 4 = 15,492, the bucket 4P = 15,488: 54,212 B. A step all-reduces
+// 4P = 15,488 B and gathers each of its ten modules (wte, wpe, ln_1, c_attn, attn.c_proj,
+// ln_2, c_fc, mlp.c_proj, ln_f, the head) in forward and in backward, 20 calls, each
+// moving 4W·Σc of its tensors: every tensor once and the tied table a second time (the
+// head's), twice: 2 × (4P + 4 × 464) = 34,688 B.
+TEST(DeepSpeed, StageThreeGpt2RestsAndMovesByHand) {
+  RunConfig cfg = ds_config(testing::gpt2_of(1, 16, 2, 29, 6, 1, AttentionMode::flash), "zero3", 0);
+  cfg.param_persistence = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    CpuBackend backend;
+    auto comm = make_fake_communicator(2, rank, &backend);
+    const auto r = run_dp(cfg, backend, *comm, false);
+    EXPECT_EQ(r.resting.total(), 54'212);
+    EXPECT_EQ(r.resting[Category::param], 15'488);
+    EXPECT_EQ(r.resting[Category::grad], 7'744);
+    EXPECT_EQ(r.resting[Category::optim], 15'492);
+    EXPECT_EQ(r.resting[Category::comm], 15'488);
+    EXPECT_EQ(r.ledger.by_kind[static_cast<int>(CollKind::all_reduce)].bytes, 15'488);
+    EXPECT_EQ(r.ledger.by_kind[static_cast<int>(CollKind::all_gather)].bytes, 34'688);
+    EXPECT_EQ(r.ledger.by_kind[static_cast<int>(CollKind::all_gather)].calls, 20);
+    // The head's backward holds wte gathered (4W·c = 1,856) and its gradient (4 × 464).
+    EXPECT_GE(r.peak.by_category[Category::param_unsharded], 1'856);
+  }
+}
+
 // --accumulate K (deepspeed.hpp): stage 1 reduces at the boundary alone (autograd's
 // gradients and the bucket held from the first backward on), stage 2 every micro-step (its
 // accumulated grads_in_partition held beside each later one); --no-sync under stage 1 is

@@ -29,6 +29,7 @@
 #include "harness/model/model.hpp"
 #include "harness/model/models.hpp"
 #include "harness/common/signals_held.hpp"
+#include "harness/predict/deepspeed_forms.hpp"
 #include "harness/report/csv.hpp"
 #include "harness/report/json_io.hpp"
 #include "harness/strategies/deepspeed_layout.hpp"
@@ -335,18 +336,15 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
   if (command != "plan") refuse_unbuilt_autocast(c);
 }
 
-// --engine deepspeed's combinations (docs/cli.md): stage 3 runs the MLP (a transformer's is
-// planned, not run); --checkpoint runs in fp32; DeepSpeed has
-// no units, no DDP bucket copy, no no_sync under stages 2 and 3
+// --engine deepspeed's combinations (docs/cli.md): stage 3 runs the MLP, GPT-2 and Llama in
+// fp32 (bf16 is refused by refuse_unbuilt_precision); --checkpoint runs in fp32 (but a
+// transformer's stage 3); DeepSpeed has no units, no DDP bucket copy, no no_sync under
+// stages 2 and 3
 // (its engine asserts so), and its bucket must hold the largest tensor (DeepSpeed's
 // extra-large-parameter path is not built).
 void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const std::string& command) {
   if (effective_engine(c.engine, c.strategy, c.precision) != EngineKind::deepspeed) return;
   const std::string both = "--engine deepspeed and --strategy " + f.strategy;
-  if (c.strategy == StrategyKind::zero3 && command != "plan" && c.model.is_transformer())
-    throw UsageError(both + " and --model " + c.model.name + ": DeepSpeed's stage 3 gathers each module of a "
-                     "transformer block (every Linear, norm and embedding) on its own, which this tool's blocks do "
-                     "not split: planned by its model states, not run yet; allowed: the MLP (plan takes zero3)");
   if (app.count("--units") > 0)
     throw UsageError("--units and --engine deepspeed: DeepSpeed's ZeRO has no units (one flat group); drop --units");
   // A plan lists its strategies: the forms skip each refused one with the reason.
@@ -355,6 +353,8 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
   if (c.model.checkpoint.any() && command != "plan" && c.precision == PrecisionKind::bf16)
     throw UsageError("--checkpoint " + f.checkpoint + " and " + both + " and --precision bf16: not built yet; "
                      "allowed: fp32");
+  if (c.model.checkpoint.any() && command != "plan" && c.model.is_transformer() && c.strategy == StrategyKind::zero3)
+    throw UsageError(deepspeed_stage3_checkpoint_refusal(c.model));
   if (app.count("--ddp-bucket") > 0)
     throw UsageError("--ddp-bucket and " + both + ": DeepSpeed's buckets are its own (--bucket-mb); drop --ddp-bucket");
   std::int64_t largest = 0;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,12 @@ struct TensorParallel {
   bool sequence = false;
 };
 
+// A parameter tensor named by its block and its index in that block's params().
+struct TensorRef {
+  int block = -1;  // -1: none
+  int tensor = -1;
+};
+
 // How a block reaches its parameters and gradient slots: tensor t of block b, in the
 // block's params() order. Strategies that gather parameters (ZeRO-2/3) do it in the
 // hooks, which the model calls around each block, before the pointers are asked for.
@@ -66,7 +73,24 @@ class BlockAccess {
   // module hooks fire again, as DeepSpeed's stage 3 gathers and releases on them.
   virtual void before_recompute(int /*block*/) {}
   virtual void after_recompute(int /*block*/) {}
+  // A module's use: DeepSpeed's stage 3 gathers each nn.Module with parameters of its own
+  // on its own (a transformer block's every Linear and norm, an embedding, the head), in
+  // its pre-forward hook and again in its pre-backward hook, and releases it after. A
+  // transformer's blocks name the module's tensors (a tied head names the embedding's)
+  // around each use: forward's begin before the module allocates its output, end after
+  // it; backward's begin before its input gradient is allocated, end once its backward
+  // is done (its saves released), the gradients of its tensors written in between.
+  // `input_requires_grad` false (an embedding's token ids): DeepSpeed's post-backward hook
+  // never fires, so the module stays gathered until the backward ends. No-ops elsewhere.
+  virtual void module_forward_begin(const std::vector<TensorRef>& /*tensors*/) {}
+  virtual void module_forward_end(const std::vector<TensorRef>& /*tensors*/) {}
+  virtual void module_backward_begin(const std::vector<TensorRef>& /*tensors*/) {}
+  virtual void module_backward_end(const std::vector<TensorRef>& /*tensors*/, bool /*input_requires_grad*/) {}
 };
+
+// Block `block`'s tensors `tensors` (indices in its params(); a negative one, a bias the
+// shape lacks, is left out): the module a BlockAccess hook names.
+std::vector<TensorRef> module_tensors(int block, std::initializer_list<int> tensors);
 
 // Which rows of which batch: rows [row_begin, row_begin + rows) of the batch that
 // `rank` draws at `step` (seeded by `seed`). The same rows are the same values
@@ -95,12 +119,6 @@ struct BlockCall {
 // the zero-bubble halves, what the weight half needs (the gradients at its weights).
 struct BlockTape {
   std::vector<Buffer> held;
-};
-
-// A parameter tensor named by its block and its index in that block's params().
-struct TensorRef {
-  int block = -1;  // -1: none
-  int tensor = -1;
 };
 
 class Block {

@@ -117,11 +117,13 @@ class TransformerBlock final : public SequenceBlock {
     const i64 al = 4 * n * hl;  // of the attention's (N, h/T) on this rank
     auto param = [&](int t) { return c.access.param(c.index, t); };
     auto act = [&](i64 count) { return be.alloc(Category::activation, floats(count)); };
+    auto module = [&](std::initializer_list<int> t) { return module_tensors(c.index, t); };
     std::vector<Buffer>& held = tape.held;
     held.clear();
     held.resize(kHeld);
 
     // ln_1: saves its input, mean and rstd (N, 1) each.
+    c.access.module_forward_begin(module({kLn1W, kLn1B}));
     held[kMean1] = act(ns);
     held[kRstd1] = act(ns);
     held[kLn1] = act(ns * h);
@@ -131,15 +133,18 @@ class TransformerBlock final : public SequenceBlock {
     c.saved.save(held[kMean1].data(), 4 * ns);
     c.saved.save(held[kRstd1].data(), 4 * ns);
     c.saved.save(ln_weight_(), 0);
+    c.access.module_forward_end(module({kLn1W, kLn1B}));
 
     // c_attn: saves its input (ln_1's output, addmm's mat1) and its weight.
     const bool flash = s_.attention == AttentionMode::flash;
     // (N, 3h): saved by flash, and by math when its v is a view of it
     const bool qkv_saved = flash || v_is_view(c.rows);
+    c.access.module_forward_begin(module({kAttnW, kAttnB}));
     Buffer qkv = be.alloc(qkv_saved ? Category::activation : Category::temp, floats(3 * n * hl));
     column_parallel_forward(c, qkv, held[kLn1], param(kAttnW), param(kAttnB), 3 * hl_);
     c.saved.save(held[kLn1].data(), a);
     c.saved.save(attn_weight_(), 0);
+    c.access.module_forward_end(module({kAttnW, kAttnB}));
 
     const float* y = nullptr;  // the attention's output, token-major (N, h): c_proj's input
     if (flash) {
@@ -187,12 +192,15 @@ class TransformerBlock final : public SequenceBlock {
     }
 
     // x_mid = x + c_proj(y): c_proj saves y (mm's mat1) and its weight.
+    c.access.module_forward_begin(module({kProjW, kProjB}));
     held[kXmid] = act(ns * h);
     row_parallel_forward(c, held[kXmid], x, y, param(kProjW), param(kProjB), hl_);
     c.saved.save(y, al);
     c.saved.save(proj_weight_(), 0);
+    c.access.module_forward_end(module({kProjW, kProjB}));
 
     // ln_2
+    c.access.module_forward_begin(module({kLn2W, kLn2B}));
     held[kMean2] = act(ns);
     held[kRstd2] = act(ns);
     held[kLn2] = act(ns * h);
@@ -202,21 +210,26 @@ class TransformerBlock final : public SequenceBlock {
     c.saved.save(held[kMean2].data(), 4 * ns);
     c.saved.save(held[kRstd2].data(), 4 * ns);
     c.saved.save(ln2_weight_(), 0);
+    c.access.module_forward_end(module({kLn2W, kLn2B}));
 
     // c_fc (saves ln_2's output), GELU (saves its input), mlp c_proj (saves GELU's output)
+    c.access.module_forward_begin(module({kFcW, kFcB}));
     held[kFc] = act(n * f);
     column_parallel_forward(c, held[kFc], held[kLn2], param(kFcW), param(kFcB), fl_);
     c.saved.save(held[kLn2].data(), a);
     c.saved.save(fc_weight_(), 0);
+    c.access.module_forward_end(module({kFcW, kFcB}));
     held[kGelu] = act(n * f);
     be.gelu_tanh_forward(held[kGelu].data(), held[kFc].data(), floats(n * f));
     c.saved.save(held[kFc].data(), 4 * n * f);
 
     // out = x_mid + mlp.c_proj(gelu): (N, h), activation when the next block saves it.
+    c.access.module_forward_begin(module({kMlpProjW, kMlpProjB}));
     Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(ns * h));
     row_parallel_forward(c, out, held[kXmid].data(), held[kGelu].data(), param(kMlpProjW), param(kMlpProjB), fl_);
     c.saved.save(held[kGelu].data(), 4 * n * f);
     c.saved.save(mlp_proj_weight_(), 0);
+    c.access.module_forward_end(module({kMlpProjW, kMlpProjB}));
     return out;
   }
 
@@ -228,11 +241,13 @@ class TransformerBlock final : public SequenceBlock {
     auto grad = [&](int t) { return c.access.grad(c.index, t); };
     auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
     auto drop = [&](int j) { drop_saved(c.saved, tape.held[j]); };
+    auto module = [&](std::initializer_list<int> t) { return module_tensors(c.index, t); };
     std::vector<Buffer>& held = tape.held;
     out.reset();  // nothing in this block needs its output
 
     // mlp c_proj (under --sp its output gradient's tokens gathered: the reduce-scatter's
     // backward; its bias's gradient summed over all of them), GELU, c_fc
+    c.access.module_backward_begin(module({kMlpProjW, kMlpProjB}));
     Buffer dy_whole = tp_.sequence ? gather_tokens(c, tp_, dy.data(), n, s_.hidden, kFamily) : Buffer{};
     Buffer dg = temp(n * f);
     linear_backward(be, dg.data(), grad(kMlpProjW), grad(kMlpProjB), dy_whole ? dy_whole.data() : dy.data(),
@@ -240,23 +255,29 @@ class TransformerBlock final : public SequenceBlock {
     dy_whole.reset();
     c.saved.release(mlp_proj_weight_());
     drop(kGelu);
+    c.access.module_backward_end(module({kMlpProjW, kMlpProjB}), true);
     be.gelu_tanh_backward(dg.data(), dg.data(), held[kFc].data(), floats(n * f));
     drop(kFc);
+    c.access.module_backward_begin(module({kFcW, kFcB}));
     Buffer dln = column_parallel_backward(c, dg, held[kLn2], param(kFcW), grad(kFcW), grad(kFcB), fl_, beta);
     dg.reset();
     c.saved.release(fc_weight_());
     drop(kLn2);
+    c.access.module_backward_end(module({kFcW, kFcB}), true);
 
     // ln_2, then the residual: dx_mid = ln_2's dx + dy
+    c.access.module_backward_begin(module({kLn2W, kLn2B}));
     Buffer dmid = temp(ns * h);
     norm_backward(c, dmid, dln, held[kXmid].data(), held[kMean2], held[kRstd2], kLn2W, kLn2B, beta);
     c.saved.release(ln2_weight_());
     drop(kXmid);
     drop(kMean2);
     drop(kRstd2);
+    c.access.module_backward_end(module({kLn2W, kLn2B}), true);
     add_residual(be, dmid, dy, ns * h);
 
     // attention's c_proj (its output gradient's tokens gathered under --sp)
+    c.access.module_backward_begin(module({kProjW, kProjB}));
     Buffer dmid_whole = tp_.sequence ? gather_tokens(c, tp_, dmid.data(), n, s_.hidden, kFamily) : Buffer{};
     Buffer dattn = temp(n * hl);
     linear_backward(be, dattn.data(), grad(kProjW), grad(kProjB), dmid_whole ? dmid_whole.data() : dmid.data(),
@@ -264,23 +285,28 @@ class TransformerBlock final : public SequenceBlock {
     dmid_whole.reset();
     c.saved.release(proj_weight_());
     c.saved.release(held[kAttnOut].data());  // c_proj's save of y
+    c.access.module_backward_end(module({kProjW, kProjB}), true);
 
     // attention: dqkv (N, 3h)
     Buffer dqkv = s_.attention == AttentionMode::flash ? flash_backward(c, dattn, held) : math_backward(c, dattn, held);
 
     // c_attn
+    c.access.module_backward_begin(module({kAttnW, kAttnB}));
     dln = column_parallel_backward(c, dqkv, held[kLn1], param(kAttnW), grad(kAttnW), grad(kAttnB), 3 * hl_, beta);
     dqkv.reset();
     c.saved.release(attn_weight_());
     drop(kLn1);
+    c.access.module_backward_end(module({kAttnW, kAttnB}), true);
 
     // ln_1, then the residual: dx = ln_1's dx + dx_mid
+    c.access.module_backward_begin(module({kLn1W, kLn1B}));
     Buffer dx = temp(ns * h);
     norm_backward(c, dx, dln, x, held[kMean1], held[kRstd1], kLn1W, kLn1B, beta);
     c.saved.release(ln_weight_());
     c.saved.release(x);
     drop(kMean1);
     drop(kRstd1);
+    c.access.module_backward_end(module({kLn1W, kLn1B}), true);
     add_residual(be, dx, dmid, ns * h);
     return finish_backward(held, std::move(dx), needs_dx);
   }
@@ -554,14 +580,18 @@ class FinalBlock final : public FinalNormHead {
     layer_norm_weight_grad(c.backend, grad(c, 0), grad(c, 1), dy, x, st[0].data(), st[1].data(), param(c, 0), n,
                            s_.hidden, beta);
   }
-  // The tied head reads and writes the embedding block's wte; its save names wte.
+  // The tied head reads and writes the embedding block's wte.
   const float* head_weight(const BlockCall& c) const override { return c.access.param(kEmbeddingBlock, kWte); }
   float* head_grad(const BlockCall& c) const override { return c.access.grad(kEmbeddingBlock, kWte); }
-  const void* head_key(const BlockCall& c) const override { return head_weight(c); }
+  TensorRef head_tensor(const BlockCall& /*c*/) const override { return {kEmbeddingBlock, kWte}; }
+  // A reference of its own: the table's gathered copy may move between forward and backward
+  // (DeepSpeed's stage 3 gathers it again for the head's backward).
+  const void* head_key(const BlockCall& /*c*/) const override { return head_ref_(); }
   static const float* param(const BlockCall& c, int t) { return c.access.param(c.index, t); }
   static float* grad(const BlockCall& c, int t) { return c.access.grad(c.index, t); }
 
   std::vector<ParamSpec> params_;
+  WeightRef head_ref_;
 };
 
 }  // namespace

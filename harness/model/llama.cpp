@@ -140,11 +140,13 @@ class DecoderLayer final : public SequenceBlock {
     const int hs = s_.hidden, q = static_cast<int>(qw()), kv = static_cast<int>(kvw());
     auto param = [&](int t) { return t < 0 ? nullptr : c.access.param(c.index, t); };
     auto act = [&](i64 count) { return be.alloc(Category::activation, floats(count)); };
+    auto module = [&](std::initializer_list<int> t) { return module_tensors(c.index, t); };
     std::vector<Buffer>& held = tape.held;
     held.clear();
     held.resize(kHeld);
 
     // input_layernorm (fused RMSNorm): saves its input and rstd (N, 1).
+    c.access.module_forward_begin(module({t_.norm1}));
     held[kRstd1] = act(ns);
     held[kY1] = act(ns * h);
     be.rms_norm_forward(held[kY1].data(), held[kRstd1].data(), x, param(t_.norm1), static_cast<int>(ns), hs,
@@ -152,21 +154,27 @@ class DecoderLayer final : public SequenceBlock {
     c.saved.save(x, a);
     c.saved.save(held[kRstd1].data(), 4 * ns);
     c.saved.save(norm_ref_(), 0);
+    c.access.module_forward_end(module({t_.norm1}));
 
     // q, k, v projections (each saves the norm's output and its weight); RoPE on q and k
     // in place. Flash saves all three; math copies them head-major and frees them.
     const bool flash = s_.attention == AttentionMode::flash;
     const Category qkv_category = flash ? Category::activation : Category::temp;
-    Buffer qb = be.alloc(qkv_category, floats(n * q));
-    Buffer kb = be.alloc(qkv_category, floats(n * kv));
-    Buffer vb = be.alloc(qkv_category, floats(n * kv));
+    Buffer qb, kb, vb;
     {
       // --sp: the norm's tokens gathered once for the three (a temp (N, h)); each saves the rank's.
       Buffer whole = gathered(c, held[kY1]);
       const float* y1 = whole ? whole.data() : held[kY1].data();
-      linear_forward(be, qb.data(), y1, param(t_.qW), param(t_.qB), n, hs, q, 0.0f);
-      linear_forward(be, kb.data(), y1, param(t_.kW), param(t_.kB), n, hs, kv, 0.0f);
-      linear_forward(be, vb.data(), y1, param(t_.vW), param(t_.vB), n, hs, kv, 0.0f);
+      // Each projection is a module: its output made after its pre-forward hook.
+      auto project = [&](Buffer& out, int w, int b, int width) {
+        c.access.module_forward_begin(module({w, b}));
+        out = be.alloc(qkv_category, floats(n * width));
+        linear_forward(be, out.data(), y1, param(w), param(b), n, hs, width, 0.0f);
+        c.access.module_forward_end(module({w, b}));
+      };
+      project(qb, t_.qW, t_.qB, q);
+      project(kb, t_.kW, t_.kB, kv);
+      project(vb, t_.vW, t_.vB, kv);
     }
     for (const WeightRef* ref : {&q_ref_, &k_ref_, &v_ref_}) {
       c.saved.save(held[kY1].data(), a);
@@ -219,13 +227,16 @@ class DecoderLayer final : public SequenceBlock {
     }
 
     // x_mid = x + o_proj(out): o_proj saves out and its weight.
+    c.access.module_forward_begin(module({t_.oW, t_.oB}));
     held[kXmid] = act(ns * h);
     residual_linear_forward(c, tp_, held[kXmid].data(), x, held[kOut].data(), param(t_.oW), param(t_.oB), n, q, hs,
                             kFamily);
     c.saved.save(held[kOut].data(), 4 * n * q);
     c.saved.save(o_ref_(), 0);
+    c.access.module_forward_end(module({t_.oW, t_.oB}));
 
     // post_attention_layernorm
+    c.access.module_forward_begin(module({t_.norm2}));
     held[kRstd2] = act(ns);
     held[kY2] = act(ns * h);
     be.rms_norm_forward(held[kY2].data(), held[kRstd2].data(), held[kXmid].data(), param(t_.norm2),
@@ -233,10 +244,12 @@ class DecoderLayer final : public SequenceBlock {
     c.saved.save(held[kXmid].data(), a);
     c.saved.save(held[kRstd2].data(), 4 * ns);
     c.saved.save(norm2_ref_(), 0);
+    c.access.module_forward_end(module({t_.norm2}));
 
     // The MLP in Hugging Face's order: gate (saves y2), SiLU (saves gate's output), up
     // (saves y2), the product (saves both factors), down (saves the product).
     const int fs = fl_;
+    c.access.module_forward_begin(module({t_.gateW}));
     held[kGate] = act(n * f);
     // --sp: the norm's tokens gathered once for gate and up (a temp (N, h), freed after up).
     Buffer y2_whole = gathered(c, held[kY2]);
@@ -244,25 +257,30 @@ class DecoderLayer final : public SequenceBlock {
     linear_forward(be, held[kGate].data(), y2, param(t_.gateW), nullptr, n, hs, fs, 0.0f);
     c.saved.save(held[kY2].data(), a);
     c.saved.save(gate_ref_(), 0);
+    c.access.module_forward_end(module({t_.gateW}));
     held[kSilu] = act(n * f);
     be.silu_forward(held[kSilu].data(), held[kGate].data(), floats(n * f));
     c.saved.save(held[kGate].data(), 4 * n * f);
+    c.access.module_forward_begin(module({t_.upW}));
     held[kUp] = act(n * f);
     linear_forward(be, held[kUp].data(), y2, param(t_.upW), nullptr, n, hs, fs, 0.0f);
     y2_whole.reset();
     c.saved.save(held[kY2].data(), a);
     c.saved.save(up_ref_(), 0);
+    c.access.module_forward_end(module({t_.upW}));
     held[kProd] = act(n * f);
     be.mul(held[kProd].data(), held[kSilu].data(), held[kUp].data(), floats(n * f));
     c.saved.save(held[kSilu].data(), 4 * n * f);
     c.saved.save(held[kUp].data(), 4 * n * f);
 
     // out = x_mid + down_proj(product): (N, h), activation when the next block saves it.
+    c.access.module_forward_begin(module({t_.downW}));
     Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(ns * h));
     residual_linear_forward(c, tp_, out.data(), held[kXmid].data(), held[kProd].data(), param(t_.downW), nullptr, n, fs,
                             hs, kFamily);
     c.saved.save(held[kProd].data(), 4 * n * f);
     c.saved.save(down_ref_(), 0);
+    c.access.module_forward_end(module({t_.downW}));
     return out;
   }
 
@@ -276,10 +294,12 @@ class DecoderLayer final : public SequenceBlock {
     auto temp = [&](i64 count) { return be.alloc(Category::temp, floats(count)); };
     std::vector<Buffer>& held = tape.held;
     auto drop = [&](int j) { drop_saved(c.saved, tape.held[j]); };
+    auto module = [&](std::initializer_list<int> t) { return module_tensors(c.index, t); };
     out.reset();  // nothing in this block needs its output
 
     // down_proj (under --sp its output gradient's tokens gathered: the reduce-scatter's
     // backward), then the product's factors: d up = dp * silu, d silu = dp * up, d gate = SiLU'(d silu)
+    c.access.module_backward_begin(module({t_.downW}));
     Buffer dy_whole = gathered(c, dy);
     Buffer dp = temp(n * f);
     linear_backward(be, dp.data(), grad(t_.downW), nullptr, dy_whole ? dy_whole.data() : dy.data(), held[kProd].data(),
@@ -287,6 +307,7 @@ class DecoderLayer final : public SequenceBlock {
     dy_whole.reset();
     c.saved.release(down_ref_());
     drop(kProd);
+    c.access.module_backward_end(module({t_.downW}), true);
     Buffer du = temp(n * f);
     be.mul(du.data(), dp.data(), held[kSilu].data(), floats(n * f));
     drop(kSilu);
@@ -294,32 +315,40 @@ class DecoderLayer final : public SequenceBlock {
     drop(kUp);
     be.silu_backward(dp.data(), dp.data(), held[kGate].data(), floats(n * f));
     drop(kGate);
-    // gate_proj and up_proj: dy2 = d gate W_gate + d up W_up (--sp: the norm's saved tokens
-    // gathered again for the weights' gradients, dy2 (N, h) reduce-scattered to the rank's)
+    // up_proj and gate_proj, up first as autograd reaches them (the module used last
+    // first): dy2 = d up W_up + d gate W_gate (--sp: the norm's saved tokens gathered again
+    // for the weights' gradients, dy2 (N, h) reduce-scattered to the rank's)
+    c.access.module_backward_begin(module({t_.upW}));
     Buffer y2_whole = gathered(c, held[kY2]);
     const float* y2 = y2_whole ? y2_whole.data() : held[kY2].data();
     Buffer dy2 = temp(n * h);
-    linear_backward(be, dy2.data(), grad(t_.gateW), nullptr, dp.data(), y2, param(t_.gateW), n, hs, fs, beta);
+    linear_backward(be, dy2.data(), grad(t_.upW), nullptr, du.data(), y2, param(t_.upW), n, hs, fs, beta);
+    du.reset();
+    c.saved.release(up_ref_());
+    c.access.module_backward_end(module({t_.upW}), true);
+    c.access.module_backward_begin(module({t_.gateW}));
+    linear_backward(be, dy2.data(), grad(t_.gateW), nullptr, dp.data(), y2, param(t_.gateW), n, hs, fs, beta, 1.0f);
     dp.reset();
-    linear_backward(be, dy2.data(), grad(t_.upW), nullptr, du.data(), y2, param(t_.upW), n, hs, fs, beta, 1.0f);
     y2_whole.reset();
     column_input_grad(c, dy2);
-    du.reset();
     c.saved.release(gate_ref_());
-    c.saved.release(up_ref_());
     c.saved.release(held[kY2].data());
     drop(kY2);
+    c.access.module_backward_end(module({t_.gateW}), true);
 
     // post_attention_layernorm, then the residual: dx_mid = the norm's dx + dy
+    c.access.module_backward_begin(module({t_.norm2}));
     Buffer dmid = temp(ns * h);
     norm_backward(c, dmid, dy2, held[kXmid].data(), held[kRstd2], t_.norm2, beta);
     c.saved.release(norm2_ref_());
     drop(kXmid);
     drop(kRstd2);
+    c.access.module_backward_end(module({t_.norm2}), true);
     add_residual(be, dmid, dy, ns * h);
 
     // o_proj (its output gradient's tokens gathered under --sp; its bias's gradient summed
     // over all of them)
+    c.access.module_backward_begin(module({t_.oW, t_.oB}));
     Buffer dmid_whole = gathered(c, dmid);
     Buffer dout = temp(n * q);
     linear_backward(be, dout.data(), grad(t_.oW), grad(t_.oB), dmid_whole ? dmid_whole.data() : dmid.data(),
@@ -327,6 +356,7 @@ class DecoderLayer final : public SequenceBlock {
     dmid_whole.reset();
     c.saved.release(o_ref_());
     c.saved.release(held[kOut].data());  // o_proj's save of out
+    c.access.module_backward_end(module({t_.oW, t_.oB}), true);
 
     // attention: dq (N, H d), dk and dv (N, K d) in one buffer, laid out one after another
     Buffer dqkv = s_.attention == AttentionMode::flash ? flash_backward(c, dout, held) : math_backward(c, dout, held);
@@ -336,29 +366,46 @@ class DecoderLayer final : public SequenceBlock {
     be.rope(dq, q, c.rows, s_.seq, as_.heads, s_.head_dim, s_.rope_theta, true);
     be.rope(dk, kv, c.rows, s_.seq, as_.kv_heads, s_.head_dim, s_.rope_theta, true);
 
-    // q, k, v projections: dy1 = dq W_q + dk W_k + dv W_v
+    // v, k and q projections, the last used first as autograd reaches them:
+    // dy1 = dv W_v + dk W_k + dq W_q
+    c.access.module_backward_begin(module({t_.vW, t_.vB}));
     Buffer y1_whole = gathered(c, held[kY1]);
     const float* y1 = y1_whole ? y1_whole.data() : held[kY1].data();
     Buffer dy1 = temp(n * h);
-    linear_backward(be, dy1.data(), grad(t_.qW), grad(t_.qB), dq, y1, param(t_.qW), n, hs, q, beta);
-    KvGrads kvg = kv_grads(c, beta);  // a replicated copy's: into its slot of the group's sum
-    linear_backward(be, dy1.data(), kvg.kW, kvg.kB, dk, y1, param(t_.kW), n, hs, kv, kvg.beta, 1.0f);
-    linear_backward(be, dy1.data(), kvg.vW, kvg.vB, dv, y1, param(t_.vW), n, hs, kv, kvg.beta, 1.0f);
+    // A replicated kv copy's (kv heads fewer than tp) k and v gradients go into its slot of
+    // the group's sum, reduced once q's is made.
+    const bool copies = kv_replicas_ > 1;
+    KvGrads kvg = copies ? kv_grads(c, beta) : KvGrads{};
+    const float kv_beta = copies ? kvg.beta : beta;
+    linear_backward(be, dy1.data(), copies ? kvg.vW : grad(t_.vW), copies ? kvg.vB : grad(t_.vB), dv, y1,
+                    param(t_.vW), n, hs, kv, kv_beta);
+    c.saved.release(v_ref_());
+    c.access.module_backward_end(module({t_.vW, t_.vB}), true);
+    c.access.module_backward_begin(module({t_.kW, t_.kB}));
+    linear_backward(be, dy1.data(), copies ? kvg.kW : grad(t_.kW), copies ? kvg.kB : grad(t_.kB), dk, y1,
+                    param(t_.kW), n, hs, kv, kv_beta, 1.0f);
+    c.saved.release(k_ref_());
+    c.access.module_backward_end(module({t_.kW, t_.kB}), true);
+    c.access.module_backward_begin(module({t_.qW, t_.qB}));
+    linear_backward(be, dy1.data(), grad(t_.qW), grad(t_.qB), dq, y1, param(t_.qW), n, hs, q, beta, 1.0f);
     reduce_kv_grads(c, kvg, beta);
     y1_whole.reset();
     column_input_grad(c, dy1);
     dqkv.reset();
-    for (const WeightRef* ref : {&q_ref_, &k_ref_, &v_ref_}) c.saved.release((*ref)());
+    c.saved.release(q_ref_());
     c.saved.release(held[kY1].data());
     c.saved.release(held[kY1].data());
     drop(kY1);
+    c.access.module_backward_end(module({t_.qW, t_.qB}), true);
 
     // input_layernorm, then the residual: dx = the norm's dx + dx_mid
+    c.access.module_backward_begin(module({t_.norm1}));
     Buffer dx = temp(ns * h);
     norm_backward(c, dx, dy1, x, held[kRstd1], t_.norm1, beta);
     c.saved.release(norm_ref_());
     c.saved.release(x);
     drop(kRstd1);
+    c.access.module_backward_end(module({t_.norm1}), true);
     add_residual(be, dx, dmid, ns * h);
     return finish_backward(held, std::move(dx), needs_dx);
   }
@@ -394,10 +441,10 @@ class DecoderLayer final : public SequenceBlock {
     drop(kUp);
     be.silu_backward(dp.data(), dp.data(), held[kGate].data(), floats(n * f));
     drop(kGate);
-    // gate_proj and up_proj
+    // up_proj and gate_proj (in backward's order: up first)
     held[kDy2] = temp(n * h);
-    linear_input_grad(be, held[kDy2].data(), dp.data(), param(t_.gateW), n, hs, fs);
-    linear_input_grad(be, held[kDy2].data(), held[kDup].data(), param(t_.upW), n, hs, fs, 1.0f);
+    linear_input_grad(be, held[kDy2].data(), held[kDup].data(), param(t_.upW), n, hs, fs);
+    linear_input_grad(be, held[kDy2].data(), dp.data(), param(t_.gateW), n, hs, fs, 1.0f);
     column_parallel_input_grad(c, tp_, held[kDy2], kFamily);
     c.saved.release(gate_ref_());
     c.saved.release(up_ref_());
@@ -420,10 +467,11 @@ class DecoderLayer final : public SequenceBlock {
     float* dv = dk + n * kv;
     be.rope(dq, q, c.rows, s_.seq, as_.heads, s_.head_dim, s_.rope_theta, true);
     be.rope(dk, kv, c.rows, s_.seq, as_.kv_heads, s_.head_dim, s_.rope_theta, true);
+    // v, k and q (in backward's order)
     held[kDy1] = temp(n * h);
-    linear_input_grad(be, held[kDy1].data(), dq, param(t_.qW), n, hs, q);
+    linear_input_grad(be, held[kDy1].data(), dv, param(t_.vW), n, hs, kv);
     linear_input_grad(be, held[kDy1].data(), dk, param(t_.kW), n, hs, kv, 1.0f);
-    linear_input_grad(be, held[kDy1].data(), dv, param(t_.vW), n, hs, kv, 1.0f);
+    linear_input_grad(be, held[kDy1].data(), dq, param(t_.qW), n, hs, q, 1.0f);
     column_parallel_input_grad(c, tp_, held[kDy1], kFamily);
     for (const WeightRef* ref : {&q_ref_, &k_ref_, &v_ref_}) c.saved.release((*ref)());
 
@@ -679,6 +727,9 @@ class FinalBlock final : public FinalNormHead {
   }
   float* head_grad(const BlockCall& c) const override {
     return s_.tied_embeddings ? c.access.grad(kEmbeddingBlock, kEmbedTokens) : c.access.grad(c.index, 1);
+  }
+  TensorRef head_tensor(const BlockCall& c) const override {
+    return s_.tied_embeddings ? TensorRef{kEmbeddingBlock, kEmbedTokens} : TensorRef{c.index, 1};
   }
   const void* head_key(const BlockCall& /*c*/) const override { return head_ref_(); }
 

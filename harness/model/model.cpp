@@ -92,6 +92,13 @@ std::vector<float> Model::init_flat_slice(std::uint64_t seed, std::int64_t begin
   return out;
 }
 
+std::vector<TensorRef> module_tensors(int block, std::initializer_list<int> tensors) {
+  std::vector<TensorRef> out;
+  for (int t : tensors)
+    if (t >= 0) out.push_back({block, t});
+  return out;
+}
+
 std::vector<float> Block::host_input(const DataSlice& at) const {
   return hashed_rows(at.seed, at.step, at.rank, at.row_begin, at.rows, static_cast<int>(input_elems(1)));
 }

@@ -155,6 +155,8 @@ class EmbeddingBlock final : public SequenceBlock {
     // x0 = tokens[idx] (+ positions[pos]), (N, h); under --sp the rank's (N/T, h) tokens
     // of it (the sum made in a temp (N, h)).
     const char* who = "the vocabulary-parallel embedding";
+    const std::vector<TensorRef> tokens_module = module_tensors(c.index, {0});
+    c.access.module_forward_begin(tokens_module);
     Buffer out = be.alloc(output_saved ? Category::activation : Category::temp,
                           floats(stream_tokens(tp_, n) * s_.hidden));
     Buffer whole = tp_.sequence ? be.alloc(Category::temp, floats(n * s_.hidden)) : Buffer{};
@@ -173,7 +175,12 @@ class EmbeddingBlock final : public SequenceBlock {
       else
         tp_group(c, who).all_reduce_sum(x0, floats(n * s_.hidden));
     }
-    if (positions_) be.add_positions(x0, c.access.param(c.index, 1), c.rows, s_.seq, s_.hidden);
+    c.access.module_forward_end(tokens_module);
+    if (positions_) {
+      c.access.module_forward_begin(module_tensors(c.index, {1}));
+      be.add_positions(x0, c.access.param(c.index, 1), c.rows, s_.seq, s_.hidden);
+      c.access.module_forward_end(module_tensors(c.index, {1}));
+    }
     if (tp_.sequence && positions_) be.copy(out.data(), x0 + static_cast<i64>(tp_.rank) * out.count(), out.count());
     whole.reset();
     c.saved.save(in, 8 * n);
@@ -211,16 +218,11 @@ class EmbeddingBlock final : public SequenceBlock {
       Buffer whole = gather_tokens(c, tp_, dy.data(), n, s_.hidden, "the vocabulary-parallel embedding");
       dy = std::move(whole);
     }
-    // A tied head (the model's last block) wrote the table's gradient earlier in this
-    // backward, with `beta`: the embedding adds onto it.
-    const float table_beta = s_.tied_embeddings ? 1.0f : beta;
-    if (tp_.size == 1)
-      be.embedding_backward(c.access.grad(c.index, 0), ids_of(in), dy.data(), static_cast<int>(n), s_.hidden,
-                            s_.vocab, table_beta);
-    else
-      be.vocab_embedding_backward(c.access.grad(c.index, 0), ids_of(in), dy.data(), static_cast<int>(n), s_.hidden,
-                                  first_row(), vocab_, table_beta);
+    // The positions first, as torch's backward reaches the table that forward used last
+    // first (DeepSpeed's stage 3 gathers each table in its own pre-backward hook; its
+    // post-backward hook never fires, the ids taking no gradient).
     if (positions_) {
+      c.access.module_backward_begin(module_tensors(c.index, {1}));
       float* dpos = c.access.grad(c.index, 1);
       be.positions_backward(dpos, dy.data(), c.rows, s_.seq, s_.hidden, beta);
       // Positions past the sequence get no gradient: zero when overwriting (an FSDP full
@@ -228,8 +230,20 @@ class EmbeddingBlock final : public SequenceBlock {
       if (beta == 0.0f && s_.positions > s_.seq)
         be.fill(dpos + static_cast<i64>(s_.seq) * s_.hidden, 0.0f,
                 floats(static_cast<i64>(s_.positions - s_.seq) * s_.hidden));
+      c.access.module_backward_end(module_tensors(c.index, {1}), false);
     }
+    // A tied head (the model's last block) wrote the table's gradient earlier in this
+    // backward, with `beta`: the embedding adds onto it.
+    const float table_beta = s_.tied_embeddings ? 1.0f : beta;
+    c.access.module_backward_begin(module_tensors(c.index, {0}));
+    if (tp_.size == 1)
+      be.embedding_backward(c.access.grad(c.index, 0), ids_of(in), dy.data(), static_cast<int>(n), s_.hidden,
+                            s_.vocab, table_beta);
+    else
+      be.vocab_embedding_backward(c.access.grad(c.index, 0), ids_of(in), dy.data(), static_cast<int>(n), s_.hidden,
+                                  first_row(), vocab_, table_beta);
     dy.reset();
+    c.access.module_backward_end(module_tensors(c.index, {0}), false);
     c.saved.release(in);
     if (positions_) c.saved.release(tape.held[0].data());
     tape.held.clear();
@@ -466,13 +480,16 @@ Buffer FinalNormHead::forward(const BlockCall& c, const float* x, bool /*input_r
   const i64 n = tokens(c.rows), h = s_.hidden, ns = stream_tokens(tp_, n);
   std::vector<Buffer>& held = tape.held;
   held.clear();
+  c.access.module_forward_begin(norm_module(c));
   for (int j = 0; j < stats_; ++j) held.push_back(be.alloc(Category::activation, floats(ns)));
   held.push_back(be.alloc(Category::activation, floats(ns * h)));  // y
   norm_forward(c, held[stats_].data(), held, x, ns);
   c.saved.save(x, 4 * ns * h);
   for (int j = 0; j < stats_; ++j) c.saved.save(held[j].data(), 4 * ns);
   c.saved.save(norm_ref_(), 0);
+  c.access.module_forward_end(norm_module(c));
   // logits (N, V) = y W^T: the head (mm) saves y and its weight.
+  c.access.module_forward_begin({head_tensor(c)});
   Buffer out = be.alloc(output_saved ? Category::activation : Category::temp, floats(n * vocab_));
   Buffer whole = tp_.sequence ? gather_tokens(c, tp_, held[stats_].data(), n, s_.hidden, "the sequence-parallel head")
                               : Buffer{};
@@ -480,6 +497,7 @@ Buffer FinalNormHead::forward(const BlockCall& c, const float* x, bool /*input_r
   whole.reset();
   c.saved.save(held[stats_].data(), 4 * ns * h);
   c.saved.save(head_key(c), 0);
+  c.access.module_forward_end({head_tensor(c)});
   return out;
 }
 
@@ -491,6 +509,7 @@ Buffer FinalNormHead::backward(const BlockCall& c, const float* x, Buffer& out, 
   out.reset();
   // The head: dy_norm = dlogits W and dW = dlogits^T y (a tied head writes the
   // embedding's gradient first, with beta; the embedding adds its part later).
+  c.access.module_backward_begin({head_tensor(c)});
   Buffer dnorm;
   if (tp_.sequence) {
     // y's tokens gathered again; the input gradient (N, h) reduce-scattered to the rank's.
@@ -506,6 +525,8 @@ Buffer FinalNormHead::backward(const BlockCall& c, const float* x, Buffer& out, 
   }
   c.saved.release(head_key(c));
   drop_saved(c.saved, held[stats_]);
+  c.access.module_backward_end({head_tensor(c)}, true);
+  c.access.module_backward_begin(norm_module(c));
   Buffer dx = be.alloc(Category::temp, floats(ns * s_.hidden));
   if (tp_.sequence) {
     const i64 h = s_.hidden;
@@ -522,6 +543,7 @@ Buffer FinalNormHead::backward(const BlockCall& c, const float* x, Buffer& out, 
   c.saved.release(norm_ref_());
   c.saved.release(x);
   for (int j = 0; j < stats_; ++j) drop_saved(c.saved, held[j]);
+  c.access.module_backward_end(norm_module(c), true);
   return finish_backward(held, std::move(dx), needs_dx);
 }
 

@@ -172,6 +172,16 @@ class FinalNormHead : public SequenceBlock {
   void backward_weight(const BlockCall& c, const float* x, float beta, BlockTape& tape) override;
 
  protected:
+  // The modules DeepSpeed's stage 3 gathers on their own (BlockAccess's module hooks): the
+  // norm's tensors (the block's first norm_stats, as norm_backward says), and the head's
+  // weight (the embedding's table when tied).
+  std::vector<TensorRef> norm_module(const BlockCall& c) const {
+    std::vector<TensorRef> out;
+    for (int j = 0; j < stats_; ++j) out.push_back({c.index, j});
+    return out;
+  }
+  virtual TensorRef head_tensor(const BlockCall& c) const = 0;
+
   // The norm over x (N, h) with its statistics in stats (held's first norm_stats).
   virtual void norm_forward(const BlockCall& c, float* y, const std::vector<Buffer>& stats, const float* x,
                             i64 n) const = 0;

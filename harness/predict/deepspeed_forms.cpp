@@ -279,19 +279,24 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // optimizer's copy of the partition and AdamW's state are fp32 under both).
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
   refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
-  // --checkpoint's step is built in fp32; planned by its model states where those are all
-  // there is (stage 3 and bf16 of a transformer, the bf16 baseline).
+  // --checkpoint's step is built in fp32 (but a transformer's stage 3); planned by its model
+  // states where those are all there is (a transformer's stage 3 under bf16, Llama's bf16,
+  // the bf16 baseline).
   const bool states_only =
       cfg.strategy == StrategyKind::ddp ||
-      (m.is_transformer() && (cfg.strategy == StrategyKind::zero3 || (lp != 4 && m.name != "gpt2")));
+      (m.is_transformer() && lp != 4 && (cfg.strategy == StrategyKind::zero3 || m.name != "gpt2"));
   if (m.checkpoint.any() && !states_only && lp != 4)
     throw UsageError("--checkpoint " + m.checkpoint.text() + " and --engine deepspeed and --strategy " +
                      std::string(strategy_name(cfg.strategy)) +
                      " and --precision bf16: not built yet; allowed: fp32");
-  // Stage 3 runs the MLP in fp32; elsewhere it is planned by its model states.
-  if (cfg.strategy == StrategyKind::zero3)
-    return !m.is_transformer() && lp == 4 ? predict_deepspeed_stage3_mlp(cfg, world)
-                                          : stage3_model_states(tensors, world, lp, cfg.param_persistence);
+  if (m.checkpoint.any() && m.is_transformer() && cfg.strategy == StrategyKind::zero3 && lp == 4)
+    throw UsageError(deepspeed_stage3_checkpoint_refusal(m));
+  // Stage 3 runs the MLP, GPT-2 and Llama in fp32; under bf16 it is planned by its model states.
+  if (cfg.strategy == StrategyKind::zero3) {
+    if (lp != 4) return stage3_model_states(tensors, world, lp, cfg.param_persistence);
+    return m.is_transformer() ? predict_deepspeed_stage3_transformer(cfg, world)
+                              : predict_deepspeed_stage3_mlp(cfg, world);
+  }
   const std::vector<DsPartition> parts = ds_partitions(tensors, world);
   const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
   if (cfg.strategy == StrategyKind::ddp) return baseline_model_states(P, world, lp);  // bf16 only

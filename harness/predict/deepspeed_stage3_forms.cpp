@@ -8,22 +8,11 @@
 #include "harness/strategies/deepspeed_layout.hpp"
 
 namespace shardscope {
-namespace {
 
-using i64 = std::int64_t;
-
-// A gather of a set of tensors: the bytes it leaves gathered (one tensor: its buffer of
-// W·c_t; several: n_t each), the flat comm buffer beside them at its instant (several:
-// W·Σc_t), and the bytes its all-gather moves (the whole output, as the ledger counts it);
-// nothing at all on one rank.
-struct Gather {
-  i64 held = 0, flat = 0, moved = 0;
-};
-
-Gather gather_of(const Ds3Layout& l, const std::vector<int>& tensors, int world) {
-  Gather g;
+Ds3Gather ds3_gather(const Ds3Layout& l, const std::vector<int>& tensors, int world) {
+  Ds3Gather g;
   if (tensors.empty() || world == 1) return g;  // one rank: each tensor views its partition
-  i64 parts = 0, elems = 0;
+  std::int64_t parts = 0, elems = 0;
   for (int t : tensors) {
     parts += l.part[t];
     elems += l.elems[t];
@@ -36,6 +25,15 @@ Gather gather_of(const Ds3Layout& l, const std::vector<int>& tensors, int world)
     g.flat = 4 * world * parts;
   }
   return g;
+}
+
+namespace {
+
+using i64 = std::int64_t;
+using Gather = Ds3Gather;
+
+Gather gather_of(const Ds3Layout& l, const std::vector<int>& tensors, int world) {
+  return ds3_gather(l, tensors, world);
 }
 
 // Stage 3's instants name seven categories (DeepSpeedPeak keeps the first of the largest).

@@ -10,12 +10,16 @@ DeepSpeedZero3::DeepSpeedZero3(const StrategyContext& ctx)
     : DataParallelStrategy(ctx),
       layout_(ds3_layout(model_tensor_elems(ctx.cfg.model), ctx.comm.world(), ctx.cfg.param_persistence)),
       bucket_cap_(ds_bucket_elems(ctx.cfg.bucket_mb, model_->params())) {
-  SHARDSCOPE_REQUIRE(!ctx.cfg.model.is_transformer(), "deepspeed zero3: only the MLP runs (the CLI refuses the rest)");
+  SHARDSCOPE_REQUIRE(!ctx.cfg.model.param_bf16 && !ctx.cfg.model.autocast,
+                     "deepspeed zero3: fp32 only (the CLI refuses bf16)");
+  modules_ = ctx.cfg.model.is_transformer();
   for (int t = 0; t < model_->param_tensors(); ++t)
     if (layout_.persistent[t]) persistent_.push_back(t);
   gathered_.resize(static_cast<std::size_t>(model_->param_tensors()));
   view_.assign(static_cast<std::size_t>(model_->param_tensors()), nullptr);
   block_grad_.resize(static_cast<std::size_t>(model_->blocks()));
+  tensor_grad_.resize(static_cast<std::size_t>(model_->param_tensors()));
+  uses_.assign(static_cast<std::size_t>(model_->param_tensors()), 0);
 }
 
 void DeepSpeedZero3::setup() {
@@ -99,6 +103,59 @@ void DeepSpeedZero3::release(const std::vector<int>& tensors) {
   }
 }
 
+std::vector<int> DeepSpeedZero3::not_persistent(const std::vector<TensorRef>& tensors) const {
+  std::vector<int> out;
+  for (const TensorRef& r : tensors)
+    if (!layout_.persistent[tensor_of(r)]) out.push_back(tensor_of(r));
+  return out;
+}
+
+std::vector<int> DeepSpeedZero3::to_gather(const std::vector<TensorRef>& tensors) const {
+  std::vector<int> out;
+  for (int t : not_persistent(tensors))
+    if (view_[t] == nullptr) out.push_back(t);
+  return out;
+}
+
+void DeepSpeedZero3::module_forward_begin(const std::vector<TensorRef>& tensors) {
+  if (!modules_) return;
+  gather(to_gather(tensors), Category::param_unsharded);
+  for (const TensorRef& r : tensors) ++uses_[tensor_of(r)];
+}
+
+void DeepSpeedZero3::module_forward_end(const std::vector<TensorRef>& tensors) {
+  if (modules_) release(not_persistent(tensors));
+}
+
+void DeepSpeedZero3::module_backward_begin(const std::vector<TensorRef>& tensors) {
+  if (!modules_) return;
+  gather(to_gather(tensors), Category::param_unsharded);
+  // Autograd makes each parameter's gradient (the tied table's once: the head's part, then
+  // the embedding's added onto it).
+  for (const TensorRef& r : tensors) {
+    const int t = tensor_of(r);
+    if (!tensor_grad_[t])
+      tensor_grad_[t] = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(layout_.elems[t]));
+  }
+}
+
+void DeepSpeedZero3::module_backward_end(const std::vector<TensorRef>& tensors, bool input_requires_grad) {
+  if (!modules_) return;
+  // The gradient hooks fire before the module's post-backward hook: the last tensor first.
+  for (auto it = tensors.rbegin(); it != tensors.rend(); ++it) {
+    const int t = tensor_of(*it);
+    SHARDSCOPE_REQUIRE(uses_[t] > 0, "deepspeed zero3: a module's backward without its forward");
+    if (--uses_[t] > 0) continue;  // the tied table: the embedding's part is still to come
+    add_to_bucket(t, tensor_grad_[t].data());
+    tensor_grad_[t].reset();
+  }
+  const std::vector<int> mine = not_persistent(tensors);
+  if (input_requires_grad)
+    release(mine);
+  else
+    leftovers_.insert(leftovers_.end(), mine.begin(), mine.end());
+}
+
 const float* DeepSpeedZero3::param(int block, int tensor) {
   const float* p = view_[tensor_of(block, tensor)];
   SHARDSCOPE_REQUIRE(p != nullptr, "deepspeed zero3: a tensor used while not gathered");
@@ -106,16 +163,24 @@ const float* DeepSpeedZero3::param(int block, int tensor) {
 }
 
 float* DeepSpeedZero3::grad(int block, int tensor) {
+  if (modules_) {
+    float* g = tensor_grad_[tensor_of(block, tensor)].data();
+    SHARDSCOPE_REQUIRE(g != nullptr, "deepspeed zero3: a gradient written outside its module's backward");
+    return g;
+  }
   const std::int64_t in_block = model_->tensor_offset(tensor_of(block, tensor)) - model_->block_offset(block);
   return block_grad_[block].data() + in_block;
 }
 
 // The model marks the block's place (layer b) before each hook.
 void DeepSpeedZero3::before_forward(int block) {
+  if (modules_) return;  // a transformer's modules gather in the module hooks
   gather(gathered_tensors(block), Category::param_unsharded);
 }
 
-void DeepSpeedZero3::after_forward(int block) { release(gathered_tensors(block)); }
+void DeepSpeedZero3::after_forward(int block) {
+  if (!modules_) release(gathered_tensors(block));
+}
 
 bool DeepSpeedZero3::recompute_first(int block) const {
   return model_->checkpointed(block) && cfg_.model.activation == Activation::relu;
@@ -128,18 +193,20 @@ void DeepSpeedZero3::gather_for_backward(int block) {
 }
 
 void DeepSpeedZero3::before_backward(int block) {
+  if (modules_) return;  // a transformer's modules gather in the module hooks
   if (!recompute_first(block)) gather_for_backward(block);
 }
 
 // The re-run's pre-forward hook: it gathers what is not gathered (under ReLU, all of it).
 void DeepSpeedZero3::before_recompute(int block) {
-  if (recompute_first(block)) gather(gathered_tensors(block), Category::param_unsharded);
+  if (!modules_ && recompute_first(block)) gather(gathered_tensors(block), Category::param_unsharded);
 }
 
 // The re-run's post-forward hook releases the layer; its saves keep the weight's gathered
 // buffer when the Linear saved its weight (its input requires a gradient: not layer 0),
 // which the backward then reads. Under ReLU the pre-backward hook comes next.
 void DeepSpeedZero3::after_recompute(int block) {
+  if (modules_) return;
   const std::vector<int> tensors = gathered_tensors(block);
   const int weight = tensor_of(block, 0);
   for (int t : tensors) {
@@ -154,6 +221,7 @@ void DeepSpeedZero3::after_recompute(int block) {
 }
 
 void DeepSpeedZero3::after_backward(int block) {
+  if (modules_) return;
   rerun_saved_.reset();  // the Linear's backward has run: its saves are freed
   // The block's tensors as their hooks fire: last first.
   for (int t = model_->first_tensor(block + 1) - 1; t >= model_->first_tensor(block); --t)
@@ -200,7 +268,12 @@ void DeepSpeedZero3::reduce_bucket() {
   bucket_used_ = 0;
 }
 
-void DeepSpeedZero3::reduce_gradients() { reduce_bucket(); }
+void DeepSpeedZero3::reduce_gradients() {
+  reduce_bucket();
+  // backward_epilogue's release_backward_leftovers: the modules whose post-backward hook never fired.
+  release(leftovers_);
+  leftovers_.clear();
+}
 
 void DeepSpeedZero3::optimizer_step(int step) {
   const std::size_t C = static_cast<std::size_t>(layout_.flat);

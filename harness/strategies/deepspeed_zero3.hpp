@@ -1,6 +1,8 @@
 // zero3 under --engine deepspeed: DeepSpeed's ZeRO stage 3 (DeepSpeedZeroOptimizer_Stage3,
-// its parameter coordinator and partition_parameters.py), fp32, the MLP (each Linear one
-// module). docs/design.md, "DeepSpeed"; the layout: deepspeed_layout.hpp (Ds3Layout).
+// its parameter coordinator and partition_parameters.py), fp32: the MLP (each Linear one
+// module, a block) and GPT-2 and Llama (each nn.Module with parameters of its own one
+// module: an embedding, a block's every Linear and norm, the final norm, the head; the
+// blocks name them through BlockAccess's module hooks). docs/design.md, "DeepSpeed"; the layout: deepspeed_layout.hpp (Ds3Layout).
 // DeepSpeed's configuration as taken here: stage3_prefetch_bucket_size 0 (no prefetch),
 // stage3_max_reuse_distance 0 (a module's parameters are released after each use; at its
 // default of 10^9 elements DeepSpeed keeps them from the forward to the backward once its
@@ -43,6 +45,17 @@
 //             the layer's input requires a gradient, so the Linear saves its weight, not
 //             in layer 0) until the layer's backward has run: the weight's gathered buffer
 //             is held from the re-run's release to the backward's end;
+// A transformer's modules (the blocks' module hooks, parameter_offload.py's hooks):
+//   forward   a module's tensors that are not persistent are gathered before it makes its
+//             output and released after it (the tied head gathers the embedding's table);
+//   backward  gathered again when its backward begins, and each tensor's gradient made
+//             (grad_unsharded, n_t, as autograd makes each parameter's .grad); when it is
+//             done each gradient whose tensor has no use left in this backward is copied
+//             into the bucket (last tensor first: the tied table's after the embedding's
+//             backward, the head's part written into it before), freed, and the module
+//             released, but for a module whose input takes no gradient (the embeddings: their
+//             post-backward hook never fires), kept gathered until after the last bucket's
+//             reduction (release_backward_leftovers);
 //   optimizer every gathered tensor is released (the persistent ones too), the gradient
 //             partitions flattened into a new buffer (grad, C), AdamW on the copy, the
 //             gradient freed, the copy written into the flat partition; then the
@@ -84,10 +97,18 @@ class DeepSpeedZero3 : public DataParallelStrategy, private BlockAccess {
   // is its ReLU's).
   bool recompute_first(int block) const;
   void gather_for_backward(int block);
+  void module_forward_begin(const std::vector<TensorRef>& tensors) override;
+  void module_forward_end(const std::vector<TensorRef>& tensors) override;
+  void module_backward_begin(const std::vector<TensorRef>& tensors) override;
+  void module_backward_end(const std::vector<TensorRef>& tensors, bool input_requires_grad) override;
 
   // The model's tensor index of block b's tensor i; block b's tensors that are not persistent.
   int tensor_of(int block, int tensor) const { return model_->first_tensor(block) + tensor; }
   std::vector<int> gathered_tensors(int block) const;
+  // A module's tensors (model indices) that are not persistent and not gathered now.
+  std::vector<int> to_gather(const std::vector<TensorRef>& tensors) const;
+  std::vector<int> not_persistent(const std::vector<TensorRef>& tensors) const;
+  int tensor_of(const TensorRef& r) const { return tensor_of(r.block, r.tensor); }
   // Gathers `tensors` (their partitions) into gathered_, in category `c`; releases them.
   void gather(const std::vector<int>& tensors, Category c);
   void release(const std::vector<int>& tensors);
@@ -110,6 +131,13 @@ class DeepSpeedZero3 : public DataParallelStrategy, private BlockAccess {
   std::vector<std::pair<int, std::int64_t>> in_bucket_;  // (tensor, offset in the bucket)
   std::int64_t bucket_used_ = 0;
   std::vector<float> last_grad_;  // the last step's averaged gradient partitions (host, untracked)
+  // A transformer's modules (modules_): each tensor's gradient while its backward runs
+  // (grad_unsharded, n_t), its uses in this micro-step's forward not yet met by a backward,
+  // and the modules kept gathered to the backward's end.
+  bool modules_ = false;
+  std::vector<Buffer> tensor_grad_;
+  std::vector<int> uses_;
+  std::vector<int> leftovers_;
 };
 
 }  // namespace shardscope

@@ -97,16 +97,11 @@ TEST_F(Engine, Fsdp2RunsTheCheckpointedMlpEveryRankAsPredicted) {
   EXPECT_GT(recompute_places, 0);
 }
 
-TEST_F(Engine, DeepspeedStageThreeAndAPipelinesEngineAreRefused) {
+TEST_F(Engine, AnUnknownEngineAndAPipelinesEngineAreRefused) {
   const struct {
     const char* flags;
     const char* line;
   } cases[] = {
-      // Stage 3 runs the MLP; a transformer's is planned, not run.
-      {"--model gpt2 --hidden 16 --heads 2 --vocab 29 --seq 6 --layers 2 --batch 2 --engine deepspeed --strategy zero3",
-       "shardscope: error: --engine deepspeed and --strategy zero3 and --model gpt2: DeepSpeed's stage 3 gathers each "
-       "module of a transformer block (every Linear, norm and embedding) on its own, which this tool's blocks do not "
-       "split: planned by its model states, not run yet; allowed: the MLP (plan takes zero3)"},
       {"--layers 4 --width 16 --engine fsdp3",
        "shardscope: error: --engine: unknown 'fsdp3'; allowed: torch, fsdp2, deepspeed"},
       {"--layers 4 --width 16 --schedule gpipe --engine fsdp2",

@@ -1,0 +1,492 @@
+// Closed forms of zero3 under --engine deepspeed (DeepSpeed's stage 3) for GPT-2 and Llama
+// in fp32 (deepspeed_forms.hpp; the step: harness/strategies/deepspeed_zero3.hpp;
+// docs/formulas.md, "Stage 3, a transformer's run").
+//
+// DeepSpeed gathers each nn.Module with parameters of its own on its own: GPT-2's wte and
+// wpe, each block's ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc and mlp.c_proj, ln_f and
+// the head (wte's tensor); Llama's embed_tokens, each layer's input_layernorm, q, k, v and
+// o projections, post_attention_layernorm, gate, up and down projections, the final norm
+// and the head (lm_head, or embed_tokens' tensor when tied). A module's tensors above the
+// persistence threshold are gathered (Ds3Gather) when it begins, in forward and again in
+// backward, and released when it ends; in backward each of its tensors' gradients (4 n_t,
+// grad_unsharded) is made when it begins and, once the tensor has no use left in the
+// backward, copied into the bucket (last tensor first; a bucket that would overflow is
+// reduced first, beside its zero tensors) and freed when it ends. The embeddings are never
+// released in backward (their ids take no gradient): they stay gathered to the last
+// bucket's reduction. The tied table's gradient lives from the head's backward to the
+// embedding's.
+//
+// The activations and temporaries at each instant are the family's (gpt2_forms.cpp,
+// llama_forms.cpp, with the symbols of transformer_step.hpp: N = B·T, X = 16N, a = 4Nh,
+// F = 4Nf, Λ = 4NV, A the attention's save; GPT-2's K and Llama's Q = 4N·H·d, C = 4N·K·d);
+// the walk below lists every instant at which a module is gathered or its gradients live,
+// beside the instants of the attention's backward (nothing gathered, but the tied
+// gradient); every other instant of a step lies below one of these (the families' forms
+// say so of the forward's attention, and the loss's and the final block's are listed).
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness/model/models.hpp"
+#include "harness/predict/deepspeed_forms.hpp"
+#include "harness/predict/gpt2_forms.hpp"
+#include "harness/predict/llama_forms.hpp"
+#include "harness/predict/transformer_step.hpp"
+#include "harness/strategies/deepspeed_layout.hpp"
+
+namespace shardscope {
+namespace {
+
+using i64 = std::int64_t;
+
+// The step's instants with what DeepSpeed holds at each: the module gathered now, the
+// embeddings kept gathered, the gradients alive (grad_unsharded), a gather's flat buffer
+// (comm) and a reduction's zero tensors (grad); the first of the largest kept.
+class Stage3Walk {
+ public:
+  Stage3Walk(const Ds3Layout& l, int world, int rank, i64 cap)
+      : l_(l), world_(world), rank_(rank), cap_(cap), held_(l.elems.size(), 0), grad_(l.elems.size(), false),
+        uses_(l.elems.size(), 0) {}
+
+  void place(Phase phase, const std::string& where) {
+    phase_ = phase;
+    where_ = where;
+  }
+  // An instant: temp and activation beyond the resting bytes.
+  void at(i64 temp, i64 act, i64 comm = 0, i64 zeros = 0) {
+    CategoryBytes b;
+    b[Category::temp] = temp;
+    b[Category::activation] = act;
+    b[Category::param_unsharded] = gathered_;
+    b[Category::grad_unsharded] = grads_;
+    b[Category::comm] = comm;
+    b[Category::grad] = zeros;
+    peak.consider(b, phase_, where_);
+  }
+
+  // A module's pre-forward hook: its tensors gathered (an instant when any are).
+  void forward_begin(const std::vector<int>& m, i64 temp, i64 act) {
+    gather(m, temp, act);
+    for (int t : m) ++uses_[t];
+  }
+  void forward_end(const std::vector<int>& m) { release(m); }
+  // Its pre-backward hook: gathered again, then the gradients of its tensors that have none.
+  void backward_begin(const std::vector<int>& m, i64 temp, i64 act) {
+    gather(m, temp, act);
+    bool made = false;
+    for (int t : m)
+      if (!grad_[t]) {
+        grad_[t] = true;
+        grads_ += 4 * l_.elems[t];
+        made = true;
+      }
+    if (made) at(temp, act);
+  }
+  // Once its backward is done (temp and act as they are then): each gradient with no use
+  // left copied into the bucket, last tensor first, a full bucket reduced first; then the
+  // module released, or kept to the backward's end when its input takes no gradient.
+  void backward_end(const std::vector<int>& m, i64 temp, i64 act, bool input_requires_grad) {
+    for (auto it = m.rbegin(); it != m.rend(); ++it) {
+      const int t = *it;
+      if (--uses_[t] > 0) continue;
+      if (used_ + l_.elems[t] > cap_ && used_ > 0) {
+        at(temp, act, 0, zeros());
+        bucket_.clear();
+        used_ = 0;
+      }
+      bucket_.push_back(t);
+      used_ += l_.elems[t];
+      grad_[t] = false;
+      grads_ -= 4 * l_.elems[t];
+    }
+    if (input_requires_grad)
+      release(m);
+    else
+      kept_.insert(kept_.end(), m.begin(), m.end());
+  }
+  // After the backward (the batch freed): the last bucket's reduction beside the
+  // embeddings still gathered, then those released.
+  void epilogue() {
+    place(Phase::communication, "-");
+    if (used_ > 0) at(0, 0, 0, zeros());
+    bucket_.clear();
+    used_ = 0;
+    release(kept_);
+    kept_.clear();
+  }
+
+  DeepSpeedPeak peak;
+
+ private:
+  void gather(const std::vector<int>& m, i64 temp, i64 act) {
+    std::vector<int> set;
+    for (int t : m)
+      if (!l_.persistent[t] && held_[t] == 0) set.push_back(t);
+    const Ds3Gather g = ds3_gather(l_, set, world_);
+    if (g.held == 0) return;
+    for (int t : set) held_[t] = set.size() == 1 ? g.held : 4 * l_.elems[t];
+    gathered_ += g.held;
+    at(temp, act, g.flat);
+  }
+  void release(const std::vector<int>& m) {
+    for (int t : m) {
+      gathered_ -= held_[t];
+      held_[t] = 0;
+    }
+  }
+  // The zero tensors the bucket's reduction holds: 4·c_t for each tensor whose slice on
+  // this rank is short of c_t.
+  i64 zeros() const {
+    i64 z = 0;
+    for (int t : bucket_)
+      if (l_.real(t, rank_) < l_.part[t]) z += 4 * l_.part[t];
+    return z;
+  }
+
+  const Ds3Layout& l_;
+  const int world_, rank_;
+  const i64 cap_;
+  std::vector<i64> held_;  // per tensor: its gathered bytes (0: not gathered)
+  std::vector<bool> grad_;
+  std::vector<int> uses_;  // forward uses not yet met by a backward
+  std::vector<int> bucket_, kept_;
+  i64 gathered_ = 0, grads_ = 0, used_ = 0;
+  Phase phase_ = Phase::forward;
+  std::string where_;
+};
+
+std::string layer(int b) { return "layer " + std::to_string(b); }
+
+// One family's modules, in model tensor indices, and its activations at each instant.
+struct Family {
+  std::vector<int> tokens, positions;  // the embeddings (positions: GPT-2's wpe)
+  std::vector<int> final_norm, head;
+  // Block b's (1..L) modules in forward order; backward's instants per module (below).
+  std::function<void(Stage3Walk&, int b, i64 S)> forward;
+  std::function<void(Stage3Walk&, int b, i64 A4)> backward;
+  i64 base = 0, K = 0, final_held = 0;
+  std::vector<std::vector<int>> modules;  // every module once (the tied head's too)
+};
+
+Family gpt2_family(const ModelConfig& model) {
+  const TransformerShape& s = model.transformer;
+  const int batch = model.batch;
+  const TokenSizes z = token_sizes(s, batch);
+  const StepBlocks blocks = gpt2_blocks(s, batch, false);
+  const i64 N = z.N, a = z.a, F = z.F, A = z.A, X = 16 * N, K = blocks.K;
+  // Math's v: a copy (a), or with one sequence or one head a view of the saved qkv (3a).
+  const bool view = batch == 1 || s.heads == 1;
+  const i64 V = view ? 3 * a : a;
+  const i64 att = z.flash ? 4 * a + A : 3 * a + V + A;  // the attention's saves
+  Family f;
+  f.tokens = {0};
+  f.positions = {1};
+  const int per_block = 12, first_block = 2;
+  const int final_first = first_block + per_block * s.layers;
+  f.final_norm = {final_first, final_first + 1};
+  f.head = {0};  // wte
+  f.base = blocks.base;
+  f.K = K;
+  f.final_held = blocks.final_held;
+  auto mod = [=](int b, int i) {
+    const int t = first_block + per_block * (b - 1) + i;
+    return std::vector<int>{t, t + 1};
+  };
+  f.modules = {f.tokens, f.positions, f.final_norm, f.head};
+  for (int b = 1; b <= s.layers; ++b)
+    for (int i = 0; i < per_block; i += 2) f.modules.push_back(mod(b, i));
+  f.forward = [=](Stage3Walk& w, int b, i64 S) {
+    auto through = [&](int i, i64 temp, i64 act, i64 temp_out, i64 act_out) {
+      w.forward_begin(mod(b, i), temp, act);
+      w.at(temp_out, act_out);
+      w.forward_end(mod(b, i));
+    };
+    through(0, X, S, X, S + 8 * N + a);                                   // ln_1: mean, rstd, output
+    const bool qkv_saved = z.flash || view;                               // c_attn: qkv (3a)
+    through(2, X, S + 8 * N + a, qkv_saved ? X : X + 3 * a, S + 8 * N + a + (qkv_saved ? 3 * a : 0));
+    const i64 S1 = S + 8 * N + a + att;                                   // after the attention
+    through(4, X, S1, X, S1 + a);                                         // attn.c_proj: x_mid
+    through(6, X, S1 + a, X, S1 + 2 * a + 8 * N);                         // ln_2
+    through(8, X, S1 + 2 * a + 8 * N, X, S1 + 2 * a + 8 * N + F);         // c_fc; then GELU's F
+    through(10, X, S1 + 2 * a + 8 * N + 2 * F, X, S + K);                 // mlp.c_proj: the output
+  };
+  f.backward = [=](Stage3Walk& w, int b, i64 A4) {
+    // mlp.c_proj: d gelu (F); GELU's output released
+    w.backward_begin(mod(b, 10), X + a, A4);
+    w.at(X + a + F, A4);
+    w.backward_end(mod(b, 10), X + a + F, A4 - F, true);
+    // c_fc (c_fc's output released): d ln_2 out (a); d gelu freed, ln_2's output released
+    w.backward_begin(mod(b, 8), X + a + F, A4 - 2 * F);
+    w.at(X + 2 * a + F, A4 - 2 * F);
+    w.backward_end(mod(b, 8), X + 2 * a, A4 - 2 * F - a, true);
+    // ln_2: d x_mid (a); d ln_2 out freed, x_mid, mean and rstd released
+    w.backward_begin(mod(b, 6), X + 2 * a, A4 - 2 * F - a);
+    w.at(X + 3 * a, A4 - 2 * F - a);
+    const i64 A8 = A4 - 2 * F - 2 * a - 8 * N;
+    w.backward_end(mod(b, 6), X + 2 * a, A8, true);
+    // attn.c_proj (dy freed by the residual): d attention output (a)
+    w.backward_begin(mod(b, 4), X + a, A8);
+    w.at(X + 2 * a, A8);
+    w.backward_end(mod(b, 4), X + 2 * a, A8, true);
+    // the attention (no module): gpt2_forms.cpp's instants
+    i64 A9 = 0;
+    if (z.flash) {
+      w.at(X + 5 * a, A8);  // d qkv
+      A9 = A8 - 4 * a - A;
+    } else {
+      w.at(X + 3 * a, A8 - a);                // d out, head-major (y freed)
+      w.at(X + 2 * a + A, A8 - a);            // d probabilities
+      w.at(X + 3 * a + A, A8 - a);            // d v
+      w.at(X + 3 * a + A, A8 - a - V - A);    // d q
+      w.at(X + 4 * a + A, A8 - a - V - A);    // d k
+      w.at(X + 7 * a, A8 - 3 * a - V - A);    // d qkv
+      A9 = A8 - 3 * a - V - A;
+    }
+    // c_attn: d ln_1 out (a); dqkv freed, ln_1's output released
+    w.backward_begin(mod(b, 2), X + 4 * a, A9);
+    w.at(X + 5 * a, A9);
+    w.backward_end(mod(b, 2), X + 2 * a, A9 - a, true);
+    // ln_1: dx (a); d ln_1 out freed, mean and rstd released
+    w.backward_begin(mod(b, 0), X + 2 * a, A9 - a);
+    w.at(X + 3 * a, A9 - a);
+    w.backward_end(mod(b, 0), X + 2 * a, A9 - a - 8 * N, true);
+  };
+  return f;
+}
+
+Family llama_family(const ModelConfig& model) {
+  const TransformerShape& s = model.transformer;
+  const TokenSizes z = token_sizes(s, model.batch);
+  const StepBlocks blocks = llama_blocks(s, model.batch, false);
+  const int d = s.head_dim > 0 ? s.head_dim : s.hidden / s.heads;
+  const int kv_heads = s.kv_heads > 0 ? s.kv_heads : s.heads;
+  const i64 N = z.N, a = z.a, F = z.F, A = z.A, X = 16 * N, K = blocks.K;
+  const i64 Q = 4 * N * s.heads * d, C = 4 * N * kv_heads * d;
+  const i64 att = z.flash ? 2 * Q + 2 * C + A : 4 * Q + A;  // the attention's saves
+  const LlamaLayerTensors t = llama_layer_tensors(s, 0);
+  const int per_block = static_cast<int>(t.params.size()), first_block = 1;
+  const int final_first = first_block + per_block * s.layers;
+  Family f;
+  f.tokens = {0};
+  f.final_norm = {final_first};
+  f.head = s.tied_embeddings ? std::vector<int>{0} : std::vector<int>{final_first + 1};
+  f.base = blocks.base;
+  f.K = K;
+  f.final_held = blocks.final_held;
+  auto mod = [=](int b, std::initializer_list<int> in_block) {
+    std::vector<int> out;
+    for (int i : in_block)
+      if (i >= 0) out.push_back(first_block + per_block * (b - 1) + i);
+    return out;
+  };
+  f.modules = {f.tokens, f.final_norm, f.head};
+  for (int b = 1; b <= s.layers; ++b)
+    for (const std::vector<int>& m : {mod(b, {t.norm1}), mod(b, {t.qW, t.qB}), mod(b, {t.kW, t.kB}),
+                                      mod(b, {t.vW, t.vB}), mod(b, {t.oW, t.oB}), mod(b, {t.norm2}),
+                                      mod(b, {t.gateW}), mod(b, {t.upW}), mod(b, {t.downW})})
+      f.modules.push_back(m);
+  f.forward = [=](Stage3Walk& w, int b, i64 S) {
+    auto through = [&](const std::vector<int>& m, i64 temp, i64 act, i64 temp_out, i64 act_out) {
+      w.forward_begin(m, temp, act);
+      w.at(temp_out, act_out);
+      w.forward_end(m);
+    };
+    const i64 P0 = S + 4 * N + a;
+    through(mod(b, {t.norm1}), X, S, X, P0);  // rstd, output
+    // q, k, v (flash saves them; math's are temp until copied head-major)
+    const i64 tq = z.flash ? 0 : 1, aq = z.flash ? 1 : 0;
+    through(mod(b, {t.qW, t.qB}), X, P0, X + tq * Q, P0 + aq * Q);
+    through(mod(b, {t.kW, t.kB}), X + tq * Q, P0 + aq * Q, X + tq * (Q + C), P0 + aq * (Q + C));
+    through(mod(b, {t.vW, t.vB}), X + tq * (Q + C), P0 + aq * (Q + C), X + tq * (Q + 2 * C), P0 + aq * (Q + 2 * C));
+    const i64 S1 = P0 + att;  // after the attention
+    through(mod(b, {t.oW, t.oB}), X, S1, X, S1 + a);                            // x_mid
+    through(mod(b, {t.norm2}), X, S1 + a, X, S1 + 2 * a + 4 * N);               // rstd, y2
+    through(mod(b, {t.gateW}), X, S1 + 2 * a + 4 * N, X, S1 + 2 * a + 4 * N + F);  // then SiLU's F
+    through(mod(b, {t.upW}), X, S1 + 2 * a + 4 * N + 2 * F, X, S1 + 2 * a + 4 * N + 3 * F);  // then the product
+    through(mod(b, {t.downW}), X, S1 + 2 * a + 4 * N + 4 * F, X, S + K);       // the output
+  };
+  f.backward = [=](Stage3Walk& w, int b, i64 A4) {
+    // down: d product (F); the product released
+    w.backward_begin(mod(b, {t.downW}), X + a, A4);
+    w.at(X + a + F, A4);
+    w.backward_end(mod(b, {t.downW}), X + a + F, A4 - F, true);
+    // the product's factors (no module): d up (F); SiLU's, up's and gate's outputs released
+    w.at(X + a + 2 * F, A4 - F);
+    // up: d y2 (a); d up freed
+    w.backward_begin(mod(b, {t.upW}), X + a + 2 * F, A4 - 4 * F);
+    w.at(X + 2 * a + 2 * F, A4 - 4 * F);
+    w.backward_end(mod(b, {t.upW}), X + 2 * a + F, A4 - 4 * F, true);
+    // gate: adds onto d y2; d gate freed, y2 released
+    w.backward_begin(mod(b, {t.gateW}), X + 2 * a + F, A4 - 4 * F);
+    w.backward_end(mod(b, {t.gateW}), X + 2 * a, A4 - 4 * F - a, true);
+    // post_attention_layernorm: d x_mid (a); d y2 freed, x_mid and rstd released
+    w.backward_begin(mod(b, {t.norm2}), X + 2 * a, A4 - 4 * F - a);
+    w.at(X + 3 * a, A4 - 4 * F - a);
+    const i64 A5 = A4 - 4 * F - 2 * a - 4 * N;
+    w.backward_end(mod(b, {t.norm2}), X + 2 * a, A5, true);
+    // o (dy freed by the residual): d out (Q)
+    w.backward_begin(mod(b, {t.oW, t.oB}), X + a, A5);
+    w.at(X + a + Q, A5);
+    w.backward_end(mod(b, {t.oW, t.oB}), X + a + Q, A5, true);
+    // the attention (no module): llama_forms.cpp's instants
+    i64 A6 = 0;
+    if (z.flash) {
+      w.at(X + a + 2 * Q + 2 * C, A5);  // d q, k, v
+      A6 = A5 - 2 * Q - 2 * C - A;
+    } else {
+      const i64 Am = A5 - Q;  // out, which only o_proj saved, freed
+      w.at(X + a + 2 * Q, Am);              // d out, head-major
+      w.at(X + a + Q + A, Am);              // d probabilities
+      w.at(X + a + 2 * Q + A, Am);          // d v (expanded)
+      w.at(X + a + 2 * Q + A, Am - Q - A);  // d q
+      w.at(X + a + 3 * Q + A, Am - Q - A);  // d k (expanded)
+      A6 = Am - 3 * Q - A;
+      w.at(X + a + 4 * Q + 2 * C, A6);      // d q, k, v token-major
+    }
+    // v: d y1 (a); then k and q add onto it; dq, dk, dv freed, y1 released
+    const i64 T6 = X + a + Q + 2 * C;
+    w.backward_begin(mod(b, {t.vW, t.vB}), T6, A6);
+    w.at(T6 + a, A6);
+    w.backward_end(mod(b, {t.vW, t.vB}), T6 + a, A6, true);
+    w.backward_begin(mod(b, {t.kW, t.kB}), T6 + a, A6);
+    w.backward_end(mod(b, {t.kW, t.kB}), T6 + a, A6, true);
+    w.backward_begin(mod(b, {t.qW, t.qB}), T6 + a, A6);
+    w.backward_end(mod(b, {t.qW, t.qB}), X + 2 * a, A6 - a, true);
+    // input_layernorm: dx (a); d y1 freed, rstd released
+    w.backward_begin(mod(b, {t.norm1}), X + 2 * a, A6 - a);
+    w.at(X + 3 * a, A6 - a);
+    w.backward_end(mod(b, {t.norm1}), X + 2 * a, A6 - a - 4 * N, true);
+  };
+  return f;
+}
+
+}  // namespace
+
+std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model) {
+  return "--checkpoint " + model.checkpoint.text() + " and --engine deepspeed and --strategy zero3 and --model " +
+         model.name + ": not built yet (a re-run's module hooks under stage 3); allowed: the MLP under zero3, or " +
+         "zero1, zero2";
+}
+
+std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cfg, int world) {
+  const ModelConfig& m = cfg.model;
+  const std::vector<i64> tensors = model_tensor_elems(m);
+  const Ds3Layout l = ds3_layout(tensors, world, cfg.param_persistence);
+  const TransformerShape& s = m.transformer;
+  const int L = s.layers, K = cfg.accumulate;
+  const i64 C = l.flat;
+  i64 P = 0;
+  for (i64 n : tensors) P += n;
+  const i64 cap = ds_bucket_elems(cfg.bucket_mb, P), Bk = 4 * cap;
+  const bool gpt2 = m.name == "gpt2";
+  const Family f = gpt2 ? gpt2_family(m) : llama_family(m);
+  const TokenSizes z = token_sizes(s, m.batch);
+  const i64 N = z.N, a = z.a, lambda = z.lambda, X = 16 * N;
+
+  // What the gathers move: every module's non-persistent tensors, in forward and again in
+  // backward (the tied table by the embedding and by the head, each way), each micro-step;
+  // the persistent tensors once, after the step.
+  std::vector<int> persistent;
+  for (int t = 0; t < static_cast<int>(tensors.size()); ++t)
+    if (l.persistent[t]) persistent.push_back(t);
+  const Ds3Gather kept = ds3_gather(l, persistent, world);
+  auto moved = [&](const std::vector<int>& module) {
+    std::vector<int> set;
+    for (int t : module)
+      if (!l.persistent[t]) set.push_back(t);
+    return ds3_gather(l, set, world).moved;
+  };
+  i64 step_moved = 0;
+  for (const std::vector<int>& module : f.modules) step_moved += moved(module);
+  std::vector<Prediction> ranks(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    Prediction& p = ranks[r];
+    p.resting[Category::param] = 4 * C + 4 * C + kept.held;
+    p.resting[Category::grad] = 4 * C;
+    p.resting[Category::optim] = 8 * C + 4;
+    p.resting[Category::comm] = Bk;
+    p.model_states = p.resting.total() - Bk;
+    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 4 * P * K;
+    p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 2 * step_moved * K + kept.moved;
+
+    Stage3Walk w(l, world, r, cap);
+    // Every micro-step repeats the first's instants (nothing but the partitions is kept
+    // across them): one is walked.
+    // Forward: the embeddings (GPT-2's arange first), the blocks, the final norm and the
+    // head, the loss (its scalar, log-probabilities and total_weight beside the logits).
+    w.place(Phase::forward, layer(0));
+    const i64 pos = f.base - a;  // GPT-2's arange (8T); none for Llama
+    w.forward_begin(f.tokens, X, pos);
+    w.at(X, pos + a);
+    w.forward_end(f.tokens);
+    if (!f.positions.empty()) {
+      w.forward_begin(f.positions, X, pos + a);
+      w.forward_end(f.positions);
+    }
+    for (int b = 1; b <= L; ++b) {
+      w.place(Phase::forward, layer(b));
+      f.forward(w, b, f.base + (b - 1) * f.K);
+    }
+    const i64 SL = f.base + L * f.K, fh = f.final_held;
+    w.place(Phase::forward, layer(L + 1));
+    w.forward_begin(f.final_norm, X, SL);
+    w.at(X, SL + fh);
+    w.forward_end(f.final_norm);
+    w.forward_begin(f.head, X, SL + fh);
+    w.at(X + lambda, SL + fh);
+    w.forward_end(f.head);
+    const i64 A_f = SL + fh + lambda + 4;
+    w.at(X + lambda + 4, A_f);
+    // Backward: dlogits (the logits freed), then (log-probabilities and total_weight
+    // released) the head: d norm out (a); dlogits freed, the norm's output released.
+    w.place(Phase::backward, layer(L + 1));
+    w.at(X + lambda, A_f);
+    const i64 A1 = A_f - lambda - 4;
+    w.backward_begin(f.head, X + lambda, A1);
+    w.at(X + lambda + a, A1);
+    w.backward_end(f.head, X + a, A1 - a, true);
+    w.backward_begin(f.final_norm, X + a, A1 - a);
+    w.at(X + 2 * a, A1 - a);
+    w.backward_end(f.final_norm, X + a, A1 - fh, true);
+    for (int b = L; b >= 1; --b) {
+      w.place(Phase::backward, layer(b));
+      f.backward(w, b, f.base + b * f.K - a);  // its output freed
+    }
+    // The embeddings (x0 freed; dy = a): GPT-2's positions first, then the tokens' table
+    // (dy freed once its gradient is made); their ids take no gradient.
+    w.place(Phase::backward, layer(0));
+    if (!f.positions.empty()) {
+      w.backward_begin(f.positions, X + a, pos);
+      w.backward_end(f.positions, X + a, pos, false);
+    }
+    w.backward_begin(f.tokens, X + a, pos);
+    w.backward_end(f.tokens, X, pos, false);
+    w.epilogue();
+    // The optimizer's flattened gradient (the persistent tensors released), then their
+    // gather after it.
+    w.place(Phase::optimizer, "-");
+    CategoryBytes opt;
+    opt[Category::grad] = 4 * C;
+    opt[Category::param] = -kept.held;
+    w.peak.consider(opt, Phase::optimizer, "-");
+    if (kept.flat > 0) {
+      CategoryBytes after;
+      after[Category::comm] = kept.flat;
+      w.peak.consider(after, Phase::communication, "-");
+    }
+
+    p.peak_known = true;
+    p.peak_by_category = p.resting;
+    for (int c = 0; c < kCategoryCount; ++c) p.peak_by_category.bytes[c] += w.peak.bytes.bytes[c];
+    p.peak_total = p.peak_by_category.total();
+    p.peak_phase = w.peak.phase;
+    p.peak_where = w.peak.where;
+    const SavedForm saved = gpt2 ? gpt2_saved_after_forward(s, m.batch, m.checkpoint)
+                                 : llama_saved_after_forward(s, m.batch, m.checkpoint);
+    p.saved_after_forward_bytes = saved.bytes;
+    p.saved_after_forward_tensors = saved.tensors;
+  }
+  return ranks;
+}
+
+}  // namespace shardscope
