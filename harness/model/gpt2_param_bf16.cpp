@@ -33,7 +33,8 @@ class Bf16Block final : public SequenceBlock {
  public:
   Bf16Block(const TransformerShape& s, int layer)
       : SequenceBlock(s, kFamily), name_("block " + std::to_string(layer)), params_(gpt2_block_params(s, layer)) {}
-  // --checkpoint under FSDP's bf16 is refused by the CLI; never wrapped here.
+  // --checkpoint full|every:K: a wrapped block's saves are dropped (its input, bf16, saved
+  // by the checkpoint) and it re-runs at the start of its backward; nothing outlives them.
   bool checkpointable() const override { return true; }
   void set_recompute_attention(bool on) override {
     if (on) throw RunError(std::string(kFamily) + " under FSDP's bf16: --checkpoint attention is not built");

@@ -145,8 +145,8 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
         su.cast_bytes[u] = 2 * A[u];
         su.reduce_bytes[u] = G[u];
       }
-      complete_step(transformer_step_transient(gpt2_param_bf16_blocks(t, m.batch), su),
-                    gpt2_saved_after_forward_param_bf16(t, m.batch), ranks);
+      complete_step(transformer_step_transient(gpt2_param_bf16_blocks(t, m.batch, ck), su),
+                    gpt2_saved_after_forward_param_bf16(t, m.batch, ck), ranks);
       for (Prediction& rank : ranks) rank.comm_bytes[static_cast<int>(CollKind::all_gather)] /= 2;
       return ranks;
     }

@@ -26,19 +26,21 @@ i64 block_k(const Bf16Sizes& z) { return 8 * z.N + (z.flash ? 8 : 11) * z.b + z.
 
 }  // namespace
 
-SavedForm gpt2_saved_after_forward_param_bf16(const TransformerShape& shape, int batch) {
+SavedForm gpt2_saved_after_forward_param_bf16(const TransformerShape& shape, int batch,
+                                              const CheckpointPolicy& checkpoint) {
   const Bf16Sizes z = bf16_sizes(shape, batch);
-  const i64 L = shape.layers;
+  const int w = checkpoint.wrapped_of(shape.layers);  // each saves its input alone
+  const i64 L = shape.layers - w;
   // A block saves its input and K less its output.
   const i64 block = block_k(z);
   const int storages = z.flash ? 13 : 15;
   SavedForm f;
-  f.bytes = 8 * z.N + 8 * z.T + L * block + z.b + 4 * z.N + z.b + z.lambda + 8 * z.N + 2;
-  f.tensors = 9 + static_cast<int>(L) * storages;
+  f.bytes = 8 * z.N + 8 * z.T + L * block + w * z.b + z.b + 4 * z.N + z.b + z.lambda + 8 * z.N + 2;
+  f.tensors = 9 + static_cast<int>(L) * storages + w;
   return f;
 }
 
-StepBlocks gpt2_param_bf16_blocks(const TransformerShape& shape, int batch) {
+StepBlocks gpt2_param_bf16_blocks(const TransformerShape& shape, int batch, const CheckpointPolicy& checkpoint) {
   const Bf16Sizes z = bf16_sizes(shape, batch);
   TokenSizes t = token_sizes(shape, batch);
   t.a = z.b;
@@ -49,7 +51,12 @@ StepBlocks gpt2_param_bf16_blocks(const TransformerShape& shape, int batch) {
   blocks.K = block_k(z);
   blocks.final_held = 4 * N + b;
   blocks.loss_weight = 2;
+  blocks.checkpoint = checkpoint;
   const bool flash = z.flash;
+  const i64 K = blocks.K;
+  blocks.recompute = [=](PeakWalk& walk, i64 S, i64 pu, i64 gu, const std::string& where) {
+    walk.consider(X + 2 * b, S + K - b, pu, gu, Phase::backward, where, true);
+  };
   blocks.backward = [=](PeakWalk& walk, i64 A4, i64 pu, i64 gu, const std::string& where) {
     auto at = [&](i64 temp, i64 act, bool dy_live = false) {
       walk.consider(temp, act, pu, gu, Phase::backward, where, dy_live);

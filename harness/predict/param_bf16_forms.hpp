@@ -21,7 +21,9 @@ namespace shardscope {
 // and the model 8N + 8T + L·block + b + 4N + b + Λ' + 8N + 2 in 9 + 13L | 9 + 15L (the ids,
 // arange(T); ln_f's input, mean, rstd and output; the bf16 log-probabilities, the target and
 // a bf16 total_weight).
-SavedForm gpt2_saved_after_forward_param_bf16(const TransformerShape& shape, int batch);
+// --checkpoint full|every:K: a wrapped block saves its bf16 input alone (b, one storage).
+SavedForm gpt2_saved_after_forward_param_bf16(const TransformerShape& shape, int batch,
+                                              const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 
 // What GPT-2's bf16 blocks hold (the walk's a is b, its Λ is Λ'): base 8T + b (arange, x0),
 // K = 8N + 8b + A + 2p (flash) | 8N + 11b + A + 2p (math) a block's activations beside its
@@ -41,7 +43,13 @@ SavedForm gpt2_saved_after_forward_param_bf16(const TransformerShape& shape, int
 //   ln_1         temp X + 3b (dx beside d ln_1 and dx_mid), act S + 4N.
 // The forward's instants lie below the block's end (its output beside K), which the walk
 // takes at each unit's top block; the final block's are fp32's walk with Λ' and 2 B.
-StepBlocks gpt2_param_bf16_blocks(const TransformerShape& shape, int batch);
+// --checkpoint full|every:K: a wrapped block holds its output b past its forward; its re-run
+// at the start of its backward peaks at its output made (temp, freed at once) beside dy:
+// temp X + 2b, act S + K − b (math's instants inside lie lower: its upcast q, k, v beside
+// qkv hold 4N + 7b + 4b, its output's fp32 copy 4N + 9b + A + 3b, against 8N + 11b + A + 2p
+// + 2b).
+StepBlocks gpt2_param_bf16_blocks(const TransformerShape& shape, int batch,
+                                  const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 
 // StepUnits of FSDP1's bf16 units: gathered and full gradient 2·padded, the shard's cast
 // 2·shard, the fp32 gradient reduce-scattered 4·padded (set when cfg.model.param_bf16).

@@ -154,7 +154,9 @@ TEST(FsdpBf16Mpi, Gpt2TrainsNearOneFp32RankAndMatchesTheClosedForms) {
     bool overlap;
     AttentionMode attention;
     EngineKind engine;
+    CheckpointPolicy checkpoint{};
   };
+  const CheckpointPolicy full{CheckpointKind::every, 1};
   const EngineKind torch = EngineKind::torch, fsdp2 = EngineKind::fsdp2;
   for (const Setting& s : std::vector<Setting>{{"zero3", 1, 1, true, AttentionMode::flash, torch},
                                                {"zero3", 1, 1, false, AttentionMode::math, torch},
@@ -162,7 +164,9 @@ TEST(FsdpBf16Mpi, Gpt2TrainsNearOneFp32RankAndMatchesTheClosedForms) {
                                                {"zero3", 0, 1, true, AttentionMode::flash, torch},
                                                {"zero3", 2, 0, false, AttentionMode::flash, torch},
                                                {"zero3", 1, 1, true, AttentionMode::flash, fsdp2},
-                                               {"zero2", 1, 1, false, AttentionMode::math, fsdp2}}) {
+                                               {"zero2", 1, 1, false, AttentionMode::math, fsdp2},
+                                               {"zero3", 1, 1, true, AttentionMode::flash, torch, full},
+                                               {"zero3", 1, 1, true, AttentionMode::math, fsdp2, full}}) {
     RunConfig cfg;
     TransformerShape& t = cfg.model.transformer;
     t.model_type = "gpt2";
@@ -190,8 +194,9 @@ TEST(FsdpBf16Mpi, Gpt2TrainsNearOneFp32RankAndMatchesTheClosedForms) {
     cfg.prefetch = s.prefetch;
     cfg.overlap = s.overlap;
     cfg.engine = s.engine;
-    SCOPED_TRACE(std::string(engine_name(s.engine)) + " " + s.strategy + " units=" + std::to_string(s.units) + " prefetch=" +
-                 std::to_string(s.prefetch) + (s.overlap ? " overlap" : "") + " W=" + std::to_string(world) +
+    cfg.model.checkpoint = s.checkpoint;
+    SCOPED_TRACE(std::string(engine_name(s.engine)) + " " + s.checkpoint.text() + " " + s.strategy + " units=" +
+                 std::to_string(s.units) + " prefetch=" + std::to_string(s.prefetch) + (s.overlap ? " overlap" : "") + " W=" + std::to_string(world) +
                  " rank " + std::to_string(rank));
     CpuBackend backend;
     auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
