@@ -131,8 +131,9 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "zero3); ddp is torch's under each (default torch)")
       ->type_name("torch|fsdp2|deepspeed");
   app.add_option("--precision", f.precision,
-                 "fp32 | bf16: bf16 trains in the engine's mixed-precision regime (default fp32; built: the MLP, "
-                 "gpt2 and llama under ddp and zero1, the torch engine's autocast)")
+                 "fp32 | bf16: bf16 trains in the engine's mixed-precision regime (default fp32; built: autocast "
+                 "under ddp/zero1 and the pipelines, FSDP's MixedPrecision for the MLP and gpt2 under "
+                 "zero2/zero3/hsdp, DeepSpeed's bf16 for their zero1/zero2; docs/cli.md lists the rest)")
       ->type_name("fp32|bf16");
   app.add_option("--schedule", f.schedule, schedule_names_text(" | ") + " (a pipeline run)")->type_name("NAME");
   app.add_option("--checkpoint", f.checkpoint,
