@@ -113,18 +113,43 @@ TEST(Gpt2Autocast, LossAndGradientsAreTheFp32ModelsWithinBf16Precision) {
   }
 }
 
-// --checkpoint attention is not built under autocast: the model refuses it when it is set,
-// for both families, instead of running without it.
-TEST(Gpt2Autocast, AttentionRecomputeIsRefusedNotIgnored) {
-  for (const char* family : {"gpt2", "llama"}) {
-    SCOPED_TRACE(family);
-    ModelConfig m = testing::transformer_model(
-        family, testing::shape(family, 1, 16, 2, 2, 32, 11, 4, AttentionMode::math), 1);
-    m.autocast = true;
-    const auto model = make_model(m);
-    EXPECT_THROW(model->set_checkpoint(CheckpointPolicy{CheckpointKind::attention, 1}), RunError);
-    EXPECT_NO_THROW(model->set_checkpoint(CheckpointPolicy{CheckpointKind::every, 1}));
-  }
+// --checkpoint attention under autocast (both families, both attentions): the forward
+// saves each block's attention core's own save (flash's lse, math's probabilities) less,
+// in one storage less, and the recompute in backward makes them again in bf16 exactly as
+// the forward made them: the loss and every gradient equal the plain bf16 pass's bit for
+// bit, and nothing stays saved.
+TEST(Gpt2Autocast, AttentionRecomputeSavesTheCoresSaveLessAndTrainsTheSame) {
+  for (const char* family : {"gpt2", "llama"})
+    for (AttentionMode mode : {AttentionMode::math, AttentionMode::flash}) {
+      SCOPED_TRACE(std::string(family) + " " + mode_name(mode));
+      const int layers = 2, heads = 2, seq = 6, batch = 2;
+      ModelConfig m = testing::transformer_model(
+          family, testing::shape(family, layers, 16, heads, heads, 32, 11, seq, mode), batch);
+      m.autocast = true;
+      ModelConfig r = m;
+      r.checkpoint = CheckpointPolicy{CheckpointKind::attention, 1};
+      const auto model = make_model(m);
+      std::vector<float> params = model->init_flat_slice(3, 0, model->params());
+      for (std::size_t i = 0; i < params.size(); ++i) params[i] += 0.2f * hashed_uniform(43, 1, i);
+      Pass plain, recompute;
+      testing::forward(plain, m, params, 7);
+      testing::forward(recompute, r, params, 7);
+      // A = 4BHT (flash's lse) or 4BHT^2 (math's probabilities), per block
+      const std::int64_t A = 4LL * batch * heads * seq * (mode == AttentionMode::flash ? 1 : seq);
+      EXPECT_EQ(plain.saved.live_bytes() - recompute.saved.live_bytes(), layers * A);
+      EXPECT_EQ(plain.saved.live_storages() - recompute.saved.live_storages(), layers);
+      const AutocastSaved form = std::string(family) == "gpt2"
+                                     ? gpt2_saved_after_forward_autocast(r.transformer, batch, r.checkpoint)
+                                     : llama_saved_after_forward_autocast(r.transformer, batch, r.checkpoint);
+      EXPECT_EQ(recompute.saved.live_bytes(), form.total().bytes);
+      EXPECT_EQ(recompute.saved.live_storages(), form.total().tensors);
+      testing::backward(plain, params);
+      testing::backward(recompute, params);
+      EXPECT_EQ(recompute.saved.live(), 0);
+      ASSERT_TRUE(any_nonzero(plain.grads));
+      EXPECT_EQ(recompute.loss, plain.loss);
+      EXPECT_EQ(recompute.grads, plain.grads);
+    }
 }
 
 }  // namespace

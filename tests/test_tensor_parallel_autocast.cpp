@@ -105,12 +105,14 @@ TEST(TensorParallelAutocast, EveryEmulatedRankOfALlamaMeshIsPredicted) {
 }
 
 // --checkpoint full and every:2 (a wrapped block's casts held to the loss's end, its re-run
-// all-reducing its bf16 outputs again), --accumulate 3 with and without --no-sync.
+// all-reducing its bf16 outputs again), attention (each rank's heads' core recomputed in
+// bf16), --accumulate 3 with and without --no-sync.
 TEST(TensorParallelAutocast, EveryEmulatedRankOfACheckpointedOrAccumulatingMeshIsPredicted) {
   for (const MeshShape& mesh : {MeshShape{2, 2, 1, true}, MeshShape{1, 4, 1, true}})
     for (const char* strategy : {"ddp", "zero1"})
       for (const CheckpointPolicy& policy :
-           {CheckpointPolicy{CheckpointKind::every, 1}, CheckpointPolicy{CheckpointKind::every, 2}})
+           {CheckpointPolicy{CheckpointKind::every, 1}, CheckpointPolicy{CheckpointKind::every, 2},
+            CheckpointPolicy{CheckpointKind::attention, 1}})
         for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
           for (bool llama : {false, true}) {
             RunConfig cfg = bf16_mesh(mesh, strategy,

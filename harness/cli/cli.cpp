@@ -323,9 +323,9 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
     return;
   }
   const std::string bf16 = "--precision bf16";
-  if (c.model.checkpoint.attention())
-    throw UsageError("--checkpoint attention and " + bf16 +
-                     ": selective recompute under autocast is not built yet; give --checkpoint none, full or every:K");
+  // --checkpoint attention runs under autocast's ddp and zero1 (and along dp of a tp mesh);
+  // FSDP's bf16 and a pipeline's stages refuse every --checkpoint (refuse_unbuilt_autocast,
+  // refuse_checkpointed_pipeline).
   // A mesh under autocast: a pipeline's stages (pipeline_shape says what is not built), or
   // GPT-2's and Llama's data-parallel step, split along tp as in fp32 (docs/design.md,
   // "Tensor parallelism under bf16"), with ddp or zero1 along dp (refuse_unbuilt_autocast

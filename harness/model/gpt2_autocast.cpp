@@ -54,11 +54,10 @@ class AutocastBlock final : public SequenceBlock {
         fl_(s.ffn / tp.size),
         as_(attention_shape(s, tp.size)) {}
   bool checkpointable() const override { return true; }
-  // --checkpoint attention (selective recompute) is not built under autocast: refused,
-  // never run as if it were not asked.
-  void set_recompute_attention(bool on) override {
-    if (on) throw RunError(std::string(kFamily) + " under bf16: --checkpoint attention is not built");
-  }
+  // --checkpoint attention: the core's own save (flash's lse, math's probabilities) is not
+  // kept; its recompute in backward runs in bf16 as torch's non-reentrant checkpoint of
+  // the core does (it restores the autocast state).
+  void set_recompute_attention(bool on) override { recompute_attention_ = on; }
   // Wrapped by --checkpoint: the weights' casts outlive the block's dropped saves in
   // autocast's cast cache (a leaf's cast is cached) until the region ends; the rest goes.
   void drop_checkpointed(BlockTape& tape) override { keep_only(tape.held, {kWAttn, kWProj, kWFc, kWMlp}); }
@@ -117,21 +116,24 @@ class AutocastBlock final : public SequenceBlock {
 
     if (s_.attention == AttentionMode::flash) {
       // Flash SDPA on bf16 q, k, v (views of the one qkv storage): saves them, its bf16
-      // output and the fp32 log-sum-exp (B, heads, T).
+      // output and the fp32 log-sum-exp (B, heads, T). --checkpoint attention: the
+      // log-sum-exp is freed, not saved (the checkpoint keeps its inputs, qkv).
       held[kQkv] = cast_bf16(be, Category::activation, qkv.data(), 3 * n * hl);
       held[kLse] = act(static_cast<i64>(c.rows) * as_.heads * s_.seq);
       Buffer out = be.alloc(Category::temp, floats(n * hl));
       be.flash_attention_forward(attention(c.rows, qkv.data()), out.data(), hl_, held[kLse].data());
       qkv.reset();
+      if (recompute_attention_) held[kLse].reset();
       held[kOut] = cast_bf16(be, Category::activation, out.data(), n * hl);
       out.reset();
       c.saved.save(held[kQkv].data(), 3 * al / 2);
-      c.saved.save(held[kOut].data(), al / 2);
-      c.saved.save(held[kLse].data(), 4 * static_cast<i64>(c.rows) * as_.heads * s_.seq);
+      if (!recompute_attention_) c.saved.save(held[kOut].data(), al / 2);  // else c_proj's alone
+      if (held[kLse]) c.saved.save(held[kLse].data(), 4 * static_cast<i64>(c.rows) * as_.heads * s_.seq);
     } else {
       // Math SDPA on the CPU upcasts q, k, v to fp32 (head-major copies, saved by its
-      // bmms: always copies), keeps the fp32 probabilities and hands back its output in
-      // bf16, copied token-major for c_proj.
+      // bmms: always copies), keeps the fp32 probabilities (not under --checkpoint
+      // attention: the backward makes them again) and hands back its output in bf16,
+      // copied token-major for c_proj.
       for (int j : {kQ, kK, kV}) {
         held[j] = act(n * hl);
         be.permute_heads(held[j].data(), qkv.data() + (j == kQ ? 0 : j == kK ? hl : 2 * hl), 3 * hl_, c.rows, s_.seq,
@@ -139,13 +141,14 @@ class AutocastBlock final : public SequenceBlock {
       }
       qkv.reset();
       const MathAttention m = math_attention(as_, c.rows);
-      auto [probs, out] = math_attention_forward(be, m, held[kQ].data(), held[kK].data(), m.head_major(held[kV].data()));
+      auto [probs, out] = math_attention_forward(be, m, held[kQ].data(), held[kK].data(), m.head_major(held[kV].data()),
+                                                 !recompute_attention_);
       held[kProbs] = std::move(probs);
       held[kOut] = cast_bf16(be, Category::activation, out.data(), n * hl);
       out.reset();
       c.saved.save(held[kQ].data(), al);
       c.saved.save(held[kK].data(), al);
-      c.saved.save(held[kProbs].data(), static_cast<i64>(held[kProbs].bytes()));
+      if (held[kProbs]) c.saved.save(held[kProbs].data(), static_cast<i64>(held[kProbs].bytes()));
       c.saved.save(held[kV].data(), al);
     }
 
@@ -271,11 +274,29 @@ class AutocastBlock final : public SequenceBlock {
     Buffer dqkv = be.alloc(Category::temp, floats(3 * n * hl));
     if (s_.attention == AttentionMode::flash) {
       Buffer qkv = widen(be, held[kQkv], 3 * n * hl);
-      Buffer o = widen(be, held[kOut], n * hl);
+      Buffer o;
+      Buffer rerun;  // --checkpoint attention: the re-run's bf16 output (saved)
+      if (recompute_attention_) {
+        // y, which only c_proj saved, is freed; the core's checkpoint re-runs flash in bf16
+        // on the saved qkv: a new log-sum-exp and bf16 output (activation, saved), the
+        // output's fp32 values rounded as its widened copy.
+        held[kOut].reset();
+        held[kLse] = be.alloc(Category::activation, floats(static_cast<i64>(c.rows) * as_.heads * s_.seq));
+        o = be.alloc(Category::temp, floats(n * hl));
+        be.flash_attention_forward(attention(c.rows, qkv.data()), o.data(), hl_, held[kLse].data());
+        rerun = cast_bf16(be, Category::activation, o.data(), n * hl);
+        autocast_round(o.data(), n * hl);
+        c.saved.save(held[kLse].data(), static_cast<i64>(held[kLse].bytes()));
+        c.saved.save(rerun.data(), 2 * n * hl);
+      } else {
+        o = widen(be, held[kOut], n * hl);
+      }
       be.flash_attention_backward(attention(c.rows, qkv.data()), o.data(), hl_, dattn.data(), held[kLse].data(),
                                   dqkv.data(), dqkv.data() + hl, dqkv.data() + 2 * hl);
       dattn.reset();
-      for (int j : {kQkv, kOut, kLse}) drop(j);
+      for (int j : {kQkv, kOut, kLse})
+        if (held[j]) drop(j);
+      if (rerun) drop_saved(c.saved, rerun);
     } else {
       held[kOut].reset();
       const MathAttention m = math_attention(as_, c.rows);
@@ -333,6 +354,7 @@ class AutocastBlock final : public SequenceBlock {
   int fl_;               // the MLP's: f/T
   TransformerShape as_;  // the attention's shape on this rank (H/T heads)
   WeightRef ln_weight_, ln2_weight_;
+  bool recompute_attention_ = false;  // --checkpoint attention
 };
 
 }  // namespace

@@ -54,11 +54,10 @@ class AutocastLayer final : public SequenceBlock {
         kv_replicas_(kv_replicas(s, tp.size)),
         kv_head_(tp.rank / kv_replicas_) {}
   bool checkpointable() const override { return true; }
-  // --checkpoint attention (selective recompute) is not built under autocast: refused,
-  // never run as if it were not asked.
-  void set_recompute_attention(bool on) override {
-    if (on) throw RunError(std::string(kFamily) + " under bf16: --checkpoint attention is not built");
-  }
+  // --checkpoint attention: the core's own save (flash's lse, math's probabilities) is not
+  // kept; its recompute in backward runs in bf16 as torch's non-reentrant checkpoint of
+  // the core does (it restores the autocast state).
+  void set_recompute_attention(bool on) override { recompute_attention_ = on; }
   // Wrapped by --checkpoint: the seven weights' casts outlive the layer's dropped saves in
   // autocast's cast cache until the region ends; the rest goes.
   void drop_checkpointed(BlockTape& tape) override { keep_only(tape.held, {kWq, kWk, kWv, kWo, kWg, kWu, kWd}); }
@@ -131,13 +130,18 @@ class AutocastLayer final : public SequenceBlock {
       qb.reset();
       kb.reset();
       vb.reset();
+      // --checkpoint attention: the lse is freed, not saved, and the output is o_proj's
+      // save alone (the checkpoint keeps its inputs, q, k and v).
+      if (recompute_attention_) held[kAttn].reset();
       held[kOut] = cast_bf16(be, Category::activation, o.data(), n * q);
       o.reset();
       c.saved.save(held[kQ].data(), 2 * n * q);
       c.saved.save(held[kK].data(), 2 * n * kv);
       c.saved.save(held[kV].data(), 2 * n * kv);
-      c.saved.save(held[kOut].data(), 2 * n * q);
-      c.saved.save(held[kAttn].data(), 4 * lse_elems(c.rows));
+      if (!recompute_attention_) {
+        c.saved.save(held[kOut].data(), 2 * n * q);
+        c.saved.save(held[kAttn].data(), 4 * lse_elems(c.rows));
+      }
     } else {
       // Math SDPA upcasts to fp32: q head-major, k and v expanded to H heads, the
       // probabilities; its output back in bf16, token-major for o_proj.
@@ -151,11 +155,15 @@ class AutocastLayer final : public SequenceBlock {
       kb.reset();
       vb.reset();
       const MathAttention m = math_attention(as_, c.rows);
-      auto [probs, o] = math_attention_forward(be, m, held[kQ].data(), held[kK].data(), m.head_major(held[kV].data()));
+      // --checkpoint attention: the probabilities are freed, not saved (the backward
+      // makes them again).
+      auto [probs, o] = math_attention_forward(be, m, held[kQ].data(), held[kK].data(), m.head_major(held[kV].data()),
+                                               !recompute_attention_);
       held[kAttn] = std::move(probs);
       held[kOut] = cast_bf16(be, Category::activation, o.data(), n * q);
       o.reset();
-      for (int j : {kQ, kK, kAttn, kV}) c.saved.save(held[j].data(), static_cast<i64>(held[j].bytes()));
+      for (int j : {kQ, kK, kAttn, kV})
+        if (held[j]) c.saved.save(held[j].data(), static_cast<i64>(held[j].bytes()));
     }
 
     // x_mid = x + o_proj(out) (fp32 + bf16): o_proj saves out and its weight's cast.
@@ -302,11 +310,30 @@ class AutocastLayer final : public SequenceBlock {
       Buffer qf = widen(be, held[kQ], n * q);
       Buffer kf = widen(be, held[kK], n * kv);
       Buffer vf = widen(be, held[kV], n * kv);
-      Buffer of = widen(be, held[kOut], n * q);
+      Buffer of;
+      Buffer rerun;  // --checkpoint attention: the re-run's bf16 output (saved)
+      if (recompute_attention_) {
+        // The output, which only o_proj saved, is freed; the core's checkpoint re-runs
+        // flash in bf16 on the saved q, k, v: a new lse and bf16 output (activation,
+        // saved), the output's fp32 values rounded as its widened copy.
+        held[kOut].reset();
+        held[kAttn] = be.alloc(Category::activation, floats(lse_elems(c.rows)));
+        of = be.alloc(Category::temp, floats(n * q));
+        be.flash_attention_forward(flash_args(c.rows, qf.data(), kf.data(), vf.data()), of.data(), q,
+                                   held[kAttn].data());
+        rerun = cast_bf16(be, Category::activation, of.data(), n * q);
+        autocast_round(of.data(), n * q);
+        c.saved.save(held[kAttn].data(), static_cast<i64>(held[kAttn].bytes()));
+        c.saved.save(rerun.data(), 2 * n * q);
+      } else {
+        of = widen(be, held[kOut], n * q);
+      }
       be.flash_attention_backward(flash_args(c.rows, qf.data(), kf.data(), vf.data()), of.data(), q, dout.data(),
                                   held[kAttn].data(), dq, dk, dv);
       dout.reset();
-      for (int j : {kQ, kK, kV, kOut, kAttn}) drop(j);
+      for (int j : {kQ, kK, kV, kOut, kAttn})
+        if (held[j]) drop(j);
+      if (rerun) drop_saved(c.saved, rerun);
     } else {
       held[kOut].reset();
       const MathAttention m = math_attention(as_, c.rows);
@@ -397,6 +424,7 @@ class AutocastLayer final : public SequenceBlock {
   TransformerShape as_;  // the attention's shape on this rank
   int kv_replicas_;      // the ranks holding a copy of each kv head: T/K when K < T, else 1
   int kv_head_;          // the kv head this rank's copy is (replicated kv heads)
+  bool recompute_attention_ = false;  // --checkpoint attention
   WeightRef norm_ref_, norm2_ref_;
 };
 

@@ -33,6 +33,14 @@ AutocastSaved model_saved(const AutocastSaved& block, const TokenSizes& z, const
   return m;
 }
 
+// --checkpoint attention: a block less the attention core's own save, A/T in one storage
+// (flash's log-sum-exp, math's probabilities); the checkpoint keeps its inputs (q, k, v),
+// and the output is the next Linear's save.
+AutocastSaved without_core_save(AutocastSaved block, const TokenSizes& z, const CheckpointPolicy& checkpoint, int tp) {
+  if (checkpoint.attention()) block.activations = {block.activations.bytes - z.A / tp, block.activations.tensors - 1};
+  return block;
+}
+
 }  // namespace
 
 AutocastSaved gpt2_block_saved_autocast(const TransformerShape& shape, int batch, int tp) {
@@ -51,7 +59,8 @@ AutocastSaved gpt2_saved_after_forward_autocast(const TransformerShape& shape, i
   const TokenSizes z = token_sizes(shape, batch);
   // ids, arange(T); ln_f's input, mean, rstd and output cast; log-probabilities, target, total_weight
   const i64 base = 8 * z.N + 8 * z.T + z.a + 8 * z.N + z.a / 2 + z.lambda / tp + 8 * z.N + 4;
-  return model_saved(gpt2_block_saved_autocast(shape, batch, tp), z, shape, base, 9, checkpoint, tp);
+  return model_saved(without_core_save(gpt2_block_saved_autocast(shape, batch, tp), z, checkpoint, tp), z, shape,
+                     base, 9, checkpoint, tp);
 }
 
 AutocastSaved llama_block_saved_autocast(const TransformerShape& shape, int batch, int tp) {
@@ -71,7 +80,8 @@ AutocastSaved llama_saved_after_forward_autocast(const TransformerShape& shape, 
   const TokenSizes z = token_sizes(shape, batch);
   // ids; the final norm's input and rstd, the head's input cast; log-probabilities, target, total_weight
   const i64 base = 8 * z.N + z.a + 4 * z.N + z.a / 2 + z.lambda / tp + 8 * z.N + 4;
-  return model_saved(llama_block_saved_autocast(shape, batch, tp), z, shape, base, 7, checkpoint, tp);
+  return model_saved(without_core_save(llama_block_saved_autocast(shape, batch, tp), z, checkpoint, tp), z, shape,
+                     base, 7, checkpoint, tp);
 }
 
 }  // namespace shardscope

@@ -18,7 +18,9 @@
 // N = B·T, h hidden, f ffn, V vocab, H heads, K kv heads, d head_dim; a = 4Nh, F = 4Nf,
 // Λ = 4NV, Q = 4NHd, C = 4NKd; A = 4BHT (flash's log-sum-exp) or 4BHT² (math's
 // probabilities). A bf16 tensor takes half its fp32 bytes (a/2, F/2, Q/2, C/2).
-// --checkpoint attention (selective recompute) is not covered: the autocast models refuse it.
+// --checkpoint attention (selective recompute of the attention core): each block less the
+// core's own save, A in one storage (flash's lse, math's probabilities); the core's inputs
+// (bf16 q, k, v) are the checkpoint's saves and its output the next Linear's.
 // Under tensor parallelism (tp = T, Megatron's split) a rank saves its shards' part: every
 // tensor of the attention's heads or the MLP's inner features a T-th (GPT-2's qkv and
 // output, Llama's Q and C, F, A), its weights' casts a T-th, the log-probabilities Λ/T and

@@ -117,6 +117,13 @@ StepTransient walk(const AutocastFamily& f, const TokenSizes& z, const Checkpoin
 //   mlp proj  temp X + F_T + W_f + a + b, act S + 16N + 2a + H + F_T (c_fc's and GELU's
 //             outputs), cast c
 //   (tp)      temp X + 3a/2, as after c_proj
+// --checkpoint attention (R = A_T, else 0): H is R less (the core's own save goes); math's
+// second instant is two, the head-major output's temp beside the probabilities (act S + 8N
+// + a/2 + 3q + A_T) and then beside the token-major copy (act S + 8N + a/2 + 4q, the
+// probabilities freed); flash's backward re-runs the core in bf16 (y, c_proj's save alone,
+// freed; a new lse A_T and bf16 output q/2, saved, the output's fp32 values its widened
+// copy): act S + 8N + a/2 + H + R, the temps as above; math's backward makes the
+// probabilities again (A_T), its instant as above.
 // (ln_1's output beside its cast lies below c_attn; the output's cast below flash's;
 // x_mid beside c_proj's result below c_proj, under tp x_mid beside the bf16 sum (a/2)
 // equal to the instant before it; the block's output likewise, and below the next
@@ -136,12 +143,13 @@ StepTransient walk(const AutocastFamily& f, const TokenSizes& z, const Checkpoin
 //             S + 8N + a/2, cast W_a/2
 // (GELU's input widened lies below mlp proj; ln_2's dx below c_fc; math's dq, dk below
 // its dv; ln_1's dx below c_attn. The all-reduces of the input gradients are in place.)
-AutocastFamily gpt2_autocast_family(const TransformerShape& s, int batch, int tp) {
+AutocastFamily gpt2_autocast_family(const TransformerShape& s, int batch, int tp, bool recompute_attention) {
   const TokenSizes z = token_sizes(s, batch);
   const i64 T = tp, h = s.hidden, f = s.ffn, V = s.vocab;
   const i64 N = z.N, a = z.a, q = a / T, F = z.F / T, A = z.A / T, X = 16 * N;
   const i64 Wa = 12 * h * h / T, Wp = 4 * h * h / T, Wf = 4 * h * f / T, b = T == 1 ? 4 * h : 0;
-  const i64 H = z.flash ? 2 * q + A : 7 * q / 2 + A;
+  const i64 R = recompute_attention ? A : 0;  // --checkpoint attention: the core's own save, not kept
+  const i64 H = (z.flash ? 2 * q + A : 7 * q / 2 + A) - R;
   AutocastFamily g;
   g.c = (Wa + Wp + 2 * Wf) / 2;
   g.K = 16 * N + 3 * a + H + F;
@@ -155,7 +163,8 @@ AutocastFamily gpt2_autocast_family(const TransformerShape& s, int batch, int tp
     g.forward.push_back({X + 4 * q, 8 * N + a / 2 + 3 * q / 2 + A, Wa / 2});
   } else {
     g.forward.push_back({X + 3 * q, 8 * N + a / 2 + 3 * q, Wa / 2});
-    g.forward.push_back({X + q, 8 * N + a / 2 + 4 * q + A, Wa / 2});
+    if (R > 0) g.forward.push_back({X + q, 8 * N + a / 2 + 3 * q + A, Wa / 2});
+    g.forward.push_back({X + q, 8 * N + a / 2 + 4 * q + A - R, Wa / 2});
   }
   g.forward.push_back({X + q + Wp + a + b, 8 * N + a / 2 + H, (Wa + Wp) / 2});
   if (T > 1) g.forward.push_back({X + 3 * a / 2, 8 * N + a / 2 + H, (Wa + Wp) / 2});
@@ -166,7 +175,7 @@ AutocastFamily gpt2_autocast_family(const TransformerShape& s, int batch, int tp
   g.backward.push_back({X + 3 * a + F + Wf, g.K - a - F, g.c - Wf / 2, true});
   g.backward.push_back({X + 2 * a + 2 * q + Wp, 8 * N + a / 2 + H, (Wa + Wp) / 2});
   if (z.flash)
-    g.backward.push_back({X + a + 8 * q, 8 * N + a / 2 + H, Wa / 2});
+    g.backward.push_back({X + a + 8 * q, 8 * N + a / 2 + H + R, Wa / 2});
   else
     g.backward.push_back({X + a + 5 * q + A, 8 * N + a / 2 + 3 * q + A, Wa / 2});
   g.backward.push_back({X + 3 * a + 3 * q + Wa, 8 * N + a / 2, Wa / 2});
@@ -175,7 +184,7 @@ AutocastFamily gpt2_autocast_family(const TransformerShape& s, int batch, int tp
 
 StepTransient gpt2_step_transient_autocast(const TransformerShape& s, int batch, const CheckpointPolicy& checkpoint,
                                            int tp) {
-  return walk(gpt2_autocast_family(s, batch, tp), token_sizes(s, batch), checkpoint);
+  return walk(gpt2_autocast_family(s, batch, tp, checkpoint.attention()), token_sizes(s, batch), checkpoint);
 }
 
 // Llama, one layer (forward from S and C): Q = 4N·H·d/T (q, the attention's output), C_k =
@@ -200,6 +209,10 @@ StepTransient gpt2_step_transient_autocast(const TransformerShape& s, int batch,
 //   up_proj   temp X + 2a + 2F + W_f (the norm's output, gate's SiLU'd, up's input cast
 //             widened, the weight widened, up), act S + 8N + 7a/2 + H + F, cast + W_f
 //   down_proj temp X + F + W_f + a, act S + 8N + 7a/2 + H + 2F, cast c
+// --checkpoint attention (R = A, else 0): H is R less; math's second instant is two (act
+// S + 4N + 3a/2 + 3Q + A, then S + 4N + 3a/2 + 4Q), flash's backward re-runs the core in
+// bf16 (the output, o_proj's save alone, freed; a new lse and bf16 output Q/2): act
+// S + 4N + 3a/2 + H + R; math's backward as above, its probabilities made again.
 // (k_proj lies below v_proj; the output's cast below flash's; gate_proj below up_proj;
 // up's and the product's casts below up_proj; the layer's output below the next
 // layer's q_proj or the head.)
@@ -223,7 +236,7 @@ StepTransient gpt2_step_transient_autocast(const TransformerShape& s, int batch,
 // (the up and gate widened copies lie below d up; dx_mid beside d y2 below up; v_proj's
 // part equals k_proj's, which comes first; math's dq, dk below its dv; the norm's dx
 // below q_proj.)
-AutocastFamily llama_autocast_family(const TransformerShape& s, int batch, int tp) {
+AutocastFamily llama_autocast_family(const TransformerShape& s, int batch, int tp, bool recompute_attention) {
   const TokenSizes z = token_sizes(s, batch);
   const i64 T = tp, h = s.hidden, f = s.ffn / T, V = s.vocab, hd = static_cast<i64>(s.heads / T) * s.head_dim,
             kd = static_cast<i64>(kv_heads_per_rank(s, tp)) * s.head_dim;
@@ -232,7 +245,8 @@ AutocastFamily llama_autocast_family(const TransformerShape& s, int batch, int t
   const i64 Q = 4 * N * hd, Ck = 4 * N * kd;
   const i64 Wq = 4 * h * hd, Wk = 4 * h * kd, Wf = 4 * h * f;
   const i64 bq = s.qkv_bias ? 4 * hd : 0, bk = s.qkv_bias ? 4 * kd : 0, bo = s.out_bias && T == 1 ? 4 * h : 0;
-  const i64 H = z.flash ? Q + Ck + A : 7 * Q / 2 + A;
+  const i64 R = recompute_attention ? A : 0;  // --checkpoint attention: the core's own save, not kept
+  const i64 H = (z.flash ? Q + Ck + A : 7 * Q / 2 + A) - R;
   AutocastFamily l;
   l.c = Wq + Wk + 3 * Wf / 2;
   l.K = 8 * N + 9 * a / 2 + H + 2 * F;
@@ -247,7 +261,8 @@ AutocastFamily llama_autocast_family(const TransformerShape& s, int batch, int t
     l.forward.push_back({X + 2 * Q + 2 * Ck, 4 * N + 3 * a / 2 + Q / 2 + Ck + A, Wq / 2 + Wk});
   } else {
     l.forward.push_back({X + Q + 2 * Ck, 4 * N + 3 * a / 2 + 3 * Q, Wq / 2 + Wk});
-    l.forward.push_back({X + Q, 4 * N + 3 * a / 2 + 4 * Q + A, Wq / 2 + Wk});
+    if (R > 0) l.forward.push_back({X + Q, 4 * N + 3 * a / 2 + 3 * Q + A, Wq / 2 + Wk});
+    l.forward.push_back({X + Q, 4 * N + 3 * a / 2 + 4 * Q + A - R, Wq / 2 + Wk});
   }
   l.forward.push_back({X + Q + Wq + a + bo, 4 * N + 3 * a / 2 + H, Wq + Wk});
   if (T > 1) l.forward.push_back({X + 3 * a / 2, 4 * N + 3 * a / 2 + H, Wq + Wk});
@@ -260,7 +275,7 @@ AutocastFamily llama_autocast_family(const TransformerShape& s, int batch, int t
   l.backward.push_back({X + 4 * a + F + Wf, l.K - 3 * a / 2 - 2 * F, l.c - Wf, true});
   l.backward.push_back({X + 2 * a + 2 * Q + Wq, 4 * N + 3 * a / 2 + H, Wq + Wk});
   if (z.flash)
-    l.backward.push_back({X + a + 4 * Q + 4 * Ck, 4 * N + 3 * a / 2 + H, Wq / 2 + Wk});
+    l.backward.push_back({X + a + 4 * Q + 4 * Ck, 4 * N + 3 * a / 2 + H + R, Wq / 2 + Wk});
   else
     l.backward.push_back({X + a + 3 * Q + 2 * Ck + A, 4 * N + 3 * a / 2 + 3 * Q + A, Wq / 2 + Wk});
   l.backward.push_back({X + 3 * a + Q + 2 * Ck + Wq, 4 * N + 3 * a / 2, Wq / 2 + Wk});
@@ -270,7 +285,7 @@ AutocastFamily llama_autocast_family(const TransformerShape& s, int batch, int t
 
 StepTransient llama_step_transient_autocast(const TransformerShape& s, int batch, const CheckpointPolicy& checkpoint,
                                             int tp) {
-  return walk(llama_autocast_family(s, batch, tp), token_sizes(s, batch), checkpoint);
+  return walk(llama_autocast_family(s, batch, tp, checkpoint.attention()), token_sizes(s, batch), checkpoint);
 }
 
 }  // namespace shardscope

@@ -17,7 +17,8 @@
 // save (flash's log-sum-exp 4BHT, math's probabilities 4BHT²); X = 16N. A weight's fp32
 // bytes are W (its cast W/2, its widened copy W). --checkpoint full|every:K: a wrapped
 // block's casts stay in autocast's cast cache until the loss's end, and its re-run makes
-// them again; --checkpoint attention is not built under autocast (the CLI refuses it).
+// them again. --checkpoint attention: the attention core's own save A (flash's
+// log-sum-exp, math's probabilities) is not kept; H and K are A less (autocast_step.cpp).
 //
 // Under tensor parallelism (tp = T > 1, docs/formulas.md "bf16 under tensor parallelism")
 // a rank's blocks hold its shards: every weight's bytes (so its cast and its widened copy)
@@ -64,8 +65,12 @@ struct AutocastFamily {
   std::int64_t base = 0, K = 0, c = 0, stats = 0, W_V = 0, lambda = 0, loss_stats = 0;
   std::vector<AutocastInstant> forward, backward;
 };
-AutocastFamily gpt2_autocast_family(const TransformerShape& shape, int batch, int tp = 1);
-AutocastFamily llama_autocast_family(const TransformerShape& shape, int batch, int tp = 1);
+// recompute_attention: --checkpoint attention (the attention core's own save A, flash's
+// log-sum-exp or math's probabilities, not kept from forward to backward).
+AutocastFamily gpt2_autocast_family(const TransformerShape& shape, int batch, int tp = 1,
+                                    bool recompute_attention = false);
+AutocastFamily llama_autocast_family(const TransformerShape& shape, int batch, int tp = 1,
+                                     bool recompute_attention = false);
 
 // What a ddp or zero1 step of GPT-2 / Llama under autocast holds beyond its resting
 // bytes at its peak, per category, with that instant's phase and place.

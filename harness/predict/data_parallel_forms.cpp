@@ -76,10 +76,10 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
       for (Prediction& p : ranks) p.comm_bytes[static_cast<int>(CollKind::all_gather)] /= 2;
       return ranks;
     }
-    // --precision bf16 (autocast, ddp and zero1: autocast_step.hpp); under zero2/zero3 or
-    // --checkpoint attention its peak has no form (the CLI refuses them).
+    // --precision bf16 (autocast, ddp and zero1: autocast_step.hpp); under zero2/zero3 its
+    // peak has no form (the CLI refuses them).
     if (cfg.model.autocast) {
-      if (units.bytes.empty() && !ck.attention()) {
+      if (units.bytes.empty()) {
         const bool gpt2 = cfg.model.name == "gpt2";
         complete_step(gpt2 ? gpt2_step_transient_autocast(t, b, ck) : llama_step_transient_autocast(t, b, ck),
                       (gpt2 ? gpt2_saved_after_forward_autocast(t, b, ck) : llama_saved_after_forward_autocast(t, b, ck))

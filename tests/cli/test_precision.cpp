@@ -79,8 +79,18 @@ TEST_F(Precision, TransformersRunBf16AsPredictedOnEveryRank) {
   // Accumulation and checkpointing (a wrapped block's casts held in autocast's cache until
   // the loss's end).
   for (const char* acc : {"--strategy ddp --accumulate 2", "--strategy zero1 --accumulate 3 --no-sync",
-                          "--strategy zero1 --checkpoint full", "--strategy ddp --checkpoint every:2 --attention math"}) {
+                          "--strategy zero1 --checkpoint full", "--strategy ddp --checkpoint every:2 --attention math",
+                          "--strategy zero1 --checkpoint attention"}) {
     const std::string args = std::string("run --backend cpu ") + kLlama + "--precision bf16 " + acc + " --emulate 3:2";
+    ASSERT_EQ(binary(args + " --json r.json"), 0) << args << ": " << first_line(dir_ + "/err.txt");
+    const json run = read("r.json")["runs"][0];
+    expect_bf16_rank_as_predicted(run, run["ranks"][0], args);
+  }
+  // Selective recompute of the attention core under autocast, GPT-2 with both attentions.
+  for (const char* attention : {"flash", "math"}) {
+    const std::string args = std::string("run --backend cpu ") + kGpt2 +
+                             "--precision bf16 --strategy ddp --checkpoint attention --attention " + attention +
+                             " --emulate 3:1";
     ASSERT_EQ(binary(args + " --json r.json"), 0) << args << ": " << first_line(dir_ + "/err.txt");
     const json run = read("r.json")["runs"][0];
     expect_bf16_rank_as_predicted(run, run["ranks"][0], args);
@@ -195,7 +205,9 @@ TEST_F(Precision, TransformersRunBf16UnderMpirunAsPredicted) {
 #else
   if (shell("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
   for (const std::string& run : {std::string(kGpt2) + "--strategy zero1", std::string(kLlama) + "--strategy ddp",
-                                 std::string(kGpt2) + "--strategy ddp --accumulate 2 --no-sync --attention math"}) {
+                                 std::string(kGpt2) + "--strategy ddp --accumulate 2 --no-sync --attention math",
+                                 std::string(kGpt2) + "--strategy zero1 --checkpoint attention --attention math",
+                                 std::string(kLlama) + "--strategy ddp --checkpoint attention"}) {
     const int rc = shell("cd '" + dir_ + "' && timeout -k 5 120 mpirun --oversubscribe -np 2 '" + bin_ +
                          "' run --backend cpu --comm mpi " + run + " --precision bf16 --json m.json > out.txt 2> err.txt");
     ASSERT_EQ(rc, 0) << run << ": " << first_line(dir_ + "/err.txt");
@@ -422,9 +434,9 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
       {g + "--precision bf16 --schedule zbv",
        "shardscope: error: --precision bf16 and --schedule zbv: the zero-bubble split (B and W apart) under "
        "autocast is not built yet; allowed: gpipe, 1f1b, interleaved-1f1b"},
-      {g + "--precision bf16 --checkpoint attention",
-       "shardscope: error: --checkpoint attention and --precision bf16: selective recompute under autocast is not "
-       "built yet; give --checkpoint none, full or every:K"},
+      {g + "--precision bf16 --strategy zero3 --checkpoint attention",
+       "shardscope: error: --checkpoint attention and --precision bf16 and --strategy zero3: FSDP's checkpointed "
+       "bf16 step is not built yet; give --checkpoint none, or --strategy ddp|zero1 (autocast)"},
       {g + "--precision bf16 --strategy zero3 --mesh dp=2,tp=2 --emulate 4:0",
        "shardscope: error: --mesh and --precision bf16 and --strategy zero3: FSDP's mixed precision on a mesh is not "
        "built yet; allowed: --strategy ddp|zero1 (autocast), or no --mesh"},
@@ -510,6 +522,20 @@ TEST_F(Precision, PlanTakesBf16TransformersUnderDdpAndZero1) {
     EXPECT_EQ(p["precision"], "bf16") << p.dump();
     const json& rank = p["rank_groups"][0]["predicted"];
     EXPECT_GT(rank["peak_total"].get<std::int64_t>(), rank["resting_total"].get<std::int64_t>());
+  }
+  // --checkpoint attention: the plan's rank is the run's, measured and predicted.
+  for (const char* model : {kGpt2, kLlama}) {
+    const std::string flags = std::string(model) + "--precision bf16 --checkpoint attention --attention math ";
+    ASSERT_EQ(binary("plan " + flags + "--worlds 2 --strategies zero1 --json p.json"), 0)
+        << first_line(dir_ + "/err.txt");
+    const json planned = read("p.json")["plans"][0]["rank_groups"][0]["predicted"];
+    ASSERT_EQ(binary("run --backend cpu " + flags + "--strategy zero1 --emulate 2:0 --json r.json"), 0)
+        << first_line(dir_ + "/err.txt");
+    const json rank = read("r.json")["runs"][0]["ranks"][0];
+    EXPECT_EQ(planned["peak_total"], rank["predicted"]["peak_total"]) << flags;
+    EXPECT_EQ(planned["peak_total"], rank["peak"]["total"]) << flags;
+    EXPECT_EQ(planned["saved"], rank["predicted"]["saved"]) << flags;
+    EXPECT_GT(planned["saved"]["after_forward_bytes"].get<std::int64_t>(), 0) << flags;
   }
 }
 

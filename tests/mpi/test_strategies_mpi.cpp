@@ -372,48 +372,52 @@ TEST(StrategiesMpi, AutocastTransformersTrainLikeOneRank) {
   l.qkv_bias = true;
   for (const auto& [family, shape] : {std::pair{"gpt2", g}, std::pair{"llama", l}})
     for (const char* strategy : {"ddp", "zero1"})
-      for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
-        RunConfig cfg;
-        cfg.model = testing::transformer_model(family, shape, 2);
-        cfg.model.transformer.attention = mode;
-        cfg.model.autocast = true;
-        cfg.steps = 3;
-        cfg.seed = 5;
-        cfg.strategy = parse_strategy(strategy);
-        SCOPED_TRACE(std::string(family) + " " + strategy + (mode == AttentionMode::flash ? " flash" : " math") +
-                     " W=" + std::to_string(world) + " rank " + std::to_string(rank));
-        CpuBackend backend;
-        auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
-        const auto r = testing::run_dp(cfg, backend, *comm, true);
-        const HostState ref = testing::reference_training(cfg, world);
-        ASSERT_TRUE(any_nonzero(ref.grads));
-        const bool power_of_two = (world & (world - 1)) == 0;
-        EXPECT_LT(relative_norm(r.state.grads, ref.grads), power_of_two ? 1e-4 : 1e-2);
-        EXPECT_LT(relative_norm(r.state.params, ref.params), power_of_two ? 1e-5 : 5e-3);
+      for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+        for (bool recompute : {false, true}) {  // --checkpoint attention
+          RunConfig cfg;
+          cfg.model = testing::transformer_model(family, shape, 2);
+          cfg.model.transformer.attention = mode;
+          cfg.model.autocast = true;
+          if (recompute) cfg.model.checkpoint = CheckpointPolicy{CheckpointKind::attention, 1};
+          cfg.steps = 3;
+          cfg.seed = 5;
+          cfg.strategy = parse_strategy(strategy);
+          SCOPED_TRACE(std::string(family) + " " + strategy + (mode == AttentionMode::flash ? " flash" : " math") +
+                       (recompute ? " --checkpoint attention" : "") + " W=" + std::to_string(world) + " rank " +
+                       std::to_string(rank));
+          CpuBackend backend;
+          auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+          const auto r = testing::run_dp(cfg, backend, *comm, true);
+          const HostState ref = testing::reference_training(cfg, world);
+          ASSERT_TRUE(any_nonzero(ref.grads));
+          const bool power_of_two = (world & (world - 1)) == 0;
+          EXPECT_LT(relative_norm(r.state.grads, ref.grads), power_of_two ? 1e-4 : 1e-2);
+          EXPECT_LT(relative_norm(r.state.params, ref.params), power_of_two ? 1e-5 : 5e-3);
 
-        const AutocastSaved form = std::string(family) == "gpt2"
-                                       ? gpt2_saved_after_forward_autocast(cfg.model.transformer, 2)
-                                       : llama_saved_after_forward_autocast(cfg.model.transformer, 2);
-        EXPECT_EQ(r.saved.bytes, form.total().bytes);
-        EXPECT_EQ(r.saved.tensors, form.total().tensors);
-        const Prediction p = predict_data_parallel(cfg, world, rank);
-        EXPECT_EQ(r.resting, p.resting);
-        for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
-        // The bf16 step's peak (autocast_step.hpp): total, per category, phase and place.
-        ASSERT_TRUE(p.peak_known);
-        EXPECT_EQ(r.peak.total, p.peak_total);
-        EXPECT_EQ(r.peak.by_category, p.peak_by_category);
-        EXPECT_EQ(std::string(phase_name(r.peak.phase)), std::string(phase_name(p.peak_phase)));
-        EXPECT_EQ(r.where, p.peak_where);
+          const CheckpointPolicy& ck = cfg.model.checkpoint;
+          const AutocastSaved form = std::string(family) == "gpt2"
+                                         ? gpt2_saved_after_forward_autocast(cfg.model.transformer, 2, ck)
+                                         : llama_saved_after_forward_autocast(cfg.model.transformer, 2, ck);
+          EXPECT_EQ(r.saved.bytes, form.total().bytes);
+          EXPECT_EQ(r.saved.tensors, form.total().tensors);
+          const Prediction p = predict_data_parallel(cfg, world, rank);
+          EXPECT_EQ(r.resting, p.resting);
+          for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
+          // The bf16 step's peak (autocast_step.hpp): total, per category, phase and place.
+          ASSERT_TRUE(p.peak_known);
+          EXPECT_EQ(r.peak.total, p.peak_total);
+          EXPECT_EQ(r.peak.by_category, p.peak_by_category);
+          EXPECT_EQ(std::string(phase_name(r.peak.phase)), std::string(phase_name(p.peak_phase)));
+          EXPECT_EQ(r.where, p.peak_where);
 
-        CpuBackend backend2;
-        auto fake = make_fake_communicator(world, rank, &backend2);
-        const auto e = testing::run_dp(cfg, backend2, *fake, false);
-        EXPECT_EQ(e.saved.bytes, r.saved.bytes);
-        EXPECT_EQ(e.resting, r.resting);
-        EXPECT_EQ(e.peak.total, r.peak.total);
-        EXPECT_EQ(e.peak.by_category, r.peak.by_category);
-      }
+          CpuBackend backend2;
+          auto fake = make_fake_communicator(world, rank, &backend2);
+          const auto e = testing::run_dp(cfg, backend2, *fake, false);
+          EXPECT_EQ(e.saved.bytes, r.saved.bytes);
+          EXPECT_EQ(e.resting, r.resting);
+          EXPECT_EQ(e.peak.total, r.peak.total);
+          EXPECT_EQ(e.peak.by_category, r.peak.by_category);
+        }
 }
 
 }  // namespace
