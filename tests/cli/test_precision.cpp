@@ -435,8 +435,9 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
        "shardscope: error: --precision bf16 and --schedule zbv: the zero-bubble split (B and W apart) under "
        "autocast is not built yet; allowed: gpipe, 1f1b, interleaved-1f1b"},
       {g + "--precision bf16 --strategy zero3 --checkpoint attention",
-       "shardscope: error: --checkpoint attention and --precision bf16 and --strategy zero3: FSDP's checkpointed "
-       "bf16 step is not built yet; give --checkpoint none, or --strategy ddp|zero1 (autocast)"},
+       "shardscope: error: --checkpoint attention and --precision bf16 and --strategy zero3: selective recompute "
+       "under FSDP's bf16 is not built yet; give --checkpoint none, full or every:K, or --strategy ddp|zero1 "
+       "(autocast)"},
       {g + "--precision bf16 --strategy zero3 --mesh dp=2,tp=2 --emulate 4:0",
        "shardscope: error: --mesh and --precision bf16 and --strategy zero3: FSDP's mixed precision on a mesh is not "
        "built yet; allowed: --strategy ddp|zero1 (autocast), or no --mesh"},
