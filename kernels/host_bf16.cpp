@@ -108,6 +108,10 @@ void scale_bf16(Bf16* x, float s, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) x[i] = to_bf16(from_bf16(x[i]) * s);
 }
 
+void add_bf16(Bf16* dst, const Bf16* src, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = to_bf16(from_bf16(dst[i]) + from_bf16(src[i]));
+}
+
 void sum_bf16(float* out, const Bf16* x, std::size_t n, float scale) {
   float s = 0.0f;
   for (std::size_t i = 0; i < n; ++i) s += from_bf16(x[i]);

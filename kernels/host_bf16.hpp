@@ -31,6 +31,8 @@ void relu_backward_bf16(Bf16* dz, const Bf16* a, std::size_t n);
 void bias_grad_bf16(Bf16* db, const Bf16* dz, int rows, int cols);
 void fill_bf16(Bf16* dst, float value, std::size_t n);
 void scale_bf16(Bf16* x, float s, std::size_t n);
+// dst(n) = bf16(dst + src), each sum in fp32 rounded to nearest even.
+void add_bf16(Bf16* dst, const Bf16* src, std::size_t n);
 void sum_bf16(float* out, const Bf16* x, std::size_t n, float scale);
 
 }  // namespace shardscope::host

@@ -51,6 +51,27 @@ TEST(Bf16, RoundingIsToNearestEvenAndWideningExact) {
   }
 }
 
+// add_bf16 (DeepSpeed's bf16 gradient accumulation): each sum in fp32, rounded to nearest
+// even: 1 + 2^-8 is a tie that goes to 1, 1 + 3·2^-8 one that goes to 1 + 2^-6; random
+// pairs equal their fp32 sum rounded once.
+TEST(Bf16, AddRoundsEachSumOnce) {
+  CpuBackend backend;
+  std::vector<Bf16> dst = {to_bf16(1.0f), to_bf16(1.0f), to_bf16(-2.0f)};
+  const std::vector<Bf16> src = {to_bf16(1.0f / 256), to_bf16(3.0f / 256), to_bf16(2.0f)};
+  backend.add_bf16(dst.data(), src.data(), dst.size());
+  EXPECT_EQ(dst[0].bits, 0x3f80);
+  EXPECT_EQ(dst[1].bits, 0x3f82);
+  EXPECT_EQ(from_bf16(dst[2]), 0.0f);
+  const std::vector<float> a = random_floats(4096, 23u, -10.0f, 10.0f), b = random_floats(4096, 29u, -10.0f, 10.0f);
+  ASSERT_FALSE(all_zero(a));
+  ASSERT_FALSE(all_zero(b));
+  std::vector<Bf16> x = rounded(a);
+  const std::vector<Bf16> y = rounded(b);
+  backend.add_bf16(x.data(), y.data(), x.size());
+  for (std::size_t i = 0; i < x.size(); ++i)
+    EXPECT_EQ(x[i].bits, to_bf16(from_bf16(to_bf16(a[i])) + from_bf16(to_bf16(b[i]))).bits) << i;
+}
+
 struct GemmCase {
   Trans ta, tb;
   int m, n, k;

@@ -164,6 +164,7 @@ void Backend::bias_grad_bf16(Bf16*, const Bf16*, int, int) { no_kernel(*this, "b
 void Backend::fill_bf16(Bf16*, float, std::size_t) { no_kernel(*this, "fill_bf16"); }
 void Backend::copy_bf16(Bf16*, const Bf16*, std::size_t) { no_kernel(*this, "copy_bf16"); }
 void Backend::scale_bf16(Bf16*, float, std::size_t) { no_kernel(*this, "scale_bf16"); }
+void Backend::add_bf16(Bf16*, const Bf16*, std::size_t) { no_kernel(*this, "add_bf16"); }
 void Backend::sum_bf16(float*, const Bf16*, std::size_t, float) { no_kernel(*this, "sum_bf16"); }
 void Backend::upload_bytes(void*, const void*, std::size_t) { no_kernel(*this, "upload_bytes"); }
 void Backend::download_bytes(void*, const void*, std::size_t) { no_kernel(*this, "download_bytes"); }

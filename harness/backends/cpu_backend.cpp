@@ -238,6 +238,7 @@ void CpuBackend::copy_bf16(Bf16* dst, const Bf16* src, std::size_t n) {
   if (n > 0 && dst != src) std::memmove(dst, src, n * sizeof(Bf16));
 }
 void CpuBackend::scale_bf16(Bf16* x, float s, std::size_t n) { host::scale_bf16(x, s, n); }
+void CpuBackend::add_bf16(Bf16* dst, const Bf16* src, std::size_t n) { host::add_bf16(dst, src, n); }
 
 void CpuBackend::sum_bf16(float* out, const Bf16* x, std::size_t n, float scale) { host::sum_bf16(out, x, n, scale); }
 

@@ -47,6 +47,7 @@ class CpuBackend : public Backend {
   void fill_bf16(Bf16* dst, float value, std::size_t n) override;
   void copy_bf16(Bf16* dst, const Bf16* src, std::size_t n) override;
   void scale_bf16(Bf16* x, float s, std::size_t n) override;
+  void add_bf16(Bf16* dst, const Bf16* src, std::size_t n) override;
   void sum_bf16(float* out, const Bf16* x, std::size_t n, float scale) override;
   std::string bf16_gemm() const override;
 

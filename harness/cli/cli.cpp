@@ -305,21 +305,29 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
 // (refuse_unbuilt_autocast).
 void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, const CLI::App& app) {
   if (c.precision == PrecisionKind::fp32) return;
-  // DeepSpeed's bf16 regime runs the MLP's and GPT-2's stages 1 and 2 in one micro-step; the
-  // rest is planned by its model states.
+  // DeepSpeed's bf16 regime runs the MLP's stages 1, 2 and 3 (--accumulate and --checkpoint
+  // too) and GPT-2's stages 1 and 2 in one micro-step; the rest is planned by its model states.
   if (effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed) {
     if (command == "plan") return;
     const std::string both = "--precision bf16 and --engine deepspeed";
     if (c.model.is_transformer() && c.model.name != "gpt2")
       throw UsageError(both + " and --model " + c.model.name + ": planned (plan prints its model states), not run "
-                       "yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under "
-                       "zero1, zero2");
-    if (c.strategy != StrategyKind::zero1 && c.strategy != StrategyKind::zero2)
-      throw UsageError(both + " and --strategy " + std::string(strategy_name(c.strategy)) + ": planned (plan prints "
-                       "its model states), not run yet; allowed: zero1, zero2");
-    if (c.accumulate > 1)
-      throw UsageError("--accumulate " + std::to_string(c.accumulate) + " and " + both + ": bf16 gradient "
-                       "accumulation is not built yet; give --accumulate 1");
+                       "yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP under zero1, zero2, "
+                       "zero3, and gpt2 under zero1, zero2");
+    // ddp is DeepSpeed's stage 0 under bf16 (its engine's DDP_BFLOAT16: FP16_Optimizer over
+    // bf16 parameters, the fp32 master copy of every parameter on every rank).
+    if (c.strategy == StrategyKind::ddp)
+      throw UsageError(both + " and --strategy ddp: DeepSpeed's stage 0 under bf16 (its FP16_Optimizer in bf16, "
+                       "the ZeRO paper's baseline) is planned (plan prints its model states), not run yet; allowed: "
+                       "zero1, zero2, zero3");
+    if (c.model.is_transformer()) {  // gpt2: stages 1 and 2, one micro-step
+      if (c.strategy == StrategyKind::zero3)
+        throw UsageError(both + " and --strategy zero3 and --model gpt2: planned (plan prints its model states), "
+                         "not run yet; allowed: zero1, zero2");
+      if (c.accumulate > 1)
+        throw UsageError("--accumulate " + std::to_string(c.accumulate) + " and " + both + " and --model gpt2: "
+                         "bf16 gradient accumulation of a transformer is not built yet; give --accumulate 1");
+    }
     return;
   }
   const std::string bf16 = "--precision bf16";
@@ -337,10 +345,10 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
   if (command != "plan") refuse_unbuilt_autocast(c);
 }
 
-// --engine deepspeed's combinations (docs/cli.md): stage 3 runs the MLP, GPT-2 and Llama in
-// fp32 (bf16 is refused by refuse_unbuilt_precision); --checkpoint runs in fp32 (but a
-// transformer's stage 3); DeepSpeed has no units, no DDP bucket copy, no no_sync under
-// stages 2 and 3
+// --engine deepspeed's combinations (docs/cli.md): stage 3 runs the MLP (fp32 and bf16), GPT-2
+// and Llama in fp32 (a transformer's bf16 is refused by refuse_unbuilt_precision); --checkpoint
+// runs wherever the step runs (but a transformer's stage 3 and GPT-2's bf16); DeepSpeed has no
+// units, no DDP bucket copy, no no_sync under stages 2 and 3
 // (its engine asserts so), and its bucket must hold the largest tensor (DeepSpeed's
 // extra-large-parameter path is not built).
 void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const std::string& command) {
@@ -350,10 +358,11 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
     throw UsageError("--units and --engine deepspeed: DeepSpeed's ZeRO has no units (one flat group); drop --units");
   // A plan lists its strategies: the forms skip each refused one with the reason.
   if (command != "plan") refuse_deepspeed_no_sync(c);
-  // --checkpoint runs in fp32; bf16 is refused (a plan skips it with the forms' reason).
-  if (c.model.checkpoint.any() && command != "plan" && c.precision == PrecisionKind::bf16)
-    throw UsageError("--checkpoint " + f.checkpoint + " and " + both + " and --precision bf16: not built yet; "
-                     "allowed: fp32");
+  // --checkpoint under bf16 runs the MLP; a transformer's bf16 step (GPT-2's) takes none yet.
+  if (c.model.checkpoint.any() && command != "plan" && c.precision == PrecisionKind::bf16 &&
+      c.model.is_transformer())
+    throw UsageError("--checkpoint " + f.checkpoint + " and " + both + " and --precision bf16 and --model " +
+                     c.model.name + ": not built yet; allowed: fp32, or the MLP");
   if (c.model.checkpoint.any() && command != "plan" && c.model.is_transformer() && c.strategy == StrategyKind::zero3)
     throw UsageError(deepspeed_stage3_checkpoint_refusal(c.model));
   if (app.count("--ddp-bucket") > 0)
@@ -585,12 +594,12 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
                          effective_engine(c.engine, c.strategy, c.precision) != EngineKind::deepspeed;
   c.model.autocast = c.precision == PrecisionKind::bf16 && !bf16_fsdp &&
                      effective_engine(c.engine, c.strategy, c.precision) == EngineKind::torch;
-  // DeepSpeed's bf16 (the MLP's and GPT-2's stages 1 and 2): the module in bf16 on the flat
-  // group's views.
+  // DeepSpeed's bf16 (the MLP's stages 1, 2 and 3, GPT-2's 1 and 2): the module in bf16 on the
+  // flat group's (or the partitions') views.
   const bool bf16_deepspeed = c.precision == PrecisionKind::bf16 &&
                               (!c.model.is_transformer() || c.model.name == "gpt2") &&
                               effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed &&
-                              (c.strategy == StrategyKind::zero1 || c.strategy == StrategyKind::zero2);
+                              c.strategy != StrategyKind::ddp;
   c.model.param_bf16 = bf16_fsdp || bf16_deepspeed;
   c.wide_tables = f.wide;
   c.exact_bytes = exact_bytes_value(f.bytes);

@@ -299,21 +299,27 @@ class LinearBlock final : public Block {
     return out;
   }
 
-  // dW = dy^T x and db in bf16, written into the strategy's bf16 unit gradient (beta 0:
-  // every micro-step reduces its own; the CLI refuses --no-sync, which would add them up);
-  // dx = dy W in bf16 (temp).
+  // dW = dy^T x and db in bf16, written into the strategy's bf16 gradient (beta 0), or
+  // added onto it (beta 1: DeepSpeed's stage 1 accumulating autograd's bf16 gradients
+  // across micro-steps, each sum rounded to bf16): the weight's in its GEMM, the bias's
+  // made in a bf16 temp (out) and added; dx = dy W in bf16 (temp).
   Buffer backward_param_bf16(const BlockCall& c, const float* in, Buffer& out, Buffer dy, bool needs_dx, float beta,
                              BlockTape& tape) {
-    SHARDSCOPE_REQUIRE(beta == 0.0f, name_ + ": FSDP's bf16 gradients are not accumulated (the CLI refuses "
-                                              "--no-sync under --precision bf16 with zero2/zero3)");
     const Bf16* x = tape.held.empty() ? as_bf16(in) : tape.held.front().bf16();
     if (activation_ == Activation::relu) {
       c.backend.relu_backward_bf16(dy.bf16(), out.bf16(), dy.count());
       c.saved.release(out.raw());
     }
-    c.backend.gemm_bf16(Trans::yes, Trans::no, out_, in_, c.rows, 1.0f, dy.bf16(), out_, x, in_, 0.0f,
+    c.backend.gemm_bf16(Trans::yes, Trans::no, out_, in_, c.rows, 1.0f, dy.bf16(), out_, x, in_, beta,
                         as_bf16(c.access.grad(c.index, kWeight)), in_);
-    c.backend.bias_grad_bf16(as_bf16(c.access.grad(c.index, kBias)), dy.bf16(), c.rows, out_);
+    Bf16* db = as_bf16(c.access.grad(c.index, kBias));
+    if (beta == 0.0f) {
+      c.backend.bias_grad_bf16(db, dy.bf16(), c.rows, out_);
+    } else {
+      Buffer fresh = c.backend.alloc(Category::temp, static_cast<std::size_t>(out_), DType::bf16);
+      c.backend.bias_grad_bf16(fresh.bf16(), dy.bf16(), c.rows, out_);
+      c.backend.add_bf16(db, fresh.bf16(), static_cast<std::size_t>(out_));
+    }
     Buffer dx;
     if (needs_dx) {
       dx = c.backend.alloc(Category::temp, static_cast<std::size_t>(c.rows) * in_, DType::bf16);

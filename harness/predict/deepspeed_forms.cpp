@@ -155,51 +155,85 @@ void transformer_walk(const RunConfig& cfg, int world, int stage, i64 Bk, i64 G,
 // G2 from the first). After the backward the reduction's instants (as fp32's, in bf16
 // bytes); the optimizer's: the bf16 flattened partition (2s) and its fp32 cast (4s) beside
 // G2 and pad2. Resting: the bf16 group 2·Ppad (param), the master weights 4s (master),
-// AdamW 8s + 4; traffic 2P all-reduced and 2·Ppad all-gathered, in bf16.
+// AdamW 8s + 4; traffic 2P all-reduced (stage 1 once, stage 2 every micro-step) and 2·Ppad
+// all-gathered, in bf16.
+// --checkpoint: a wrapped layer holds j outputs when its backward starts, its re-run's
+// output a2 ('recompute of block j', activation under ReLU, else temp freed at once); a
+// wrapped layer 0 drops the batch's cast after its forward (its checkpoint saves the fp32
+// batch, a4) and its re-run makes it again, held to its backward.
+// --accumulate K (grad_accum_dtype the parameters' bf16): a later micro-step holds stage
+// 1's autograd 2P and Bk2 from its start (its Linears add onto them: the weight's in its
+// GEMM, the bias's made in a temp of 2w and added), or stage 2's accumulated G2 beside
+// every instant; the boundary's padding instant holds stage 2's two G2.
 std::vector<Prediction> bf16_mlp_ranks(const RunConfig& cfg, int world, int stage,
                                        const std::vector<DsPartition>& parts) {
   const ModelConfig& m = cfg.model;
-  const int L = m.layers;
+  const int L = m.layers, K = cfg.accumulate;
+  const CheckpointPolicy& ck = m.checkpoint;
+  const bool relu = m.activation == Activation::relu;
   const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
   const i64 a2 = 2 * static_cast<i64>(m.batch) * m.width, a4 = 2 * a2;
   const i64 mse = m.loss == Loss::mse ? 1 : 0;
-  const i64 k = (m.activation == Activation::relu || mse == 1) ? 1 : 0;
+  const i64 k = ((relu && !ck.wraps(L - 1)) || mse == 1) ? 1 : 0;
   const i64 X = a4, t = mse * a4;
   const i64 Bk2 = 2 * ds_bucket_elems(cfg.bucket_mb, P);
-  auto outputs = [&](int j) { return static_cast<i64>(j == L - 1 ? L - 1 + k : j + 1); };
+  const i64 bias_temp = 2 * static_cast<i64>(m.width);
+  // The batch's cast while no re-run of layer 0 has made it again: 0 when layer 0 is wrapped.
+  const i64 cast = ck.wraps(0) ? 0 : a2;
+  auto outputs = [&](int j) { return static_cast<i64>(ck.wraps(j) ? j : j == L - 1 ? L - 1 + k : j + 1); };
   auto unit = [&](int layer) { return "unit " + std::to_string(stage == 1 ? 0 : layer); };
   std::vector<Prediction> ranks(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
     const i64 G2 = 2 * parts[r].touching, pad2 = 2 * parts[r].pad();
     Best best;
-    auto at = [&](i64 temp, i64 act, i64 gu, i64 comm, i64 grad, Phase ph, const std::string& where) {
-      best.consider(bytes_of(temp, act, gu, comm, grad), ph, where);
-    };
-    for (int i = 0; i < L; ++i) {
-      const bool saved = i < L - 1 || k == 1;
-      at(X + t + (saved ? 0 : a2), a2 + i * a2 + (saved ? a2 : 0), 0, 0, 0, Phase::forward, unit(i));
-    }
-    const i64 saved_outputs = a2 + (L - 1 + k) * a2;
-    at(X + t + 4 + (mse ? a4 : (k ? 0 : a2)), saved_outputs, 0, 0, 0, Phase::forward, unit(L - 1));
-    at(X + t + (mse ? 2 * a4 : a2), saved_outputs, 0, 0, 0, Phase::backward, "layer " + std::to_string(L - 1));
-    const i64 dy = X + t + a2;
-    const i64 G_early = stage == 2 ? G2 : 0;
-    for (int j = L - 1; j >= 0; --j) {
-      const i64 grads = stage == 1 ? 2 * P : 2 * m.layer_elems();
-      if (stage == 2 || j == L - 1) at(dy, a2 + outputs(j) * a2, grads, Bk2, G_early, Phase::backward, unit(j));
-      if (j > 0) at(dy + a2, a2 + outputs(j) * a2, grads, Bk2, G_early, Phase::backward, unit(j));
+    for (int micro = 0; micro < (K > 1 ? 2 : 1); ++micro) {
+      const bool later = micro > 0;
+      const CategoryBytes held = !later ? CategoryBytes{} : stage == 1 ? bytes_of(0, 0, 2 * P, Bk2, 0)
+                                                                        : bytes_of(0, 0, 0, 0, G2);
+      auto at = [&](i64 temp, i64 act, i64 gu, i64 comm, i64 grad, Phase ph, const std::string& where) {
+        best.consider(bytes_of(temp, act, gu, comm, grad) + held, ph, where);
+      };
+      for (int i = 0; i < L; ++i) {
+        const bool saved = i < L - 1 || k == 1;
+        at(X + t + (saved ? 0 : a2), (i == 0 ? a2 : cast) + i * a2 + (saved ? a2 : 0), 0, 0, 0, Phase::forward,
+           unit(i));
+      }
+      const i64 saved_outputs = cast + (L - 1 + k) * a2;
+      at(X + t + 4 + (mse ? a4 : (k ? 0 : a2)), saved_outputs, 0, 0, 0, Phase::forward, unit(L - 1));
+      at(X + t + (mse ? 2 * a4 : a2), saved_outputs, 0, 0, 0, Phase::backward, "layer " + std::to_string(L - 1));
+      const i64 dy = X + t + a2;
+      // What this micro-step's backward makes: stage 1's autograd gradients and bucket (the
+      // first micro-step's), stage 2's layer gradients, bucket and grads_in_partition.
+      const i64 grads = stage == 1 ? (later ? 0 : 2 * P) : 2 * m.layer_elems();
+      const i64 bucket = stage == 1 && later ? 0 : Bk2;
+      const i64 G_new = stage == 2 ? G2 : 0;
+      for (int j = L - 1; j >= 0; --j) {
+        const bool wrapped = ck.wraps(j);
+        const i64 acts = cast + outputs(j) * a2;
+        if (stage == 2 || j == L - 1) at(dy, acts, grads, bucket, G_new, Phase::backward, unit(j));
+        // The re-run: layer 0 casts the batch again (held to its backward), then its output.
+        const i64 rerun_cast = wrapped && j == 0 ? a2 : 0;
+        const i64 rerun_kept = wrapped && relu ? a2 : 0;
+        if (wrapped)
+          at(dy + (relu ? 0 : a2), acts + rerun_cast + rerun_kept, grads, bucket, G_new, Phase::backward,
+             "recompute of block " + std::to_string(j));
+        const i64 after = acts + rerun_cast + rerun_kept;
+        if (stage == 1 && later) at(dy + bias_temp, after, grads, bucket, G_new, Phase::backward, unit(j));
+        if (j > 0) at(dy + a2, after, grads, bucket, G_new, Phase::backward, unit(j));
+      }
     }
     const i64 autograd = stage == 1 ? 2 * P : 0;
-    if (stage == 1 && G2 > 0) at(0, 0, autograd, Bk2, G2, Phase::communication, "-");
-    if (pad2 > 0) at(0, 0, autograd, Bk2, G2 + pad2, Phase::communication, "-");
-    at(0, 0, 0, 0, G2 + pad2 + 2 * s + 4 * s, Phase::optimizer, "-");
+    const i64 G_acc = stage == 2 && K > 1 ? G2 : 0;
+    if (stage == 1 && G2 > 0) best.consider(bytes_of(0, 0, autograd, Bk2, G2), Phase::communication, "-");
+    if (pad2 > 0) best.consider(bytes_of(0, 0, autograd, Bk2, G_acc + G2 + pad2), Phase::communication, "-");
+    best.consider(bytes_of(0, 0, 0, 0, G2 + pad2 + 2 * s + 4 * s), Phase::optimizer, "-");
 
     Prediction& p = ranks[r];
     p.resting[Category::param] = 2 * Ppad;
     p.resting[Category::master] = 4 * s;
     p.resting[Category::optim] = 8 * s + 4;
     p.model_states = p.resting.total() + (stage == 1 ? 2 * P : 2 * s);
-    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 2 * P;
+    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 2 * P * (stage == 1 ? 1 : K);
     p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 2 * Ppad;
     p.peak_known = true;
     p.peak_by_category = p.resting;
@@ -208,7 +242,8 @@ std::vector<Prediction> bf16_mlp_ranks(const RunConfig& cfg, int world, int stag
     p.peak_phase = best.phase;
     p.peak_where = best.where;
     p.saved_after_forward_tensors = static_cast<int>(L + k + mse);
-    p.saved_after_forward_bytes = (L + k) * a2 + mse * a4;
+    // Layer 0's save: the bf16 cast of the batch, or under its checkpoint the fp32 batch.
+    p.saved_after_forward_bytes = (ck.wraps(0) ? a4 : a2) + (L - 1 + k) * a2 + mse * a4;
   }
   return ranks;
 }
@@ -279,23 +314,21 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // optimizer's copy of the partition and AdamW's state are fp32 under both).
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
   refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
-  // --checkpoint's step is built in fp32 (but a transformer's stage 3); planned by its model
-  // states where those are all there is (a transformer's stage 3 under bf16, Llama's bf16,
-  // the bf16 baseline).
-  const bool states_only =
-      cfg.strategy == StrategyKind::ddp ||
-      (m.is_transformer() && lp != 4 && (cfg.strategy == StrategyKind::zero3 || m.name != "gpt2"));
-  if (m.checkpoint.any() && !states_only && lp != 4)
+  // --checkpoint under bf16 is built for the MLP; GPT-2's bf16 step (stages 1 and 2) takes
+  // none, nor a transformer's stage 3 (a plan skips them with the reason).
+  if (m.checkpoint.any() && lp != 4 && m.name == "gpt2" && cfg.strategy != StrategyKind::zero3 &&
+      cfg.strategy != StrategyKind::ddp)
     throw UsageError("--checkpoint " + m.checkpoint.text() + " and --engine deepspeed and --strategy " +
                      std::string(strategy_name(cfg.strategy)) +
-                     " and --precision bf16: not built yet; allowed: fp32");
+                     " and --precision bf16 and --model gpt2: not built yet; allowed: fp32, or the MLP");
   if (m.checkpoint.any() && m.is_transformer() && cfg.strategy == StrategyKind::zero3 && lp == 4)
     throw UsageError(deepspeed_stage3_checkpoint_refusal(m));
-  // Stage 3 runs the MLP, GPT-2 and Llama in fp32; under bf16 it is planned by its model states.
+  // Stage 3 runs the MLP (fp32 and bf16), GPT-2 and Llama in fp32; a transformer's bf16 is
+  // planned by its model states.
   if (cfg.strategy == StrategyKind::zero3) {
-    if (lp != 4) return stage3_model_states(tensors, world, lp, cfg.param_persistence);
-    return m.is_transformer() ? predict_deepspeed_stage3_transformer(cfg, world)
-                              : predict_deepspeed_stage3_mlp(cfg, world);
+    if (!m.is_transformer()) return predict_deepspeed_stage3_mlp(cfg, world);
+    return lp != 4 ? stage3_model_states(tensors, world, lp, cfg.param_persistence)
+                   : predict_deepspeed_stage3_transformer(cfg, world);
   }
   const std::vector<DsPartition> parts = ds_partitions(tensors, world);
   const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
@@ -304,7 +337,7 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // The ZeRO paper's accounting adds the gradients the stage keeps during a step: stage 1
   // autograd's full ones, stage 2 the partition's.
   const i64 kept_grads = stage == 1 ? lp * P : lp * s;
-  // bf16 runs the MLP's and GPT-2's stages 1 and 2.
+  // bf16 runs the MLP's stages 1 and 2 (--checkpoint and --accumulate too) and GPT-2's.
   if (lp != 4 && !m.is_transformer()) return bf16_mlp_ranks(cfg, world, stage, parts);
   if (lp != 4 && m.name == "gpt2") return bf16_gpt2_ranks(cfg, world, stage, parts);
   if (lp != 4) {

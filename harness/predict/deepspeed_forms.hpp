@@ -17,11 +17,12 @@
 // unit holding autograd's 4P and the bucket from the backward's start for stage 1; one
 // unit a block, each its gradients during its backward, the root unit also the bucket and
 // stage 2's grads_in_partition), then the reduction's instant (stage 1: 4P + Bk + G_r +
-// pad_r; stage 2: Bk + G_r + pad_r) and the optimizer's (G_r + pad_r + 4 s). Stage 3 in fp32 is
-// predicted through its step (the MLP's: deepspeed_stage3_forms.cpp, GPT-2's and Llama's,
-// each module gathered on its own: deepspeed_stage3_transformer_forms.cpp; resting adds the
-// kept bucket Bk, and a lone persistent tensor holds its W·c_t gather buffer); under bf16
-// by its model states (peak_known false).
+// pad_r; stage 2: Bk + G_r + pad_r) and the optimizer's (G_r + pad_r + 4 s). Stage 3 is
+// predicted through its step (the MLP's in fp32 and bf16: deepspeed_stage3_forms.cpp, GPT-2's
+// and Llama's in fp32, each module gathered on its own: deepspeed_stage3_transformer_forms.cpp;
+// resting adds the kept bucket Bk, and a lone persistent tensor holds its W·c_t gather
+// buffer); a transformer's under bf16, Llama's bf16 and ddp's (the bf16 baseline) by their
+// model states (peak_known false).
 // --accumulate K > 1: the first micro-step's walk, then a later one's: stage 1's with
 // autograd's 4P and Bk held from its start (reduced at the boundary alone), stage 2's with
 // the accumulated G_r beside every instant (its backward makes a new G_r); stage 2's
@@ -57,7 +58,7 @@ struct DeepSpeedPeak {
 
 std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world);
 
-// Stage 3's run of the MLP in fp32 (harness/strategies/deepspeed_zero3.hpp), every rank:
+// Stage 3's run of the MLP, fp32 or bf16 (harness/strategies/deepspeed_zero3.hpp), every rank:
 // deepspeed_stage3_forms.cpp.
 std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int world);
 // Of GPT-2 and Llama in fp32, each module gathered on its own:
@@ -68,13 +69,13 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
 // and a plan's reason for skipping it).
 std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model);
 
-// Stage 3's gather of a set of tensors (deepspeed_layout.hpp's Ds3Layout): the bytes it
-// leaves gathered (one tensor: its buffer of W·c_t; several: n_t each), the flat comm
+// Stage 3's gather of a set of tensors (deepspeed_layout.hpp's Ds3Layout), e bytes an
+// element (4 fp32, 2 bf16): the bytes it leaves gathered (one tensor: its buffer of W·c_t; several: n_t each), the flat comm
 // buffer beside them at its instant (several: W·Σc_t), and the bytes its all-gather moves
 // (the whole output, as the ledger counts it); nothing at all on one rank.
 struct Ds3Gather {
   std::int64_t held = 0, flat = 0, moved = 0;
 };
-Ds3Gather ds3_gather(const Ds3Layout& l, const std::vector<int>& tensors, int world);
+Ds3Gather ds3_gather(const Ds3Layout& l, const std::vector<int>& tensors, int world, std::int64_t e = 4);
 
 }  // namespace shardscope

@@ -9,7 +9,7 @@
 
 namespace shardscope {
 
-Ds3Gather ds3_gather(const Ds3Layout& l, const std::vector<int>& tensors, int world) {
+Ds3Gather ds3_gather(const Ds3Layout& l, const std::vector<int>& tensors, int world, std::int64_t e) {
   Ds3Gather g;
   if (tensors.empty() || world == 1) return g;  // one rank: each tensor views its partition
   std::int64_t parts = 0, elems = 0;
@@ -17,12 +17,12 @@ Ds3Gather ds3_gather(const Ds3Layout& l, const std::vector<int>& tensors, int wo
     parts += l.part[t];
     elems += l.elems[t];
   }
-  g.moved = 4 * world * parts;
+  g.moved = e * world * parts;
   if (tensors.size() == 1) {
-    g.held = 4 * world * parts;
+    g.held = e * world * parts;
   } else {
-    g.held = 4 * elems;
-    g.flat = 4 * world * parts;
+    g.held = e * elems;
+    g.flat = e * world * parts;
   }
   return g;
 }
@@ -32,8 +32,8 @@ namespace {
 using i64 = std::int64_t;
 using Gather = Ds3Gather;
 
-Gather gather_of(const Ds3Layout& l, const std::vector<int>& tensors, int world) {
-  return ds3_gather(l, tensors, world);
+Gather gather_of(const Ds3Layout& l, const std::vector<int>& tensors, int world, i64 e) {
+  return ds3_gather(l, tensors, world, e);
 }
 
 // Stage 3's instants name seven categories (DeepSpeedPeak keeps the first of the largest).
@@ -60,16 +60,20 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
   const Ds3Layout l = ds3_layout(model_tensor_elems(m), world, cfg.param_persistence);
   const int L = m.layers, T = m.param_tensors(), K = cfg.accumulate;
   const i64 C = l.flat, P = m.params();
-  const i64 cap = ds_bucket_elems(cfg.bucket_mb, P), Bk = 4 * cap;
+  // Bytes an element of the partitions, gathers, gradients and bucket: 4, or 2 under bf16
+  // (the master weights and AdamW fp32).
+  const bool bf16 = cfg.precision == PrecisionKind::bf16;
+  const i64 e = bf16 ? 2 : 4;
+  const i64 cap = ds_bucket_elems(cfg.bucket_mb, P), Bk = e * cap;
   // Layer i's tensors: weight 2i, bias 2i + 1; those not persistent are gathered around it.
   std::vector<int> persistent;
   std::vector<Gather> layer(static_cast<std::size_t>(L));
   for (int i = 0; i < L; ++i) {
     std::vector<int> gathered;
     for (int t = 2 * i; t < 2 * i + 2; ++t) (l.persistent[t] ? persistent : gathered).push_back(t);
-    layer[i] = gather_of(l, gathered, world);
+    layer[i] = gather_of(l, gathered, world, e);
   }
-  const Gather kept = gather_of(l, persistent, world);
+  const Gather kept = gather_of(l, persistent, world, e);
   // --checkpoint: a wrapped layer under ReLU gathers again for its re-run (its output is the
   // ReLU's, whose backward unpacks before the Linear's pre-backward hook fires); the re-run's
   // saves keep the weight's gathered bytes (layer j > 0, its input requiring a gradient):
@@ -83,25 +87,35 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
     if (ck.wraps(i) && relu) rerun_moved += layer[i].moved;
     const int w = 2 * i;
     if (i > 0 && world > 1 && !l.persistent[w])
-      kept_by_rerun[i] = l.persistent[w + 1] ? 4 * world * l.part[w] : 4 * l.elems[w];
+      kept_by_rerun[i] = l.persistent[w + 1] ? e * world * l.part[w] : e * l.elems[w];
   }
 
   // The MLP's activations (data_parallel_forms.cpp's walk): a = one layer's output, X the
-  // batch, t_ mse's target, k = 1 when the last output is saved.
-  const i64 a = m.activation_bytes(m.batch), X = a, t_ = m.loss == Loss::mse ? a : 0;
-  const i64 k = ((relu && !ck.wraps(L - 1)) || m.loss == Loss::mse) ? 1 : 0;
+  // batch, t_ mse's target, k = 1 when the last output is saved. bf16 (the bf16 module,
+  // deepspeed_forms.cpp's bf16_mlp_ranks): a = 2Bw, the batch and mse's target fp32 (a4 =
+  // 4Bw each), the batch's bf16 cast (cast = a, activation) made by layer 0's forward and
+  // held to its backward; mse's loss adds an fp32 cast of the output (a4) at its scalar
+  // and two fp32 temporaries at its gradient.
+  const bool mse = m.loss == Loss::mse;
+  const i64 a4 = m.activation_bytes(m.batch), a = bf16 ? a4 / 2 : a4, X = a4, t_ = mse ? a4 : 0;
+  const i64 cast = bf16 ? a : 0;
+  // The cast past layer 0's forward: a wrapped layer 0 drops it (its checkpoint saves the
+  // fp32 batch) and its re-run casts the batch again.
+  const i64 cast_kept = ck.wraps(0) ? 0 : cast;
+  const i64 k = ((relu && !ck.wraps(L - 1)) || mse) ? 1 : 0;
   auto where = [](int i) { return "layer " + std::to_string(i); };
   auto rerun = [](int i) { return "recompute of block " + std::to_string(i); };
 
   std::vector<Prediction> ranks(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
     Prediction& p = ranks[r];
-    p.resting[Category::param] = 4 * C + 4 * C + kept.held;
-    p.resting[Category::grad] = 4 * C;
+    p.resting[Category::param] = e * C + (bf16 ? 0 : 4 * C) + kept.held;
+    p.resting[Category::master] = bf16 ? 4 * C : 0;
+    p.resting[Category::grad] = e * C;
     p.resting[Category::optim] = 8 * C + 4;
     p.resting[Category::comm] = Bk;
     p.model_states = p.resting.total() - Bk;
-    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 4 * P * K;
+    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = e * P * K;
     p.comm_bytes[static_cast<int>(CollKind::all_gather)] = (2 * moved + rerun_moved) * K + kept.moved;
 
     // The zero tensors a bucket's reduction holds: 4·c_t for each of its tensors whose
@@ -110,7 +124,7 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
     auto zeros_of = [&](const std::vector<int>& bucket) {
       i64 z = 0;
       for (int t : bucket)
-        if (l.real(t, r) < l.part[t]) z += 4 * l.part[t];
+        if (l.real(t, r) < l.part[t]) z += e * l.part[t];
       return z;
     };
     std::vector<std::vector<i64>> reductions_in(static_cast<std::size_t>(L));  // each's zeros, by layer
@@ -131,13 +145,16 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
     // Forward: layer i's gather (the flat buffer beside its tensors), then its output; the
     // loss scalar; the loss's gradient.
     for (int i = 0; i < L; ++i) {
-      if (layer[i].flat > 0) w.consider(X + t_, i * a, layer[i].held, 0, layer[i].flat, 0, 0, Phase::forward, where(i));
-      const i64 unsaved = (i == L - 1 && k == 0) ? a : 0;
-      w.consider(X + t_ + unsaved, (i + 1) * a - unsaved, layer[i].held, 0, 0, 0, 0, Phase::forward, where(i));
+      const i64 below = (i > 0 ? cast_kept : 0) + i * a;  // the batch's cast and the outputs below
+      if (layer[i].flat > 0) w.consider(X + t_, below, layer[i].held, 0, layer[i].flat, 0, 0, Phase::forward, where(i));
+      const bool saved = i < L - 1 || k == 1;
+      w.consider(X + t_ + (saved ? 0 : a), (i == 0 ? cast : 0) + below + (saved ? a : 0), layer[i].held, 0, 0, 0, 0,
+                 Phase::forward, where(i));
     }
-    const i64 last_unsaved = k == 0 ? a : 0;
-    w.consider(X + t_ + last_unsaved + 4, (L - 1 + k) * a, 0, 0, 0, 0, 0, Phase::forward, where(L - 1));
-    w.consider(X + t_ + a, (L - 1 + k) * a, 0, 0, 0, 0, 0, Phase::backward, where(L - 1));
+    const i64 outputs_kept = cast_kept + (L - 1 + k) * a;
+    w.consider(X + t_ + 4 + (bf16 && mse ? a4 : k == 0 ? a : 0), outputs_kept, 0, 0, 0, 0, 0, Phase::forward,
+               where(L - 1));
+    w.consider(X + t_ + (bf16 && mse ? 2 * a4 : a), outputs_kept, 0, 0, 0, 0, 0, Phase::backward, where(L - 1));
     // Backward, layer j from the top: its gather, its gradients E_j, its dx (j > 0); in its
     // hook (its dy and output gone, dx kept) each bucket it reduces, with its zero tensors.
     // A wrapped layer (its forward's output freed: j outputs held) under ReLU: the re-run's
@@ -148,32 +165,36 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
     for (int j = L - 1; j >= 0; --j) {
       const bool wrapped = ck.wraps(j);
       const i64 outs = wrapped ? j : j == L - 1 ? L - 1 + k : j + 1;
-      const i64 E = 4 * (l.elems[2 * j] + l.elems[2 * j + 1]);
+      const i64 acts = cast_kept + outs * a;  // held as the layer's backward starts
+      const i64 recast = wrapped && j == 0 ? cast : 0;  // layer 0's re-run casts the batch again
+      const i64 E = e * (l.elems[2 * j] + l.elems[2 * j + 1]);
       const Gather& g = layer[j];
       const i64 H = kept_by_rerun[j], dy = X + t_ + a;
       i64 after = g.held;  // gathered when the hook's reductions run
       if (wrapped && relu) {
-        if (g.flat > 0) w.consider(dy, outs * a, g.held, 0, g.flat, 0, 0, Phase::backward, rerun(j));
-        w.consider(dy, (outs + 1) * a, g.held, 0, 0, 0, 0, Phase::backward, rerun(j));
-        if (g.flat > 0) w.consider(dy, (outs + 1) * a, H + g.held, 0, g.flat, 0, 0, Phase::backward, where(j));
-        w.consider(dy, (outs + 1) * a, H + g.held, E, 0, 0, 0, Phase::backward, where(j));
-        if (j > 0) w.consider(dy + a, (outs + 1) * a, H + g.held, E, 0, 0, 0, Phase::backward, where(j));
+        if (g.flat > 0) w.consider(dy, acts, g.held, 0, g.flat, 0, 0, Phase::backward, rerun(j));
+        w.consider(dy, acts + recast + a, g.held, 0, 0, 0, 0, Phase::backward, rerun(j));
+        if (g.flat > 0) w.consider(dy, acts + recast + a, H + g.held, 0, g.flat, 0, 0, Phase::backward, where(j));
+        w.consider(dy, acts + recast + a, H + g.held, E, 0, 0, 0, Phase::backward, where(j));
+        if (j > 0) w.consider(dy + a, acts + a, H + g.held, E, 0, 0, 0, Phase::backward, where(j));
       } else {
-        if (g.flat > 0) w.consider(dy, outs * a, g.held, 0, g.flat, 0, 0, Phase::backward, where(j));
-        w.consider(dy, outs * a, g.held, E, 0, 0, 0, Phase::backward, where(j));
+        if (g.flat > 0) w.consider(dy, acts, g.held, 0, g.flat, 0, 0, Phase::backward, where(j));
+        w.consider(dy, acts, g.held, E, 0, 0, 0, Phase::backward, where(j));
         if (wrapped) {
-          w.consider(dy + a, outs * a, g.held, E, 0, 0, 0, Phase::backward, rerun(j));
+          w.consider(dy + a, acts + recast, g.held, E, 0, 0, 0, Phase::backward, rerun(j));
           after = 0;
         }
-        if (j > 0) w.consider(dy + a, outs * a, wrapped ? H : g.held, E, 0, 0, 0, Phase::backward, where(j));
+        if (j > 0) w.consider(dy + a, acts, wrapped ? H : g.held, E, 0, 0, 0, Phase::backward, where(j));
       }
       for (i64 z : reductions_in[j])
-        w.consider(X + t_ + (j > 0 ? a : 0), j * a, after, E, 0, z, 0, Phase::backward, where(j));
+        w.consider(X + t_ + (j > 0 ? a : 0), (j > 0 ? cast_kept : 0) + j * a, after, E, 0, z, 0, Phase::backward,
+                   where(j));
     }
     // The epilogue's reduction (the batch freed), the optimizer's flattened gradient (every
     // gathered tensor released), the persistent tensors' gather after it.
     if (epilogue > 0) w.consider(0, 0, 0, 0, 0, epilogue, 0, Phase::communication, "-");
-    w.consider(0, 0, 0, 0, 0, 4 * C, -kept.held, Phase::optimizer, "-");
+    // bf16: the flattened partitions in bf16 beside their fp32 cast.
+    w.consider(0, 0, 0, 0, 0, (bf16 ? 2 * C : 0) + 4 * C, -kept.held, Phase::optimizer, "-");
     if (kept.flat > 0) w.consider(0, 0, 0, 0, kept.flat, 0, 0, Phase::communication, "-");
 
     p.peak_known = true;
@@ -182,8 +203,9 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
     p.peak_total = p.peak_by_category.total();
     p.peak_phase = w.peak.phase;
     p.peak_where = w.peak.where;
-    p.saved_after_forward_tensors = L + static_cast<int>(k) + (m.loss == Loss::mse ? 1 : 0);
-    p.saved_after_forward_bytes = p.saved_after_forward_tensors * a;
+    p.saved_after_forward_tensors = L + static_cast<int>(k) + (mse ? 1 : 0);
+    // Layer 0's save: the batch's bf16 cast, or under its checkpoint the fp32 batch.
+    p.saved_after_forward_bytes = (ck.wraps(0) ? a4 : a) + (L - 1 + k) * a + (mse ? a4 : 0);
   }
   return ranks;
 }

@@ -16,8 +16,8 @@ DeepSpeedZero::DeepSpeedZero(const StrategyContext& ctx, int stage)
       part_(ds_partition(model_->tensor_sizes(), ctx.comm.world(), ctx.comm.rank())),
       bucket_cap_(ds_bucket_elems(ctx.cfg.bucket_mb, model_->params())),
       lp_(ctx.cfg.precision == PrecisionKind::bf16 ? DType::bf16 : DType::f32) {
-  SHARDSCOPE_REQUIRE(lp_ == DType::f32 || (ctx.cfg.model.param_bf16 && ctx.cfg.accumulate == 1),
-                     "deepspeed bf16: the MLP's bf16 Linears, one micro-step (the CLI refuses the rest)");
+  SHARDSCOPE_REQUIRE(lp_ == DType::f32 || ctx.cfg.model.param_bf16,
+                     "deepspeed bf16: the MLP's bf16 Linears (the CLI refuses the rest)");
   gip_offset_.assign(static_cast<std::size_t>(model_->param_tensors()), -1);
   std::int64_t at = 0;
   for (int t = part_.first_tensor; t < part_.end_tensor; ++t) {
@@ -154,6 +154,8 @@ void DeepSpeedZero::reduce_gradients() {
   // later micro-step's (stage 2) is added onto it, and freed at the epilogue's end.
   if (!acc_)
     acc_ = std::move(gip_);
+  else if (gip_ && lp_ == DType::bf16)
+    backend_.add_bf16(acc_.bf16(), gip_.bf16(), static_cast<std::size_t>(part_.touching));  // grad_accum_dtype bf16
   else if (gip_)
     backend_.add(acc_.data(), gip_.data(), static_cast<std::size_t>(part_.touching));
   // At the boundary the partition's averaged gradient is its slice of the accumulated one

@@ -3,7 +3,7 @@
 // each bucket all-reduced), fp32 or bf16. docs/design.md, "DeepSpeed"; the layout:
 // deepspeed_layout.hpp.
 //
-// --precision bf16 (the MLP, one micro-step): DeepSpeed's bf16 regime under ZeRO 1 and 2 (the
+// --precision bf16 (the MLP): DeepSpeed's bf16 regime under ZeRO 1 and 2 (the
 // engine casts the module to bf16; the ZeRO optimizer takes its bf16 parameters): the flat
 // group, autograd's gradients, the bucket (communication_data_type defaults to bf16 under
 // bf16: divided and all-reduced in bf16), grads_in_partition and the padding are bf16, 2 B
@@ -12,7 +12,9 @@
 // it to a new fp32 buffer (4s, `.to(fp32)`) and frees the bf16 one; after AdamW the master
 // weights are rounded into the flat group's partition and the group all-gathered in bf16.
 // The Linears run on bf16 views of the group and write bf16 gradients
-// (ModelConfig::param_bf16, harness/model/mlp.cpp).
+// (ModelConfig::param_bf16, harness/model/mlp.cpp). --accumulate: grad_accum_dtype defaults
+// to bf16, so stage 1's autograd gradients and stage 2's accumulated partition add up in
+// bf16 (Backend::add_bf16, each sum rounded).
 //
 // At rest, per rank:
 //   param  the flat group (Ppad elements; the model's parameters are views of it) and the

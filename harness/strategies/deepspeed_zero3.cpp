@@ -9,9 +9,11 @@ namespace shardscope {
 DeepSpeedZero3::DeepSpeedZero3(const StrategyContext& ctx)
     : DataParallelStrategy(ctx),
       layout_(ds3_layout(model_tensor_elems(ctx.cfg.model), ctx.comm.world(), ctx.cfg.param_persistence)),
-      bucket_cap_(ds_bucket_elems(ctx.cfg.bucket_mb, model_->params())) {
-  SHARDSCOPE_REQUIRE(!ctx.cfg.model.param_bf16 && !ctx.cfg.model.autocast,
-                     "deepspeed zero3: fp32 only (the CLI refuses bf16)");
+      bucket_cap_(ds_bucket_elems(ctx.cfg.bucket_mb, model_->params())),
+      lp_(ctx.cfg.precision == PrecisionKind::bf16 ? DType::bf16 : DType::f32) {
+  SHARDSCOPE_REQUIRE(!ctx.cfg.model.autocast &&
+                         (lp_ == DType::f32 || (ctx.cfg.model.param_bf16 && !ctx.cfg.model.is_transformer())),
+                     "deepspeed zero3: fp32, or the MLP's bf16 Linears (the CLI refuses the rest)");
   modules_ = ctx.cfg.model.is_transformer();
   for (int t = 0; t < model_->param_tensors(); ++t)
     if (layout_.persistent[t]) persistent_.push_back(t);
@@ -34,13 +36,25 @@ void DeepSpeedZero3::setup() {
     const std::vector<float> part = model_->init_flat_slice(cfg_.seed, model_->tensor_offset(t) + layout_.part[t] * r, real);
     std::copy(part.begin(), part.end(), host.begin() + layout_.offset[t]);
   }
-  flat_ = backend_.alloc(Category::param, C);
-  backend_.upload(flat_.data(), host.data(), C);
-  master_ = backend_.alloc(Category::param, C);
-  backend_.copy(master_.data(), flat_.data(), C);
+  flat_ = backend_.alloc(Category::param, C, lp_);
+  if (lp_ == DType::bf16) {
+    // bf16: the module's parameters rounded (module.bfloat16()); the master weights their
+    // fp32 widening.
+    std::vector<Bf16> rounded(C);
+    for (std::size_t i = 0; i < C; ++i) rounded[i] = to_bf16(host[i]);
+    backend_.upload_bytes(flat_.raw(), rounded.data(), C * sizeof(Bf16));
+    master_ = backend_.alloc(Category::master, C);
+    backend_.cast_from_bf16(master_.data(), flat_.bf16(), C, 0.0f);
+    grad_parts_ = backend_.alloc(Category::grad, C, DType::bf16);
+    backend_.fill_bf16(grad_parts_.bf16(), 0.0f, C);
+  } else {
+    backend_.upload(flat_.data(), host.data(), C);
+    master_ = backend_.alloc(Category::param, C);
+    backend_.copy(master_.data(), flat_.data(), C);
+    grad_parts_ = zeros(Category::grad, C);
+  }
   adam_ = make_adam_state(backend_, C);
-  grad_parts_ = zeros(Category::grad, C);
-  bucket_ = backend_.alloc(Category::comm, static_cast<std::size_t>(bucket_cap_));
+  bucket_ = backend_.alloc(Category::comm, static_cast<std::size_t>(bucket_cap_), lp_);
   gather(persistent_, Category::param);
 }
 
@@ -51,20 +65,41 @@ std::vector<int> DeepSpeedZero3::gathered_tensors(int block) const {
   return out;
 }
 
+float* DeepSpeedZero3::at(const Buffer& b, std::int64_t elem) const {
+  return reinterpret_cast<float*>(static_cast<char*>(b.raw()) + elem * dtype_bytes(lp_));
+}
+
+void DeepSpeedZero3::copy_lp(float* dst, const float* src, std::size_t n) {
+  if (lp_ == DType::bf16)
+    backend_.copy_bf16(as_bf16(dst), as_bf16(src), n);
+  else
+    backend_.copy(dst, src, n);
+}
+
+void DeepSpeedZero3::add_lp(float* dst, const float* src, std::size_t n) {
+  if (lp_ == DType::bf16)
+    backend_.add_bf16(as_bf16(dst), as_bf16(src), n);
+  else
+    backend_.add(dst, src, n);
+}
+
 void DeepSpeedZero3::gather(const std::vector<int>& tensors, Category c) {
   if (tensors.empty()) return;
   const std::size_t W = static_cast<std::size_t>(comm_.world()), r = static_cast<std::size_t>(comm_.rank());
   if (W == 1) {
     // One rank (_no_gather_coalesced): each tensor views its partition, the whole of it.
-    for (int t : tensors) view_[t] = flat_.data() + layout_.offset[t];
+    for (int t : tensors) view_[t] = at(flat_, layout_.offset[t]);
     return;
   }
   if (tensors.size() == 1) {
     // One tensor (_all_gather_sequential): a buffer of W·c_t it then views.
     const int t = tensors[0];
     const std::size_t c_t = static_cast<std::size_t>(layout_.part[t]);
-    gathered_[t] = backend_.alloc(c, W * c_t);
-    comm_.all_gather(flat_.data() + layout_.offset[t], gathered_[t].data(), c_t);
+    gathered_[t] = backend_.alloc(c, W * c_t, lp_);
+    if (lp_ == DType::bf16)
+      comm_.all_gather_bf16(flat_.bf16() + layout_.offset[t], gathered_[t].bf16(), c_t);
+    else
+      comm_.all_gather(flat_.data() + layout_.offset[t], gathered_[t].data(), c_t);
     view_[t] = gathered_[t].data();
     return;
   }
@@ -73,26 +108,31 @@ void DeepSpeedZero3::gather(const std::vector<int>& tensors, Category c) {
   // rank's slot into a tensor of its own (n_t), and the flat buffer freed.
   std::size_t sum = 0;
   for (int t : tensors) sum += static_cast<std::size_t>(layout_.part[t]);
-  Buffer staging = backend_.alloc(Category::comm, W * sum);
-  float* own = staging.data() + r * sum;
-  std::size_t at = 0;
+  Buffer staging = backend_.alloc(Category::comm, W * sum, lp_);
+  float* own = at(staging, static_cast<std::int64_t>(r * sum));
+  std::int64_t in_slot = 0;
   for (int t : tensors) {
-    backend_.copy(own + at, flat_.data() + layout_.offset[t], static_cast<std::size_t>(layout_.part[t]));
-    at += static_cast<std::size_t>(layout_.part[t]);
+    copy_lp(at(staging, static_cast<std::int64_t>(r * sum) + in_slot), at(flat_, layout_.offset[t]),
+            static_cast<std::size_t>(layout_.part[t]));
+    in_slot += layout_.part[t];
   }
-  comm_.all_gather(own, staging.data(), sum);
-  at = 0;
+  if (lp_ == DType::bf16)
+    comm_.all_gather_bf16(as_bf16(own), staging.bf16(), sum);
+  else
+    comm_.all_gather(own, staging.data(), sum);
+  in_slot = 0;
   for (int t : tensors) {
     const std::int64_t n = layout_.elems[t], c_t = layout_.part[t];
-    gathered_[t] = backend_.alloc(c, static_cast<std::size_t>(n));
+    gathered_[t] = backend_.alloc(c, static_cast<std::size_t>(n), lp_);
     for (std::size_t q = 0; q < W; ++q) {
       const std::int64_t begin = c_t * static_cast<std::int64_t>(q);
       const std::int64_t count = std::max<std::int64_t>(0, std::min(c_t, n - begin));
       if (count > 0)
-        backend_.copy(gathered_[t].data() + begin, staging.data() + q * sum + at, static_cast<std::size_t>(count));
+        copy_lp(at(gathered_[t], begin), at(staging, static_cast<std::int64_t>(q * sum) + in_slot),
+                static_cast<std::size_t>(count));
     }
     view_[t] = gathered_[t].data();
-    at += static_cast<std::size_t>(c_t);
+    in_slot += c_t;
   }
 }
 
@@ -169,7 +209,7 @@ float* DeepSpeedZero3::grad(int block, int tensor) {
     return g;
   }
   const std::int64_t in_block = model_->tensor_offset(tensor_of(block, tensor)) - model_->block_offset(block);
-  return block_grad_[block].data() + in_block;
+  return at(block_grad_[block], in_block);
 }
 
 // The model marks the block's place (layer b) before each hook.
@@ -189,7 +229,7 @@ bool DeepSpeedZero3::recompute_first(int block) const {
 void DeepSpeedZero3::gather_for_backward(int block) {
   gather(gathered_tensors(block), Category::param_unsharded);
   const std::int64_t n = model_->block_offset(block + 1) - model_->block_offset(block);
-  block_grad_[block] = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(n));
+  block_grad_[block] = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(n), lp_);
 }
 
 void DeepSpeedZero3::before_backward(int block) {
@@ -225,7 +265,7 @@ void DeepSpeedZero3::after_backward(int block) {
   rerun_saved_.reset();  // the Linear's backward has run: its saves are freed
   // The block's tensors as their hooks fire: last first.
   for (int t = model_->first_tensor(block + 1) - 1; t >= model_->first_tensor(block); --t)
-    add_to_bucket(t, block_grad_[block].data() + model_->tensor_offset(t) - model_->block_offset(block));
+    add_to_bucket(t, at(block_grad_[block], model_->tensor_offset(t) - model_->block_offset(block)));
   block_grad_[block].reset();
   release(gathered_tensors(block));
 }
@@ -233,7 +273,7 @@ void DeepSpeedZero3::after_backward(int block) {
 void DeepSpeedZero3::add_to_bucket(int t, const float* src) {
   const std::int64_t n = layout_.elems[t];
   if (bucket_used_ + n > bucket_cap_ && bucket_used_ > 0) reduce_bucket();
-  backend_.copy(bucket_.data() + bucket_used_, src, static_cast<std::size_t>(n));
+  copy_lp(at(bucket_, bucket_used_), src, static_cast<std::size_t>(n));
   in_bucket_.emplace_back(t, bucket_used_);
   bucket_used_ += n;
 }
@@ -242,27 +282,38 @@ void DeepSpeedZero3::reduce_bucket() {
   if (bucket_used_ == 0) return;
   const std::size_t n = static_cast<std::size_t>(bucket_used_);
   const int W = comm_.world(), r = comm_.rank();
-  if (W > 1) backend_.scale(bucket_.data(), 1.0f / static_cast<float>(W), n);
-  comm_.all_reduce_sum(bucket_.data(), n);
+  // Divided by W, then all-reduced (bf16: in bf16, communication_data_type's default).
+  if (lp_ == DType::bf16) {
+    if (W > 1) backend_.scale_bf16(bucket_.bf16(), 1.0f / static_cast<float>(W), n);
+    comm_.all_reduce_sum_bf16(bucket_.bf16(), n);
+  } else {
+    if (W > 1) backend_.scale(bucket_.data(), 1.0f / static_cast<float>(W), n);
+    comm_.all_reduce_sum(bucket_.data(), n);
+  }
   // Each tensor's slice of the rank's partition; where it is short, a zero tensor of c_t
   // holds it (kept, with the bucket's others, until the bucket is done).
   std::vector<Buffer> padded;
   const bool adds = micro_step_index() > 0;
-  for (const auto& [t, at] : in_bucket_) {
+  for (const auto& [t, in_bucket] : in_bucket_) {
     const std::size_t c_t = static_cast<std::size_t>(layout_.part[t]);
     const std::int64_t real = layout_.real(t, r);
-    const float* slice = bucket_.data() + at + layout_.part[t] * r;
+    const float* slice = at(bucket_, in_bucket + layout_.part[t] * r);
     if (real < layout_.part[t]) {
-      padded.push_back(zeros(Category::grad, c_t));
-      if (real > 0) backend_.copy(padded.back().data(), slice, static_cast<std::size_t>(real));
+      if (lp_ == DType::bf16) {
+        padded.push_back(backend_.alloc(Category::grad, c_t, DType::bf16));
+        backend_.fill_bf16(padded.back().bf16(), 0.0f, c_t);
+      } else {
+        padded.push_back(zeros(Category::grad, c_t));
+      }
+      if (real > 0) copy_lp(padded.back().data(), slice, static_cast<std::size_t>(real));
       slice = padded.back().data();
     }
     if (real == 0) continue;  // partition_grads skips a partition holding no parameters
-    float* dst = grad_parts_.data() + layout_.offset[t];
+    float* dst = at(grad_parts_, layout_.offset[t]);
     if (adds)
-      backend_.add(dst, slice, c_t);
+      add_lp(dst, slice, c_t);  // in grad_accum_dtype (bf16 under bf16)
     else
-      backend_.copy(dst, slice, c_t);
+      copy_lp(dst, slice, c_t);
   }
   in_bucket_.clear();
   bucket_used_ = 0;
@@ -278,13 +329,26 @@ void DeepSpeedZero3::reduce_gradients() {
 void DeepSpeedZero3::optimizer_step(int step) {
   const std::size_t C = static_cast<std::size_t>(layout_.flat);
   release(persistent_);  // _partition_all_parameters
-  Buffer g = backend_.alloc(Category::grad, C);  // the gradient partitions flattened
-  backend_.copy(g.data(), grad_parts_.data(), C);
+  // The gradient partitions flattened (bf16: flattened in bf16, then `.to(fp32)` into a new
+  // fp32 buffer and the bf16 one freed).
+  Buffer g;
+  if (lp_ == DType::bf16) {
+    Buffer flat = backend_.alloc(Category::grad, C, DType::bf16);
+    backend_.copy_bf16(flat.bf16(), grad_parts_.bf16(), C);
+    g = backend_.alloc(Category::grad, C);
+    backend_.cast_from_bf16(g.data(), flat.bf16(), C, 0.0f);
+  } else {
+    g = backend_.alloc(Category::grad, C);
+    backend_.copy(g.data(), grad_parts_.data(), C);
+  }
   last_grad_ = download(g);
   backend_.fill(adam_.step.data(), static_cast<float>(step), 1);
   backend_.adamw(hyper_, {{master_.data(), g.data(), adam_.exp_avg.data(), adam_.exp_avg_sq.data(), C, step}});
   g.reset();
-  backend_.copy(flat_.data(), master_.data(), C);
+  if (lp_ == DType::bf16)
+    backend_.cast_to_bf16(flat_.bf16(), master_.data(), C);  // rounded into the partitions
+  else
+    backend_.copy(flat_.data(), master_.data(), C);
   backend_.tracker().mark(Phase::communication);
   gather(persistent_, Category::param);  // _post_step
 }

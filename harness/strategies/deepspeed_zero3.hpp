@@ -1,6 +1,6 @@
 // zero3 under --engine deepspeed: DeepSpeed's ZeRO stage 3 (DeepSpeedZeroOptimizer_Stage3,
-// its parameter coordinator and partition_parameters.py), fp32: the MLP (each Linear one
-// module, a block) and GPT-2 and Llama (each nn.Module with parameters of its own one
+// its parameter coordinator and partition_parameters.py), fp32 or (the MLP) bf16: the MLP
+// (each Linear one module, a block) and GPT-2 and Llama (each nn.Module with parameters of its own one
 // module: an embedding, a block's every Linear and norm, the final norm, the head; the
 // blocks name them through BlockAccess's module hooks). docs/design.md, "DeepSpeed"; the layout: deepspeed_layout.hpp (Ds3Layout).
 // DeepSpeed's configuration as taken here: stage3_prefetch_bucket_size 0 (no prefetch),
@@ -56,6 +56,14 @@
 //             released, but for a module whose input takes no gradient (the embeddings: their
 //             post-backward hook never fires), kept gathered until after the last bucket's
 //             reduction (release_backward_leftovers);
+//   --precision bf16 (DeepSpeed's bf16: the module cast to bf16; communication_data_type
+//             and grad_accum_dtype default to it): the partitions, every gather, the
+//             gradients, the bucket (divided and all-reduced in bf16), its zero tensors
+//             and the gradient partitions (added in bf16 under --accumulate) are bf16, 2 B
+//             an element; the optimizer's copy is the fp32 master weights (category
+//             master), AdamW fp32; the step flattens the gradient partitions in bf16, casts
+//             them to a new fp32 buffer (`.to(fp32)`) and frees the bf16 one, and rounds
+//             the updated master weights into the partitions;
 //   optimizer every gathered tensor is released (the persistent ones too), the gradient
 //             partitions flattened into a new buffer (grad, C), AdamW on the copy, the
 //             gradient freed, the copy written into the flat partition; then the
@@ -109,6 +117,11 @@ class DeepSpeedZero3 : public DataParallelStrategy, private BlockAccess {
   std::vector<int> to_gather(const std::vector<TensorRef>& tensors) const;
   std::vector<int> not_persistent(const std::vector<TensorRef>& tensors) const;
   int tensor_of(const TensorRef& r) const { return tensor_of(r.block, r.tensor); }
+  // Element `elem` of a buffer of the partitions' dtype (lp_), as the float* the model and
+  // the copies pass around (a bf16 one read back with as_bf16); copies and sums of n.
+  float* at(const Buffer& b, std::int64_t elem) const;
+  void copy_lp(float* dst, const float* src, std::size_t n);
+  void add_lp(float* dst, const float* src, std::size_t n);
   // Gathers `tensors` (their partitions) into gathered_, in category `c`; releases them.
   void gather(const std::vector<int>& tensors, Category c);
   void release(const std::vector<int>& tensors);
@@ -117,15 +130,18 @@ class DeepSpeedZero3 : public DataParallelStrategy, private BlockAccess {
 
   Ds3Layout layout_;
   std::int64_t bucket_cap_ = 0;
+  // The dtype of the partitions, gathers, gradients, bucket and gradient partitions: fp32,
+  // or bf16 under --precision bf16 (the master weights and AdamW fp32).
+  DType lp_ = DType::f32;
   std::vector<int> persistent_;  // the persistent tensors, in order
 
   Buffer flat_;       // (C) param: every tensor's partition
-  Buffer master_;     // (C) param: the optimizer's copy
+  Buffer master_;     // (C) param (bf16: master): the optimizer's fp32 copy
   AdamState adam_;    // (C) optim
   Buffer grad_parts_;  // (C) grad: the gradient partitions
   Buffer bucket_;     // (cap) comm
   std::vector<Buffer> gathered_;    // per tensor: its gathered values (n_t, or a gather buffer of W·c_t)
-  std::vector<const float*> view_;  // per tensor: where its values are while gathered (null: released)
+  std::vector<float*> view_;  // per tensor: where its values are while gathered (null: released)
   std::vector<Buffer> block_grad_;  // per block: its tensors' gradients during its backward
   Buffer rerun_saved_;  // the weight's gathered buffer a re-run's saves keep, to the block's backward end
   std::vector<std::pair<int, std::int64_t>> in_bucket_;  // (tensor, offset in the bucket)

@@ -192,6 +192,9 @@ class Backend {
   virtual void copy_bf16(Bf16* dst, const Bf16* src, std::size_t n);
   // x(n) = bf16(x * s) in place (torch's div_ of a bf16 bucket by the world).
   virtual void scale_bf16(Bf16* x, float s, std::size_t n);
+  // dst(n) = bf16(dst + src), each sum in fp32 rounded to bf16 (torch's add_ of bf16
+  // tensors: DeepSpeed's bf16 gradient accumulation, grad_accum_dtype bf16).
+  virtual void add_bf16(Bf16* dst, const Bf16* src, std::size_t n);
   // out[0] (one fp32 on the backend) = scale * the sum of x(n), summed in fp32: a bf16
   // output's `sum` loss, kept in fp32.
   virtual void sum_bf16(float* out, const Bf16* x, std::size_t n, float scale);

@@ -72,6 +72,7 @@ TEST_F(DeepSpeedCli, UnderMpirunBothRanksHoldTheirPredictions) {
   } cases[] = {{kMlp, "zero1"},  {kMlp, "zero2"},  {kGpt2, "zero2"}, {kLlama, "zero1"},
                {kMlp, "zero2 --accumulate 2"}, {kGpt2, "zero1 --accumulate 3 --no-sync"},
                {kMlp, "zero3"}, {kMlp, "zero3 --accumulate 2"}, {kMlp, "zero2 --precision bf16"},
+               {kMlp, "zero3 --precision bf16"}, {kMlp, "zero1 --precision bf16 --accumulate 2 --checkpoint full"},
                {kMlp, "zero1 --checkpoint full"}, {kLlama, "zero2 --checkpoint every:2"},
                {kMlp, "zero3 --checkpoint full"},
                {kGpt2Wide, "zero3"}, {kLlamaWide, "zero3 --accumulate 2"}, {kLlama, "zero3"}};
@@ -125,9 +126,6 @@ TEST_F(DeepSpeedCli, CombinationsItDoesNotTakeAreExitTwo) {
        "shardscope: error: --no-sync and --engine deepspeed and --strategy zero2: DeepSpeed's no_sync asserts it is "
        "incompatible with ZeRO stage 2/3 (they partition gradients as backward runs); allowed: --strategy zero1, or "
        "--accumulate without --no-sync"},
-      {"--engine deepspeed --strategy zero2 --precision bf16 --checkpoint every:2",
-       "shardscope: error: --checkpoint every:2 and --engine deepspeed and --strategy zero2 and --precision bf16: not "
-       "built yet; allowed: fp32"},
       {"--engine deepspeed --strategy zero1 --ddp-bucket copy",
        "shardscope: error: --ddp-bucket and --engine deepspeed and --strategy zero1: DeepSpeed's buckets are its own "
        "(--bucket-mb); drop --ddp-bucket"},
@@ -184,12 +182,23 @@ TEST_F(DeepSpeedCli, AccumulationOnEveryEmulatedRank) {
       << read("out.txt");
 }
 
-// --precision bf16 runs the MLP's and GPT-2's zero1 and zero2 (DeepSpeed's bf16 regime): every
-// emulated rank at W = 3 holds its predictions, the record says bf16; Llama's, stage 3's and an
-// accumulated bf16 run are refused by name (exit 2).
+// --precision bf16 runs the MLP's zero1, zero2 and zero3 (DeepSpeed's bf16 regime), with
+// --accumulate and --checkpoint, and GPT-2's zero1 and zero2: every emulated rank at W = 3
+// holds its predictions, the record says bf16; Llama's, the baseline's (ddp) and GPT-2's
+// stage 3, accumulated and checkpointed bf16 runs are refused by name (exit 2).
 TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
-  for (const char* model : {kMlp, kGpt2})
-  for (const char* strategy : {"zero1", "zero2"})
+  const struct {
+    const char* model;
+    const char* strategy;
+  } runs[] = {{kMlp, "zero1"},
+              {kMlp, "zero2"},
+              {kMlp, "zero3"},
+              {kMlp, "zero1 --accumulate 2 --checkpoint full"},
+              {kMlp, "zero2 --accumulate 3 --checkpoint every:2"},
+              {kMlp, "zero3 --accumulate 2 --checkpoint full"},
+              {kGpt2, "zero1"},
+              {kGpt2, "zero2"}};
+  for (const auto& [model, strategy] : runs)
     for (int r = 0; r < 3; ++r) {
       const std::string flags = std::string(model) + "--steps 2 --engine deepspeed --precision bf16 --strategy " +
                                 strategy + " --emulate 3:" + std::to_string(r);
@@ -207,14 +216,17 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
   } refused[] = {
       {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero1",
        "shardscope: error: --precision bf16 and --engine deepspeed and --model llama: planned (plan prints its model "
-       "states), not run yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under "
-       "zero1, zero2"},
-      {std::string(kMlp) + "--engine deepspeed --precision bf16 --strategy zero3",
-       "shardscope: error: --precision bf16 and --engine deepspeed and --strategy zero3: planned (plan prints its "
-       "model states), not run yet; allowed: zero1, zero2"},
-      {std::string(kMlp) + "--engine deepspeed --precision bf16 --strategy zero2 --accumulate 2",
-       "shardscope: error: --accumulate 2 and --precision bf16 and --engine deepspeed: bf16 gradient accumulation is "
-       "not built yet; give --accumulate 1"},
+       "states), not run yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP under zero1, zero2, "
+       "zero3, and gpt2 under zero1, zero2"},
+      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero3",
+       "shardscope: error: --precision bf16 and --engine deepspeed and --strategy zero3 and --model gpt2: planned "
+       "(plan prints its model states), not run yet; allowed: zero1, zero2"},
+      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero2 --accumulate 2",
+       "shardscope: error: --accumulate 2 and --precision bf16 and --engine deepspeed and --model gpt2: bf16 gradient "
+       "accumulation of a transformer is not built yet; give --accumulate 1"},
+      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero1 --checkpoint full",
+       "shardscope: error: --checkpoint full and --engine deepspeed and --strategy zero1 and --precision bf16 and "
+       "--model gpt2: not built yet; allowed: fp32, or the MLP"},
   };
   for (const auto& c : refused) {
     EXPECT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + c.flags +
@@ -267,7 +279,7 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndPeak) {
             0)
       << first_line(dir_ + "/err.txt");
   const std::string bf16 = read("out.txt");
-  EXPECT_NE(bf16.find("(note) DeepSpeed's bf16 regime"), std::string::npos) << bf16;
+  EXPECT_NE(bf16.find("(note) DeepSpeed's bf16 regime of a transformer"), std::string::npos) << bf16;
 }
 
 // plan --engine deepspeed --precision bf16 reproduces the ZeRO paper's Figure 1: Ψ = 7.5B
@@ -296,14 +308,15 @@ TEST_F(DeepSpeedCli, PlanReproducesTheZeroPapersFigureOne) {
     const std::string gb = std::string(" ") + f.gb;
     EXPECT_EQ(line.substr(line.size() - gb.size()), gb) << line;
   }
-  // The paper's baseline (ddp) is planned, not run: refused by name (the MLP's zero1 and
-  // zero2 run: Bf16OnEveryEmulatedRank).
+  // The paper's baseline (ddp, DeepSpeed's stage 0) is planned, not run: refused by name
+  // (the MLP's zero1, zero2 and zero3 run: Bf16OnEveryEmulatedRank).
   EXPECT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + kMlp +
                   "--engine deepspeed --precision bf16 --strategy ddp > /dev/null 2> err.txt"),
             2);
   EXPECT_EQ(first_line(dir_ + "/err.txt"),
-            "shardscope: error: --precision bf16 and --engine deepspeed and --strategy ddp: planned (plan prints its "
-            "model states), not run yet; allowed: zero1, zero2");
+            "shardscope: error: --precision bf16 and --engine deepspeed and --strategy ddp: DeepSpeed's stage 0 under "
+            "bf16 (its FP16_Optimizer in bf16, the ZeRO paper's baseline) is planned (plan prints its model states), "
+            "not run yet; allowed: zero1, zero2, zero3");
 }
 
 }  // namespace
