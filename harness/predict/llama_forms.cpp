@@ -277,10 +277,10 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
   // head's k and v gradients (P, temp) until their all-reduce: the W's highest instant
   // (every lower layer's holds less, the layer above's saves and gradients freed).
   if (z.P > 0) {
-    const std::int64_t act = -(F + 2 * a + 4 * N + Q) - (place.last ? 2 * a + 4 * N : 0);
-    const std::int64_t temp =
+    const std::int64_t w_act = -(F + 2 * a + 4 * N + Q) - (place.last ? 2 * a + 4 * N : 0);
+    const std::int64_t w_temp =
         -(2 * F + 2 * a) - (dy_received ? 0 : a) - (place.last ? z.lambda + a : 0) + z.P;
-    p.split_weight.push_back({act, temp, false});
+    p.split_weight.push_back({w_act, w_temp, false});
   }
   return p;
 }
