@@ -80,6 +80,7 @@ struct RunFlags {
   // the root unit alone (torch FSDP without a wrap policy).
   std::string strategy = "ddp", schedule, units = "1", prefetch = "1", engine = "torch";
   std::string precision = "fp32";
+  std::string autocast_region = "microbatch";
   std::string microbatches, chunks = "1", split;
   std::string backend, comm, emulate, json, trace, timeline = "on", csv;
   std::string ddp_bucket = "view", bucket_mb = "0", overlap = "on";
@@ -135,6 +136,12 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
                  "under ddp/zero1 and the pipelines, FSDP's MixedPrecision for the MLP and gpt2 under "
                  "zero2/zero3/hsdp, DeepSpeed's bf16 for their zero1/zero2; docs/cli.md lists the rest)")
       ->type_name("fp32|bf16");
+  app.add_option("--autocast-region", f.autocast_region,
+                 "microbatch | step: where a bf16 pipeline's autocast region sits (--precision bf16 --schedule "
+                 "gpipe|1f1b|interleaved-1f1b): around each micro-batch's forward of a stage, each holding its own "
+                 "weight casts (default microbatch), or around the schedule's whole step, each cast made once and "
+                 "held to the step's end")
+      ->type_name("microbatch|step");
   app.add_option("--schedule", f.schedule, schedule_names_text(" | ") + " (a pipeline run)")->type_name("NAME");
   app.add_option("--checkpoint", f.checkpoint,
                  "none | full | every:K | attention: recompute each (every K-th) layer or transformer block in "
@@ -415,6 +422,22 @@ void check_mesh_config(const RunConfig& c) {
 // --sp as built (docs/design.md, "Sequence parallelism"): GPT-2 and Llama in fp32 under --mesh with
 // tp > 1, along dp or in pipeline stages (gpipe, 1f1b, interleaved-1f1b: the stage's checks,
 // check_pipeline_tensor_parallel), and a sequence the tp ranks divide.
+// --autocast-region: only a bf16 pipeline under the torch engine's autocast has a region to
+// place (gpipe, 1f1b, interleaved-1f1b: what it runs under bf16).
+void check_autocast_region(RunConfig& c, const RunFlags& f) {
+  if (f.autocast_region != "microbatch" && f.autocast_region != "step")
+    throw UsageError("--autocast-region: unknown '" + f.autocast_region + "'; allowed: microbatch, step");
+  if (!c.model.autocast || !c.pipeline())
+    throw UsageError("--autocast-region " + f.autocast_region +
+                     ": where a bf16 pipeline's autocast region sits; allowed only with --precision bf16 and "
+                     "--schedule gpipe|1f1b|interleaved-1f1b under the torch engine");
+  c.model.autocast_step = f.autocast_region == "step";
+  if (c.model.autocast_step && c.model.checkpoint.any())
+    throw UsageError("--autocast-region step and --checkpoint " + f.checkpoint +
+                     ": a recompute inside the step's region is not built yet; give --autocast-region microbatch or "
+                     "--checkpoint none");
+}
+
 void check_sequence_parallel(const RunConfig& c, const RunFlags& f, const CLI::App& app) {
   if (!c.model.is_transformer())
     throw UsageError("--sp and --model mlp: sequence parallelism splits a transformer's sequence (the MLP has none); "
@@ -601,6 +624,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
                               effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed &&
                               c.strategy != StrategyKind::ddp;
   c.model.param_bf16 = bf16_fsdp || bf16_deepspeed;
+  if (app.count("--autocast-region") > 0) check_autocast_region(c, f);
   c.wide_tables = f.wide;
   c.exact_bytes = exact_bytes_value(f.bytes);
   if (!f.backend.empty() && f.backend != "cpu" && f.backend != "cuda")

@@ -19,6 +19,10 @@ Buffer cast_bf16(Backend& be, Category c, const float* x, i64 elems) {
   return b;
 }
 
+Buffer weight_cast_bf16(Backend& be, StepCasts* casts, const float* w, i64 elems) {
+  return casts != nullptr ? casts->cast(be, w, elems) : cast_bf16(be, kCastCategory, w, elems);
+}
+
 Buffer widen(Backend& be, const Buffer& x, i64 elems) {
   Buffer w = be.alloc(Category::temp, floats(elems));
   const Bf16* b = x.bf16();
@@ -120,7 +124,7 @@ Buffer AutocastFinal::forward(const BlockCall& c, const float* x, bool /*input_r
   y.reset();
   // logits (N, V) = bf16(y W^T): mm saves y's cast and the weight's; the loss casts the
   // logits to fp32, which is what this block hands it.
-  held[kW] = cast_bf16(be, kCastCategory, head_weight(c), v * h);
+  held[kW] = weight_cast_bf16(be, step_casts_.get(), head_weight(c), v * h);
   Buffer logits = autocast_linear(be, held[kY], held[kW], nullptr, n, s_.hidden, vocab_);
   c.saved.save(held[kY].data(), 2 * n * h);
   c.saved.save(held[kW].data(), 2 * v * h);

@@ -30,6 +30,9 @@ constexpr Category kCastCategory = Category::param_cast;
 Buffer alloc_bf16(Backend& be, Category c, i64 elems);
 // The bf16 copy of fp32 x (elems), a new buffer of category c.
 Buffer cast_bf16(Backend& be, Category c, const float* x, i64 elems);
+// A weight's bf16 cast (kCastCategory): its own, or under --autocast-region step the one
+// the step's cache made for it (borrowed: freed when the step's region exits).
+Buffer weight_cast_bf16(Backend& be, StepCasts* casts, const float* w, i64 elems);
 // An fp32 temp of bf16 x's values.
 Buffer widen(Backend& be, const Buffer& x, i64 elems);
 // An fp32 temp copy of x (count) rounded to bf16 values: the gradient at a bf16 tensor.
@@ -82,6 +85,7 @@ class AutocastFinal final : public SequenceBlock {
   std::int64_t output_elems(int rows) const override { return tokens(rows) * vocab_; }
   bool saves_input() const override { return true; }
   bool saves_output() const override { return false; }  // log_softmax saves its own result
+  void use_step_casts(std::shared_ptr<StepCasts> casts) override { step_casts_ = std::move(casts); }
 
   Buffer forward(const BlockCall& c, const float* x, bool input_requires_grad, bool output_saved,
                  BlockTape& tape) override;
@@ -104,6 +108,7 @@ class AutocastFinal final : public SequenceBlock {
   TensorParallel tp_;
   int vocab_;  // the head's rows on this rank (V/T)
   WeightRef norm_ref_;
+  std::shared_ptr<StepCasts> step_casts_;  // --autocast-region step (null: per micro-batch)
 };
 
 }  // namespace transformer

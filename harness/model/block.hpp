@@ -11,7 +11,9 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "harness/model/saved_tensors.hpp"
@@ -121,9 +123,29 @@ struct BlockTape {
   std::vector<Buffer> held;
 };
 
+// --autocast-region step: one autocast region around a pipeline stage's whole schedule
+// step, so autocast's cast cache makes each parameter's bf16 cast once, in the first
+// forward that reads it, and every later forward reuses it; the cache holds it through
+// every backward (autograd's saved references end with each micro-batch's B, the cache's
+// do not) until the region exits when the stage's actions end (clear()).
+class StepCasts {
+ public:
+  // fp32 `param`'s bf16 cast (`elems`, param_cast): made on the step's first call, the
+  // same storage after. The Buffer returned borrows it (its reset frees nothing).
+  Buffer cast(Backend& backend, const float* param, std::int64_t elems);
+  void clear() { casts_.clear(); }
+
+ private:
+  std::unordered_map<const float*, Buffer> casts_;
+};
+
 class Block {
  public:
   virtual ~Block() = default;
+  // --autocast-region step: the stage's cast cache, which a block that casts its
+  // parameters under autocast takes its casts from (null, the default: each micro-batch's
+  // forward its own region, its own casts).
+  virtual void use_step_casts(std::shared_ptr<StepCasts> /*casts*/) {}
 
   // Names the block in profiler ranges ("forward layer 3") and messages.
   virtual std::string name() const = 0;

@@ -54,6 +54,7 @@ class AutocastBlock final : public SequenceBlock {
         fl_(s.ffn / tp.size),
         as_(attention_shape(s, tp.size)) {}
   bool checkpointable() const override { return true; }
+  void use_step_casts(std::shared_ptr<StepCasts> casts) override { step_casts_ = std::move(casts); }
   // --checkpoint attention: the core's own save (flash's lse, math's probabilities) is not
   // kept; its recompute in backward runs in bf16 as torch's non-reentrant checkpoint of
   // the core does (it restores the autocast state).
@@ -88,7 +89,7 @@ class AutocastBlock final : public SequenceBlock {
     auto act = [&](i64 count) { return be.alloc(Category::activation, floats(count)); };
     // A weight's bf16 cast: the GEMM saves it (2 bytes an element).
     auto weight_cast = [&](int t, i64 elems) {
-      Buffer w = cast_bf16(be, kCastCategory, param(t), elems);
+      Buffer w = weight_cast_bf16(be, step_casts_.get(), param(t), elems);
       c.saved.save(w.data(), 2 * elems);
       return w;
     };
@@ -355,6 +356,7 @@ class AutocastBlock final : public SequenceBlock {
   TransformerShape as_;  // the attention's shape on this rank (H/T heads)
   WeightRef ln_weight_, ln2_weight_;
   bool recompute_attention_ = false;  // --checkpoint attention
+  std::shared_ptr<StepCasts> step_casts_;  // --autocast-region step (null: per micro-batch)
 };
 
 }  // namespace

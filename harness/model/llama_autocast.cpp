@@ -61,6 +61,8 @@ class AutocastLayer final : public SequenceBlock {
   // Wrapped by --checkpoint: the seven weights' casts outlive the layer's dropped saves in
   // autocast's cast cache until the region ends; the rest goes.
   void drop_checkpointed(BlockTape& tape) override { keep_only(tape.held, {kWq, kWk, kWv, kWo, kWg, kWu, kWd}); }
+  void use_step_casts(std::shared_ptr<StepCasts> casts) override { step_casts_ = std::move(casts); }
+
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return t_.params; }
   std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
@@ -92,7 +94,7 @@ class AutocastLayer final : public SequenceBlock {
     // (held[wi], saved); returns its output, an fp32 temp of bf16 values.
     auto linear = [&](const float* xin, int xi, int t, int wi, int bias, int in, int out) {
       held[xi] = cast_bf16(be, Category::activation, xin, n * in);
-      held[wi] = cast_bf16(be, kCastCategory, param(t), static_cast<i64>(out) * in);
+      held[wi] = weight_cast_bf16(be, step_casts_.get(), param(t), static_cast<i64>(out) * in);
       Buffer y = autocast_linear(be, held[xi], held[wi], param(bias), n, in, out);
       c.saved.save(held[xi].data(), 2 * n * in);
       c.saved.save(held[wi].data(), 2 * static_cast<i64>(out) * in);
@@ -169,7 +171,7 @@ class AutocastLayer final : public SequenceBlock {
     // x_mid = x + o_proj(out) (fp32 + bf16): o_proj saves out and its weight's cast.
     // Row-parallel under tp: the bf16 partial product all-reduced, the residual and the
     // bias added.
-    held[kWo] = cast_bf16(be, kCastCategory, param(t_.oW), h * q);
+    held[kWo] = weight_cast_bf16(be, step_casts_.get(), param(t_.oW), h * q);
     Buffer r = autocast_linear(be, held[kOut], held[kWo], split ? nullptr : param(t_.oB), n, q, hs);
     c.saved.save(held[kOut].data(), 2 * n * q);
     c.saved.save(held[kWo].data(), 2 * h * q);
@@ -212,7 +214,7 @@ class AutocastLayer final : public SequenceBlock {
     c.saved.save(held[kUp].data(), 2 * n * f);
 
     // out = x_mid + down_proj(product): (N, h) fp32, activation when the next block saves it.
-    held[kWd] = cast_bf16(be, kCastCategory, param(t_.downW), h * f);
+    held[kWd] = weight_cast_bf16(be, step_casts_.get(), param(t_.downW), h * f);
     r = autocast_linear(be, held[kProd], held[kWd], nullptr, n, fs, hs);
     c.saved.save(held[kProd].data(), 2 * n * f);
     c.saved.save(held[kWd].data(), 2 * h * f);
@@ -426,6 +428,7 @@ class AutocastLayer final : public SequenceBlock {
   int kv_head_;          // the kv head this rank's copy is (replicated kv heads)
   bool recompute_attention_ = false;  // --checkpoint attention
   WeightRef norm_ref_, norm2_ref_;
+  std::shared_ptr<StepCasts> step_casts_;  // --autocast-region step (null: per micro-batch)
 };
 
 }  // namespace

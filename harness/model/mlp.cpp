@@ -114,6 +114,9 @@ class LinearBlock final : public Block {
     if (autocast_) cache_->entries.clear();
   }
   DType output_dtype() const override { return autocast_ || param_bf16_ ? DType::bf16 : DType::f32; }
+  void use_step_casts(std::shared_ptr<StepCasts> casts) override {
+    if (autocast_) step_casts_ = std::move(casts);
+  }
 
   Buffer forward(const BlockCall& c, const float* in, bool input_requires_grad, bool output_saved,
                  BlockTape& tape) override {
@@ -219,10 +222,17 @@ class LinearBlock final : public Block {
     }
     const Bf16* x = input_cast ? input_cast.bf16() : as_bf16(in);
     // autocast's casts of the weight (out, in) and the bias (out), bf16, category param_cast
-    Buffer weight = c.backend.alloc(Category::param_cast, ww, DType::bf16);
-    c.backend.cast_to_bf16(weight.bf16(), c.access.param(c.index, kWeight), ww);
-    Buffer bias = c.backend.alloc(Category::param_cast, static_cast<std::size_t>(out_), DType::bf16);
-    c.backend.cast_to_bf16(bias.bf16(), c.access.param(c.index, kBias), static_cast<std::size_t>(out_));
+    // (--autocast-region step: the step's cache's, made by the step's first forward).
+    Buffer weight, bias;
+    if (step_casts_) {
+      weight = step_casts_->cast(c.backend, c.access.param(c.index, kWeight), static_cast<std::int64_t>(ww));
+      bias = step_casts_->cast(c.backend, c.access.param(c.index, kBias), out_);
+    } else {
+      weight = c.backend.alloc(Category::param_cast, ww, DType::bf16);
+      c.backend.cast_to_bf16(weight.bf16(), c.access.param(c.index, kWeight), ww);
+      bias = c.backend.alloc(Category::param_cast, static_cast<std::size_t>(out_), DType::bf16);
+      c.backend.cast_to_bf16(bias.bf16(), c.access.param(c.index, kBias), static_cast<std::size_t>(out_));
+    }
     // (rows, out) bf16: activation when saved for backward, temp otherwise
     Buffer out = c.backend.alloc(output_saved ? Category::activation : Category::temp, n_out, DType::bf16);
     c.backend.gemm_bf16(Trans::no, Trans::yes, c.rows, out_, in_, 1.0f, x, in_, weight.bf16(), in_, 0.0f, out.bf16(),
@@ -235,9 +245,11 @@ class LinearBlock final : public Block {
     if (activation_ == Activation::relu) c.saved.save(out.raw(), out.bytes());
     // The bias cast, and the weight cast autograd did not save, live in the cast cache
     // until the region ends with the loss (MlpLoss::forward clears it).
-    cache_->entries.push_back(std::move(bias));
-    if (!input_requires_grad) cache_->entries.push_back(std::move(weight));
-    tape.held.push_back(std::move(weight));  // empty when the cache took it
+    if (!step_casts_) {
+      cache_->entries.push_back(std::move(bias));
+      if (!input_requires_grad) cache_->entries.push_back(std::move(weight));
+    }
+    tape.held.push_back(std::move(weight));  // empty when the cache took it (a borrowed one under step)
     if (input_cast) tape.held.push_back(std::move(input_cast));
     return out;
   }
@@ -357,6 +369,7 @@ class LinearBlock final : public Block {
   bool autocast_;  // --precision bf16: torch.autocast(bfloat16)'s Linear
   bool param_bf16_;  // --precision bf16 under FSDP: MixedPrecision's bf16 parameters and gradients
   std::shared_ptr<CastCache> cache_;
+  std::shared_ptr<StepCasts> step_casts_;  // --autocast-region step (null: per micro-batch)
   std::vector<ParamSpec> params_;
   char weight_id_ = 0;
 };

@@ -19,6 +19,20 @@ std::int64_t ParamSpec::elems() const {
   return n;
 }
 
+Buffer StepCasts::cast(Backend& backend, const float* param, std::int64_t elems) {
+  Buffer& c = casts_[param];
+  if (!c) {
+    c = backend.alloc(Category::param_cast, static_cast<std::size_t>(elems), DType::bf16);
+    backend.cast_to_bf16(c.bf16(), param, static_cast<std::size_t>(elems));
+  }
+  return Buffer(nullptr, c.raw(), c.count(), c.category(), c.dtype());
+}
+
+void Model::use_step_casts() {
+  step_casts_ = std::make_shared<StepCasts>();
+  for (auto& b : blocks_) b->use_step_casts(step_casts_);
+}
+
 Model::Model(std::vector<std::unique_ptr<Block>> blocks, std::unique_ptr<ModelLoss> loss)
     : blocks_(std::move(blocks)), loss_(std::move(loss)) {
   tensor_offset_.push_back(0);

@@ -141,6 +141,13 @@ class Model {
   // A forward that does not end the model ends its autocast region (a pipeline stage's
   // micro-batch whose loss is on another stage): ModelLoss::end_autocast_region.
   void end_autocast_region() { loss_->end_autocast_region(); }
+  // --autocast-region step: one region around the stage's schedule step; every block takes
+  // its casts from one cache (StepCasts), emptied by end_autocast_step when the step's
+  // actions end.
+  void use_step_casts();
+  void end_autocast_step() {
+    if (step_casts_) step_casts_->clear();
+  }
   // Whole backward of the tape. `dy` is the gradient of the segment's output (empty
   // when the tape ends with the loss). Gradients are written with `beta` (0 overwrite,
   // 1 accumulate). Returns dx (temp) when the input requires grad. A checkpointed
@@ -171,6 +178,7 @@ class Model {
   std::vector<int> first_tensor_;            // blocks() + 1 entries
   std::vector<bool> checkpointed_;           // blocks() entries
   std::vector<int> ordinal_;                 // blocks() entries
+  std::shared_ptr<StepCasts> step_casts_;    // --autocast-region step (null: per micro-batch)
 };
 
 // The model cfg.model.name names (harness/model/registry.cpp); UsageError naming

@@ -56,6 +56,7 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, const TensorParalle
   check_tensor_parallel(config, tp.size);
   std::unique_ptr<Model> model = find_model(config.name)->make(config, tp);
   model->set_checkpoint(config.checkpoint);
+  if (config.autocast && config.autocast_step) model->use_step_casts();
   return model;
 }
 

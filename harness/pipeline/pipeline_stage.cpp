@@ -67,6 +67,9 @@ namespace {
 // Llama's split along tp too; what is not built is refused by name.
 void check_autocast_pipeline(const RunConfig& cfg) {
   if (!cfg.model.autocast) return;
+  if (cfg.model.autocast_step && cfg.model.checkpoint.any())
+    throw UsageError("--autocast-region step and --checkpoint: a recompute inside the step's region is not built "
+                     "yet; give --autocast-region microbatch or --checkpoint none");
   const std::string both = "--precision bf16 and --schedule " + std::string(schedule_name(*cfg.schedule));
   if (cfg.mesh.tp > 1 && !cfg.model.is_transformer())
     throw UsageError(both + " and --mesh tp=" + str(cfg.mesh.tp) + ": a tensor-parallel MLP's stages under autocast "
@@ -337,6 +340,8 @@ float PipelineStage::step() {
     run_group(ps);
     if (ps.action) loss += run_action(*ps.action, x, target, grads_written);
   }
+  // --autocast-region step: the region around the schedule's step exits with its actions.
+  model_->end_autocast_step();
   SHARDSCOPE_REQUIRE(pending_.empty(), "pipeline stage " + str(stage_) + ": outputs never sent");
   for (int c = 0; c < layout_.chunks(); ++c)
     SHARDSCOPE_REQUIRE(grads_written[c], "pipeline stage " + str(stage_) + ": chunk " + str(c) + " got no gradient");

@@ -73,6 +73,7 @@ PipelineRun pipeline_run(const RunConfig& cfg, int stages) {
   PipelineRun run;
   run.schedule = std::string(schedule_name(shape.schedule));
   run.precision = std::string(precision_name(cfg.precision));
+  if (cfg.model.autocast) run.autocast_region = cfg.model.autocast_step ? "step" : "microbatch";
   run.world = stages;
   run.microbatches = shape.microbatches;
   run.chunks = shape.chunks;

@@ -27,6 +27,7 @@ PieceForms autocast_piece(const AutocastFamily& f, const TokenSizes& z, const Sa
   p.input = a;
   p.held_act = n * f.K - a + in + (place.last ? a + head + lambda + 4 : 0);
   p.held_cast = n * f.c + (place.last ? f.W_V / 2 : 0);
+  p.step_cast = p.held_cast;  // every weight's cast is saved (the biases' are the GEMMs' temps)
   p.saved_bytes = p.held_act + p.held_cast + (place.first ? 8 * N : 0) + (place.last ? 8 * N : 0) +
                   (!place.first && !place.recv_act ? a : 0);
   p.saves = n * saves.block + (place.first ? saves.embeddings : 0) + (place.last ? saves.final_block + 3 : 0);
@@ -65,6 +66,7 @@ PieceForms mlp_autocast_piece(const PiecePlace& place, int width, int rows, bool
   p.boundary = p.input = a;
   p.held_act = a * ((place.recv_act ? 1 : 0) + first + n - 1 + ls) + m * A;
   p.held_cast = c * (n - first);
+  p.step_cast = n * (c + cb);  // every weight's and bias's cast, the unsaved ones with them
   p.held_temp = !relu && !place.last && !place.send_act ? a : 0;
   p.forward_temp = (relu ? 0 : a) + (place.last ? 4 : 0);
   p.output_saved = relu;

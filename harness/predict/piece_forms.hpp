@@ -55,6 +55,11 @@ struct PieceForms {
   // activation). Both 0 / empty in fp32, where every instant of an F lies below its end.
   std::int64_t held_cast = 0;
   std::vector<PieceMoment> forward;
+  // --autocast-region step (one region around the schedule's step): every cast its
+  // parameters' GEMMs take, made once by the chunk's first F and held by autocast's cache
+  // to the step's end (later F's and every B make and free none); held_cast of them are
+  // saved by every micro-batch (one storage: the saved-tensor instrument counts it once).
+  std::int64_t step_cast = 0;
   // A transformer's zero-bubble split (zb-h1): what the piece holds from its B to its W
   // beyond what it held before its F, per category (docs/formulas.md, "Transformers: what
   // B keeps for W"): the saves W reads (activation), the kept output gradients (temp), the

@@ -67,6 +67,7 @@ struct Ctx {
   bool transformer = false;
   int tp = 1;  // --mesh tp=T: the blocks are a tensor-parallel rank's
   bool sp = false;  // --sp: a transformer's stages sequence-parallel (their boundaries the rank's seq/T tokens)
+  bool step = false;  // --autocast-region step: each piece's casts made by its chunk's first F, held to the step's end
   i64 batch_bytes = 0, target_bytes = 0;  // the whole batch's input and the loss's target (0: none)
 };
 
@@ -145,6 +146,7 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
   c.transformer = sh.model.is_transformer();
   c.tp = sh.tp;
   c.sp = c.tp > 1 && sh.model.is_transformer() && sh.model.sequence_parallel;
+  c.step = sh.model.autocast && sh.model.autocast_step;
   const TransformerShape& ts = sh.model.transformer;
   if (c.transformer) {
     SHARDSCOPE_REQUIRE(sh.model.name == "gpt2" || sh.model.name == "llama",
@@ -316,6 +318,12 @@ i64 tp_all_reduce(const Ctx& c) {
 // holds the saves W reads (the piece's half_saves and half_saved_bytes: the MLP's n
 // Linear inputs, n·a_m bytes; a transformer's per piece_forms.hpp).
 
+// --autocast-region step: the saved casts of `live` micro-batches of a piece are one
+// storage (the cache's), counted once: what the sum of their saved bytes counts more.
+i64 step_shared_casts(const Ctx& c, const Piece& p, i64 live) {
+  return c.step && live > 1 ? (live - 1) * p.big.held_cast : 0;
+}
+
 SavedForms saved_one_chunk(const Ctx& c, ScheduleKind kind) {
   const Piece& p = c.pieces[0];
   const i64 M = c.M, s = c.s;
@@ -329,7 +337,7 @@ SavedForms saved_one_chunk(const Ctx& c, ScheduleKind kind) {
     // A window of h consecutive micro-batches is live after each F; the first, 0..h-1,
     // holds the largest rows.
     f.peak_live_tensors = h * p.saves;
-    f.peak_live_bytes = sum(c.rows, p, &PieceForms::saved_bytes, 0, h);
+    f.peak_live_bytes = sum(c.rows, p, &PieceForms::saved_bytes, 0, h) - step_shared_casts(c, p, h);
     return f;
   }
   // zb-h1: at the end of F(w+b), b = 0..M-1-w, pairs b..w+b are whole and pairs
@@ -365,13 +373,15 @@ struct Windows {
     if (!shared() || ch < 1 || ch >= c.v) return 0;
     return c.rows.sum(std::max(b[ch], b[ch - 1]), std::min(a[ch], a[ch - 1]));
   }
+  // --autocast-region step: chunk ch's saved casts, one storage however many hold them.
+  i64 shared_casts(int ch) const { return step_shared_casts(c, c.pieces[ch], a[ch] - b[ch]); }
   void move(std::vector<i64>& end, int ch, i64 to, int sign) {
     const Piece& p = c.pieces[ch];
-    bytes += overlap(ch) + overlap(ch + 1);
+    bytes += overlap(ch) + overlap(ch + 1) + shared_casts(ch);
     count += sign * (to - end[ch]) * p.saves;
     bytes += sign * sum(c.rows, p, &PieceForms::saved_bytes, end[ch], to);
     end[ch] = to;
-    bytes -= overlap(ch) + overlap(ch + 1);
+    bytes -= overlap(ch) + overlap(ch + 1) + shared_casts(ch);
   }
 };
 
@@ -482,19 +492,24 @@ CategoryBytes peak_one_f_one_b(const Ctx& c, i64 w, const CategoryBytes& base) {
   auto pending_f = [&](i64 m) { return p.send_act && !p.big.output_saved ? fig(&PieceForms::boundary, m) : 0; };
   auto pending_b = [&](i64 m) { return p.send_grad ? fig(&PieceForms::input, m) : 0; };
   Peak peak(base);
+  // --autocast-region step: F(0) makes the piece's casts (its instants as per micro-batch),
+  // held from then to the step's end: every later instant holds them all, none more.
+  const i64 step_cast = p.big.step_cast;
+  auto held_casts = [&](i64 lo, i64 hi) { return c.step ? (hi > 0 ? step_cast : 0) : sum(r, p, &PieceForms::held_cast, lo, hi); };
   auto forward = [&](i64 m, i64 lo, i64 hi, i64 pending) {
-    const i64 held = sum(r, p, &PieceForms::held_act, lo, hi), casts = sum(r, p, &PieceForms::held_cast, lo, hi);
+    const i64 held = sum(r, p, &PieceForms::held_act, lo, hi), casts = held_casts(lo, hi);
     peak.visit({held + (p.recv_act ? fig(&PieceForms::input, m) : 0), pending, 0, casts});
-    for (const PieceMoment& d : forward_moments(r, p, m)) peak.visit({held + d.activation, d.temp, 0, casts + d.cast});
+    for (const PieceMoment& d : forward_moments(r, p, m))
+      peak.visit({held + d.activation, d.temp, 0, c.step && m > 0 ? step_cast : casts + d.cast});
     peak.visit({held + fig(&PieceForms::held_act, m), fig(&PieceForms::forward_temp, m), 0,
-                casts + fig(&PieceForms::held_cast, m)});
+                c.step ? step_cast : casts + fig(&PieceForms::held_cast, m)});
   };
   auto backward = [&](i64 m, i64 lo, i64 hi, i64 pending) {
-    const i64 held = sum(r, p, &PieceForms::held_act, lo, hi), casts = sum(r, p, &PieceForms::held_cast, lo, hi);
+    const i64 held = sum(r, p, &PieceForms::held_act, lo, hi), casts = c.step ? step_cast : held_casts(lo, hi);
     const i64 dy_comm = p.recv_grad ? fig(&PieceForms::boundary, m) : 0;
     peak.visit({held, pending, dy_comm, casts});
     for (const PieceMoment& d : moments(r, p, m))
-      peak.visit({held + d.activation, d.temp, d.dy_live ? dy_comm : 0, casts + d.cast});
+      peak.visit({held + d.activation, d.temp, d.dy_live ? dy_comm : 0, casts + (c.step ? 0 : d.cast)});
   };
   for (i64 j : breakpoints(0, w - 1, r.e, {0, -1})) forward(j, 0, j, j > 0 ? pending_f(j - 1) : 0);
   for (i64 t : breakpoints(0, M - w - 1, r.e, {0, -1, w, w + 1})) {
@@ -626,7 +641,7 @@ CategoryBytes peak_interleaved(const Ctx& c, const CategoryBytes& base) {
       const i64 hi = round_count(fwds, ch, c.S, c.v), lo = round_count(bwds, c.v - 1 - ch, c.S, c.v);
       act += sum(r, c.pieces[ch], &PieceForms::held_act, lo, hi);
       temp += sum(r, c.pieces[ch], &PieceForms::held_temp, lo, hi);
-      cast += sum(r, c.pieces[ch], &PieceForms::held_cast, lo, hi);
+      cast += c.step ? (hi > 0 ? c.pieces[ch].big.step_cast : 0) : sum(r, c.pieces[ch], &PieceForms::held_cast, lo, hi);
     }
     for (i64 q = std::max<i64>(0, p - 4 * S); q < p; ++q) {
       const Buffer b = leaves(q);
@@ -652,24 +667,26 @@ CategoryBytes peak_interleaved(const Ctx& c, const CategoryBytes& base) {
       pending.pop_back();
     }
     if (fwd) {
+      // --autocast-region step: the chunk's F(0) makes its casts, held to the step's end.
+      const bool made = c.step && m > 0;
+      const i64 cast_after = cast + (c.step ? (made ? 0 : pc.big.step_cast) : fig(pc, &PieceForms::held_cast, m));
       for (const PieceMoment& d : forward_moments(r, pc, m))
-        peak.visit({act + d.activation, temp + pending_bytes + d.temp, 0, cast + d.cast});
+        peak.visit({act + d.activation, temp + pending_bytes + d.temp, 0, made ? cast : cast + d.cast});
       peak.visit({act + fig(pc, &PieceForms::held_act, m),
-                  temp + pending_bytes + fig(pc, &PieceForms::forward_temp, m), 0,
-                  cast + fig(pc, &PieceForms::held_cast, m)});
+                  temp + pending_bytes + fig(pc, &PieceForms::forward_temp, m), 0, cast_after});
       act += fig(pc, &PieceForms::held_act, m);
       temp += fig(pc, &PieceForms::held_temp, m);
-      cast += fig(pc, &PieceForms::held_cast, m);
+      cast = cast_after;
     } else {
       // On one stage the dy of a chunk but the last is the next chunk's input gradient,
       // pending here until this B frees it.
       const i64 dy_local = S == 1 && !pc.last ? fig(pc, &PieceForms::boundary, m) : 0;
       for (const PieceMoment& d : moments(r, pc, m))
         peak.visit({act + d.activation, temp + pending_bytes + d.temp - (d.dy_live ? 0 : dy_local),
-                    d.dy_live ? recv : 0, cast + d.cast});
+                    d.dy_live ? recv : 0, cast + (c.step ? 0 : d.cast)});
       act -= fig(pc, &PieceForms::held_act, m);
       temp -= fig(pc, &PieceForms::held_temp, m);
-      cast -= fig(pc, &PieceForms::held_cast, m);
+      if (!c.step) cast -= fig(pc, &PieceForms::held_cast, m);
     }
     const Buffer b = leaves(p);
     if (b.bytes > 0) pending.push_back(b), pending_bytes += b.bytes;

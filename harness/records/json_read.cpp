@@ -605,6 +605,8 @@ std::string run_label(const json& run, bool pipeline) {
     if (const json* m = Reader::present(run, "microbatches")) label += " M=" + text(*m);
     if (const json* v = Reader::present(run, "chunks")) label += " chunks=" + text(*v);
     if (const json* p = Reader::present(run, "precision"); p && *p != "fp32") label += " precision=" + text(*p);
+    if (const json* a = Reader::present(run, "autocast_region"); a && *a != "microbatch")
+      label += " autocast_region=" + text(*a);
   }
   return label;
 }
@@ -663,6 +665,11 @@ PipelineRun read_pipeline(const Reader& rd, const json& run) {
   PipelineRun pp;
   pp.schedule = run["schedule"].get<std::string>();
   if (Reader::present(run, "precision")) pp.precision = read_precision(rd, run);
+  if (Reader::present(run, "autocast_region")) {
+    pp.autocast_region = rd.text(run, "", "autocast_region", "microbatch or step");
+    if (pp.autocast_region != "microbatch" && pp.autocast_region != "step")
+      rd.refuse("autocast_region", &run["autocast_region"], "microbatch or step");
+  }
   pp.world = rd.positive(run, "", "world");
   pp.model = read_model(rd, run);
   pp.microbatches = rd.positive(run, "", "microbatches");

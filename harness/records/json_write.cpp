@@ -184,6 +184,7 @@ json pipeline_json(const PipelineRun& pp) {
   run["kind"] = "pipeline";
   run["schedule"] = pp.schedule;
   run["precision"] = pp.precision;
+  if (!pp.autocast_region.empty()) run["autocast_region"] = pp.autocast_region;
   run["world"] = pp.world;
   run["microbatches"] = pp.microbatches;
   run["chunks"] = pp.chunks;

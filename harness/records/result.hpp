@@ -361,6 +361,9 @@ struct DataParallelRun {
 struct PipelineRun {
   std::string schedule;
   std::string precision = "fp32";  // --precision, as DataParallelRun's
+  // --autocast-region under the torch engine's bf16: "microbatch" or "step"; empty (left out
+  // of the record) otherwise.
+  std::string autocast_region;
   int world = 0;  // stages (under --mesh the pipeline axis's S; the job's ranks are mesh's D·T·S)
   int microbatches = 0;
   int chunks = 0;

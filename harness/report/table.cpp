@@ -71,6 +71,8 @@ std::string run_label(const json& run) {
     if (const json* m = cells::at(run, {"microbatches"})) label += " M=" + cells::text(m);
     if (const json* v = cells::at(run, {"chunks"})) label += " chunks=" + cells::text(v);
     if (const json* p = cells::at(run, {"precision"}); p && cells::text(p) != "fp32") label += " precision=" + cells::text(p);
+    if (const json* a = cells::at(run, {"autocast_region"}); a && cells::text(a) != "microbatch")
+      label += " autocast_region=" + cells::text(a);
   }
   return label;
 }
@@ -86,7 +88,8 @@ std::string run_label(const DataParallelRun& run) {
 
 std::string run_label(const PipelineRun& run) {
   return run.schedule + " S=" + std::to_string(run.world) + " M=" + std::to_string(run.microbatches) +
-         " chunks=" + std::to_string(run.chunks) + (run.precision != "fp32" ? " precision=" + run.precision : "");
+         " chunks=" + std::to_string(run.chunks) + (run.precision != "fp32" ? " precision=" + run.precision : "") +
+         (run.autocast_region == "step" ? " autocast_region=step" : "");
 }
 
 std::string run_label(const RunRecord& run) {

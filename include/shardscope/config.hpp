@@ -90,6 +90,10 @@ struct ModelConfig {
   // --precision bf16 with the torch engine: a transformer runs as torch.autocast(bfloat16)
   // runs it (bf16 GEMMs on casts of their inputs and weights, norms and loss in fp32).
   bool autocast = false;
+  // --autocast-region step (a bf16 pipeline): one autocast region around a stage's whole
+  // schedule step, each parameter cast once and held to the step's end (false: each
+  // micro-batch's forward its own region, the default).
+  bool autocast_step = false;
   // --precision bf16 under zero2/zero3/hsdp: FSDP's MixedPrecision(param_dtype=bf16,
   // reduce_dtype=fp32). No autocast: the strategy hands each block its parameters as bf16
   // (views of the gathered bf16 unit) and takes its parameter gradients in bf16; the

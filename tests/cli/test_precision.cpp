@@ -142,6 +142,39 @@ TEST_F(Precision, TransformerPipelinesRunBf16AsPredictedOnEveryStage) {
     }
 }
 
+// --autocast-region step through the binary: every emulated stage as predicted, the record
+// saying autocast_region step, a transformer's casts below the micro-batch regions' where two
+// micro-batches are in flight; the flag refused (exit 2, naming it) outside a bf16 pipeline.
+TEST_F(Precision, AutocastRegionStepRunsAsPredictedAndIsRefusedElsewhere) {
+  for (const std::string& model : {std::string(kGpt2), std::string(kLlama),
+                                   std::string("--layers 3 --width 24 --batch 5 --activation relu --loss mse --steps 2 ")})
+    for (int rank = 0; rank < 2; ++rank) {
+      std::int64_t casts[2] = {0, 0};
+      for (const char* region : {"microbatch", "step"}) {
+        const std::string args = "run --backend cpu " + model + "--precision bf16 --schedule gpipe --microbatches 2 " +
+                                 "--autocast-region " + region + " --emulate 2:" + std::to_string(rank);
+        ASSERT_EQ(binary(args + " --json r.json"), 0) << args << ": " << first_line(dir_ + "/err.txt");
+        const json run = read("r.json")["runs"][0];
+        EXPECT_EQ(run["autocast_region"], region) << args;
+        expect_bf16_stage_as_predicted(run, run["stages"][0], args);
+        casts[region[0] == 's'] = run["stages"][0]["peak"]["by_category"]["param_cast"].get<std::int64_t>();
+      }
+      // A transformer's casts are all saved: one copy of them, where two micro-batches held
+      // two. (The MLP's first stage holds its unsaved casts, the first weight's and the
+      // biases', to the step's end: with two layers more than its regions at their peak.)
+      if (model.rfind("--model", 0) == 0) EXPECT_LT(casts[1], casts[0]) << model << " stage " << rank;
+    }
+  for (const std::string& args :
+       {std::string("run --model mlp --precision bf16 --autocast-region step --steps 1"),
+        std::string("run --schedule 1f1b --microbatches 2 --autocast-region microbatch --steps 1"),
+        std::string("run --precision bf16 --schedule 1f1b --microbatches 2 --autocast-region once --steps 1"),
+        std::string("run --precision bf16 --schedule 1f1b --microbatches 2 --autocast-region step --checkpoint full "
+                    "--steps 1")}) {
+    EXPECT_EQ(binary(args), 2) << args;
+    EXPECT_NE(first_line(dir_ + "/err.txt").find("--autocast-region"), std::string::npos) << args;
+  }
+}
+
 // Under mpirun: the two stages of a GPT-2 and a Llama pipeline (W = 2), and the four ranks
 // of --mesh dp=2,pp=2 (W = 4), each as predicted; the last stage reports the loss.
 TEST_F(Precision, TransformerPipelinesRunBf16UnderMpirunAsPredicted) {

@@ -300,5 +300,96 @@ TEST(PipelineAutocast, RefusesWhatIsNotBuilt) {
   refused(mlp, "--mesh tp=2");
 }
 
+// --autocast-region step: one autocast region around each stage's schedule step, so every
+// parameter's cast is made by its chunk's first F and held (autocast's cache) to the step's
+// end. Every stage of gpipe, 1f1b and interleaved-1f1b at S = 1 to 4, M = 2 to 4, GPT-2
+// (flash, math), Llama (tied, untied) and the MLP (relu/none, mse/sum), even and uneven
+// splits: measured equal to the forms, and the casts gone when the step ends.
+RunConfig step_config(const std::string& schedule, int M, int chunks, const ModelConfig& model) {
+  RunConfig cfg = bf16_config(schedule, M, chunks, model);
+  cfg.model.autocast_step = true;
+  return cfg;
+}
+
+TEST(PipelineAutocastStep, EveryFamilyMeasuredEqualsPredictedOnEveryStage) {
+  int checked = 0;
+  for (int S = 1; S <= 4; ++S)
+    for (const Grid& g : kBuilt)
+      for (int M : {2, 3, 4})
+        for (const bool uneven : {false, true}) {
+          if (g.chunks > 1 && M % S != 0) continue;
+          const int V = S * g.chunks, L = V + 2;
+          std::vector<ModelConfig> models = {
+              testing::gpt2_of(L, 8, 2, 11, 4, 7, AttentionMode::flash),
+              testing::gpt2_of(L, 8, 2, 11, 4, 7, AttentionMode::math),
+              testing::llama_of(L, 8, 4, 2, 12, 11, 4, 7, AttentionMode::flash, false),
+              testing::llama_of(L, 8, 4, 2, 12, 11, 4, 7, AttentionMode::math, true),
+              testing::model_of(L, 9, 7, Activation::relu, Loss::mse),
+              testing::model_of(L, 9, 7, Activation::none, Loss::sum)};
+          for (const ModelConfig& model : models) {
+            RunConfig cfg = step_config(g.schedule, M, g.chunks, model);
+            if (uneven) {
+              cfg.split.assign(static_cast<std::size_t>(V), 1);
+              cfg.split[0] += 2;
+            }
+            for (int s = 0; s < S; ++s) {
+              SCOPED_TRACE(model.name + " " + g.schedule + " S=" + std::to_string(S) + " s=" + std::to_string(s) +
+                           " M=" + std::to_string(M) + (uneven ? " uneven" : " even"));
+              expect_stage_equals_forms(cfg, S, s);
+              ++checked;
+            }
+          }
+        }
+  EXPECT_GT(checked, 400);
+}
+
+// Under step a stage holds one cast of each weight however many micro-batches are in
+// flight: GPipe's first stage of GPT-2 (blocks 0 and 1, M in flight) peaks with 2c of casts
+// (the blocks' weights'), where a region per micro-batch holds M times as many; the
+// saved-tensor instrument counts that one storage once.
+TEST(PipelineAutocastStep, OneCastOfEachWeightWhateverIsInFlight) {
+  const ModelConfig model = testing::gpt2_of(4, 8, 2, 11, 4, 4, AttentionMode::flash);
+  const std::int64_t h = 8, f = 32, c = 2 * (4 * h * h + 2 * h * f);  // a block's casts, bytes
+  const int cast = static_cast<int>(Category::param_cast);
+  for (const int M : {2, 4}) {
+    const StageForms step = predict_pipeline_stage(pipeline_shape(step_config("gpipe", M, 1, model), 2), 0);
+    const StageForms each = predict_pipeline_stage(pipeline_shape(bf16_config("gpipe", M, 1, model), 2), 0);
+    EXPECT_EQ(step.peak.bytes[cast], 2 * c);
+    EXPECT_GE(each.peak.bytes[cast], (M - 1) * 2 * c + c);
+    EXPECT_EQ(each.saved.peak_live_bytes - step.saved.peak_live_bytes, (M - 1) * 2 * c);
+    EXPECT_EQ(step.saved.peak_live_tensors, each.saved.peak_live_tensors);  // every save still recorded
+    expect_stage_equals_forms(step_config("gpipe", M, 1, model), 2, 0);
+  }
+}
+
+// --mesh dp=D,pp=S and dp=D,tp=T,pp=S under step: every emulated rank.
+TEST(PipelineAutocastStep, MeshEveryEmulatedRankHoldsItsPredictions) {
+  for (const Grid& g : kBuilt) {
+    for (const MeshShape mesh : {MeshShape{2, 1, 2, true}, MeshShape{1, 1, 4, true}}) {
+      const int S = mesh.pp, M = 2 * S;
+      for (const ModelConfig& model :
+           {testing::llama_of(2 * S + 1, 8, 4, 2, 12, 13, 4, 2 * S, AttentionMode::math, true),
+            testing::gpt2_of(2 * S + 1, 8, 2, 13, 4, 2 * S, AttentionMode::flash),
+            testing::model_of(2 * S + 1, 12, 2 * S, Activation::relu, Loss::mse)})
+        expect_mesh_ranks_as_predicted(mesh, step_config(g.schedule, M, g.chunks, model));
+    }
+    const MeshShape tp{2, 2, 2, true};
+    for (const ModelConfig& model : {testing::llama_of(5, 8, 4, 4, 8, 12, 4, 4, AttentionMode::flash, false),
+                                     testing::gpt2_of(5, 8, 4, 12, 4, 4, AttentionMode::math)})
+      expect_mesh_ranks_as_predicted(tp, step_config(g.schedule, 4, g.chunks, model));
+  }
+}
+
+TEST(PipelineAutocastStep, RefusesACheckpointInsideTheStepsRegion) {
+  RunConfig cfg = step_config("1f1b", 2, 1, testing::gpt2_of(4, 8, 2, 11, 4, 4, AttentionMode::flash));
+  cfg.model.checkpoint.kind = CheckpointKind::every;
+  try {
+    pipeline_shape(cfg, 2);
+    ADD_FAILURE() << "not refused";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--autocast-region step"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace shardscope
