@@ -51,8 +51,10 @@ json match_key(const RunRecord& run) {
                         dp->ddp_bucket, dp->bucket_mb, model_key(dp->model), dp->engine, dp->precision,
                         dp->accumulate, dp->no_sync});
   const PipelineRun& pp = *pipeline(run);
-  return json::array(
-      {"pipeline", pp.schedule, pp.world, pp.microbatches, pp.chunks, pp.split, model_key(pp.model), pp.precision});
+  // --autocast-region step is another configuration; microbatch is what a record without
+  // the field ran.
+  return json::array({"pipeline", pp.schedule, pp.world, pp.microbatches, pp.chunks, pp.split, model_key(pp.model),
+                      pp.precision, pp.autocast_region == "step" ? "step" : ""});
 }
 
 // What makes two runs comparable across settings: the same model and kind (and, where
