@@ -138,7 +138,7 @@ TEST(DeepSpeed, TransformersMeasuredEqualPredictedEveryRank) {
           for (int rank = 0; rank < world; ++rank) {
             std::int64_t largest = 0;
             for (std::int64_t n : model_tensor_elems(m)) largest = std::max(largest, n);
-            if (bucket > 0 && ds_bucket_elems(bucket, 0) < largest) continue;
+            if (bucket > 0 && ds_bucket_elems(bucket, {}) < largest) continue;
             const std::string at = check_deepspeed_rank(ds_config(m, s, bucket), world, rank,
                                               name + " " + s + " bucket " + std::to_string(bucket));
             phases.insert(at.substr(0, at.find(' ')));
@@ -597,3 +597,12 @@ TEST(DeepSpeed, FigureOneModelStatesByHand) {
 
 }  // namespace
 }  // namespace shardscope
+
+// --bucket-mb 0 under --engine deepspeed: DeepSpeed's default reduce_bucket_size (5e8
+// elements), never above the model's P and never below its largest tensor.
+TEST(DeepSpeed, DefaultBucketIsDeepSpeedsReduceBucketSize) {
+  EXPECT_EQ(shardscope::ds_bucket_elems(0.0, {1'000, 24}), 1'024);                          // a small model: P
+  EXPECT_EQ(shardscope::ds_bucket_elems(0.0, {400'000'000, 400'000'000}), 500'000'000);     // DeepSpeed's default
+  EXPECT_EQ(shardscope::ds_bucket_elems(0.0, {525'336'576, 400'000'000}), 525'336'576);     // Llama-3-8B's embedding
+  EXPECT_EQ(shardscope::ds_bucket_elems(1.0, {400'000'000, 400'000'000}), 262'144);        // 1 MiB of fp32
+}

@@ -186,7 +186,7 @@ TEST(DeepSpeedCheckpoint, TransformerStagesOneTwoMeasuredEqualPredictedEveryRank
               for (int rank = 0; rank < world; ++rank) {
                 std::int64_t largest = 0;
                 for (std::int64_t n : model_tensor_elems(m)) largest = std::max(largest, n);
-                if (bucket > 0 && ds_bucket_elems(bucket, 0) < largest) continue;
+                if (bucket > 0 && ds_bucket_elems(bucket, {}) < largest) continue;
                 RunConfig cfg = ds_config(m, s, bucket);
                 cfg.model.checkpoint = ck;
                 cfg.accumulate = k;

@@ -177,7 +177,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--csv", f.csv, "write DIR/data_parallel.csv and DIR/pipeline.csv (docs/json.md, \"CSV\")")->type_name("DIR");
   app.add_option("--timeline", f.timeline, "on | off: record each rank's memory timeline and ranges (default on)")->type_name("on|off");
   app.add_option("--ddp-bucket", f.ddp_bucket, "view | copy: copy keeps torch's separate flat bucket (default view)")->type_name("view|copy");
-  app.add_option("--bucket-mb", f.bucket_mb, "DDP bucket cap in MiB (0 = one flat bucket)")->type_name("MIB");
+  app.add_option("--bucket-mb", f.bucket_mb, "DDP bucket cap in MiB (0 = one flat bucket); --engine deepspeed: its reduce_bucket_size in MiB of fp32 (0 = its default, 5e8 elements, at most P)")->type_name("MIB");
   app.add_option("--overlap", f.overlap,
                  "on | off: all-reduce ddp/zero1 buckets while backward continues, and prefetch zero2/zero3 "
                  "units without blocking; off blocks on every collective (default on)")
@@ -376,7 +376,7 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
     throw UsageError("--ddp-bucket and " + both + ": DeepSpeed's buckets are its own (--bucket-mb); drop --ddp-bucket");
   std::int64_t largest = 0;
   for (std::int64_t n : model_tensor_elems(c.model)) largest = std::max(largest, n);
-  if (c.bucket_mb > 0 && ds_bucket_elems(c.bucket_mb, 0) < largest)
+  if (c.bucket_mb > 0 && ds_bucket_elems(c.bucket_mb, {}) < largest)
     throw UsageError("--bucket-mb " + f.bucket_mb + " and --engine deepspeed: the bucket must hold the largest " +
                      "tensor, " + std::to_string(largest) + " elements (" + std::to_string(4 * largest) +
                      " B); give 0 or at least that");

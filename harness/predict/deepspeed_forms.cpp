@@ -176,7 +176,7 @@ std::vector<Prediction> bf16_mlp_ranks(const RunConfig& cfg, int world, int stag
   const i64 mse = m.loss == Loss::mse ? 1 : 0;
   const i64 k = ((relu && !ck.wraps(L - 1)) || mse == 1) ? 1 : 0;
   const i64 X = a4, t = mse * a4;
-  const i64 Bk2 = 2 * ds_bucket_elems(cfg.bucket_mb, P);
+  const i64 Bk2 = 2 * ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model));
   const i64 bias_temp = 2 * static_cast<i64>(m.width);
   // The batch's cast while no re-run of layer 0 has made it again: 0 when layer 0 is wrapped.
   const i64 cast = ck.wraps(0) ? 0 : a2;
@@ -259,7 +259,7 @@ std::vector<Prediction> bf16_gpt2_ranks(const RunConfig& cfg, int world, int sta
                                         const std::vector<DsPartition>& parts) {
   const ModelConfig& m = cfg.model;
   const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
-  const i64 Bk2 = 2 * ds_bucket_elems(cfg.bucket_mb, P);
+  const i64 Bk2 = 2 * ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model));
   const SavedForm saved = gpt2_saved_after_forward_param_bf16(m.transformer, m.batch);
   const std::vector<Unit> units = fsdp_units(m, stage == 1 ? 0 : 1, world);
   std::vector<Prediction> ranks(static_cast<std::size_t>(world));
@@ -351,7 +351,7 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
     p.model_states = p.resting.total() + kept_grads;
     return std::vector<Prediction>(static_cast<std::size_t>(world), p);
   }
-  const i64 Bk = 4 * ds_bucket_elems(cfg.bucket_mb, P);
+  const i64 Bk = 4 * ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model));
   const i64 K = cfg.accumulate;
   SavedForm saved;
   if (m.is_transformer()) {

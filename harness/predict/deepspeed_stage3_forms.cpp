@@ -64,7 +64,7 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
   // (the master weights and AdamW fp32).
   const bool bf16 = cfg.precision == PrecisionKind::bf16;
   const i64 e = bf16 ? 2 : 4;
-  const i64 cap = ds_bucket_elems(cfg.bucket_mb, P), Bk = e * cap;
+  const i64 cap = ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model)), Bk = e * cap;
   // Layer i's tensors: weight 2i, bias 2i + 1; those not persistent are gathered around it.
   std::vector<int> persistent;
   std::vector<Gather> layer(static_cast<std::size_t>(L));

@@ -377,7 +377,7 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
   const i64 C = l.flat;
   i64 P = 0;
   for (i64 n : tensors) P += n;
-  const i64 cap = ds_bucket_elems(cfg.bucket_mb, P), Bk = 4 * cap;
+  const i64 cap = ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model)), Bk = 4 * cap;
   const bool gpt2 = m.name == "gpt2";
   const Family f = gpt2 ? gpt2_family(m) : llama_family(m);
   const TokenSizes z = token_sizes(s, m.batch);

@@ -14,7 +14,7 @@ DeepSpeedZero::DeepSpeedZero(const StrategyContext& ctx, int stage)
     : UnitShardedStrategy(ctx, false, stage == 1 ? 0 : 1),
       stage_(stage),
       part_(ds_partition(model_->tensor_sizes(), ctx.comm.world(), ctx.comm.rank())),
-      bucket_cap_(ds_bucket_elems(ctx.cfg.bucket_mb, model_->params())),
+      bucket_cap_(ds_bucket_elems(ctx.cfg.bucket_mb, model_->tensor_sizes())),
       lp_(ctx.cfg.precision == PrecisionKind::bf16 ? DType::bf16 : DType::f32) {
   SHARDSCOPE_REQUIRE(lp_ == DType::f32 || ctx.cfg.model.param_bf16,
                      "deepspeed bf16: the MLP's bf16 Linears (the CLI refuses the rest)");

@@ -57,8 +57,15 @@ std::vector<std::int64_t> model_tensor_elems(const ModelConfig& model) {
   return out;
 }
 
-std::int64_t ds_bucket_elems(double bucket_mb, std::int64_t params) {
-  if (bucket_mb <= 0.0) return params;
+std::int64_t ds_bucket_elems(double bucket_mb, const std::vector<std::int64_t>& tensor_elems) {
+  if (bucket_mb <= 0.0) {
+    std::int64_t params = 0, largest = 0;
+    for (std::int64_t n : tensor_elems) {
+      params += n;
+      largest = std::max(largest, n);
+    }
+    return std::min(params, std::max(kDeepSpeedBucketElems, largest));
+  }
   return static_cast<std::int64_t>(bucket_mb * 1024.0 * 1024.0 / 4.0);
 }
 

@@ -62,9 +62,11 @@ Ds3Layout ds3_layout(const std::vector<std::int64_t>& tensor_elems, int world, s
 // gradients (2 and 3): --no-sync with them is a UsageError naming both; stage 1 takes it.
 void refuse_deepspeed_no_sync(const RunConfig& cfg);
 
-// The ipg bucket's elements under --bucket-mb (MiB of fp32 gradients): 0 means one bucket
-// of the model's P elements (DeepSpeed's default reduce_bucket_size, 5e8 elements, holds
-// every model this tool trains whole).
-std::int64_t ds_bucket_elems(double bucket_mb, std::int64_t params);
+// The ipg bucket's elements under --bucket-mb (MiB of fp32 gradients): 0 means DeepSpeed's
+// default reduce_bucket_size, 5e8 elements, but never more than the model's P (a model
+// that small is trained whole in one bucket) nor less than its largest tensor (DeepSpeed
+// reduces a tensor above the bucket on its own; one bucket that holds it stands for that).
+inline constexpr std::int64_t kDeepSpeedBucketElems = 500'000'000;
+std::int64_t ds_bucket_elems(double bucket_mb, const std::vector<std::int64_t>& tensor_elems);
 
 }  // namespace shardscope

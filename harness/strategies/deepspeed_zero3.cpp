@@ -9,7 +9,7 @@ namespace shardscope {
 DeepSpeedZero3::DeepSpeedZero3(const StrategyContext& ctx)
     : DataParallelStrategy(ctx),
       layout_(ds3_layout(model_tensor_elems(ctx.cfg.model), ctx.comm.world(), ctx.cfg.param_persistence)),
-      bucket_cap_(ds_bucket_elems(ctx.cfg.bucket_mb, model_->params())),
+      bucket_cap_(ds_bucket_elems(ctx.cfg.bucket_mb, model_tensor_elems(ctx.cfg.model))),
       lp_(ctx.cfg.precision == PrecisionKind::bf16 ? DType::bf16 : DType::f32) {
   SHARDSCOPE_REQUIRE(!ctx.cfg.model.autocast &&
                          (lp_ == DType::f32 || (ctx.cfg.model.param_bf16 && !ctx.cfg.model.is_transformer())),
