@@ -162,7 +162,9 @@ TEST_F(Precision, AutocastRegionStepRunsAsPredictedAndIsRefusedElsewhere) {
       // A transformer's casts are all saved: one copy of them, where two micro-batches held
       // two. (The MLP's first stage holds its unsaved casts, the first weight's and the
       // biases', to the step's end: with two layers more than its regions at their peak.)
-      if (model.rfind("--model", 0) == 0) EXPECT_LT(casts[1], casts[0]) << model << " stage " << rank;
+      if (model.rfind("--model", 0) == 0) {
+        EXPECT_LT(casts[1], casts[0]) << model << " stage " << rank;
+      }
     }
   for (const std::string& args :
        {std::string("run --model mlp --precision bf16 --autocast-region step --steps 1"),
