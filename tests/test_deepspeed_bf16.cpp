@@ -17,8 +17,8 @@ namespace {
 
 using testing::check_deepspeed_rank;
 using testing::ds_config;
-
-CheckpointPolicy every(int k) { return {CheckpointKind::every, k}; }
+using testing::every;
+using testing::mlp_name;
 
 RunConfig bf16_config(const ModelConfig& m, const char* strategy, double bucket_mb) {
   RunConfig cfg = ds_config(m, strategy, bucket_mb);
@@ -27,37 +27,12 @@ RunConfig bf16_config(const ModelConfig& m, const char* strategy, double bucket_
   return cfg;
 }
 
-std::vector<ModelConfig> mlps() {
-  ModelConfig small;  // relu, mse
-  small.layers = 5;
-  small.width = 24;
-  small.batch = 3;
-  small.activation = Activation::relu;
-  small.loss = Loss::mse;
-  ModelConfig odd;  // none, mse; padding at W = 3
-  odd.layers = 3;
-  odd.width = 7;
-  odd.batch = 2;
-  odd.loss = Loss::mse;
-  ModelConfig tiny;  // relu, sum; the last rank's partition mostly padding at W = 4
-  tiny.layers = 2;
-  tiny.width = 2;
-  tiny.batch = 5;
-  tiny.activation = Activation::relu;
-  ModelConfig wide_batch;  // none, sum; activations above the gradients
-  wide_batch.layers = 4;
-  wide_batch.width = 16;
-  wide_batch.batch = 512;
-  return {small, odd, tiny, wide_batch};
-}
-
-std::string name_of(const ModelConfig& m) { return std::to_string(m.layers) + "x" + std::to_string(m.width); }
 
 // Stages 1 and 2: none, full, every:2 and every:3; K = 1, 2, 3 (stage 1 with and without
 // --no-sync); one bucket and several.
 TEST(DeepSpeedBf16, StagesOneTwoCheckpointAndAccumulationMeasuredEqualPredictedEveryRank) {
   std::set<std::string> places;
-  for (const ModelConfig& m : mlps())
+  for (const ModelConfig& m : testing::ds_test_mlps())
     for (const CheckpointPolicy& ck : {CheckpointPolicy{}, every(1), every(2), every(3)})
       for (const char* s : {"zero1", "zero2"})
         for (int k : {1, 2, 3})
@@ -73,7 +48,7 @@ TEST(DeepSpeedBf16, StagesOneTwoCheckpointAndAccumulationMeasuredEqualPredictedE
                   cfg.no_sync = no_sync;
                   places.insert(check_deepspeed_rank(
                       cfg, world, rank,
-                      std::string(s) + " bf16 " + name_of(m) + " " + ck.text() + " K=" + std::to_string(k) +
+                      std::string(s) + " bf16 " + mlp_name(m) + " " + ck.text() + " K=" + std::to_string(k) +
                           (no_sync ? " no-sync" : "") + " bucket " + std::to_string(bucket)));
                 }
   bool recompute = false, backward = false;

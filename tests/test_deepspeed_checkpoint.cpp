@@ -19,40 +19,15 @@ namespace {
 
 using testing::check_deepspeed_rank;
 using testing::ds_config;
+using testing::every;
+using testing::mlp_name;
 
-CheckpointPolicy every(int k) { return {CheckpointKind::every, k}; }
-
-std::vector<ModelConfig> mlps() {
-  ModelConfig small;  // relu, mse
-  small.layers = 5;
-  small.width = 24;
-  small.batch = 3;
-  small.activation = Activation::relu;
-  small.loss = Loss::mse;
-  ModelConfig odd;  // none, mse; padding at W = 3
-  odd.layers = 3;
-  odd.width = 7;
-  odd.batch = 2;
-  odd.loss = Loss::mse;
-  ModelConfig tiny;  // relu, sum; the last rank's partition mostly padding at W = 4
-  tiny.layers = 2;
-  tiny.width = 2;
-  tiny.batch = 5;
-  tiny.activation = Activation::relu;
-  ModelConfig wide_batch;  // none, sum; activations above the gradients
-  wide_batch.layers = 4;
-  wide_batch.width = 16;
-  wide_batch.batch = 512;
-  return {small, odd, tiny, wide_batch};
-}
-
-std::string mlp_name(const ModelConfig& m) { return std::to_string(m.layers) + "x" + std::to_string(m.width); }
 
 // Stages 1 and 2 of the MLP, full, every:2 and every:3, one bucket and several, --accumulate
 // 1 and 2: the peak falls in a re-run somewhere.
 TEST(DeepSpeedCheckpoint, MlpStagesOneTwoMeasuredEqualPredictedEveryRank) {
   std::set<std::string> places;
-  for (const ModelConfig& base : mlps())
+  for (const ModelConfig& base : testing::ds_test_mlps())
     for (const CheckpointPolicy& ck : {every(1), every(2), every(3)})
       for (const char* s : {"zero1", "zero2"})
         for (int k : {1, 2})

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "harness/comm/fake_comm.hpp"
 #include "support/dp_harness.hpp"
@@ -21,6 +22,36 @@ inline RunConfig ds_config(const ModelConfig& m, const char* strategy, double bu
   cfg.bucket_mb = bucket_mb;
   return cfg;
 }
+
+inline CheckpointPolicy every(int k) { return {CheckpointKind::every, k}; }
+
+// Four MLPs the DeepSpeed checkpoint and bf16 tests share: padding, a tiny partition, a
+// batch whose activations outweigh the gradients.
+inline std::vector<ModelConfig> ds_test_mlps() {
+  ModelConfig small;  // relu, mse
+  small.layers = 5;
+  small.width = 24;
+  small.batch = 3;
+  small.activation = Activation::relu;
+  small.loss = Loss::mse;
+  ModelConfig odd;  // none, mse; padding at W = 3
+  odd.layers = 3;
+  odd.width = 7;
+  odd.batch = 2;
+  odd.loss = Loss::mse;
+  ModelConfig tiny;  // relu, sum; the last rank's partition mostly padding at W = 4
+  tiny.layers = 2;
+  tiny.width = 2;
+  tiny.batch = 5;
+  tiny.activation = Activation::relu;
+  ModelConfig wide_batch;  // none, sum; activations above the gradients
+  wide_batch.layers = 4;
+  wide_batch.width = 16;
+  wide_batch.batch = 512;
+  return {small, odd, tiny, wide_batch};
+}
+
+inline std::string mlp_name(const ModelConfig& m) { return std::to_string(m.layers) + "x" + std::to_string(m.width); }
 
 // One emulated rank against its prediction; returns the peak's phase and place.
 inline std::string check_deepspeed_rank(const RunConfig& cfg, int world, int rank, const std::string& what) {
