@@ -33,9 +33,7 @@ constexpr int kEmbeddingBlock = 0;
 constexpr int kWte = 0;
 
 // ---- a transformer block ----
-enum BlockTensor : int {
-  kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kMlpProjW, kMlpProjB
-};
+using namespace gpt2_block;  // its tensors, in gpt2_block_params' order (models.hpp)
 
 }  // namespace
 

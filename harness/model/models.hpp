@@ -20,6 +20,11 @@ std::unique_ptr<Model> make_gpt2(const ModelConfig& config, const TensorParallel
 // names, shapes and init (rank tp.rank's slices under tensor parallelism), for the fp32
 // and the autocast blocks alike (gpt2.cpp).
 std::vector<ParamSpec> gpt2_block_params(const TransformerShape& shape, int layer, const TensorParallel& tp = {});
+// Where each of them lies among gpt2_block_params' tensors (the fp32, autocast and bf16-module
+// blocks index them alike).
+namespace gpt2_block {
+enum Tensor : int { kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kMlpProjW, kMlpProjB };
+}  // namespace gpt2_block
 // GPT-2 under autocast(bfloat16) (config.autocast), for a shape make_gpt2 completed; with
 // tp.size > 1 Megatron's split as make_gpt2's, each rank casting its own shards.
 std::unique_ptr<Model> make_gpt2_autocast(const TransformerShape& shape, const TensorParallel& tp = {});  // gpt2_autocast.cpp
