@@ -134,7 +134,7 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--precision", f.precision,
                  "fp32 | bf16: bf16 trains in the engine's mixed-precision regime (default fp32; built: autocast "
                  "under ddp/zero1 and the pipelines, FSDP's MixedPrecision for the MLP and gpt2 under "
-                 "zero2/zero3/hsdp, DeepSpeed's bf16 for their zero1/zero2; docs/cli.md lists the rest)")
+                 "zero2/zero3/hsdp, DeepSpeed's bf16 for their zero1/zero2/zero3; docs/cli.md lists the rest)")
       ->type_name("fp32|bf16");
   app.add_option("--autocast-region", f.autocast_region,
                  "microbatch | step: where a bf16 pipeline's autocast region sits (--precision bf16 --schedule "
@@ -313,24 +313,22 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
 void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, const CLI::App& app) {
   if (c.precision == PrecisionKind::fp32) return;
   // DeepSpeed's bf16 regime runs the MLP's stages 1, 2 and 3 (--accumulate and --checkpoint
-  // too) and GPT-2's stages 1 and 2 in one micro-step; the rest is planned by its model states.
+  // too), GPT-2's stages 1 and 2 in one micro-step and its stage 3 (--accumulate too); the
+  // rest is planned by its model states.
   if (effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed) {
     if (command == "plan") return;
     const std::string both = "--precision bf16 and --engine deepspeed";
     if (c.model.is_transformer() && c.model.name != "gpt2")
       throw UsageError(both + " and --model " + c.model.name + ": planned (plan prints its model states), not run "
-                       "yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP under zero1, zero2, "
-                       "zero3, and gpt2 under zero1, zero2");
+                       "yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under zero1, "
+                       "zero2, zero3");
     // ddp is DeepSpeed's stage 0 under bf16 (its engine's DDP_BFLOAT16: FP16_Optimizer over
     // bf16 parameters, the fp32 master copy of every parameter on every rank).
     if (c.strategy == StrategyKind::ddp)
       throw UsageError(both + " and --strategy ddp: DeepSpeed's stage 0 under bf16 (its FP16_Optimizer in bf16, "
                        "the ZeRO paper's baseline) is planned (plan prints its model states), not run yet; allowed: "
                        "zero1, zero2, zero3");
-    if (c.model.is_transformer()) {  // gpt2: stages 1 and 2, one micro-step
-      if (c.strategy == StrategyKind::zero3)
-        throw UsageError(both + " and --strategy zero3 and --model gpt2: planned (plan prints its model states), "
-                         "not run yet; allowed: zero1, zero2");
+    if (c.model.is_transformer() && c.strategy != StrategyKind::zero3) {  // gpt2: stages 1 and 2, one micro-step
       if (c.accumulate > 1)
         throw UsageError("--accumulate " + std::to_string(c.accumulate) + " and " + both + " and --model gpt2: "
                          "bf16 gradient accumulation of a transformer is not built yet; give --accumulate 1");
@@ -353,7 +351,7 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
 }
 
 // --engine deepspeed's combinations (docs/cli.md): stage 3 runs the MLP (fp32 and bf16), GPT-2
-// and Llama in fp32 (a transformer's bf16 is refused by refuse_unbuilt_precision); --checkpoint
+// (fp32 and bf16) and Llama in fp32 (Llama's bf16 is refused by refuse_unbuilt_precision); --checkpoint
 // runs wherever the step runs (but a transformer's stage 3 and GPT-2's bf16); DeepSpeed has no
 // units, no DDP bucket copy, no no_sync under stages 2 and 3
 // (its engine asserts so), and its bucket must hold the largest tensor (DeepSpeed's
@@ -617,7 +615,7 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
                          effective_engine(c.engine, c.strategy, c.precision) != EngineKind::deepspeed;
   c.model.autocast = c.precision == PrecisionKind::bf16 && !bf16_fsdp &&
                      effective_engine(c.engine, c.strategy, c.precision) == EngineKind::torch;
-  // DeepSpeed's bf16 (the MLP's stages 1, 2 and 3, GPT-2's 1 and 2): the module in bf16 on the
+  // DeepSpeed's bf16 (the MLP's and GPT-2's stages 1, 2 and 3): the module in bf16 on the
   // flat group's (or the partitions') views.
   const bool bf16_deepspeed = c.precision == PrecisionKind::bf16 &&
                               (!c.model.is_transformer() || c.model.name == "gpt2") &&

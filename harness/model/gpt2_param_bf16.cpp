@@ -5,7 +5,9 @@
 // --precision module): per block ln_1's input, bf16 mean and rstd and output, c_attn's
 // output (flash: q, k, v are views of it), flash's output and fp32 log-sum-exp (math: fp32
 // head-major q, k, v and probabilities, and its bf16 output), x_mid, ln_2's statistics and
-// output, c_fc's and GELU's outputs, all bf16 but the fp32 ones named.
+// output, c_fc's and GELU's outputs, all bf16 but the fp32 ones named. Each Linear and norm
+// names its tensors to BlockAccess's module hooks around its use, as gpt2.cpp's blocks do
+// (DeepSpeed's stage 3 under bf16 gathers each on its own; no-ops for every other strategy).
 // (harness/predict/param_bf16_forms.hpp has the account and the step's instants.)
 #include <memory>
 #include <string>
@@ -60,11 +62,13 @@ class Bf16Block final : public SequenceBlock {
     const Bf16* x = as_bf16(x_in);
     auto p = [&](int t) { return bf16_param(c, t); };
     auto act16 = [&](i64 count) { return bf16_tensor(be, Category::activation, count); };
+    auto module = [&](std::initializer_list<int> t) { return module_tensors(c.index, t); };
     std::vector<Buffer>& held = tape.held;
     held.clear();
     held.resize(kHeld);
 
     // ln_1: its output, mean and rstd (bf16); saves its input and statistics.
+    c.access.module_forward_begin(module({kLn1W, kLn1B}));
     held[kMean1] = act16(n);
     held[kRstd1] = act16(n);
     held[kLn1] = act16(n * h);
@@ -74,13 +78,16 @@ class Bf16Block final : public SequenceBlock {
     c.saved.save(held[kMean1].raw(), 2 * n);
     c.saved.save(held[kRstd1].raw(), 2 * n);
     c.saved.save(ln_weight_(), 0);
+    c.access.module_forward_end(module({kLn1W, kLn1B}));
 
     // c_attn (addmm saves its input; the weight is a view of the unit)
     const bool flash = s_.attention == AttentionMode::flash;
+    c.access.module_forward_begin(module({kAttnW, kAttnB}));
     Buffer qkv = bf16_tensor(be, flash ? Category::activation : Category::temp, 3 * n * h);
     bf16_linear(be, qkv.bf16(), held[kLn1].bf16(), p(kAttnW), p(kAttnB), n, hs, 3 * hs);
     c.saved.save(held[kLn1].raw(), b);
     c.saved.save(attn_ref_(), 0);
+    c.access.module_forward_end(module({kAttnW, kAttnB}));
 
     if (flash) {
       // Flash SDPA on bf16 q, k, v (views of qkv): saves them, its bf16 output and the fp32
@@ -121,12 +128,15 @@ class Bf16Block final : public SequenceBlock {
     }
 
     // x_mid = x + c_proj(y), bf16: c_proj saves y.
+    c.access.module_forward_begin(module({kProjW, kProjB}));
     held[kXmid] = act16(n * h);
     bf16_linear(be, held[kXmid].bf16(), held[kOut].bf16(), p(kProjW), p(kProjB), n, hs, hs, x);
     c.saved.save(held[kOut].raw(), b);
     c.saved.save(proj_ref_(), 0);
+    c.access.module_forward_end(module({kProjW, kProjB}));
 
     // ln_2
+    c.access.module_forward_begin(module({kLn2W, kLn2B}));
     held[kMean2] = act16(n);
     held[kRstd2] = act16(n);
     held[kLn2] = act16(n * h);
@@ -136,12 +146,15 @@ class Bf16Block final : public SequenceBlock {
     c.saved.save(held[kMean2].raw(), 2 * n);
     c.saved.save(held[kRstd2].raw(), 2 * n);
     c.saved.save(ln2_weight_(), 0);
+    c.access.module_forward_end(module({kLn2W, kLn2B}));
 
     // c_fc (GELU's input), GELU (mlp c_proj's input)
+    c.access.module_forward_begin(module({kFcW, kFcB}));
     held[kFc] = act16(n * f);
     bf16_linear(be, held[kFc].bf16(), held[kLn2].bf16(), p(kFcW), p(kFcB), n, hs, fs);
     c.saved.save(held[kLn2].raw(), b);
     c.saved.save(fc_ref_(), 0);
+    c.access.module_forward_end(module({kFcW, kFcB}));
     held[kGelu] = act16(n * f);
     {
       std::vector<float> g = widened(held[kFc].bf16(), n * f);
@@ -151,10 +164,12 @@ class Bf16Block final : public SequenceBlock {
     c.saved.save(held[kFc].raw(), 2 * n * f);
 
     // out = x_mid + mlp.c_proj(gelu): (N, h) bf16, activation when the next block saves it.
+    c.access.module_forward_begin(module({kMlpProjW, kMlpProjB}));
     Buffer out = bf16_tensor(be, output_saved ? Category::activation : Category::temp, n * h);
     bf16_linear(be, out.bf16(), held[kGelu].bf16(), p(kMlpProjW), p(kMlpProjB), n, fs, hs, held[kXmid].bf16());
     c.saved.save(held[kGelu].raw(), 2 * n * f);
     c.saved.save(mlp_ref_(), 0);
+    c.access.module_forward_end(module({kMlpProjW, kMlpProjB}));
     return out;
   }
 
@@ -171,15 +186,18 @@ class Bf16Block final : public SequenceBlock {
       tape.held[j].reset();
     };
     auto tmp16 = [&](i64 count) { return bf16_tensor(be, Category::temp, count); };
+    auto module = [&](std::initializer_list<int> t) { return module_tensors(c.index, t); };
     std::vector<Buffer>& held = tape.held;
     out.reset();
 
     // mlp c_proj: d gelu (N, f) bf16; GELU's backward in place; c_fc: d ln_2 (N, h).
+    c.access.module_backward_begin(module({kMlpProjW, kMlpProjB}));
     Buffer dg = tmp16(n * f);
     bf16_linear_backward(be, dg.bf16(), g(kMlpProjW), g(kMlpProjB), dy.bf16(), held[kGelu].bf16(), p(kMlpProjW), n,
                          fs, hs, beta);
     c.saved.release(mlp_ref_());
     drop(kGelu);
+    c.access.module_backward_end(module({kMlpProjW, kMlpProjB}), true);
     {
       std::vector<float> d = widened(dg.bf16(), n * f);
       const std::vector<float> u = widened(held[kFc].bf16(), n * f);
@@ -187,13 +205,16 @@ class Bf16Block final : public SequenceBlock {
       round_into(dg.bf16(), d.data(), n * f);
     }
     drop(kFc);
+    c.access.module_backward_begin(module({kFcW, kFcB}));
     Buffer dln = tmp16(n * h);
     bf16_linear_backward(be, dln.bf16(), g(kFcW), g(kFcB), dg.bf16(), held[kLn2].bf16(), p(kFcW), n, hs, fs, beta);
     dg.reset();
     c.saved.release(fc_ref_());
     drop(kLn2);
+    c.access.module_backward_end(module({kFcW, kFcB}), true);
 
     // ln_2, then the residual: dx_mid = ln_2's dx + dy
+    c.access.module_backward_begin(module({kLn2W, kLn2B}));
     Buffer dmid = tmp16(n * h);
     bf16_layer_norm_backward(be, dmid.bf16(), g(kLn2W), g(kLn2B), dln.bf16(), held[kXmid].bf16(), held[kMean2].bf16(),
                              held[kRstd2].bf16(), p(kLn2W), n, hs, beta);
@@ -202,14 +223,17 @@ class Bf16Block final : public SequenceBlock {
     drop(kXmid);
     drop(kMean2);
     drop(kRstd2);
+    c.access.module_backward_end(module({kLn2W, kLn2B}), true);
     add_bf16(dmid, dy, n * h);
 
     // attention's c_proj: d y (N, h)
+    c.access.module_backward_begin(module({kProjW, kProjB}));
     Buffer dattn = tmp16(n * h);
     bf16_linear_backward(be, dattn.bf16(), g(kProjW), g(kProjB), dmid.bf16(), held[kOut].bf16(), p(kProjW), n, hs, hs,
                          beta);
     c.saved.release(proj_ref_());
     c.saved.release(held[kOut].raw());  // c_proj's save of y (flash's own save stays)
+    c.access.module_backward_end(module({kProjW, kProjB}), true);
 
     // attention: dqkv (N, 3h) bf16
     Buffer dqkv;
@@ -246,14 +270,17 @@ class Bf16Block final : public SequenceBlock {
     }
 
     // c_attn: d ln_1
+    c.access.module_backward_begin(module({kAttnW, kAttnB}));
     dln = tmp16(n * h);
     bf16_linear_backward(be, dln.bf16(), g(kAttnW), g(kAttnB), dqkv.bf16(), held[kLn1].bf16(), p(kAttnW), n, hs,
                          3 * hs, beta);
     dqkv.reset();
     c.saved.release(attn_ref_());
     drop(kLn1);
+    c.access.module_backward_end(module({kAttnW, kAttnB}), true);
 
     // ln_1, then the residual: dx = ln_1's dx + dx_mid
+    c.access.module_backward_begin(module({kLn1W, kLn1B}));
     Buffer dx = tmp16(n * h);
     bf16_layer_norm_backward(be, dx.bf16(), g(kLn1W), g(kLn1B), dln.bf16(), x, held[kMean1].bf16(),
                              held[kRstd1].bf16(), p(kLn1W), n, hs, beta);
@@ -262,6 +289,7 @@ class Bf16Block final : public SequenceBlock {
     c.saved.release(x);
     drop(kMean1);
     drop(kRstd1);
+    c.access.module_backward_end(module({kLn1W, kLn1B}), true);
     add_bf16(dx, dmid, n * h);
     return finish_backward(held, std::move(dx), needs_dx);
   }

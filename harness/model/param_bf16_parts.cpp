@@ -1,5 +1,6 @@
 #include "harness/model/param_bf16_parts.hpp"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -78,11 +79,16 @@ Bf16FinalLayerNorm::Bf16FinalLayerNorm(const TransformerShape& s, const char* fa
                                        TensorRef tied)
     : SequenceBlock(s, family), params_(std::move(params)), tied_(tied) {}
 
+TensorRef Bf16FinalLayerNorm::head_tensor(const BlockCall& c) const {
+  return tied_.block >= 0 ? tied_ : TensorRef{c.index, 2};
+}
 const Bf16* Bf16FinalLayerNorm::head_weight(const BlockCall& c) const {
-  return as_bf16(tied_.block >= 0 ? c.access.param(tied_.block, tied_.tensor) : c.access.param(c.index, 2));
+  const TensorRef t = head_tensor(c);
+  return as_bf16(c.access.param(t.block, t.tensor));
 }
 Bf16* Bf16FinalLayerNorm::head_grad(const BlockCall& c) const {
-  return as_bf16(tied_.block >= 0 ? c.access.grad(tied_.block, tied_.tensor) : c.access.grad(c.index, 2));
+  const TensorRef t = head_tensor(c);
+  return as_bf16(c.access.grad(t.block, t.tensor));
 }
 
 Buffer Bf16FinalLayerNorm::forward(const BlockCall& c, const float* x, bool /*input_requires_grad*/,
@@ -92,6 +98,7 @@ Buffer Bf16FinalLayerNorm::forward(const BlockCall& c, const float* x, bool /*in
   std::vector<Buffer>& held = tape.held;
   held.clear();
   held.resize(kHeld);
+  c.access.module_forward_begin(norm_module(c));
   held[kMean] = bf16_tensor(be, Category::activation, n);
   held[kRstd] = bf16_tensor(be, Category::activation, n);
   held[kY] = bf16_tensor(be, Category::activation, n * h);
@@ -101,11 +108,14 @@ Buffer Bf16FinalLayerNorm::forward(const BlockCall& c, const float* x, bool /*in
   c.saved.save(held[kMean].raw(), 2 * n);
   c.saved.save(held[kRstd].raw(), 2 * n);
   c.saved.save(norm_ref_(), 0);
+  c.access.module_forward_end(norm_module(c));
   // logits (N, V) bf16: nobody saves them (log_softmax saves its result).
+  c.access.module_forward_begin({head_tensor(c)});
   Buffer out = bf16_tensor(be, output_saved ? Category::activation : Category::temp, n * v);
   bf16_linear(be, out.bf16(), held[kY].bf16(), head_weight(c), nullptr, n, s_.hidden, s_.vocab);
   c.saved.save(held[kY].raw(), 2 * n * h);
   c.saved.save(head_ref_(), 0);
+  c.access.module_forward_end({head_tensor(c)});
   return out;
 }
 
@@ -116,6 +126,7 @@ Buffer Bf16FinalLayerNorm::backward(const BlockCall& c, const float* x, Buffer& 
   std::vector<Buffer>& held = tape.held;
   out.reset();
   // The head: d y (N, h) bf16 beside dlogits; a tied weight's gradient written first, with beta.
+  c.access.module_backward_begin({head_tensor(c)});
   Buffer dnorm = bf16_tensor(be, Category::temp, n * h);
   bf16_linear_backward(be, dnorm.bf16(), head_grad(c), nullptr, dy.bf16(), held[kY].bf16(), head_weight(c), n,
                        s_.hidden, s_.vocab, beta);
@@ -123,6 +134,8 @@ Buffer Bf16FinalLayerNorm::backward(const BlockCall& c, const float* x, Buffer& 
   c.saved.release(head_ref_());
   c.saved.release(held[kY].raw());
   held[kY].reset();
+  c.access.module_backward_end({head_tensor(c)}, true);
+  c.access.module_backward_begin(norm_module(c));
   Buffer dx = bf16_tensor(be, Category::temp, n * h);
   bf16_layer_norm_backward(be, dx.bf16(), bf16_grad(c, 0), bf16_grad(c, 1), dnorm.bf16(), as_bf16(x),
                            held[kMean].bf16(), held[kRstd].bf16(), bf16_param(c, 0), n, s_.hidden, beta);
@@ -133,6 +146,7 @@ Buffer Bf16FinalLayerNorm::backward(const BlockCall& c, const float* x, Buffer& 
     c.saved.release(held[j].raw());
     held[j].reset();
   }
+  c.access.module_backward_end(norm_module(c), true);
   return finish_backward(held, std::move(dx), needs_dx);
 }
 
@@ -178,16 +192,24 @@ class Bf16Embedding final : public SequenceBlock {
       be.upload(pos.data(), host.data(), host.size());
       tape.held.push_back(std::move(pos));
     }
-    // x0 (N, h) bf16 = tokens[idx] + positions[t], each lookup exact, the sum rounded once.
+    // x0 (N, h) bf16 = tokens[idx] + positions[t], each lookup exact, the sum rounded once;
+    // each table read inside its own module hooks (DeepSpeed's stage 3 gathers each on its own).
+    const std::vector<TensorRef> tokens_module = module_tensors(c.index, {0});
+    c.access.module_forward_begin(tokens_module);
     Buffer out = bf16_tensor(be, output_saved ? Category::activation : Category::temp, n * h);
     const std::int64_t* ids = ids_of(in);
     const Bf16* table = bf16_param(c, 0);
-    const Bf16* pos = positions_ ? bf16_param(c, 1) : nullptr;
-    for (i64 i = 0; i < n; ++i) {
-      const Bf16* row = table + ids[i] * h;
-      const Bf16* prow = pos ? pos + (i % s_.seq) * h : nullptr;
-      Bf16* o = out.bf16() + i * h;
-      for (i64 j = 0; j < h; ++j) o[j] = to_bf16(from_bf16(row[j]) + (prow ? from_bf16(prow[j]) : 0.0f));
+    for (i64 i = 0; i < n; ++i) std::copy(table + ids[i] * h, table + ids[i] * h + h, out.bf16() + i * h);
+    c.access.module_forward_end(tokens_module);
+    if (positions_) {
+      c.access.module_forward_begin(module_tensors(c.index, {1}));
+      const Bf16* pos = bf16_param(c, 1);
+      for (i64 i = 0; i < n; ++i) {
+        const Bf16* prow = pos + (i % s_.seq) * h;
+        Bf16* o = out.bf16() + i * h;
+        for (i64 j = 0; j < h; ++j) o[j] = to_bf16(from_bf16(o[j]) + from_bf16(prow[j]));
+      }
+      c.access.module_forward_end(module_tensors(c.index, {1}));
     }
     c.saved.save(in, 8 * n);
     if (positions_) c.saved.save(tape.held[0].data(), 8 * static_cast<i64>(s_.seq));
@@ -199,8 +221,22 @@ class Bf16Embedding final : public SequenceBlock {
     out.reset();
     const i64 n = tokens(c.rows), h = s_.hidden;
     const std::int64_t* ids = ids_of(in);
+    // The positions first, as torch's backward reaches the table that forward used last
+    // first (DeepSpeed's stage 3 gathers each table in its own pre-backward hook; its
+    // post-backward hook never fires, the ids taking no gradient).
+    if (positions_) {
+      // dpos (positions, h): the sum over sequences at each t; rows past seq get none.
+      c.access.module_backward_begin(module_tensors(c.index, {1}));
+      std::vector<float> dpos(floats(static_cast<i64>(s_.positions) * h), 0.0f);
+      for (i64 i = 0; i < n; ++i)
+        for (i64 j = 0; j < h; ++j) dpos[floats((i % s_.seq) * h + j)] += from_bf16(dy.bf16()[i * h + j]);
+      write_grad(bf16_grad(c, 1), dpos.data(), static_cast<i64>(s_.positions) * h, beta);
+      c.access.module_backward_end(module_tensors(c.index, {1}), false);
+    }
     // The table's rows the ids name, summed in fp32, each added once into the bf16
     // gradient: onto a tied head's (which wrote the whole table first), else onto zeros.
+    const std::vector<TensorRef> tokens_module = module_tensors(c.index, {0});
+    c.access.module_backward_begin(tokens_module);
     Bf16* dtable = bf16_grad(c, 0);
     const bool tied = s_.tied_embeddings;
     if (!tied && beta == 0.0f) std::fill(dtable, dtable + static_cast<i64>(s_.vocab) * h, Bf16{});
@@ -211,14 +247,8 @@ class Bf16Embedding final : public SequenceBlock {
       for (i64 j = 0; j < h; ++j) r[floats(j)] += from_bf16(dy.bf16()[i * h + j]);
     }
     for (const auto& [id, r] : rows) write_grad(dtable + id * h, r.data(), h, 1.0f);
-    if (positions_) {
-      // dpos (positions, h): the sum over sequences at each t; rows past seq get none.
-      std::vector<float> dpos(floats(static_cast<i64>(s_.positions) * h), 0.0f);
-      for (i64 i = 0; i < n; ++i)
-        for (i64 j = 0; j < h; ++j) dpos[floats((i % s_.seq) * h + j)] += from_bf16(dy.bf16()[i * h + j]);
-      write_grad(bf16_grad(c, 1), dpos.data(), static_cast<i64>(s_.positions) * h, beta);
-    }
     dy.reset();
+    c.access.module_backward_end(tokens_module, false);
     c.saved.release(in);
     if (positions_) c.saved.release(tape.held[0].data());
     tape.held.clear();

@@ -80,6 +80,10 @@ class Bf16FinalLayerNorm final : public SequenceBlock {
 
  private:
   enum Held : int { kMean, kRstd, kY, kHeld };
+  // The modules DeepSpeed's stage 3 gathers on their own (BlockAccess's module hooks): the
+  // norm's weight and bias, and the head's weight (the embedding's table when tied).
+  std::vector<TensorRef> norm_module(const BlockCall& c) const { return module_tensors(c.index, {0, 1}); }
+  TensorRef head_tensor(const BlockCall& c) const;
   const Bf16* head_weight(const BlockCall& c) const;
   Bf16* head_grad(const BlockCall& c) const;
   std::vector<ParamSpec> params_;

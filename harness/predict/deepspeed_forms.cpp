@@ -323,12 +323,13 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
                      " and --precision bf16 and --model gpt2: not built yet; allowed: fp32, or the MLP");
   if (m.checkpoint.any() && m.is_transformer() && cfg.strategy == StrategyKind::zero3 && lp == 4)
     throw UsageError(deepspeed_stage3_checkpoint_refusal(m));
-  // Stage 3 runs the MLP (fp32 and bf16), GPT-2 and Llama in fp32; a transformer's bf16 is
-  // planned by its model states.
+  // Stage 3 runs the MLP (fp32 and bf16), GPT-2 and Llama in fp32 and GPT-2 in bf16; Llama's
+  // bf16 and GPT-2's checkpointed bf16 are planned by their model states.
   if (cfg.strategy == StrategyKind::zero3) {
     if (!m.is_transformer()) return predict_deepspeed_stage3_mlp(cfg, world);
-    return lp != 4 ? stage3_model_states(tensors, world, lp, cfg.param_persistence)
-                   : predict_deepspeed_stage3_transformer(cfg, world);
+    const bool built = lp == 4 || (m.name == "gpt2" && !m.checkpoint.any());
+    return built ? predict_deepspeed_stage3_transformer(cfg, world)
+                 : stage3_model_states(tensors, world, lp, cfg.param_persistence);
   }
   const std::vector<DsPartition> parts = ds_partitions(tensors, world);
   const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;

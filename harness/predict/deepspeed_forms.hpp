@@ -19,10 +19,10 @@
 // stage 2's grads_in_partition), then the reduction's instant (stage 1: 4P + Bk + G_r +
 // pad_r; stage 2: Bk + G_r + pad_r) and the optimizer's (G_r + pad_r + 4 s). Stage 3 is
 // predicted through its step (the MLP's in fp32 and bf16: deepspeed_stage3_forms.cpp, GPT-2's
-// and Llama's in fp32, each module gathered on its own: deepspeed_stage3_transformer_forms.cpp;
-// resting adds the kept bucket Bk, and a lone persistent tensor holds its W·c_t gather
-// buffer); a transformer's under bf16, Llama's bf16 and ddp's (the bf16 baseline) by their
-// model states (peak_known false).
+// and Llama's in fp32 and GPT-2's in bf16, each module gathered on its own:
+// deepspeed_stage3_transformer_forms.cpp; resting adds the kept bucket Bk, and a lone
+// persistent tensor holds its W·c_t gather buffer); Llama's bf16 stages, GPT-2's bf16 stage 3
+// under --checkpoint and ddp's (the bf16 baseline) by their model states (peak_known false).
 // --accumulate K > 1: the first micro-step's walk, then a later one's: stage 1's with
 // autograd's 4P and Bk held from its start (reduced at the boundary alone), stage 2's with
 // the accumulated G_r beside every instant (its backward makes a new G_r); stage 2's
@@ -61,7 +61,7 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
 // Stage 3's run of the MLP, fp32 or bf16 (harness/strategies/deepspeed_zero3.hpp), every rank:
 // deepspeed_stage3_forms.cpp.
 std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int world);
-// Of GPT-2 and Llama in fp32, each module gathered on its own:
+// Of GPT-2 and Llama in fp32 and GPT-2 in bf16, each module gathered on its own:
 // deepspeed_stage3_transformer_forms.cpp.
 std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cfg, int world);
 

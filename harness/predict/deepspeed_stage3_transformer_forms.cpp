@@ -1,6 +1,7 @@
 // Closed forms of zero3 under --engine deepspeed (DeepSpeed's stage 3) for GPT-2 and Llama
-// in fp32 (deepspeed_forms.hpp; the step: harness/strategies/deepspeed_zero3.hpp;
-// docs/formulas.md, "Stage 3, a transformer's run").
+// in fp32, and GPT-2 in bf16 (deepspeed_forms.hpp; the step: harness/strategies/
+// deepspeed_zero3.hpp; docs/formulas.md, "Stage 3, a transformer's run" and "Stage 3 in
+// bf16, GPT-2's run").
 //
 // DeepSpeed gathers each nn.Module with parameters of its own on its own: GPT-2's wte and
 // wpe, each block's ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc and mlp.c_proj, ln_f and
@@ -23,6 +24,13 @@
 // beside the instants of the attention's backward (nothing gathered, but the tied
 // gradient); every other instant of a step lies below one of these (the families' forms
 // say so of the forward's attention, and the loss's and the final block's are listed).
+//
+// bf16 (DeepSpeed's bf16: GPT-2's bf16 module, gpt2_param_bf16.cpp): e = 2 bytes an element
+// of every partition, gather, gradient, bucket and zero tensor (4 in fp32); the master
+// weights 4C (category master) in place of fp32's second copy; the activations the bf16
+// module's (param_bf16_forms.hpp: b = 2Nh, p = 2Nf, Λ' = 2NV, the norms' statistics bf16,
+// the attention's saves H = 4b + A flash, 7b + A math; total_weight 2 B); the optimizer's
+// flattened gradient 2C (bf16) beside its fp32 cast 4C.
 #include <functional>
 #include <string>
 #include <vector>
@@ -31,8 +39,10 @@
 #include "harness/predict/deepspeed_forms.hpp"
 #include "harness/predict/gpt2_forms.hpp"
 #include "harness/predict/llama_forms.hpp"
+#include "harness/predict/param_bf16_forms.hpp"
 #include "harness/predict/transformer_step.hpp"
 #include "harness/strategies/deepspeed_layout.hpp"
+#include "shardscope/check.hpp"
 
 namespace shardscope {
 namespace {
@@ -44,8 +54,9 @@ using i64 = std::int64_t;
 // (comm) and a reduction's zero tensors (grad); the first of the largest kept.
 class Stage3Walk {
  public:
-  Stage3Walk(const Ds3Layout& l, int world, int rank, i64 cap)
-      : l_(l), world_(world), rank_(rank), cap_(cap), held_(l.elems.size(), 0), grad_(l.elems.size(), false),
+  // e: bytes an element of the gathers, gradients and zero tensors (4 fp32, 2 bf16).
+  Stage3Walk(const Ds3Layout& l, int world, int rank, i64 cap, i64 e)
+      : l_(l), world_(world), rank_(rank), cap_(cap), e_(e), held_(l.elems.size(), 0), grad_(l.elems.size(), false),
         uses_(l.elems.size(), 0) {}
 
   void place(Phase phase, const std::string& where) {
@@ -77,7 +88,7 @@ class Stage3Walk {
     for (int t : m)
       if (!grad_[t]) {
         grad_[t] = true;
-        grads_ += 4 * l_.elems[t];
+        grads_ += e_ * l_.elems[t];
         made = true;
       }
     if (made) at(temp, act);
@@ -97,7 +108,7 @@ class Stage3Walk {
       bucket_.push_back(t);
       used_ += l_.elems[t];
       grad_[t] = false;
-      grads_ -= 4 * l_.elems[t];
+      grads_ -= e_ * l_.elems[t];
     }
     if (input_requires_grad)
       release(m);
@@ -122,9 +133,9 @@ class Stage3Walk {
     std::vector<int> set;
     for (int t : m)
       if (!l_.persistent[t] && held_[t] == 0) set.push_back(t);
-    const Ds3Gather g = ds3_gather(l_, set, world_);
+    const Ds3Gather g = ds3_gather(l_, set, world_, e_);
     if (g.held == 0) return;
-    for (int t : set) held_[t] = set.size() == 1 ? g.held : 4 * l_.elems[t];
+    for (int t : set) held_[t] = set.size() == 1 ? g.held : e_ * l_.elems[t];
     gathered_ += g.held;
     at(temp, act, g.flat);
   }
@@ -134,18 +145,18 @@ class Stage3Walk {
       held_[t] = 0;
     }
   }
-  // The zero tensors the bucket's reduction holds: 4·c_t for each tensor whose slice on
+  // The zero tensors the bucket's reduction holds: e·c_t for each tensor whose slice on
   // this rank is short of c_t.
   i64 zeros() const {
     i64 z = 0;
     for (int t : bucket_)
-      if (l_.real(t, rank_) < l_.part[t]) z += 4 * l_.part[t];
+      if (l_.real(t, rank_) < l_.part[t]) z += e_ * l_.part[t];
     return z;
   }
 
   const Ds3Layout& l_;
   const int world_, rank_;
-  const i64 cap_;
+  const i64 cap_, e_;
   std::vector<i64> held_;  // per tensor: its gathered bytes (0: not gathered)
   std::vector<bool> grad_;
   std::vector<int> uses_;  // forward uses not yet met by a backward
@@ -165,8 +176,32 @@ struct Family {
   std::function<void(Stage3Walk&, int b, i64 S)> forward;
   std::function<void(Stage3Walk&, int b, i64 A4)> backward;
   i64 base = 0, K = 0, final_held = 0;
+  // The residual stream's (N, h) (a fp32, b bf16), the logits (Λ, Λ'), nll_loss's total_weight.
+  i64 a = 0, lambda = 0, loss_weight = 4;
   std::vector<std::vector<int>> modules;  // every module once (the tied head's too)
 };
+
+// GPT-2's modules (tensor indices): wte, wpe, each block's six (ln_1, c_attn, attn.c_proj,
+// ln_2, c_fc, mlp.c_proj: weight and bias), ln_f, the tied head (wte).
+constexpr int kGpt2PerBlock = 12, kGpt2FirstBlock = 2;
+void gpt2_modules(Family& f, const TransformerShape& s) {
+  f.tokens = {0};
+  f.positions = {1};
+  const int final_first = kGpt2FirstBlock + kGpt2PerBlock * s.layers;
+  f.final_norm = {final_first, final_first + 1};
+  f.head = {0};  // wte
+  f.modules = {f.tokens, f.positions, f.final_norm, f.head};
+  for (int b = 1; b <= s.layers; ++b)
+    for (int i = 0; i < kGpt2PerBlock; i += 2) {
+      const int t = kGpt2FirstBlock + kGpt2PerBlock * (b - 1) + i;
+      f.modules.push_back({t, t + 1});
+    }
+}
+// Block b's (1..L) module i (0 ln_1, 2 c_attn, 4 attn.c_proj, 6 ln_2, 8 c_fc, 10 mlp.c_proj).
+std::vector<int> gpt2_module(int b, int i) {
+  const int t = kGpt2FirstBlock + kGpt2PerBlock * (b - 1) + i;
+  return {t, t + 1};
+}
 
 Family gpt2_family(const ModelConfig& model) {
   const TransformerShape& s = model.transformer;
@@ -179,22 +214,13 @@ Family gpt2_family(const ModelConfig& model) {
   const i64 V = view ? 3 * a : a;
   const i64 att = z.flash ? 4 * a + A : 3 * a + V + A;  // the attention's saves
   Family f;
-  f.tokens = {0};
-  f.positions = {1};
-  const int per_block = 12, first_block = 2;
-  const int final_first = first_block + per_block * s.layers;
-  f.final_norm = {final_first, final_first + 1};
-  f.head = {0};  // wte
+  gpt2_modules(f, s);
   f.base = blocks.base;
   f.K = K;
   f.final_held = blocks.final_held;
-  auto mod = [=](int b, int i) {
-    const int t = first_block + per_block * (b - 1) + i;
-    return std::vector<int>{t, t + 1};
-  };
-  f.modules = {f.tokens, f.positions, f.final_norm, f.head};
-  for (int b = 1; b <= s.layers; ++b)
-    for (int i = 0; i < per_block; i += 2) f.modules.push_back(mod(b, i));
+  f.a = a;
+  f.lambda = z.lambda;
+  const auto mod = gpt2_module;
   f.forward = [=](Stage3Walk& w, int b, i64 S) {
     auto through = [&](int i, i64 temp, i64 act, i64 temp_out, i64 act_out) {
       w.forward_begin(mod(b, i), temp, act);
@@ -273,6 +299,8 @@ Family llama_family(const ModelConfig& model) {
   f.base = blocks.base;
   f.K = K;
   f.final_held = blocks.final_held;
+  f.a = a;
+  f.lambda = z.lambda;
   auto mod = [=](int b, std::initializer_list<int> in_block) {
     std::vector<int> out;
     for (int i : in_block)
@@ -360,6 +388,82 @@ Family llama_family(const ModelConfig& model) {
   return f;
 }
 
+
+// GPT-2's bf16 module (gpt2_param_bf16.cpp) module by module: param_bf16_forms.hpp's block
+// instants with each module's gather and gradients between them.
+Family gpt2_bf16_family(const ModelConfig& model) {
+  const TransformerShape& s = model.transformer;
+  const TokenSizes z = token_sizes(s, model.batch);
+  const StepBlocks blocks = gpt2_param_bf16_blocks(s, model.batch);
+  const i64 N = z.N, b = z.a / 2, p = z.F / 2, A = z.A, X = 16 * N, K = blocks.K;
+  const bool flash = z.flash;
+  const i64 H = flash ? 4 * b + A : 7 * b + A;  // the attention's saves (qkv, out, lse | q, k, v, probs, out)
+  Family f;
+  gpt2_modules(f, s);
+  f.base = blocks.base;
+  f.K = K;
+  f.final_held = blocks.final_held;
+  f.a = b;
+  f.lambda = z.lambda / 2;
+  f.loss_weight = 2;
+  const auto mod = gpt2_module;
+  f.forward = [=](Stage3Walk& w, int blk, i64 S) {
+    auto through = [&](int i, i64 temp, i64 act, i64 temp_out, i64 act_out) {
+      w.forward_begin(mod(blk, i), temp, act);
+      w.at(temp_out, act_out);
+      w.forward_end(mod(blk, i));
+    };
+    through(0, X, S, X, S + 4 * N + b);                                         // ln_1: mean, rstd, output
+    through(2, X, S + 4 * N + b, flash ? X : X + 3 * b, S + 4 * N + b + (flash ? 3 * b : 0));  // c_attn: qkv
+    const i64 S1 = S + 4 * N + b + H;                                           // after the attention
+    through(4, X, S1, X, S1 + b);                                               // attn.c_proj: x_mid
+    through(6, X, S1 + b, X, S1 + 2 * b + 4 * N);                               // ln_2
+    through(8, X, S1 + 2 * b + 4 * N, X, S1 + 2 * b + 4 * N + p);               // c_fc; then GELU's p
+    through(10, X, S1 + 2 * b + 4 * N + 2 * p, X, S + K);                       // mlp.c_proj: the output
+  };
+  f.backward = [=](Stage3Walk& w, int blk, i64 A4) {
+    // mlp.c_proj: d gelu (p); GELU's output released
+    w.backward_begin(mod(blk, 10), X + b, A4);
+    w.at(X + b + p, A4);
+    w.backward_end(mod(blk, 10), X + b + p, A4 - p, true);
+    // c_fc (its output released): d ln_2 out (b); d gelu freed, ln_2's output released
+    w.backward_begin(mod(blk, 8), X + b + p, A4 - 2 * p);
+    w.at(X + 2 * b + p, A4 - 2 * p);
+    w.backward_end(mod(blk, 8), X + 2 * b, A4 - 2 * p - b, true);
+    // ln_2: d x_mid (b); d ln_2 out freed, x_mid, mean and rstd released
+    w.backward_begin(mod(blk, 6), X + 2 * b, A4 - 2 * p - b);
+    w.at(X + 3 * b, A4 - 2 * p - b);
+    const i64 R = A4 - 2 * p - 2 * b - 4 * N;  // S + 4N + b + H
+    w.backward_end(mod(blk, 6), X + 2 * b, R, true);
+    // attn.c_proj (dy freed by the residual): d y (b)
+    w.backward_begin(mod(blk, 4), X + b, R);
+    w.at(X + 2 * b, R);
+    w.backward_end(mod(blk, 4), X + 2 * b, R, true);
+    // the attention (no module): param_bf16_forms.cpp's instants
+    const i64 low = R - H;  // S + 4N + b: ln_1's statistics and output
+    if (flash) {
+      w.at(X + 5 * b, R);  // d qkv
+    } else {
+      w.at(X + 4 * b, R - b);            // the output released; d y's fp32 upcast
+      w.at(X + 5 * b, R - b);            // d out, head-major
+      w.at(X + 3 * b + A, R - b);        // d probabilities
+      w.at(X + 5 * b + A, R - b);        // d v
+      w.at(X + 5 * b + A, low + 4 * b);  // v and the probabilities released; d q
+      w.at(X + 7 * b + A, low + 4 * b);  // d k
+      w.at(X + 10 * b, low);             // d qkv (bf16) beside d q, d k, d v
+    }
+    // c_attn: d ln_1 out (b) beside d qkv; d qkv freed, ln_1's output released
+    w.backward_begin(mod(blk, 2), X + 4 * b, low);
+    w.at(X + 5 * b, low);
+    w.backward_end(mod(blk, 2), X + 2 * b, low - b, true);
+    // ln_1: dx (b); d ln_1 out freed, mean and rstd released
+    w.backward_begin(mod(blk, 0), X + 2 * b, low - b);
+    w.at(X + 3 * b, low - b);
+    w.backward_end(mod(blk, 0), X + 2 * b, low - b - 4 * N, true);
+  };
+  return f;
+}
+
 }  // namespace
 
 std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model) {
@@ -377,11 +481,16 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
   const i64 C = l.flat;
   i64 P = 0;
   for (i64 n : tensors) P += n;
-  const i64 cap = ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model)), Bk = 4 * cap;
+  // Bytes an element of the partitions, gathers, gradients and bucket: 4, or 2 under bf16
+  // (the master weights and AdamW fp32).
+  const bool bf16 = cfg.precision == PrecisionKind::bf16;
+  const i64 e = bf16 ? 2 : 4;
+  const i64 cap = ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model)), Bk = e * cap;
   const bool gpt2 = m.name == "gpt2";
-  const Family f = gpt2 ? gpt2_family(m) : llama_family(m);
+  SHARDSCOPE_REQUIRE(!bf16 || gpt2, "deepspeed zero3 forms: bf16 is built for gpt2");
+  const Family f = bf16 ? gpt2_bf16_family(m) : gpt2 ? gpt2_family(m) : llama_family(m);
   const TokenSizes z = token_sizes(s, m.batch);
-  const i64 N = z.N, a = z.a, lambda = z.lambda, X = 16 * N;
+  const i64 N = z.N, a = f.a, lambda = f.lambda, X = 16 * N;
 
   // What the gathers move: every module's non-persistent tensors, in forward and again in
   // backward (the tied table by the embedding and by the head, each way), each micro-step;
@@ -389,27 +498,28 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
   std::vector<int> persistent;
   for (int t = 0; t < static_cast<int>(tensors.size()); ++t)
     if (l.persistent[t]) persistent.push_back(t);
-  const Ds3Gather kept = ds3_gather(l, persistent, world);
+  const Ds3Gather kept = ds3_gather(l, persistent, world, e);
   auto moved = [&](const std::vector<int>& module) {
     std::vector<int> set;
     for (int t : module)
       if (!l.persistent[t]) set.push_back(t);
-    return ds3_gather(l, set, world).moved;
+    return ds3_gather(l, set, world, e).moved;
   };
   i64 step_moved = 0;
   for (const std::vector<int>& module : f.modules) step_moved += moved(module);
   std::vector<Prediction> ranks(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
     Prediction& p = ranks[r];
-    p.resting[Category::param] = 4 * C + 4 * C + kept.held;
-    p.resting[Category::grad] = 4 * C;
+    p.resting[Category::param] = e * C + (bf16 ? 0 : 4 * C) + kept.held;
+    p.resting[Category::master] = bf16 ? 4 * C : 0;
+    p.resting[Category::grad] = e * C;
     p.resting[Category::optim] = 8 * C + 4;
     p.resting[Category::comm] = Bk;
     p.model_states = p.resting.total() - Bk;
-    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 4 * P * K;
+    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = e * P * K;
     p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 2 * step_moved * K + kept.moved;
 
-    Stage3Walk w(l, world, r, cap);
+    Stage3Walk w(l, world, r, cap, e);
     // Every micro-step repeats the first's instants (nothing but the partitions is kept
     // across them): one is walked.
     // Forward: the embeddings (GPT-2's arange first), the blocks, the final norm and the
@@ -435,13 +545,13 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
     w.forward_begin(f.head, X, SL + fh);
     w.at(X + lambda, SL + fh);
     w.forward_end(f.head);
-    const i64 A_f = SL + fh + lambda + 4;
+    const i64 A_f = SL + fh + lambda + f.loss_weight;
     w.at(X + lambda + 4, A_f);
     // Backward: dlogits (the logits freed), then (log-probabilities and total_weight
     // released) the head: d norm out (a); dlogits freed, the norm's output released.
     w.place(Phase::backward, layer(L + 1));
     w.at(X + lambda, A_f);
-    const i64 A1 = A_f - lambda - 4;
+    const i64 A1 = A_f - lambda - f.loss_weight;
     w.backward_begin(f.head, X + lambda, A1);
     w.at(X + lambda + a, A1);
     w.backward_end(f.head, X + a, A1 - a, true);
@@ -462,11 +572,11 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
     w.backward_begin(f.tokens, X + a, pos);
     w.backward_end(f.tokens, X, pos, false);
     w.epilogue();
-    // The optimizer's flattened gradient (the persistent tensors released), then their
-    // gather after it.
+    // The optimizer's flattened gradient (the persistent tensors released; bf16: flattened in
+    // bf16 beside its fp32 cast), then their gather after it.
     w.place(Phase::optimizer, "-");
     CategoryBytes opt;
-    opt[Category::grad] = 4 * C;
+    opt[Category::grad] = (bf16 ? 2 * C : 0) + 4 * C;
     opt[Category::param] = -kept.held;
     w.peak.consider(opt, Phase::optimizer, "-");
     if (kept.flat > 0) {
@@ -481,8 +591,9 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
     p.peak_total = p.peak_by_category.total();
     p.peak_phase = w.peak.phase;
     p.peak_where = w.peak.where;
-    const SavedForm saved = gpt2 ? gpt2_saved_after_forward(s, m.batch, m.checkpoint)
-                                 : llama_saved_after_forward(s, m.batch, m.checkpoint);
+    const SavedForm saved = bf16   ? gpt2_saved_after_forward_param_bf16(s, m.batch, m.checkpoint)
+                            : gpt2 ? gpt2_saved_after_forward(s, m.batch, m.checkpoint)
+                                   : llama_saved_after_forward(s, m.batch, m.checkpoint);
     p.saved_after_forward_bytes = saved.bytes;
     p.saved_after_forward_tensors = saved.tensors;
   }

@@ -11,9 +11,8 @@ DeepSpeedZero3::DeepSpeedZero3(const StrategyContext& ctx)
       layout_(ds3_layout(model_tensor_elems(ctx.cfg.model), ctx.comm.world(), ctx.cfg.param_persistence)),
       bucket_cap_(ds_bucket_elems(ctx.cfg.bucket_mb, model_tensor_elems(ctx.cfg.model))),
       lp_(ctx.cfg.precision == PrecisionKind::bf16 ? DType::bf16 : DType::f32) {
-  SHARDSCOPE_REQUIRE(!ctx.cfg.model.autocast &&
-                         (lp_ == DType::f32 || (ctx.cfg.model.param_bf16 && !ctx.cfg.model.is_transformer())),
-                     "deepspeed zero3: fp32, or the MLP's bf16 Linears (the CLI refuses the rest)");
+  SHARDSCOPE_REQUIRE(!ctx.cfg.model.autocast && (lp_ == DType::f32 || ctx.cfg.model.param_bf16),
+                     "deepspeed zero3: fp32, or a bf16 module (the CLI refuses the rest)");
   modules_ = ctx.cfg.model.is_transformer();
   for (int t = 0; t < model_->param_tensors(); ++t)
     if (layout_.persistent[t]) persistent_.push_back(t);
@@ -170,12 +169,12 @@ void DeepSpeedZero3::module_forward_end(const std::vector<TensorRef>& tensors) {
 void DeepSpeedZero3::module_backward_begin(const std::vector<TensorRef>& tensors) {
   if (!modules_) return;
   gather(to_gather(tensors), Category::param_unsharded);
-  // Autograd makes each parameter's gradient (the tied table's once: the head's part, then
-  // the embedding's added onto it).
+  // Autograd makes each parameter's gradient in the parameter's dtype (the tied table's
+  // once: the head's part, then the embedding's added onto it).
   for (const TensorRef& r : tensors) {
     const int t = tensor_of(r);
     if (!tensor_grad_[t])
-      tensor_grad_[t] = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(layout_.elems[t]));
+      tensor_grad_[t] = backend_.alloc(Category::grad_unsharded, static_cast<std::size_t>(layout_.elems[t]), lp_);
   }
 }
 

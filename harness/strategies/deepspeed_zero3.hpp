@@ -1,5 +1,5 @@
 // zero3 under --engine deepspeed: DeepSpeed's ZeRO stage 3 (DeepSpeedZeroOptimizer_Stage3,
-// its parameter coordinator and partition_parameters.py), fp32 or (the MLP) bf16: the MLP
+// its parameter coordinator and partition_parameters.py), fp32 or bf16: the MLP
 // (each Linear one module, a block) and GPT-2 and Llama (each nn.Module with parameters of its own one
 // module: an embedding, a block's every Linear and norm, the final norm, the head; the
 // blocks name them through BlockAccess's module hooks). docs/design.md, "DeepSpeed"; the layout: deepspeed_layout.hpp (Ds3Layout).
@@ -56,14 +56,16 @@
 //             released, but for a module whose input takes no gradient (the embeddings: their
 //             post-backward hook never fires), kept gathered until after the last bucket's
 //             reduction (release_backward_leftovers);
-//   --precision bf16 (DeepSpeed's bf16: the module cast to bf16; communication_data_type
-//             and grad_accum_dtype default to it): the partitions, every gather, the
-//             gradients, the bucket (divided and all-reduced in bf16), its zero tensors
-//             and the gradient partitions (added in bf16 under --accumulate) are bf16, 2 B
-//             an element; the optimizer's copy is the fp32 master weights (category
-//             master), AdamW fp32; the step flattens the gradient partitions in bf16, casts
-//             them to a new fp32 buffer (`.to(fp32)`) and frees the bf16 one, and rounds
-//             the updated master weights into the partitions;
+//   --precision bf16 (DeepSpeed's bf16: the module cast to bf16, the MLP's bf16 Linears or
+//             a transformer's bf16 module (gpt2_param_bf16.cpp), whose blocks call the same
+//             module hooks; communication_data_type and grad_accum_dtype default to it):
+//             the partitions, every gather, the gradients (a module's, as autograd makes
+//             them in the parameter's dtype), the bucket (divided and all-reduced in
+//             bf16), its zero tensors and the gradient partitions (added in bf16 under
+//             --accumulate) are bf16, 2 B an element; the optimizer's copy is the fp32
+//             master weights (category master), AdamW fp32; the step flattens the gradient
+//             partitions in bf16, casts them to a new fp32 buffer (`.to(fp32)`) and frees
+//             the bf16 one, and rounds the updated master weights into the partitions;
 //   optimizer every gathered tensor is released (the persistent ones too), the gradient
 //             partitions flattened into a new buffer (grad, C), AdamW on the copy, the
 //             gradient freed, the copy written into the flat partition; then the

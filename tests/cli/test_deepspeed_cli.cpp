@@ -2,7 +2,7 @@
 // predictions on every rank (emulated at W = 3 and under mpirun at W = 2; the MLP, GPT-2 and
 // Llama; --accumulate), the table labels the engine; every combination it does not take is exit 2 with
 // one line naming it; plan prints stage 3's model states and its peak (the MLP, GPT-2 and Llama
-// in fp32), and says why bf16's has none.
+// in fp32, the MLP and GPT-2 in bf16), and says why Llama's bf16 has none.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -75,7 +75,8 @@ TEST_F(DeepSpeedCli, UnderMpirunBothRanksHoldTheirPredictions) {
                {kMlp, "zero3 --precision bf16"}, {kMlp, "zero1 --precision bf16 --accumulate 2 --checkpoint full"},
                {kMlp, "zero1 --checkpoint full"}, {kLlama, "zero2 --checkpoint every:2"},
                {kMlp, "zero3 --checkpoint full"},
-               {kGpt2Wide, "zero3"}, {kLlamaWide, "zero3 --accumulate 2"}, {kLlama, "zero3"}};
+               {kGpt2Wide, "zero3"}, {kLlamaWide, "zero3 --accumulate 2"}, {kLlama, "zero3"},
+               {kGpt2Wide, "zero3 --precision bf16 --accumulate 2"}};
   for (const auto& c : cases) {
     const int rc = shell("cd '" + dir_ + "' && timeout -k 5 120 mpirun --oversubscribe -np 2 '" + bin_ +
                          "' run --backend cpu --comm mpi " + c.model + "--steps 2 --engine deepspeed --strategy " +
@@ -183,9 +184,10 @@ TEST_F(DeepSpeedCli, AccumulationOnEveryEmulatedRank) {
 }
 
 // --precision bf16 runs the MLP's zero1, zero2 and zero3 (DeepSpeed's bf16 regime), with
-// --accumulate and --checkpoint, and GPT-2's zero1 and zero2: every emulated rank at W = 3
-// holds its predictions, the record says bf16; Llama's, the baseline's (ddp) and GPT-2's
-// stage 3, accumulated and checkpointed bf16 runs are refused by name (exit 2).
+// --accumulate and --checkpoint, and GPT-2's zero1, zero2 and zero3 (--accumulate too):
+// every emulated rank at W = 3 holds its predictions, the record says bf16; Llama's, the
+// baseline's (ddp), GPT-2's accumulated stages 1 and 2 and its checkpointed bf16 runs are
+// refused by name (exit 2).
 TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
   const struct {
     const char* model;
@@ -197,7 +199,9 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
               {kMlp, "zero2 --accumulate 3 --checkpoint every:2"},
               {kMlp, "zero3 --accumulate 2 --checkpoint full"},
               {kGpt2, "zero1"},
-              {kGpt2, "zero2"}};
+              {kGpt2, "zero2"},
+              {kGpt2, "zero3"},
+              {kGpt2, "zero3 --accumulate 2 --bucket-mb 0.07"}};
   for (const auto& [model, strategy] : runs)
     for (int r = 0; r < 3; ++r) {
       const std::string flags = std::string(model) + "--steps 2 --engine deepspeed --precision bf16 --strategy " +
@@ -216,11 +220,11 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
   } refused[] = {
       {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero1",
        "shardscope: error: --precision bf16 and --engine deepspeed and --model llama: planned (plan prints its model "
-       "states), not run yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP under zero1, zero2, "
-       "zero3, and gpt2 under zero1, zero2"},
-      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero3",
-       "shardscope: error: --precision bf16 and --engine deepspeed and --strategy zero3 and --model gpt2: planned "
-       "(plan prints its model states), not run yet; allowed: zero1, zero2"},
+       "states), not run yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under zero1, "
+       "zero2, zero3"},
+      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint full",
+       "shardscope: error: --checkpoint full and --engine deepspeed and --strategy zero3 and --precision bf16 and "
+       "--model gpt2: not built yet; allowed: fp32, or the MLP"},
       {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero2 --accumulate 2",
        "shardscope: error: --accumulate 2 and --precision bf16 and --engine deepspeed and --model gpt2: bf16 gradient "
        "accumulation of a transformer is not built yet; give --accumulate 1"},
@@ -250,9 +254,11 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndPeak) {
   EXPECT_NE(out.find("  82,596  "), std::string::npos) << out;
   EXPECT_NE(out.find("  60,100"), std::string::npos) << out;
   EXPECT_EQ(out.find("(note) DeepSpeed's"), std::string::npos) << out;
-  // A transformer's stage 3 in fp32 is planned with its peak, as an emulated rank measures
-  // it; under bf16 by its model states alone, and the plan says so.
-  for (const char* model : {kGpt2Wide, kLlamaWide}) {
+  // A transformer's stage 3 in fp32 (and GPT-2's in bf16) is planned with its peak, as an
+  // emulated rank measures it; Llama's under bf16 by its model states alone, and the plan
+  // says so.
+  const std::string bf16_gpt2 = std::string(kGpt2Wide) + "--precision bf16 ";
+  for (const std::string& model : {std::string(kGpt2Wide), std::string(kLlamaWide), bf16_gpt2}) {
     ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan " + model +
                     "--engine deepspeed --strategies zero3 --worlds 3 --bytes exact --json p.json > out.txt 2> err.txt"),
               0)
@@ -274,7 +280,7 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndPeak) {
     EXPECT_EQ(planned["peak_where"], measured["peak"]["where"]) << model;
     EXPECT_EQ(measured["peak"]["total"], measured["predicted"]["peak_total"]) << model;
   }
-  ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan " + kGpt2 +
+  ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan " + kLlama +
                   "--engine deepspeed --precision bf16 --strategies zero3 --worlds 3 > out.txt 2> err.txt"),
             0)
       << first_line(dir_ + "/err.txt");

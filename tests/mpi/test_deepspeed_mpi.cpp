@@ -11,6 +11,7 @@
 
 #include "harness/comm/fake_comm.hpp"
 #include "shardscope/comm.hpp"
+#include "shardscope/dtype.hpp"
 #include "support/dp_harness.hpp"
 #include "support/pipeline_configs.hpp"
 
@@ -64,6 +65,20 @@ void check_against_one_rank(const RunConfig& cfg, double params_abs, const RunCo
 }
 
 void check_against_one_rank(const RunConfig& cfg, double params_abs) { check_against_one_rank(cfg, params_abs, cfg); }
+
+// A bf16 run's averaged gradient against fp32's: within bf16's rounding by norm (a wrong slot
+// or scale would be far off), and not equal (bf16's arithmetic).
+void expect_bf16_close(const std::vector<float>& got, const std::vector<float>& ref) {
+  ASSERT_TRUE(any_nonzero(ref));
+  ASSERT_EQ(got.size(), ref.size());
+  double d = 0.0, n = 0.0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    d += (got[i] - ref[i]) * static_cast<double>(got[i] - ref[i]);
+    n += ref[i] * static_cast<double>(ref[i]);
+  }
+  EXPECT_LT(std::sqrt(d / n), 0.05);
+  EXPECT_GT(d, 0.0);
+}
 
 RunConfig ds_config(const ModelConfig& m, const char* strategy, double bucket_mb) {
   RunConfig cfg;
@@ -310,6 +325,81 @@ TEST(DeepSpeedMpi, Bf16AccumulationAndCheckpointHoldTheirPredictions) {
       // bf16 keeps 8 bits of mantissa: each gradient within 5% of fp32's, or 2% of the largest.
       EXPECT_EQ(worst_violation(r.state.grads, ref.grads, 5e-2, 2e-2 * largest, &at), 0.0) << "grads at " << at;
     }
+}
+
+// Stage 3 of GPT-2 in bf16 (the bf16 module gathered module by module, its gradients bf16,
+// the buckets divided and all-reduced in bf16, the gradient partitions added in bf16 under
+// --accumulate): every rank's bytes and traffic equal the closed forms and an emulated rank's;
+// one micro-step trains as DeepSpeed's bf16 stage 2 does, bit for bit (the same bf16
+// arithmetic, element by element: only where the bytes live differs; the master weights
+// rounded are stage 2's bf16 group), and the averaged
+// gradient of one step, one micro-step or two, is fp32 one-rank training's on the K-fold
+// batch within bf16's rounding.
+TEST(DeepSpeedMpi, Bf16Gpt2StageThreeTrainsLikeOneRank) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+    for (std::int64_t threshold : {std::int64_t{0}, std::int64_t{100}, std::int64_t{100'000}})
+      for (double bucket : {0.0, 0.005})
+        for (int k : {1, 2}) {
+          const ModelConfig m = testing::gpt2_of(2, 16, 2, 29, 6, 2, mode);
+          SCOPED_TRACE(std::string(mode == AttentionMode::flash ? "flash" : "math") + " threshold " +
+                       std::to_string(threshold) + " bucket " + std::to_string(bucket) + " K=" + std::to_string(k));
+          RunConfig cfg = ds_config(m, "zero3", bucket);
+          cfg.steps = k == 1 ? 3 : 1;
+          cfg.precision = PrecisionKind::bf16;
+          cfg.model.param_bf16 = true;
+          cfg.param_persistence = threshold;
+          cfg.accumulate = k;
+          CpuBackend backend;
+          auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+          const auto r = testing::run_dp(cfg, backend, *comm, true);
+          const Prediction p = predict_data_parallel(cfg, world, rank);
+          EXPECT_EQ(r.resting, p.resting);
+          for (int c = 0; c < kCollKindCount; ++c) EXPECT_EQ(r.ledger.by_kind[c].bytes, p.comm_bytes[c]);
+          EXPECT_EQ(r.peak.total, p.peak_total);
+          EXPECT_EQ(r.peak.by_category, p.peak_by_category);
+          EXPECT_EQ(r.where, p.peak_where);
+          CpuBackend backend2;
+          auto fake = make_fake_communicator(world, rank, &backend2);
+          const auto e = testing::run_dp(cfg, backend2, *fake, false);
+          EXPECT_EQ(e.resting, r.resting);
+          EXPECT_EQ(e.peak.by_category, r.peak.by_category);
+          ASSERT_TRUE(any_nonzero(r.state.grads));
+          if (k == 1) {
+            RunConfig stage2 = cfg;
+            stage2.strategy = StrategyKind::zero2;
+            CpuBackend backend3;
+            auto comm2 = make_communicator(CommOptions{"mpi", 0, 0}, &backend3);
+            const auto two = testing::run_dp(stage2, backend3, *comm2, true);
+            // Stage 2 reports its bf16 group, stage 3 its master weights: rounded, the same.
+            std::vector<float> rounded = r.state.params;
+            for (float& v : rounded) v = from_bf16(to_bf16(v));
+            EXPECT_EQ(rounded, two.state.params);
+            EXPECT_NE(r.state.params, two.state.params);
+            EXPECT_EQ(r.state.grads, two.state.grads);
+            EXPECT_EQ(r.state.exp_avg, two.state.exp_avg);
+            EXPECT_EQ(r.state.exp_avg_sq, two.state.exp_avg_sq);
+          }
+          RunConfig fp32 = cfg;
+          fp32.steps = 1;
+          fp32.precision = PrecisionKind::fp32;
+          fp32.model.param_bf16 = false;
+          fp32.model.batch = k * m.batch;
+          fp32.accumulate = 1;
+          const HostState ref = testing::reference_training(fp32, world);
+          if (k == 1) {
+            RunConfig one = cfg;
+            one.steps = 1;
+            CpuBackend backend4;
+            auto comm1 = make_communicator(CommOptions{"mpi", 0, 0}, &backend4);
+            const auto first = testing::run_dp(one, backend4, *comm1, true);
+            expect_bf16_close(first.state.grads, ref.grads);
+          } else {
+            expect_bf16_close(r.state.grads, ref.grads);
+          }
+        }
 }
 
 TEST(DeepSpeedMpi, TransformersTrainLikeOneRank) {

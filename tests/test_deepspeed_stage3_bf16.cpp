@@ -1,0 +1,127 @@
+// --engine deepspeed --strategy zero3 --precision bf16 on GPT-2 (harness/strategies/
+// deepspeed_zero3.hpp: DeepSpeed's stage 3 under bf16, the bf16 module of
+// harness/model/gpt2_param_bf16.cpp gathered module by module; closed forms:
+// harness/predict/deepspeed_stage3_transformer_forms.cpp). Every emulated rank at W = 1 to 4
+// measures what the closed forms predict (every category at rest and at the peak, its phase
+// and place, the saves and the bytes each collective moves); a one-block GPT-2 by hand.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "harness/comm/fake_comm.hpp"
+#include "harness/predict/param_bf16_forms.hpp"
+#include "harness/strategies/deepspeed_layout.hpp"
+#include "support/deepspeed_check.hpp"
+#include "support/dp_harness.hpp"
+#include "support/pipeline_configs.hpp"
+
+namespace shardscope {
+namespace {
+
+using testing::check_deepspeed_rank;
+using testing::ds_config;
+using testing::run_dp;
+
+RunConfig bf16_stage3(const ModelConfig& m, double bucket_mb) {
+  RunConfig cfg = ds_config(m, "zero3", bucket_mb);
+  cfg.precision = PrecisionKind::bf16;
+  cfg.model.param_bf16 = true;
+  return cfg;
+}
+
+// Flash and math (one sequence: math's v a view of qkv), weights above the activations (c_fc
+// and mlp.c_proj set the peak), a vocabulary above both (the head's and the embeddings'),
+// sizes no world divides (short slices, whose zero tensors a reduction holds); every tensor
+// gathered (threshold 0), the weights gathered and the norms, biases and small tables kept
+// (100), the weights alone gathered (5,000), every tensor kept (100,000); one bucket and
+// buckets of 1.05 and 2.2 times the largest tensor (reductions inside the backward); one
+// micro-step and two (the gradient partitions added in bf16).
+TEST(DeepSpeedStage3Bf16, Gpt2MeasuredEqualsPredictedEveryRank) {
+  std::vector<std::pair<std::string, ModelConfig>> models;
+  models.emplace_back("gpt2 flash", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::flash));
+  models.emplace_back("gpt2 math", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::math));
+  models.emplace_back("gpt2 one sequence math", testing::gpt2_of(2, 16, 2, 29, 6, 1, AttentionMode::math));
+  models.emplace_back("gpt2 wide", testing::gpt2_of(2, 64, 4, 37, 2, 1, AttentionMode::flash));
+  // Its peak at a reduction inside c_fc's backward (threshold 5,000, buckets of 1.05 times the
+  // largest tensor, W = 3, rank 2: the zero tensors of its short slices beside c_fc's).
+  models.emplace_back("gpt2 wide math", testing::gpt2_of(1, 64, 2, 29, 6, 1, AttentionMode::math));
+  models.emplace_back("gpt2 vocabulary", testing::gpt2_of(1, 16, 2, 2001, 4, 1, AttentionMode::math));
+  models.emplace_back("gpt2 odd", testing::gpt2_of(3, 18, 3, 41, 3, 1, AttentionMode::flash));
+  std::set<std::string> places;
+  for (const auto& [name, m] : models)
+    for (std::int64_t threshold : {0, 100, 5'000, 100'000})
+      for (int buckets : {0, 1, 2})
+        for (int k : {1, 2})
+          for (int world = 1; world <= 4; ++world)
+            for (int rank = 0; rank < world; ++rank) {
+              std::int64_t largest = 0;
+              for (std::int64_t n : model_tensor_elems(m)) largest = std::max(largest, n);
+              const double times = buckets == 0 ? 0.0 : buckets == 1 ? 1.05 : 2.2;
+              const double bucket = times * 4.0 * static_cast<double>(largest) / (1 << 20);
+              RunConfig cfg = bf16_stage3(m, bucket);
+              cfg.param_persistence = threshold;
+              cfg.accumulate = k;
+              const std::string at = check_deepspeed_rank(
+                  cfg, world, rank,
+                  name + " threshold " + std::to_string(threshold) + " bucket " + std::to_string(bucket) + " K=" +
+                      std::to_string(k));
+              places.insert(at.substr(0, at.find(' ')));
+              const Prediction p = predict_data_parallel(cfg, world, rank);
+              if (p.peak_phase == Phase::backward && p.peak_by_category[Category::grad] > p.resting[Category::grad])
+                places.insert("a reduction");
+              // bf16 throughout but the master weights and AdamW: 2 B an element of the
+              // partitions, the gradient partitions and the bucket's all-reduce.
+              const Ds3Layout l = ds3_layout(model_tensor_elems(cfg.model), world, threshold);
+              EXPECT_EQ(p.resting[Category::master], 4 * l.flat);
+              EXPECT_EQ(p.resting[Category::grad], 2 * l.flat);
+              std::int64_t P = 0;
+              for (std::int64_t n : model_tensor_elems(cfg.model)) P += n;
+              EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::all_reduce)], 2 * P * k);
+              EXPECT_EQ(p.saved_after_forward_bytes,
+                        gpt2_saved_after_forward_param_bf16(cfg.model.transformer, cfg.model.batch).bytes);
+            }
+  // Peaks in a block's backward, at a reduction inside it, in the optimizer (the flattened
+  // bf16 gradient beside its fp32 cast) and in the persistent tensors' gather after it.
+  for (const char* p : {"backward", "a reduction", "optimizer", "communication"})
+    EXPECT_TRUE(places.count(p)) << p << " in " << ::testing::PrintToString(places);
+}
+
+// Stage 3 of a one-block GPT-2 (h 16, 2 heads, vocabulary 29, 6 tokens) at W = 2 in bf16,
+// every tensor gathered (threshold 0), by hand: P = 464 (wte) + 96 (wpe) + 3,280 (the block)
+// + 32 (ln_f) = 3,872, every tensor even: C = P/2 = 1,936. At rest param 2C = 3,872 (the
+// bf16 partitions), master 4C = 7,744, grad 2C = 3,872 (the bf16 gradient partitions),
+// optim 8C + 4 = 15,492, the bf16 bucket 2P = 7,744: 38,724 B; less the bucket, 16C + 4 =
+// 30,980 (the ZeRO paper's 16Ψ/N and AdamW's step). A step all-reduces 2P = 7,744 B and
+// gathers each of its ten modules in forward and in backward, 20 calls, each moving 2W·Σc
+// of its tensors: every tensor once and the tied table a second time (the head's), twice:
+// 2 × (2P + 2 × 464) = 17,344 B, half of fp32's 34,688. The step peaks in the optimizer.
+TEST(DeepSpeedStage3Bf16, OneBlockGpt2RestsAndMovesByHand) {
+  RunConfig cfg = bf16_stage3(testing::gpt2_of(1, 16, 2, 29, 6, 1, AttentionMode::flash), 0);
+  cfg.param_persistence = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    CpuBackend backend;
+    auto comm = make_fake_communicator(2, rank, &backend);
+    const auto r = run_dp(cfg, backend, *comm, false);
+    EXPECT_EQ(r.resting.total(), 38'724);
+    EXPECT_EQ(r.resting[Category::param], 3'872);
+    EXPECT_EQ(r.resting[Category::master], 7'744);
+    EXPECT_EQ(r.resting[Category::grad], 3'872);
+    EXPECT_EQ(r.resting[Category::optim], 15'492);
+    EXPECT_EQ(r.resting[Category::comm], 7'744);
+    EXPECT_EQ(r.ledger.by_kind[static_cast<int>(CollKind::all_reduce)].bytes, 7'744);
+    EXPECT_EQ(r.ledger.by_kind[static_cast<int>(CollKind::all_gather)].bytes, 17'344);
+    EXPECT_EQ(r.ledger.by_kind[static_cast<int>(CollKind::all_gather)].calls, 20);
+    const Prediction p = predict_data_parallel(cfg, 2, rank);
+    ASSERT_TRUE(p.model_states.has_value());
+    EXPECT_EQ(*p.model_states, 30'980);
+    // The peak is the optimizer's: the gradient partitions flattened in bf16 (2C) beside
+    // their fp32 cast (4C): grad 2C + 2C + 4C = 15,488, 50,340 B in all.
+    EXPECT_EQ(r.peak.total, 50'340);
+    EXPECT_EQ(r.peak.by_category[Category::grad], 15'488);
+    EXPECT_EQ(r.peak.phase, Phase::optimizer);
+  }
+}
+
+}  // namespace
+}  // namespace shardscope
