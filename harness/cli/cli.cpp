@@ -312,9 +312,8 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
 // (refuse_unbuilt_autocast).
 void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, const CLI::App& app) {
   if (c.precision == PrecisionKind::fp32) return;
-  // DeepSpeed's bf16 regime runs the MLP's stages 1, 2 and 3 (--accumulate and --checkpoint
-  // too), GPT-2's stages 1 and 2 in one micro-step and its stage 3 (--accumulate too); the
-  // rest is planned by its model states.
+  // DeepSpeed's bf16 regime runs the MLP's and GPT-2's stages 1, 2 and 3 (--accumulate too;
+  // --checkpoint but under GPT-2's stage 3); the rest is planned by its model states.
   if (effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed) {
     if (command == "plan") return;
     const std::string both = "--precision bf16 and --engine deepspeed";
@@ -328,11 +327,6 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
       throw UsageError(both + " and --strategy ddp: DeepSpeed's stage 0 under bf16 (its FP16_Optimizer in bf16, "
                        "the ZeRO paper's baseline) is planned (plan prints its model states), not run yet; allowed: "
                        "zero1, zero2, zero3");
-    if (c.model.is_transformer() && c.strategy != StrategyKind::zero3) {  // gpt2: stages 1 and 2, one micro-step
-      if (c.accumulate > 1)
-        throw UsageError("--accumulate " + std::to_string(c.accumulate) + " and " + both + " and --model gpt2: "
-                         "bf16 gradient accumulation of a transformer is not built yet; give --accumulate 1");
-    }
     return;
   }
   const std::string bf16 = "--precision bf16";
@@ -352,7 +346,8 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
 
 // --engine deepspeed's combinations (docs/cli.md): stage 3 runs the MLP (fp32 and bf16), GPT-2
 // (fp32 and bf16) and Llama in fp32 (Llama's bf16 is refused by refuse_unbuilt_precision); --checkpoint
-// runs wherever the step runs (but a transformer's stage 3 and GPT-2's bf16); DeepSpeed has no
+// runs wherever the step runs (but a transformer's stage 3 and GPT-2's bf16 attention
+// recompute); DeepSpeed has no
 // units, no DDP bucket copy, no no_sync under stages 2 and 3
 // (its engine asserts so), and its bucket must hold the largest tensor (DeepSpeed's
 // extra-large-parameter path is not built).
@@ -363,11 +358,9 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
     throw UsageError("--units and --engine deepspeed: DeepSpeed's ZeRO has no units (one flat group); drop --units");
   // A plan lists its strategies: the forms skip each refused one with the reason.
   if (command != "plan") refuse_deepspeed_no_sync(c);
-  // --checkpoint under bf16 runs the MLP; a transformer's bf16 step (GPT-2's) takes none yet.
-  if (c.model.checkpoint.any() && command != "plan" && c.precision == PrecisionKind::bf16 &&
-      c.model.is_transformer())
-    throw UsageError("--checkpoint " + f.checkpoint + " and " + both + " and --precision bf16 and --model " +
-                     c.model.name + ": not built yet; allowed: fp32, or the MLP");
+  // --checkpoint under bf16 runs the MLP and GPT-2's full|every:K (its bf16 module re-runs a
+  // wrapped block); GPT-2's attention recompute in bf16 is not built.
+  if (command != "plan") refuse_deepspeed_bf16_checkpoint(c);
   if (c.model.checkpoint.any() && command != "plan" && c.model.is_transformer() && c.strategy == StrategyKind::zero3)
     throw UsageError(deepspeed_stage3_checkpoint_refusal(c.model));
   if (app.count("--ddp-bucket") > 0)

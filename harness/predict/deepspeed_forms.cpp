@@ -255,35 +255,51 @@ std::vector<Prediction> bf16_mlp_ranks(const RunConfig& cfg, int world, int stag
 // root's full gradient carrying the bf16 bucket Bk2 and stage 2's G2 (moved to their
 // categories after, as fp32's transformer_walk); then the reduction's and the optimizer's
 // instants as the bf16 MLP's (bf16_mlp_ranks).
+// --checkpoint full|every:K: the bf16 blocks' walk under the policy (a wrapped block saves its
+// bf16 input alone and re-runs at the start of its backward: gpt2_param_bf16_blocks).
+// --accumulate K (grad_accum_dtype the parameters' bf16; the module adds each later
+// micro-step's gradient onto the bf16 one in place, each sum rounded, no temporary): a later
+// micro-step's walk holds stage 1's autograd 2P and Bk2 from its start (MicroStep's
+// grads_held: reduced at the boundary alone), or stage 2's accumulated G2 beside every
+// instant (its backward makes a new G2); the boundary's padding instant holds stage 2's two
+// G2; stage 2 all-reduces 2P every micro-step.
 std::vector<Prediction> bf16_gpt2_ranks(const RunConfig& cfg, int world, int stage,
                                         const std::vector<DsPartition>& parts) {
   const ModelConfig& m = cfg.model;
+  const int K = cfg.accumulate;
   const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
   const i64 Bk2 = 2 * ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model));
-  const SavedForm saved = gpt2_saved_after_forward_param_bf16(m.transformer, m.batch);
+  const SavedForm saved = gpt2_saved_after_forward_param_bf16(m.transformer, m.batch, m.checkpoint);
+  const StepBlocks blocks = gpt2_param_bf16_blocks(m.transformer, m.batch, m.checkpoint);
   const std::vector<Unit> units = fsdp_units(m, stage == 1 ? 0 : 1, world);
   std::vector<Prediction> ranks(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
     const i64 G2 = 2 * parts[r].touching, pad2 = 2 * parts[r].pad();
     const i64 G_early = stage == 2 ? G2 : 0;
-    StepUnits su;
-    for (const Unit& u : units) {
-      su.bytes.push_back(0);
-      su.grad_bytes.push_back(2 * u.elems);
-      su.top_block.push_back(u.last_block - 1);
-    }
-    su.grad_bytes[0] += Bk2 + G_early;
-    StepTransient step = transformer_step_transient(gpt2_param_bf16_blocks(m.transformer, m.batch), su);
-    if (step.bytes[Category::grad_unsharded] > 0) {
-      step.bytes[Category::grad_unsharded] -= Bk2 + G_early;
-      step.bytes[Category::comm] += Bk2;
-      step.bytes[Category::grad] += G_early;
-    }
     Best best;
-    best.consider(step.bytes, step.phase, step.where);
+    for (int micro = 0; micro < (K > 1 ? 2 : 1); ++micro) {
+      const bool later = micro > 0;
+      StepUnits su;
+      for (const Unit& u : units) {
+        su.bytes.push_back(0);
+        su.grad_bytes.push_back(2 * u.elems);
+        su.top_block.push_back(u.last_block - 1);
+      }
+      su.grad_bytes[0] += Bk2 + G_early;
+      if (later && stage == 1) su.micro = {MicroStep{true, false}};
+      StepTransient step = transformer_step_transient(blocks, su);
+      if (step.bytes[Category::grad_unsharded] > 0) {
+        step.bytes[Category::grad_unsharded] -= Bk2 + G_early;
+        step.bytes[Category::comm] += Bk2;
+        step.bytes[Category::grad] += G_early;
+      }
+      if (later && stage == 2) step.bytes[Category::grad] += G2;
+      best.consider(step.bytes, step.phase, step.where);
+    }
     const i64 autograd = stage == 1 ? 2 * P : 0;
+    const i64 G_acc = stage == 2 && K > 1 ? G2 : 0;
     if (stage == 1 && G2 > 0) best.consider(bytes_of(0, 0, autograd, Bk2, G2), Phase::communication, "-");
-    if (pad2 > 0) best.consider(bytes_of(0, 0, autograd, Bk2, G2 + pad2), Phase::communication, "-");
+    if (pad2 > 0) best.consider(bytes_of(0, 0, autograd, Bk2, G_acc + G2 + pad2), Phase::communication, "-");
     best.consider(bytes_of(0, 0, 0, 0, G2 + pad2 + 2 * s + 4 * s), Phase::optimizer, "-");
 
     Prediction& p = ranks[r];
@@ -291,7 +307,7 @@ std::vector<Prediction> bf16_gpt2_ranks(const RunConfig& cfg, int world, int sta
     p.resting[Category::master] = 4 * s;
     p.resting[Category::optim] = 8 * s + 4;
     p.model_states = p.resting.total() + (stage == 1 ? 2 * P : 2 * s);
-    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 2 * P;
+    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 2 * P * (stage == 1 ? 1 : K);
     p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 2 * Ppad;
     p.peak_known = true;
     p.peak_by_category = p.resting;
@@ -307,6 +323,16 @@ std::vector<Prediction> bf16_gpt2_ranks(const RunConfig& cfg, int world, int sta
 
 }  // namespace
 
+void refuse_deepspeed_bf16_checkpoint(const RunConfig& cfg) {
+  const ModelConfig& m = cfg.model;
+  if (cfg.precision != PrecisionKind::bf16 || m.name != "gpt2" || m.checkpoint.kind != CheckpointKind::attention ||
+      cfg.strategy == StrategyKind::zero3)
+    return;
+  throw UsageError("--checkpoint attention and --engine deepspeed and --strategy " +
+                   std::string(strategy_name(cfg.strategy)) + " and --precision bf16 and --model gpt2: not built " +
+                   "yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint full|every:K, or fp32");
+}
+
 std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world) {
   const ModelConfig& m = cfg.model;
   const std::vector<i64> tensors = model_tensor_elems(m);
@@ -314,13 +340,9 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // optimizer's copy of the partition and AdamW's state are fp32 under both).
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
   refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
-  // --checkpoint under bf16 is built for the MLP; GPT-2's bf16 step (stages 1 and 2) takes
-  // none, nor a transformer's stage 3 (a plan skips them with the reason).
-  if (m.checkpoint.any() && lp != 4 && m.name == "gpt2" && cfg.strategy != StrategyKind::zero3 &&
-      cfg.strategy != StrategyKind::ddp)
-    throw UsageError("--checkpoint " + m.checkpoint.text() + " and --engine deepspeed and --strategy " +
-                     std::string(strategy_name(cfg.strategy)) +
-                     " and --precision bf16 and --model gpt2: not built yet; allowed: fp32, or the MLP");
+  // --checkpoint under bf16: the MLP's and GPT-2's full|every:K; GPT-2's bf16 module has no
+  // attention recompute yet, nor a transformer's stage 3 any (a plan skips them with the reason).
+  if (lp != 4) refuse_deepspeed_bf16_checkpoint(cfg);
   if (m.checkpoint.any() && m.is_transformer() && cfg.strategy == StrategyKind::zero3 && lp == 4)
     throw UsageError(deepspeed_stage3_checkpoint_refusal(m));
   // Stage 3 runs the MLP (fp32 and bf16), GPT-2 and Llama in fp32 and GPT-2 in bf16; Llama's

@@ -69,6 +69,11 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
 // and a plan's reason for skipping it).
 std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model);
 
+// --checkpoint attention of GPT-2 under DeepSpeed's bf16 (stages 0, 1 and 2): its bf16
+// module has no attention recompute yet; a UsageError naming it (the CLI's, and a plan's
+// reason for skipping it). full|every:K run; stage 3's transformers are planned.
+void refuse_deepspeed_bf16_checkpoint(const RunConfig& cfg);
+
 // Stage 3's gather of a set of tensors (deepspeed_layout.hpp's Ds3Layout), e bytes an
 // element (4 fp32, 2 bf16): the bytes it leaves gathered (one tensor: its buffer of W·c_t; several: n_t each), the flat comm
 // buffer beside them at its instant (several: W·Σc_t), and the bytes its all-gather moves

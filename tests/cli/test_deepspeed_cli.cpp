@@ -183,10 +183,10 @@ TEST_F(DeepSpeedCli, AccumulationOnEveryEmulatedRank) {
       << read("out.txt");
 }
 
-// --precision bf16 runs the MLP's zero1, zero2 and zero3 (DeepSpeed's bf16 regime), with
-// --accumulate and --checkpoint, and GPT-2's zero1, zero2 and zero3 (--accumulate too):
+// --precision bf16 runs the MLP's zero1, zero2 and zero3 (DeepSpeed's bf16 regime) and
+// GPT-2's zero1, zero2 and zero3, with --accumulate (and --checkpoint but GPT-2's stage 3):
 // every emulated rank at W = 3 holds its predictions, the record says bf16; Llama's, the
-// baseline's (ddp), GPT-2's accumulated stages 1 and 2 and its checkpointed bf16 runs are
+// baseline's (ddp), GPT-2's checkpointed stage 3 and its attention recompute in bf16 are
 // refused by name (exit 2).
 TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
   const struct {
@@ -201,7 +201,9 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
               {kGpt2, "zero1"},
               {kGpt2, "zero2"},
               {kGpt2, "zero3"},
-              {kGpt2, "zero3 --accumulate 2 --bucket-mb 0.07"}};
+              {kGpt2, "zero3 --accumulate 2 --bucket-mb 0.07"},
+              {kGpt2, "zero1 --accumulate 2 --no-sync --checkpoint full"},
+              {kGpt2, "zero2 --accumulate 3 --checkpoint every:2 --attention math"}};
   for (const auto& [model, strategy] : runs)
     for (int r = 0; r < 3; ++r) {
       const std::string flags = std::string(model) + "--steps 2 --engine deepspeed --precision bf16 --strategy " +
@@ -223,14 +225,16 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
        "states), not run yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under zero1, "
        "zero2, zero3"},
       {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint full",
-       "shardscope: error: --checkpoint full and --engine deepspeed and --strategy zero3 and --precision bf16 and "
-       "--model gpt2: not built yet; allowed: fp32, or the MLP"},
-      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero2 --accumulate 2",
-       "shardscope: error: --accumulate 2 and --precision bf16 and --engine deepspeed and --model gpt2: bf16 gradient "
-       "accumulation of a transformer is not built yet; give --accumulate 1"},
-      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero1 --checkpoint full",
-       "shardscope: error: --checkpoint full and --engine deepspeed and --strategy zero1 and --precision bf16 and "
-       "--model gpt2: not built yet; allowed: fp32, or the MLP"},
+       "shardscope: error: --checkpoint full and --engine deepspeed and --strategy zero3 and --model gpt2: not built "
+       "yet (a re-run's module hooks under stage 3); allowed: the MLP under zero3, or zero1, zero2"},
+      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero1 --checkpoint attention",
+       "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero1 and --precision bf16 "
+       "and --model gpt2: not built yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint "
+       "full|every:K, or fp32"},
+      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero2 --accumulate 2 --no-sync",
+       "shardscope: error: --no-sync and --engine deepspeed and --strategy zero2: DeepSpeed's no_sync asserts it is "
+       "incompatible with ZeRO stage 2/3 (they partition gradients as backward runs); allowed: --strategy zero1, or "
+       "--accumulate without --no-sync"},
   };
   for (const auto& c : refused) {
     EXPECT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + c.flags +
@@ -286,6 +290,35 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndPeak) {
       << first_line(dir_ + "/err.txt");
   const std::string bf16 = read("out.txt");
   EXPECT_NE(bf16.find("(note) DeepSpeed's bf16 regime of a transformer"), std::string::npos) << bf16;
+}
+
+// plan prints the peak of GPT-2's bf16 zero1 and zero2 with --accumulate and --checkpoint as
+// an emulated rank measures it (W = 3, rank 1: its group's row), no "peak unknown".
+TEST_F(DeepSpeedCli, PlanPrintsBf16Gpt2sPeakAsARunMeasuresIt) {
+  for (const char* flags : {"--strategy zero1 --accumulate 2 --checkpoint full",
+                            "--strategy zero2 --accumulate 3 --checkpoint every:2"}) {
+    std::string planned_flags = std::string(flags).replace(0, 10, "--strategies");
+    ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan " + kGpt2 +
+                    "--engine deepspeed --precision bf16 " + planned_flags +
+                    " --worlds 3 --bytes exact --json p.json > out.txt 2> err.txt"),
+              0)
+        << flags << ": " << first_line(dir_ + "/err.txt");
+    const std::string text = read("out.txt");
+    EXPECT_EQ(text.find("peak unknown"), std::string::npos) << text;
+    const json plan = json::parse(read("p.json"));
+    json planned;
+    for (const json& g : plan["plans"][0]["rank_groups"])
+      if (g["first"].get<int>() <= 1 && 1 <= g["last"].get<int>()) planned = g["predicted"];
+    ASSERT_FALSE(planned.is_null()) << flags;
+    ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + kGpt2 +
+                    "--engine deepspeed --precision bf16 " + flags + " --emulate 3:1 --json r.json > /dev/null 2> err.txt"),
+              0)
+        << first_line(dir_ + "/err.txt");
+    const json measured = json::parse(read("r.json"))["runs"][0]["ranks"][0];
+    EXPECT_EQ(planned["peak_total"], measured["peak"]["total"]) << flags;
+    EXPECT_EQ(planned["peak_where"], measured["peak"]["where"]) << flags;
+    EXPECT_EQ(measured["peak"]["total"], measured["predicted"]["peak_total"]) << flags;
+  }
 }
 
 // plan --engine deepspeed --precision bf16 reproduces the ZeRO paper's Figure 1: Ψ = 7.5B

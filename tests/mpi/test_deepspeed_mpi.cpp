@@ -402,6 +402,64 @@ TEST(DeepSpeedMpi, Bf16Gpt2StageThreeTrainsLikeOneRank) {
         }
 }
 
+// --precision bf16 on GPT-2 with --accumulate K (autograd's bf16 gradients added onto, stage
+// 2's averaged partition onto the first micro-step's) and --checkpoint full|every:2 (the bf16
+// module's re-run), stages 1 and 2, flash and math: every rank's bytes and traffic equal the
+// closed forms and an emulated rank's; the last averaged gradient is fp32 one-rank training's
+// on the K-fold batch (one step) within bf16's rounding (by norm, as the one-micro-step test).
+TEST(DeepSpeedMpi, Bf16Gpt2AccumulationAndCheckpointHoldTheirPredictions) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const struct {
+    const char* strategy;
+    int k;
+    bool no_sync;
+    CheckpointPolicy ck;
+    AttentionMode mode;
+  } cases[] = {{"zero1", 2, false, {}, AttentionMode::flash},
+               {"zero1", 3, true, {CheckpointKind::every, 1}, AttentionMode::math},
+               {"zero2", 2, false, {CheckpointKind::every, 2}, AttentionMode::flash},
+               {"zero2", 3, false, {}, AttentionMode::math},
+               {"zero2", 1, false, {CheckpointKind::every, 1}, AttentionMode::math}};
+  for (const auto& c : cases)
+    for (double bucket : {0.0, 0.005}) {
+      SCOPED_TRACE(std::string(c.strategy) + " K=" + std::to_string(c.k) + (c.no_sync ? " no-sync " : " ") +
+                   c.ck.text() + (c.mode == AttentionMode::flash ? " flash" : " math") + " bucket " +
+                   std::to_string(bucket));
+      const ModelConfig m = testing::gpt2_of(2, 16, 2, 29, 6, 2, c.mode);
+      RunConfig cfg = ds_config(m, c.strategy, bucket);
+      cfg.steps = 1;
+      cfg.precision = PrecisionKind::bf16;
+      cfg.model.param_bf16 = true;
+      cfg.model.checkpoint = c.ck;
+      cfg.accumulate = c.k;
+      cfg.no_sync = c.no_sync;
+      CpuBackend backend;
+      auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+      const auto r = testing::run_dp(cfg, backend, *comm, true);
+      const Prediction p = predict_data_parallel(cfg, world, rank);
+      EXPECT_EQ(r.resting, p.resting);
+      for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
+      EXPECT_EQ(r.peak.total, p.peak_total);
+      EXPECT_EQ(r.peak.by_category, p.peak_by_category);
+      EXPECT_EQ(r.where, p.peak_where);
+      CpuBackend backend2;
+      auto fake = make_fake_communicator(world, rank, &backend2);
+      const auto e = testing::run_dp(cfg, backend2, *fake, false);
+      EXPECT_EQ(e.resting, r.resting);
+      EXPECT_EQ(e.peak.by_category, r.peak.by_category);
+      RunConfig fp32 = cfg;
+      fp32.precision = PrecisionKind::fp32;
+      fp32.model.param_bf16 = false;
+      fp32.model.checkpoint = {};
+      fp32.model.batch = c.k * m.batch;
+      fp32.accumulate = 1;
+      fp32.no_sync = false;
+      expect_bf16_close(r.state.grads, testing::reference_training(fp32, world).grads);
+    }
+}
+
 TEST(DeepSpeedMpi, TransformersTrainLikeOneRank) {
   const std::pair<const char*, ModelConfig> models[] = {
       {"gpt2", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::flash)},
