@@ -189,8 +189,9 @@ TEST(TransformerSplit, WhatBKeepsForWIsThePiecesClosedForm) {
       for (const ModelConfig& m : {transformer("gpt2", 3, 16, 2, 2, 23, 6, rows, mode, true, true),
                                    transformer("llama", 3, 16, 4, 2, 23, 6, rows, mode, false, false),
                                    transformer("llama", 3, 16, 4, 2, 23, 6, rows, mode, true, true)})
-        for (const PiecePlace& place : {PiecePlace{3, true, true, false, false}, PiecePlace{2, true, false, false, true},
-                                        PiecePlace{1, false, false, true, true}, PiecePlace{2, false, true, true, false}}) {
+        for (const PiecePlace& place :
+             {PiecePlace{3, true, true, false, false, {}, 0}, PiecePlace{2, true, false, false, true, {}, 0},
+              PiecePlace{1, false, false, true, true, {}, 0}, PiecePlace{2, false, true, true, false, {}, 0}}) {
           SCOPED_TRACE(m.name + " " + mode_name(mode) + " rows=" + std::to_string(rows) + " n=" +
                        std::to_string(place.blocks) + (place.first ? " first" : "") + (place.last ? " last" : "") +
                        (m.transformer.tied_embeddings ? " tied" : ""));

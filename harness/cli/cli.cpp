@@ -331,7 +331,7 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
   }
   const std::string bf16 = "--precision bf16";
   // --checkpoint attention runs under autocast's ddp and zero1 (and along dp of a tp mesh);
-  // FSDP's bf16 and a pipeline's stages refuse every --checkpoint (refuse_unbuilt_autocast,
+  // FSDP's bf16 and a bf16 pipeline's stages refuse what is not built (refuse_unbuilt_autocast,
   // refuse_checkpointed_pipeline).
   // A mesh under autocast: a pipeline's stages (pipeline_shape says what is not built), or
   // GPT-2's and Llama's data-parallel step, split along tp as in fp32 (docs/design.md,

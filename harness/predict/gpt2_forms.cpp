@@ -179,7 +179,8 @@ PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace&
   // input), GELU's output and mlp c_proj's weight. The embeddings: the ids and arange;
   // the final block: ln_f's input, mean, rstd, weight and output, and the head's weight.
   const int block = shape.attention == AttentionMode::flash ? 20 : 21;
-  PieceForms p = transformer_piece(gpt2_blocks(shape, rows, false, tp, sp), {2, block, 6}, place);
+  PieceForms p = transformer_piece(gpt2_blocks(shape, rows, place.checkpoint.attention(), tp, sp),
+                                   {2, block - (place.checkpoint.attention() ? 1 : 0), 6}, place);
   if (sp) return p;  // --sp: no zero-bubble split (pipeline_stage.cpp refuses it)
   // Between B and W (zb-h1, zbv). A block keeps saved its input x, ln_1's and ln_2's mean,
   // rstd and output, y, x_mid and GELU's output (4a + q + 16N + F, in 12 saves with the

@@ -198,7 +198,8 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
   // embedding: the ids; the final block: the norm's input, rstd, weight and output, and
   // the head's weight.
   const int layer = shape.attention == AttentionMode::flash ? 28 : 27;
-  PieceForms p = transformer_piece(llama_blocks(shape, rows, false, tp, sp), {1, layer, 5}, place);
+  PieceForms p = transformer_piece(llama_blocks(shape, rows, place.checkpoint.attention(), tp, sp),
+                                   {1, layer - (place.checkpoint.attention() ? 1 : 0), 5}, place);
   if (sp) return p;  // --sp: no zero-bubble split (pipeline_stage.cpp refuses it)
   // Between B and W (zb-h1, zbv). A layer keeps saved its input x, both norms' rstd and
   // output, o_proj's input (Q = 4N·H·d), x_mid and the product (4a + 8N + Q + F, in 13

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "shardscope/config.hpp"
+
 namespace shardscope {
 
 // Where a piece sits: what the forms of one family need to know of it.
@@ -18,6 +20,13 @@ struct PiecePlace {
   bool last = false;      // virtual stage V-1: it computes the loss
   bool recv_act = false;  // its input comes from another stage (a received buffer)
   bool send_act = false;  // its output goes to another stage
+  // --checkpoint: which of its blocks are wrapped. every:K counts the model's checkpointable
+  // blocks (the MLP's layers, a transformer's blocks) from the model's first, as the
+  // data-parallel run does, so a split never changes which blocks are wrapped: the piece's
+  // block j is the model's checkpointable block first_block + j.
+  CheckpointPolicy checkpoint;
+  int first_block = 0;
+  bool wraps(int j) const { return checkpoint.wraps(first_block + j); }
 };
 
 // One instant of the piece's B, relative to the moment B starts: activation and temp
@@ -48,6 +57,12 @@ struct PieceForms {
   std::int64_t saved_bytes = 0;  // distinct bytes its F saves (the saved-tensor instrument)
   std::int64_t saves = 0;        // saves its F records
   std::vector<PieceMoment> backward;  // the instants of its B where bytes can be highest, in time order
+  // --checkpoint: a wrapped block's re-run in its B records its saves again (the saved-tensor
+  // instrument's total counts them): recompute_saves of them a micro-batch; and the most the
+  // live saves (count, distinct bytes) rise above what the pair held when its B began,
+  // at the end of the topmost wrapped block's re-run (0 when they never do).
+  std::int64_t recompute_saves = 0;
+  std::int64_t recompute_live = 0, recompute_live_bytes = 0;
   // --precision bf16 (the torch engine's autocast): the weights' bf16 casts its F makes,
   // held (saved by their GEMMs) from its F to its B, param_cast; and the instants inside
   // its F where bytes can be highest (a GEMM's widened operands beside its output), in

@@ -100,7 +100,7 @@ const std::vector<PieceMoment>& forward_moments(const Rows& r, const Piece& p, i
 // gradient, temp) with the top layer's dx, o_{n-2} (a when n = 1; none when n = 1 on
 // virtual stage 0). (Under tp the next layer's instant, its dy o_{n-2} and dx a, the top
 // output freed when held, totals no more and comes later.)
-PieceForms mlp_piece(const Piece& p, i64 row_bytes, i64 r, int tp) {
+PieceForms mlp_piece(const Piece& p, const PiecePlace& place, bool relu, i64 row_bytes, i64 r, int tp) {
   const i64 a = row_bytes * r;
   auto o = [&](i64 j) { return tp > 1 && j % 2 == 0 ? a / tp : a; };
   i64 below_top = 0;  // U
@@ -113,9 +113,41 @@ PieceForms mlp_piece(const Piece& p, i64 row_bytes, i64 r, int tp) {
   f.output_saved = p.ls;
   // The Linears' inputs (its input and U), relu's or mse's last output, mse's target.
   f.saved_bytes = a + below_top + (p.ls ? a : 0) + (p.last && p.mse ? a : 0);
-  f.saves = p.saves;
+  // --checkpoint: a wrapped layer's forward records one save (its input, the checkpoint's:
+  // the bytes its Linear would save), its re-run in B the layer's own again: its input, its
+  // weight's reference when the input needs a gradient (a layer past virtual stage 0's
+  // first), relu's output. Its output stays the next layer's saved input, so what a pair
+  // holds differs only where the top layer is wrapped: relu's save of the last output is
+  // dropped (p.ls).
+  auto layer_saves = [&](i64 j) { return 1 + (j > 0 || !p.first ? 1 : 0) + (relu ? 1 : 0); };
+  i64 top_wrapped = -1;
+  f.saves = p.last && p.mse ? 2 : 0;
+  for (i64 j = 0; j < p.n; ++j) {
+    const bool wrapped = place.wraps(static_cast<int>(j));
+    f.saves += wrapped ? 1 : layer_saves(j);
+    if (wrapped) f.recompute_saves += layer_saves(j), top_wrapped = j;
+  }
+  if (top_wrapped >= 0) {
+    // The topmost wrapped layer's re-run ends holding the saves of the layers below it, its
+    // checkpoint's and its own again, everything above it (and the loss's) released: its
+    // inputs' bytes, (j + 1)·a, and a new relu output.
+    i64 live = 1 + layer_saves(top_wrapped);
+    for (i64 j = 0; j < top_wrapped; ++j) live += place.wraps(static_cast<int>(j)) ? 1 : layer_saves(j);
+    f.recompute_live = std::max<i64>(0, live - f.saves);
+    f.recompute_live_bytes = std::max<i64>(0, (top_wrapped + 1 + (relu ? 1 : 0)) * a - f.saved_bytes);
+  }
   const i64 dx = p.n > 1 ? o(p.n - 2) : p.first ? 0 : a;
-  f.backward = {{0, (p.last ? a : 0) + dx, true}};
+  const i64 dy_temp = p.last ? a : 0;  // the loss gradient; a received dy is comm
+  if (place.wraps(static_cast<int>(p.n - 1))) {
+    // A wrapped top layer frees its forward's output (held: mse's save; or the next chunk's
+    // temp input here), re-runs (its output activation with relu, else temp freed at once),
+    // then makes dx.
+    // The loss gradient comes first, beside the output still held.
+    const i64 act = (relu ? a : 0) - (p.ls ? a : 0), temp = dy_temp - f.held_temp;
+    f.backward = {{0, dy_temp, true}, {act, temp + (relu ? 0 : a), true}, {act, temp + dx, true}};
+  } else {
+    f.backward = {{0, dy_temp + dx, true}};
+  }
   // zb-h1, B done and W not: its input (received) and the n-1 outputs W still reads,
   // and the n dz (U + a), the first the received dy (comm) or the loss gradient; the n
   // Linear inputs stay saved.
@@ -127,7 +159,6 @@ PieceForms mlp_piece(const Piece& p, i64 row_bytes, i64 r, int tp) {
   // Its split B: dy (the loss gradient, temp, on the last piece), then, its last output
   // freed (saved, or kept in the tape for the next chunk here), the input gradients kept
   // to its end: layer j's o_{j-1} for j >= 1 (U) and, when k > 0, layer 0's a.
-  const i64 dy_temp = p.last ? a : 0;
   f.split_backward = {{0, dy_temp, true},
                       {p.ls ? -a : 0, dy_temp - f.held_temp + below_top + (p.first ? 0 : a), true, true}};
   return f;
@@ -161,13 +192,17 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
   }
   auto stage_of = [&](int k) { return placed_stage(sh.schedule, c.S, k); };
   c.pieces.reserve(static_cast<std::size_t>(c.v));
+  const CheckpointPolicy& ck = sh.model.checkpoint;
   for (int ch = 0; ch < c.v; ++ch) {
     Piece p;
     p.k = placed_vstage(sh.schedule, c.S, s, ch);
     p.n = sh.split[p.k];
+    int first_block = 0;  // the piece's first layer (transformer block) in the model
+    for (int k = 0; k < p.k; ++k) first_block += sh.split[k];
     p.first = p.k == 0;
     p.last = p.k == c.V - 1;
-    p.ls = c.relu || (p.last && c.mse);
+    // A wrapped top layer's relu save is dropped (--checkpoint).
+    p.ls = (c.relu && !ck.wraps(first_block + static_cast<int>(p.n) - 1)) || (p.last && c.mse);
     p.recv_act = !p.first && stage_of(p.k - 1) != s;
     p.send_act = !p.last && stage_of(p.k + 1) != s;
     p.recv_grad = p.send_act;
@@ -177,7 +212,7 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
     p.saves = p.n + (p.n - (p.first ? 1 : 0)) + (c.relu ? p.n : 0) + (loss_saves ? 2 : 0);
     for (PieceForms* f : {&p.big, &p.small}) {
       const i64 r = c.rows.q + (f == &p.big ? 1 : 0);
-      const PiecePlace place{static_cast<int>(p.n), p.first, p.last, p.recv_act, p.send_act};
+      const PiecePlace place{static_cast<int>(p.n), p.first, p.last, p.recv_act, p.send_act, ck, first_block};
       if (c.transformer && sh.model.autocast)  // --precision bf16: autocast_piece.hpp
         *f = sh.model.name == "gpt2" ? gpt2_autocast_piece(ts, static_cast<int>(r), place, c.tp)
                                      : llama_autocast_piece(ts, static_cast<int>(r), place, c.tp);
@@ -187,7 +222,7 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
       else if (sh.model.autocast)  // --precision bf16: autocast_piece.hpp
         *f = mlp_autocast_piece(place, sh.model.width, static_cast<int>(r), c.relu, c.mse);
       else
-        *f = mlp_piece(p, c.rows.row_bytes, r, c.tp);
+        *f = mlp_piece(p, place, c.relu, c.rows.row_bytes, r, c.tp);
     }
     p.saves = p.big.saves;
     c.pieces.push_back(std::move(p));
@@ -328,16 +363,18 @@ SavedForms saved_one_chunk(const Ctx& c, ScheduleKind kind) {
   const Piece& p = c.pieces[0];
   const i64 M = c.M, s = c.s;
   SavedForms f;
-  f.total_tensors = M * p.saves;
+  f.total_tensors = M * (p.saves + p.big.recompute_saves);
   // F's before the first B: gpipe all M; 1f1b and zb-h1 the warm-up min(S-s-1, M) and one more.
   const i64 w = kind == ScheduleKind::gpipe ? M : std::min<i64>(c.S - s - 1, M);
   const i64 h = std::min(w + 1, M);
   f.before_first_backward = h * p.saves;
   if (kind != ScheduleKind::zb_h1 || w == M) {
     // A window of h consecutive micro-batches is live after each F; the first, 0..h-1,
-    // holds the largest rows.
-    f.peak_live_tensors = h * p.saves;
-    f.peak_live_bytes = sum(c.rows, p, &PieceForms::saved_bytes, 0, h) - step_shared_casts(c, p, h);
+    // holds the largest rows. --checkpoint: B(t) runs holding the window F(w+t) left and
+    // its re-run adds recompute_live; the first B, B(0), holds the largest.
+    f.peak_live_tensors = h * p.saves + p.big.recompute_live;
+    f.peak_live_bytes = sum(c.rows, p, &PieceForms::saved_bytes, 0, h) - step_shared_casts(c, p, h) +
+                        at(c.rows, p, &PieceForms::recompute_live_bytes, 0);
     return f;
   }
   // zb-h1: at the end of F(w+b), b = 0..M-1-w, pairs b..w+b are whole and pairs
@@ -370,7 +407,7 @@ struct Windows {
   bool shared() const { return c.S == 1 && c.relu; }
   // Bytes of chunk ch's boundary tensors held twice (its input, chunk ch-1's output).
   i64 overlap(int ch) const {
-    if (!shared() || ch < 1 || ch >= c.v) return 0;
+    if (!shared() || ch < 1 || ch >= c.v || !c.pieces[ch - 1].ls) return 0;
     return c.rows.sum(std::max(b[ch], b[ch - 1]), std::min(a[ch], a[ch - 1]));
   }
   // --autocast-region step: chunk ch's saved casts, one storage however many hold them.
@@ -394,7 +431,7 @@ SavedForms saved_interleaved(const Ctx& c) {
   const i64 S = c.S, v = c.v, M = c.M, total = v * M;
   const i64 warm = std::min<i64>(2 * (S - c.s - 1) + (v - 1) * S, total);
   SavedForms f;
-  for (const Piece& p : c.pieces) f.total_tensors += M * p.saves;
+  for (const Piece& p : c.pieces) f.total_tensors += M * (p.saves + p.big.recompute_saves);
   Windows w(c);
   // The windows after forward j0 (j0+1 forwards, max(0, j0-warm) backwards), then one
   // forward (and past the warm-up one backward) at a time: O(v + S·v).
@@ -406,15 +443,39 @@ SavedForms saved_interleaved(const Ctx& c) {
   f.before_first_backward = w.count;
   f.peak_live_tensors = w.count;
   f.peak_live_bytes = w.bytes;
-  for (i64 j = j0 + 1; j <= std::min(total - 1, warm + round - 1); ++j) {
+  // --checkpoint: backward i runs holding the windows before it, its pair's re-run adding
+  // recompute_live (chunk bc's next micro-batch, w.b[bc]).
+  auto backward = [&](Windows& win, i64 i) {
+    const int bc = static_cast<int>(v - 1 - (i % round) / S);
+    const Piece& p = c.pieces[static_cast<std::size_t>(bc)];
+    f.peak_live_tensors = std::max(f.peak_live_tensors, win.count + p.big.recompute_live);
+    f.peak_live_bytes =
+        std::max(f.peak_live_bytes, win.bytes + at(c.rows, p, &PieceForms::recompute_live_bytes, win.b[bc]));
+    win.move(win.b, bc, win.b[bc] + 1, -1);
+  };
+  // One round of forwards past the warm-up, and (--checkpoint) the round of backwards
+  // among them: every chunk's B once with the windows at their widest.
+  const i64 last_j = std::min(total - 1, warm + round);
+  for (i64 j = j0 + 1; j <= last_j; ++j) {
+    if (j > warm) backward(w, j - warm - 1);  // backward j - warm - 1 ran before forward j
     const int fc = static_cast<int>((j % round) / S);
     w.move(w.a, fc, w.a[fc] + 1, +1);
-    if (j > warm) {  // backward j - warm - 1 ran before forward j
-      const int bc = static_cast<int>(v - 1 - ((j - warm - 1) % round) / S);
-      w.move(w.b, bc, w.b[bc] + 1, -1);
-    }
     f.peak_live_tensors = std::max(f.peak_live_tensors, w.count);
     f.peak_live_bytes = std::max(f.peak_live_bytes, w.bytes);
+  }
+  // The cool-down's backwards, after the last forward: only a re-run raises the saves there,
+  // and a later pair's can pass an earlier one's (another chunk's), so each is visited:
+  // O(S·v) of them, from the windows after the last forward.
+  bool recomputes = false;
+  for (const Piece& p : c.pieces) recomputes = recomputes || p.big.recompute_saves > 0;
+  if (recomputes) {
+    const i64 done = std::max<i64>(0, total - 1 - warm);
+    Windows cool(c);
+    for (int ch = 0; ch < c.v; ++ch) {
+      cool.move(cool.a, ch, round_count(total, ch, c.S, c.v), +1);
+      cool.move(cool.b, ch, round_count(done, c.v - 1 - ch, c.S, c.v), -1);
+    }
+    for (i64 i = done; i < total; ++i) backward(cool, i);
   }
   return f;
 }

@@ -1,6 +1,7 @@
 // A transformer's pipeline piece from its family's blocks (transformer_piece.hpp).
 #include "harness/predict/transformer_piece.hpp"
 
+#include <algorithm>
 #include <vector>
 
 namespace shardscope {
@@ -12,15 +13,38 @@ PieceForms transformer_piece(const StepBlocks& z, const PieceSaves& saves, const
   PieceForms p;
   p.boundary = a;
   p.input = a;
+  // --checkpoint full|every:K: a wrapped block holds only its output (a, the next block's
+  // saved input) from its forward to its backward, an unwrapped one K (c_j below).
+  auto c = [&](i64 j) { return place.wraps(static_cast<int>(j)) ? a : z.K; };
+  i64 held_blocks = 0, wrapped = 0, top_wrapped = -1;  // Σ c_j; how many; the topmost
+  for (i64 j = 0; j < n; ++j) {
+    held_blocks += c(j);
+    if (place.wraps(static_cast<int>(j))) ++wrapped, top_wrapped = j;
+  }
   // The blocks' K counts each one's saves less its input, with its output: the chain's
   // input comes from the embeddings (base: x0, and GPT-2's arange), a received buffer, or
   // the previous chunk on this stage (its temp); the last output is held only when the
   // final block saves it.
-  p.held_act = n * z.K - a + (place.first ? z.base : place.recv_act ? a : 0) +
-               (place.last ? a + z.final_held + lambda + 4 : 0);
+  const i64 in = place.first ? z.base : place.recv_act ? a : 0;
+  p.held_act = held_blocks - a + in + (place.last ? a + z.final_held + lambda + 4 : 0);
   p.saved_bytes = p.held_act + (place.first ? 8 * N : 0) + (place.last ? 8 * N : 0) +
                   (!place.first && !place.recv_act ? a : 0);
-  p.saves = n * saves.block + (place.first ? saves.embeddings : 0) + (place.last ? saves.final_block + 3 : 0);
+  // A wrapped block records one save in its forward (its input: the checkpoint's), and its
+  // saves again when it re-runs in backward.
+  p.saves = (n - wrapped) * saves.block + wrapped + (place.first ? saves.embeddings : 0) +
+            (place.last ? saves.final_block + 3 : 0);
+  p.recompute_saves = wrapped * saves.block;
+  if (top_wrapped >= 0) {
+    // The topmost wrapped block's re-run ends with its saves recorded again (K bytes less
+    // its input, which the checkpoint still saves) once the blocks above it (unwrapped)
+    // and, on the last piece, the loss (log-probabilities, target, total_weight: Λ + 8N + 4)
+    // and the final block (its input, the norm's statistics and output) have released theirs.
+    const i64 above = n - 1 - top_wrapped;
+    const i64 released = above * saves.block + (place.last ? saves.final_block + 3 : 0);
+    const i64 released_bytes = above * z.K + (place.last ? lambda + 8 * N + 4 + a + z.final_held : 0);
+    p.recompute_live = std::max<i64>(0, saves.block - released);
+    p.recompute_live_bytes = std::max<i64>(0, z.K - a - released_bytes);
+  }
   p.held_temp = !place.last && !place.send_act ? a : 0;
   // Under tensor parallelism the loss's statistics (vocab_parallel_cross_entropy's max and
   // sum) join the logits and the loss scalar at the loss's highest instant.
@@ -29,7 +53,15 @@ PieceForms transformer_piece(const StepBlocks& z, const PieceSaves& saves, const
   // the top block's (forward_attention, from S = its input's place; every lower block's
   // hold K less), its output temp when the final block does not save it; the last
   // piece's gathered norm output beside the logits (head_gather).
-  const i64 in = place.first ? z.base : place.recv_act ? a : 0;
+  // A wrapped block's forward: its saves and output made (the highest of its instants), then
+  // all but the output freed; the topmost one's (every lower one holds less) when its
+  // output is the piece's unsaved last (temp) or the next block's input (activation).
+  if (top_wrapped >= 0) {
+    i64 below = in;  // H: the activations below it, its input among them
+    for (i64 j = 0; j < top_wrapped; ++j) below += c(j);
+    const bool saved = top_wrapped + 1 < n || place.last;
+    p.forward.push_back({below + z.K - a + (saved ? a : 0), saved ? 0 : a, false});
+  }
   if (z.forward_attention) {
     std::vector<WalkInstant> fwd;
     PeakWalk walk;
@@ -60,14 +92,27 @@ PieceForms transformer_piece(const StepBlocks& z, const PieceSaves& saves, const
     }
     y = -(lambda + 4 + z.final_held + a);
   }
-  std::vector<WalkInstant> top;
-  PeakWalk walk;
-  walk.record(&top);
-  z.backward(walk, y, 0, 0, "");
+  // Then the blocks from the top down, block j from H_j (the activations below it, its
+  // input among them; the top's H = y + a − c_top): a wrapped one first frees its forward's
+  // output and re-runs (the family's recompute instants from H_j, its output temp beside
+  // dy), then each gradient buffer from A4 = H_j + K − a. Every instant of a block holds
+  // less than the same instant of the block above (H falls by c_j ≥ a); walked all the
+  // same, as a lower block's re-run can meet an instant above it. The top block's dy is the
+  // received gradient (comm) on a piece other than the last; a lower block's the dx of
+  // the one above (temp). With no block wrapped the top block's instants alone are walked.
   const bool outer = !place.last;
-  for (const WalkInstant& w : top) {
-    const bool live = outer && w.dy_live;
-    m.push_back({w.act, w.temp - X - (live ? a : 0) - (outer ? p.held_temp : 0), live});
+  i64 H = y + a - c(n - 1);
+  for (i64 j = n - 1; j >= (wrapped > 0 ? 0 : n - 1); --j) {  // unwrapped, the top one bounds them
+    std::vector<WalkInstant> walked;
+    PeakWalk walk;
+    walk.record(&walked);
+    if (place.wraps(static_cast<int>(j))) z.recompute(walk, H, 0, 0, "");
+    z.backward(walk, H + z.K - a, 0, 0, "");
+    for (const WalkInstant& w : walked) {
+      const bool live = outer && j == n - 1 && w.dy_live;
+      m.push_back({w.act, w.temp - X - (live ? a : 0) - (outer ? p.held_temp : 0), live});
+    }
+    if (j > 0) H -= c(j - 1);
   }
   return p;
 }
