@@ -178,9 +178,21 @@ PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace&
   // weight, x_mid, ln_2's mean, rstd, weight and output, c_fc's weight, its output (GELU's
   // input), GELU's output and mlp c_proj's weight. The embeddings: the ids and arange;
   // the final block: ln_f's input, mean, rstd, weight and output, and the head's weight.
-  const int block = shape.attention == AttentionMode::flash ? 20 : 21;
-  PieceForms p = transformer_piece(gpt2_blocks(shape, rows, place.checkpoint.attention(), tp, sp),
-                                   {2, block - (place.checkpoint.attention() ? 1 : 0), 6}, place);
+  const bool flash = shape.attention == AttentionMode::flash;
+  const int block = flash ? 20 : 21;
+  PieceSaves saves{2, block, 6};
+  if (place.checkpoint.attention()) {
+    // --checkpoint attention: the core's own save (lse, probabilities) not recorded in F;
+    // in B flash saves its re-run's output and lse (q + A), math the probabilities (A),
+    // once GELU's and c_fc's outputs (2F), ln_2's output, x_mid and statistics (2a + 16N:
+    // the stream's) and, in math, c_proj's y (q; flash's output save keeps it) are released.
+    const Sizes z = sizes(shape, rows, tp, sp);
+    saves.block -= 1;
+    saves.attention_resaves = flash ? 2 : 1;
+    saves.attention_resave_bytes = flash ? z.q + z.A : z.A;
+    saves.attention_released_bytes = 2 * z.F + 2 * z.a + 8 * z.ns + (flash ? 0 : z.q);
+  }
+  PieceForms p = transformer_piece(gpt2_blocks(shape, rows, place.checkpoint.attention(), tp, sp), saves, place);
   if (sp) return p;  // --sp: no zero-bubble split (pipeline_stage.cpp refuses it)
   // Between B and W (zb-h1, zbv). A block keeps saved its input x, ln_1's and ln_2's mean,
   // rstd and output, y, x_mid and GELU's output (4a + q + 16N + F, in 12 saves with the
@@ -216,7 +228,6 @@ PieceForms gpt2_piece(const TransformerShape& shape, int rows, const PiecePlace&
   // temp than it began: each instant is linear in the block's depth, so the top and the
   // bottom block bound them.
   const std::int64_t F = z.F, A = z.A, V = z.v, s8 = 8 * static_cast<std::int64_t>(shape.hidden);
-  const bool flash = shape.attention == AttentionMode::flash;
   std::vector<PieceMoment>& m = p.split_backward;
   std::int64_t act = 0, temp = 0;
   if (place.last) push_head_split_backward(m, z.lambda, a, s8, act, temp);

@@ -197,9 +197,22 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
   // weight, SiLU's output and up's output, their product and down's weight. The
   // embedding: the ids; the final block: the norm's input, rstd, weight and output, and
   // the head's weight.
-  const int layer = shape.attention == AttentionMode::flash ? 28 : 27;
-  PieceForms p = transformer_piece(llama_blocks(shape, rows, place.checkpoint.attention(), tp, sp),
-                                   {1, layer - (place.checkpoint.attention() ? 1 : 0), 5}, place);
+  const bool flash = shape.attention == AttentionMode::flash;
+  const int layer = flash ? 28 : 27;
+  PieceSaves saves{1, layer, 5};
+  if (place.checkpoint.attention()) {
+    // --checkpoint attention: the core's own save (lse, probabilities) not recorded in F;
+    // in B flash saves its re-run's output and lse (Q + A), math the probabilities (A),
+    // once the product, SiLU's, up's and gate's outputs (4F), the norm's output and x_mid
+    // (2a), its rstd (4N: the stream's) and, in math, o_proj's input (Q; flash's output
+    // save keeps it) are released.
+    const Sizes z = sizes(shape, rows, tp, sp);
+    saves.block -= 1;
+    saves.attention_resaves = flash ? 2 : 1;
+    saves.attention_resave_bytes = flash ? z.Q + z.A : z.A;
+    saves.attention_released_bytes = 4 * z.F + 2 * z.a + 4 * z.ns + (flash ? 0 : z.Q);
+  }
+  PieceForms p = transformer_piece(llama_blocks(shape, rows, place.checkpoint.attention(), tp, sp), saves, place);
   if (sp) return p;  // --sp: no zero-bubble split (pipeline_stage.cpp refuses it)
   // Between B and W (zb-h1, zbv). A layer keeps saved its input x, both norms' rstd and
   // output, o_proj's input (Q = 4N·H·d), x_mid and the product (4a + 8N + Q + F, in 13
@@ -236,7 +249,6 @@ PieceForms llama_piece(const TransformerShape& shape, int rows, const PiecePlace
   // 2F + 4a + Q + 2C higher in temp than it began: the top and the bottom layer bound
   // every instant.
   const std::int64_t F = z.F, A = z.A, C = z.C, s4 = 4 * static_cast<std::int64_t>(shape.hidden);
-  const bool flash = shape.attention == AttentionMode::flash;
   std::vector<PieceMoment>& m = p.split_backward;
   std::int64_t act = 0, temp = 0;
   if (place.last) push_head_split_backward(m, z.lambda, a, s4, act, temp);

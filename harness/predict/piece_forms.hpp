@@ -27,6 +27,18 @@ struct PiecePlace {
   CheckpointPolicy checkpoint;
   int first_block = 0;
   bool wraps(int j) const { return checkpoint.wraps(first_block + j); }
+  // How many of its blocks [lo, hi) are wrapped: ⌈(f+hi)/K⌉ − ⌈(f+lo)/K⌉ (0 unless every:K).
+  int wrapped_in(int lo, int hi) const {
+    if (!checkpoint.any() || checkpoint.attention() || lo >= hi) return 0;
+    const int K = checkpoint.every, f = first_block;
+    return (f + hi + K - 1) / K - (f + lo + K - 1) / K;
+  }
+  // Its topmost wrapped block (-1: none): the largest multiple of K below f + blocks.
+  int top_wrapped() const {
+    if (wrapped_in(0, blocks) == 0) return -1;
+    const int K = checkpoint.every, f = first_block;
+    return (f + blocks - 1) / K * K - f;
+  }
 };
 
 // One instant of the piece's B, relative to the moment B starts: activation and temp

@@ -119,22 +119,24 @@ PieceForms mlp_piece(const Piece& p, const PiecePlace& place, bool relu, i64 row
   // first), relu's output. Its output stays the next layer's saved input, so what a pair
   // holds differs only where the top layer is wrapped: relu's save of the last output is
   // dropped (p.ls).
-  auto layer_saves = [&](i64 j) { return 1 + (j > 0 || !p.first ? 1 : 0) + (relu ? 1 : 0); };
-  i64 top_wrapped = -1;
-  f.saves = p.last && p.mse ? 2 : 0;
-  for (i64 j = 0; j < p.n; ++j) {
-    const bool wrapped = place.wraps(static_cast<int>(j));
-    f.saves += wrapped ? 1 : layer_saves(j);
-    if (wrapped) f.recompute_saves += layer_saves(j), top_wrapped = j;
-  }
-  if (top_wrapped >= 0) {
+  // Layer j's own saves: 2 + [relu], less the weight's on virtual stage 0's first layer.
+  auto layer_saves = [&](i64 j) { return 2 + (relu ? 1 : 0) - (j == 0 && p.first ? 1 : 0); };
+  // Saves of layers [0, j) in forward: each wrapped one 1 (closed form: W of them wrapped).
+  auto forward_saves = [&](i64 j) {
+    const i64 W = place.wrapped_in(0, static_cast<int>(j));
+    const bool plain0 = j > 0 && p.first && !place.wraps(0);  // an unwrapped layer 0 saves no weight
+    return W + (j - W) * (2 + (relu ? 1 : 0)) - (plain0 ? 1 : 0);
+  };
+  f.saves = forward_saves(p.n) + (p.last && p.mse ? 2 : 0);
+  const i64 W = place.wrapped_in(0, static_cast<int>(p.n));
+  f.recompute_saves = W * (2 + (relu ? 1 : 0)) - (p.first && place.wraps(0) ? 1 : 0);
+  if (const i64 top = place.top_wrapped(); top >= 0) {
     // The topmost wrapped layer's re-run ends holding the saves of the layers below it, its
     // checkpoint's and its own again, everything above it (and the loss's) released: its
     // inputs' bytes, (j + 1)·a, and a new relu output.
-    i64 live = 1 + layer_saves(top_wrapped);
-    for (i64 j = 0; j < top_wrapped; ++j) live += place.wraps(static_cast<int>(j)) ? 1 : layer_saves(j);
+    const i64 live = forward_saves(top) + 1 + layer_saves(top);
     f.recompute_live = std::max<i64>(0, live - f.saves);
-    f.recompute_live_bytes = std::max<i64>(0, (top_wrapped + 1 + (relu ? 1 : 0)) * a - f.saved_bytes);
+    f.recompute_live_bytes = std::max<i64>(0, (top + 1 + (relu ? 1 : 0)) * a - f.saved_bytes);
   }
   const i64 dx = p.n > 1 ? o(p.n - 2) : p.first ? 0 : a;
   const i64 dy_temp = p.last ? a : 0;  // the loss gradient; a received dy is comm
@@ -193,12 +195,13 @@ Ctx make_ctx(const PipelineShape& sh, int s) {
   auto stage_of = [&](int k) { return placed_stage(sh.schedule, c.S, k); };
   c.pieces.reserve(static_cast<std::size_t>(c.v));
   const CheckpointPolicy& ck = sh.model.checkpoint;
+  std::vector<int> first_blocks(1, 0);  // each virtual stage's first layer (transformer block)
+  for (int n : sh.split) first_blocks.push_back(first_blocks.back() + n);
   for (int ch = 0; ch < c.v; ++ch) {
     Piece p;
     p.k = placed_vstage(sh.schedule, c.S, s, ch);
     p.n = sh.split[p.k];
-    int first_block = 0;  // the piece's first layer (transformer block) in the model
-    for (int k = 0; k < p.k; ++k) first_block += sh.split[k];
+    const int first_block = first_blocks[static_cast<std::size_t>(p.k)];
     p.first = p.k == 0;
     p.last = p.k == c.V - 1;
     // A wrapped top layer's relu save is dropped (--checkpoint).

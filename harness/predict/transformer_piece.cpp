@@ -16,11 +16,13 @@ PieceForms transformer_piece(const StepBlocks& z, const PieceSaves& saves, const
   // --checkpoint full|every:K: a wrapped block holds only its output (a, the next block's
   // saved input) from its forward to its backward, an unwrapped one K (c_j below).
   auto c = [&](i64 j) { return place.wraps(static_cast<int>(j)) ? a : z.K; };
-  i64 held_blocks = 0, wrapped = 0, top_wrapped = -1;  // Σ c_j; how many; the topmost
-  for (i64 j = 0; j < n; ++j) {
-    held_blocks += c(j);
-    if (place.wraps(static_cast<int>(j))) ++wrapped, top_wrapped = j;
-  }
+  // Σ_{j<i} c_j: w of them wrapped.
+  auto held_below = [&](i64 i) {
+    const i64 w = place.wrapped_in(0, static_cast<int>(i));
+    return w * a + (i - w) * z.K;
+  };
+  const i64 wrapped = place.wrapped_in(0, static_cast<int>(n)), top_wrapped = place.top_wrapped();
+  const i64 held_blocks = held_below(n);
   // The blocks' K counts each one's saves less its input, with its output: the chain's
   // input comes from the embeddings (base: x0, and GPT-2's arange), a received buffer, or
   // the previous chunk on this stage (its temp); the last output is held only when the
@@ -34,14 +36,27 @@ PieceForms transformer_piece(const StepBlocks& z, const PieceSaves& saves, const
   p.saves = (n - wrapped) * saves.block + wrapped + (place.first ? saves.embeddings : 0) +
             (place.last ? saves.final_block + 3 : 0);
   p.recompute_saves = wrapped * saves.block;
+  // The loss's saves (log-probabilities, target, total_weight) and the final block's (its
+  // input, the norm's statistics and output), released before the blocks' backward.
+  const i64 last_released = place.last ? saves.final_block + 3 : 0;
+  const i64 last_released_bytes = place.last ? lambda + 8 * N + 4 + a + z.final_held : 0;
+  if (saves.attention_resaves > 0) {
+    // --checkpoint attention: each block's attention records its saves again; the top
+    // block's rise above the pair's once its MLP half (and the last piece's loss and final
+    // block) have released theirs. The count never rises (a block releases more saves
+    // before its attention than it records again).
+    p.recompute_saves = n * saves.attention_resaves;
+    p.recompute_live_bytes =
+        std::max<i64>(0, saves.attention_resave_bytes - saves.attention_released_bytes - last_released_bytes);
+  }
   if (top_wrapped >= 0) {
     // The topmost wrapped block's re-run ends with its saves recorded again (K bytes less
     // its input, which the checkpoint still saves) once the blocks above it (unwrapped)
     // and, on the last piece, the loss (log-probabilities, target, total_weight: Λ + 8N + 4)
     // and the final block (its input, the norm's statistics and output) have released theirs.
     const i64 above = n - 1 - top_wrapped;
-    const i64 released = above * saves.block + (place.last ? saves.final_block + 3 : 0);
-    const i64 released_bytes = above * z.K + (place.last ? lambda + 8 * N + 4 + a + z.final_held : 0);
+    const i64 released = above * saves.block + last_released;
+    const i64 released_bytes = above * z.K + last_released_bytes;
     p.recompute_live = std::max<i64>(0, saves.block - released);
     p.recompute_live_bytes = std::max<i64>(0, z.K - a - released_bytes);
   }
@@ -57,8 +72,7 @@ PieceForms transformer_piece(const StepBlocks& z, const PieceSaves& saves, const
   // all but the output freed; the topmost one's (every lower one holds less) when its
   // output is the piece's unsaved last (temp) or the next block's input (activation).
   if (top_wrapped >= 0) {
-    i64 below = in;  // H: the activations below it, its input among them
-    for (i64 j = 0; j < top_wrapped; ++j) below += c(j);
+    const i64 below = in + held_below(top_wrapped);  // H: the activations below it, its input among them
     const bool saved = top_wrapped + 1 < n || place.last;
     p.forward.push_back({below + z.K - a + (saved ? a : 0), saved ? 0 : a, false});
   }
@@ -92,17 +106,18 @@ PieceForms transformer_piece(const StepBlocks& z, const PieceSaves& saves, const
     }
     y = -(lambda + 4 + z.final_held + a);
   }
-  // Then the blocks from the top down, block j from H_j (the activations below it, its
-  // input among them; the top's H = y + a − c_top): a wrapped one first frees its forward's
-  // output and re-runs (the family's recompute instants from H_j, its output temp beside
-  // dy), then each gradient buffer from A4 = H_j + K − a. Every instant of a block holds
-  // less than the same instant of the block above (H falls by c_j ≥ a); walked all the
-  // same, as a lower block's re-run can meet an instant above it. The top block's dy is the
-  // received gradient (comm) on a piece other than the last; a lower block's the dx of
-  // the one above (temp). With no block wrapped the top block's instants alone are walked.
+  // Then the top block from H (y + a − c_top) and, when it is another, the topmost wrapped
+  // block from H_j = H − Σ_{j≤i<top} c_i: a wrapped block first frees its forward's output
+  // and re-runs (the family's recompute instants from H_j, its output temp beside dy), then
+  // each gradient buffer from A4 = H_j + K − a. The top block's dy is the received gradient
+  // (comm) on a piece but the last; a lower block's the dx of the one above (temp). Every
+  // other block's instants hold less than the same instants of one of these two (H falls by
+  // c_i ≥ a a block; a re-run's highest instant, its output beside dy, X + 2a over
+  // H_j + K − a, lies below the first gradient buffer of any block above it, X + a + F
+  // over at least H_j + a + K − a).
   const bool outer = !place.last;
-  i64 H = y + a - c(n - 1);
-  for (i64 j = n - 1; j >= (wrapped > 0 ? 0 : n - 1); --j) {  // unwrapped, the top one bounds them
+  const i64 H_top = y + a - c(n - 1);
+  auto block = [&](i64 j, i64 H) {
     std::vector<WalkInstant> walked;
     PeakWalk walk;
     walk.record(&walked);
@@ -112,8 +127,9 @@ PieceForms transformer_piece(const StepBlocks& z, const PieceSaves& saves, const
       const bool live = outer && j == n - 1 && w.dy_live;
       m.push_back({w.act, w.temp - X - (live ? a : 0) - (outer ? p.held_temp : 0), live});
     }
-    if (j > 0) H -= c(j - 1);
-  }
+  };
+  block(n - 1, H_top);
+  if (top_wrapped >= 0 && top_wrapped < n - 1) block(top_wrapped, H_top - (held_below(n - 1) - held_below(top_wrapped)));
   return p;
 }
 

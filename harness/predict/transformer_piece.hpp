@@ -16,6 +16,12 @@ struct PieceSaves {
   int embeddings = 0;
   int block = 0;
   int final_block = 0;
+  // --checkpoint attention: what a block's attention records again in its backward (flash:
+  // the re-run's output and log-sum-exp, 2 saves; math: the probabilities, 1), their bytes,
+  // and the bytes of the block's saves released before it (its MLP half's, the norm's, and
+  // the attention output's unless the attention itself saves it).
+  int attention_resaves = 0;
+  std::int64_t attention_resave_bytes = 0, attention_released_bytes = 0;
 };
 
 // place.blocks transformer blocks, with the embeddings when place.first and the final

@@ -113,17 +113,15 @@ void refuse_unbuilt_autocast(const RunConfig& cfg) {
 }
 
 void refuse_checkpointed_pipeline(const RunConfig& cfg) {
-  // A pipeline's stages checkpoint their blocks as a data-parallel run does (fp32, gpipe,
-  // 1f1b and interleaved-1f1b, along dp of a mesh); what is not built is refused by name.
+  // A pipeline's stages checkpoint their blocks (full, every:K) or their attention cores
+  // (attention) as a data-parallel run does (fp32, gpipe, 1f1b and interleaved-1f1b, along dp
+  // of a mesh); what is not built is refused by name.
   if (!cfg.pipeline() || !cfg.model.checkpoint.any()) return;
   const std::string both = "--checkpoint " + cfg.model.checkpoint.text() + " and --schedule " +
                            std::string(schedule_name(*cfg.schedule));
   if (*cfg.schedule == ScheduleKind::zb_h1 || *cfg.schedule == ScheduleKind::zbv)
     throw UsageError(both + ": the zero-bubble split (B and W apart) of a checkpointed stage is not built yet; "
                      "allowed: gpipe, 1f1b, interleaved-1f1b, or --checkpoint none");
-  if (cfg.model.checkpoint.attention())
-    throw UsageError(both + ": selective recompute in a pipeline's stages is not built yet; give --checkpoint "
-                     "full or every:K, or a data-parallel --strategy");
   if (cfg.mesh.tp > 1)
     throw UsageError(both + " and --mesh tp=" + std::to_string(cfg.mesh.tp) +
                      ": checkpointed tensor-parallel stages are not built yet; allowed: --mesh dp=D,pp=S, or "

@@ -138,17 +138,19 @@ TEST_F(RunInputs, CheckpointIsNoneFullEveryKOrAttentionAndNeverAPipelines) {
 }
 
 // A plan of every strategy and schedule under --checkpoint plans the data-parallel ones
-// (their model line says so) and the pipelines that checkpoint, and lists the zero-bubble
-// ones as skipped with the reason.
-TEST_F(RunInputs, APlanUnderCheckpointSkipsItsPipelines) {
+// (their model line says so) and the pipelines that checkpoint (gpipe, 1f1b), and lists the
+// zero-bubble ones as skipped with the reason.
+TEST_F(RunInputs, APlanUnderCheckpointPlansPipelinesAndSkipsTheZeroBubbleOnes) {
   const std::string out = dir_ + "/plan.txt";
   ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan --layers 4 --width 16 --worlds 2 " +
-                  "--checkpoint full > '" + out + "' 2>&1"),
+                  "--checkpoint full --strategies ddp,zero3 --schedules gpipe,1f1b,zb-h1 > '" + out + "' 2>&1"),
             0);
   std::ifstream in(out);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("checkpoint full"), std::string::npos) << text;
   EXPECT_NE(text.find("zero3"), std::string::npos) << text;
+  EXPECT_NE(text.find("pipeline, predicted per stage"), std::string::npos) << text;
+  EXPECT_NE(text.find("  1f1b "), std::string::npos) << text;
   EXPECT_NE(text.find("--checkpoint full and --schedule zb-h1"), std::string::npos) << text;
 }
 

@@ -1,7 +1,7 @@
 // Activation checkpointing inside pipeline stages (--checkpoint with --schedule; docs/formulas.md,
 // "Checkpointed pipeline stages"): a stage's blocks wrapped as in the data-parallel runs
 // (torch's non-reentrant checkpoint per block: full, every:K counting the model's blocks
-// from its first), under gpipe, 1f1b and interleaved-1f1b. Every stage of
+// from its first; attention, the core alone), under gpipe, 1f1b and interleaved-1f1b. Every stage of
 // S = 1..4 (played alone with the fake communicator past one stage), M = 2..8: the saved
 // tensors (a re-run's saves among them), resting and peak bytes per category and p2p
 // measured equal to the closed forms (harness/predict/pipeline_forms); peaks fall inside a
@@ -16,6 +16,8 @@
 
 #include "harness/comm/fake_comm.hpp"
 #include "harness/pipeline/pipeline_stage.hpp"
+#include "harness/predict/gpt2_forms.hpp"
+#include "harness/predict/llama_forms.hpp"
 #include "harness/predict/pipeline_forms.hpp"
 #include "shardscope/check.hpp"
 #include "support/dp_harness.hpp"
@@ -125,7 +127,7 @@ TEST(PipelineCheckpoint, Gpt2MeasuredEqualsPredictedOnEveryStage) {
   PeakPlaces places;
   int checked = 0;
   for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
-    for (const std::string ck : {"full", "every:2"})
+    for (const std::string ck : {"full", "every:2", "attention"})
       for (const int ffn : {32, 4})  // 4·hidden; narrower than hidden (a re-run's output then tops d gelu)
       for (int S = 1; S <= 4; ++S)
         for (const Grid& g : kSchedules)
@@ -156,7 +158,7 @@ TEST(PipelineCheckpoint, LlamaMeasuredEqualsPredictedOnEveryStage) {
   int checked = 0;
   for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
     for (const bool tied : {false, true})
-      for (const std::string ck : {"full", "every:2"})
+      for (const std::string ck : {"full", "every:2", "attention"})
         for (const int ffn : {12, 4})
         for (int S = 1; S <= 4; ++S)
           for (const Grid& g : kSchedules)
@@ -181,12 +183,47 @@ TEST(PipelineCheckpoint, LlamaMeasuredEqualsPredictedOnEveryStage) {
   for (const auto& [where, n] : places.count) std::printf("  peaks in %s: %d\n", where.c_str(), n);
 }
 
+// --checkpoint attention under math with a long sequence: the probabilities the core makes
+// again in B (A = 4·B·H·T²) outweigh what its block released before them, so the saves'
+// peak lies in a backward (the re-made probabilities beside the pair's saves).
+TEST(PipelineCheckpoint, AttentionRecomputeRaisesTheSavesInBackward) {
+  PeakPlaces places;
+  for (const std::string family : {"gpt2", "llama"})
+    for (int S = 1; S <= 3; ++S)
+      for (const Grid& g : kSchedules)
+        for (int M : {2, 3, 6}) {
+          if (g.chunks > 1 && M % S != 0) continue;
+          const int V = S * g.chunks;
+          ModelConfig model = family == "gpt2" ? gpt2_of(V, 8, 2, 11, 32, 6, AttentionMode::math, 4)
+                                               : llama_of(V, 8, 2, 2, 4, 11, 32, 6, AttentionMode::math, false);
+          model.checkpoint = policy("attention");
+          const RunConfig cfg = testing::pipeline_config(g.schedule, M, g.chunks, model, 1, 5);
+          for (int s = 0; s < S; ++s) {
+            SCOPED_TRACE(label(g, S, s, M, "attention") + " " + family + " math, T = 32");
+            expect_stage_equals_forms(cfg, S, s, places);
+          }
+        }
+  // The forms say the saves rise in such a backward (a piece between the first and the last).
+  CheckpointPolicy attention = policy("attention");
+  const PiecePlace middle{1, false, false, true, true, attention, 1};
+  for (const std::string family : {"gpt2", "llama"})
+    for (int rows : {1, 2}) {
+      const ModelConfig m = family == "gpt2" ? gpt2_of(3, 8, 2, 11, 32, 6, AttentionMode::math, 4)
+                                             : llama_of(3, 8, 2, 2, 4, 11, 32, 6, AttentionMode::math, false);
+      const PieceForms f = family == "gpt2" ? gpt2_piece(m.transformer, rows, middle)
+                                            : llama_piece(m.transformer, rows, middle);
+      EXPECT_GT(f.recompute_live_bytes, 0) << family << " rows " << rows;
+      EXPECT_EQ(f.recompute_saves, 1) << family;  // the probabilities, once a block
+    }
+}
+
 // One stage, every schedule: the checkpointed pipeline's gradients and AdamW state are
 // the full batch's (a re-run computes what the forward did, to the bit).
 TEST(PipelineCheckpoint, OneStageTrainsLikeTheFullBatch) {
-  for (const std::string ck : {"full", "every:2"})
+  for (const std::string ck : {"full", "every:2", "attention"})
     for (const std::string family : {"mlp", "gpt2", "llama"})
       for (const Grid& g : kSchedules) {
+        if (family == "mlp" && ck == "attention") continue;
         ModelConfig model = family == "mlp"    ? model_of(4, 8, 6, Activation::relu, Loss::mse)
                             : family == "gpt2" ? gpt2_of(3, 8, 2, 13, 4, 5, AttentionMode::math)
                                                : llama_of(3, 8, 4, 2, 12, 13, 4, 5, AttentionMode::flash, false);
