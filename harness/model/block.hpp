@@ -172,6 +172,11 @@ class Block {
   // Whether --checkpoint may wrap it (config.hpp: CheckpointPolicy): the MLP's layers
   // and a transformer's blocks; not a transformer's embedding or final block.
   virtual bool checkpointable() const { return true; }
+  // The module (its tensors, model block `index`) whose backward comes first in this
+  // block's: the one whose pre-backward hook fires before anything unpacks a save of the
+  // block, so before a checkpoint's re-run (DeepSpeed's stage 3 gathers it then: GPT-2's
+  // mlp.c_proj, Llama's down_proj). None elsewhere.
+  virtual std::vector<TensorRef> first_backward_module(int /*index*/) const { return {}; }
   // --checkpoint attention: a transformer block's attention core recomputes what it
   // would save (config.hpp: CheckpointPolicy); nothing else has one.
   virtual void set_recompute_attention(bool /*on*/) {}

@@ -90,6 +90,10 @@ class TransformerBlock final : public SequenceBlock {
     params_ = gpt2_block_params(s, layer, tp);
   }
   bool checkpointable() const override { return true; }
+  // mlp.c_proj: its output's gradient arrives first (the residual saves nothing).
+  std::vector<TensorRef> first_backward_module(int index) const override {
+    return module_tensors(index, {kMlpProjW, kMlpProjB});
+  }
   void set_recompute_attention(bool on) override { recompute_attention_ = on; }
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return params_; }

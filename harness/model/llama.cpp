@@ -114,6 +114,10 @@ class DecoderLayer final : public SequenceBlock {
         kv_head_(tp.rank / kv_replicas_),
         t_(llama_layer_tensors(s, layer, tp)) {}
   bool checkpointable() const override { return true; }
+  // down_proj: its output's gradient arrives first (the residual saves nothing).
+  std::vector<TensorRef> first_backward_module(int index) const override {
+    return module_tensors(index, {t_.downW});
+  }
   void set_recompute_attention(bool on) override { recompute_attention_ = on; }
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return t_.params; }

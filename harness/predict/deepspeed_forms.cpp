@@ -341,10 +341,9 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
   refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
   // --checkpoint under bf16: the MLP's and GPT-2's full|every:K; GPT-2's bf16 module has no
-  // attention recompute yet, nor a transformer's stage 3 any (a plan skips them with the reason).
+  // attention recompute yet (a plan skips it with the reason); a transformer's stage 3 in
+  // bf16 under --checkpoint is planned by its model states.
   if (lp != 4) refuse_deepspeed_bf16_checkpoint(cfg);
-  if (m.checkpoint.any() && m.is_transformer() && cfg.strategy == StrategyKind::zero3 && lp == 4)
-    throw UsageError(deepspeed_stage3_checkpoint_refusal(m));
   // Stage 3 runs the MLP (fp32 and bf16), GPT-2 and Llama in fp32 and GPT-2 in bf16; Llama's
   // bf16 and GPT-2's checkpointed bf16 are planned by their model states.
   if (cfg.strategy == StrategyKind::zero3) {

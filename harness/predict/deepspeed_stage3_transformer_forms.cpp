@@ -56,8 +56,8 @@ class Stage3Walk {
  public:
   // e: bytes an element of the gathers, gradients and zero tensors (4 fp32, 2 bf16).
   Stage3Walk(const Ds3Layout& l, int world, int rank, i64 cap, i64 e)
-      : l_(l), world_(world), rank_(rank), cap_(cap), e_(e), held_(l.elems.size(), 0), grad_(l.elems.size(), false),
-        uses_(l.elems.size(), 0) {}
+      : l_(l), world_(world), rank_(rank), cap_(cap), e_(e), held_(l.elems.size(), 0),
+        kept_by_rerun_(l.elems.size(), 0), grad_(l.elems.size(), false), uses_(l.elems.size(), 0) {}
 
   void place(Phase phase, const std::string& where) {
     phase_ = phase;
@@ -78,9 +78,30 @@ class Stage3Walk {
   // A module's pre-forward hook: its tensors gathered (an instant when any are).
   void forward_begin(const std::vector<int>& m, i64 temp, i64 act) {
     gather(m, temp, act);
+    if (rerun_) return;  // a re-run's use is met by no backward of its own
     for (int t : m) ++uses_[t];
   }
-  void forward_end(const std::vector<int>& m) { release(m); }
+  // Its post-forward hook: released. In a re-run the first-backward module has none (the
+  // re-run stops inside it), and every other module's gathered bytes stay, kept by the
+  // re-run's saves to its backward (whose pre-backward hook gathers it again).
+  void forward_end(const std::vector<int>& m) {
+    if (!rerun_) {
+      release(m);
+    } else if (m != entry_) {
+      for (int t : m) {
+        kept_by_rerun_[t] += held_[t];
+        held_[t] = 0;
+      }
+    }
+  }
+  // --checkpoint: a wrapped block's first-backward module gathered by its pre-backward hook
+  // (temp and act as they are then), then its re-run (the family's forward) until end_rerun.
+  void begin_rerun(const std::vector<int>& entry, i64 temp, i64 act) {
+    gather(entry, temp, act);
+    entry_ = entry;
+    rerun_ = true;
+  }
+  void end_rerun() { rerun_ = false; }
   // Its pre-backward hook: gathered again, then the gradients of its tensors that have none.
   void backward_begin(const std::vector<int>& m, i64 temp, i64 act) {
     gather(m, temp, act);
@@ -97,6 +118,10 @@ class Stage3Walk {
   // left copied into the bucket, last tensor first, a full bucket reduced first; then the
   // module released, or kept to the backward's end when its input takes no gradient.
   void backward_end(const std::vector<int>& m, i64 temp, i64 act, bool input_requires_grad) {
+    for (int t : m) {  // its op's backward has run: a re-run's saves of its tensors go first
+      gathered_ -= kept_by_rerun_[t];
+      kept_by_rerun_[t] = 0;
+    }
     for (auto it = m.rbegin(); it != m.rend(); ++it) {
       const int t = *it;
       if (--uses_[t] > 0) continue;
@@ -158,10 +183,13 @@ class Stage3Walk {
   const int world_, rank_;
   const i64 cap_, e_;
   std::vector<i64> held_;  // per tensor: its gathered bytes (0: not gathered)
+  std::vector<i64> kept_by_rerun_;  // per tensor: gathered bytes a re-run's saves keep
   std::vector<bool> grad_;
   std::vector<int> uses_;  // forward uses not yet met by a backward
   std::vector<int> bucket_, kept_;
   i64 gathered_ = 0, grads_ = 0, used_ = 0;
+  bool rerun_ = false;
+  std::vector<int> entry_;
   Phase phase_ = Phase::forward;
   std::string where_;
 };
@@ -172,9 +200,14 @@ std::string layer(int b) { return "layer " + std::to_string(b); }
 struct Family {
   std::vector<int> tokens, positions;  // the embeddings (positions: GPT-2's wpe)
   std::vector<int> final_norm, head;
-  // Block b's (1..L) modules in forward order; backward's instants per module (below).
-  std::function<void(Stage3Walk&, int b, i64 S)> forward;
+  // Block b's (1..L) instants through its modules in forward order, from S (the
+  // activations below it, its input among them), and backward's per module from A4 (its
+  // output freed, dy = a held). A re-run (rerun): the same instants with dy beside them,
+  // its output temp.
+  std::function<void(Stage3Walk&, int b, i64 S, bool rerun)> forward;
   std::function<void(Stage3Walk&, int b, i64 A4)> backward;
+  // Block b's modules in forward order; the last is the first its backward reaches.
+  std::function<std::vector<std::vector<int>>(int b)> block_modules;
   i64 base = 0, K = 0, final_held = 0;
   // The residual stream's (N, h) (a fp32, b bf16), the logits (Λ, Λ'), nll_loss's total_weight.
   i64 a = 0, lambda = 0, loss_weight = 4;
@@ -190,12 +223,17 @@ void gpt2_modules(Family& f, const TransformerShape& s) {
   const int final_first = kGpt2FirstBlock + kGpt2PerBlock * s.layers;
   f.final_norm = {final_first, final_first + 1};
   f.head = {0};  // wte
-  f.modules = {f.tokens, f.positions, f.final_norm, f.head};
-  for (int b = 1; b <= s.layers; ++b)
+  f.block_modules = [](int b) {
+    std::vector<std::vector<int>> out;
     for (int i = 0; i < kGpt2PerBlock; i += 2) {
       const int t = kGpt2FirstBlock + kGpt2PerBlock * (b - 1) + i;
-      f.modules.push_back({t, t + 1});
+      out.push_back({t, t + 1});
     }
+    return out;
+  };
+  f.modules = {f.tokens, f.positions, f.final_norm, f.head};
+  for (int b = 1; b <= s.layers; ++b)
+    for (const std::vector<int>& m : f.block_modules(b)) f.modules.push_back(m);
 }
 // Block b's (1..L) module i (0 ln_1, 2 c_attn, 4 attn.c_proj, 6 ln_2, 8 c_fc, 10 mlp.c_proj).
 std::vector<int> gpt2_module(int b, int i) {
@@ -207,12 +245,15 @@ Family gpt2_family(const ModelConfig& model) {
   const TransformerShape& s = model.transformer;
   const int batch = model.batch;
   const TokenSizes z = token_sizes(s, batch);
-  const StepBlocks blocks = gpt2_blocks(s, batch, false);
+  const bool recompute_attention = model.checkpoint.attention();
+  const StepBlocks blocks = gpt2_blocks(s, batch, recompute_attention);
   const i64 N = z.N, a = z.a, F = z.F, A = z.A, X = 16 * N, K = blocks.K;
+  // --checkpoint attention: the attention's own save A not kept from forward to backward.
+  const i64 R = recompute_attention ? A : 0;
   // Math's v: a copy (a), or with one sequence or one head a view of the saved qkv (3a).
   const bool view = batch == 1 || s.heads == 1;
   const i64 V = view ? 3 * a : a;
-  const i64 att = z.flash ? 4 * a + A : 3 * a + V + A;  // the attention's saves
+  const i64 att = (z.flash ? 4 * a + A : 3 * a + V + A) - R;  // the attention's saves
   Family f;
   gpt2_modules(f, s);
   f.base = blocks.base;
@@ -221,20 +262,25 @@ Family gpt2_family(const ModelConfig& model) {
   f.a = a;
   f.lambda = z.lambda;
   const auto mod = gpt2_module;
-  f.forward = [=](Stage3Walk& w, int b, i64 S) {
+  f.forward = [=](Stage3Walk& w, int b, i64 S, bool rerun) {
+    const i64 Xd = rerun ? X + a : X;  // a re-run's dy beside the ids and target
     auto through = [&](int i, i64 temp, i64 act, i64 temp_out, i64 act_out) {
       w.forward_begin(mod(b, i), temp, act);
       w.at(temp_out, act_out);
       w.forward_end(mod(b, i));
     };
-    through(0, X, S, X, S + 8 * N + a);                                   // ln_1: mean, rstd, output
+    through(0, Xd, S, Xd, S + 8 * N + a);                                 // ln_1: mean, rstd, output
     const bool qkv_saved = z.flash || view;                               // c_attn: qkv (3a)
-    through(2, X, S + 8 * N + a, qkv_saved ? X : X + 3 * a, S + 8 * N + a + (qkv_saved ? 3 * a : 0));
+    through(2, Xd, S + 8 * N + a, qkv_saved ? Xd : Xd + 3 * a, S + 8 * N + a + (qkv_saved ? 3 * a : 0));
+    // --checkpoint attention, math: the probabilities beside the head-major output
+    // (gpt2_forms.cpp's forward instant), no module gathered.
+    if (R > 0 && !z.flash) w.at(Xd + a, S + 8 * N + 3 * a + V + A);
     const i64 S1 = S + 8 * N + a + att;                                   // after the attention
-    through(4, X, S1, X, S1 + a);                                         // attn.c_proj: x_mid
-    through(6, X, S1 + a, X, S1 + 2 * a + 8 * N);                         // ln_2
-    through(8, X, S1 + 2 * a + 8 * N, X, S1 + 2 * a + 8 * N + F);         // c_fc; then GELU's F
-    through(10, X, S1 + 2 * a + 8 * N + 2 * F, X, S + K);                 // mlp.c_proj: the output
+    through(4, Xd, S1, Xd, S1 + a);                                       // attn.c_proj: x_mid
+    through(6, Xd, S1 + a, Xd, S1 + 2 * a + 8 * N);                       // ln_2
+    through(8, Xd, S1 + 2 * a + 8 * N, Xd, S1 + 2 * a + 8 * N + F);       // c_fc; then GELU's F
+    // mlp.c_proj: the output (a re-run's temp)
+    through(10, Xd, S1 + 2 * a + 8 * N + 2 * F, rerun ? Xd + a : Xd, rerun ? S + K - a : S + K);
   };
   f.backward = [=](Stage3Walk& w, int b, i64 A4) {
     // mlp.c_proj: d gelu (F); GELU's output released
@@ -248,19 +294,25 @@ Family gpt2_family(const ModelConfig& model) {
     // ln_2: d x_mid (a); d ln_2 out freed, x_mid, mean and rstd released
     w.backward_begin(mod(b, 6), X + 2 * a, A4 - 2 * F - a);
     w.at(X + 3 * a, A4 - 2 * F - a);
-    const i64 A8 = A4 - 2 * F - 2 * a - 8 * N;
-    w.backward_end(mod(b, 6), X + 2 * a, A8, true);
+    // A8: with the attention's save (under --checkpoint attention once it is made again)
+    const i64 A8 = A4 - 2 * F - 2 * a - 8 * N + R;
+    w.backward_end(mod(b, 6), X + 2 * a, A8 - R, true);
     // attn.c_proj (dy freed by the residual): d attention output (a)
-    w.backward_begin(mod(b, 4), X + a, A8);
-    w.at(X + 2 * a, A8);
-    w.backward_end(mod(b, 4), X + 2 * a, A8, true);
+    w.backward_begin(mod(b, 4), X + a, A8 - R);
+    w.at(X + 2 * a, A8 - R);
+    w.backward_end(mod(b, 4), X + 2 * a, A8 - R, true);
     // the attention (no module): gpt2_forms.cpp's instants
     i64 A9 = 0;
     if (z.flash) {
-      w.at(X + 5 * a, A8);  // d qkv
+      if (R > 0) {  // the flash forward again: its output, its lse
+        w.at(X + 2 * a, A8 - R + a);
+        w.at(X + 2 * a, A8 + a);
+      }
+      w.at(X + 5 * a, A8 + (R > 0 ? a : 0));  // d qkv
       A9 = A8 - 4 * a - A;
     } else {
-      w.at(X + 3 * a, A8 - a);                // d out, head-major (y freed)
+      w.at(X + 3 * a, A8 - a - R);            // d out, head-major (y freed)
+      if (R > 0) w.at(X + 2 * a, A8 - a);     // the probabilities made again (d out freed)
       w.at(X + 2 * a + A, A8 - a);            // d probabilities
       w.at(X + 3 * a + A, A8 - a);            // d v
       w.at(X + 3 * a + A, A8 - a - V - A);    // d q
@@ -283,12 +335,15 @@ Family gpt2_family(const ModelConfig& model) {
 Family llama_family(const ModelConfig& model) {
   const TransformerShape& s = model.transformer;
   const TokenSizes z = token_sizes(s, model.batch);
-  const StepBlocks blocks = llama_blocks(s, model.batch, false);
+  const bool recompute_attention = model.checkpoint.attention();
+  const StepBlocks blocks = llama_blocks(s, model.batch, recompute_attention);
   const int d = s.head_dim > 0 ? s.head_dim : s.hidden / s.heads;
   const int kv_heads = s.kv_heads > 0 ? s.kv_heads : s.heads;
   const i64 N = z.N, a = z.a, F = z.F, A = z.A, X = 16 * N, K = blocks.K;
   const i64 Q = 4 * N * s.heads * d, C = 4 * N * kv_heads * d;
-  const i64 att = z.flash ? 2 * Q + 2 * C + A : 4 * Q + A;  // the attention's saves
+  // --checkpoint attention: the attention's own save A not kept from forward to backward.
+  const i64 R = recompute_attention ? A : 0;
+  const i64 att = (z.flash ? 2 * Q + 2 * C + A : 4 * Q + A) - R;  // the attention's saves
   const LlamaLayerTensors t = llama_layer_tensors(s, 0);
   const int per_block = static_cast<int>(t.params.size()), first_block = 1;
   const int final_first = first_block + per_block * s.layers;
@@ -307,31 +362,44 @@ Family llama_family(const ModelConfig& model) {
       if (i >= 0) out.push_back(first_block + per_block * (b - 1) + i);
     return out;
   };
+  f.block_modules = [=](int b) {
+    return std::vector<std::vector<int>>{mod(b, {t.norm1}), mod(b, {t.qW, t.qB}), mod(b, {t.kW, t.kB}),
+                                         mod(b, {t.vW, t.vB}), mod(b, {t.oW, t.oB}), mod(b, {t.norm2}),
+                                         mod(b, {t.gateW}), mod(b, {t.upW}), mod(b, {t.downW})};
+  };
   f.modules = {f.tokens, f.final_norm, f.head};
   for (int b = 1; b <= s.layers; ++b)
-    for (const std::vector<int>& m : {mod(b, {t.norm1}), mod(b, {t.qW, t.qB}), mod(b, {t.kW, t.kB}),
-                                      mod(b, {t.vW, t.vB}), mod(b, {t.oW, t.oB}), mod(b, {t.norm2}),
-                                      mod(b, {t.gateW}), mod(b, {t.upW}), mod(b, {t.downW})})
-      f.modules.push_back(m);
-  f.forward = [=](Stage3Walk& w, int b, i64 S) {
+    for (const std::vector<int>& m : f.block_modules(b)) f.modules.push_back(m);
+  f.forward = [=](Stage3Walk& w, int b, i64 S, bool rerun) {
+    const i64 Xd = rerun ? X + a : X;  // a re-run's dy beside the ids and target
     auto through = [&](const std::vector<int>& m, i64 temp, i64 act, i64 temp_out, i64 act_out) {
       w.forward_begin(m, temp, act);
       w.at(temp_out, act_out);
       w.forward_end(m);
     };
     const i64 P0 = S + 4 * N + a;
-    through(mod(b, {t.norm1}), X, S, X, P0);  // rstd, output
+    through(mod(b, {t.norm1}), Xd, S, Xd, P0);  // rstd, output
     // q, k, v (flash saves them; math's are temp until copied head-major)
     const i64 tq = z.flash ? 0 : 1, aq = z.flash ? 1 : 0;
-    through(mod(b, {t.qW, t.qB}), X, P0, X + tq * Q, P0 + aq * Q);
-    through(mod(b, {t.kW, t.kB}), X + tq * Q, P0 + aq * Q, X + tq * (Q + C), P0 + aq * (Q + C));
-    through(mod(b, {t.vW, t.vB}), X + tq * (Q + C), P0 + aq * (Q + C), X + tq * (Q + 2 * C), P0 + aq * (Q + 2 * C));
+    through(mod(b, {t.qW, t.qB}), Xd, P0, Xd + tq * Q, P0 + aq * Q);
+    through(mod(b, {t.kW, t.kB}), Xd + tq * Q, P0 + aq * Q, Xd + tq * (Q + C), P0 + aq * (Q + C));
+    through(mod(b, {t.vW, t.vB}), Xd + tq * (Q + C), P0 + aq * (Q + C), Xd + tq * (Q + 2 * C),
+            P0 + aq * (Q + 2 * C));
+    // Math's attention, no module gathered (llama_forms.cpp's instants, where a re-run's dy
+    // or --checkpoint attention can lift them): q, k, v token-major beside their head-major
+    // copies; the probabilities beside the head-major output; the token-major output.
+    if (!z.flash && (rerun || R > 0)) {
+      w.at(Xd + Q + 2 * C, P0 + 3 * Q);
+      w.at(Xd + Q, P0 + 3 * Q + A);
+      w.at(Xd + Q, P0 + 4 * Q + A - R);
+    }
     const i64 S1 = P0 + att;  // after the attention
-    through(mod(b, {t.oW, t.oB}), X, S1, X, S1 + a);                            // x_mid
-    through(mod(b, {t.norm2}), X, S1 + a, X, S1 + 2 * a + 4 * N);               // rstd, y2
-    through(mod(b, {t.gateW}), X, S1 + 2 * a + 4 * N, X, S1 + 2 * a + 4 * N + F);  // then SiLU's F
-    through(mod(b, {t.upW}), X, S1 + 2 * a + 4 * N + 2 * F, X, S1 + 2 * a + 4 * N + 3 * F);  // then the product
-    through(mod(b, {t.downW}), X, S1 + 2 * a + 4 * N + 4 * F, X, S + K);       // the output
+    through(mod(b, {t.oW, t.oB}), Xd, S1, Xd, S1 + a);                             // x_mid
+    through(mod(b, {t.norm2}), Xd, S1 + a, Xd, S1 + 2 * a + 4 * N);                // rstd, y2
+    through(mod(b, {t.gateW}), Xd, S1 + 2 * a + 4 * N, Xd, S1 + 2 * a + 4 * N + F);  // then SiLU's F
+    through(mod(b, {t.upW}), Xd, S1 + 2 * a + 4 * N + 2 * F, Xd, S1 + 2 * a + 4 * N + 3 * F);  // then the product
+    // down: the output (a re-run's temp)
+    through(mod(b, {t.downW}), Xd, S1 + 2 * a + 4 * N + 4 * F, rerun ? Xd + a : Xd, rerun ? S + K - a : S + K);
   };
   f.backward = [=](Stage3Walk& w, int b, i64 A4) {
     // down: d product (F); the product released
@@ -350,20 +418,26 @@ Family llama_family(const ModelConfig& model) {
     // post_attention_layernorm: d x_mid (a); d y2 freed, x_mid and rstd released
     w.backward_begin(mod(b, {t.norm2}), X + 2 * a, A4 - 4 * F - a);
     w.at(X + 3 * a, A4 - 4 * F - a);
-    const i64 A5 = A4 - 4 * F - 2 * a - 4 * N;
-    w.backward_end(mod(b, {t.norm2}), X + 2 * a, A5, true);
+    // A5: with the attention's save (under --checkpoint attention once it is made again)
+    const i64 A5 = A4 - 4 * F - 2 * a - 4 * N + R;
+    w.backward_end(mod(b, {t.norm2}), X + 2 * a, A5 - R, true);
     // o (dy freed by the residual): d out (Q)
-    w.backward_begin(mod(b, {t.oW, t.oB}), X + a, A5);
-    w.at(X + a + Q, A5);
-    w.backward_end(mod(b, {t.oW, t.oB}), X + a + Q, A5, true);
+    w.backward_begin(mod(b, {t.oW, t.oB}), X + a, A5 - R);
+    w.at(X + a + Q, A5 - R);
+    w.backward_end(mod(b, {t.oW, t.oB}), X + a + Q, A5 - R, true);
     // the attention (no module): llama_forms.cpp's instants
     i64 A6 = 0;
     if (z.flash) {
-      w.at(X + a + 2 * Q + 2 * C, A5);  // d q, k, v
+      if (R > 0) {  // the flash forward again: its output, its lse
+        w.at(X + a + Q, A5 - R + Q);
+        w.at(X + a + Q, A5 + Q);
+      }
+      w.at(X + a + 2 * Q + 2 * C, A5 + (R > 0 ? Q : 0));  // d q, k, v
       A6 = A5 - 2 * Q - 2 * C - A;
     } else {
       const i64 Am = A5 - Q;  // out, which only o_proj saved, freed
-      w.at(X + a + 2 * Q, Am);              // d out, head-major
+      w.at(X + a + 2 * Q, Am - R);          // d out, head-major
+      if (R > 0) w.at(X + a + Q, Am);       // the probabilities made again (d out freed)
       w.at(X + a + Q + A, Am);              // d probabilities
       w.at(X + a + 2 * Q + A, Am);          // d v (expanded)
       w.at(X + a + 2 * Q + A, Am - Q - A);  // d q
@@ -407,7 +481,7 @@ Family gpt2_bf16_family(const ModelConfig& model) {
   f.lambda = z.lambda / 2;
   f.loss_weight = 2;
   const auto mod = gpt2_module;
-  f.forward = [=](Stage3Walk& w, int blk, i64 S) {
+  f.forward = [=](Stage3Walk& w, int blk, i64 S, bool /*rerun: refused (no --checkpoint under bf16 yet)*/) {
     auto through = [&](int i, i64 temp, i64 act, i64 temp_out, i64 act_out) {
       w.forward_begin(mod(blk, i), temp, act);
       w.at(temp_out, act_out);
@@ -467,9 +541,9 @@ Family gpt2_bf16_family(const ModelConfig& model) {
 }  // namespace
 
 std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model) {
-  return "--checkpoint " + model.checkpoint.text() + " and --engine deepspeed and --strategy zero3 and --model " +
-         model.name + ": not built yet (a re-run's module hooks under stage 3); allowed: the MLP under zero3, or " +
-         "zero1, zero2";
+  return "--checkpoint " + model.checkpoint.text() + " and --engine deepspeed and --strategy zero3 and --precision " +
+         "bf16 and --model " + model.name + ": not built yet (a re-run's module hooks under stage 3 in bf16); " +
+         "allowed: fp32";
 }
 
 std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cfg, int world) {
@@ -491,6 +565,11 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
   const Family f = bf16 ? gpt2_bf16_family(m) : gpt2 ? gpt2_family(m) : llama_family(m);
   const TokenSizes z = token_sizes(s, m.batch);
   const i64 N = z.N, a = f.a, lambda = f.lambda, X = 16 * N;
+  // --checkpoint full|every:K: model block b (1..L) is transformer block b - 1, wrapped when
+  // the policy wraps it; it holds its output alone (a) from its forward to its backward.
+  auto wrapped = [&](int b) { return m.checkpoint.wraps(b - 1); };
+  std::vector<i64> held(static_cast<std::size_t>(L) + 1, f.base);  // held[b]: after block b's forward
+  for (int b = 1; b <= L; ++b) held[b] = held[b - 1] + (wrapped(b) ? a : f.K);
 
   // What the gathers move: every module's non-persistent tensors, in forward and again in
   // backward (the tied table by the embedding and by the head, each way), each micro-step;
@@ -506,7 +585,14 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
     return ds3_gather(l, set, world, e).moved;
   };
   i64 step_moved = 0;
-  for (const std::vector<int>& module : f.modules) step_moved += moved(module);
+  for (const std::vector<int>& module : f.modules) step_moved += 2 * moved(module);
+  // A wrapped block's re-run gathers each of its modules a third time but the first its
+  // backward reaches (gathered by its pre-backward hook before the re-run, then kept).
+  for (int b = 1; b <= L; ++b) {
+    if (!wrapped(b)) continue;
+    const std::vector<std::vector<int>> mods = f.block_modules(b);
+    for (std::size_t i = 0; i + 1 < mods.size(); ++i) step_moved += moved(mods[i]);
+  }
   std::vector<Prediction> ranks(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
     Prediction& p = ranks[r];
@@ -517,7 +603,7 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
     p.resting[Category::comm] = Bk;
     p.model_states = p.resting.total() - Bk;
     p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = e * P * K;
-    p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 2 * step_moved * K + kept.moved;
+    p.comm_bytes[static_cast<int>(CollKind::all_gather)] = step_moved * K + kept.moved;
 
     Stage3Walk w(l, world, r, cap, e);
     // Every micro-step repeats the first's instants (nothing but the partitions is kept
@@ -535,9 +621,9 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
     }
     for (int b = 1; b <= L; ++b) {
       w.place(Phase::forward, layer(b));
-      f.forward(w, b, f.base + (b - 1) * f.K);
+      f.forward(w, b, held[b - 1], false);
     }
-    const i64 SL = f.base + L * f.K, fh = f.final_held;
+    const i64 SL = held[L], fh = f.final_held;
     w.place(Phase::forward, layer(L + 1));
     w.forward_begin(f.final_norm, X, SL);
     w.at(X, SL + fh);
@@ -559,8 +645,16 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
     w.at(X + 2 * a, A1 - a);
     w.backward_end(f.final_norm, X + a, A1 - fh, true);
     for (int b = L; b >= 1; --b) {
+      if (wrapped(b)) {
+        // Its output freed, dy = a: the first-backward module gathered, then the re-run
+        // from its input (held[b - 1]), every save made again, its output temp.
+        w.place(Phase::backward, "recompute of block " + std::to_string(b - 1));
+        w.begin_rerun(f.block_modules(b).back(), X + a, held[b - 1]);
+        f.forward(w, b, held[b - 1], true);
+        w.end_rerun();
+      }
       w.place(Phase::backward, layer(b));
-      f.backward(w, b, f.base + b * f.K - a);  // its output freed
+      f.backward(w, b, held[b - 1] + f.K - a);  // its output freed
     }
     // The embeddings (x0 freed; dy = a): GPT-2's positions first, then the tokens' table
     // (dy freed once its gradient is made); their ids take no gradient.

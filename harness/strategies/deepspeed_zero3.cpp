@@ -20,6 +20,7 @@ DeepSpeedZero3::DeepSpeedZero3(const StrategyContext& ctx)
   view_.assign(static_cast<std::size_t>(model_->param_tensors()), nullptr);
   block_grad_.resize(static_cast<std::size_t>(model_->blocks()));
   tensor_grad_.resize(static_cast<std::size_t>(model_->param_tensors()));
+  rerun_kept_.resize(static_cast<std::size_t>(model_->param_tensors()));
   uses_.assign(static_cast<std::size_t>(model_->param_tensors()), 0);
 }
 
@@ -159,11 +160,37 @@ std::vector<int> DeepSpeedZero3::to_gather(const std::vector<TensorRef>& tensors
 void DeepSpeedZero3::module_forward_begin(const std::vector<TensorRef>& tensors) {
   if (!modules_) return;
   gather(to_gather(tensors), Category::param_unsharded);
+  if (rerunning_) return;  // a re-run's use is met by no backward of its own
   for (const TensorRef& r : tensors) ++uses_[tensor_of(r)];
 }
 
+namespace {
+bool same_module(const std::vector<TensorRef>& x, const std::vector<TensorRef>& y) {
+  if (x.size() != y.size()) return false;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (x[i].block != y[i].block || x[i].tensor != y[i].tensor) return false;
+  return true;
+}
+}  // namespace
+
 void DeepSpeedZero3::module_forward_end(const std::vector<TensorRef>& tensors) {
-  if (modules_) release(not_persistent(tensors));
+  if (!modules_) return;
+  if (!rerunning_) {
+    release(not_persistent(tensors));
+    return;
+  }
+  // A re-run (torch's non-reentrant checkpoint): it stops at its last save, inside the
+  // block's first-backward module, whose post-forward hook so never fires (that module
+  // stays gathered from its pre-backward hook to its backward's end). Every other
+  // module's op saved detached views of its parameters (LinearFunctionForZeroStage3 its
+  // weight and bias, LayerNorm its weight and bias, RMSNorm its weight), which keep their
+  // gathered storages to that module's backward; the hook releases the parameters, so its
+  // pre-backward hook gathers them again.
+  if (same_module(tensors, rerun_entry_)) return;
+  for (int t : not_persistent(tensors)) {
+    rerun_kept_[t] = std::move(gathered_[t]);
+    view_[t] = nullptr;
+  }
 }
 
 void DeepSpeedZero3::module_backward_begin(const std::vector<TensorRef>& tensors) {
@@ -180,6 +207,8 @@ void DeepSpeedZero3::module_backward_begin(const std::vector<TensorRef>& tensors
 
 void DeepSpeedZero3::module_backward_end(const std::vector<TensorRef>& tensors, bool input_requires_grad) {
   if (!modules_) return;
+  // Its op's backward has run: a re-run's saves of its parameters go first.
+  for (const TensorRef& r : tensors) rerun_kept_[tensor_of(r)].reset();
   // The gradient hooks fire before the module's post-backward hook: the last tensor first.
   for (auto it = tensors.rbegin(); it != tensors.rend(); ++it) {
     const int t = tensor_of(*it);
@@ -237,15 +266,27 @@ void DeepSpeedZero3::before_backward(int block) {
 }
 
 // The re-run's pre-forward hook: it gathers what is not gathered (under ReLU, all of it).
+// A transformer block's: its first-backward module's pre-backward hook has fired (its
+// gradient arrives before anything unpacks a save) and gathered it; then the re-run, each
+// module's hooks firing in it.
 void DeepSpeedZero3::before_recompute(int block) {
-  if (!modules_ && recompute_first(block)) gather(gathered_tensors(block), Category::param_unsharded);
+  if (modules_) {
+    rerun_entry_ = model_->block(block).first_backward_module(block);
+    gather(to_gather(rerun_entry_), Category::param_unsharded);
+    rerunning_ = true;
+    return;
+  }
+  if (recompute_first(block)) gather(gathered_tensors(block), Category::param_unsharded);
 }
 
 // The re-run's post-forward hook releases the layer; its saves keep the weight's gathered
 // buffer when the Linear saved its weight (its input requires a gradient: not layer 0),
 // which the backward then reads. Under ReLU the pre-backward hook comes next.
 void DeepSpeedZero3::after_recompute(int block) {
-  if (modules_) return;
+  if (modules_) {
+    rerunning_ = false;
+    return;
+  }
   const std::vector<int> tensors = gathered_tensors(block);
   const int weight = tensor_of(block, 0);
   for (int t : tensors) {

@@ -66,6 +66,14 @@
 //             master weights (category master), AdamW fp32; the step flattens the gradient
 //             partitions in bf16, casts them to a new fp32 buffer (`.to(fp32)`) and frees
 //             the bf16 one, and rounds the updated master weights into the partitions;
+//   --checkpoint (GPT-2, Llama: torch's non-reentrant checkpoint per block) a wrapped
+//             block's backward begins with its first-backward module's pre-backward hook
+//             (mlp.c_proj, down_proj: gathered), then its re-run, every module's hooks
+//             firing again: each gathered, run, released, but that module (the re-run stops
+//             at its last save, inside it: no post-forward hook) and the storages its op's
+//             saves keep (LinearFunctionForZeroStage3 saves weight and bias, a norm its
+//             weight and bias; the re-run's saves are detached views), held to the module's
+//             backward, whose pre-backward hook gathers it again beside them;
 //   optimizer every gathered tensor is released (the persistent ones too), the gradient
 //             partitions flattened into a new buffer (grad, C), AdamW on the copy, the
 //             gradient freed, the copy written into the flat partition; then the
@@ -156,6 +164,12 @@ class DeepSpeedZero3 : public DataParallelStrategy, private BlockAccess {
   std::vector<Buffer> tensor_grad_;
   std::vector<int> uses_;
   std::vector<int> leftovers_;
+  // --checkpoint (a transformer's): a wrapped block's re-run under way, its first-backward
+  // module (gathered before it), and per tensor the gathered storage a re-run's saves keep
+  // to its module's backward.
+  bool rerunning_ = false;
+  std::vector<TensorRef> rerun_entry_;
+  std::vector<Buffer> rerun_kept_;
 };
 
 }  // namespace shardscope

@@ -503,5 +503,36 @@ TEST(DeepSpeedMpi, StageThreeTransformersTrainLikeOneRank) {
         }
 }
 
+// --checkpoint under stage 3 of GPT-2 and Llama: a wrapped block's re-run gathers its
+// modules again (the first-backward one gathered before it) and its saves keep their
+// gathered storages to each module's backward; --checkpoint attention recomputes the core.
+// Full, every:2 and attention, every tensor gathered (0) and the weights alone (100),
+// one micro-step and two: each trains like one rank (the K-fold batch in one), its bytes
+// the closed forms' and an emulated rank's.
+TEST(DeepSpeedMpi, StageThreeCheckpointedTransformersTrainLikeOneRank) {
+  const std::pair<const char*, ModelConfig> models[] = {
+      {"gpt2 math", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::math)},
+      {"llama flash", testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, AttentionMode::flash, false)},
+      {"llama tied math", testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, AttentionMode::math, true)},
+  };
+  const CheckpointPolicy policies[] = {{CheckpointKind::every, 1}, {CheckpointKind::every, 2},
+                                       {CheckpointKind::attention, 1}};
+  for (const auto& [name, m] : models)
+    for (const CheckpointPolicy& ck : policies)
+      for (std::int64_t threshold : {std::int64_t{0}, std::int64_t{100}})
+        for (int k : {1, 2}) {
+          SCOPED_TRACE(std::string(name) + " " + ck.text() + " threshold " + std::to_string(threshold) + " K=" +
+                       std::to_string(k));
+          RunConfig cfg = ds_config(m, "zero3", 0.005);
+          cfg.model.checkpoint = ck;
+          cfg.param_persistence = threshold;
+          cfg.accumulate = k;
+          RunConfig whole = cfg;
+          whole.model.batch = k * m.batch;
+          whole.accumulate = 1;
+          check_against_one_rank(cfg, 4e-4, whole, k > 1 ? 1e-6 : 1e-7);
+        }
+}
+
 }  // namespace
 }  // namespace shardscope
