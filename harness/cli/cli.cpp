@@ -129,12 +129,15 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--engine", f.engine,
                  "torch | fsdp2 | deepspeed: whose layout the sharded strategies take: torch's FSDP1 flat units, "
                  "fully_shard's per-tensor dim-0 shards (zero2/zero3), or DeepSpeed's ZeRO stages (zero1, zero2, "
-                 "zero3); ddp is torch's under each (default torch)")
+                 "zero3); ddp is torch's under each, but under --engine deepspeed --precision bf16 DeepSpeed's "
+                 "stage 0: its FP16_Optimizer in bf16 over FusedAdam, bf16 parameters and gradients, fp32 master and "
+                 "AdamW on every rank (the ZeRO paper's 16 B a parameter; default torch)")
       ->type_name("torch|fsdp2|deepspeed");
   app.add_option("--precision", f.precision,
                  "fp32 | bf16: bf16 trains in the engine's mixed-precision regime (default fp32; built: autocast "
                  "under ddp/zero1 and the pipelines, FSDP's MixedPrecision for the MLP and gpt2 under "
-                 "zero2/zero3/hsdp, DeepSpeed's bf16 for their zero1/zero2/zero3; docs/cli.md lists the rest)")
+                 "zero2/zero3/hsdp, DeepSpeed's bf16 for their ddp (stage 0)/zero1/zero2/zero3; docs/cli.md lists "
+                 "the rest)")
       ->type_name("fp32|bf16");
   app.add_option("--autocast-region", f.autocast_region,
                  "microbatch | step: where a bf16 pipeline's autocast region sits (--precision bf16 --schedule "
@@ -312,20 +315,15 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
 // (refuse_unbuilt_autocast).
 void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, const CLI::App& app) {
   if (c.precision == PrecisionKind::fp32) return;
-  // DeepSpeed's bf16 regime runs the MLP's and GPT-2's stages 1, 2 and 3 (--accumulate too;
-  // --checkpoint but under GPT-2's stage 3); the rest is planned by its model states.
+  // DeepSpeed's bf16 regime runs the MLP's and GPT-2's stages 0 (ddp: FP16_Optimizer in
+  // bf16), 1, 2 and 3 (--accumulate too; --checkpoint but under GPT-2's stage 3); the rest is
+  // planned by its model states.
   if (effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed) {
     if (command == "plan") return;
     const std::string both = "--precision bf16 and --engine deepspeed";
     if (c.model.is_transformer() && c.model.name != "gpt2")
       throw UsageError(both + " and --model " + c.model.name + ": planned (plan prints its model states), not run "
-                       "yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under zero1, "
-                       "zero2, zero3");
-    // ddp is DeepSpeed's stage 0 under bf16 (its engine's DDP_BFLOAT16: FP16_Optimizer over
-    // bf16 parameters, the fp32 master copy of every parameter on every rank).
-    if (c.strategy == StrategyKind::ddp)
-      throw UsageError(both + " and --strategy ddp: DeepSpeed's stage 0 under bf16 (its FP16_Optimizer in bf16, "
-                       "the ZeRO paper's baseline) is planned (plan prints its model states), not run yet; allowed: "
+                       "yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under ddp, "
                        "zero1, zero2, zero3");
     return;
   }
@@ -369,7 +367,8 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
     throw UsageError("--ddp-bucket and " + both + ": DeepSpeed's buckets are its own (--bucket-mb); drop --ddp-bucket");
   std::int64_t largest = 0;
   for (std::int64_t n : model_tensor_elems(c.model)) largest = std::max(largest, n);
-  if (c.bucket_mb > 0 && ds_bucket_elems(c.bucket_mb, {}) < largest)
+  // (Stage 0 flattens any bucket size: allreduce_no_retain closes a bucket past the cap.)
+  if (c.bucket_mb > 0 && c.strategy != StrategyKind::ddp && ds_bucket_elems(c.bucket_mb, {}) < largest)
     throw UsageError("--bucket-mb " + f.bucket_mb + " and --engine deepspeed: the bucket must hold the largest " +
                      "tensor, " + std::to_string(largest) + " elements (" + std::to_string(4 * largest) +
                      " B); give 0 or at least that");
@@ -401,7 +400,7 @@ void check_mesh_config(const RunConfig& c) {
     throw UsageError(mesh + " and --strategy " + std::string(strategy_name(c.strategy)) +
                      ": tp > 1 of the MLP runs with ddp or zero1 along dp (zero2/zero3 with tp > 1 are built for "
                      "the transformers)");
-  if (effective_engine(c.engine, c.strategy) != EngineKind::torch)
+  if (effective_engine(c.engine, c.strategy, c.precision) != EngineKind::torch)
     throw UsageError(mesh + " and --engine " + std::string(engine_name(c.engine)) +
                      ": tp > 1 runs the torch engine's layout along dp; give --engine torch");
   if (c.model.checkpoint.any() && !c.model.is_transformer())
@@ -610,12 +609,11 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
                          effective_engine(c.engine, c.strategy, c.precision) != EngineKind::deepspeed;
   c.model.autocast = c.precision == PrecisionKind::bf16 && !bf16_fsdp &&
                      effective_engine(c.engine, c.strategy, c.precision) == EngineKind::torch;
-  // DeepSpeed's bf16 (the MLP's and GPT-2's stages 1, 2 and 3): the module in bf16 on the
+  // DeepSpeed's bf16 (the MLP's and GPT-2's stages 0, 1, 2 and 3): the module in bf16 on the
   // flat group's (or the partitions') views.
   const bool bf16_deepspeed = c.precision == PrecisionKind::bf16 &&
                               (!c.model.is_transformer() || c.model.name == "gpt2") &&
-                              effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed &&
-                              c.strategy != StrategyKind::ddp;
+                              effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed;
   c.model.param_bf16 = bf16_fsdp || bf16_deepspeed;
   if (app.count("--autocast-region") > 0) check_autocast_region(c, f);
   c.wide_tables = f.wide;

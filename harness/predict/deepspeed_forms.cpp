@@ -1,6 +1,7 @@
 // Closed forms of DeepSpeed's ZeRO stages (deepspeed_forms.hpp; docs/formulas.md, "DeepSpeed").
 #include "harness/predict/deepspeed_forms.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "harness/predict/gpt2_forms.hpp"
@@ -146,6 +147,50 @@ void transformer_walk(const RunConfig& cfg, int world, int stage, i64 Bk, i64 G,
   best.consider(step.bytes, step.phase, step.where);
 }
 
+// DeepSpeed's bf16 after the backward and at rest, stages 0, 1 and 2 (the forward and backward
+// are each model's walk). Stages 1 and 2: the reduction's instants (stage 1 makes G2 at its
+// first copy; the padding beside the bucket, autograd's 2P for stage 1 and, after a first
+// micro-step, stage 2's accumulated G2) and the optimizer's (the bf16 flattened partition 2s
+// and its fp32 cast 4s beside G2 and pad2); resting the bf16 group 2·Ppad, the master 4s,
+// AdamW 8s + 4; 2P all-reduced (stage 1 once, stage 2 every micro-step), 2·Ppad all-gathered.
+// Stage 0 (deepspeed_stage0.hpp, FP16_Optimizer in bf16), beside autograd's 2P: each
+// bucket's flat bf16 copy 2·n_b (comm; the largest is the instant), the overflow check's fp32
+// copy of one gradient 4·n_t (temp; below the next instant), every gradient's fp32 cast 4P
+// (temp) beside the master's new gradient 4P (grad); resting the bf16 group 2P, the master
+// 4P, AdamW 8P + 4 (the ZeRO paper's baseline: 16P + 4 with the gradients); 2P all-reduced
+// once, nothing all-gathered.
+void bf16_tail(const RunConfig& cfg, int stage, const DsPartition& part, Best& best, Prediction& p) {
+  const i64 P = part.elems, Ppad = part.padded, s = part.size;
+  const std::vector<i64> tensors = model_tensor_elems(cfg.model);
+  if (stage == 0) {
+    i64 bucket = 0, largest = 0;
+    for (const DsStage0Bucket& b : ds_stage0_buckets(tensors, cfg.bucket_mb)) bucket = std::max(bucket, b.elems);
+    for (i64 n : tensors) largest = std::max(largest, n);
+    best.consider(bytes_of(0, 0, 2 * P, 2 * bucket, 0), Phase::communication, "-");
+    best.consider(bytes_of(4 * largest, 0, 2 * P, 0, 0), Phase::optimizer, "-");
+    best.consider(bytes_of(4 * P, 0, 2 * P, 0, 4 * P), Phase::optimizer, "-");
+    p.resting[Category::param] = 2 * P;
+    p.resting[Category::master] = 4 * P;
+    p.resting[Category::optim] = 8 * P + 4;
+    p.model_states = p.resting.total() + 2 * P;
+    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 2 * P;
+    return;
+  }
+  const i64 Bk2 = 2 * ds_bucket_elems(cfg.bucket_mb, tensors);
+  const i64 G2 = 2 * part.touching, pad2 = 2 * part.pad();
+  const i64 autograd = stage == 1 ? 2 * P : 0;
+  const i64 G_acc = stage == 2 && cfg.accumulate > 1 ? G2 : 0;
+  if (stage == 1 && G2 > 0) best.consider(bytes_of(0, 0, autograd, Bk2, G2), Phase::communication, "-");
+  if (pad2 > 0) best.consider(bytes_of(0, 0, autograd, Bk2, G_acc + G2 + pad2), Phase::communication, "-");
+  best.consider(bytes_of(0, 0, 0, 0, G2 + pad2 + 2 * s + 4 * s), Phase::optimizer, "-");
+  p.resting[Category::param] = 2 * Ppad;
+  p.resting[Category::master] = 4 * s;
+  p.resting[Category::optim] = 8 * s + 4;
+  p.model_states = p.resting.total() + (stage == 1 ? 2 * P : 2 * s);
+  p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 2 * P * (stage == 1 ? 1 : cfg.accumulate);
+  p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 2 * Ppad;
+}
+
 // Stages 1 and 2 of the MLP under --precision bf16 (deepspeed.hpp): the bf16 Linears'
 // activations (mlp_fsdp_bf16_forms.hpp's: a2 = 2Bw a bf16 activation, a4 = 4Bw the fp32
 // batch X, mse's fp32 target t and its fp32 temporaries; the batch's bf16 cast a2 made by
@@ -171,24 +216,26 @@ std::vector<Prediction> bf16_mlp_ranks(const RunConfig& cfg, int world, int stag
   const int L = m.layers, K = cfg.accumulate;
   const CheckpointPolicy& ck = m.checkpoint;
   const bool relu = m.activation == Activation::relu;
-  const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
+  const i64 P = parts[0].elems;
   const i64 a2 = 2 * static_cast<i64>(m.batch) * m.width, a4 = 2 * a2;
   const i64 mse = m.loss == Loss::mse ? 1 : 0;
   const i64 k = ((relu && !ck.wraps(L - 1)) || mse == 1) ? 1 : 0;
   const i64 X = a4, t = mse * a4;
-  const i64 Bk2 = 2 * ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model));
+  // The ipg bucket from the backward's first block (stage 0 has none: it flattens its buckets
+  // after the backward).
+  const i64 Bk2 = stage == 0 ? 0 : 2 * ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model));
   const i64 bias_temp = 2 * static_cast<i64>(m.width);
   // The batch's cast while no re-run of layer 0 has made it again: 0 when layer 0 is wrapped.
   const i64 cast = ck.wraps(0) ? 0 : a2;
   auto outputs = [&](int j) { return static_cast<i64>(ck.wraps(j) ? j : j == L - 1 ? L - 1 + k : j + 1); };
-  auto unit = [&](int layer) { return "unit " + std::to_string(stage == 1 ? 0 : layer); };
+  auto unit = [&](int layer) { return "unit " + std::to_string(stage <= 1 ? 0 : layer); };
   std::vector<Prediction> ranks(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
-    const i64 G2 = 2 * parts[r].touching, pad2 = 2 * parts[r].pad();
+    const i64 G2 = stage == 0 ? 0 : 2 * parts[r].touching;
     Best best;
     for (int micro = 0; micro < (K > 1 ? 2 : 1); ++micro) {
       const bool later = micro > 0;
-      const CategoryBytes held = !later ? CategoryBytes{} : stage == 1 ? bytes_of(0, 0, 2 * P, Bk2, 0)
+      const CategoryBytes held = !later ? CategoryBytes{} : stage <= 1 ? bytes_of(0, 0, 2 * P, Bk2, 0)
                                                                         : bytes_of(0, 0, 0, 0, G2);
       auto at = [&](i64 temp, i64 act, i64 gu, i64 comm, i64 grad, Phase ph, const std::string& where) {
         best.consider(bytes_of(temp, act, gu, comm, grad) + held, ph, where);
@@ -202,10 +249,11 @@ std::vector<Prediction> bf16_mlp_ranks(const RunConfig& cfg, int world, int stag
       at(X + t + 4 + (mse ? a4 : (k ? 0 : a2)), saved_outputs, 0, 0, 0, Phase::forward, unit(L - 1));
       at(X + t + (mse ? 2 * a4 : a2), saved_outputs, 0, 0, 0, Phase::backward, "layer " + std::to_string(L - 1));
       const i64 dy = X + t + a2;
-      // What this micro-step's backward makes: stage 1's autograd gradients and bucket (the
-      // first micro-step's), stage 2's layer gradients, bucket and grads_in_partition.
-      const i64 grads = stage == 1 ? (later ? 0 : 2 * P) : 2 * m.layer_elems();
-      const i64 bucket = stage == 1 && later ? 0 : Bk2;
+      // What this micro-step's backward makes: stages 0 and 1's autograd gradients and stage
+      // 1's bucket (the first micro-step's), stage 2's layer gradients, bucket and
+      // grads_in_partition.
+      const i64 grads = stage <= 1 ? (later ? 0 : 2 * P) : 2 * m.layer_elems();
+      const i64 bucket = stage <= 1 && later ? 0 : Bk2;
       const i64 G_new = stage == 2 ? G2 : 0;
       for (int j = L - 1; j >= 0; --j) {
         const bool wrapped = ck.wraps(j);
@@ -218,23 +266,12 @@ std::vector<Prediction> bf16_mlp_ranks(const RunConfig& cfg, int world, int stag
           at(dy + (relu ? 0 : a2), acts + rerun_cast + rerun_kept, grads, bucket, G_new, Phase::backward,
              "recompute of block " + std::to_string(j));
         const i64 after = acts + rerun_cast + rerun_kept;
-        if (stage == 1 && later) at(dy + bias_temp, after, grads, bucket, G_new, Phase::backward, unit(j));
+        if (stage <= 1 && later) at(dy + bias_temp, after, grads, bucket, G_new, Phase::backward, unit(j));
         if (j > 0) at(dy + a2, after, grads, bucket, G_new, Phase::backward, unit(j));
       }
     }
-    const i64 autograd = stage == 1 ? 2 * P : 0;
-    const i64 G_acc = stage == 2 && K > 1 ? G2 : 0;
-    if (stage == 1 && G2 > 0) best.consider(bytes_of(0, 0, autograd, Bk2, G2), Phase::communication, "-");
-    if (pad2 > 0) best.consider(bytes_of(0, 0, autograd, Bk2, G_acc + G2 + pad2), Phase::communication, "-");
-    best.consider(bytes_of(0, 0, 0, 0, G2 + pad2 + 2 * s + 4 * s), Phase::optimizer, "-");
-
     Prediction& p = ranks[r];
-    p.resting[Category::param] = 2 * Ppad;
-    p.resting[Category::master] = 4 * s;
-    p.resting[Category::optim] = 8 * s + 4;
-    p.model_states = p.resting.total() + (stage == 1 ? 2 * P : 2 * s);
-    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 2 * P * (stage == 1 ? 1 : K);
-    p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 2 * Ppad;
+    bf16_tail(cfg, stage, parts[r], best, p);
     p.peak_known = true;
     p.peak_by_category = p.resting;
     for (int c = 0; c < kCategoryCount; ++c) p.peak_by_category.bytes[c] += best.bytes.bytes[c];
@@ -267,14 +304,14 @@ std::vector<Prediction> bf16_gpt2_ranks(const RunConfig& cfg, int world, int sta
                                         const std::vector<DsPartition>& parts) {
   const ModelConfig& m = cfg.model;
   const int K = cfg.accumulate;
-  const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
-  const i64 Bk2 = 2 * ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model));
+  // The ipg bucket from the backward's first block (stage 0 has none).
+  const i64 Bk2 = stage == 0 ? 0 : 2 * ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model));
   const SavedForm saved = gpt2_saved_after_forward_param_bf16(m.transformer, m.batch, m.checkpoint);
   const StepBlocks blocks = gpt2_param_bf16_blocks(m.transformer, m.batch, m.checkpoint);
-  const std::vector<Unit> units = fsdp_units(m, stage == 1 ? 0 : 1, world);
+  const std::vector<Unit> units = fsdp_units(m, stage <= 1 ? 0 : 1, world);
   std::vector<Prediction> ranks(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
-    const i64 G2 = 2 * parts[r].touching, pad2 = 2 * parts[r].pad();
+    const i64 G2 = 2 * parts[r].touching;
     const i64 G_early = stage == 2 ? G2 : 0;
     Best best;
     for (int micro = 0; micro < (K > 1 ? 2 : 1); ++micro) {
@@ -286,7 +323,7 @@ std::vector<Prediction> bf16_gpt2_ranks(const RunConfig& cfg, int world, int sta
         su.top_block.push_back(u.last_block - 1);
       }
       su.grad_bytes[0] += Bk2 + G_early;
-      if (later && stage == 1) su.micro = {MicroStep{true, false}};
+      if (later && stage <= 1) su.micro = {MicroStep{true, false}};
       StepTransient step = transformer_step_transient(blocks, su);
       if (step.bytes[Category::grad_unsharded] > 0) {
         step.bytes[Category::grad_unsharded] -= Bk2 + G_early;
@@ -296,19 +333,8 @@ std::vector<Prediction> bf16_gpt2_ranks(const RunConfig& cfg, int world, int sta
       if (later && stage == 2) step.bytes[Category::grad] += G2;
       best.consider(step.bytes, step.phase, step.where);
     }
-    const i64 autograd = stage == 1 ? 2 * P : 0;
-    const i64 G_acc = stage == 2 && K > 1 ? G2 : 0;
-    if (stage == 1 && G2 > 0) best.consider(bytes_of(0, 0, autograd, Bk2, G2), Phase::communication, "-");
-    if (pad2 > 0) best.consider(bytes_of(0, 0, autograd, Bk2, G_acc + G2 + pad2), Phase::communication, "-");
-    best.consider(bytes_of(0, 0, 0, 0, G2 + pad2 + 2 * s + 4 * s), Phase::optimizer, "-");
-
     Prediction& p = ranks[r];
-    p.resting[Category::param] = 2 * Ppad;
-    p.resting[Category::master] = 4 * s;
-    p.resting[Category::optim] = 8 * s + 4;
-    p.model_states = p.resting.total() + (stage == 1 ? 2 * P : 2 * s);
-    p.comm_bytes[static_cast<int>(CollKind::all_reduce)] = 2 * P * (stage == 1 ? 1 : K);
-    p.comm_bytes[static_cast<int>(CollKind::all_gather)] = 2 * Ppad;
+    bf16_tail(cfg, stage, parts[r], best, p);
     p.peak_known = true;
     p.peak_by_category = p.resting;
     for (int c = 0; c < kCategoryCount; ++c) p.peak_by_category.bytes[c] += best.bytes.bytes[c];
@@ -354,7 +380,13 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   }
   const std::vector<DsPartition> parts = ds_partitions(tensors, world);
   const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
-  if (cfg.strategy == StrategyKind::ddp) return baseline_model_states(P, world, lp);  // bf16 only
+  // ddp is the engine's stage 0 (bf16 only): the MLP's and GPT-2's run; Llama's is planned
+  // by the ZeRO paper's baseline model states.
+  if (cfg.strategy == StrategyKind::ddp) {
+    if (!m.is_transformer()) return bf16_mlp_ranks(cfg, world, 0, parts);
+    if (m.name == "gpt2") return bf16_gpt2_ranks(cfg, world, 0, parts);
+    return baseline_model_states(P, world, lp);
+  }
   const int stage = cfg.strategy == StrategyKind::zero1 ? 1 : 2;
   // The ZeRO paper's accounting adds the gradients the stage keeps during a step: stage 1
   // autograd's full ones, stage 2 the partition's.

@@ -21,8 +21,11 @@
 // predicted through its step (the MLP's in fp32 and bf16: deepspeed_stage3_forms.cpp, GPT-2's
 // and Llama's in fp32 and GPT-2's in bf16, each module gathered on its own:
 // deepspeed_stage3_transformer_forms.cpp; resting adds the kept bucket Bk, and a lone
-// persistent tensor holds its W·c_t gather buffer); Llama's bf16 stages, GPT-2's bf16 stage 3
-// under --checkpoint and ddp's (the bf16 baseline) by their model states (peak_known false).
+// persistent tensor holds its W·c_t gather buffer); Llama's bf16 stages (its ddp the ZeRO
+// paper's baseline) and GPT-2's bf16 stage 3 under --checkpoint by their model states
+// (peak_known false). ddp under bf16 is DeepSpeed's stage 0 (deepspeed_stage0.hpp), run and
+// predicted for the MLP and GPT-2: the stage-1 walk without the ipg bucket, then its
+// buckets' flat copies and FP16_Optimizer's fp32 casts (deepspeed_forms.cpp, bf16_tail).
 // --accumulate K > 1: the first micro-step's walk, then a later one's: stage 1's with
 // autograd's 4P and Bk held from its start (reduced at the boundary alone), stage 2's with
 // the accumulated G_r beside every instant (its backward makes a new G_r); stage 2's

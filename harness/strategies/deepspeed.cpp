@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "harness/strategies/deepspeed_stage0.hpp"
 #include "harness/strategies/deepspeed_zero3.hpp"
 #include "harness/strategies/registry.hpp"
 #include "shardscope/check.hpp"
@@ -233,7 +234,8 @@ HostState DeepSpeedZero::gather_state() {
 }
 
 std::unique_ptr<Strategy> make_deepspeed(const StrategyContext& ctx, int stage) {
-  SHARDSCOPE_REQUIRE(stage >= 1 && stage <= 3, "deepspeed: ZeRO stages 1, 2 and 3");
+  SHARDSCOPE_REQUIRE(stage >= 0 && stage <= 3, "deepspeed: ZeRO stages 0 (bf16), 1, 2 and 3");
+  if (stage == 0) return std::make_unique<DeepSpeedStage0>(ctx);
   if (stage == 3) return std::make_unique<DeepSpeedZero3>(ctx);
   return std::make_unique<DeepSpeedZero>(ctx, stage);
 }

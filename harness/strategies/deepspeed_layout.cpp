@@ -69,6 +69,23 @@ std::int64_t ds_bucket_elems(double bucket_mb, const std::vector<std::int64_t>& 
   return static_cast<std::int64_t>(bucket_mb * 1024.0 * 1024.0 / 4.0);
 }
 
+std::vector<DsStage0Bucket> ds_stage0_buckets(const std::vector<std::int64_t>& tensor_elems, double bucket_mb) {
+  const std::int64_t cap =
+      bucket_mb <= 0.0 ? kDeepSpeedBucketElems : static_cast<std::int64_t>(bucket_mb * 1024.0 * 1024.0 / 4.0);
+  std::vector<DsStage0Bucket> buckets;
+  DsStage0Bucket b;
+  for (int t = 0; t < static_cast<int>(tensor_elems.size()); ++t) {
+    b.elems += tensor_elems[t];
+    b.end = t + 1;
+    if (b.elems > cap) {  // allreduce_no_retain: `if numel > numel_per_bucket`, after adding
+      buckets.push_back(b);
+      b = DsStage0Bucket{t + 1, t + 1, 0};
+    }
+  }
+  if (b.end > b.first) buckets.push_back(b);
+  return buckets;
+}
+
 std::int64_t Ds3Layout::real(int t, int rank) const {
   const std::int64_t begin = part[t] * rank;
   return std::max<std::int64_t>(0, std::min(part[t], elems[t] - begin));

@@ -69,4 +69,16 @@ void refuse_deepspeed_no_sync(const RunConfig& cfg);
 inline constexpr std::int64_t kDeepSpeedBucketElems = 500'000'000;
 std::int64_t ds_bucket_elems(double bucket_mb, const std::vector<std::int64_t>& tensor_elems);
 
+// Stage 0 (ddp under bf16; engine.py's buffered_allreduce_fallback and allreduce_no_retain):
+// the gradients in parameter order, a bucket closed as soon as it holds more than `cap`
+// elements (elements_per_buffer), the rest one last bucket; bucket b holds the tensors
+// [first, end), `elems` elements. The engine passes allreduce_gradients' default,
+// MEMORY_OPT_ALLREDUCE_SIZE (5e8; its config has no key for it); --bucket-mb stands for it
+// (MiB of fp32, as above; 0: 5e8).
+struct DsStage0Bucket {
+  int first = 0, end = 0;
+  std::int64_t elems = 0;
+};
+std::vector<DsStage0Bucket> ds_stage0_buckets(const std::vector<std::int64_t>& tensor_elems, double bucket_mb);
+
 }  // namespace shardscope

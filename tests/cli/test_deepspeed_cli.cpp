@@ -76,7 +76,9 @@ TEST_F(DeepSpeedCli, UnderMpirunBothRanksHoldTheirPredictions) {
                {kMlp, "zero1 --checkpoint full"}, {kLlama, "zero2 --checkpoint every:2"},
                {kMlp, "zero3 --checkpoint full"},
                {kGpt2Wide, "zero3"}, {kLlamaWide, "zero3 --accumulate 2"}, {kLlama, "zero3"},
-               {kGpt2Wide, "zero3 --precision bf16 --accumulate 2"}};
+               {kGpt2Wide, "zero3 --precision bf16 --accumulate 2"},
+               {kMlp, "ddp --precision bf16 --accumulate 2"}, {kGpt2, "ddp --precision bf16 --checkpoint full"},
+               {kGpt2, "zero2 --precision bf16 --accumulate 2 --checkpoint every:2"}};
   for (const auto& c : cases) {
     const int rc = shell("cd '" + dir_ + "' && timeout -k 5 120 mpirun --oversubscribe -np 2 '" + bin_ +
                          "' run --backend cpu --comm mpi " + c.model + "--steps 2 --engine deepspeed --strategy " +
@@ -191,11 +193,11 @@ TEST_F(DeepSpeedCli, AccumulationOnEveryEmulatedRank) {
       << read("out.txt");
 }
 
-// --precision bf16 runs the MLP's zero1, zero2 and zero3 (DeepSpeed's bf16 regime) and
-// GPT-2's zero1, zero2 and zero3, with --accumulate (and --checkpoint but GPT-2's stage 3):
-// every emulated rank at W = 3 holds its predictions, the record says bf16; Llama's, the
-// baseline's (ddp), GPT-2's checkpointed stage 3 and its attention recompute in bf16 are
-// refused by name (exit 2).
+// --precision bf16 runs the MLP's and GPT-2's ddp (DeepSpeed's stage 0), zero1, zero2 and
+// zero3 (DeepSpeed's bf16 regime), with --accumulate (and --checkpoint but GPT-2's stage 3):
+// every emulated rank at W = 3 holds its predictions, the record says bf16 and deepspeed;
+// Llama's, GPT-2's checkpointed stage 3 and its attention recompute in bf16 are refused by
+// name (exit 2).
 TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
   const struct {
     const char* model;
@@ -211,6 +213,10 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
               {kGpt2, "zero3"},
               {kGpt2, "zero3 --accumulate 2 --bucket-mb 0.07"},
               {kGpt2, "zero1 --accumulate 2 --no-sync --checkpoint full"},
+              {kMlp, "ddp"},
+              {kMlp, "ddp --accumulate 2 --checkpoint every:2 --bucket-mb 0.001"},
+              {kGpt2, "ddp --checkpoint full"},
+              {kGpt2, "ddp --accumulate 3 --no-sync --attention math"},
               {kGpt2, "zero2 --accumulate 3 --checkpoint every:2 --attention math"}};
   for (const auto& [model, strategy] : runs)
     for (int r = 0; r < 3; ++r) {
@@ -221,6 +227,7 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
       ASSERT_EQ(rc, 0) << flags << ": " << first_line(dir_ + "/err.txt");
       const json run = json::parse(read("r.json"))["runs"][0];
       EXPECT_EQ(run["precision"], "bf16") << flags;
+      EXPECT_EQ(run["engine"], "deepspeed") << flags;
       expect_predicted(run["ranks"][0], flags);
       EXPECT_GT(run["ranks"][0]["resting"]["master"].get<long long>(), 0) << flags;
     }
@@ -230,8 +237,8 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
   } refused[] = {
       {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero1",
        "shardscope: error: --precision bf16 and --engine deepspeed and --model llama: planned (plan prints its model "
-       "states), not run yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under zero1, "
-       "zero2, zero3"},
+       "states), not run yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under ddp, "
+       "zero1, zero2, zero3"},
       {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint full",
        "shardscope: error: --checkpoint full and --engine deepspeed and --strategy zero3 and --precision bf16 and "
        "--model gpt2: not built yet (a re-run's module hooks under stage 3 in bf16); allowed: fp32"},
@@ -303,11 +310,12 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndPeak) {
   EXPECT_NE(bf16.find("(note) DeepSpeed's bf16 regime of a transformer"), std::string::npos) << bf16;
 }
 
-// plan prints the peak of GPT-2's bf16 zero1 and zero2 with --accumulate and --checkpoint as
+// plan prints the peak of GPT-2's bf16 ddp, zero1 and zero2 with --accumulate and --checkpoint as
 // an emulated rank measures it (W = 3, rank 1: its group's row), no "peak unknown".
 TEST_F(DeepSpeedCli, PlanPrintsBf16Gpt2sPeakAsARunMeasuresIt) {
   for (const char* flags : {"--strategy zero1 --accumulate 2 --checkpoint full",
-                            "--strategy zero2 --accumulate 3 --checkpoint every:2"}) {
+                            "--strategy zero2 --accumulate 3 --checkpoint every:2",
+                            "--strategy ddp --accumulate 2 --checkpoint every:2"}) {
     std::string planned_flags = std::string(flags).replace(0, 10, "--strategies");
     ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan " + kGpt2 +
                     "--engine deepspeed --precision bf16 " + planned_flags +
@@ -334,7 +342,8 @@ TEST_F(DeepSpeedCli, PlanPrintsBf16Gpt2sPeakAsARunMeasuresIt) {
 
 // plan --engine deepspeed --precision bf16 reproduces the ZeRO paper's Figure 1: Ψ = 7.5B
 // (a Llama of exactly 7,500,000,000 parameters: test_deepspeed.cpp's FigureOneModelStatesByHand)
-// at N = 64: 120, 31.4, 16.6 and 1.9 GB per rank; a bf16 run is refused (exit 2).
+// at N = 64: 120, 31.4, 16.6 and 1.9 GB per rank; the baseline's run (ddp) of the MLP rests at
+// what the plan counts, less the gradients the step frees.
 TEST_F(DeepSpeedCli, PlanReproducesTheZeroPapersFigureOne) {
   const int rc = shell("cd '" + dir_ + "' && timeout 60 '" + bin_ +
                        "' plan --model llama --layers 38 --hidden 3840 --heads 30 --ffn 11452 --vocab 31920 "
@@ -358,15 +367,24 @@ TEST_F(DeepSpeedCli, PlanReproducesTheZeroPapersFigureOne) {
     const std::string gb = std::string(" ") + f.gb;
     EXPECT_EQ(line.substr(line.size() - gb.size()), gb) << line;
   }
-  // The paper's baseline (ddp, DeepSpeed's stage 0) is planned, not run: refused by name
-  // (the MLP's zero1, zero2 and zero3 run: Bf16OnEveryEmulatedRank).
-  EXPECT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + kMlp +
+  // The paper's baseline (ddp, DeepSpeed's stage 0: FP16_Optimizer in bf16) runs the MLP and
+  // GPT-2: an emulated rank of the MLP rests at 14P + 4 and its model states are the plan's
+  // 16P + 4 (P = 5,624: 78,740 and 89,988 B); Llama's is planned alone, refused by name.
+  ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + kMlp +
+                  "--engine deepspeed --precision bf16 --strategy ddp --emulate 64:63 --json r.json > /dev/null "
+                  "2> err.txt"),
+            0)
+      << first_line(dir_ + "/err.txt");
+  const json rank = json::parse(read("r.json"))["runs"][0]["ranks"][0];
+  EXPECT_EQ(rank["resting"]["total"], 78'740);
+  EXPECT_EQ(rank["predicted"]["model_states"], 89'988);
+  EXPECT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + kLlama +
                   "--engine deepspeed --precision bf16 --strategy ddp > /dev/null 2> err.txt"),
             2);
   EXPECT_EQ(first_line(dir_ + "/err.txt"),
-            "shardscope: error: --precision bf16 and --engine deepspeed and --strategy ddp: DeepSpeed's stage 0 under "
-            "bf16 (its FP16_Optimizer in bf16, the ZeRO paper's baseline) is planned (plan prints its model states), "
-            "not run yet; allowed: zero1, zero2, zero3");
+            "shardscope: error: --precision bf16 and --engine deepspeed and --model llama: planned (plan prints its "
+            "model states), not run yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 "
+            "under ddp, zero1, zero2, zero3");
 }
 
 }  // namespace

@@ -460,6 +460,68 @@ TEST(DeepSpeedMpi, Bf16Gpt2AccumulationAndCheckpointHoldTheirPredictions) {
     }
 }
 
+// ddp under --precision bf16 (DeepSpeed's stage 0: FP16_Optimizer in bf16), the MLP and GPT-2
+// (flash, math), one bucket and several, --accumulate 1, 2, 3 (--no-sync at 2), --checkpoint:
+// every rank's bytes and traffic equal the closed forms and an emulated rank's; the averaged
+// gradient of one step is fp32 one-rank training's on the K-fold batch within bf16's rounding
+// (the bf16 sums over the ranks, then the division by W), the same on every rank.
+TEST(DeepSpeedMpi, Bf16StageZeroHoldsItsPredictionsAndAveragesTheGradients) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const struct {
+    const char* name;
+    ModelConfig m;
+    int k;
+    bool no_sync;
+    CheckpointPolicy ck;
+  } cases[] = {
+      {"mlp", testing::model_of(4, 37, 3, Activation::relu, Loss::mse), 1, false, {}},
+      {"mlp", testing::model_of(4, 37, 3, Activation::relu, Loss::mse), 2, true, {CheckpointKind::every, 1}},
+      {"gpt2 flash", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::flash), 1, false, {}},
+      {"gpt2 math", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::math), 2, false, {CheckpointKind::every, 2}},
+      {"gpt2 flash", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::flash), 3, false, {CheckpointKind::every, 1}},
+  };
+  for (const auto& c : cases)
+    for (double bucket : {0.0, 0.001}) {
+      SCOPED_TRACE(std::string(c.name) + " K=" + std::to_string(c.k) + (c.no_sync ? " no-sync " : " ") +
+                   c.ck.text() + " bucket " + std::to_string(bucket));
+      RunConfig cfg = ds_config(c.m, "ddp", bucket);
+      cfg.steps = 1;
+      cfg.precision = PrecisionKind::bf16;
+      cfg.model.param_bf16 = true;
+      cfg.model.checkpoint = c.ck;
+      cfg.accumulate = c.k;
+      cfg.no_sync = c.no_sync;
+      CpuBackend backend;
+      auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+      const auto r = testing::run_dp(cfg, backend, *comm, true);
+      const Prediction p = predict_data_parallel(cfg, world, rank);
+      EXPECT_EQ(r.resting, p.resting);
+      for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
+      EXPECT_EQ(r.peak.total, p.peak_total);
+      EXPECT_EQ(r.peak.by_category, p.peak_by_category);
+      EXPECT_EQ(r.where, p.peak_where);
+      CpuBackend backend2;
+      auto fake = make_fake_communicator(world, rank, &backend2);
+      const auto e = testing::run_dp(cfg, backend2, *fake, false);
+      EXPECT_EQ(e.resting, r.resting);
+      EXPECT_EQ(e.peak.by_category, r.peak.by_category);
+      RunConfig fp32 = cfg;
+      fp32.precision = PrecisionKind::fp32;
+      fp32.model.param_bf16 = false;
+      fp32.model.checkpoint = {};
+      fp32.model.batch = c.k * c.m.batch;
+      fp32.accumulate = 1;
+      fp32.no_sync = false;
+      expect_bf16_close(r.state.grads, testing::reference_training(fp32, world).grads);
+      // Every rank holds the same averaged gradient (the all-reduce's result).
+      std::vector<float> root = r.state.grads;
+      MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+      EXPECT_EQ(root, r.state.grads);
+    }
+}
+
 TEST(DeepSpeedMpi, TransformersTrainLikeOneRank) {
   const std::pair<const char*, ModelConfig> models[] = {
       {"gpt2", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::flash)},
