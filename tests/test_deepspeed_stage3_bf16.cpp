@@ -123,5 +123,48 @@ TEST(DeepSpeedStage3Bf16, OneBlockGpt2RestsAndMovesByHand) {
   }
 }
 
+// --checkpoint full|every:K under stage 3 in bf16 (deepspeed_zero3.hpp): a wrapped block of
+// the bf16 module saves its bf16 input alone; its backward begins with mlp.c_proj's gather,
+// then its re-run gathers and releases every other module again, their bf16 storages kept
+// by the re-run's saves to each module's backward. Flash and math, a wide model (its
+// weights above the activations) and an MLP narrower than the stream (the re-run's output
+// beside dy above the backward's instants); thresholds 0, 100, 100,000; one bucket and
+// buckets of 1.05 times the largest tensor; K = 1, 2: every emulated rank at W = 1 to 4, the
+// peak in a re-run, a block's backward and the optimizer somewhere.
+TEST(DeepSpeedStage3Bf16, CheckpointedGpt2MeasuredEqualsPredictedEveryRank) {
+  std::vector<std::pair<std::string, ModelConfig>> models;
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+    const std::string how = mode == AttentionMode::flash ? " flash" : " math";
+    models.emplace_back("gpt2" + how, testing::gpt2_of(2, 16, 2, 29, 6, 2, mode));
+    models.emplace_back("gpt2 wide" + how, testing::gpt2_of(2, 64, 4, 37, 2, 1, mode));
+    models.emplace_back("gpt2 narrow mlp" + how, testing::gpt2_of(2, 32, 4, 5, 24, 2, mode, 8));
+  }
+  models.emplace_back("gpt2 odd", testing::gpt2_of(3, 18, 3, 41, 3, 1, AttentionMode::flash));
+  std::set<std::string> places;
+  for (const auto& [name, m] : models)
+    for (const CheckpointPolicy& ck : {testing::every(1), testing::every(2)})
+      for (std::int64_t threshold : {0, 100, 100'000})
+        for (int buckets : {0, 1})
+          for (int k : {1, 2})
+            for (int world = 1; world <= 4; ++world)
+              for (int rank = 0; rank < world; ++rank) {
+                std::int64_t largest = 0;
+                for (std::int64_t n : model_tensor_elems(m)) largest = std::max(largest, n);
+                const double bucket = buckets == 0 ? 0.0 : 1.05 * 4.0 * static_cast<double>(largest) / (1 << 20);
+                RunConfig cfg = bf16_stage3(m, bucket);
+                cfg.model.checkpoint = ck;
+                cfg.param_persistence = threshold;
+                cfg.accumulate = k;
+                const std::string at = check_deepspeed_rank(
+                    cfg, world, rank,
+                    name + " " + ck.text() + " threshold " + std::to_string(threshold) + " bucket " +
+                        std::to_string(bucket) + " K=" + std::to_string(k));
+                places.insert(at.substr(0, at.find(' ')) +
+                              (at.find("recompute") != std::string::npos ? " recompute" : ""));
+              }
+  for (const char* p : {"backward recompute", "backward", "optimizer"})
+    EXPECT_TRUE(places.count(p)) << p << " in " << ::testing::PrintToString(places);
+}
+
 }  // namespace
 }  // namespace shardscope

@@ -344,8 +344,7 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
 
 // --engine deepspeed's combinations (docs/cli.md): stage 3 runs the MLP (fp32 and bf16), GPT-2
 // (fp32 and bf16) and Llama in fp32 (Llama's bf16 is refused by refuse_unbuilt_precision); --checkpoint
-// runs wherever the step runs (but GPT-2's bf16 attention recompute and a transformer's
-// stage 3 in bf16); DeepSpeed has no
+// runs wherever the step runs (but GPT-2's bf16 attention recompute); DeepSpeed has no
 // units, no DDP bucket copy, no no_sync under stages 2 and 3
 // (its engine asserts so), and its bucket must hold the largest tensor (DeepSpeed's
 // extra-large-parameter path is not built).
@@ -357,10 +356,9 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
   // A plan lists its strategies: the forms skip each refused one with the reason.
   if (command != "plan") refuse_deepspeed_no_sync(c);
   // --checkpoint under bf16 runs the MLP and GPT-2's full|every:K (its bf16 module re-runs a
-  // wrapped block); GPT-2's attention recompute in bf16 is not built, nor a transformer's
-  // stage 3 in bf16 under --checkpoint.
+  // wrapped block), under stage 3 too; GPT-2's attention recompute in bf16 is not built.
   if (command != "plan") refuse_deepspeed_bf16_checkpoint(c);
-  if (c.model.checkpoint.any() && command != "plan" && c.model.is_transformer() &&
+  if (c.model.checkpoint.attention() && command != "plan" && c.model.is_transformer() &&
       c.strategy == StrategyKind::zero3 && c.precision == PrecisionKind::bf16)
     throw UsageError(deepspeed_stage3_checkpoint_refusal(c.model));
   if (app.count("--ddp-bucket") > 0)

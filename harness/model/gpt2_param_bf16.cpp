@@ -36,6 +36,10 @@ class Bf16Block final : public SequenceBlock {
   // --checkpoint full|every:K: a wrapped block's saves are dropped (its input, bf16, saved
   // by the checkpoint) and it re-runs at the start of its backward; nothing outlives them.
   bool checkpointable() const override { return true; }
+  // mlp.c_proj: its output's gradient arrives first (the residual saves nothing).
+  std::vector<TensorRef> first_backward_module(int index) const override {
+    return module_tensors(index, {kMlpProjW, kMlpProjB});
+  }
   void set_recompute_attention(bool on) override {
     if (on) throw RunError(std::string(kFamily) + " under FSDP's bf16: --checkpoint attention is not built");
   }

@@ -481,19 +481,21 @@ Family gpt2_bf16_family(const ModelConfig& model) {
   f.lambda = z.lambda / 2;
   f.loss_weight = 2;
   const auto mod = gpt2_module;
-  f.forward = [=](Stage3Walk& w, int blk, i64 S, bool /*rerun: refused (no --checkpoint under bf16 yet)*/) {
+  f.forward = [=](Stage3Walk& w, int blk, i64 S, bool rerun) {
+    const i64 Xd = rerun ? X + b : X;  // a re-run's dy beside the ids and target
     auto through = [&](int i, i64 temp, i64 act, i64 temp_out, i64 act_out) {
       w.forward_begin(mod(blk, i), temp, act);
       w.at(temp_out, act_out);
       w.forward_end(mod(blk, i));
     };
-    through(0, X, S, X, S + 4 * N + b);                                         // ln_1: mean, rstd, output
-    through(2, X, S + 4 * N + b, flash ? X : X + 3 * b, S + 4 * N + b + (flash ? 3 * b : 0));  // c_attn: qkv
+    through(0, Xd, S, Xd, S + 4 * N + b);                                       // ln_1: mean, rstd, output
+    through(2, Xd, S + 4 * N + b, flash ? Xd : Xd + 3 * b, S + 4 * N + b + (flash ? 3 * b : 0));  // c_attn: qkv
     const i64 S1 = S + 4 * N + b + H;                                           // after the attention
-    through(4, X, S1, X, S1 + b);                                               // attn.c_proj: x_mid
-    through(6, X, S1 + b, X, S1 + 2 * b + 4 * N);                               // ln_2
-    through(8, X, S1 + 2 * b + 4 * N, X, S1 + 2 * b + 4 * N + p);               // c_fc; then GELU's p
-    through(10, X, S1 + 2 * b + 4 * N + 2 * p, X, S + K);                       // mlp.c_proj: the output
+    through(4, Xd, S1, Xd, S1 + b);                                             // attn.c_proj: x_mid
+    through(6, Xd, S1 + b, Xd, S1 + 2 * b + 4 * N);                             // ln_2
+    through(8, Xd, S1 + 2 * b + 4 * N, Xd, S1 + 2 * b + 4 * N + p);             // c_fc; then GELU's p
+    // mlp.c_proj: the output (a re-run's temp)
+    through(10, Xd, S1 + 2 * b + 4 * N + 2 * p, rerun ? Xd + b : Xd, rerun ? S + K - b : S + K);
   };
   f.backward = [=](Stage3Walk& w, int blk, i64 A4) {
     // mlp.c_proj: d gelu (p); GELU's output released
@@ -542,8 +544,8 @@ Family gpt2_bf16_family(const ModelConfig& model) {
 
 std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model) {
   return "--checkpoint " + model.checkpoint.text() + " and --engine deepspeed and --strategy zero3 and --precision " +
-         "bf16 and --model " + model.name + ": not built yet (a re-run's module hooks under stage 3 in bf16); " +
-         "allowed: fp32";
+         "bf16 and --model " + model.name + ": not built yet (GPT-2's bf16 module has no attention recompute); " +
+         "allowed: --checkpoint full|every:K, or fp32";
 }
 
 std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cfg, int world) {

@@ -149,10 +149,12 @@ TEST_F(DeepSpeedCli, CombinationsItDoesNotTakeAreExitTwo) {
     EXPECT_EQ(rc, 2) << c.flags;
     EXPECT_EQ(first_line(dir_ + "/err.txt"), c.line) << c.flags;
   }
-  // A transformer's stage 3 under --checkpoint runs in fp32; under bf16 it is refused by
-  // name (one line naming --precision bf16 and zero3).
+  // A transformer's stage 3 under --checkpoint runs in fp32 (and GPT-2's full|every:K in
+  // bf16); its attention recompute under bf16 is refused by name (one line naming
+  // --precision bf16 and zero3).
   EXPECT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + kGpt2 +
-                  "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint full > /dev/null 2> err.txt"),
+                  "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint attention " +
+                  "> /dev/null 2> err.txt"),
             2);
   const std::string line = first_line(dir_ + "/err.txt");
   EXPECT_EQ(line.rfind("shardscope: error: ", 0), 0u) << line;
@@ -217,7 +219,9 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
               {kMlp, "ddp --accumulate 2 --checkpoint every:2 --bucket-mb 0.001"},
               {kGpt2, "ddp --checkpoint full"},
               {kGpt2, "ddp --accumulate 3 --no-sync --attention math"},
-              {kGpt2, "zero2 --accumulate 3 --checkpoint every:2 --attention math"}};
+              {kGpt2, "zero2 --accumulate 3 --checkpoint every:2 --attention math"},
+              {kGpt2Wide, "zero3 --checkpoint full"},
+              {kGpt2, "zero3 --accumulate 2 --checkpoint every:2 --attention math"}};
   for (const auto& [model, strategy] : runs)
     for (int r = 0; r < 3; ++r) {
       const std::string flags = std::string(model) + "--steps 2 --engine deepspeed --precision bf16 --strategy " +
@@ -239,9 +243,10 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
        "shardscope: error: --precision bf16 and --engine deepspeed and --model llama: planned (plan prints its model "
        "states), not run yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under ddp, "
        "zero1, zero2, zero3"},
-      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint full",
-       "shardscope: error: --checkpoint full and --engine deepspeed and --strategy zero3 and --precision bf16 and "
-       "--model gpt2: not built yet (a re-run's module hooks under stage 3 in bf16); allowed: fp32"},
+      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint attention",
+       "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero3 and --precision bf16 "
+       "and --model gpt2: not built yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint "
+       "full|every:K, or fp32"},
       {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero1 --checkpoint attention",
        "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero1 and --precision bf16 "
        "and --model gpt2: not built yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint "
@@ -280,7 +285,7 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndPeak) {
   for (const std::string& model :
        {std::string(kGpt2Wide), std::string(kLlamaWide), bf16_gpt2, std::string(kGpt2Wide) + "--checkpoint full ",
         std::string(kLlamaWide) + "--checkpoint full ", std::string(kGpt2Wide) + "--checkpoint every:2 ",
-        std::string(kLlamaWide) + "--checkpoint every:2 "}) {
+        std::string(kLlamaWide) + "--checkpoint every:2 ", bf16_gpt2 + "--checkpoint full "}) {
     ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan " + model +
                     "--engine deepspeed --strategies zero3 --worlds 3 --bytes exact --json p.json > out.txt 2> err.txt"),
               0)
