@@ -49,7 +49,7 @@ TEST(DeepSpeedCheckpoint, MlpStagesOneTwoMeasuredEqualPredictedEveryRank) {
 
 // Stage 3 of the MLP (deepspeed_zero3.hpp): under ReLU a wrapped layer's re-run gathers it
 // again before its backward's gather, without ReLU its backward's gather serves the re-run;
-// the re-run's saves keep the weight's gathered bytes to the layer's backward end. Weights
+// the re-run's saves keep the layer's gathered bytes to its backward end. Weights
 // gathered alone (their biases persistent) or with their biases (threshold 0), short
 // partitions, one bucket and buckets of about a weight, K = 1, 2, both activations: every
 // emulated rank at W = 1 to 4; the peak falls in a re-run somewhere.
@@ -108,8 +108,9 @@ TEST(DeepSpeedCheckpoint, MlpStageThreeMeasuredEqualsPredictedEveryRank) {
 // Stage 3 of a 3 x 24 MLP under ReLU, every tensor gathered (threshold 0), --checkpoint full
 // at W = 4, by hand: c = 144 a weight, 6 a bias; a layer's gather moves 4 × 4 × 150 = 2,400 B.
 // The unchecked step gathers each layer twice (14,400 B); the re-runs gather each layer once
-// more (7,200 B: 21,600 in all). Layer 1's and 2's re-run saves keep their weight (576
-// elements, 2,304 B) beside the backward's gather: two copies of the weight at once.
+// more (7,200 B: 21,600 in all). A layer's re-run saves keep its weight and bias (576 + 24
+// elements, 2,400 B: LinearFunctionForZeroStage3 saves both) beside the backward's gather:
+// two copies of the layer at once.
 TEST(DeepSpeedCheckpoint, StageThreeReRunGathersAgainByHand) {
   ModelConfig m;
   m.layers = 3;
@@ -131,8 +132,8 @@ TEST(DeepSpeedCheckpoint, StageThreeReRunGathersAgainByHand) {
   EXPECT_EQ(r.ledger.by_kind[gather].bytes, 21'600);
   EXPECT_EQ(r.ledger.by_kind[gather].calls, 9);
   // The backward's gather of a layer (2 × 4 × (576 + 24) = 4,800 B: its flat buffer's 2,400
-  // beside its tensors' 2,400) with the re-run's weight (2,304) kept.
-  EXPECT_EQ(r.peak.by_category[Category::param_unsharded] - u.peak.by_category[Category::param_unsharded], 2'304)
+  // beside its tensors' 2,400) with the re-run's weight and bias (2,400) kept.
+  EXPECT_EQ(r.peak.by_category[Category::param_unsharded] - u.peak.by_category[Category::param_unsharded], 2'400)
       << describe_place(r.peak.place);
 }
 

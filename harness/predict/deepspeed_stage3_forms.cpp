@@ -76,8 +76,8 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
   const Gather kept = gather_of(l, persistent, world, e);
   // --checkpoint: a wrapped layer under ReLU gathers again for its re-run (its output is the
   // ReLU's, whose backward unpacks before the Linear's pre-backward hook fires); the re-run's
-  // saves keep the weight's gathered bytes (layer j > 0, its input requiring a gradient):
-  // 4·n_w when gathered with its bias, its buffer of 4W·c_w alone.
+  // saves keep the layer's gathered bytes (LinearFunctionForZeroStage3 saves weight and bias,
+  // every layer): H_j = h_j, all it gathers.
   const CheckpointPolicy& ck = m.checkpoint;
   const bool relu = m.activation == Activation::relu;
   std::vector<i64> kept_by_rerun(static_cast<std::size_t>(L), 0);
@@ -85,9 +85,7 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
   for (int i = 0; i < L; ++i) {
     moved += layer[i].moved;
     if (ck.wraps(i) && relu) rerun_moved += layer[i].moved;
-    const int w = 2 * i;
-    if (i > 0 && world > 1 && !l.persistent[w])
-      kept_by_rerun[i] = l.persistent[w + 1] ? e * world * l.part[w] : e * l.elems[w];
+    kept_by_rerun[i] = layer[i].held;
   }
 
   // The MLP's activations (data_parallel_forms.cpp's walk): a = one layer's output, X the

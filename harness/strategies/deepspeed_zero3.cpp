@@ -279,30 +279,23 @@ void DeepSpeedZero3::before_recompute(int block) {
   if (recompute_first(block)) gather(gathered_tensors(block), Category::param_unsharded);
 }
 
-// The re-run's post-forward hook releases the layer; its saves keep the weight's gathered
-// buffer when the Linear saved its weight (its input requires a gradient: not layer 0),
-// which the backward then reads. Under ReLU the pre-backward hook comes next.
+// The re-run's post-forward hook releases the layer; its saves keep the gathered storages
+// of its weight and bias (LinearFunctionForZeroStage3 saves both, every layer), which the
+// backward then reads. Under ReLU the pre-backward hook comes next.
 void DeepSpeedZero3::after_recompute(int block) {
   if (modules_) {
     rerunning_ = false;
     return;
   }
-  const std::vector<int> tensors = gathered_tensors(block);
-  const int weight = tensor_of(block, 0);
-  for (int t : tensors) {
-    if (t == weight && block > 0) {
-      rerun_saved_ = std::move(gathered_[t]);
-      continue;  // view_ stays on the kept storage until a gather replaces it
-    }
-    gathered_[t].reset();
-    view_[t] = nullptr;
-  }
+  // view_ stays on each kept storage until a gather replaces it.
+  for (int t : gathered_tensors(block)) rerun_kept_[t] = std::move(gathered_[t]);
   if (recompute_first(block)) gather_for_backward(block);
 }
 
 void DeepSpeedZero3::after_backward(int block) {
   if (modules_) return;
-  rerun_saved_.reset();  // the Linear's backward has run: its saves are freed
+  // The Linear's backward has run: its saves are freed.
+  for (int t : gathered_tensors(block)) rerun_kept_[t].reset();
   // The block's tensors as their hooks fire: last first.
   for (int t = model_->first_tensor(block + 1) - 1; t >= model_->first_tensor(block); --t)
     add_to_bucket(t, at(block_grad_[block], model_->tensor_offset(t) - model_->block_offset(block)));

@@ -40,11 +40,11 @@
 //             runs, releases it, and the pre-backward hook gathers it again (then the
 //             gradients); without ReLU the pre-backward hook (on the Linear's output) has
 //             gathered it already, the re-run gathers nothing and its release partitions
-//             it before the backward. Either way the re-run's saves keep the weight's
-//             gathered storage (torch's recompute saves a detached view of the parameter;
-//             the layer's input requires a gradient, so the Linear saves its weight, not
-//             in layer 0) until the layer's backward has run: the weight's gathered buffer
-//             is held from the re-run's release to the backward's end;
+//             it before the backward. Either way the re-run's saves keep the layer's
+//             gathered storages (torch's recompute saves a detached view of each parameter
+//             its op saves; LinearFunctionForZeroStage3, DeepSpeed's F.linear under stage
+//             3, saves weight and bias in every layer) until the layer's backward has run:
+//             its gathered buffers are held from the re-run's release to the backward's end;
 // A transformer's modules (the blocks' module hooks, parameter_offload.py's hooks):
 //   forward   a module's tensors that are not persistent are gathered before it makes its
 //             output and released after it (the tied head gathers the embedding's table);
@@ -153,7 +153,6 @@ class DeepSpeedZero3 : public DataParallelStrategy, private BlockAccess {
   std::vector<Buffer> gathered_;    // per tensor: its gathered values (n_t, or a gather buffer of W·c_t)
   std::vector<float*> view_;  // per tensor: where its values are while gathered (null: released)
   std::vector<Buffer> block_grad_;  // per block: its tensors' gradients during its backward
-  Buffer rerun_saved_;  // the weight's gathered buffer a re-run's saves keep, to the block's backward end
   std::vector<std::pair<int, std::int64_t>> in_bucket_;  // (tensor, offset in the bucket)
   std::int64_t bucket_used_ = 0;
   std::vector<float> last_grad_;  // the last step's averaged gradient partitions (host, untracked)
@@ -164,9 +163,9 @@ class DeepSpeedZero3 : public DataParallelStrategy, private BlockAccess {
   std::vector<Buffer> tensor_grad_;
   std::vector<int> uses_;
   std::vector<int> leftovers_;
-  // --checkpoint (a transformer's): a wrapped block's re-run under way, its first-backward
+  // --checkpoint: a wrapped block's re-run under way (a transformer's), its first-backward
   // module (gathered before it), and per tensor the gathered storage a re-run's saves keep
-  // to its module's backward.
+  // to its module's (the MLP's: its layer's) backward.
   bool rerunning_ = false;
   std::vector<TensorRef> rerun_entry_;
   std::vector<Buffer> rerun_kept_;
