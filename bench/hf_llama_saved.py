@@ -31,8 +31,9 @@ the gathered bf16 unit so; DeepSpeed's bf16 casts the module).
 --itemize lists each saved storage (bytes, shape, dtype) in the order first saved, with
 the autograd nodes that saved it (and "param_cast" for a weight's bf16 cast).
 With --shardscope BINARY, runs `BINARY run --model llama ...` on the same shape (one
-step, one rank; flash beside sdpa, math beside eager and sdpa-math) and prints its
-figures beside HF's.
+step, one rank; flash beside sdpa, math beside eager and sdpa-math; --precision module:
+`--precision bf16 --strategy zero3 --emulate 2:0`, Llama's bf16 module under FSDP's
+MixedPrecision) and prints its figures beside HF's.
 
 Prints one line per attention mode:
   [<precision> ]<mode> hf <bytes> B in <n> storages[ (param_cast <bytes> B in <n>)]
@@ -142,7 +143,10 @@ def shardscope_saved(binary, args, mode, precision="fp32"):
                "--vocab", str(args.vocab), "--seq", str(args.seq), "--batch", str(args.batch),
                "--attention", mode, "--strategy", "ddp", "--steps", "1",
                "--backend", "cpu", "--checkpoint", args.checkpoint, "--json", path]
-        if precision != "fp32":
+        if precision == "module":  # the bf16 module: FSDP's MixedPrecision (zero3, emulated rank 0 of 2)
+            cmd[cmd.index("ddp")] = "zero3"
+            cmd[-2:-2] = ["--precision", "bf16", "--emulate", "2:0"]
+        elif precision != "fp32":
             cmd[-2:-2] = ["--precision", precision]
         # The shape flags alone describe llama; qwen2's biases and a tied head come from a config.
         if args.model_type == "qwen2" or args.tied or args.attention_bias:

@@ -135,9 +135,9 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
       ->type_name("torch|fsdp2|deepspeed");
   app.add_option("--precision", f.precision,
                  "fp32 | bf16: bf16 trains in the engine's mixed-precision regime (default fp32; built: autocast "
-                 "under ddp/zero1 and the pipelines, FSDP's MixedPrecision for the MLP and gpt2 under "
-                 "zero2/zero3/hsdp, DeepSpeed's bf16 for their ddp (stage 0)/zero1/zero2/zero3; docs/cli.md lists "
-                 "the rest)")
+                 "under ddp/zero1 and the pipelines, FSDP's MixedPrecision for the MLP, gpt2 and llama under "
+                 "zero2/zero3/hsdp, DeepSpeed's bf16 for the MLP's and gpt2's ddp (stage 0)/zero1/zero2/zero3; "
+                 "docs/cli.md lists the rest)")
       ->type_name("fp32|bf16");
   app.add_option("--autocast-region", f.autocast_region,
                  "microbatch | step: where a bf16 pipeline's autocast region sits (--precision bf16 --schedule "

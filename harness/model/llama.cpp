@@ -752,12 +752,13 @@ std::unique_ptr<Model> make_llama(const ModelConfig& m, const TensorParallel& sp
   SHARDSCOPE_REQUIRE(s.layers > 0 && s.hidden > 0 && s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0 &&
                          s.head_dim > 0 && s.head_dim % 2 == 0 && s.ffn > 0 && s.vocab > 0 && s.seq > 0,
                      "llama: an unchecked transformer shape");
-  SHARDSCOPE_REQUIRE(tp.size == 1 || (!(m.autocast && tp.sequence) && s.heads % tp.size == 0 &&
+  SHARDSCOPE_REQUIRE(tp.size == 1 || (!m.param_bf16 && !(m.autocast && tp.sequence) && s.heads % tp.size == 0 &&
                                       (s.kv_heads % tp.size == 0 || tp.size % s.kv_heads == 0) &&
                                       s.ffn % tp.size == 0 && s.vocab % tp.size == 0),
                      "llama: an unchecked tensor-parallel shape");
   SHARDSCOPE_REQUIRE(!tp.sequence || s.seq % tp.size == 0, "llama: an unchecked sequence-parallel shape");
   if (m.autocast) return make_llama_autocast(s, tp);
+  if (m.param_bf16) return make_llama_param_bf16(s);
   std::vector<std::unique_ptr<Block>> blocks;
   blocks.push_back(make_embedding_block(s, {"model.embed_tokens.weight", ""}, kFamily, tp));
   for (int i = 0; i < s.layers; ++i) blocks.push_back(std::make_unique<DecoderLayer>(s, i, tp));

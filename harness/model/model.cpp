@@ -169,6 +169,10 @@ Tape Model::forward(ModelContext& ctx, int first, int last, const float* input, 
       }
     }
     ctx.access.after_forward(b);
+    // An input the block made from another's output and nobody saved is freed once its
+    // forward ends, as torch frees a tensor no save and no name holds (Llama's bf16 module:
+    // each norm saves its fp32 upcast, not the bf16 stream).
+    if (b > first && !output_saved(b - 1, last)) tape.outputs.back().reset();
     in = out.data();
     in_requires_grad = true;
     tape.outputs.push_back(std::move(out));

@@ -47,5 +47,8 @@ LlamaLayerTensors llama_layer_tensors(const TransformerShape& shape, int layer, 
 // Llama under autocast(bfloat16) (config.autocast), for a shape make_llama completed; with
 // tp.size > 1 Megatron's split as make_llama's.
 std::unique_ptr<Model> make_llama_autocast(const TransformerShape& shape, const TensorParallel& tp = {});  // llama_autocast.cpp
+// Llama under bf16 parameters (config.param_bf16: FSDP's MixedPrecision, DeepSpeed's bf16):
+// Hugging Face's module cast to bf16, on the strategy's bf16 views.
+std::unique_ptr<Model> make_llama_param_bf16(const TransformerShape& shape);  // llama_param_bf16.cpp
 
 }  // namespace shardscope

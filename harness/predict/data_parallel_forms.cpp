@@ -68,11 +68,11 @@ std::vector<Prediction> one_reduction_ranks(const RunConfig& cfg, int world) {
     const int b = cfg.model.batch;
     const StepUnits units = step_units(cfg, world);
     const CheckpointPolicy& ck = cfg.model.checkpoint;
-    // --precision bf16 under zero2/zero3/hsdp (FSDP1's MixedPrecision, GPT-2:
-    // param_bf16_forms.hpp): fp32's resting bytes and reduce-scatter, the units gathered in bf16.
+    // --precision bf16 under zero2/zero3/hsdp (FSDP1's MixedPrecision, GPT-2's or Llama's bf16
+    // module: param_bf16_forms.hpp): fp32's resting bytes and reduce-scatter, the units gathered in bf16.
     if (cfg.model.param_bf16) {
-      complete_step(transformer_step_transient(gpt2_param_bf16_blocks(t, b, ck), units),
-                    gpt2_saved_after_forward_param_bf16(t, b, ck), ranks);
+      complete_step(transformer_step_transient(param_bf16_blocks(cfg.model, ck), units),
+                    param_bf16_saved_after_forward(cfg.model, ck), ranks);
       for (Prediction& p : ranks) p.comm_bytes[static_cast<int>(CollKind::all_gather)] /= 2;
       return ranks;
     }

@@ -132,7 +132,7 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
     su.flat_comm = true;
     const TransformerShape& t = m.transformer;
     const CheckpointPolicy& ck = m.checkpoint;
-    // bf16 (MixedPrecisionPolicy, GPT-2's bf16 module: param_bf16_forms.hpp): the gathered
+    // bf16 (MixedPrecisionPolicy, GPT-2's or Llama's bf16 module: param_bf16_forms.hpp): the gathered
     // tensors and the flat buffer 2·W·A_u, the shards' casts 2·A_u, the bf16 gradients 2·E_u,
     // the fp32 flat input 4·W·A_u; the all-gathers carry bf16.
     if (m.param_bf16) {
@@ -145,8 +145,8 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
         su.cast_bytes[u] = 2 * A[u];
         su.reduce_bytes[u] = G[u];
       }
-      complete_step(transformer_step_transient(gpt2_param_bf16_blocks(t, m.batch, ck), su),
-                    gpt2_saved_after_forward_param_bf16(t, m.batch, ck), ranks);
+      complete_step(transformer_step_transient(param_bf16_blocks(m, ck), su), param_bf16_saved_after_forward(m, ck),
+                    ranks);
       for (Prediction& rank : ranks) rank.comm_bytes[static_cast<int>(CollKind::all_gather)] /= 2;
       return ranks;
     }

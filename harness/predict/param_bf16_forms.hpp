@@ -51,6 +51,60 @@ SavedForm gpt2_saved_after_forward_param_bf16(const TransformerShape& shape, int
 StepBlocks gpt2_param_bf16_blocks(const TransformerShape& shape, int batch,
                                   const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 
+// Llama's bf16 module (harness/model/llama_param_bf16.cpp: Hugging Face's LlamaForCausalLM
+// cast to bf16; llama_param_bf16_forms.cpp). Symbols besides the above: q2 = 2N·H·d (bf16 q
+// and the attention's output), c2 = 2N·K·d (bf16 k, v), Q = 4N·H·d (math's fp32 q, k and v
+// head-major, k and v expanded to H heads), Λ = 4NV (the fp32 log-probabilities).
+// Saved for backward after forward + loss: per layer sv =
+//   flash  6b + 8N + 2q2 + 2c2 + A + 4p in 15 storages (each norm's fp32 upcast 2b, fp32
+//          rstd 4N and bf16 output b; q, k, v, the output and the lse; the MLP's four)
+//   math   6b + 8N + 3Q + A + q2 + 4p in 15 (fp32 q, k, v head-major and probabilities, the
+//          bf16 output, in place of flash's five)
+// and the model 8N + L·sv + 3b + 4N + Λ + 8N + 4 in 7 + 15L (the ids; the final norm's
+// upcast, rstd and output; the log-probabilities, the target and total_weight). Hugging
+// Face's module saves (2L + 1)·b (each norm's bf16 x·rstd) and 4Td (bf16 cos and sin, once
+// a forward) more, in 2L + 3 storages.
+// --checkpoint full|every:K: a wrapped layer saves its bf16 input alone (b, one storage).
+SavedForm llama_saved_after_forward_param_bf16(const TransformerShape& shape, int batch,
+                                               const CheckpointPolicy& checkpoint = CheckpointPolicy{});
+// What Llama's bf16 blocks hold, for the walk (StepBlocks::stream_temp: no block saves the
+// bf16 stream). K = sv; the final block's 3b + 4N; total_weight 4 B. A layer's forward from
+// T0 = X + its input (temp; activation when wrapped, then in A0) and A0 = S: the input
+// norm's upcast, rstd and output (A0 + 3b + 4N); flash: q, k, v and then the output and lse
+// (A0 + 3b + 4N + H, H = 2q2 + 2c2 + A); math: q, k, v bf16 (temp q2 + 2c2) beside their
+// fp32 copies (3Q), then the probabilities A, the head-major output (temp Q) and its
+// token-major fp32 copy (Q, activation) beside it, then the bf16 output (q2) beside that
+// copy (H = 3Q + A + q2); x_mid (temp b); the second norm's 3b + 4N; the MLP's 4p; the output
+// (b: temp, or activation when the next layer is wrapped) beside x_mid, which is then freed.
+// A layer's backward from A4 = S + sv (a wrapped layer's saved input in S), dy = b:
+//   down         temp X + b + p (d product), act A4
+//   the factors  temp X + b + 2p (d up), act A4 − p
+//   up, gate     temp X + 2b + 2p (d y2), act A4 − 4p
+//   norm 2       temp X + 3b (d x_mid), act A4 − 4p − b; then A5 = A4 − 4p − 3b − 4N
+//   o_proj       temp X + b + q2 (d out, dy freed), act A5
+//   flash        temp X + b + 2q2 + 2c2 (d q, k, v), act A5; then A6 = A5 − H
+//   math         the output freed (Am = A5 − q2): d out's fp32 upcast X + b + q2 + Q; d out
+//                head-major X + b + 2Q; dP X + b + Q + A; dv X + b + 2Q + A; v and the
+//                probabilities released (Am − Q − A): dq X + b + 2Q + A, dk X + b + 3Q + A; q
+//                and k released (A6 = Am − 3Q − A): dq, dk, dv bf16 beside them X + b + 3Q +
+//                q2 + 2c2
+//   v, k, q      temp X + 2b + q2 + 2c2 (d y1), act A6 = S + 3b + 4N
+//   norm 1       temp X + 3b (dx beside d y1 and d x_mid), act A6 − b.
+// A wrapped layer's re-run at the start of its backward is its forward with dy held
+// (T0 = X + b), its output temp and freed at once. The loss: the final block's bf16 logits
+// (2NV) beside its input (temp X + b + 2NV, act S + 3b + 4N); their fp32 upcast beside the
+// logits, the loss scalar, the log-probabilities and total_weight (temp X + 6NV + 4, act S +
+// 3b + 4N + Λ + 4); in backward the fp32 dlogits (X + Λ) beside them, then (released) the bf16
+// dlogits beside the fp32 (X + 6NV, act S + 3b + 4N); the final block's backward from the
+// bf16 dlogits (2NV).
+StepBlocks llama_param_bf16_blocks(const TransformerShape& shape, int batch,
+                                   const CheckpointPolicy& checkpoint = CheckpointPolicy{});
+
+// The family's bf16 module (GPT-2's or Llama's, by the model's name): its saves after
+// forward and its blocks for the walk.
+SavedForm param_bf16_saved_after_forward(const ModelConfig& model, const CheckpointPolicy& checkpoint);
+StepBlocks param_bf16_blocks(const ModelConfig& model, const CheckpointPolicy& checkpoint);
+
 // StepUnits of FSDP1's bf16 units: gathered and full gradient 2·padded, the shard's cast
 // 2·shard, the fp32 gradient reduce-scattered 4·padded (set when cfg.model.param_bf16).
 void make_units_bf16(StepUnits& units, const RunConfig& cfg, int world);

@@ -101,6 +101,12 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
   std::vector<i64> held(z.L + 1, z.base);  // held[b] = S_{b+1}: after block b's forward
   for (int b = 1; b <= z.L; ++b) held[b] = held[b - 1] + (wrapped(b) ? a : K);
   auto held_at = [&](int b) { return held[b]; };
+  // stream_temp: block b's input before its forward, temp (or saved by its checkpoint,
+  // activation); below(b): the activations beneath block b's saves, a wrapped block's
+  // saved input among them (held_at(b - 1) when the blocks save the stream).
+  auto in_temp = [&](int b) { return z.stream_temp && !wrapped(b) ? a : 0; };
+  auto in_act = [&](int b) { return z.stream_temp && wrapped(b) ? a : 0; };
+  auto below = [&](int b) { return held_at(b - 1) + in_act(b); };
   auto recompute_of = [](int b) { return "recompute of block " + std::to_string(b - 1); };
   PeakWalk walk;
 
@@ -138,37 +144,42 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
         z.forward_attention(walk, held_at(b - 1), gathered, fwd_grads, fsdp ? unit(u) : layer(b));
       }
     }
+    if (z.forward_block && U <= 1)
+      for (int b = 1; b <= z.L; ++b) z.forward_block(walk, b, held_at(b - 1), f0, fwd_grads, fsdp ? unit(0) : layer(b));
     i64 so_far = 0;
     for (int u = 1; u < U; ++u) {
+      const int first = u == 1 ? 1 : units.top_block[u - 1] + 1;
+      const i64 tx = X + in_temp(first), S_in = held_at(first - 1) + in_act(first);  // its input held
       if (flat) {
-        const int first = u == 1 ? 1 : units.top_block[u - 1] + 1;
-        const i64 below = f0 + (units.reshard ? 0 : so_far);
-        if (bf16) walk.consider(X, held_at(first - 1), below, fwd_grads, Phase::forward, unit(u), false, f(u), c(u));
-        walk.consider(X, held_at(first - 1), below + f(u), fwd_grads, Phase::forward, unit(u), false, f(u));
+        const i64 gathered_below = f0 + (units.reshard ? 0 : so_far);
+        if (bf16) walk.consider(tx, S_in, gathered_below, fwd_grads, Phase::forward, unit(u), false, f(u), c(u));
+        walk.consider(tx, S_in, gathered_below + f(u), fwd_grads, Phase::forward, unit(u), false, f(u));
       }
-      if (bf16 && !flat) {
-        const int first = u == 1 ? 1 : units.top_block[u - 1] + 1;
-        walk.consider(X, held_at(first - 1), f0 + (units.reshard ? 0 : so_far) + f(u), fwd_grads, Phase::forward,
-                      unit(u), false, 0, c(u));
-      }
+      if (bf16 && !flat)
+        walk.consider(tx, S_in, f0 + (units.reshard ? 0 : so_far) + f(u), fwd_grads, Phase::forward, unit(u), false, 0,
+                      c(u));
       so_far += f(u);
       const int b = units.top_block[u];
       const i64 gathered = units.reshard ? f(u) : ms.params_held ? all_units : so_far;
+      if (z.forward_block)
+        for (int j = first; j <= b; ++j) z.forward_block(walk, j, held_at(j - 1), f0 + gathered, fwd_grads, unit(u));
       walk.consider(X, held_at(b - 1) + K, f0 + gathered, fwd_grads, Phase::forward, unit(u));
     }
     // Forward's end (the loss's total_weight made): every save, the logits, the loss scalar.
     const i64 after_forward = f0 + (units.reshard ? 0 : all_units);
     const i64 A_f = held_at(z.L) + z.final_held + lambda + z.loss_weight;
-    if (z.head_gather > 0)
+    if (z.loss) z.loss(walk, held_at(z.L), after_forward, fwd_grads, fsdp ? unit(0) : layer(z.L + 1), layer(z.L + 1));
+    if (z.head_gather > 0 && !z.loss)
       walk.consider(X + lambda + z.head_gather, A_f - lambda - z.loss_weight, after_forward, fwd_grads, Phase::forward,
                     fsdp ? unit(0) : layer(z.L + 1));
-    walk.consider(X + lambda + 4, A_f, after_forward, fwd_grads, Phase::forward, fsdp ? unit(0) : layer(z.L + 1));
-    if (z.loss_stats > 0)
+    if (!z.loss)
+      walk.consider(X + lambda + 4, A_f, after_forward, fwd_grads, Phase::forward, fsdp ? unit(0) : layer(z.L + 1));
+    if (z.loss_stats > 0 && !z.loss)
       walk.consider(X + lambda + 4 + z.loss_stats, A_f, after_forward, fwd_grads, Phase::forward,
                     fsdp ? unit(0) : layer(z.L + 1));
     // The loss's gradient (before the root unit's backward hook), then the root's full
     // gradient (log-probabilities and total_weight released).
-    walk.consider(X + lambda, A_f, after_forward, fwd_grads, Phase::backward, layer(z.L + 1));
+    if (!z.loss) walk.consider(X + lambda, A_f, after_forward, fwd_grads, Phase::backward, layer(z.L + 1));
     const i64 A1 = A_f - lambda - z.loss_weight;
     const i64 root_grads = e0 + kept(U);
     if (fsdp) walk.consider(X + lambda, A1, after_forward, root_grads, Phase::backward, unit(0));
@@ -186,8 +197,8 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     // one; walked all the same, since a re-run's instants can meet a later block's.
     auto blocks_backward = [&](int hi, int lo, i64 pu, i64 gu, const std::string& where) {
       for (int b = hi; b >= lo; --b) {
-        if (wrapped(b)) z.recompute(walk, held_at(b - 1), pu, gu, recompute_of(b));
-        z.backward(walk, held_at(b - 1) + K - a, pu, gu, fsdp ? where : layer(b));
+        if (wrapped(b)) z.recompute(walk, below(b), pu, gu, recompute_of(b));
+        z.backward(walk, below(b) + K - (z.stream_temp ? 0 : a), pu, gu, fsdp ? where : layer(b));
       }
     };
     // The root's reduce-scatter once the embeddings' backward is done (no dx, every save
@@ -234,7 +245,7 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
       walk.hold(flight_grad, flight_comm);
       i64 prefetching = 0;  // fsdp2 under --overlap on: the unit below's flat buffer, its all-gather posted
       i64 cast_held = 0;    // bf16 under --overlap on: the unit below's shard cast, its all-gather posted
-      const i64 S = wrapped(b) ? held_at(b - 1) : held_at(b);
+      const i64 S = wrapped(b) && !z.stream_temp ? held_at(b - 1) : held_at(b);
       const i64 before = e0 + kept(u) + (ms.grads_held ? e(u) : 0);  // before its full gradient is made
       if (units.reshard && flat && units.overlap) {
         // fsdp2 under --overlap on: the unit's copy-out here, after its own all-gather or
@@ -267,7 +278,9 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
             walk.consider(X + a, S, pu, before, Phase::backward, unit(u - 1), false, f(u - 1), c(u - 1));
           pu += f(u - 1);
           if (flat) walk.consider(X + a, S, pu, before, Phase::backward, unit(u - 1), false, f(u - 1));
-          walk.consider(X + a, S, pu, before, Phase::backward, unit(u), false, 0, flat ? 0 : c(u - 1));
+          // FSDP1's bf16 cast is made where the prefetch gathers (the place of unit u - 1).
+          walk.consider(X + a, S, pu, before, Phase::backward, bf16 && !flat ? unit(u - 1) : unit(u), false, 0,
+                        flat ? 0 : c(u - 1));
           // FSDP1 under --overlap on: the posted gather's cast lives until that unit's wait.
           if (units.overlap && !flat) cast_held = c(u - 1);
           walk.hold(flight_grad, flight_comm, cast_held);
@@ -280,12 +293,12 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
       if (ms.reduces && bf16 && !flat) {
         // FSDP1's reduce_dtype=fp32: the fp32 cast beside the bf16 gradient, then (adding
         // onto the shard) the staging shard beside the fp32 one, the bf16 freed.
-        const i64 S_first = held_at(first - 1);
+        const i64 S_first = below(first);
         walk.consider(X + a, S_first, pu, gu + r(u), Phase::backward, unit(u));
         if (ms.adds_to_shard)
           walk.consider(X + a, S_first, pu, gu - e(u) + r(u), Phase::backward, unit(u), false, s(u));
       } else if (ms.reduces) {
-        const i64 S_first = held_at(first - 1);
+        const i64 S_first = below(first);
         if (flat) walk.consider(X + a, S_first, pu, gu, Phase::backward, unit(u), false, r(u));
         if (ms.adds_to_shard) {
           if (flat)

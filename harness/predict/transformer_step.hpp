@@ -158,6 +158,26 @@ struct StepBlocks {
   std::function<void(PeakWalk&, std::int64_t S, std::int64_t gathered, std::int64_t grad_full,
                      const std::string& where)>
       recompute;
+  // A family whose blocks save no bf16 stream (Llama's bf16 module: each norm saves its fp32
+  // upcast): between blocks the stream tensor (a, temp) lives until the next block's forward
+  // ends, and K is a block's saves alone; a wrapped block's input is its checkpoint's save (a,
+  // activation: held[b] counts it, at the block's own place) and stays through its backward.
+  // Then forward_block walks every block's forward (b: its model index, 1..L; S: the
+  // activations below it, its saved input not among them), recompute starts from S with its
+  // saved input, and backward from A4 = the activations with the block's saves (its saved
+  // input among them). Off for every other family (their figures unchanged).
+  bool stream_temp = false;
+  std::function<void(PeakWalk&, int b, std::int64_t S, std::int64_t gathered, std::int64_t grad_full,
+                     const std::string& where)>
+      forward_block;
+  // The forward's end and the loss's gradient when the loss holds more than the logits
+  // (Llama's bf16 module: the final block's bf16 logits beside its input, their fp32 upcast
+  // beside the log-probabilities, the fp32 dlogits then their bf16 cast), from S = the
+  // activations after the last block; dlogits (λ) is what the final block's backward
+  // starts from. Empty: the logits' and log-probabilities' Λ each.
+  std::function<void(PeakWalk&, std::int64_t S, std::int64_t gathered, std::int64_t grad_full,
+                     const std::string& forward_where, const std::string& backward_where)>
+      loss;
 };
 StepTransient transformer_step_transient(const StepBlocks& blocks, const StepUnits& units);
 

@@ -93,10 +93,7 @@ void refuse_unbuilt_autocast(const RunConfig& cfg) {
   if (cfg.mesh.given && !cfg.hybrid())
     throw UsageError("--mesh and " + which + ": FSDP's mixed precision on a mesh is not built yet; allowed: "
                      "--strategy ddp|zero1 (autocast), or no --mesh");
-  // GPT-2's bf16 module (harness/model/gpt2_param_bf16.cpp); Llama's is not built yet.
-  if (cfg.model.is_transformer() && cfg.model.name != "gpt2")
-    throw UsageError(which + " with --model " + cfg.model.name + ": FSDP's mixed precision is built for the MLP "
-                     "and gpt2 only yet; allowed: --model mlp|gpt2, or --strategy ddp|zero1");
+  // GPT-2's and Llama's bf16 modules (harness/model/gpt2_param_bf16.cpp, llama_param_bf16.cpp).
   if (cfg.no_sync)
     throw UsageError("--no-sync and " + which + ": FSDP's bf16 gradients kept unreduced across micro-steps are not "
                      "built yet; leave --no-sync out (--accumulate reduces every micro-step)");

@@ -140,13 +140,14 @@ TEST_F(HsdpCli, BadFlagsAreRefusedNamingThem) {
     EXPECT_EQ(refused(std::string("run --backend cpu") + kMlp + c.flags), 2) << c.flags;
     EXPECT_EQ(first_line(dir_ + "/err.txt"), c.line) << c.flags;
   }
-  // bf16 runs Llama only under ddp and zero1: refused naming hsdp, not zero3.
+  // What FSDP's bf16 does not build is refused naming hsdp, not zero3.
   EXPECT_EQ(refused(std::string("run --backend cpu") + kLlama + "--strategy hsdp --shard-group 2 --precision bf16 "
-                                                               "--emulate 4:0"),
+                                                               "--checkpoint attention --emulate 4:0"),
             2);
   EXPECT_EQ(first_line(dir_ + "/err.txt"),
-            "shardscope: error: --precision bf16 and --strategy hsdp with --model llama: FSDP's mixed precision is "
-            "built for the MLP and gpt2 only yet; allowed: --model mlp|gpt2, or --strategy ddp|zero1");
+            "shardscope: error: --checkpoint attention and --precision bf16 and --strategy hsdp: selective recompute "
+            "under FSDP's bf16 is not built yet; give --checkpoint none, full or every:K, or --strategy ddp|zero1 "
+            "(autocast)");
 }
 
 // plan and sweep take hsdp in --strategies with --shard-group (which reaches hsdp's jobs

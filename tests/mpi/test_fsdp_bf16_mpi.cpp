@@ -225,6 +225,94 @@ TEST(FsdpBf16Mpi, Gpt2TrainsNearOneFp32RankAndMatchesTheClosedForms) {
   }
 }
 
+// Llama's bf16 module (harness/model/llama_param_bf16.cpp: Hugging Face's module cast to bf16)
+// under FSDP1's MixedPrecision and fully_shard's MixedPrecisionPolicy: grouped-query and
+// multi-head attention, tied and untied, checkpointed: trains like one fp32 rank on the
+// concatenated batch within bf16's rounding, and every real rank's bytes and communication
+// equal the closed forms (harness/predict/llama_param_bf16_forms.cpp).
+TEST(FsdpBf16Mpi, LlamaTrainsNearOneFp32RankAndMatchesTheClosedForms) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  struct Setting {
+    const char* strategy;
+    int units;
+    bool overlap;
+    AttentionMode attention;
+    EngineKind engine;
+    int kv_heads;
+    bool tied;
+    CheckpointPolicy checkpoint{};
+  };
+  const CheckpointPolicy full{CheckpointKind::every, 1};
+  const EngineKind torch = EngineKind::torch, fsdp2 = EngineKind::fsdp2;
+  const AttentionMode flash = AttentionMode::flash, math = AttentionMode::math;
+  for (const Setting& s : std::vector<Setting>{{"zero3", 1, true, flash, torch, 2, false},
+                                               {"zero3", 1, false, math, torch, 4, true},
+                                               {"zero2", 1, true, flash, torch, 4, false},
+                                               {"zero3", 0, true, math, torch, 2, false},
+                                               {"zero3", 1, true, flash, fsdp2, 2, true},
+                                               {"zero2", 2, false, math, fsdp2, 2, false},
+                                               {"zero3", 1, true, flash, torch, 2, false, full},
+                                               {"zero3", 1, true, math, fsdp2, 4, true, full}}) {
+    RunConfig cfg;
+    TransformerShape& t = cfg.model.transformer;
+    t.model_type = "llama";
+    t.layers = 2;
+    t.hidden = 24;
+    t.heads = 4;
+    t.kv_heads = s.kv_heads;
+    t.head_dim = 6;
+    t.ffn = 40;
+    t.vocab = 37;  // units pad at W = 3 and 4
+    t.seq = 6;
+    t.positions = 6;
+    t.tied_embeddings = s.tied;
+    t.norm_eps = 1e-6f;
+    t.attention = s.attention;
+    cfg.model.name = "llama";
+    cfg.model.layers = t.layers;
+    cfg.model.width = t.hidden;
+    cfg.model.batch = 2;
+    cfg.model.param_bf16 = true;
+    cfg.precision = PrecisionKind::bf16;
+    cfg.steps = 3;
+    cfg.seed = 11;
+    cfg.strategy = parse_strategy(s.strategy);
+    cfg.layers_per_unit = s.units;
+    cfg.overlap = s.overlap;
+    cfg.engine = s.engine;
+    cfg.model.checkpoint = s.checkpoint;
+    SCOPED_TRACE(std::string(engine_name(s.engine)) + " " + s.checkpoint.text() + " " + s.strategy + " units=" +
+                 std::to_string(s.units) + (s.overlap ? " overlap" : "") + " K=" + std::to_string(s.kv_heads) +
+                 (s.tied ? " tied" : "") + " W=" + std::to_string(world) + " rank " + std::to_string(rank));
+    CpuBackend backend;
+    auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+    const auto r = testing::run_dp(cfg, backend, *comm, true);
+    RunConfig fp32 = cfg;
+    fp32.precision = PrecisionKind::fp32;
+    fp32.model.param_bf16 = false;
+    const HostState ref = testing::reference_training(fp32, world);
+    ASSERT_TRUE(testing::any_nonzero(ref.grads));
+    ASSERT_TRUE(testing::any_nonzero(r.state.grads));
+    const double grads = relative_norm(r.state.grads, ref.grads);
+    // bf16's rounding after three steps; a unit gathered into the wrong slots would be off by
+    // its whole norm.
+    EXPECT_LT(grads, 0.08);
+    EXPECT_GT(grads, 0.0);  // and bf16's arithmetic
+    EXPECT_LT(relative_norm(r.state.params, ref.params), 5e-3);
+
+    const Prediction p = predict_data_parallel(cfg, world, rank);
+    EXPECT_EQ(r.saved.bytes, p.saved_after_forward_bytes);
+    EXPECT_EQ(r.resting, p.resting);
+    for (int k = 0; k < kCollKindCount; ++k) EXPECT_EQ(r.ledger.by_kind[k].bytes, p.comm_bytes[k]);
+    ASSERT_TRUE(p.peak_known);
+    EXPECT_EQ(r.peak.total, p.peak_total);
+    EXPECT_EQ(r.peak.by_category, p.peak_by_category);
+    EXPECT_EQ(r.where, p.peak_where);
+  }
+}
+
 // HSDP under bf16 with every shard group that divides the world, both engines: trains near
 // one fp32 rank, and each rank's bytes and both groups' communication are its forms.
 TEST(FsdpBf16Mpi, HsdpTrainsNearOneFp32RankWithEveryShardGroup) {
