@@ -15,6 +15,12 @@ gloo, one process per rank, sharded as
                     SDPA, cross-entropy on the ids) under FSDP1 FULL_SHARD / SHARD_GRAD_OP,
                     each Block wrapped, then the root (embeddings, ln_f, the head); or
                     fully_shard on each Block then the root
+  llama-fsdp1-zero3-block, llama-fsdp1-zero2-block, llama-fsdp2-zero3-block, llama-fsdp2-zero2-block
+                    transformers' LlamaForCausalLM (2 layers, hidden 64, 4 heads, 2 kv heads,
+                    ffn 160, vocabulary 100, 16 tokens, 2 sequences a rank, untied head, SDPA
+                    forced to flash, the model's own loss on labels = the ids) the same way,
+                    each LlamaDecoderLayer wrapped, then the root (the embedding, the final
+                    norm, lm_head)
 with FSDP1's MixedPrecision(param_dtype=bfloat16, reduce_dtype=float32,
 buffer_dtype=float32) or fully_shard's MixedPrecisionPolicy(param_dtype=bfloat16,
 reduce_dtype=float32). Per rank it records (step 3 unless said):
@@ -62,6 +68,10 @@ CONFIGS = {
     "gpt2-fsdp1-zero2-block": (["--strategy", "zero2", "--units", "1"], "fsdp1", False, "gpt2"),
     "gpt2-fsdp2-zero3-block": (["--strategy", "zero3", "--units", "1", "--engine", "fsdp2"], "fsdp2", True, "gpt2"),
     "gpt2-fsdp2-zero2-block": (["--strategy", "zero2", "--units", "1", "--engine", "fsdp2"], "fsdp2", False, "gpt2"),
+    "llama-fsdp1-zero3-block": (["--strategy", "zero3", "--units", "1"], "fsdp1", True, "llama"),
+    "llama-fsdp1-zero2-block": (["--strategy", "zero2", "--units", "1"], "fsdp1", False, "llama"),
+    "llama-fsdp2-zero3-block": (["--strategy", "zero3", "--units", "1", "--engine", "fsdp2"], "fsdp2", True, "llama"),
+    "llama-fsdp2-zero2-block": (["--strategy", "zero2", "--units", "1", "--engine", "fsdp2"], "fsdp2", False, "llama"),
 }
 # The GPT-2 configurations' shape, as shardscope's flags name it.
 GPT2 = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 100, "seq": 16, "positions": 16, "batch": 2}
@@ -71,9 +81,32 @@ def gpt2_flags():
     return ["--model", "gpt2"] + [x for k, v in GPT2.items() for x in (f"--{k}", str(v))]
 
 
+# The Llama configurations' shape, as shardscope's flags name it (untied head, flash).
+LLAMA = {"layers": 2, "hidden": 64, "heads": 4, "kv-heads": 2, "ffn": 160, "vocab": 100, "seq": 16, "batch": 2}
+
+
+def llama_flags():
+    return ["--model", "llama"] + [x for k, v in LLAMA.items() for x in (f"--{k}", str(v))]
+
+
+def build_llama(torch):
+    """transformers' LlamaForCausalLM of LLAMA's shape (sdpa, untied), in train mode."""
+    import transformers
+    g = LLAMA
+    config = transformers.LlamaConfig(
+        hidden_size=g["hidden"], intermediate_size=g["ffn"], num_hidden_layers=g["layers"],
+        num_attention_heads=g["heads"], num_key_value_heads=g["kv-heads"], vocab_size=g["vocab"],
+        max_position_embeddings=64, tie_word_embeddings=False, attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(config)
+    model.train()
+    return model, {transformers.models.llama.modeling_llama.LlamaDecoderLayer}
+
+
 def build(config, torch):
     _, engine, reshard, per_linear = CONFIGS[config]
-    if per_linear == "gpt2":
+    if per_linear == "llama":
+        model, wrap = build_llama(torch)
+    elif per_linear == "gpt2":
         import torch_saved
         g = GPT2
         model = torch_saved.build_gpt(torch, g["layers"], g["hidden"], g["heads"], g["vocab"], g["seq"])
@@ -166,8 +199,12 @@ def worker(args):
         ledger.calls.clear()
         saved.clear()
         mark("step")
-        gpt2 = CONFIGS[args.config][3] == "gpt2"
-        if gpt2:
+        family = CONFIGS[args.config][3]
+        gpt2 = family in ("gpt2", "llama")
+        if family == "llama":
+            x = torch.randint(0, LLAMA["vocab"], (LLAMA["batch"], LLAMA["seq"]))
+            target = x
+        elif gpt2:
             x = torch.randint(0, GPT2["vocab"], (GPT2["batch"], GPT2["seq"]))
             target = torch.randint(0, GPT2["vocab"], (GPT2["batch"], GPT2["seq"]))
         else:
@@ -179,7 +216,7 @@ def worker(args):
             if gpt2:
                 from torch.nn.attention import SDPBackend, sdpa_kernel
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    y = loss = model(x, target)
+                    y = loss = model(input_ids=x, labels=target).loss if family == "llama" else model(x, target)
             else:
                 y = model(x)
                 loss = torch.nn.functional.mse_loss(y, target) if args.loss == "mse" else y.sum()
@@ -266,7 +303,8 @@ def shardscope_ranks(binary, config, world, loss, tmp):
     out = []
     for r in range(world):
         path = os.path.join(tmp, f"ss{r}.json")
-        model = gpt2_flags() if CONFIGS[config][3] == "gpt2" else \
+        family = CONFIGS[config][3]
+        model = gpt2_flags() if family == "gpt2" else llama_flags() if family == "llama" else \
             ["--layers", str(LAYERS), "--width", str(WIDTH), "--batch", str(BATCH), "--activation", "relu", "--loss", loss]
         cmd = [binary, "run", "--backend", "cpu", "--steps", str(STEPS), "--precision", "bf16", "--emulate",
                f"{world}:{r}", "--json", path] + model + CONFIGS[config][0]

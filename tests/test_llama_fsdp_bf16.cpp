@@ -14,6 +14,8 @@
 
 #include "harness/comm/fake_comm.hpp"
 #include "harness/predict/param_bf16_forms.hpp"
+#include "harness/strategies/deepspeed_layout.hpp"
+#include "support/deepspeed_check.hpp"
 #include "support/mesh_harness.hpp"
 #include "support/transformer_testbed.hpp"
 
@@ -283,6 +285,82 @@ TEST(LlamaFsdpBf16, GathersInBf16AndReducesInFp32) {
       }
 }
 
+// torch 2.15's FSDP1 with MixedPrecision(param_dtype=bfloat16, reduce_dtype=float32) on
+// transformers 5.24's LlamaForCausalLM (2 layers, hidden 64, 4 heads, 2 kv heads, ffn 160,
+// vocabulary 100, 16 tokens, 2 sequences a rank, untied, flash), each LlamaDecoderLayer wrapped,
+// then the root, on CPU over gloo (bench/torch_fsdp_mp.py --configs llama-fsdp1-zero3-block,
+// llama-fsdp1-zero2-block): the storages of the sharded parameters, gradients and AdamW state
+// after step 3 (torch's allocator holds 64 B more: the rotary inv_freq buffers, which our RoPE
+// kernel has not), the bf16 all-gathers' and fp32 reduce-scatters' bytes at nccl-tests' sizes;
+// ours the same, and the saves the bf16 module's (Hugging Face's 204,420 B less 21,504).
+TEST(LlamaFsdpBf16, EqualsTorchFsdp1MixedPrecision) {
+  const struct {
+    const char* strategy;
+    int world;
+    std::int64_t resting, all_gather, reduce_scatter;
+  } torch215[] = {
+      {"zero3", 2, 793100, 370816, 396544}, {"zero3", 3, 528748, 370824, 396552},
+      {"zero3", 4, 396556, 370816, 396544}, {"zero2", 2, 793100, 198272, 396544},
+      {"zero2", 3, 528748, 198276, 396552}, {"zero2", 4, 396556, 198272, 396544},
+  };
+  for (const auto& t : torch215) {
+    RunConfig cfg = fsdp_bf16(llama_model({2, 64, 4, 2, 160, 100, 16, 2}, AttentionMode::flash), t.strategy, 1);
+    cfg.steps = 1;
+    const std::string what = std::string(t.strategy) + " W=" + std::to_string(t.world);
+    for (int rank = 0; rank < t.world; ++rank) {
+      const Prediction p = predict_data_parallel(cfg, t.world, rank);
+      EXPECT_EQ(p.resting.total(), t.resting) << what;
+      EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::all_gather)], t.all_gather) << what;
+      EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)], t.reduce_scatter) << what;
+      EXPECT_EQ(p.saved_after_forward_bytes, 204420 - 21504) << what;
+    }
+    CpuBackend backend;
+    auto comm = make_fake_communicator(t.world, t.world - 1, &backend);
+    const auto r = testing::run_dp(cfg, backend, *comm, false);
+    EXPECT_EQ(r.resting.total(), t.resting) << what;
+    EXPECT_EQ(r.ledger[CollKind::all_gather].bytes, t.all_gather) << what;
+    EXPECT_EQ(r.ledger[CollKind::reduce_scatter].bytes, t.reduce_scatter) << what;
+    EXPECT_EQ(r.saved.bytes, 204420 - 21504) << what;
+  }
+}
+
+// fully_shard with MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) on the same
+// Llama, fully_shard on each LlamaDecoderLayer then the root (--configs llama-fsdp2-zero3-block,
+// llama-fsdp2-zero2-block): the states' storages (the last rank's shorter at W = 3), the fp32
+// reduce-scatters and zero2's bf16 all-gathers, equal to ours under --engine fsdp2. zero3's
+// all-gathers differ by the root's, as GPT-2's: torch 2.15 reshards the root after forward and
+// gathers it again when backward begins (396,544 / 405,288 / 396,544 B in 6 calls), where the
+// fsdp2 engine keeps it gathered (the root's bf16 unit, 25,728 / 26,244 / 25,728 B, fewer).
+TEST(LlamaFsdpBf16, EqualsTorchFullyShardMixedPrecision) {
+  const struct {
+    const char* strategy;
+    int world;
+    std::int64_t resting, resting_last, all_gather, reduce_scatter;
+  } torch215[] = {
+      {"zero3", 2, 793172, 793172, 396544 - 25728, 396544}, {"zero3", 3, 540468, 522980, 405288 - 26244, 405288},
+      {"zero3", 4, 396628, 396628, 396544 - 25728, 396544}, {"zero2", 2, 793172, 793172, 198272, 396544},
+      {"zero2", 3, 540468, 522980, 202644, 405288},         {"zero2", 4, 396628, 396628, 198272, 396544},
+  };
+  for (const auto& t : torch215) {
+    RunConfig cfg = fsdp_bf16(llama_model({2, 64, 4, 2, 160, 100, 16, 2}, AttentionMode::flash), t.strategy, 1,
+                              EngineKind::fsdp2);
+    cfg.steps = 1;
+    const std::string what = std::string(t.strategy) + " W=" + std::to_string(t.world);
+    for (int rank = 0; rank < t.world; ++rank) {
+      const Prediction p = predict_data_parallel(cfg, t.world, rank);
+      EXPECT_EQ(p.resting.total(), rank == t.world - 1 ? t.resting_last : t.resting) << what << " rank " << rank;
+      EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::all_gather)], t.all_gather) << what;
+      EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)], t.reduce_scatter) << what;
+    }
+    CpuBackend backend;
+    auto comm = make_fake_communicator(t.world, t.world - 1, &backend);
+    const auto r = testing::run_dp(cfg, backend, *comm, false);
+    EXPECT_EQ(r.resting.total(), t.resting_last) << what;
+    EXPECT_EQ(r.ledger[CollKind::all_gather].bytes, t.all_gather) << what;
+    EXPECT_EQ(r.ledger[CollKind::reduce_scatter].bytes, t.reduce_scatter) << what;
+  }
+}
+
 // One rank, one step on the same data and parameters: the bf16 module's gradients (reduced in
 // fp32) are the fp32 step's within bf16's rounding, and not equal to them; GQA and MHA, tied
 // and untied, qwen2's biases.
@@ -317,6 +395,74 @@ TEST(LlamaFsdpBf16, GradientsAreFp32sWithinBf16Rounding) {
           EXPECT_GT(differ, static_cast<int>(g32.size()) / 2) << "bf16 arithmetic left the gradients as fp32's";
           EXPECT_NEAR(r16.losses[0], r32.losses[0], 0.02 * std::fabs(r32.losses[0]) + 1e-3);
         }
+}
+
+// --engine deepspeed --precision bf16, stages 1 and 2 (DeepSpeed's bf16 casts the module to
+// bf16: Llama's bf16 module on bf16 views of the flat group, fp32 master weights): every
+// emulated rank at W = 1 to 4, one bucket and several, flash and math, GQA untied and MHA
+// tied with qwen2's biases, measures what the closed forms predict (deepspeed_forms.cpp's
+// bf16 transformer ranks over the walk with Llama's bf16 blocks); the saves are the bf16
+// module's, the group rests in bf16 beside the fp32 master weights, the buckets and the
+// group's all-gather move 2 B an element.
+TEST(LlamaDeepSpeedBf16, MeasuredEqualsPredictedEveryRank) {
+  int checked = 0;
+  for (const auto& [shape, options] : kRankShapes)
+    for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+      for (const char* s : {"zero1", "zero2"})
+        for (double bucket : {0.0, 0.005})  // one bucket; 1,310 elements, several buckets
+          for (int world = 1; world <= 4; ++world)
+            for (int rank = 0; rank < world; ++rank) {
+              RunConfig cfg = testing::ds_config(llama_model(shape, mode, options), s, bucket);
+              cfg.precision = PrecisionKind::bf16;
+              cfg.model.param_bf16 = true;
+              testing::check_deepspeed_rank(cfg, world, rank,
+                                            label(shape, mode, options) + " " + s + " bucket " + std::to_string(bucket));
+              const Prediction p = predict_data_parallel(cfg, world, rank);
+              const std::vector<DsPartition> parts = ds_partitions(model_tensor_elems(cfg.model), world);
+              EXPECT_EQ(p.resting[Category::param], 2 * parts[0].padded);
+              EXPECT_EQ(p.resting[Category::master], 4 * parts[0].size);
+              EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::all_reduce)], 2 * parts[0].elems);
+              EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::all_gather)], 2 * parts[0].padded);
+              EXPECT_EQ(p.saved_after_forward_bytes,
+                        llama_saved_after_forward_param_bf16(cfg.model.transformer, cfg.model.batch).bytes);
+              ++checked;
+            }
+  EXPECT_EQ(checked, 2 * 2 * 2 * 2 * 10);
+}
+
+// One rank, one step: DeepSpeed's bf16 Llama's gradients (the bf16 module's, averaged in a bf16
+// bucket, flattened and cast to fp32 for the step) are the fp32 step's within bf16's rounding.
+TEST(LlamaDeepSpeedBf16, GradientsAreFp32sWithinBf16Rounding) {
+  for (const auto& [shape, options] : kRankShapes)
+    for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+      for (const char* strategy : {"zero1", "zero2"}) {
+        SCOPED_TRACE(label(shape, mode, options) + " " + strategy);
+        RunConfig cfg = testing::ds_config(llama_model(shape, mode, options), strategy, 0);
+        cfg.steps = 1;
+        cfg.precision = PrecisionKind::bf16;
+        cfg.model.param_bf16 = true;
+        RunConfig fp32 = cfg;
+        fp32.precision = PrecisionKind::fp32;
+        fp32.model.param_bf16 = false;
+        CpuBackend b16, b32;
+        auto c16 = make_fake_communicator(1, 0, &b16);
+        auto c32 = make_fake_communicator(1, 0, &b32);
+        const auto r16 = testing::run_dp(cfg, b16, *c16, true);
+        const auto r32 = testing::run_dp(fp32, b32, *c32, true);
+        ASSERT_EQ(r16.losses.size(), 1u);
+        EXPECT_NEAR(r16.losses[0], r32.losses[0], 0.02 * std::fabs(r32.losses[0]) + 1e-3);
+        const std::vector<float>& p16 = r16.state.params;
+        const std::vector<float>& p32 = r32.state.params;
+        ASSERT_EQ(p16.size(), p32.size());
+        double norm = 0.0, diff = 0.0;
+        for (std::size_t i = 0; i < p32.size(); ++i) {
+          norm += static_cast<double>(p32[i]) * p32[i];
+          diff += (static_cast<double>(p16[i]) - p32[i]) * (static_cast<double>(p16[i]) - p32[i]);
+        }
+        ASSERT_GT(norm, 0.0);
+        EXPECT_LE(std::sqrt(diff / norm), 5e-3);  // one AdamW step from the same fp32 parameters
+        EXPECT_GT(diff, 0.0);
+      }
 }
 
 }  // namespace

@@ -316,15 +316,17 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
 void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, const CLI::App& app) {
   if (c.precision == PrecisionKind::fp32) return;
   // DeepSpeed's bf16 regime runs the MLP's and GPT-2's stages 0 (ddp: FP16_Optimizer in
-  // bf16), 1, 2 and 3 (--accumulate too; --checkpoint but under GPT-2's stage 3); the rest is
-  // planned by its model states.
+  // bf16), 1, 2 and 3 (--accumulate too; --checkpoint but under GPT-2's stage 3) and Llama's
+  // stages 1 and 2 (one micro-step: refuse_deepspeed_bf16_llama); the rest is planned by its
+  // model states.
   if (effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed) {
     if (command == "plan") return;
     const std::string both = "--precision bf16 and --engine deepspeed";
-    if (c.model.is_transformer() && c.model.name != "gpt2")
-      throw UsageError(both + " and --model " + c.model.name + ": planned (plan prints its model states), not run "
-                       "yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under ddp, "
-                       "zero1, zero2, zero3");
+    if (c.model.is_transformer() && c.model.name != "gpt2" && c.strategy != StrategyKind::zero1 &&
+        c.strategy != StrategyKind::zero2)
+      throw UsageError(both + " and --strategy " + std::string(strategy_name(c.strategy)) + " and --model " +
+                       c.model.name + ": planned (plan prints its model states), not run yet (Llama's bf16 module "
+                       "runs DeepSpeed's stages 1 and 2); allowed: zero1, zero2");
     return;
   }
   const std::string bf16 = "--precision bf16";
@@ -358,6 +360,7 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
   // --checkpoint under bf16 runs the MLP and GPT-2's full|every:K (its bf16 module re-runs a
   // wrapped block), under stage 3 too; GPT-2's attention recompute in bf16 is not built.
   if (command != "plan") refuse_deepspeed_bf16_checkpoint(c);
+  if (command != "plan") refuse_deepspeed_bf16_llama(c);
   if (c.model.checkpoint.attention() && command != "plan" && c.model.is_transformer() &&
       c.strategy == StrategyKind::zero3 && c.precision == PrecisionKind::bf16)
     throw UsageError(deepspeed_stage3_checkpoint_refusal(c.model));
@@ -607,10 +610,9 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
                          effective_engine(c.engine, c.strategy, c.precision) != EngineKind::deepspeed;
   c.model.autocast = c.precision == PrecisionKind::bf16 && !bf16_fsdp &&
                      effective_engine(c.engine, c.strategy, c.precision) == EngineKind::torch;
-  // DeepSpeed's bf16 (the MLP's and GPT-2's stages 0, 1, 2 and 3): the module in bf16 on the
-  // flat group's (or the partitions') views.
+  // DeepSpeed's bf16 (the MLP's and GPT-2's stages 0, 1, 2 and 3, Llama's 1 and 2): the module
+  // in bf16 on the flat group's (or the partitions') views.
   const bool bf16_deepspeed = c.precision == PrecisionKind::bf16 &&
-                              (!c.model.is_transformer() || c.model.name == "gpt2") &&
                               effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed;
   c.model.param_bf16 = bf16_fsdp || bf16_deepspeed;
   if (app.count("--autocast-region") > 0) check_autocast_region(c, f);

@@ -113,7 +113,9 @@ class Bf16DecoderLayer final : public SequenceBlock {
   // What the forward keeps: each norm's fp32 input, rstd and bf16 output; flash's bf16 q,
   // k, v, output and fp32 lse, or math's fp32 q, k, v (head-major, k and v expanded),
   // probabilities and bf16 output; x_mid (bf16, until the output is made); the MLP's.
-  enum Held : int { kX1, kRstd1, kY1, kQ, kK, kV, kOut, kAttn, kXmid, kX2, kRstd2, kY2, kGate, kSilu, kUp, kProd, kHeld };
+  enum Held : int {
+    kX1, kRstd1, kY1, kQ, kK, kV, kOut, kAttn, kXmid, kX2, kRstd2, kY2, kGate, kSilu, kUp, kProd, kHeld
+  };
 
   Buffer forward(const BlockCall& c, const float* x_in, bool /*input_requires_grad*/, bool output_saved,
                  BlockTape& tape) override {

@@ -133,7 +133,9 @@ class Model {
   // ---- engine ----
   // Forward through blocks [first, last) of `rows` rows.
   // A checkpointed block runs with its saves dropped (what it kept is freed once it
-  // returns) and saves only its input, as torch's non-reentrant checkpoint does.
+  // returns) and saves only its input, as torch's non-reentrant checkpoint does. A block's
+  // input that another block of the segment made and nobody saves is freed once the
+  // block's forward ends (Llama's bf16 module's stream).
   Tape forward(ModelContext& ctx, int first, int last, const float* input, int rows, bool input_requires_grad);
   // The loss of the model's output (the tape must end at the last block); returns its
   // value scaled by `scale`.

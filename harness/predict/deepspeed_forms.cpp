@@ -285,7 +285,7 @@ std::vector<Prediction> bf16_mlp_ranks(const RunConfig& cfg, int world, int stag
   return ranks;
 }
 
-// Stages 1 and 2 of GPT-2 under --precision bf16: the bf16 module (param_bf16_forms.hpp) on
+// Stages 1 and 2 of GPT-2 and Llama under --precision bf16: the family's bf16 module (param_bf16_forms.hpp) on
 // the bf16 flat group's views, its activations the transformer walk's with the bf16 blocks over
 // units holding nothing gathered, autograd's bf16 gradients 2·elems a unit (stage 1 one root
 // unit of 2P, from the backward's first block; stage 2 each block's during its backward), the
@@ -293,7 +293,7 @@ std::vector<Prediction> bf16_mlp_ranks(const RunConfig& cfg, int world, int stag
 // categories after, as fp32's transformer_walk); then the reduction's and the optimizer's
 // instants as the bf16 MLP's (bf16_mlp_ranks).
 // --checkpoint full|every:K: the bf16 blocks' walk under the policy (a wrapped block saves its
-// bf16 input alone and re-runs at the start of its backward: gpt2_param_bf16_blocks).
+// bf16 input alone and re-runs at the start of its backward: param_bf16_blocks).
 // --accumulate K (grad_accum_dtype the parameters' bf16; the module adds each later
 // micro-step's gradient onto the bf16 one in place, each sum rounded, no temporary): a later
 // micro-step's walk holds stage 1's autograd 2P and Bk2 from its start (MicroStep's
@@ -306,8 +306,8 @@ std::vector<Prediction> bf16_gpt2_ranks(const RunConfig& cfg, int world, int sta
   const int K = cfg.accumulate;
   // The ipg bucket from the backward's first block (stage 0 has none).
   const i64 Bk2 = stage == 0 ? 0 : 2 * ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model));
-  const SavedForm saved = gpt2_saved_after_forward_param_bf16(m.transformer, m.batch, m.checkpoint);
-  const StepBlocks blocks = gpt2_param_bf16_blocks(m.transformer, m.batch, m.checkpoint);
+  const SavedForm saved = param_bf16_saved_after_forward(m, m.checkpoint);
+  const StepBlocks blocks = param_bf16_blocks(m, m.checkpoint);
   const std::vector<Unit> units = fsdp_units(m, stage <= 1 ? 0 : 1, world);
   std::vector<Prediction> ranks(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
@@ -351,12 +351,28 @@ std::vector<Prediction> bf16_gpt2_ranks(const RunConfig& cfg, int world, int sta
 
 void refuse_deepspeed_bf16_checkpoint(const RunConfig& cfg) {
   const ModelConfig& m = cfg.model;
-  if (cfg.precision != PrecisionKind::bf16 || m.name != "gpt2" || m.checkpoint.kind != CheckpointKind::attention ||
+  if (cfg.precision != PrecisionKind::bf16 || !m.is_transformer() || m.checkpoint.kind != CheckpointKind::attention ||
       cfg.strategy == StrategyKind::zero3)
     return;
   throw UsageError("--checkpoint attention and --engine deepspeed and --strategy " +
-                   std::string(strategy_name(cfg.strategy)) + " and --precision bf16 and --model gpt2: not built " +
-                   "yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint full|every:K, or fp32");
+                   std::string(strategy_name(cfg.strategy)) + " and --precision bf16 and --model " + m.name +
+                   ": not built yet (" + (m.name == "gpt2" ? "GPT-2's" : "Llama's") +
+                   " bf16 module has no attention recompute); allowed: --checkpoint full|every:K, or fp32");
+}
+
+void refuse_deepspeed_bf16_llama(const RunConfig& cfg) {
+  const ModelConfig& m = cfg.model;
+  if (cfg.precision != PrecisionKind::bf16 || !m.is_transformer() || m.name == "gpt2" ||
+      (cfg.strategy != StrategyKind::zero1 && cfg.strategy != StrategyKind::zero2))
+    return;
+  const std::string both = "--engine deepspeed and --strategy " + std::string(strategy_name(cfg.strategy)) +
+                           " and --precision bf16 and --model " + m.name;
+  if (cfg.accumulate > 1)
+    throw UsageError("--accumulate " + std::to_string(cfg.accumulate) + " and " + both +
+                     ": bf16 gradient accumulation of Llama is not built yet; give --accumulate 1");
+  if (m.checkpoint.any())
+    throw UsageError("--checkpoint " + m.checkpoint.text() + " and " + both +
+                     ": not built yet; give --checkpoint none, or fp32");
 }
 
 std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world) {
@@ -366,10 +382,11 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // optimizer's copy of the partition and AdamW's state are fp32 under both).
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
   refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
-  // --checkpoint under bf16: the MLP's and GPT-2's full|every:K (stage 3's too); GPT-2's bf16
-  // module has no attention recompute yet (a plan skips it with the reason, but stage 3's,
-  // planned by its model states).
+  // --checkpoint under bf16: the MLP's and GPT-2's full|every:K (stage 3's too); GPT-2's and
+  // Llama's bf16 modules have no attention recompute yet (a plan skips it with the reason, but
+  // stage 3's, planned by its model states).
   if (lp != 4) refuse_deepspeed_bf16_checkpoint(cfg);
+  refuse_deepspeed_bf16_llama(cfg);  // Llama's bf16 stages 1 and 2: one micro-step, no --checkpoint
   // Stage 3 runs the MLP (fp32 and bf16), GPT-2 and Llama in fp32 and GPT-2 in bf16 (with
   // --checkpoint full|every:K); Llama's bf16 and GPT-2's bf16 under --checkpoint attention
   // are planned by their model states.
@@ -392,20 +409,9 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // The ZeRO paper's accounting adds the gradients the stage keeps during a step: stage 1
   // autograd's full ones, stage 2 the partition's.
   const i64 kept_grads = stage == 1 ? lp * P : lp * s;
-  // bf16 runs the MLP's stages 1 and 2 (--checkpoint and --accumulate too) and GPT-2's.
+  // bf16 runs the MLP's stages 1 and 2 (--checkpoint and --accumulate too), GPT-2's and Llama's.
   if (lp != 4 && !m.is_transformer()) return bf16_mlp_ranks(cfg, world, stage, parts);
-  if (lp != 4 && m.name == "gpt2") return bf16_gpt2_ranks(cfg, world, stage, parts);
-  if (lp != 4) {
-    // A transformer's bf16 is planned by its model states: the flat group in bf16, its
-    // fp32 copy (the master weights).
-    Prediction p;
-    p.peak_known = false;
-    p.resting[Category::param] = lp * Ppad;
-    p.resting[Category::master] = 4 * s;
-    p.resting[Category::optim] = 8 * s + 4;
-    p.model_states = p.resting.total() + kept_grads;
-    return std::vector<Prediction>(static_cast<std::size_t>(world), p);
-  }
+  if (lp != 4) return bf16_gpt2_ranks(cfg, world, stage, parts);
   const i64 Bk = 4 * ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model));
   const i64 K = cfg.accumulate;
   SavedForm saved;

@@ -18,7 +18,7 @@ DeepSpeedZero::DeepSpeedZero(const StrategyContext& ctx, int stage)
       bucket_cap_(ds_bucket_elems(ctx.cfg.bucket_mb, model_->tensor_sizes())),
       lp_(ctx.cfg.precision == PrecisionKind::bf16 ? DType::bf16 : DType::f32) {
   SHARDSCOPE_REQUIRE(lp_ == DType::f32 || ctx.cfg.model.param_bf16,
-                     "deepspeed bf16: the MLP's bf16 Linears (the CLI refuses the rest)");
+                     "deepspeed bf16: the model's bf16 module (the CLI refuses the rest)");
   gip_offset_.assign(static_cast<std::size_t>(model_->param_tensors()), -1);
   std::int64_t at = 0;
   for (int t = part_.first_tensor; t < part_.end_tensor; ++t) {

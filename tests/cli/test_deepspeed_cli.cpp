@@ -221,7 +221,9 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
               {kGpt2, "ddp --accumulate 3 --no-sync --attention math"},
               {kGpt2, "zero2 --accumulate 3 --checkpoint every:2 --attention math"},
               {kGpt2Wide, "zero3 --checkpoint full"},
-              {kGpt2, "zero3 --accumulate 2 --checkpoint every:2 --attention math"}};
+              {kGpt2, "zero3 --accumulate 2 --checkpoint every:2 --attention math"},
+              {kLlama, "zero1"},
+              {kLlama, "zero2 --attention math"}};
   for (const auto& [model, strategy] : runs)
     for (int r = 0; r < 3; ++r) {
       const std::string flags = std::string(model) + "--steps 2 --engine deepspeed --precision bf16 --strategy " +
@@ -239,10 +241,24 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
     std::string flags;
     const char* line;
   } refused[] = {
-      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero1",
-       "shardscope: error: --precision bf16 and --engine deepspeed and --model llama: planned (plan prints its model "
-       "states), not run yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 under ddp, "
-       "zero1, zero2, zero3"},
+      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero3",
+       "shardscope: error: --precision bf16 and --engine deepspeed and --strategy zero3 and --model llama: planned "
+       "(plan prints its model states), not run yet (Llama's bf16 module runs DeepSpeed's stages 1 and 2); allowed: "
+       "zero1, zero2"},
+      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy ddp",
+       "shardscope: error: --precision bf16 and --engine deepspeed and --strategy ddp and --model llama: planned "
+       "(plan prints its model states), not run yet (Llama's bf16 module runs DeepSpeed's stages 1 and 2); allowed: "
+       "zero1, zero2"},
+      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero1 --accumulate 2",
+       "shardscope: error: --accumulate 2 and --engine deepspeed and --strategy zero1 and --precision bf16 and "
+       "--model llama: bf16 gradient accumulation of Llama is not built yet; give --accumulate 1"},
+      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero2 --checkpoint full",
+       "shardscope: error: --checkpoint full and --engine deepspeed and --strategy zero2 and --precision bf16 and "
+       "--model llama: not built yet; give --checkpoint none, or fp32"},
+      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero1 --checkpoint attention",
+       "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero1 and --precision bf16 "
+       "and --model llama: not built yet (Llama's bf16 module has no attention recompute); allowed: --checkpoint "
+       "full|every:K, or fp32"},
       {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint attention",
        "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero3 and --precision bf16 "
        "and --model gpt2: not built yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint "
@@ -387,9 +403,9 @@ TEST_F(DeepSpeedCli, PlanReproducesTheZeroPapersFigureOne) {
                   "--engine deepspeed --precision bf16 --strategy ddp > /dev/null 2> err.txt"),
             2);
   EXPECT_EQ(first_line(dir_ + "/err.txt"),
-            "shardscope: error: --precision bf16 and --engine deepspeed and --model llama: planned (plan prints its "
-            "model states), not run yet (its bf16 modules are built for the MLP and gpt2); allowed: the MLP and gpt2 "
-            "under ddp, zero1, zero2, zero3");
+            "shardscope: error: --precision bf16 and --engine deepspeed and --strategy ddp and --model llama: planned "
+            "(plan prints its model states), not run yet (Llama's bf16 module runs DeepSpeed's stages 1 and 2); "
+            "allowed: zero1, zero2");
 }
 
 }  // namespace
