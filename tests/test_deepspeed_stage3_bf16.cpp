@@ -1,9 +1,9 @@
-// --engine deepspeed --strategy zero3 --precision bf16 on GPT-2 (harness/strategies/
-// deepspeed_zero3.hpp: DeepSpeed's stage 3 under bf16, the bf16 module of
-// harness/model/gpt2_param_bf16.cpp gathered module by module; closed forms:
-// harness/predict/deepspeed_stage3_transformer_forms.cpp). Every emulated rank at W = 1 to 4
-// measures what the closed forms predict (every category at rest and at the peak, its phase
-// and place, the saves and the bytes each collective moves); a one-block GPT-2 by hand.
+// --engine deepspeed --strategy zero3 --precision bf16 on GPT-2 and Llama (harness/strategies/
+// deepspeed_zero3.hpp: DeepSpeed's stage 3 under bf16, the bf16 modules of
+// harness/model/gpt2_param_bf16.cpp and llama_param_bf16.cpp gathered module by module; closed
+// forms: harness/predict/deepspeed_stage3_transformer_forms.cpp). Every emulated rank at W = 1
+// to 4 measures what the closed forms predict (every category at rest and at the peak, its
+// phase and place, the saves and the bytes each collective moves); a one-block GPT-2 by hand.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,17 +37,12 @@ RunConfig bf16_stage3(const ModelConfig& m, double bucket_mb) {
 // (100), the weights alone gathered (5,000), every tensor kept (100,000); one bucket and
 // buckets of 1.05 and 2.2 times the largest tensor (reductions inside the backward); one
 // micro-step and two (the gradient partitions added in bf16).
-TEST(DeepSpeedStage3Bf16, Gpt2MeasuredEqualsPredictedEveryRank) {
-  std::vector<std::pair<std::string, ModelConfig>> models;
-  models.emplace_back("gpt2 flash", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::flash));
-  models.emplace_back("gpt2 math", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::math));
-  models.emplace_back("gpt2 one sequence math", testing::gpt2_of(2, 16, 2, 29, 6, 1, AttentionMode::math));
-  models.emplace_back("gpt2 wide", testing::gpt2_of(2, 64, 4, 37, 2, 1, AttentionMode::flash));
-  // Its peak at a reduction inside c_fc's backward (threshold 5,000, buckets of 1.05 times the
-  // largest tensor, W = 3, rank 2: the zero tensors of its short slices beside c_fc's).
-  models.emplace_back("gpt2 wide math", testing::gpt2_of(1, 64, 2, 29, 6, 1, AttentionMode::math));
-  models.emplace_back("gpt2 vocabulary", testing::gpt2_of(1, 16, 2, 2001, 4, 1, AttentionMode::math));
-  models.emplace_back("gpt2 odd", testing::gpt2_of(3, 18, 3, 41, 3, 1, AttentionMode::flash));
+// Every rank of `models` at W = 1 to 4: every tensor gathered (threshold 0), the weights
+// gathered and the norms, biases and small tables kept (100), the weights alone gathered
+// (5,000), every tensor kept (100,000); one bucket and buckets of 1.05 and 2.2 times the
+// largest tensor (reductions inside the backward); one micro-step and two (the gradient
+// partitions added in bf16). Returns the peaks' places (and "a reduction").
+std::set<std::string> check_every_rank(const std::vector<std::pair<std::string, ModelConfig>>& models) {
   std::set<std::string> places;
   for (const auto& [name, m] : models)
     for (std::int64_t threshold : {0, 100, 5'000, 100'000})
@@ -78,12 +73,52 @@ TEST(DeepSpeedStage3Bf16, Gpt2MeasuredEqualsPredictedEveryRank) {
               std::int64_t P = 0;
               for (std::int64_t n : model_tensor_elems(cfg.model)) P += n;
               EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::all_reduce)], 2 * P * k);
-              EXPECT_EQ(p.saved_after_forward_bytes,
-                        gpt2_saved_after_forward_param_bf16(cfg.model.transformer, cfg.model.batch).bytes);
+              EXPECT_EQ(p.saved_after_forward_bytes, param_bf16_saved_after_forward(cfg.model, cfg.model.checkpoint).bytes);
             }
+  return places;
+}
+
+// GPT-2: flash and math (one sequence: math's v a view of qkv), weights above the activations
+// (c_fc and mlp.c_proj set the peak), a vocabulary above both (the head's and the
+// embeddings'), sizes no world divides (short slices, whose zero tensors a reduction holds).
+TEST(DeepSpeedStage3Bf16, Gpt2MeasuredEqualsPredictedEveryRank) {
+  std::vector<std::pair<std::string, ModelConfig>> models;
+  models.emplace_back("gpt2 flash", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::flash));
+  models.emplace_back("gpt2 math", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::math));
+  models.emplace_back("gpt2 one sequence math", testing::gpt2_of(2, 16, 2, 29, 6, 1, AttentionMode::math));
+  models.emplace_back("gpt2 wide", testing::gpt2_of(2, 64, 4, 37, 2, 1, AttentionMode::flash));
+  // Its peak at a reduction inside c_fc's backward (threshold 5,000, buckets of 1.05 times the
+  // largest tensor, W = 3, rank 2: the zero tensors of its short slices beside c_fc's).
+  models.emplace_back("gpt2 wide math", testing::gpt2_of(1, 64, 2, 29, 6, 1, AttentionMode::math));
+  models.emplace_back("gpt2 vocabulary", testing::gpt2_of(1, 16, 2, 2001, 4, 1, AttentionMode::math));
+  models.emplace_back("gpt2 odd", testing::gpt2_of(3, 18, 3, 41, 3, 1, AttentionMode::flash));
+  const std::set<std::string> places = check_every_rank(models);
   // Peaks in a block's backward, at a reduction inside it, in the optimizer (the flattened
   // bf16 gradient beside its fp32 cast) and in the persistent tensors' gather after it.
   for (const char* p : {"backward", "a reduction", "optimizer", "communication"})
+    EXPECT_TRUE(places.count(p)) << p << " in " << ::testing::PrintToString(places);
+}
+
+// Llama (Hugging Face's module cast to bf16: each norm saves its fp32 upcast, no block saves
+// the bf16 stream, the loss upcasts the logits): grouped-query untied, tied with four kv
+// heads, q/k/v and o biases, flash and math; weights above the activations; a vocabulary
+// above both; sizes no world divides.
+TEST(DeepSpeedStage3Bf16, LlamaMeasuredEqualsPredictedEveryRank) {
+  std::vector<std::pair<std::string, ModelConfig>> models;
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+    const std::string how = mode == AttentionMode::flash ? " flash" : " math";
+    models.emplace_back("llama" + how, testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, mode, false));
+    models.emplace_back("llama tied" + how, testing::llama_of(3, 16, 4, 4, 20, 11, 5, 3, mode, true));
+  }
+  ModelConfig biased = testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, AttentionMode::math, false);
+  biased.transformer.qkv_bias = biased.transformer.out_bias = true;
+  models.emplace_back("llama biased math", biased);
+  models.emplace_back("llama wide math", testing::llama_of(2, 64, 4, 2, 96, 37, 2, 1, AttentionMode::math, false));
+  models.emplace_back("llama wide tied", testing::llama_of(2, 64, 4, 1, 96, 37, 3, 1, AttentionMode::flash, true));
+  models.emplace_back("llama vocabulary", testing::llama_of(1, 16, 4, 2, 24, 2001, 4, 1, AttentionMode::flash, false));
+  models.emplace_back("llama odd", testing::llama_of(3, 18, 3, 1, 30, 41, 3, 1, AttentionMode::flash, false));
+  const std::set<std::string> places = check_every_rank(models);
+  for (const char* p : {"forward", "backward", "optimizer", "communication"})
     EXPECT_TRUE(places.count(p)) << p << " in " << ::testing::PrintToString(places);
 }
 

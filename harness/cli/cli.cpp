@@ -317,16 +317,15 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
   if (c.precision == PrecisionKind::fp32) return;
   // DeepSpeed's bf16 regime runs the MLP's and GPT-2's stages 0 (ddp: FP16_Optimizer in
   // bf16), 1, 2 and 3 (--accumulate too; --checkpoint but under GPT-2's stage 3) and Llama's
-  // stages 1 and 2 (one micro-step: refuse_deepspeed_bf16_llama); the rest is planned by its
-  // model states.
+  // stages 1 and 2 (one micro-step: refuse_deepspeed_bf16_llama) and 3 (--accumulate too);
+  // the rest is planned by its model states.
   if (effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed) {
     if (command == "plan") return;
     const std::string both = "--precision bf16 and --engine deepspeed";
-    if (c.model.is_transformer() && c.model.name != "gpt2" && c.strategy != StrategyKind::zero1 &&
-        c.strategy != StrategyKind::zero2)
-      throw UsageError(both + " and --strategy " + std::string(strategy_name(c.strategy)) + " and --model " +
-                       c.model.name + ": planned (plan prints its model states), not run yet (Llama's bf16 module "
-                       "runs DeepSpeed's stages 1 and 2); allowed: zero1, zero2");
+    if (c.model.is_transformer() && c.model.name != "gpt2" && c.strategy == StrategyKind::ddp)
+      throw UsageError(both + " and --strategy " + std::string(strategy_name(c.strategy)) + " and --model " + c.model.name +
+                       ": planned (plan prints its model states), not run yet (Llama's bf16 module runs DeepSpeed's "
+                       "stages 1, 2 and 3); allowed: zero1, zero2, zero3");
     return;
   }
   const std::string bf16 = "--precision bf16";
@@ -361,8 +360,9 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
   // wrapped block), under stage 3 too; GPT-2's attention recompute in bf16 is not built.
   if (command != "plan") refuse_deepspeed_bf16_checkpoint(c);
   if (command != "plan") refuse_deepspeed_bf16_llama(c);
-  if (c.model.checkpoint.attention() && command != "plan" && c.model.is_transformer() &&
-      c.strategy == StrategyKind::zero3 && c.precision == PrecisionKind::bf16)
+  if (c.model.checkpoint.any() && (c.model.checkpoint.attention() || c.model.name != "gpt2") &&
+      command != "plan" && c.model.is_transformer() && c.strategy == StrategyKind::zero3 &&
+      c.precision == PrecisionKind::bf16)
     throw UsageError(deepspeed_stage3_checkpoint_refusal(c.model));
   if (app.count("--ddp-bucket") > 0)
     throw UsageError("--ddp-bucket and " + both + ": DeepSpeed's buckets are its own (--bucket-mb); drop --ddp-bucket");

@@ -387,12 +387,12 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // stage 3's, planned by its model states).
   if (lp != 4) refuse_deepspeed_bf16_checkpoint(cfg);
   refuse_deepspeed_bf16_llama(cfg);  // Llama's bf16 stages 1 and 2: one micro-step, no --checkpoint
-  // Stage 3 runs the MLP (fp32 and bf16), GPT-2 and Llama in fp32 and GPT-2 in bf16 (with
-  // --checkpoint full|every:K); Llama's bf16 and GPT-2's bf16 under --checkpoint attention
-  // are planned by their model states.
+  // Stage 3 runs the MLP, GPT-2 and Llama in fp32 and bf16 (GPT-2's bf16 with --checkpoint
+  // full|every:K); Llama's bf16 under --checkpoint and GPT-2's under --checkpoint attention are
+  // planned by their model states.
   if (cfg.strategy == StrategyKind::zero3) {
     if (!m.is_transformer()) return predict_deepspeed_stage3_mlp(cfg, world);
-    const bool built = lp == 4 || (m.name == "gpt2" && !m.checkpoint.attention());
+    const bool built = lp == 4 || (m.name == "gpt2" ? !m.checkpoint.attention() : !m.checkpoint.any());
     return built ? predict_deepspeed_stage3_transformer(cfg, world)
                  : stage3_model_states(tensors, world, lp, cfg.param_persistence);
   }

@@ -211,7 +211,14 @@ struct Family {
   i64 base = 0, K = 0, final_held = 0;
   // The residual stream's (N, h) (a fp32, b bf16), the logits (Λ, Λ'), nll_loss's total_weight.
   i64 a = 0, lambda = 0, loss_weight = 4;
+  // A stream no block saves (Llama's bf16 module: each norm saves its fp32 upcast): a block's
+  // input is temp (stream bytes) through its forward, its output temp, K its saves alone.
+  i64 stream = 0;
   std::vector<std::vector<int>> modules;  // every module once (the tied head's too)
+  // The loss's instants from S (every save of the forward, the logits made) when it holds
+  // more than the logits (Llama's bf16 module upcasts them); empty: the log-probabilities
+  // and total_weight beside the logits, then dlogits (λ).
+  std::function<void(Stage3Walk&, i64 S)> loss;
 };
 
 // GPT-2's modules (tensor indices): wte, wpe, each block's six (ln_1, c_attn, attn.c_proj,
@@ -332,6 +339,33 @@ Family gpt2_family(const ModelConfig& model) {
   return f;
 }
 
+// Llama's modules (tensor indices): embed_tokens, each layer's nine (input_layernorm, q, k,
+// v, o, post_attention_layernorm, gate, up, down), the final norm, the head (lm_head, or
+// embed_tokens' tensor when tied); block_modules in forward order.
+constexpr int kLlamaFirstBlock = 1;
+std::vector<int> llama_module(const LlamaLayerTensors& t, int b, std::initializer_list<int> in_block) {
+  const int per_block = static_cast<int>(t.params.size());
+  std::vector<int> out;
+  for (int i : in_block)
+    if (i >= 0) out.push_back(kLlamaFirstBlock + per_block * (b - 1) + i);
+  return out;
+}
+void llama_modules(Family& f, const TransformerShape& s, const LlamaLayerTensors& t) {
+  const int final_first = kLlamaFirstBlock + static_cast<int>(t.params.size()) * s.layers;
+  f.tokens = {0};
+  f.final_norm = {final_first};
+  f.head = s.tied_embeddings ? std::vector<int>{0} : std::vector<int>{final_first + 1};
+  f.block_modules = [t](int b) {
+    auto mod = [&](std::initializer_list<int> in_block) { return llama_module(t, b, in_block); };
+    return std::vector<std::vector<int>>{mod({t.norm1}), mod({t.qW, t.qB}), mod({t.kW, t.kB}),
+                                         mod({t.vW, t.vB}), mod({t.oW, t.oB}), mod({t.norm2}),
+                                         mod({t.gateW}), mod({t.upW}), mod({t.downW})};
+  };
+  f.modules = {f.tokens, f.final_norm, f.head};
+  for (int b = 1; b <= s.layers; ++b)
+    for (const std::vector<int>& m : f.block_modules(b)) f.modules.push_back(m);
+}
+
 Family llama_family(const ModelConfig& model) {
   const TransformerShape& s = model.transformer;
   const TokenSizes z = token_sizes(s, model.batch);
@@ -345,31 +379,14 @@ Family llama_family(const ModelConfig& model) {
   const i64 R = recompute_attention ? A : 0;
   const i64 att = (z.flash ? 2 * Q + 2 * C + A : 4 * Q + A) - R;  // the attention's saves
   const LlamaLayerTensors t = llama_layer_tensors(s, 0);
-  const int per_block = static_cast<int>(t.params.size()), first_block = 1;
-  const int final_first = first_block + per_block * s.layers;
   Family f;
-  f.tokens = {0};
-  f.final_norm = {final_first};
-  f.head = s.tied_embeddings ? std::vector<int>{0} : std::vector<int>{final_first + 1};
+  llama_modules(f, s, t);
   f.base = blocks.base;
   f.K = K;
   f.final_held = blocks.final_held;
   f.a = a;
   f.lambda = z.lambda;
-  auto mod = [=](int b, std::initializer_list<int> in_block) {
-    std::vector<int> out;
-    for (int i : in_block)
-      if (i >= 0) out.push_back(first_block + per_block * (b - 1) + i);
-    return out;
-  };
-  f.block_modules = [=](int b) {
-    return std::vector<std::vector<int>>{mod(b, {t.norm1}), mod(b, {t.qW, t.qB}), mod(b, {t.kW, t.kB}),
-                                         mod(b, {t.vW, t.vB}), mod(b, {t.oW, t.oB}), mod(b, {t.norm2}),
-                                         mod(b, {t.gateW}), mod(b, {t.upW}), mod(b, {t.downW})};
-  };
-  f.modules = {f.tokens, f.final_norm, f.head};
-  for (int b = 1; b <= s.layers; ++b)
-    for (const std::vector<int>& m : f.block_modules(b)) f.modules.push_back(m);
+  auto mod = [=](int b, std::initializer_list<int> in_block) { return llama_module(t, b, in_block); };
   f.forward = [=](Stage3Walk& w, int b, i64 S, bool rerun) {
     const i64 Xd = rerun ? X + a : X;  // a re-run's dy beside the ids and target
     auto through = [&](const std::vector<int>& m, i64 temp, i64 act, i64 temp_out, i64 act_out) {
@@ -540,12 +557,132 @@ Family gpt2_bf16_family(const ModelConfig& model) {
   return f;
 }
 
+// Llama's bf16 module (llama_param_bf16.cpp: Hugging Face's module cast to bf16) module by
+// module: param_bf16_forms.hpp's layer instants with each module's gather and gradients
+// between them. No block saves the bf16 stream: a layer's input is temp (b) through its
+// forward, its output temp too (stream = b), and a layer's backward starts from its saves
+// alone (A4 = S + sv).
+Family llama_bf16_family(const ModelConfig& model) {
+  const TransformerShape& s = model.transformer;
+  const TokenSizes z = token_sizes(s, model.batch);
+  const StepBlocks blocks = llama_param_bf16_blocks(s, model.batch);
+  const int d = s.head_dim > 0 ? s.head_dim : s.hidden / s.heads;
+  const int kv_heads = s.kv_heads > 0 ? s.kv_heads : s.heads;
+  const i64 N = z.N, b = z.a / 2, p = z.F / 2, A = z.A, X = 16 * N, sv = blocks.K;
+  const i64 q2 = 2 * N * s.heads * d, c2 = 2 * N * kv_heads * d, Q = 2 * q2;
+  const i64 lam = z.lambda, lam2 = z.lambda / 2;  // the fp32 log-probabilities, the bf16 logits
+  const bool flash = z.flash;
+  const i64 H = flash ? 2 * q2 + 2 * c2 + A : 3 * Q + A + q2;  // the attention's saves
+  const LlamaLayerTensors t = llama_layer_tensors(s, 0);
+  Family f;
+  llama_modules(f, s, t);
+  f.base = 0;
+  f.K = sv;
+  f.final_held = blocks.final_held;
+  f.a = b;
+  f.lambda = lam2;
+  f.stream = b;
+  const auto mod = [=](int blk, std::initializer_list<int> in_block) { return llama_module(t, blk, in_block); };
+  f.forward = [=](Stage3Walk& w, int blk, i64 S, bool /*rerun: refused (no --checkpoint under bf16 yet)*/) {
+    const i64 T0 = X + b;  // the ids, the target and the layer's input
+    auto through = [&](const std::vector<int>& m, i64 temp, i64 act, i64 temp_out, i64 act_out) {
+      w.forward_begin(m, temp, act);
+      w.at(temp_out, act_out);
+      w.forward_end(m);
+    };
+    const i64 n1 = S + 3 * b + 4 * N;
+    through(mod(blk, {t.norm1}), T0, S, T0, n1);  // the fp32 upcast 2b, rstd 4N, output b
+    const i64 tq = flash ? 0 : 1, aq = flash ? 1 : 0;  // q, k, v: flash saves them, math's are temp
+    through(mod(blk, {t.qW, t.qB}), T0, n1, T0 + tq * q2, n1 + aq * q2);
+    through(mod(blk, {t.kW, t.kB}), T0 + tq * q2, n1 + aq * q2, T0 + tq * (q2 + c2), n1 + aq * (q2 + c2));
+    through(mod(blk, {t.vW, t.vB}), T0 + tq * (q2 + c2), n1 + aq * (q2 + c2), T0 + tq * (q2 + 2 * c2),
+            n1 + aq * (q2 + 2 * c2));
+    if (!flash) {  // the attention (no module): param_bf16_forms.hpp's math instants
+      w.at(T0 + q2 + 2 * c2, n1 + 3 * Q);
+      w.at(T0 + Q, n1 + 3 * Q + A + Q);
+      w.at(T0, n1 + 3 * Q + A + Q + q2);
+    }
+    const i64 S1 = n1 + H;
+    through(mod(blk, {t.oW, t.oB}), T0, S1, T0 + b, S1);  // x_mid (temp)
+    const i64 S2 = S1 + 3 * b + 4 * N;
+    through(mod(blk, {t.norm2}), T0 + b, S1, T0 + b, S2);
+    through(mod(blk, {t.gateW}), T0 + b, S2, T0 + b, S2 + p);          // then SiLU's p
+    through(mod(blk, {t.upW}), T0 + b, S2 + 2 * p, T0 + b, S2 + 3 * p);  // then the product
+    through(mod(blk, {t.downW}), T0 + b, S2 + 4 * p, T0 + 2 * b, S + sv);  // the output (temp) beside x_mid
+  };
+  f.backward = [=](Stage3Walk& w, int blk, i64 A4) {
+    // down: d product (p); the product released
+    w.backward_begin(mod(blk, {t.downW}), X + b, A4);
+    w.at(X + b + p, A4);
+    w.backward_end(mod(blk, {t.downW}), X + b + p, A4 - p, true);
+    // the product's factors (no module): d up (p); SiLU's, up's and gate's outputs released
+    w.at(X + b + 2 * p, A4 - p);
+    // up: d y2 (b); d up freed
+    w.backward_begin(mod(blk, {t.upW}), X + b + 2 * p, A4 - 4 * p);
+    w.at(X + 2 * b + 2 * p, A4 - 4 * p);
+    w.backward_end(mod(blk, {t.upW}), X + 2 * b + p, A4 - 4 * p, true);
+    // gate: adds onto d y2; d gate freed, y2 released
+    w.backward_begin(mod(blk, {t.gateW}), X + 2 * b + p, A4 - 4 * p);
+    w.backward_end(mod(blk, {t.gateW}), X + 2 * b, A4 - 4 * p - b, true);
+    // post_attention_layernorm: d x_mid (b); d y2 freed, the upcast and rstd released
+    w.backward_begin(mod(blk, {t.norm2}), X + 2 * b, A4 - 4 * p - b);
+    w.at(X + 3 * b, A4 - 4 * p - b);
+    const i64 A5 = A4 - 4 * p - 3 * b - 4 * N;
+    w.backward_end(mod(blk, {t.norm2}), X + 2 * b, A5, true);
+    // o (dy freed by the residual): d out (q2)
+    w.backward_begin(mod(blk, {t.oW, t.oB}), X + b, A5);
+    w.at(X + b + q2, A5);
+    w.backward_end(mod(blk, {t.oW, t.oB}), X + b + q2, A5, true);
+    // the attention (no module): param_bf16_forms.hpp's instants
+    const i64 A6 = A5 - H;
+    if (flash) {
+      w.at(X + b + 2 * q2 + 2 * c2, A5);
+    } else {
+      const i64 Am = A5 - q2;
+      w.at(X + b + q2 + Q, Am);
+      w.at(X + b + 2 * Q, Am);
+      w.at(X + b + Q + A, Am);
+      w.at(X + b + 2 * Q + A, Am);
+      w.at(X + b + 2 * Q + A, Am - Q - A);
+      w.at(X + b + 3 * Q + A, Am - Q - A);
+      w.at(X + b + 3 * Q + q2 + 2 * c2, A6);
+    }
+    // v: d y1 (b); then k and q add onto it; dq, dk, dv freed, y1 released
+    const i64 T6 = X + b + q2 + 2 * c2;
+    w.backward_begin(mod(blk, {t.vW, t.vB}), T6, A6);
+    w.at(T6 + b, A6);
+    w.backward_end(mod(blk, {t.vW, t.vB}), T6 + b, A6, true);
+    w.backward_begin(mod(blk, {t.kW, t.kB}), T6 + b, A6);
+    w.backward_end(mod(blk, {t.kW, t.kB}), T6 + b, A6, true);
+    w.backward_begin(mod(blk, {t.qW, t.qB}), T6 + b, A6);
+    w.backward_end(mod(blk, {t.qW, t.qB}), X + 2 * b, A6 - b, true);
+    // input_layernorm: dx (b); d y1 freed, the upcast and rstd released
+    w.backward_begin(mod(blk, {t.norm1}), X + 2 * b, A6 - b);
+    w.at(X + 3 * b, A6 - b);
+    w.backward_end(mod(blk, {t.norm1}), X + 2 * b, A6 - 3 * b - 4 * N, true);
+  };
+  // The loss on the logits upcast to fp32 (the final block's input freed), from S = SL + fh:
+  // the upcast beside the logits, the scalar, the log-probabilities and total_weight; the
+  // fp32 dlogits (the logits and the scalar freed), then the bf16 dlogits beside them.
+  f.loss = [=](Stage3Walk& w, i64 S) {
+    w.at(X + lam2 + 4 + lam, S + lam + 4);
+    w.place(Phase::backward, layer(s.layers + 1));
+    w.at(X + lam, S + lam + 4);
+    w.at(X + lam + lam2, S);
+  };
+  return f;
+}
+
 }  // namespace
 
 std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model) {
-  return "--checkpoint " + model.checkpoint.text() + " and --engine deepspeed and --strategy zero3 and --precision " +
-         "bf16 and --model " + model.name + ": not built yet (GPT-2's bf16 module has no attention recompute); " +
-         "allowed: --checkpoint full|every:K, or fp32";
+  const std::string flags = "--checkpoint " + model.checkpoint.text() +
+                            " and --engine deepspeed and --strategy zero3 and --precision bf16 and --model " + model.name;
+  if (model.name != "gpt2")
+    return flags + ": not built yet (a re-run's module hooks of Llama's bf16 module under stage 3); allowed: " +
+           "--checkpoint none, or fp32";
+  return flags + ": not built yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint " +
+         "full|every:K, or fp32";
 }
 
 std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cfg, int world) {
@@ -563,8 +700,7 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
   const i64 e = bf16 ? 2 : 4;
   const i64 cap = ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model)), Bk = e * cap;
   const bool gpt2 = m.name == "gpt2";
-  SHARDSCOPE_REQUIRE(!bf16 || gpt2, "deepspeed zero3 forms: bf16 is built for gpt2");
-  const Family f = bf16 ? gpt2_bf16_family(m) : gpt2 ? gpt2_family(m) : llama_family(m);
+  const Family f = bf16 ? (gpt2 ? gpt2_bf16_family(m) : llama_bf16_family(m)) : gpt2 ? gpt2_family(m) : llama_family(m);
   const TokenSizes z = token_sizes(s, m.batch);
   const i64 N = z.N, a = f.a, lambda = f.lambda, X = 16 * N;
   // --checkpoint full|every:K: model block b (1..L) is transformer block b - 1, wrapped when
@@ -613,9 +749,10 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
     // Forward: the embeddings (GPT-2's arange first), the blocks, the final norm and the
     // head, the loss (its scalar, log-probabilities and total_weight beside the logits).
     w.place(Phase::forward, layer(0));
-    const i64 pos = f.base - a;  // GPT-2's arange (8T); none for Llama
+    const i64 x0 = f.stream > 0 ? 0 : a;  // x0 an activation, or temp (stream) when nobody saves it
+    const i64 pos = f.base - x0;         // GPT-2's arange (8T); none for Llama
     w.forward_begin(f.tokens, X, pos);
-    w.at(X, pos + a);
+    w.at(X + f.stream, pos + x0);
     w.forward_end(f.tokens);
     if (!f.positions.empty()) {
       w.forward_begin(f.positions, X, pos + a);
@@ -625,21 +762,26 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
       w.place(Phase::forward, layer(b));
       f.forward(w, b, held[b - 1], false);
     }
-    const i64 SL = held[L], fh = f.final_held;
+    const i64 SL = held[L], fh = f.final_held, Xs = X + f.stream;  // (the final block's input, when temp)
     w.place(Phase::forward, layer(L + 1));
-    w.forward_begin(f.final_norm, X, SL);
-    w.at(X, SL + fh);
+    w.forward_begin(f.final_norm, Xs, SL);
+    w.at(Xs, SL + fh);
     w.forward_end(f.final_norm);
-    w.forward_begin(f.head, X, SL + fh);
-    w.at(X + lambda, SL + fh);
+    w.forward_begin(f.head, Xs, SL + fh);
+    w.at(Xs + lambda, SL + fh);
     w.forward_end(f.head);
-    const i64 A_f = SL + fh + lambda + f.loss_weight;
-    w.at(X + lambda + 4, A_f);
-    // Backward: dlogits (the logits freed), then (log-probabilities and total_weight
-    // released) the head: d norm out (a); dlogits freed, the norm's output released.
+    if (f.loss) {
+      f.loss(w, SL + fh);
+    } else {
+      const i64 A_f = SL + fh + lambda + f.loss_weight;
+      w.at(X + lambda + 4, A_f);
+      // Backward: dlogits (the logits freed), then log-probabilities and total_weight released.
+      w.place(Phase::backward, layer(L + 1));
+      w.at(X + lambda, A_f);
+    }
+    // The head: d norm out (a); dlogits freed, the norm's output released.
     w.place(Phase::backward, layer(L + 1));
-    w.at(X + lambda, A_f);
-    const i64 A1 = A_f - lambda - f.loss_weight;
+    const i64 A1 = SL + fh;
     w.backward_begin(f.head, X + lambda, A1);
     w.at(X + lambda + a, A1);
     w.backward_end(f.head, X + a, A1 - a, true);
@@ -656,7 +798,7 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
         w.end_rerun();
       }
       w.place(Phase::backward, layer(b));
-      f.backward(w, b, held[b - 1] + f.K - a);  // its output freed
+      f.backward(w, b, held[b - 1] + f.K - x0);  // its output freed (an activation, but for a stream's)
     }
     // The embeddings (x0 freed; dy = a): GPT-2's positions first, then the tokens' table
     // (dy freed once its gradient is made); their ids take no gradient.
@@ -687,7 +829,7 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
     p.peak_total = p.peak_by_category.total();
     p.peak_phase = w.peak.phase;
     p.peak_where = w.peak.where;
-    const SavedForm saved = bf16   ? gpt2_saved_after_forward_param_bf16(s, m.batch, m.checkpoint)
+    const SavedForm saved = bf16   ? param_bf16_saved_after_forward(m, m.checkpoint)
                             : gpt2 ? gpt2_saved_after_forward(s, m.batch, m.checkpoint)
                                    : llama_saved_after_forward(s, m.batch, m.checkpoint);
     p.saved_after_forward_bytes = saved.bytes;

@@ -76,7 +76,7 @@ TEST_F(DeepSpeedCli, UnderMpirunBothRanksHoldTheirPredictions) {
                {kMlp, "zero1 --checkpoint full"}, {kLlama, "zero2 --checkpoint every:2"},
                {kMlp, "zero3 --checkpoint full"},
                {kGpt2Wide, "zero3"}, {kLlamaWide, "zero3 --accumulate 2"}, {kLlama, "zero3"},
-               {kGpt2Wide, "zero3 --precision bf16 --accumulate 2"},
+               {kGpt2Wide, "zero3 --precision bf16 --accumulate 2"}, {kLlamaWide, "zero3 --precision bf16"},
                {kMlp, "ddp --precision bf16 --accumulate 2"}, {kGpt2, "ddp --precision bf16 --checkpoint full"},
                {kGpt2, "zero2 --precision bf16 --accumulate 2 --checkpoint every:2"}};
   for (const auto& c : cases) {
@@ -198,8 +198,8 @@ TEST_F(DeepSpeedCli, AccumulationOnEveryEmulatedRank) {
 // --precision bf16 runs the MLP's and GPT-2's ddp (DeepSpeed's stage 0), zero1, zero2 and
 // zero3 (DeepSpeed's bf16 regime), with --accumulate (and --checkpoint but GPT-2's stage 3):
 // every emulated rank at W = 3 holds its predictions, the record says bf16 and deepspeed;
-// Llama's, GPT-2's checkpointed stage 3 and its attention recompute in bf16 are refused by
-// name (exit 2).
+// Llama's zero3 (--accumulate too) runs; Llama's ddp and accumulated or checkpointed zero1 and
+// zero2, a checkpointed stage 3 and the attention recompute in bf16 are refused by name (exit 2).
 TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
   const struct {
     const char* model;
@@ -223,7 +223,9 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
               {kGpt2Wide, "zero3 --checkpoint full"},
               {kGpt2, "zero3 --accumulate 2 --checkpoint every:2 --attention math"},
               {kLlama, "zero1"},
-              {kLlama, "zero2 --attention math"}};
+              {kLlama, "zero2 --attention math"},
+              {kLlama, "zero3"},
+              {kLlama, "zero3 --accumulate 2 --attention math --bucket-mb 0.07"}};
   for (const auto& [model, strategy] : runs)
     for (int r = 0; r < 3; ++r) {
       const std::string flags = std::string(model) + "--steps 2 --engine deepspeed --precision bf16 --strategy " +
@@ -241,14 +243,14 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
     std::string flags;
     const char* line;
   } refused[] = {
-      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero3",
-       "shardscope: error: --precision bf16 and --engine deepspeed and --strategy zero3 and --model llama: planned "
-       "(plan prints its model states), not run yet (Llama's bf16 module runs DeepSpeed's stages 1 and 2); allowed: "
-       "zero1, zero2"},
       {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy ddp",
        "shardscope: error: --precision bf16 and --engine deepspeed and --strategy ddp and --model llama: planned "
-       "(plan prints its model states), not run yet (Llama's bf16 module runs DeepSpeed's stages 1 and 2); allowed: "
-       "zero1, zero2"},
+       "(plan prints its model states), not run yet (Llama's bf16 module runs DeepSpeed's stages 1, 2 and 3); "
+       "allowed: zero1, zero2, zero3"},
+      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint full",
+       "shardscope: error: --checkpoint full and --engine deepspeed and --strategy zero3 and --precision bf16 and "
+       "--model llama: not built yet (a re-run's module hooks of Llama's bf16 module under stage 3); allowed: "
+       "--checkpoint none, or fp32"},
       {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero1 --accumulate 2",
        "shardscope: error: --accumulate 2 and --engine deepspeed and --strategy zero1 and --precision bf16 and "
        "--model llama: bf16 gradient accumulation of Llama is not built yet; give --accumulate 1"},
@@ -294,12 +296,14 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndPeak) {
   EXPECT_NE(out.find("  82,596  "), std::string::npos) << out;
   EXPECT_NE(out.find("  60,100"), std::string::npos) << out;
   EXPECT_EQ(out.find("(note) DeepSpeed's"), std::string::npos) << out;
-  // A transformer's stage 3 in fp32 (and GPT-2's in bf16) is planned with its peak, as an
-  // emulated rank measures it (fp32 under --checkpoint too); Llama's under bf16 by its model
-  // states alone, and the plan says so.
+  // A transformer's stage 3 in fp32 and bf16 is planned with its peak, as an emulated rank
+  // measures it (fp32 under --checkpoint too); Llama's bf16 stage 0 (ddp) by its model states
+  // alone, and the plan says so.
   const std::string bf16_gpt2 = std::string(kGpt2Wide) + "--precision bf16 ";
+  const std::string bf16_llama = std::string(kLlamaWide) + "--precision bf16 ";
   for (const std::string& model :
-       {std::string(kGpt2Wide), std::string(kLlamaWide), bf16_gpt2, std::string(kGpt2Wide) + "--checkpoint full ",
+       {std::string(kGpt2Wide), std::string(kLlamaWide), bf16_gpt2, bf16_llama,
+        std::string(kGpt2Wide) + "--checkpoint full ",
         std::string(kLlamaWide) + "--checkpoint full ", std::string(kGpt2Wide) + "--checkpoint every:2 ",
         std::string(kLlamaWide) + "--checkpoint every:2 ", bf16_gpt2 + "--checkpoint full "}) {
     ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan " + model +
@@ -324,7 +328,7 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndPeak) {
     EXPECT_EQ(measured["peak"]["total"], measured["predicted"]["peak_total"]) << model;
   }
   ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan " + kLlama +
-                  "--engine deepspeed --precision bf16 --strategies zero3 --worlds 3 > out.txt 2> err.txt"),
+                  "--engine deepspeed --precision bf16 --strategies ddp --worlds 3 > out.txt 2> err.txt"),
             0)
       << first_line(dir_ + "/err.txt");
   const std::string bf16 = read("out.txt");
@@ -404,8 +408,8 @@ TEST_F(DeepSpeedCli, PlanReproducesTheZeroPapersFigureOne) {
             2);
   EXPECT_EQ(first_line(dir_ + "/err.txt"),
             "shardscope: error: --precision bf16 and --engine deepspeed and --strategy ddp and --model llama: planned "
-            "(plan prints its model states), not run yet (Llama's bf16 module runs DeepSpeed's stages 1 and 2); "
-            "allowed: zero1, zero2");
+            "(plan prints its model states), not run yet (Llama's bf16 module runs DeepSpeed's stages 1, 2 and 3); "
+            "allowed: zero1, zero2, zero3");
 }
 
 }  // namespace

@@ -370,7 +370,7 @@ TEST(DeepSpeedMpi, Bf16AccumulationAndCheckpointHoldTheirPredictions) {
     }
 }
 
-// Stage 3 of GPT-2 in bf16 (the bf16 module gathered module by module, its gradients bf16,
+// Stage 3 of GPT-2 and Llama in bf16 (the bf16 module gathered module by module, its gradients bf16,
 // the buckets divided and all-reduced in bf16, the gradient partitions added in bf16 under
 // --accumulate): every rank's bytes and traffic equal the closed forms and an emulated rank's;
 // one micro-step trains as DeepSpeed's bf16 stage 2 does, bit for bit (the same bf16
@@ -378,17 +378,22 @@ TEST(DeepSpeedMpi, Bf16AccumulationAndCheckpointHoldTheirPredictions) {
 // rounded are stage 2's bf16 group), and the averaged
 // gradient of one step, one micro-step or two, is fp32 one-rank training's on the K-fold
 // batch within bf16's rounding.
-TEST(DeepSpeedMpi, Bf16Gpt2StageThreeTrainsLikeOneRank) {
+TEST(DeepSpeedMpi, Bf16StageThreeTrainsLikeOneRank) {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+  const std::pair<const char*, ModelConfig> models[] = {
+      {"gpt2 flash", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::flash)},
+      {"gpt2 math", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::math)},
+      {"llama math", testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, AttentionMode::math, false)},
+      {"llama tied", testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, AttentionMode::flash, true)},
+  };
+  for (const auto& [name, m] : models)
     for (std::int64_t threshold : {std::int64_t{0}, std::int64_t{100}, std::int64_t{100'000}})
       for (double bucket : {0.0, 0.005})
         for (int k : {1, 2}) {
-          const ModelConfig m = testing::gpt2_of(2, 16, 2, 29, 6, 2, mode);
-          SCOPED_TRACE(std::string(mode == AttentionMode::flash ? "flash" : "math") + " threshold " +
-                       std::to_string(threshold) + " bucket " + std::to_string(bucket) + " K=" + std::to_string(k));
+          SCOPED_TRACE(std::string(name) + " threshold " + std::to_string(threshold) + " bucket " +
+                       std::to_string(bucket) + " K=" + std::to_string(k));
           RunConfig cfg = ds_config(m, "zero3", bucket);
           cfg.steps = k == 1 ? 3 : 1;
           cfg.precision = PrecisionKind::bf16;
