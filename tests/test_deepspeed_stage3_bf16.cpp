@@ -201,5 +201,50 @@ TEST(DeepSpeedStage3Bf16, CheckpointedGpt2MeasuredEqualsPredictedEveryRank) {
     EXPECT_TRUE(places.count(p)) << p << " in " << ::testing::PrintToString(places);
 }
 
+// --checkpoint full|every:K under stage 3 in bf16 on Llama (its bf16 module: no layer saves
+// the bf16 stream, so a wrapped layer's input is its checkpoint's save and the output of the
+// layer below it an activation): down_proj gathered first, the re-run gathering every other
+// module again, their bf16 storages kept by the re-run's saves to each module's backward.
+// GQA untied and MHA tied with biases, flash and math, a wide model and an MLP narrower than
+// the stream; full, every:2; thresholds 0, 100, 100,000; one bucket and buckets of 1.05 times
+// the largest tensor; K = 1, 2: every emulated rank at W = 1 to 4, the peak in a re-run, a
+// block's backward and the optimizer somewhere.
+TEST(DeepSpeedStage3Bf16, CheckpointedLlamaMeasuredEqualsPredictedEveryRank) {
+  std::vector<std::pair<std::string, ModelConfig>> models;
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+    const std::string how = mode == AttentionMode::flash ? " flash" : " math";
+    models.emplace_back("llama" + how, testing::llama_of(3, 16, 4, 2, 24, 13, 6, 2, mode, false));
+    models.emplace_back("llama wide" + how, testing::llama_of(2, 64, 4, 2, 96, 37, 2, 1, mode, false));
+    models.emplace_back("llama narrow mlp" + how, testing::llama_of(2, 32, 4, 2, 8, 5, 24, 2, mode, false));
+  }
+  ModelConfig biased = testing::llama_of(3, 16, 4, 4, 20, 11, 5, 3, AttentionMode::math, true);
+  biased.transformer.qkv_bias = true;
+  models.emplace_back("llama tied biased math", biased);
+  std::set<std::string> places;
+  for (const auto& [name, m] : models)
+    for (const CheckpointPolicy& ck : {testing::every(1), testing::every(2)})
+      for (std::int64_t threshold : {0, 100, 100'000})
+        for (int buckets : {0, 1})
+          for (int k : {1, 2})
+            for (int world = 1; world <= 4; ++world)
+              for (int rank = 0; rank < world; ++rank) {
+                std::int64_t largest = 0;
+                for (std::int64_t n : model_tensor_elems(m)) largest = std::max(largest, n);
+                const double bucket = buckets == 0 ? 0.0 : 1.05 * 4.0 * static_cast<double>(largest) / (1 << 20);
+                RunConfig cfg = bf16_stage3(m, bucket);
+                cfg.model.checkpoint = ck;
+                cfg.param_persistence = threshold;
+                cfg.accumulate = k;
+                const std::string at = check_deepspeed_rank(
+                    cfg, world, rank,
+                    name + " " + ck.text() + " threshold " + std::to_string(threshold) + " bucket " +
+                        std::to_string(bucket) + " K=" + std::to_string(k));
+                places.insert(at.substr(0, at.find(' ')) +
+                              (at.find("recompute") != std::string::npos ? " recompute" : ""));
+              }
+  for (const char* p : {"backward recompute", "backward", "optimizer"})
+    EXPECT_TRUE(places.count(p)) << p << " in " << ::testing::PrintToString(places);
+}
+
 }  // namespace
 }  // namespace shardscope

@@ -357,12 +357,11 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
   // A plan lists its strategies: the forms skip each refused one with the reason.
   if (command != "plan") refuse_deepspeed_no_sync(c);
   // --checkpoint under bf16 runs the MLP and GPT-2's full|every:K (its bf16 module re-runs a
-  // wrapped block), under stage 3 too; GPT-2's attention recompute in bf16 is not built.
+  // wrapped block), and Llama's under stage 3; the attention recompute in bf16 is not built.
   if (command != "plan") refuse_deepspeed_bf16_checkpoint(c);
   if (command != "plan") refuse_deepspeed_bf16_llama(c);
-  if (c.model.checkpoint.any() && (c.model.checkpoint.attention() || c.model.name != "gpt2") &&
-      command != "plan" && c.model.is_transformer() && c.strategy == StrategyKind::zero3 &&
-      c.precision == PrecisionKind::bf16)
+  if (c.model.checkpoint.attention() && command != "plan" && c.model.is_transformer() &&
+      c.strategy == StrategyKind::zero3 && c.precision == PrecisionKind::bf16)
     throw UsageError(deepspeed_stage3_checkpoint_refusal(c.model));
   if (app.count("--ddp-bucket") > 0)
     throw UsageError("--ddp-bucket and " + both + ": DeepSpeed's buckets are its own (--bucket-mb); drop --ddp-bucket");

@@ -98,6 +98,10 @@ class Bf16DecoderLayer final : public SequenceBlock {
   // --checkpoint full|every:K: a wrapped layer's saves are dropped (its bf16 input, saved
   // by the checkpoint, stays) and it re-runs at the start of its backward.
   bool checkpointable() const override { return true; }
+  // down_proj: its output's gradient arrives first (the residual saves nothing).
+  std::vector<TensorRef> first_backward_module(int index) const override {
+    return module_tensors(index, {t_.downW});
+  }
   void set_recompute_attention(bool on) override {
     if (on) throw RunError(std::string(kFamily) + " under bf16 parameters: --checkpoint attention is not built");
   }

@@ -382,17 +382,17 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // optimizer's copy of the partition and AdamW's state are fp32 under both).
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
   refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
-  // --checkpoint under bf16: the MLP's and GPT-2's full|every:K (stage 3's too); GPT-2's and
-  // Llama's bf16 modules have no attention recompute yet (a plan skips it with the reason, but
-  // stage 3's, planned by its model states).
+  // --checkpoint under bf16: the MLP's and GPT-2's full|every:K, Llama's under stage 3; GPT-2's
+  // and Llama's bf16 modules have no attention recompute yet (a plan skips it with the reason,
+  // but stage 3's, planned by its model states).
   if (lp != 4) refuse_deepspeed_bf16_checkpoint(cfg);
   refuse_deepspeed_bf16_llama(cfg);  // Llama's bf16 stages 1 and 2: one micro-step, no --checkpoint
-  // Stage 3 runs the MLP, GPT-2 and Llama in fp32 and bf16 (GPT-2's bf16 with --checkpoint
-  // full|every:K); Llama's bf16 under --checkpoint and GPT-2's under --checkpoint attention are
-  // planned by their model states.
+  // Stage 3 runs the MLP, GPT-2 and Llama in fp32 and bf16 (bf16 with --checkpoint
+  // full|every:K); a transformer's bf16 under --checkpoint attention is planned by its model
+  // states.
   if (cfg.strategy == StrategyKind::zero3) {
     if (!m.is_transformer()) return predict_deepspeed_stage3_mlp(cfg, world);
-    const bool built = lp == 4 || (m.name == "gpt2" ? !m.checkpoint.attention() : !m.checkpoint.any());
+    const bool built = lp == 4 || !m.checkpoint.attention();
     return built ? predict_deepspeed_stage3_transformer(cfg, world)
                  : stage3_model_states(tensors, world, lp, cfg.param_persistence);
   }

@@ -583,8 +583,17 @@ Family llama_bf16_family(const ModelConfig& model) {
   f.lambda = lam2;
   f.stream = b;
   const auto mod = [=](int blk, std::initializer_list<int> in_block) { return llama_module(t, blk, in_block); };
-  f.forward = [=](Stage3Walk& w, int blk, i64 S, bool /*rerun: refused (no --checkpoint under bf16 yet)*/) {
-    const i64 T0 = X + b;  // the ids, the target and the layer's input
+  const CheckpointPolicy ck = model.checkpoint;
+  const int L = s.layers;
+  f.forward = [=](Stage3Walk& w, int blk, i64 S, bool rerun) {
+    // --checkpoint (llama_param_bf16_forms.cpp's forward_block and recompute): a wrapped
+    // layer's input is its checkpoint's save (activation, b), else temp; its output an
+    // activation when the next layer is wrapped (that one's save), else temp; a re-run has dy
+    // (b) beside its instants and its output temp.
+    const bool wrapped = ck.wraps(blk - 1), next_wrapped = blk < L && ck.wraps(blk);
+    const i64 T0 = X + (rerun || !wrapped ? b : 0);  // the ids, the target and the input (a re-run's dy)
+    S += wrapped ? b : 0;
+    const i64 out_t = rerun || !next_wrapped ? b : 0, out_a = b - out_t;
     auto through = [&](const std::vector<int>& m, i64 temp, i64 act, i64 temp_out, i64 act_out) {
       w.forward_begin(m, temp, act);
       w.at(temp_out, act_out);
@@ -608,7 +617,7 @@ Family llama_bf16_family(const ModelConfig& model) {
     through(mod(blk, {t.norm2}), T0 + b, S1, T0 + b, S2);
     through(mod(blk, {t.gateW}), T0 + b, S2, T0 + b, S2 + p);          // then SiLU's p
     through(mod(blk, {t.upW}), T0 + b, S2 + 2 * p, T0 + b, S2 + 3 * p);  // then the product
-    through(mod(blk, {t.downW}), T0 + b, S2 + 4 * p, T0 + 2 * b, S + sv);  // the output (temp) beside x_mid
+    through(mod(blk, {t.downW}), T0 + b, S2 + 4 * p, T0 + b + out_t, S + sv + out_a);  // the output beside x_mid
   };
   f.backward = [=](Stage3Walk& w, int blk, i64 A4) {
     // down: d product (p); the product released
@@ -678,11 +687,8 @@ Family llama_bf16_family(const ModelConfig& model) {
 std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model) {
   const std::string flags = "--checkpoint " + model.checkpoint.text() +
                             " and --engine deepspeed and --strategy zero3 and --precision bf16 and --model " + model.name;
-  if (model.name != "gpt2")
-    return flags + ": not built yet (a re-run's module hooks of Llama's bf16 module under stage 3); allowed: " +
-           "--checkpoint none, or fp32";
-  return flags + ": not built yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint " +
-         "full|every:K, or fp32";
+  return flags + ": not built yet (" + (model.name == "gpt2" ? "GPT-2's" : "Llama's") +
+         " bf16 module has no attention recompute); allowed: --checkpoint full|every:K, or fp32";
 }
 
 std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cfg, int world) {
@@ -751,8 +757,10 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
     w.place(Phase::forward, layer(0));
     const i64 x0 = f.stream > 0 ? 0 : a;  // x0 an activation, or temp (stream) when nobody saves it
     const i64 pos = f.base - x0;         // GPT-2's arange (8T); none for Llama
+    // A stream's x0 saved by block 1's checkpoint: an activation (counted in block 1's held).
+    const i64 x0_saved = f.stream > 0 && wrapped(1) ? a : 0;
     w.forward_begin(f.tokens, X, pos);
-    w.at(X + f.stream, pos + x0);
+    w.at(X + f.stream - x0_saved, pos + x0 + x0_saved);
     w.forward_end(f.tokens);
     if (!f.positions.empty()) {
       w.forward_begin(f.positions, X, pos + a);
@@ -793,12 +801,14 @@ std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cf
         // Its output freed, dy = a: the first-backward module gathered, then the re-run
         // from its input (held[b - 1]), every save made again, its output temp.
         w.place(Phase::backward, "recompute of block " + std::to_string(b - 1));
-        w.begin_rerun(f.block_modules(b).back(), X + a, held[b - 1]);
+        // (A stream's saved input is block b's own, above held[b - 1].)
+        w.begin_rerun(f.block_modules(b).back(), X + a, held[b - 1] + (f.stream > 0 ? a : 0));
         f.forward(w, b, held[b - 1], true);
         w.end_rerun();
       }
       w.place(Phase::backward, layer(b));
-      f.backward(w, b, held[b - 1] + f.K - x0);  // its output freed (an activation, but for a stream's)
+      // Its output freed (an activation, but for a stream's, whose wrapped layer holds its input).
+      f.backward(w, b, held[b - 1] + f.K - x0 + (f.stream > 0 && wrapped(b) ? a : 0));
     }
     // The embeddings (x0 freed; dy = a): GPT-2's positions first, then the tokens' table
     // (dy freed once its gradient is made); their ids take no gradient.

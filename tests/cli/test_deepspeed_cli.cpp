@@ -225,7 +225,9 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
               {kLlama, "zero1"},
               {kLlama, "zero2 --attention math"},
               {kLlama, "zero3"},
-              {kLlama, "zero3 --accumulate 2 --attention math --bucket-mb 0.07"}};
+              {kLlama, "zero3 --accumulate 2 --attention math --bucket-mb 0.07"},
+              {kLlamaWide, "zero3 --checkpoint full"},
+              {kLlama, "zero3 --accumulate 2 --checkpoint every:2 --attention math"}};
   for (const auto& [model, strategy] : runs)
     for (int r = 0; r < 3; ++r) {
       const std::string flags = std::string(model) + "--steps 2 --engine deepspeed --precision bf16 --strategy " +
@@ -247,10 +249,10 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
        "shardscope: error: --precision bf16 and --engine deepspeed and --strategy ddp and --model llama: planned "
        "(plan prints its model states), not run yet (Llama's bf16 module runs DeepSpeed's stages 1, 2 and 3); "
        "allowed: zero1, zero2, zero3"},
-      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint full",
-       "shardscope: error: --checkpoint full and --engine deepspeed and --strategy zero3 and --precision bf16 and "
-       "--model llama: not built yet (a re-run's module hooks of Llama's bf16 module under stage 3); allowed: "
-       "--checkpoint none, or fp32"},
+      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint attention",
+       "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero3 and --precision bf16 "
+       "and --model llama: not built yet (Llama's bf16 module has no attention recompute); allowed: --checkpoint "
+       "full|every:K, or fp32"},
       {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero1 --accumulate 2",
        "shardscope: error: --accumulate 2 and --engine deepspeed and --strategy zero1 and --precision bf16 and "
        "--model llama: bf16 gradient accumulation of Llama is not built yet; give --accumulate 1"},
@@ -305,7 +307,8 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndPeak) {
        {std::string(kGpt2Wide), std::string(kLlamaWide), bf16_gpt2, bf16_llama,
         std::string(kGpt2Wide) + "--checkpoint full ",
         std::string(kLlamaWide) + "--checkpoint full ", std::string(kGpt2Wide) + "--checkpoint every:2 ",
-        std::string(kLlamaWide) + "--checkpoint every:2 ", bf16_gpt2 + "--checkpoint full "}) {
+        std::string(kLlamaWide) + "--checkpoint every:2 ", bf16_gpt2 + "--checkpoint full ",
+        bf16_llama + "--checkpoint full "}) {
     ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan " + model +
                     "--engine deepspeed --strategies zero3 --worlds 3 --bytes exact --json p.json > out.txt 2> err.txt"),
               0)

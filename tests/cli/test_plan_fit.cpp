@@ -222,24 +222,28 @@ TEST_F(PlanFit, Llama3AtWorld8AnswersTheFittingQuestion) {
 }
 
 // The question under DeepSpeed's stage 3 with every block checkpointed (Llama-3-8B,
-// 8,192 tokens, W = 8, 80 GiB): its peak has closed forms (deepspeed_stage3_transformer_forms,
-// the re-run's gathers and kept storages, measured equal on emulated ranks), so --fit batch
-// answers, and planning that batch fits while one more does not.
+// 8,192 tokens, W = 8, 80 GiB), fp32 and the bf16: its peak has closed forms
+// (deepspeed_stage3_transformer_forms, the re-run's gathers and kept storages, measured equal
+// on emulated ranks), so --fit batch answers, and planning that batch fits while one more
+// does not.
 TEST_F(PlanFit, Llama3UnderDeepSpeedStageThreeCheckpointedAnswersTheFit) {
-  const std::string flags = "--hf-config '" + hf("llama-3-8b.json") +
-                            "' --engine deepspeed --checkpoint full --seq 8192 --worlds 8 --strategies zero3 "
-                            "--memory 80GiB ";
-  ASSERT_EQ(plan(flags + "--fit batch"), 0) << line_;
-  const json fit = doc_["plans"][0]["fit"];
-  ASSERT_EQ(fit["bound"], "memory") << fit["reason"];
-  const std::int64_t b = fit["value"];
-  EXPECT_GT(b, 1);
-  ASSERT_EQ(plan(flags + "--batch " + std::to_string(b)), 0) << line_;
-  EXPECT_EQ(doc_["plans"][0]["fits_every_rank"], true);
-  EXPECT_EQ(highest_peak(doc_["plans"][0]).first, fit["peak_bytes"].get<std::int64_t>());
-  ASSERT_EQ(plan(flags + "--batch " + std::to_string(b + 1)), 0) << line_;
-  EXPECT_EQ(doc_["plans"][0]["fits_every_rank"], false);
-  EXPECT_EQ(highest_peak(doc_["plans"][0]).first, fit["peak_bytes_next"].get<std::int64_t>());
+  for (const char* precision : {"fp32", "bf16"}) {
+    const std::string flags = "--hf-config '" + hf("llama-3-8b.json") + "' --engine deepspeed --precision " +
+                              precision + " --checkpoint full --seq 8192 --worlds 8 --strategies zero3 " +
+                              "--memory 80GiB ";
+    SCOPED_TRACE(flags);
+    ASSERT_EQ(plan(flags + "--fit batch"), 0) << line_;
+    const json fit = doc_["plans"][0]["fit"];
+    ASSERT_EQ(fit["bound"], "memory") << fit["reason"];
+    const std::int64_t b = fit["value"];
+    EXPECT_GT(b, 1);
+    ASSERT_EQ(plan(flags + "--batch " + std::to_string(b)), 0) << line_;
+    EXPECT_EQ(doc_["plans"][0]["fits_every_rank"], true);
+    EXPECT_EQ(highest_peak(doc_["plans"][0]).first, fit["peak_bytes"].get<std::int64_t>());
+    ASSERT_EQ(plan(flags + "--batch " + std::to_string(b + 1)), 0) << line_;
+    EXPECT_EQ(doc_["plans"][0]["fits_every_rank"], false);
+    EXPECT_EQ(highest_peak(doc_["plans"][0]).first, fit["peak_bytes_next"].get<std::int64_t>());
+  }
 }
 
 TEST_F(PlanFit, RefusalsNameTheFlag) {
