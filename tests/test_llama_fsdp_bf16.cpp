@@ -242,7 +242,8 @@ TEST(LlamaFsdpBf16, CheckpointedLayersAsPredicted) {
   int checked = 0, recompute = 0;
   for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2})
     for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
-      for (const CheckpointPolicy ck : {CheckpointPolicy{CheckpointKind::every, 1}, CheckpointPolicy{CheckpointKind::every, 2}})
+      for (const CheckpointPolicy ck : {CheckpointPolicy{CheckpointKind::every, 1}, CheckpointPolicy{CheckpointKind::every, 2},
+                                        CheckpointPolicy{CheckpointKind::attention, 1}})
         for (const char* strategy : {"zero2", "zero3"})
           for (int units : {1, 2})
             for (int world : {1, 2, 3, 4})
@@ -259,8 +260,53 @@ TEST(LlamaFsdpBf16, CheckpointedLayersAsPredicted) {
                 recompute += predict_data_parallel(cfg, world, rank).peak_where.rfind("recompute", 0) == 0;
                 ++checked;
               }
-  EXPECT_EQ(checked, 2 * 2 * 2 * 2 * 2 * 10);
+  EXPECT_EQ(checked, 2 * 2 * 3 * 2 * 2 * 10);
   EXPECT_GT(recompute, 0);
+}
+
+// --checkpoint attention (selective recompute of the core): each layer keeps no save of the
+// core's own (flash's fp32 lse 4BHT, math's fp32 probabilities 4BHT², one storage a layer less);
+// the core re-runs in bf16 on the saved q, k, v in backward, so the loss and every gradient are
+// the plain bf16 step's bit for bit; every rank of W = 1 to 4 measures what the forms predict
+// (math's long sequence puts peaks where the probabilities are made again).
+TEST(LlamaFsdpBf16, AttentionRecomputeKeepsNoCoreSaveAndChangesNoBit) {
+  for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+    for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2}) {
+      const Shape s{2, 32, 4, 2, 48, 50, 16, 2};
+      SCOPED_TRACE(label(s, mode) + " " + std::string(engine_name(engine)));
+      RunConfig plain = fsdp_bf16(llama_model(s, mode), "zero3", 1, engine);
+      plain.steps = 1;
+      RunConfig ck = plain;
+      ck.model.checkpoint = {CheckpointKind::attention, 1};
+      const std::int64_t A = mode == AttentionMode::flash ? 4LL * s.batch * s.heads * s.seq
+                                                          : 4LL * s.batch * s.heads * s.seq * s.seq;
+      CpuBackend b1, b2;
+      auto c1 = make_fake_communicator(1, 0, &b1);
+      auto c2 = make_fake_communicator(1, 0, &b2);
+      const auto r1 = testing::run_dp(plain, b1, *c1, true);
+      const auto r2 = testing::run_dp(ck, b2, *c2, true);
+      EXPECT_EQ(r1.saved.bytes - r2.saved.bytes, s.layers * A);
+      EXPECT_EQ(r1.saved.tensors - r2.saved.tensors, s.layers);
+      ASSERT_TRUE(testing::any_nonzero(r1.state.grads));
+      EXPECT_EQ(r1.losses, r2.losses);
+      EXPECT_EQ(r1.state.grads, r2.state.grads);
+    }
+  int checked = 0;
+  for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2})
+    for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+      for (const char* strategy : {"zero2", "zero3"})
+        for (int units : {0, 1, 2})
+          for (int world : {1, 2, 3, 4})
+            for (int rank = 0; rank < world; ++rank) {
+              RunConfig cfg = fsdp_bf16(llama_model({2, 16, 2, 1, 24, 11, 32, 2}, mode), strategy, units, engine);
+              cfg.model.checkpoint = {CheckpointKind::attention, 1};
+              cfg.overlap = units == 1;
+              SCOPED_TRACE(std::string(engine_name(engine)) + " " + mode_name(mode) + " " + strategy + " units=" +
+                           std::to_string(units) + " W=" + std::to_string(world) + " r=" + std::to_string(rank));
+              testing::expect_rank_measured_equals_predicted(cfg, world, rank);
+              ++checked;
+            }
+  EXPECT_EQ(checked, 2 * 2 * 2 * 3 * 10);
 }
 
 // The bf16 gather shows in the categories: the all-gather carries 2 B an element (half fp32's

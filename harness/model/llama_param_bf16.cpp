@@ -22,8 +22,9 @@
 //                 total_weight.
 // Every gradient is bf16 (the strategy reduces it in fp32): the stream's, each Linear's
 // input gradient, the norms' (computed in fp32 inside the kernel from the saved fp32 copy).
-// The zero-bubble split and --checkpoint attention are not built (no pipeline takes FSDP's
-// or DeepSpeed's bf16).
+// --checkpoint attention keeps no save of the core's own (flash's lse, math's probabilities):
+// torch's checkpoint around SDPA makes it again in backward. The zero-bubble split is not
+// built (no pipeline takes FSDP's or DeepSpeed's bf16).
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,9 +103,11 @@ class Bf16DecoderLayer final : public SequenceBlock {
   std::vector<TensorRef> first_backward_module(int index) const override {
     return module_tensors(index, {t_.downW});
   }
-  void set_recompute_attention(bool on) override {
-    if (on) throw RunError(std::string(kFamily) + " under bf16 parameters: --checkpoint attention is not built");
-  }
+  // --checkpoint attention: the core's own save (flash's fp32 lse, math's fp32 probabilities)
+  // is not kept; torch's checkpoint around SDPA re-runs it on the saved q, k, v when its
+  // backward unpacks a save (flash: a new bf16 output and lse, saved; math: the probabilities
+  // made again in the math backward).
+  void set_recompute_attention(bool on) override { recompute_attention_ = on; }
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return t_.params; }
   std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
@@ -179,7 +182,10 @@ class Bf16DecoderLayer final : public SequenceBlock {
       c.saved.save(held[kK].raw(), 2 * n * kv);
       c.saved.save(held[kV].raw(), 2 * n * kv);
       c.saved.save(held[kOut].raw(), 2 * n * q);
-      c.saved.save(held[kAttn].data(), 4 * lse_elems(c.rows));
+      if (recompute_attention_)
+        held[kAttn].reset();  // not saved: the core's checkpoint makes it again
+      else
+        c.saved.save(held[kAttn].data(), 4 * lse_elems(c.rows));
     } else {
       // Math SDPA on the CPU upcasts q, k, v to fp32: q head-major, k and v expanded to H
       // heads (its bmms save them), fp32 probabilities, and hands back a bf16 output,
@@ -199,12 +205,13 @@ class Bf16DecoderLayer final : public SequenceBlock {
       vb.reset();
       const MathAttention m = math_attention(s_, c.rows);
       auto [probs, out32] = math_attention_forward(be, m, held[kQ].data(), held[kK].data(),
-                                                   m.head_major(held[kV].data()));
+                                                   m.head_major(held[kV].data()), !recompute_attention_);
       held[kAttn] = std::move(probs);
       held[kOut] = act16(n * q);
       round_into(held[kOut].bf16(), out32.data(), n * q);
       out32.reset();
-      for (int j : {kQ, kK, kAttn, kV}) c.saved.save(held[j].data(), static_cast<i64>(held[j].bytes()));
+      for (int j : {kQ, kK, kAttn, kV})
+        if (held[j]) c.saved.save(held[j].data(), static_cast<i64>(held[j].bytes()));
     }
 
     // x_mid = x + o_proj(out), bf16 (temp: the post-attention norm saves its fp32 upcast).
@@ -412,26 +419,43 @@ class Bf16DecoderLayer final : public SequenceBlock {
   }
 
   // Flash: dq, dk, dv (bf16, one buffer) from the saved q, k, v, output and lse (all
-  // released and freed); frees dout.
+  // released and freed); frees dout. --checkpoint attention: the flash forward runs again
+  // first on the saved q, k, v, making a new bf16 output and fp32 lse (activation, saved),
+  // which its backward reads; freed with the rest.
   Buffer flash_backward(const BlockCall& c, Buffer& dout, std::vector<Buffer>& held) const {
     Backend& be = c.backend;
     const i64 n = tokens(c.rows), q = qw(), kv = kvw();
+    const std::vector<float> q32 = widened(held[kQ].bf16(), n * q), k32 = widened(held[kK].bf16(), n * kv),
+                             v32 = widened(held[kV].bf16(), n * kv);
+    const AttentionArgs args =
+        attention_args(s_, c.rows, q32.data(), k32.data(), v32.data(), static_cast<int>(q), static_cast<int>(kv));
+    Buffer rerun;  // the re-run's bf16 output
+    if (recompute_attention_) {
+      rerun = bf16_tensor(be, Category::activation, n * q);
+      held[kAttn] = be.alloc(Category::activation, floats(lse_elems(c.rows)));
+      std::vector<float> out32(floats(n * q));
+      be.flash_attention_forward(args, out32.data(), static_cast<int>(q), held[kAttn].data());
+      round_into(rerun.bf16(), out32.data(), n * q);
+      c.saved.save(rerun.raw(), 2 * n * q);
+      c.saved.save(held[kAttn].data(), 4 * lse_elems(c.rows));
+    }
     Buffer dqkv = bf16_tensor(be, Category::temp, n * (q + 2 * kv));
     {
-      const std::vector<float> q32 = widened(held[kQ].bf16(), n * q), k32 = widened(held[kK].bf16(), n * kv),
-                               v32 = widened(held[kV].bf16(), n * kv), o32 = widened(held[kOut].bf16(), n * q),
+      const std::vector<float> o32 = widened((rerun ? rerun : held[kOut]).bf16(), n * q),
                                do32 = widened(dout.bf16(), n * q);
       std::vector<float> d32(floats(n * (q + 2 * kv)));
-      be.flash_attention_backward(
-          attention_args(s_, c.rows, q32.data(), k32.data(), v32.data(), static_cast<int>(q), static_cast<int>(kv)),
-          o32.data(), static_cast<int>(q), do32.data(), held[kAttn].data(), d32.data(), d32.data() + n * q,
-          d32.data() + n * (q + kv));
+      be.flash_attention_backward(args, o32.data(), static_cast<int>(q), do32.data(), held[kAttn].data(), d32.data(),
+                                  d32.data() + n * q, d32.data() + n * (q + kv));
       round_into(dqkv.bf16(), d32.data(), n * (q + 2 * kv));
     }
     dout.reset();
     for (int j : {kQ, kK, kV, kOut, kAttn}) {
       c.saved.release(held[j].raw());
       held[j].reset();
+    }
+    if (rerun) {
+      c.saved.release(rerun.raw());
+      rerun.reset();
     }
     return dqkv;
   }
@@ -465,6 +489,7 @@ class Bf16DecoderLayer final : public SequenceBlock {
   }
 
   std::string name_;
+  bool recompute_attention_ = false;  // --checkpoint attention
   LlamaLayerTensors t_;  // its tensors, and where each lies among them
   WeightRef norm_ref_, q_ref_, k_ref_, v_ref_, o_ref_, norm2_ref_, gate_ref_, up_ref_, down_ref_;
 };

@@ -351,13 +351,12 @@ std::vector<Prediction> bf16_gpt2_ranks(const RunConfig& cfg, int world, int sta
 
 void refuse_deepspeed_bf16_checkpoint(const RunConfig& cfg) {
   const ModelConfig& m = cfg.model;
-  if (cfg.precision != PrecisionKind::bf16 || !m.is_transformer() || m.checkpoint.kind != CheckpointKind::attention ||
+  if (cfg.precision != PrecisionKind::bf16 || m.name != "gpt2" || m.checkpoint.kind != CheckpointKind::attention ||
       cfg.strategy == StrategyKind::zero3)
     return;
   throw UsageError("--checkpoint attention and --engine deepspeed and --strategy " +
-                   std::string(strategy_name(cfg.strategy)) + " and --precision bf16 and --model " + m.name +
-                   ": not built yet (" + (m.name == "gpt2" ? "GPT-2's" : "Llama's") +
-                   " bf16 module has no attention recompute); allowed: --checkpoint full|every:K, or fp32");
+                   std::string(strategy_name(cfg.strategy)) + " and --precision bf16 and --model gpt2: not built " +
+                   "yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint full|every:K, or fp32");
 }
 
 void refuse_deepspeed_bf16_llama(const RunConfig& cfg) {
@@ -383,8 +382,9 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
   refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
   // --checkpoint under bf16: the MLP's and GPT-2's full|every:K, Llama's under stage 3; GPT-2's
-  // and Llama's bf16 modules have no attention recompute yet (a plan skips it with the reason,
-  // but stage 3's, planned by its model states).
+  // bf16 module has no attention recompute yet, Llama's runs under FSDP alone (a plan skips it
+  // with the reason, but stage 3's, planned by its model states); Llama's checkpointed bf16
+  // stages 1 and 2 are not built.
   if (lp != 4) refuse_deepspeed_bf16_checkpoint(cfg);
   refuse_deepspeed_bf16_llama(cfg);  // Llama's bf16 stages 1 and 2: one micro-step, no --checkpoint
   // Stage 3 runs the MLP, GPT-2 and Llama in fp32 and bf16 (bf16 with --checkpoint

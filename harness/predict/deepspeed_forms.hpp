@@ -68,8 +68,9 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
 // deepspeed_stage3_transformer_forms.cpp.
 std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cfg, int world);
 
-// --checkpoint attention of a transformer under stage 3 in bf16 is not built (its bf16 module
-// has no attention recompute): the refusal's line (the CLI's; a plan prints its model states).
+// --checkpoint attention of a transformer under stage 3 in bf16 is not built (GPT-2's bf16
+// module has no attention recompute; Llama's recomputes under FSDP, not under stage 3's hooks):
+// the refusal's line (the CLI's; a plan prints its model states).
 std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model);
 
 // --checkpoint attention of GPT-2 under DeepSpeed's bf16 (stages 0, 1 and 2): its bf16

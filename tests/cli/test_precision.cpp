@@ -367,7 +367,9 @@ TEST_F(Precision, Bf16FsdpLlamaRunsEveryRankAsPredicted) {
                                "hsdp --shard-group 1 --units 1", "zero3 --units 1 --accumulate 2",
                                "zero3 --units 1 --engine fsdp2", "zero2 --units 2 --engine fsdp2 --attention math",
                                "hsdp --shard-group 3 --units 1 --engine fsdp2", "zero3 --units 1 --checkpoint full",
-                               "zero2 --units 1 --engine fsdp2 --checkpoint every:2"})
+                               "zero2 --units 1 --engine fsdp2 --checkpoint every:2",
+                               "zero3 --units 1 --checkpoint attention --attention math",
+                               "zero2 --units 2 --engine fsdp2 --checkpoint attention"})
     for (int r = 0; r < 3; ++r) {
       const std::string args = std::string("run --backend cpu ") + kLlama + "--strategy " + strategy + " --emulate 3:" +
                                std::to_string(r);
@@ -501,10 +503,6 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
        "--backend cpu"},
       {"run --backend cpu --layers 2 --width 8 --precision fp16",
        "shardscope: error: --precision: unknown 'fp16'; allowed: fp32, bf16"},
-      {std::string("run --backend cpu ") + kLlama + "--precision bf16 --strategy zero2 --checkpoint attention",
-       "shardscope: error: --checkpoint attention and --precision bf16 and --strategy zero2: selective recompute "
-       "under FSDP's bf16 is not built yet; give --checkpoint none, full or every:K, or --strategy ddp|zero1 "
-       "(autocast)"},
       {g + "--precision bf16 --schedule zb-h1",
        "shardscope: error: --precision bf16 and --schedule zb-h1: the zero-bubble split (B and W apart) under "
        "autocast is not built yet; allowed: gpipe, 1f1b, interleaved-1f1b"},

@@ -227,7 +227,7 @@ TEST(FsdpBf16Mpi, Gpt2TrainsNearOneFp32RankAndMatchesTheClosedForms) {
 
 // Llama's bf16 module (harness/model/llama_param_bf16.cpp: Hugging Face's module cast to bf16)
 // under FSDP1's MixedPrecision and fully_shard's MixedPrecisionPolicy: grouped-query and
-// multi-head attention, tied and untied, checkpointed: trains like one fp32 rank on the
+// multi-head attention, tied and untied, checkpointed (layers, attention cores): trains like one fp32 rank on the
 // concatenated batch within bf16's rounding, and every real rank's bytes and communication
 // equal the closed forms (harness/predict/llama_param_bf16_forms.cpp).
 TEST(FsdpBf16Mpi, LlamaTrainsNearOneFp32RankAndMatchesTheClosedForms) {
@@ -244,7 +244,7 @@ TEST(FsdpBf16Mpi, LlamaTrainsNearOneFp32RankAndMatchesTheClosedForms) {
     bool tied;
     CheckpointPolicy checkpoint{};
   };
-  const CheckpointPolicy full{CheckpointKind::every, 1};
+  const CheckpointPolicy full{CheckpointKind::every, 1}, core{CheckpointKind::attention, 1};
   const EngineKind torch = EngineKind::torch, fsdp2 = EngineKind::fsdp2;
   const AttentionMode flash = AttentionMode::flash, math = AttentionMode::math;
   for (const Setting& s : std::vector<Setting>{{"zero3", 1, true, flash, torch, 2, false},
@@ -254,7 +254,9 @@ TEST(FsdpBf16Mpi, LlamaTrainsNearOneFp32RankAndMatchesTheClosedForms) {
                                                {"zero3", 1, true, flash, fsdp2, 2, true},
                                                {"zero2", 2, false, math, fsdp2, 2, false},
                                                {"zero3", 1, true, flash, torch, 2, false, full},
-                                               {"zero3", 1, true, math, fsdp2, 4, true, full}}) {
+                                               {"zero3", 1, true, math, fsdp2, 4, true, full},
+                                               {"zero3", 1, true, math, torch, 2, false, core},
+                                               {"zero2", 1, false, flash, fsdp2, 2, true, core}}) {
     RunConfig cfg;
     TransformerShape& t = cfg.model.transformer;
     t.model_type = "llama";
