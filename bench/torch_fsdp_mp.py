@@ -34,15 +34,25 @@ reduce_dtype=float32). Per rank it records (step 3 unless said):
               the rest;
   loss        the dtype the model's output and the loss come out in;
   peak        the high-water mark of step 3 and its phase.
+With --accumulate K each step runs K micro-steps (the loss scaled by 1/K), and with
+--no-sync all but the last without gradient synchronization (FSDP1's no_sync(), fully_shard's
+set_requires_gradient_sync(False)); after each micro-step's backward it records the
+unsharded gradients torch keeps (FSDP1: each flat parameter's .grad; fully_shard: each
+unsharded parameter's .grad): dtype and elements, and which collectives that micro-step
+issued. With --checkpoint full|every:K the MLP's layers (Linear + ReLU, each its own unit)
+run under torch.utils.checkpoint (non-reentrant) inside their FSDP unit; GPT-2 takes
+bench/torch_saved.py's --checkpoint (attention: the SDPA core alone, inside the Block's unit).
 With --shardscope BINARY it runs the same configuration with `--precision bf16 --emulate
 W:r` for every rank and prints resting, peak and communicated bytes beside torch's.
 
 Usage: bench/torch_fsdp_mp.py [--worlds 2,3,4] [--configs NAME,...] [--loss mse|sum]
+                              [--accumulate K [--no-sync]] [--checkpoint MODE]
                               [--shardscope BINARY] [--json FILE]
 torch is a dependency of this bench only (never of CI).
 """
 import argparse
 import collections
+import contextlib
 import ctypes
 import json
 import os
@@ -102,15 +112,38 @@ def build_llama(torch):
     return model, {transformers.models.llama.modeling_llama.LlamaDecoderLayer}
 
 
-def build(config, torch):
+def mlp_layers(torch, checkpoint):
+    """The MLP as L modules of Linear + ReLU, each its own unit; a wrapped one runs its body
+    under torch's non-reentrant checkpoint inside the unit (FSDP's hooks around it)."""
+    import torch_saved
+
+    class Layer(torch.nn.Module):
+        def __init__(self, wrapped):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU())
+            self.wrapped = wrapped
+
+        def forward(self, x):
+            if self.wrapped:
+                return torch.utils.checkpoint.checkpoint(self.body, x, use_reentrant=False)
+            return self.body(x)
+
+    model = torch.nn.Sequential(*[Layer(torch_saved.wraps(checkpoint, i)) for i in range(LAYERS)])
+    return model, {Layer}
+
+
+def build(config, torch, checkpoint="none"):
     _, engine, reshard, per_linear = CONFIGS[config]
     if per_linear == "llama":
         model, wrap = build_llama(torch)
     elif per_linear == "gpt2":
         import torch_saved
         g = GPT2
-        model = torch_saved.build_gpt(torch, g["layers"], g["hidden"], g["heads"], g["vocab"], g["seq"])
+        model = torch_saved.build_gpt(torch, g["layers"], g["hidden"], g["heads"], g["vocab"], g["seq"],
+                                      checkpoint=checkpoint)
         wrap = {type(model.h[0])}
+    elif checkpoint != "none":
+        model, wrap = mlp_layers(torch, checkpoint)
     else:
         mods = []
         for _ in range(LAYERS):
@@ -185,9 +218,11 @@ def worker(args):
     def mark(name):
         os.write(2, f"{MARK} {name}\n".encode())
 
-    model, opt = build(args.config, torch)
+    model, opt = build(args.config, torch, args.checkpoint)
     saved = {}  # the last forward's saved storages: address -> dtype, bytes, shape
     dtypes = {}
+    fsdp2 = CONFIGS[args.config][1] == "fsdp2"
+    micro = []  # the last step's micro-steps: the unsharded gradients kept after each, its collectives
 
     def pack(t):
         s = t.untyped_storage()
@@ -195,37 +230,76 @@ def worker(args):
                                         "shape": list(t.shape)})
         return t
 
+    def kept_gradients():
+        """The unsharded gradients torch holds now, unit by unit: dtype and elements of each."""
+        out = []
+        if fsdp2:
+            for m in model.modules():
+                state = m._get_fsdp_state() if hasattr(m, "_get_fsdp_state") else None
+                group = getattr(state, "_fsdp_param_group", None) if state is not None else None
+                if group is None:
+                    continue
+                grads = []
+                for fp in group.fsdp_params:
+                    leaf = getattr(fp, "_unsharded_param", None)
+                    g = None if leaf is None else leaf.grad
+                    if g is not None:
+                        grads.append([str(g.dtype).replace("torch.", ""), g.numel()])
+                out.append(grads)
+        else:
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            for m in FSDP.fsdp_modules(model):
+                h = m._handle
+                if h is None:
+                    continue
+                g = h.flat_param.grad
+                out.append([] if g is None else [[str(g.dtype).replace("torch.", ""), g.numel(),
+                                                   h.flat_param._padded_unsharded_size.numel()]])
+        return out
+
+    K = args.accumulate
     for step in range(STEPS):
         ledger.calls.clear()
-        saved.clear()
+        micro = []
         mark("step")
         family = CONFIGS[args.config][3]
         gpt2 = family in ("gpt2", "llama")
-        if family == "llama":
-            x = torch.randint(0, LLAMA["vocab"], (LLAMA["batch"], LLAMA["seq"]))
-            target = x
-        elif gpt2:
-            x = torch.randint(0, GPT2["vocab"], (GPT2["batch"], GPT2["seq"]))
-            target = torch.randint(0, GPT2["vocab"], (GPT2["batch"], GPT2["seq"]))
-        else:
-            x = torch.rand(BATCH, WIDTH) * 2 - 1
-            target = torch.ones(BATCH, WIDTH)
         opt.zero_grad(set_to_none=False)
-        mark("forward")
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for k in range(K):
+            saved.clear()
             if gpt2:
-                from torch.nn.attention import SDPBackend, sdpa_kernel
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    y = loss = model(input_ids=x, labels=target).loss if family == "llama" else model(x, target)
+                if family == "llama":
+                    x = torch.randint(0, LLAMA["vocab"], (LLAMA["batch"], LLAMA["seq"]))
+                    target = x
+                else:
+                    x = torch.randint(0, GPT2["vocab"], (GPT2["batch"], GPT2["seq"]))
+                    target = torch.randint(0, GPT2["vocab"], (GPT2["batch"], GPT2["seq"]))
             else:
-                y = model(x)
-                loss = torch.nn.functional.mse_loss(y, target) if args.loss == "mse" else y.sum()
-        dtypes = {"output": str(y.dtype), "loss": str(loss.dtype)}
-        mark("backward")
-        loss.backward()
+                x = torch.rand(BATCH, WIDTH) * 2 - 1
+                target = torch.ones(BATCH, WIDTH)
+            sync = not args.no_sync or k == K - 1
+            if fsdp2:
+                model.set_requires_gradient_sync(sync)
+            context = model.no_sync() if not sync and not fsdp2 else contextlib.nullcontext()
+            before = len(ledger.calls)
+            with context:
+                mark("forward")
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    if gpt2:
+                        from torch.nn.attention import SDPBackend, sdpa_kernel
+                        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                            y = loss = (model(input_ids=x, labels=target).loss if family == "llama"
+                                        else model(x, target)) / K
+                    else:
+                        y = model(x)
+                        loss = (torch.nn.functional.mse_loss(y, target) if args.loss == "mse" else y.sum()) / K
+                dtypes = {"output": str(y.dtype), "loss": str(loss.dtype)}
+                mark("backward")
+                loss.backward()
+            micro.append({"sync": sync, "kept": kept_gradients(), "collectives": summarize(ledger.calls[before:])})
+            del x, target, loss, y
         mark("optimizer")
         opt.step()
-        del x, target, loss, y
         mark("end")
     ctypes.c_bool.in_dll(c10, "FLAGS_caffe2_report_cpu_memory_usage").value = False
     # What rests, storage by storage (deduplicated), with dtypes.
@@ -250,11 +324,18 @@ def worker(args):
                 rest[f"optim {str(t.dtype).replace('torch.', '')}"] += s.nbytes()
     with open(os.path.join(args.out, f"rank{args.rank}.json"), "w") as f:
         json.dump({"storages": dict(rest), "collectives": ledger.calls, "saved": list(saved.values()),
-                   "dtypes": dtypes}, f)
+                   "dtypes": dtypes, "micro": micro}, f)
     dist.destroy_process_group()
 
 
-def torch_ranks(config, world, loss, tmp):
+def step_flags(args):
+    """--accumulate, --no-sync and --checkpoint as given: the worker's and shardscope's flags alike."""
+    flags = ["--accumulate", str(args.accumulate)] if args.accumulate > 1 else []
+    flags += ["--no-sync"] if args.no_sync else []
+    return flags + (["--checkpoint", args.checkpoint] if args.checkpoint != "none" else [])
+
+
+def torch_ranks(config, world, loss, tmp, flags):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(torch_peaks.free_port()),
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                TORCH_CPP_LOG_LEVEL="INFO")
@@ -264,7 +345,7 @@ def torch_ranks(config, world, loss, tmp):
         with open(logs[r], "w") as log:
             procs.append(subprocess.Popen(
                 [sys.executable, __file__, "--worker", "--config", config, "--world", str(world),
-                 "--rank", str(r), "--loss", loss, "--out", tmp], env=env, stdout=subprocess.DEVNULL,
+                 "--rank", str(r), "--loss", loss, "--out", tmp] + flags, env=env, stdout=subprocess.DEVNULL,
                 stderr=log))
     errors = []
     for r, p in enumerate(procs):
@@ -299,7 +380,7 @@ def summarize(calls):
     return out
 
 
-def shardscope_ranks(binary, config, world, loss, tmp):
+def shardscope_ranks(binary, config, world, loss, tmp, flags):
     out = []
     for r in range(world):
         path = os.path.join(tmp, f"ss{r}.json")
@@ -307,7 +388,7 @@ def shardscope_ranks(binary, config, world, loss, tmp):
         model = gpt2_flags() if family == "gpt2" else llama_flags() if family == "llama" else \
             ["--layers", str(LAYERS), "--width", str(WIDTH), "--batch", str(BATCH), "--activation", "relu", "--loss", loss]
         cmd = [binary, "run", "--backend", "cpu", "--steps", str(STEPS), "--precision", "bf16", "--emulate",
-               f"{world}:{r}", "--json", path] + model + CONFIGS[config][0]
+               f"{world}:{r}", "--json", path] + model + CONFIGS[config][0] + flags
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         out.append(json.load(open(path))["runs"][0]["ranks"][0])
     return out
@@ -318,6 +399,9 @@ def main():
     ap.add_argument("--worlds", default="2,3,4")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--loss", default="mse", choices=("mse", "sum"))
+    ap.add_argument("--accumulate", type=int, default=1, help="micro-steps per optimizer step (default 1)")
+    ap.add_argument("--no-sync", action="store_true", help="synchronize gradients in the last micro-step only")
+    ap.add_argument("--checkpoint", default="none", help="none | full | every:K | attention (GPT-2)")
     ap.add_argument("--shardscope", help="run this binary beside torch")
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -343,13 +427,13 @@ def main():
     except ImportError:
         sys.exit(f"torch_fsdp_mp: PyTorch is not importable by {sys.executable}")
     print(f"torch {torch.__version__} (CPU, gloo), bf16 params, fp32 reduce; model {LAYERS} x {WIDTH}, "
-          f"ReLU, {args.loss}, batch {BATCH}/rank, AdamW, step {STEPS}")
+          f"ReLU, {args.loss}, batch {BATCH}/rank, AdamW, step {STEPS}; " + (" ".join(step_flags(args)) or "one micro-step"))
     records = []
     for config in configs:
         for world in worlds:
             with tempfile.TemporaryDirectory() as tmp:
-                theirs = torch_ranks(config, world, args.loss, tmp)
-                ours = shardscope_ranks(args.shardscope, config, world, args.loss, tmp) if args.shardscope \
+                theirs = torch_ranks(config, world, args.loss, tmp, step_flags(args))
+                ours = shardscope_ranks(args.shardscope, config, world, args.loss, tmp, step_flags(args)) if args.shardscope \
                     else [None] * world
             print(f"\n{config}, W = {world}")
             for r, (t, o) in enumerate(zip(theirs, ours)):
@@ -361,6 +445,19 @@ def main():
                       f"({t['phase']}); output {t['dtypes']['output']}, loss {t['dtypes']['loss']}")
                 print(f"    comm: " + "; ".join(f"{k}: {v['calls']} calls, {v['bytes']:,} B" for k, v in comm.items()))
                 print(f"    saved storages: " + ", ".join(f"{n} x {k} B" for k, n in saved.items()))
+                if args.accumulate > 1 and r == 0:
+                    for k, ms in enumerate(t["micro"]):
+                        kept = collections.Counter()
+                        for unit in ms["kept"]:
+                            for g in unit:
+                                kept[g[0]] += g[1]
+                        print(f"    micro-step {k} ({'sync' if ms['sync'] else 'no sync'}): kept unsharded gradients "
+                              + (", ".join(f"{d} {n:,} elements" for d, n in kept.items()) or "none")
+                              + f" in {sum(1 for u in ms['kept'] if u)} units; comm: "
+                              + ("; ".join(f"{c} {v['calls']} calls {v['bytes']:,} B" for c, v in
+                                           ms["collectives"].items()) or "none"))
+                        if k == 0:
+                            print(f"      per unit: {ms['kept']}")
                 if o is not None:
                     ocomm = {k: v["bytes"] for k, v in o["comm"].items() if v["calls"]}
                     print(f"    ours: rest {o['resting']['total']:,}, peak {o['peak']['total']:,} "

@@ -140,6 +140,82 @@ TEST(Gpt2FsdpBf16, AccumulationReducesEveryMicroStepAsPredicted) {
   EXPECT_EQ(checked, 2 * 2 * 2 * 2 * 10);
 }
 
+// --accumulate K --no-sync: FSDP1 keeps each unit's bf16 full gradient across the
+// micro-steps (later backwards adding onto it; zero2 keeping the units gathered) and reduces
+// its fp32 cast once; fully_shard keeps each tensor's gradient in fp32, each micro-step's bf16
+// ones folded in when the unit's backward ends. Both engines, flash and math, units of one and
+// two blocks, overlap on and off, every rank of W = 1 to 4; the reduce-scatters one
+// micro-step's bytes, the all-gathers as often as the units are gathered.
+TEST(Gpt2FsdpBf16, NoSyncKeepsGradientsAsPredicted) {
+  int checked = 0;
+  for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2})
+    for (const char* strategy : {"zero2", "zero3"})
+      for (int K : {2, 3})
+        for (int units : {1, 2})
+          for (bool overlap : {true, false})
+            for (int world : {1, 2, 3, 4})
+              for (int rank = 0; rank < world; ++rank) {
+                const AttentionMode mode = overlap ? AttentionMode::flash : AttentionMode::math;
+                RunConfig cfg = fsdp_bf16(gpt2_model({3, 16, 2, 29, 4, 1}, mode), strategy, units, engine);
+                cfg.accumulate = K;
+                cfg.no_sync = true;
+                cfg.overlap = overlap;
+                SCOPED_TRACE(std::string(engine_name(engine)) + " " + strategy + " K=" + std::to_string(K) +
+                             " units=" + std::to_string(units) + (overlap ? " overlap flash" : " math") + " W=" +
+                             std::to_string(world) + " r=" + std::to_string(rank));
+                testing::expect_rank_measured_equals_predicted(cfg, world, rank);
+                RunConfig one = cfg;
+                one.accumulate = 1;
+                one.no_sync = false;
+                const Prediction pk = predict_data_parallel(cfg, world, rank), p1 = predict_data_parallel(one, world, rank);
+                const bool gathered_once = engine == EngineKind::torch && std::string(strategy) == "zero2";
+                EXPECT_EQ(pk.comm_bytes[static_cast<int>(CollKind::all_gather)],
+                          (gathered_once ? 1 : K) * p1.comm_bytes[static_cast<int>(CollKind::all_gather)]);
+                EXPECT_EQ(pk.comm_bytes[static_cast<int>(CollKind::reduce_scatter)],
+                          p1.comm_bytes[static_cast<int>(CollKind::reduce_scatter)]);
+                ++checked;
+              }
+  EXPECT_EQ(checked, 2 * 2 * 2 * 2 * 2 * 10);
+}
+
+// torch 2.15 under --accumulate 2 --no-sync (bench/torch_fsdp_mp.py --accumulate 2 --no-sync,
+// the GPT-2 above, each Block then the root): after the first micro-step FSDP1 holds each
+// unit's flat gradient in bf16 (7,552 / 49,984 / 49,984 elements, unpadded) and fully_shard
+// each tensor's in fp32 (107,520 elements, 430,080 B); the last micro-step reduce-scatters
+// once in fp32. Step 3's collectives: FSDP1 zero3 gathers twice a micro-step, zero2 once a
+// step; fully_shard's zero2 gathers every micro-step (zero3's differ by the root's re-gather,
+// as without --no-sync: 2 x 15,104 B at W = 2).
+TEST(Gpt2FsdpBf16, NoSyncEqualsTorchsCollectives) {
+  const struct {
+    EngineKind engine;
+    const char* strategy;
+    int world;
+    std::int64_t all_gather, reduce_scatter;
+  } torch215[] = {
+      {EngineKind::torch, "zero3", 2, 829952, 430080}, {EngineKind::torch, "zero3", 3, 829992, 430104},
+      {EngineKind::torch, "zero2", 2, 215040, 430080}, {EngineKind::torch, "zero2", 3, 215052, 430104},
+      {EngineKind::fsdp2, "zero3", 2, 860160 - 2 * 15104, 430080}, {EngineKind::fsdp2, "zero2", 2, 430080, 430080},
+      {EngineKind::fsdp2, "zero2", 3, 437376, 437376},
+  };
+  for (const auto& t : torch215) {
+    RunConfig cfg = fsdp_bf16(gpt2_model({2, 64, 4, 100, 16, 2}, AttentionMode::flash), t.strategy, 1, t.engine);
+    cfg.accumulate = 2;
+    cfg.no_sync = true;
+    cfg.steps = 1;
+    const std::string what = std::string(engine_name(t.engine)) + " " + t.strategy + " W=" + std::to_string(t.world);
+    CpuBackend backend;
+    auto comm = make_fake_communicator(t.world, 0, &backend);
+    const auto r = testing::run_dp(cfg, backend, *comm, false);
+    EXPECT_EQ(r.ledger[CollKind::all_gather].bytes, t.all_gather) << what;
+    EXPECT_EQ(r.ledger[CollKind::reduce_scatter].bytes, t.reduce_scatter) << what;
+    EXPECT_EQ(r.saved.bytes, 147970) << what;
+    const Prediction p = predict_data_parallel(cfg, t.world, 0);
+    EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::all_gather)], t.all_gather) << what;
+    EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)], t.reduce_scatter) << what;
+    EXPECT_EQ(r.resting, p.resting) << what;
+  }
+}
+
 // --strategy hsdp under bf16: zero3's bf16 step in each shard group, the replicas
 // all-reducing the fp32 gradient shard: every rank of W = 4 with groups of 1, 2 and 4.
 TEST(Gpt2FsdpBf16, HsdpEveryRankAsPredicted) {

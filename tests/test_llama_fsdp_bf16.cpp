@@ -181,6 +181,41 @@ TEST(LlamaFsdpBf16, AccumulationReducesEveryMicroStepAsPredicted) {
   EXPECT_EQ(checked, 2 * 2 * 2 * 2 * 10);
 }
 
+// --accumulate K --no-sync: FSDP1 keeps each unit's bf16 full gradient across the micro-steps
+// (later backwards adding onto it) and reduces its fp32 cast once; fully_shard keeps each
+// tensor's gradient in fp32, folding every micro-step's bf16 ones in when the unit's backward
+// ends (as for the MLP and GPT-2: test_gpt2_fsdp_bf16.cpp). Both engines, flash and math,
+// units of one and two blocks, every rank of W = 1 to 4; one reduce-scatter a step.
+TEST(LlamaFsdpBf16, NoSyncKeepsGradientsAsPredicted) {
+  int checked = 0;
+  for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2})
+    for (const char* strategy : {"zero2", "zero3"})
+      for (int K : {2, 3})
+        for (int units : {1, 2})
+          for (int world : {1, 2, 3, 4})
+            for (int rank = 0; rank < world; ++rank) {
+              const AttentionMode mode = units == 1 ? AttentionMode::flash : AttentionMode::math;
+              RunConfig cfg = fsdp_bf16(llama_model({3, 16, 4, 2, 24, 29, 4, 1}, mode), strategy, units, engine);
+              cfg.accumulate = K;
+              cfg.no_sync = true;
+              cfg.overlap = K == 2;
+              SCOPED_TRACE(std::string(engine_name(engine)) + " " + strategy + " K=" + std::to_string(K) + " units=" +
+                           std::to_string(units) + " W=" + std::to_string(world) + " r=" + std::to_string(rank));
+              testing::expect_rank_measured_equals_predicted(cfg, world, rank);
+              RunConfig one = cfg;
+              one.accumulate = 1;
+              one.no_sync = false;
+              const Prediction pk = predict_data_parallel(cfg, world, rank), p1 = predict_data_parallel(one, world, rank);
+              const bool gathered_once = engine == EngineKind::torch && std::string(strategy) == "zero2";
+              EXPECT_EQ(pk.comm_bytes[static_cast<int>(CollKind::all_gather)],
+                        (gathered_once ? 1 : K) * p1.comm_bytes[static_cast<int>(CollKind::all_gather)]);
+              EXPECT_EQ(pk.comm_bytes[static_cast<int>(CollKind::reduce_scatter)],
+                        p1.comm_bytes[static_cast<int>(CollKind::reduce_scatter)]);
+              ++checked;
+            }
+  EXPECT_EQ(checked, 2 * 2 * 2 * 2 * 10);
+}
+
 // --strategy hsdp under bf16: zero3's bf16 step in each shard group, the replicas all-reducing
 // the fp32 gradient shard: every rank of W = 4 with groups of 1, 2 and 4.
 TEST(LlamaFsdpBf16, HsdpEveryRankAsPredicted) {

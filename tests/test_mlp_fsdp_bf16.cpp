@@ -126,6 +126,136 @@ TEST(MlpFsdpBf16, AccumulationReducesEveryMicroStepAsPredicted) {
   EXPECT_EQ(checked, 2 * 2 * 2 * 2 * 10);
 }
 
+// --accumulate K --no-sync (FSDP1's no_sync(), fully_shard's set_requires_gradient_sync(False)):
+// FSDP1 keeps each unit's bf16 full gradient across the micro-steps (the later ones adding
+// onto it) and reduces its fp32 cast once, zero2 keeping the units gathered; fully_shard
+// keeps each tensor's gradient in fp32, folding every micro-step's bf16 ones in. Both
+// engines, units of one and two layers, overlap on and off, every rank of W = 1 to 4: the
+// reduce-scatters one micro-step's bytes, the all-gathers as often as the units are gathered.
+TEST(MlpFsdpBf16, NoSyncKeepsGradientsAsPredicted) {
+  int checked = 0;
+  for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2})
+    for (const char* strategy : {"zero2", "zero3"})
+      for (int K : {2, 3})
+        for (int units : {1, 2})
+          for (bool overlap : {true, false})
+            for (int world : {1, 2, 3, 4})
+              for (int rank = 0; rank < world; ++rank) {
+                RunConfig cfg = fsdp_bf16(mlp(5, 19, 3, Activation::relu, Loss::mse), strategy, units, engine);
+                cfg.accumulate = K;
+                cfg.no_sync = true;
+                cfg.overlap = overlap;
+                SCOPED_TRACE(std::string(engine_name(engine)) + " " + strategy + " K=" + std::to_string(K) + " units=" +
+                             std::to_string(units) + (overlap ? " overlap" : "") + " W=" + std::to_string(world) +
+                             " r=" + std::to_string(rank));
+                testing::expect_rank_measured_equals_predicted(cfg, world, rank);
+                RunConfig one = cfg;
+                one.accumulate = 1;
+                one.no_sync = false;
+                const Prediction pk = predict_data_parallel(cfg, world, rank), p1 = predict_data_parallel(one, world, rank);
+                const bool gathered_once = engine == EngineKind::torch && std::string(strategy) == "zero2";
+                EXPECT_EQ(pk.comm_bytes[static_cast<int>(CollKind::all_gather)],
+                          (gathered_once ? 1 : K) * p1.comm_bytes[static_cast<int>(CollKind::all_gather)]);
+                EXPECT_EQ(pk.comm_bytes[static_cast<int>(CollKind::reduce_scatter)],
+                          p1.comm_bytes[static_cast<int>(CollKind::reduce_scatter)]);
+                ++checked;
+              }
+  EXPECT_EQ(checked, 2 * 2 * 2 * 2 * 2 * 10);
+}
+
+// The peak under --no-sync: fully_shard's fp32 gradients (4 B an element) where FSDP1 keeps
+// bf16 ones, above one micro-step's with a unit a layer (a single root unit's gradient can
+// peak where one micro-step's does); the sum and relu-less shapes and --units all.
+TEST(MlpFsdpBf16, NoSyncPeaksAsPredicted) {
+  for (const ModelConfig& m : {mlp(4, 64, 2, Activation::none, Loss::sum), mlp(2, 8, 64, Activation::relu, Loss::mse),
+                               mlp(6, 32, 1, Activation::relu, Loss::sum)})
+    for (int units : {0, 1})
+      for (const char* strategy : {"zero2", "zero3"})
+        for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2}) {
+          RunConfig cfg = fsdp_bf16(m, strategy, units, engine);
+          cfg.accumulate = 3;
+          cfg.no_sync = true;
+          SCOPED_TRACE(std::string(engine_name(engine)) + " " + strategy + " units=" + std::to_string(units) + " width " +
+                       std::to_string(m.width));
+          testing::expect_rank_measured_equals_predicted(cfg, 4, 3);
+          RunConfig one = cfg;
+          one.accumulate = 1;
+          one.no_sync = false;
+          const std::int64_t pk = predict_data_parallel(cfg, 4, 3).peak_total, p1 = predict_data_parallel(one, 4, 3).peak_total;
+          if (units == 1)
+            EXPECT_GT(pk, p1);
+          else
+            EXPECT_GE(pk, p1);
+        }
+}
+
+// --checkpoint full|every:K under FSDP's bf16 (both engines): a wrapped layer saves its bf16
+// input alone (the first layer's, the root's bf16 cast of the batch, kept for its re-run) and
+// re-runs after its unit is gathered, as torch's non-reentrant checkpoint inside an FSDP unit
+// does; with --accumulate K (every micro-step reducing, or --no-sync) too. Every rank of W = 1
+// to 4; a batch wide against the width puts peaks in a re-run among them.
+TEST(MlpFsdpBf16, CheckpointedLayersMeasureWhatTheyPredict) {
+  int checked = 0, recompute = 0;
+  for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2})
+    for (const char* strategy : {"zero2", "zero3"})
+      for (const CheckpointPolicy ck : {CheckpointPolicy{CheckpointKind::every, 1}, CheckpointPolicy{CheckpointKind::every, 2},
+                                        CheckpointPolicy{CheckpointKind::every, 3}})
+        for (int setting = 0; setting < 4; ++setting)  // relu mse units 1; none sum units 2; K = 2; K = 3 --no-sync
+          for (int world : {1, 2, 3, 4})
+            for (int rank = 0; rank < world; ++rank) {
+              const bool relu = setting != 1;
+              RunConfig cfg = fsdp_bf16(mlp(5, 12, 24, relu ? Activation::relu : Activation::none,
+                                            relu ? Loss::mse : Loss::sum),
+                                        strategy, setting == 1 ? 2 : 1, engine);
+              cfg.model.checkpoint = ck;
+              cfg.accumulate = setting >= 2 ? setting : 1;
+              cfg.no_sync = setting == 3;
+              cfg.overlap = setting != 2;
+              SCOPED_TRACE(std::string(engine_name(engine)) + " " + strategy + " " + ck.text() + " setting " +
+                           std::to_string(setting) + " W=" + std::to_string(world) + " r=" + std::to_string(rank));
+              testing::expect_rank_measured_equals_predicted(cfg, world, rank);
+              recompute += predict_data_parallel(cfg, world, rank).peak_where.rfind("recompute", 0) == 0;
+              ++checked;
+            }
+  EXPECT_EQ(checked, 2 * 2 * 3 * 4 * 10);
+  EXPECT_GT(recompute, 0);
+}
+
+// What a checkpointed layer saves and gathers under FSDP's bf16, as torch 2.15's FSDP1 and
+// fully_shard do (bench/torch_fsdp_mp.py --checkpoint full|every:2 on the seed model, each Layer
+// (Linear + ReLU) a unit, its body under torch.utils.checkpoint, step 3): a wrapped layer saves
+// its bf16 input alone (the first layer's, the root's cast of the batch), so --checkpoint full
+// with the sum loss saves the eight bf16 inputs, 131,072 B in 8 storages (the last ReLU output
+// no longer), and every:2 with mse the nine bf16 activations and the fp32 target, 180,224 B;
+// the re-run gathers nothing (the unit is gathered when its backward begins, before autograd
+// unpacks the checkpoint): the all-gathers and reduce-scatters are the plain step's, at rest
+// its states. W = 2, zero3, a unit a layer.
+TEST(MlpFsdpBf16, CheckpointedSeedModelSavesAndGathersWhatTorchDoes) {
+  for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2})
+    for (const auto& [ck, loss, bytes, storages] :
+         {std::tuple{CheckpointPolicy{CheckpointKind::every, 1}, Loss::sum, 131072, 8},
+          std::tuple{CheckpointPolicy{CheckpointKind::every, 2}, Loss::mse, 180224, 10}}) {
+      RunConfig cfg = fsdp_bf16(mlp(8, 256, 32, Activation::relu, loss), "zero3", 1, engine);
+      cfg.model.checkpoint = ck;
+      cfg.steps = 1;
+      SCOPED_TRACE(std::string(engine_name(engine)) + " " + ck.text());
+      const Prediction p = predict_data_parallel(cfg, 2, 1);
+      EXPECT_EQ(p.saved_after_forward_bytes, bytes);
+      EXPECT_EQ(p.saved_after_forward_tensors, storages);
+      EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::all_gather)], 2105344);
+      EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)], 2105344);
+      EXPECT_EQ(p.resting.total(), engine == EngineKind::torch ? 4210720 : 4210752);
+      CpuBackend backend;
+      auto comm = make_fake_communicator(2, 1, &backend);
+      const auto r = testing::run_dp(cfg, backend, *comm, false);
+      EXPECT_EQ(r.saved.bytes, bytes);
+      EXPECT_EQ(r.saved.tensors, storages);
+      EXPECT_EQ(r.ledger[CollKind::all_gather].bytes, 2105344);
+      EXPECT_EQ(r.ledger[CollKind::reduce_scatter].bytes, 2105344);
+      EXPECT_EQ(r.resting, p.resting);
+    }
+}
+
 // Where the peak falls moves with the shape (a gather's cast, a gradient's fp32 cast beside
 // its bf16 one, mse's fp32 temporaries), each as predicted; the bf16 gather shows in the
 // categories: param_cast at a zero3 peak with prefetch under overlap, param_unsharded
@@ -228,6 +358,47 @@ TEST(MlpFsdpBf16, SeedModelEqualsTorchFullyShardMixedPrecision) {
     EXPECT_EQ(r.resting.total(), t.resting_last) << what;
     EXPECT_EQ(r.ledger[CollKind::all_gather].bytes, t.all_gather) << what;
     EXPECT_EQ(r.ledger[CollKind::reduce_scatter].bytes, t.reduce_scatter) << what;
+  }
+}
+
+// torch 2.15 under --accumulate 2 --no-sync on the seed model (bench/torch_fsdp_mp.py
+// --accumulate 2 --no-sync, each Linear a unit, step 3): FSDP1 keeps each unit's flat gradient
+// in bf16 after the first micro-step (65,792 elements, unpadded), fully_shard each tensor's in
+// fp32 (65,536 + 256 elements a unit); the last micro-step reduce-scatters once in fp32. The
+// states' storages are one micro-step's; the all-gathers K times a micro-step's but FSDP1
+// zero2's (kept gathered: once a step). Every rank gave these; ours predicted and measured
+// (the last rank) the same.
+TEST(MlpFsdpBf16, NoSyncSeedModelEqualsTorch) {
+  const struct {
+    EngineKind engine;
+    const char* strategy;
+    int world;
+    std::int64_t resting_last, all_gather, reduce_scatter;
+  } torch215[] = {
+      {EngineKind::torch, "zero3", 2, 4210720, 4210688, 2105344}, {EngineKind::torch, "zero3", 3, 2807200, 4210752, 2105376},
+      {EngineKind::torch, "zero3", 4, 2105376, 4210688, 2105344}, {EngineKind::torch, "zero2", 2, 4210720, 1052672, 2105344},
+      {EngineKind::torch, "zero2", 3, 2807200, 1052688, 2105376}, {EngineKind::torch, "zero2", 4, 2105376, 1052672, 2105344},
+      {EngineKind::fsdp2, "zero3", 2, 4210752, 4210688, 2105344}, {EngineKind::fsdp2, "zero3", 3, 2796224, 4243584, 2121792},
+      {EngineKind::fsdp2, "zero3", 4, 2105408, 4210688, 2105344}, {EngineKind::fsdp2, "zero2", 2, 4210752, 2105344, 2105344},
+      {EngineKind::fsdp2, "zero2", 3, 2796224, 2121792, 2121792}, {EngineKind::fsdp2, "zero2", 4, 2105408, 2105344, 2105344},
+  };
+  for (const auto& t : torch215) {
+    RunConfig cfg = fsdp_bf16(mlp(8, 256, 32, Activation::relu, Loss::mse), t.strategy, 1, t.engine);
+    cfg.accumulate = 2;
+    cfg.no_sync = true;
+    cfg.steps = 1;
+    const std::string what = std::string(engine_name(t.engine)) + " " + t.strategy + " W=" + std::to_string(t.world);
+    const Prediction p = predict_data_parallel(cfg, t.world, t.world - 1);
+    EXPECT_EQ(p.resting.total(), t.resting_last) << what;
+    EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::all_gather)], t.all_gather) << what;
+    EXPECT_EQ(p.comm_bytes[static_cast<int>(CollKind::reduce_scatter)], t.reduce_scatter) << what;
+    CpuBackend backend;
+    auto comm = make_fake_communicator(t.world, t.world - 1, &backend);
+    const auto r = testing::run_dp(cfg, backend, *comm, false);
+    EXPECT_EQ(r.resting.total(), t.resting_last) << what;
+    EXPECT_EQ(r.ledger[CollKind::all_gather].bytes, t.all_gather) << what;
+    EXPECT_EQ(r.ledger[CollKind::reduce_scatter].bytes, t.reduce_scatter) << what;
+    EXPECT_EQ(r.saved.bytes, 9 * 16384 + 32768) << what;
   }
 }
 

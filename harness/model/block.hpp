@@ -88,6 +88,11 @@ class BlockAccess {
   virtual void module_forward_end(const std::vector<TensorRef>& /*tensors*/) {}
   virtual void module_backward_begin(const std::vector<TensorRef>& /*tensors*/) {}
   virtual void module_backward_end(const std::vector<TensorRef>& /*tensors*/, bool /*input_requires_grad*/) {}
+  // Whether the floating input is cast to bf16 before the model's first module runs, as
+  // FSDP's root does under MixedPrecision (cast_root_forward_inputs): a checkpoint around the
+  // first block then saves that cast (BlockTape::saved_input). Elsewhere a bf16 first layer
+  // casts the batch inside itself (DeepSpeed's bf16: a checkpoint saves the fp32 batch).
+  virtual bool casts_input_at_root() const { return false; }
 };
 
 // Block `block`'s tensors `tensors` (indices in its params(); a negative one, a bias the
@@ -121,6 +126,11 @@ struct BlockCall {
 // the zero-bubble halves, what the weight half needs (the gradients at its weights).
 struct BlockTape {
   std::vector<Buffer> held;
+  // The block's input as made for it before it runs, when the model does not hold it: under
+  // FSDP's bf16 the MLP's first layer casts the fp32 batch as FSDP's root does
+  // (BlockAccess::casts_input_at_root), which a checkpoint around the layer saves and its
+  // re-run reads (empty: the input the model passed is the one saved).
+  Buffer saved_input;
 };
 
 // --autocast-region step: one autocast region around a pipeline stage's whole schedule

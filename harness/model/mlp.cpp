@@ -27,6 +27,11 @@
 // casts to fp32 for its reduce-scatter), dx in bf16. The loss takes the bf16 output: sum
 // sums it in fp32; mse saves it (bf16) and its fp32 target and computes on an fp32 cast
 // (temp) of it, as torch's mse_loss promotes the pair to fp32.
+// --checkpoint under FSDP's bf16: a wrapped layer's saves are dropped but its input, which its
+// checkpoint saves (the first layer's: the batch's bf16 cast, FSDP's root cast, held in
+// BlockTape::saved_input for the re-run and the backward; DeepSpeed's bf16 casts inside the
+// layer, dropped with its saves and made again by the re-run); the re-run reads the unit the
+// strategy gathered when its backward began (no gather of its own).
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -292,11 +297,13 @@ class LinearBlock final : public Block {
     const std::size_t n_in = static_cast<std::size_t>(c.rows) * in_, n_out = static_cast<std::size_t>(c.rows) * out_;
     tape.held.clear();
     Buffer input_cast;
-    if (!input_requires_grad) {
+    if (!input_requires_grad && !tape.saved_input) {
       input_cast = c.backend.alloc(Category::activation, n_in, DType::bf16);  // (rows, in) bf16, saved
       c.backend.cast_to_bf16(input_cast.bf16(), in, n_in);
+      // FSDP's root cast: outside a checkpoint around the layer (which saves it; a re-run reads it).
+      if (c.access.casts_input_at_root()) tape.saved_input = std::move(input_cast);
     }
-    const Bf16* x = input_cast ? input_cast.bf16() : as_bf16(in);
+    const Bf16* x = tape.saved_input ? tape.saved_input.bf16() : input_cast ? input_cast.bf16() : as_bf16(in);
     // (rows, out) bf16: activation when saved for backward, temp otherwise
     Buffer out = c.backend.alloc(output_saved ? Category::activation : Category::temp, n_out, DType::bf16);
     c.backend.gemm_bf16(Trans::no, Trans::yes, c.rows, out_, in_, 1.0f, x, in_, as_bf16(c.access.param(c.index, kWeight)),
@@ -317,7 +324,7 @@ class LinearBlock final : public Block {
   // made in a bf16 temp (out) and added; dx = dy W in bf16 (temp).
   Buffer backward_param_bf16(const BlockCall& c, const float* in, Buffer& out, Buffer dy, bool needs_dx, float beta,
                              BlockTape& tape) {
-    const Bf16* x = tape.held.empty() ? as_bf16(in) : tape.held.front().bf16();
+    const Bf16* x = tape.saved_input ? tape.saved_input.bf16() : tape.held.empty() ? as_bf16(in) : tape.held.front().bf16();
     if (activation_ == Activation::relu) {
       c.backend.relu_backward_bf16(dy.bf16(), out.bf16(), dy.count());
       c.saved.release(out.raw());
@@ -341,6 +348,7 @@ class LinearBlock final : public Block {
     }
     c.saved.release(x);
     tape.held.clear();  // the first layer's cast of the batch
+    tape.saved_input.reset();  // or its checkpoint's save of it
     dy.reset();
     out.reset();
     return dx;

@@ -157,12 +157,17 @@ Tape Model::forward(ModelContext& ctx, int first, int last, const float* input, 
       if (checkpointed(b)) {
         // torch's checkpoint saves the function's input (_NoopSaveInputs) and packs
         // every save inside into a holder that keeps no tensor: so the block's saves go
-        // to an instrument that is dropped, and what it kept for backward is freed.
-        ctx.saved.save(in, input_bytes(b, rows));
+        // to an instrument that is dropped, and what it kept for backward is freed (but
+        // the input it made itself, which the checkpoint saves: BlockTape::saved_input).
         SavedTensors dropped;
+        BlockTape& bt = tape.blocks[b - first];
         out = blocks_[b]->forward({ctx.backend, dropped, ctx.access, b, rows, ctx.tp}, in, in_requires_grad,
-                                  output_saved(b, last), tape.blocks[b - first]);
-        blocks_[b]->drop_checkpointed(tape.blocks[b - first]);
+                                  output_saved(b, last), bt);
+        blocks_[b]->drop_checkpointed(bt);
+        if (bt.saved_input)  // the block made the input the checkpoint saves (its re-run reads it)
+          ctx.saved.save(bt.saved_input.raw(), bt.saved_input.bytes());
+        else
+          ctx.saved.save(in, input_bytes(b, rows));
       } else {
         out = blocks_[b]->forward(call(ctx, b, rows), in, in_requires_grad, output_saved(b, last),
                                   tape.blocks[b - first]);
@@ -238,9 +243,11 @@ Buffer Model::backward(ModelContext& ctx, Tape& tape, Buffer dy, float beta) {
     {
       // Closes before the hooks' reduce-scatter.
       ScopedRange range(ctx.backend, block_range("backward", block(b)).c_str());
+      // The checkpoint's save of its input (the block's own, which its backward frees, or `in`).
+      const void* checkpoint_save = tape.blocks[j].saved_input ? tape.blocks[j].saved_input.raw() : in;
       dx = blocks_[b]->backward(call(ctx, b, tape.rows), in, tape.outputs[j], std::move(dy), needs_dx, beta,
                                 tape.blocks[j]);
-      if (recompute) ctx.saved.release(in);  // the checkpoint's save of its input
+      if (recompute) ctx.saved.release(checkpoint_save);
     }
     ctx.access.after_backward(b);
     dy = std::move(dx);

@@ -88,6 +88,7 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
     }
   }
   std::vector<std::int64_t> A(U, 0), E(U, 0);  // padded shards a rank, full gradient elements
+  std::vector<std::int64_t> last(U, 0);         // elements of each unit's last tensor (a root's: its last block's)
   std::vector<std::int64_t> optim(world, 0);
   for (std::size_t t = 0; t < rows.size(); ++t) {
     const auto [d, e] = rows[t];
@@ -95,6 +96,7 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
     const int u = unit_of_block[block_of[t]];
     A[u] += c * e;
     E[u] += d * e;
+    last[u] = d * e;
     for (int r = 0; r < world; ++r) {
       const std::int64_t n = std::max<std::int64_t>(0, std::min(c, d - c * r));
       optim[r] += 8 * n * e + 4;
@@ -145,6 +147,12 @@ std::vector<Prediction> predict_fsdp2_ranks(const RunConfig& cfg, int world) {
         su.cast_bytes[u] = 2 * A[u];
         su.reduce_bytes[u] = G[u];
       }
+      // --no-sync: the gradients kept in fp32 across micro-steps (fsdp2.hpp).
+      if (cfg.no_sync && cfg.accumulate > 1)
+        for (int u = 0; u < U; ++u) {
+          su.accum_bytes.push_back(4 * E[u]);
+          su.fold_bytes.push_back(2 * last[u]);
+        }
       complete_step(transformer_step_transient(param_bf16_blocks(m, ck), su), param_bf16_saved_after_forward(m, ck),
                     ranks);
       for (Prediction& rank : ranks) rank.comm_bytes[static_cast<int>(CollKind::all_gather)] /= 2;

@@ -114,14 +114,21 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
   // held besides unit u's while u's backward runs (u = U: before any of theirs): the
   // units above when the micro-step does not reduce, those below when kept from the
   // micro-step before. The root's (e_0) is held from the start when kept.
+  // What a unit keeps across micro-steps (--no-sync): its full gradient, or fsdp2's fp32
+  // accumulators under bf16, beside which each micro-step makes fresh bf16 gradients.
+  const bool accum = fsdp && !units.accum_bytes.empty();
+  auto q = [&](int u) { return accum ? units.accum_bytes[u] : e(u); };
   auto micro_step = [&](const MicroStep& ms) {
     auto kept = [&](int u) {
       i64 sum = 0;
       for (int v = 1; v < U; ++v)
-        if (v != u && (v > u ? !ms.reduces : ms.grads_held)) sum += e(v);
+        if (v != u && (v > u ? !ms.reduces : ms.grads_held)) sum += q(v);
       return sum;
     };
-    const i64 fwd_grads = (ms.grads_held ? e0 : 0) + kept(U);
+    // A unit's own accumulators beside its fresh gradients (kept from the micro-step before).
+    auto own_kept = [&](int u) { return accum && ms.grads_held ? q(u) : i64{0}; };
+    const i64 fwd_grads = (ms.grads_held && fsdp ? q(0) : 0) + kept(U);
+    const i64 root_live = e0 + own_kept(0);  // the root's gradients through the blocks' backward
     // Forward: each unit of blocks at its top block's output (zero3 holds the root and
     // that unit, zero2 every unit so far, or every unit when FSDP1 kept them gathered);
     // a wrapped block's saves are freed only after.
@@ -181,7 +188,7 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     // gradient (log-probabilities and total_weight released).
     if (!z.loss) walk.consider(X + lambda, A_f, after_forward, fwd_grads, Phase::backward, layer(z.L + 1));
     const i64 A1 = A_f - lambda - z.loss_weight;
-    const i64 root_grads = e0 + kept(U);
+    const i64 root_grads = root_live + kept(U);
     if (fsdp) walk.consider(X + lambda, A1, after_forward, root_grads, Phase::backward, unit(0));
     const std::string fin = fsdp ? unit(0) : layer(z.L + 1);
     // The final block: d norm, then dx (dlogits and the norm's output gone).
@@ -206,13 +213,15 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
     // the shard) its output beside the input, the full gradients freed; FSDP1's staging
     // shard beside the full gradient.
     auto root_reduce = [&] {
+      // fsdp2's first fold under --no-sync: the root's last tensor cast beside its bf16 gradient.
+      if (accum && !ms.grads_held) walk.consider(X, 0, f0, kept(0) + q(0) + units.fold_bytes[0], Phase::backward, unit(0));
       if (!fsdp || !ms.reduces) return;
       if (bf16 && !flat) {  // the fp32 cast beside the bf16 gradient, then (adding) the staging shard beside it
         walk.consider(X, 0, f0, e0 + r(0), Phase::backward, unit(0));
         if (ms.adds_to_shard) walk.consider(X, 0, f0, r(0), Phase::backward, unit(0), false, s(0));
         return;
       }
-      if (flat) walk.consider(X, 0, f0, e0, Phase::backward, unit(0), false, r(0));
+      if (flat) walk.consider(X, 0, f0, accum ? q(0) : e0, Phase::backward, unit(0), false, r(0));
       if (ms.adds_to_shard) {
         if (flat)
           walk.consider(X, 0, f0, 0, Phase::backward, unit(0), false, r(0) + s(0));
@@ -246,7 +255,7 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
       i64 prefetching = 0;  // fsdp2 under --overlap on: the unit below's flat buffer, its all-gather posted
       i64 cast_held = 0;    // bf16 under --overlap on: the unit below's shard cast, its all-gather posted
       const i64 S = wrapped(b) && !z.stream_temp ? held_at(b - 1) : held_at(b);
-      const i64 before = e0 + kept(u) + (ms.grads_held ? e(u) : 0);  // before its full gradient is made
+      const i64 before = root_live + kept(u) + (ms.grads_held ? q(u) : 0);  // before its full gradient is made
       if (units.reshard && flat && units.overlap) {
         // fsdp2 under --overlap on: the unit's copy-out here, after its own all-gather or
         // the wait for the one the unit above posted; then the next unit's all-gather is
@@ -278,17 +287,20 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
             walk.consider(X + a, S, pu, before, Phase::backward, unit(u - 1), false, f(u - 1), c(u - 1));
           pu += f(u - 1);
           if (flat) walk.consider(X + a, S, pu, before, Phase::backward, unit(u - 1), false, f(u - 1));
-          // FSDP1's bf16 cast is made where the prefetch gathers (the place of unit u - 1).
-          walk.consider(X + a, S, pu, before, Phase::backward, bf16 && !flat ? unit(u - 1) : unit(u), false, 0,
-                        flat ? 0 : c(u - 1));
+          // FSDP1's gather of the unit below allocates at its place (fsdp2's copy-out is freed past it).
+          walk.consider(X + a, S, pu, before, Phase::backward, unit(u - 1), false, 0, flat ? 0 : c(u - 1));
           // FSDP1 under --overlap on: the posted gather's cast lives until that unit's wait.
           if (units.overlap && !flat) cast_held = c(u - 1);
           walk.hold(flight_grad, flight_comm, cast_held);
         }
       }
-      const i64 gu = e0 + e(u) + kept(u);
+      const i64 gu = root_live + e(u) + kept(u) + own_kept(u);
       walk.consider(X + a, S, pu, gu, Phase::backward, unit(u));  // the unit's full gradient
       blocks_backward(b, first, pu, gu, unit(u));
+      // fsdp2's fold under --no-sync (its first: the last tensor cast beside its bf16 gradient).
+      if (accum && !ms.grads_held)
+        walk.consider(X + a, below(first), pu, root_live + kept(u) + q(u) + units.fold_bytes[u],
+                      Phase::backward, unit(u));
       walk.hold(0, prefetching, cast_held);  // the unit above's waited for as this unit's reduce begins
       if (ms.reduces && bf16 && !flat) {
         // FSDP1's reduce_dtype=fp32: the fp32 cast beside the bf16 gradient, then (adding
@@ -299,7 +311,8 @@ StepTransient transformer_step_transient(const StepBlocks& z, const StepUnits& u
           walk.consider(X + a, S_first, pu, gu - e(u) + r(u), Phase::backward, unit(u), false, s(u));
       } else if (ms.reduces) {
         const i64 S_first = below(first);
-        if (flat) walk.consider(X + a, S_first, pu, gu, Phase::backward, unit(u), false, r(u));
+        // fsdp2's copy-in: from the fp32 accumulators under --no-sync (the bf16 ones folded and freed).
+        if (flat) walk.consider(X + a, S_first, pu, accum ? gu - e(u) : gu, Phase::backward, unit(u), false, r(u));
         if (ms.adds_to_shard) {
           if (flat)
             walk.consider(X + a, S_first, pu, gu - e(u), Phase::backward, unit(u), false, r(u) + s(u));

@@ -59,6 +59,12 @@ struct StepUnits {
   // (the one in flight under --overlap on).
   bool bf16 = false;
   std::vector<std::int64_t> cast_bytes, reduce_bytes;
+  // --engine fsdp2 under bf16 with --accumulate --no-sync (fsdp2.hpp): each unit's gradients
+  // kept across the micro-steps in fp32 (accum_bytes, 4·E_u), each micro-step's bf16 ones
+  // (grad_bytes) folded in when the unit's backward ends; the first micro-step's fold is
+  // highest at the unit's last tensor, accum_bytes plus that tensor's bf16 gradient
+  // (fold_bytes). Empty otherwise: a unit keeps its grad_bytes.
+  std::vector<std::int64_t> accum_bytes, fold_bytes;
 };
 StepUnits step_units(const RunConfig& cfg, int world);
 

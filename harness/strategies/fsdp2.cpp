@@ -161,6 +161,21 @@ void Fsdp2Strategy::begin_unit_gradient(int u) {
   }
 }
 
+void Fsdp2Strategy::end_unit_gradient(int u) {
+  if (!accumulates_fp32()) return;
+  for (int t : tensors_of(u)) {
+    TensorState& s = tensors_[t];
+    const std::size_t n = static_cast<std::size_t>(s.shard.elems());
+    float beta = 1.0f;
+    if (!s.accumulated) {
+      s.accumulated = backend_.alloc(Category::grad_unsharded, n);
+      beta = 0.0f;
+    }
+    backend_.cast_from_bf16(s.accumulated.data(), s.full_grad.bf16(), n, beta);
+    s.full_grad.reset();
+  }
+}
+
 void Fsdp2Strategy::reduce_unit(int u) {
   if (cfg_.overlap) finish_reduce();  // FSDP2 waits for the last one before the next input
   const int world = comm_.world();
@@ -173,13 +188,16 @@ void Fsdp2Strategy::reduce_unit(int u) {
     for (int r = 0; r < world; ++r) {
       float* slot = input.data() + a * r + s.offset;
       const std::int64_t local = s.shard.local(r), pad = s.shard.padded() - local;
-      if (local > 0 && bf16_)
+      if (local > 0 && s.accumulated)
+        backend_.copy(slot, s.accumulated.data() + s.shard.padded() * r, static_cast<std::size_t>(local));
+      else if (local > 0 && bf16_)
         backend_.cast_from_bf16(slot, s.full_grad.bf16() + s.shard.padded() * r, static_cast<std::size_t>(local), 0.0f);
       else if (local > 0)
         backend_.copy(slot, s.full_grad.data() + s.shard.padded() * r, static_cast<std::size_t>(local));
       if (pad > 0) backend_.fill(slot + local, 0.0f, static_cast<std::size_t>(pad));
     }
     s.full_grad.reset();
+    s.accumulated.reset();
   }
   float* grad = unit_grad_[u].data();
   const std::size_t n = static_cast<std::size_t>(a);

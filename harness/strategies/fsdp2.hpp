@@ -31,6 +31,16 @@
 // bf16 (2 B an element), copies the casts in and frees them, all-gathers bf16, and copies
 // out into bf16 gathered tensors. Each tensor's full gradient is bf16; foreach_reduce's
 // copy-in casts them into the fp32 flat input (reduce_dtype), reduce-scattered in fp32.
+// --accumulate K --no-sync under bf16: fully_shard keeps the unsharded gradients across the
+// micro-steps in reduce_dtype (torch 2.15, bench/torch_fsdp_mp.py --no-sync: each tensor's
+// .grad fp32, unpadded, from the first micro-step to the last one's reduce-scatter). Each
+// micro-step's backward makes fresh bf16 gradients (beta 0); when the unit's backward ends
+// (end_unit_gradient) they are folded into the fp32 ones tensor by tensor: the first
+// micro-step casts each into a new fp32 gradient (grad_unsharded, 4 B an element) and frees
+// the bf16 one, later ones add it in place and free it. The last micro-step's copy-in reads
+// the fp32 gradients. (torch 2.15 casts or adds each tensor's bf16 gradient as autograd's
+// AccumulateGrad makes it, param.grad_dtype = fp32; we fold when the unit ends, as torch up
+// to 2.9 did in post_backward: a unit's bf16 gradients live together until then.)
 #pragma once
 
 #include <vector>
@@ -52,8 +62,12 @@ class Fsdp2Strategy : public UnitShardedStrategy {
   void prefetch(int unit) override;
   void reshard(int unit) override;
   void begin_unit_gradient(int unit) override;
+  void end_unit_gradient(int unit) override;
   void reduce_unit(int unit) override;
   void reduce_gradients() override { finish_reduce(); }
+  // Under bf16 with --no-sync every micro-step's bf16 gradients are fresh (folded into the
+  // fp32 ones when the unit ends).
+  float backward_beta(int k) const override { return accumulates_fp32() ? 0.0f : UnitShardedStrategy::backward_beta(k); }
 
  private:
   // BlockAccess
@@ -73,6 +87,7 @@ class Fsdp2Strategy : public UnitShardedStrategy {
     AdamState adam;           // (local rows) optim
     Buffer full;              // (W x padded) param_unsharded while gathered (bf16 under bf16)
     Buffer full_grad;         // (elems) grad_unsharded during the unit's backward (bf16 under bf16)
+    Buffer accumulated;       // (elems) grad_unsharded fp32: bf16 under --no-sync, kept across micro-steps
   };
   std::vector<TensorState> tensors_;
   std::vector<Buffer> unit_grad_;  // (A_u) grad
@@ -87,6 +102,8 @@ class Fsdp2Strategy : public UnitShardedStrategy {
   };
   std::vector<Prefetching> prefetching_;
   bool bf16_ = false;  // --precision bf16: MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
+  // bf16 with --accumulate K --no-sync: gradients kept in fp32 across micro-steps.
+  bool accumulates_fp32() const { return bf16_ && cfg_.no_sync && cfg_.accumulate > 1; }
   // foreach_all_gather's copy-in: the flat buffer (W x A_u, comm; bf16 under bf16, through
   // the casts of each tensor's shard) with this rank's padded shards in its slot.
   Buffer flat_with_own_shards(int unit);

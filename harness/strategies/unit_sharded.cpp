@@ -60,6 +60,7 @@ void UnitShardedStrategy::after_backward(int block) {
   const int u = unit_of_block_[block];
   comm_.progress();
   if (block != units_[u].first_block) return;  // only when the unit's backward ends
+  end_unit_gradient(u);
   if (syncs()) {
     reduce_unit(u);
     reshard(u);  // every unit is resharded after its backward

@@ -27,6 +27,7 @@
 
 #include "harness/strategies/data_parallel.hpp"
 #include "harness/strategies/partition.hpp"
+#include "shardscope/strategy_kind.hpp"
 
 namespace shardscope {
 
@@ -51,6 +52,9 @@ class UnitShardedStrategy : public DataParallelStrategy, private BlockAccess {
   virtual void prefetch(int unit) { gather(unit); }
   virtual void reshard(int unit) = 0;
   virtual void begin_unit_gradient(int unit) = 0;
+  // When the unit's backward ends, before its reduce-scatter (or, not syncing, its
+  // reshard): by default nothing (fsdp2.hpp folds bf16 gradients into fp32 ones here).
+  virtual void end_unit_gradient(int /*unit*/) {}
   virtual void reduce_unit(int unit) = 0;
   // Under --no-sync, whether a unit stays gathered after a backward that did not sync
   // (FSDP1 keeps SHARD_GRAD_OP's, a heuristic trading memory for fewer gathers).
@@ -71,6 +75,11 @@ class UnitShardedStrategy : public DataParallelStrategy, private BlockAccess {
 
  private:
   // BlockAccess's hooks; param() and grad() are the engine's.
+  // FSDP's root casts the model's input under MixedPrecision (cast_root_forward_inputs);
+  // DeepSpeed's bf16 (DeepSpeedZero, on these units) does not.
+  bool casts_input_at_root() const final {
+    return cfg_.model.param_bf16 && effective_engine(cfg_.engine, cfg_.strategy, cfg_.precision) != EngineKind::deepspeed;
+  }
   void before_forward(int block) final;
   void after_forward(int block) final;
   void before_backward(int block) final;

@@ -284,7 +284,11 @@ TEST_F(Precision, Bf16FsdpRunsEveryRankAsPredicted) {
   for (const char* strategy : {"zero2 --units 1", "zero3 --units 1", "zero3 --units 2 --overlap off",
                                "zero3 --units 1 --engine fsdp2", "zero2 --units 2 --engine fsdp2",
                                "hsdp --shard-group 1 --units 1", "hsdp --shard-group 3 --units 1 --engine fsdp2",
-                               "zero3 --units 1 --accumulate 2", "zero2 --units 1 --accumulate 3 --engine fsdp2"})
+                               "zero3 --units 1 --accumulate 2", "zero2 --units 1 --accumulate 3 --engine fsdp2",
+                               "zero2 --units 1 --accumulate 2 --no-sync", "zero3 --units 1 --accumulate 3 --no-sync "
+                               "--engine fsdp2", "hsdp --shard-group 3 --units 1 --accumulate 2 --no-sync",
+                               "zero3 --units 1 --checkpoint full", "zero2 --units 2 --checkpoint every:2 --engine fsdp2",
+                               "zero3 --units 1 --checkpoint every:3 --accumulate 2 --no-sync --engine fsdp2"})
     for (int r = 0; r < 3; ++r) {
       const std::string args = std::string("run --backend cpu ") + kMlp + "--strategy " + strategy + " --emulate 3:" +
                                std::to_string(r);
@@ -314,6 +318,19 @@ TEST_F(Precision, Bf16FsdpRunsEveryRankAsPredicted) {
   EXPECT_EQ(plan["precision"], "bf16");
   EXPECT_EQ(plan["rank_groups"].back()["predicted"]["peak_by_category"],
             read("r.json")["runs"][0]["ranks"][0]["peak"]["by_category"]);
+  // --no-sync and --checkpoint under both engines: plan's peak is an emulated run's.
+  for (const char* engine : {"torch", "fsdp2"}) {
+    const std::string step =
+        std::string("--units 1 --precision bf16 --accumulate 3 --no-sync --checkpoint every:2 --engine ") + engine;
+    ASSERT_EQ(binary(std::string("plan ") + kMlp + "--worlds 3 --strategies zero3 " + step + " --json p.json"), 0)
+        << first_line(dir_ + "/err.txt");
+    ASSERT_EQ(binary(std::string("run --backend cpu ") + kMlp + "--strategy zero3 " + step + " --emulate 3:2 --json r.json"),
+              0)
+        << first_line(dir_ + "/err.txt");
+    EXPECT_EQ(read("p.json")["plans"][0]["rank_groups"].back()["predicted"]["peak_by_category"],
+              read("r.json")["runs"][0]["ranks"][0]["peak"]["by_category"])
+        << engine;
+  }
   for (const char* engine : {"torch", "fsdp2"})
     ASSERT_EQ(binary(std::string("sweep --backend cpu ") + kMlp + "--emulate --worlds 2 --strategies zero2,zero3 "
                      "--precision bf16 --engine " + engine + " --out sw-" + engine),
@@ -329,7 +346,9 @@ TEST_F(Precision, Bf16FsdpGpt2RunsEveryRankAsPredicted) {
                                "hsdp --shard-group 1 --units 1", "zero3 --units 1 --accumulate 2",
                                "zero3 --units 1 --engine fsdp2", "zero2 --units 2 --engine fsdp2 --attention math",
                                "hsdp --shard-group 3 --units 1 --engine fsdp2", "zero3 --units 1 --checkpoint full",
-                               "zero2 --units 1 --engine fsdp2 --checkpoint every:2"})
+                               "zero2 --units 1 --engine fsdp2 --checkpoint every:2",
+                               "zero3 --units 1 --accumulate 2 --no-sync", "zero2 --units 2 --accumulate 3 --no-sync "
+                               "--engine fsdp2"})
     for (int r = 0; r < 3; ++r) {
       const std::string args = std::string("run --backend cpu ") + kGpt2 + "--strategy " + strategy + " --emulate 3:" +
                                std::to_string(r);
@@ -369,7 +388,9 @@ TEST_F(Precision, Bf16FsdpLlamaRunsEveryRankAsPredicted) {
                                "hsdp --shard-group 3 --units 1 --engine fsdp2", "zero3 --units 1 --checkpoint full",
                                "zero2 --units 1 --engine fsdp2 --checkpoint every:2",
                                "zero3 --units 1 --checkpoint attention --attention math",
-                               "zero2 --units 2 --engine fsdp2 --checkpoint attention"})
+                               "zero2 --units 2 --engine fsdp2 --checkpoint attention",
+                               "zero3 --units 1 --accumulate 2 --no-sync", "zero2 --units 2 --accumulate 3 --no-sync "
+                               "--engine fsdp2"})
     for (int r = 0; r < 3; ++r) {
       const std::string args = std::string("run --backend cpu ") + kLlama + "--strategy " + strategy + " --emulate 3:" +
                                std::to_string(r);
@@ -476,15 +497,9 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
     std::string args;
     std::string line;
   } cases[] = {
-      {m + "--precision bf16 --strategy zero3 --engine fsdp2 --accumulate 3 --no-sync",
-       "shardscope: error: --no-sync and --precision bf16 and --strategy zero3: FSDP's bf16 gradients kept "
-       "unreduced across micro-steps are not built yet; leave --no-sync out (--accumulate reduces every micro-step)"},
       {m + "--precision bf16 --schedule zbv",
        "shardscope: error: --precision bf16 and --schedule zbv: the zero-bubble split (B and W apart) under "
        "autocast is not built yet; allowed: gpipe, 1f1b, interleaved-1f1b"},
-      {m + "--precision bf16 --strategy zero3 --checkpoint full",
-       "shardscope: error: --checkpoint full and --precision bf16 and --strategy zero3: FSDP's checkpointed bf16 "
-       "step is not built yet; give --checkpoint none, or --strategy ddp|zero1 (autocast)"},
       {m + "--precision bf16 --checkpoint attention",
        "shardscope: error: --checkpoint attention: the MLP has no attention to recompute; allowed with --model "
        "gpt2|llama, or give --checkpoint none, full or every:K"},
@@ -494,10 +509,6 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
       {"run --backend cuda --layers 2 --width 8 --precision bf16",
        "shardscope: error: --precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
        "--backend cpu"},
-      {"sweep --backend cpu --layers 2 --width 8 --worlds 2 --strategies hsdp --shard-group 2 --accumulate 2 "
-       "--no-sync --precision bf16 --out sw",
-       "shardscope: error: --no-sync and --precision bf16 and --strategy hsdp: FSDP's bf16 gradients kept "
-       "unreduced across micro-steps are not built yet; leave --no-sync out (--accumulate reduces every micro-step)"},
       {"run --backend cuda --layers 2 --width 8 --precision bf16 --strategy zero3",
        "shardscope: error: --precision bf16 and --backend cuda: the autocast step runs on the cpu backend only; pass "
        "--backend cpu"},
