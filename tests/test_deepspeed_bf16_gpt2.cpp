@@ -1,5 +1,6 @@
-// --engine deepspeed --precision bf16 on GPT-2 beyond one plain micro-step (harness/strategies/
-// deepspeed.hpp; harness/predict/deepspeed_forms.hpp, bf16_gpt2_ranks): --accumulate K under
+// --engine deepspeed --precision bf16 on GPT-2 and Llama beyond one plain micro-step
+// (harness/strategies/deepspeed.hpp; harness/predict/deepspeed_forms.hpp,
+// bf16_transformer_ranks): --accumulate K under
 // stages 1 and 2 (grad_accum_dtype the parameters' bf16: the bf16 module adds each later
 // micro-step's gradient onto autograd's bf16 one, stage 2 the averaged partition onto the
 // first micro-step's) and --checkpoint full|every:K (the bf16 module's wrapped blocks re-run at
@@ -64,6 +65,47 @@ TEST(DeepSpeedBf16Gpt2, AccumulationAndCheckpointMeasuredEqualPredictedEveryRank
     backward = backward || p.rfind("backward", 0) == 0;
   }
   EXPECT_TRUE(recompute) << ::testing::PrintToString(places);
+  EXPECT_TRUE(backward) << ::testing::PrintToString(places);
+}
+
+// Llama's bf16 module (GQA untied, MHA tied, qwen2's biases), flash and math, under the same
+// grid and stage 0 (ddp): K = 1, 2, 3 (stages 0 and 1 with and without --no-sync), none,
+// full, every:2 and attention (the module's attention recompute), one bucket and several.
+TEST(DeepSpeedBf16Llama, AccumulationAndCheckpointMeasuredEqualPredictedEveryRank) {
+  std::vector<std::pair<std::string, ModelConfig>> models;
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+    const std::string how = mode == AttentionMode::flash ? " flash" : " math";
+    models.emplace_back("llama" + how, testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, mode, false));
+    models.emplace_back("llama tied" + how, testing::llama_of(3, 16, 4, 4, 20, 11, 5, 3, mode, true));
+  }
+  ModelConfig biased = testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, AttentionMode::flash, false);
+  biased.transformer.qkv_bias = biased.transformer.out_bias = true;
+  models.emplace_back("llama biased flash", biased);
+  std::set<std::string> places;
+  int checked = 0;
+  for (const auto& [name, m] : models)
+    for (const CheckpointPolicy& ck :
+         {CheckpointPolicy{}, every(1), every(2), CheckpointPolicy{CheckpointKind::attention, 1}})
+      for (const char* s : {"ddp", "zero1", "zero2"})
+        for (int k : {1, 2, 3})
+          for (bool no_sync : {false, true})
+            for (double bucket : {0.0, 0.002})  // one bucket; 524 elements, several
+              for (int world = 1; world <= 4; ++world)
+                for (int rank = 0; rank < world; ++rank) {
+                  if (no_sync && (k == 1 || std::string(s) == "zero2")) continue;
+                  RunConfig cfg = bf16_gpt2(m, s, bucket);
+                  cfg.model.checkpoint = ck;
+                  cfg.accumulate = k;
+                  cfg.no_sync = no_sync;
+                  places.insert(check_deepspeed_rank(cfg, world, rank,
+                                                     std::string(s) + " bf16 " + name + " " + ck.text() + " K=" +
+                                                         std::to_string(k) + (no_sync ? " no-sync" : "") +
+                                                         " bucket " + std::to_string(bucket)));
+                  ++checked;
+                }
+  EXPECT_EQ(checked, 5 * 4 * (5 + 5 + 3) * 2 * 10);
+  bool backward = false;
+  for (const std::string& p : places) backward = backward || p.rfind("backward", 0) == 0;
   EXPECT_TRUE(backward) << ::testing::PrintToString(places);
 }
 

@@ -1,6 +1,6 @@
 // ddp under --engine deepspeed --precision bf16: DeepSpeed's ZeRO stage 0 in bf16, its
 // FP16_Optimizer over FusedAdam (harness/strategies/deepspeed_stage0.hpp; the closed forms:
-// harness/predict/deepspeed_forms.cpp, stage 0 of bf16_mlp_ranks, bf16_gpt2_ranks and
+// harness/predict/deepspeed_forms.cpp, stage 0 of bf16_mlp_ranks, bf16_transformer_ranks and
 // bf16_tail). Every emulated rank at W = 1 to 4 measures what the closed forms predict; the
 // seed model and the buckets by hand.
 #include <gtest/gtest.h>
@@ -29,7 +29,8 @@ RunConfig stage0(const ModelConfig& m, double bucket_mb) {
 }
 
 // The MLPs of the DeepSpeed tests and the seed, GPT-2 flash and math on two shapes (one with
-// an MLP narrower than h and activations above the parameters); none, full and every:2;
+// an MLP narrower than h and activations above the parameters), Llama (GQA untied, MHA
+// tied) flash and math; none, full and every:2;
 // K = 1, 2, 3 with and without --no-sync; one bucket and buckets of about a weight (several).
 TEST(DeepSpeedStage0, MeasuredEqualsPredictedEveryRank) {
   std::vector<std::pair<std::string, ModelConfig>> models;
@@ -39,6 +40,8 @@ TEST(DeepSpeedStage0, MeasuredEqualsPredictedEveryRank) {
     const std::string attn = mode == AttentionMode::flash ? " flash" : " math";
     models.emplace_back("gpt2 h16" + attn, testing::gpt2_of(2, 16, 2, 29, 6, 2, mode));
     models.emplace_back("gpt2 h16 f8 T32" + attn, testing::gpt2_of(3, 16, 2, 11, 32, 4, mode, 8));
+    models.emplace_back("llama" + attn, testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, mode, false));
+    models.emplace_back("llama tied" + attn, testing::llama_of(3, 16, 4, 4, 20, 11, 5, 3, mode, true));
   }
   std::set<std::string> places;
   int checked = 0;
@@ -61,7 +64,7 @@ TEST(DeepSpeedStage0, MeasuredEqualsPredictedEveryRank) {
                                                        std::to_string(bucket)));
                 ++checked;
               }
-  EXPECT_EQ(checked, 8 * 3 * 5 * 2 * 10 + 3 * 3 * 7);
+  EXPECT_EQ(checked, 12 * 3 * 5 * 2 * 10 + 3 * 3 * 7);
   EXPECT_TRUE(places.count("optimizer -")) << ::testing::PrintToString(places);
   bool recompute = false, backward = false;
   for (const std::string& p : places) {

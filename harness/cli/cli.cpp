@@ -136,8 +136,8 @@ void add_run_flags(CLI::App& app, RunFlags& f) {
   app.add_option("--precision", f.precision,
                  "fp32 | bf16: bf16 trains in the engine's mixed-precision regime (default fp32; built: autocast "
                  "under ddp/zero1 and the pipelines, FSDP's MixedPrecision for the MLP, gpt2 and llama under "
-                 "zero2/zero3/hsdp, DeepSpeed's bf16 for the MLP's and gpt2's ddp (stage 0)/zero1/zero2/zero3; "
-                 "docs/cli.md lists the rest)")
+                 "zero2/zero3/hsdp, DeepSpeed's bf16 for their ddp (stage 0)/zero1/zero2/zero3; docs/cli.md "
+                 "lists the rest)")
       ->type_name("fp32|bf16");
   app.add_option("--autocast-region", f.autocast_region,
                  "microbatch | step: where a bf16 pipeline's autocast region sits (--precision bf16 --schedule "
@@ -315,19 +315,10 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
 // (refuse_unbuilt_autocast).
 void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, const CLI::App& app) {
   if (c.precision == PrecisionKind::fp32) return;
-  // DeepSpeed's bf16 regime runs the MLP's and GPT-2's stages 0 (ddp: FP16_Optimizer in
-  // bf16), 1, 2 and 3 (--accumulate too; --checkpoint but under GPT-2's stage 3) and Llama's
-  // stages 1 and 2 (one micro-step: refuse_deepspeed_bf16_llama) and 3 (--accumulate too);
-  // the rest is planned by its model states.
-  if (effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed) {
-    if (command == "plan") return;
-    const std::string both = "--precision bf16 and --engine deepspeed";
-    if (c.model.is_transformer() && c.model.name != "gpt2" && c.strategy == StrategyKind::ddp)
-      throw UsageError(both + " and --strategy " + std::string(strategy_name(c.strategy)) + " and --model " + c.model.name +
-                       ": planned (plan prints its model states), not run yet (Llama's bf16 module runs DeepSpeed's "
-                       "stages 1, 2 and 3); allowed: zero1, zero2, zero3");
-    return;
-  }
+  // DeepSpeed's bf16 regime runs the MLP's, GPT-2's and Llama's stages 0 (ddp: FP16_Optimizer
+  // in bf16), 1, 2 and 3 (--accumulate too); what it refuses (--checkpoint attention, Llama's
+  // --checkpoint under stage 3) check_deepspeed says.
+  if (effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed) return;
   const std::string bf16 = "--precision bf16";
   // --checkpoint attention runs under autocast's ddp and zero1 (and along dp of a tp mesh);
   // FSDP's bf16 and a bf16 pipeline's stages refuse what is not built (refuse_unbuilt_autocast,
@@ -356,10 +347,10 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
     throw UsageError("--units and --engine deepspeed: DeepSpeed's ZeRO has no units (one flat group); drop --units");
   // A plan lists its strategies: the forms skip each refused one with the reason.
   if (command != "plan") refuse_deepspeed_no_sync(c);
-  // --checkpoint under bf16 runs the MLP and GPT-2's full|every:K (its bf16 module re-runs a
-  // wrapped block), and Llama's under stage 3; the attention recompute in bf16 is not built.
+  // --checkpoint under bf16 runs the MLP's, GPT-2's and Llama's full|every:K (the bf16 module
+  // re-runs a wrapped block), under stage 3 too, and Llama's attention under stages 0-2;
+  // GPT-2's bf16 module has no attention recompute, nor stage 3's hooks one.
   if (command != "plan") refuse_deepspeed_bf16_checkpoint(c);
-  if (command != "plan") refuse_deepspeed_bf16_llama(c);
   if (c.model.checkpoint.attention() && command != "plan" && c.model.is_transformer() &&
       c.strategy == StrategyKind::zero3 && c.precision == PrecisionKind::bf16)
     throw UsageError(deepspeed_stage3_checkpoint_refusal(c.model));
@@ -609,8 +600,8 @@ RunConfig to_config(const RunFlags& f, CLI::App& app, const std::string& command
                          effective_engine(c.engine, c.strategy, c.precision) != EngineKind::deepspeed;
   c.model.autocast = c.precision == PrecisionKind::bf16 && !bf16_fsdp &&
                      effective_engine(c.engine, c.strategy, c.precision) == EngineKind::torch;
-  // DeepSpeed's bf16 (the MLP's and GPT-2's stages 0, 1, 2 and 3, Llama's 1 and 2): the module
-  // in bf16 on the flat group's (or the partitions') views.
+  // DeepSpeed's bf16 (the MLP's and GPT-2's stages 0, 1, 2 and 3, Llama's 0, 1 and 2): the
+  // module in bf16 on the flat group's (or the partitions') views.
   const bool bf16_deepspeed = c.precision == PrecisionKind::bf16 &&
                               effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed;
   c.model.param_bf16 = bf16_fsdp || bf16_deepspeed;

@@ -47,19 +47,6 @@ std::vector<Prediction> stage3_model_states(const std::vector<i64>& tensors, int
   return std::vector<Prediction>(static_cast<std::size_t>(world), p);
 }
 
-// The ZeRO paper's data-parallel baseline under bf16 (planned only): bf16 parameters and
-// gradients and fp32 master weights and AdamW state, all on every rank, one flat group.
-std::vector<Prediction> baseline_model_states(i64 P, int world, i64 lp) {
-  Prediction p;
-  p.peak_known = false;
-  p.resting[Category::param] = lp * P;
-  p.resting[Category::master] = 4 * P;
-  p.resting[Category::grad] = lp * P;
-  p.resting[Category::optim] = 8 * P + 4;
-  p.model_states = p.resting.total();
-  return std::vector<Prediction>(static_cast<std::size_t>(world), p);
-}
-
 using Best = DeepSpeedPeak;
 
 CategoryBytes bytes_of(i64 temp, i64 act, i64 grad_unsharded, i64 comm, i64 grad) {
@@ -285,22 +272,22 @@ std::vector<Prediction> bf16_mlp_ranks(const RunConfig& cfg, int world, int stag
   return ranks;
 }
 
-// Stages 1 and 2 of GPT-2 and Llama under --precision bf16: the family's bf16 module (param_bf16_forms.hpp) on
-// the bf16 flat group's views, its activations the transformer walk's with the bf16 blocks over
-// units holding nothing gathered, autograd's bf16 gradients 2·elems a unit (stage 1 one root
-// unit of 2P, from the backward's first block; stage 2 each block's during its backward), the
-// root's full gradient carrying the bf16 bucket Bk2 and stage 2's G2 (moved to their
-// categories after, as fp32's transformer_walk); then the reduction's and the optimizer's
-// instants as the bf16 MLP's (bf16_mlp_ranks).
+// Stages 0, 1 and 2 of GPT-2 and Llama under --precision bf16: the family's bf16 module
+// (param_bf16_forms.hpp) on the bf16 flat group's views, its activations the transformer walk's
+// with the bf16 blocks over units holding nothing gathered, autograd's bf16 gradients 2·elems a
+// unit (stages 0 and 1 one root unit of 2P, from the backward's first block; stage 2 each
+// block's during its backward), the root's full gradient carrying stage 1's and 2's bf16 bucket
+// Bk2 and stage 2's G2 (moved to their categories after, as fp32's transformer_walk); then the
+// reduction's and the optimizer's instants (bf16_tail).
 // --checkpoint full|every:K: the bf16 blocks' walk under the policy (a wrapped block saves its
 // bf16 input alone and re-runs at the start of its backward: param_bf16_blocks).
 // --accumulate K (grad_accum_dtype the parameters' bf16; the module adds each later
 // micro-step's gradient onto the bf16 one in place, each sum rounded, no temporary): a later
-// micro-step's walk holds stage 1's autograd 2P and Bk2 from its start (MicroStep's
+// micro-step's walk holds stage 0's autograd 2P, stage 1's and Bk2 from its start (MicroStep's
 // grads_held: reduced at the boundary alone), or stage 2's accumulated G2 beside every
 // instant (its backward makes a new G2); the boundary's padding instant holds stage 2's two
 // G2; stage 2 all-reduces 2P every micro-step.
-std::vector<Prediction> bf16_gpt2_ranks(const RunConfig& cfg, int world, int stage,
+std::vector<Prediction> bf16_transformer_ranks(const RunConfig& cfg, int world, int stage,
                                         const std::vector<DsPartition>& parts) {
   const ModelConfig& m = cfg.model;
   const int K = cfg.accumulate;
@@ -359,21 +346,6 @@ void refuse_deepspeed_bf16_checkpoint(const RunConfig& cfg) {
                    "yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint full|every:K, or fp32");
 }
 
-void refuse_deepspeed_bf16_llama(const RunConfig& cfg) {
-  const ModelConfig& m = cfg.model;
-  if (cfg.precision != PrecisionKind::bf16 || !m.is_transformer() || m.name == "gpt2" ||
-      (cfg.strategy != StrategyKind::zero1 && cfg.strategy != StrategyKind::zero2))
-    return;
-  const std::string both = "--engine deepspeed and --strategy " + std::string(strategy_name(cfg.strategy)) +
-                           " and --precision bf16 and --model " + m.name;
-  if (cfg.accumulate > 1)
-    throw UsageError("--accumulate " + std::to_string(cfg.accumulate) + " and " + both +
-                     ": bf16 gradient accumulation of Llama is not built yet; give --accumulate 1");
-  if (m.checkpoint.any())
-    throw UsageError("--checkpoint " + m.checkpoint.text() + " and " + both +
-                     ": not built yet; give --checkpoint none, or fp32");
-}
-
 std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world) {
   const ModelConfig& m = cfg.model;
   const std::vector<i64> tensors = model_tensor_elems(m);
@@ -381,12 +353,10 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // optimizer's copy of the partition and AdamW's state are fp32 under both).
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
   refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
-  // --checkpoint under bf16: the MLP's and GPT-2's full|every:K, Llama's under stage 3; GPT-2's
+  // --checkpoint under bf16: the MLP's, GPT-2's and Llama's full|every:K (stage 3's too); GPT-2's
   // bf16 module has no attention recompute yet, Llama's runs under FSDP alone (a plan skips it
-  // with the reason, but stage 3's, planned by its model states); Llama's checkpointed bf16
-  // stages 1 and 2 are not built.
+  // with the reason, but stage 3's, planned by its model states).
   if (lp != 4) refuse_deepspeed_bf16_checkpoint(cfg);
-  refuse_deepspeed_bf16_llama(cfg);  // Llama's bf16 stages 1 and 2: one micro-step, no --checkpoint
   // Stage 3 runs the MLP, GPT-2 and Llama in fp32 and bf16 (bf16 with --checkpoint
   // full|every:K); a transformer's bf16 under --checkpoint attention is planned by its model
   // states.
@@ -398,20 +368,16 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   }
   const std::vector<DsPartition> parts = ds_partitions(tensors, world);
   const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
-  // ddp is the engine's stage 0 (bf16 only): the MLP's and GPT-2's run; Llama's is planned
-  // by the ZeRO paper's baseline model states.
-  if (cfg.strategy == StrategyKind::ddp) {
-    if (!m.is_transformer()) return bf16_mlp_ranks(cfg, world, 0, parts);
-    if (m.name == "gpt2") return bf16_gpt2_ranks(cfg, world, 0, parts);
-    return baseline_model_states(P, world, lp);
-  }
+  // ddp is the engine's stage 0 (bf16 only; the ZeRO paper's baseline), run for every model.
+  if (cfg.strategy == StrategyKind::ddp)
+    return m.is_transformer() ? bf16_transformer_ranks(cfg, world, 0, parts) : bf16_mlp_ranks(cfg, world, 0, parts);
   const int stage = cfg.strategy == StrategyKind::zero1 ? 1 : 2;
   // The ZeRO paper's accounting adds the gradients the stage keeps during a step: stage 1
   // autograd's full ones, stage 2 the partition's.
   const i64 kept_grads = stage == 1 ? lp * P : lp * s;
   // bf16 runs the MLP's stages 1 and 2 (--checkpoint and --accumulate too), GPT-2's and Llama's.
   if (lp != 4 && !m.is_transformer()) return bf16_mlp_ranks(cfg, world, stage, parts);
-  if (lp != 4) return bf16_gpt2_ranks(cfg, world, stage, parts);
+  if (lp != 4) return bf16_transformer_ranks(cfg, world, stage, parts);
   const i64 Bk = 4 * ds_bucket_elems(cfg.bucket_mb, model_tensor_elems(cfg.model));
   const i64 K = cfg.accumulate;
   SavedForm saved;

@@ -78,12 +78,6 @@ std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model);
 // reason for skipping it). full|every:K run; stage 3's transformers are planned.
 void refuse_deepspeed_bf16_checkpoint(const RunConfig& cfg);
 
-// Llama under DeepSpeed's bf16 runs stages 1 and 2 in one micro-step without --checkpoint; its
-// --accumulate K and --checkpoint there are not built yet: a UsageError naming them (the CLI's,
-// and a plan's reason for skipping it). Its stage 0 (ddp) and stage 3 are planned by their
-// model states (the CLI refuses their run).
-void refuse_deepspeed_bf16_llama(const RunConfig& cfg);
-
 // Stage 3's gather of a set of tensors (deepspeed_layout.hpp's Ds3Layout), e bytes an
 // element (4 fp32, 2 bf16): the bytes it leaves gathered (one tensor: its buffer of W·c_t; several: n_t each), the flat comm
 // buffer beside them at its instant (several: W·Σc_t), and the bytes its all-gather moves

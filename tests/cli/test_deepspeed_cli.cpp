@@ -227,7 +227,12 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
               {kLlama, "zero3"},
               {kLlama, "zero3 --accumulate 2 --attention math --bucket-mb 0.07"},
               {kLlamaWide, "zero3 --checkpoint full"},
-              {kLlama, "zero3 --accumulate 2 --checkpoint every:2 --attention math"}};
+              {kLlama, "zero3 --accumulate 2 --checkpoint every:2 --attention math"},
+              {kLlama, "ddp --accumulate 2 --checkpoint full"},
+              {kLlama, "zero1 --accumulate 3 --no-sync --checkpoint every:2"},
+              {kLlama, "ddp --checkpoint attention --attention math"},
+              {kLlama, "zero1 --accumulate 2 --checkpoint attention"},
+              {kLlama, "zero2 --accumulate 2 --checkpoint full --attention math"}};
   for (const auto& [model, strategy] : runs)
     for (int r = 0; r < 3; ++r) {
       const std::string flags = std::string(model) + "--steps 2 --engine deepspeed --precision bf16 --strategy " +
@@ -245,23 +250,10 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
     std::string flags;
     const char* line;
   } refused[] = {
-      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy ddp",
-       "shardscope: error: --precision bf16 and --engine deepspeed and --strategy ddp and --model llama: planned "
-       "(plan prints its model states), not run yet (Llama's bf16 module runs DeepSpeed's stages 1, 2 and 3); "
-       "allowed: zero1, zero2, zero3"},
       {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint attention",
        "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero3 and --precision bf16 "
        "and --model llama: not built yet (Llama's bf16 module recomputes its attention under FSDP, not under stage "
        "3's hooks); allowed: --checkpoint full|every:K, or fp32"},
-      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero1 --accumulate 2",
-       "shardscope: error: --accumulate 2 and --engine deepspeed and --strategy zero1 and --precision bf16 and "
-       "--model llama: bf16 gradient accumulation of Llama is not built yet; give --accumulate 1"},
-      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero2 --checkpoint full",
-       "shardscope: error: --checkpoint full and --engine deepspeed and --strategy zero2 and --precision bf16 and "
-       "--model llama: not built yet; give --checkpoint none, or fp32"},
-      {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero1 --checkpoint attention",
-       "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero1 and --precision bf16 "
-       "and --model llama: not built yet; give --checkpoint none, or fp32"},
       {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint attention",
        "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero3 and --precision bf16 "
        "and --model gpt2: not built yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint "
@@ -298,8 +290,8 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndPeak) {
   EXPECT_NE(out.find("  60,100"), std::string::npos) << out;
   EXPECT_EQ(out.find("(note) DeepSpeed's"), std::string::npos) << out;
   // A transformer's stage 3 in fp32 and bf16 is planned with its peak, as an emulated rank
-  // measures it (fp32 under --checkpoint too); Llama's bf16 stage 0 (ddp) by its model states
-  // alone, and the plan says so.
+  // measures it (fp32 under --checkpoint too); Llama's bf16 stage 3 under --checkpoint attention by
+  // its model states alone, and the plan says so.
   const std::string bf16_gpt2 = std::string(kGpt2Wide) + "--precision bf16 ";
   const std::string bf16_llama = std::string(kLlamaWide) + "--precision bf16 ";
   for (const std::string& model :
@@ -330,7 +322,8 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndPeak) {
     EXPECT_EQ(measured["peak"]["total"], measured["predicted"]["peak_total"]) << model;
   }
   ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan " + kLlama +
-                  "--engine deepspeed --precision bf16 --strategies ddp --worlds 3 > out.txt 2> err.txt"),
+                  "--engine deepspeed --precision bf16 --strategies zero3 --checkpoint attention --worlds 3 > out.txt "
+                  "2> err.txt"),
             0)
       << first_line(dir_ + "/err.txt");
   const std::string bf16 = read("out.txt");
@@ -394,9 +387,10 @@ TEST_F(DeepSpeedCli, PlanReproducesTheZeroPapersFigureOne) {
     const std::string gb = std::string(" ") + f.gb;
     EXPECT_EQ(line.substr(line.size() - gb.size()), gb) << line;
   }
-  // The paper's baseline (ddp, DeepSpeed's stage 0: FP16_Optimizer in bf16) runs the MLP and
-  // GPT-2: an emulated rank of the MLP rests at 14P + 4 and its model states are the plan's
-  // 16P + 4 (P = 5,624: 78,740 and 89,988 B); Llama's is planned alone, refused by name.
+  // The paper's baseline (ddp, DeepSpeed's stage 0: FP16_Optimizer in bf16) runs the MLP,
+  // GPT-2 and Llama: an emulated rank of the MLP rests at 14P + 4 and its model states are the
+  // plan's 16P + 4 (P = 5,624: 78,740 and 89,988 B); Llama's the same way, its model states
+  // its resting bytes plus its bf16 gradients (2P, the bf16 group's bytes).
   ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + kMlp +
                   "--engine deepspeed --precision bf16 --strategy ddp --emulate 64:63 --json r.json > /dev/null "
                   "2> err.txt"),
@@ -405,13 +399,16 @@ TEST_F(DeepSpeedCli, PlanReproducesTheZeroPapersFigureOne) {
   const json rank = json::parse(read("r.json"))["runs"][0]["ranks"][0];
   EXPECT_EQ(rank["resting"]["total"], 78'740);
   EXPECT_EQ(rank["predicted"]["model_states"], 89'988);
-  EXPECT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + kLlama +
-                  "--engine deepspeed --precision bf16 --strategy ddp > /dev/null 2> err.txt"),
-            2);
-  EXPECT_EQ(first_line(dir_ + "/err.txt"),
-            "shardscope: error: --precision bf16 and --engine deepspeed and --strategy ddp and --model llama: planned "
-            "(plan prints its model states), not run yet (Llama's bf16 module runs DeepSpeed's stages 1, 2 and 3); "
-            "allowed: zero1, zero2, zero3");
+  ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + kLlama +
+                  "--engine deepspeed --precision bf16 --strategy ddp --emulate 64:0 --json r.json > /dev/null "
+                  "2> err.txt"),
+            0)
+      << first_line(dir_ + "/err.txt");
+  const json llama = json::parse(read("r.json"))["runs"][0]["ranks"][0];
+  expect_predicted(llama, "llama ddp");
+  EXPECT_EQ(llama["predicted"]["model_states"].get<long long>(),
+            llama["resting"]["total"].get<long long>() + llama["resting"]["param"].get<long long>());
+  EXPECT_EQ(llama["resting"]["master"].get<long long>(), 2 * llama["resting"]["param"].get<long long>());
 }
 
 }  // namespace

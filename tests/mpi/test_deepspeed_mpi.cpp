@@ -450,7 +450,7 @@ TEST(DeepSpeedMpi, Bf16StageThreeTrainsLikeOneRank) {
         }
 }
 
-// --precision bf16 on GPT-2 with --accumulate K (autograd's bf16 gradients added onto, stage
+// --precision bf16 on GPT-2 and Llama with --accumulate K (autograd's bf16 gradients added onto, stage
 // 2's averaged partition onto the first micro-step's) and --checkpoint full|every:2 (the bf16
 // module's re-run), stages 1 and 2, flash and math: every rank's bytes and traffic equal the
 // closed forms and an emulated rank's; the last averaged gradient is fp32 one-rank training's
@@ -465,17 +465,24 @@ TEST(DeepSpeedMpi, Bf16Gpt2AccumulationAndCheckpointHoldTheirPredictions) {
     bool no_sync;
     CheckpointPolicy ck;
     AttentionMode mode;
-  } cases[] = {{"zero1", 2, false, {}, AttentionMode::flash},
-               {"zero1", 3, true, {CheckpointKind::every, 1}, AttentionMode::math},
-               {"zero2", 2, false, {CheckpointKind::every, 2}, AttentionMode::flash},
-               {"zero2", 3, false, {}, AttentionMode::math},
-               {"zero2", 1, false, {CheckpointKind::every, 1}, AttentionMode::math}};
+    bool llama;
+  } cases[] = {{"zero1", 2, false, {}, AttentionMode::flash, false},
+               {"zero1", 3, true, {CheckpointKind::every, 1}, AttentionMode::math, false},
+               {"zero2", 2, false, {CheckpointKind::every, 2}, AttentionMode::flash, false},
+               {"zero2", 3, false, {}, AttentionMode::math, false},
+               {"zero2", 1, false, {CheckpointKind::every, 1}, AttentionMode::math, false},
+               {"zero1", 2, false, {CheckpointKind::every, 1}, AttentionMode::flash, true},
+               {"zero2", 3, false, {CheckpointKind::every, 2}, AttentionMode::math, true},
+               {"zero1", 2, false, {CheckpointKind::attention, 1}, AttentionMode::math, true},
+               {"ddp", 2, false, {CheckpointKind::attention, 1}, AttentionMode::flash, true}};
   for (const auto& c : cases)
     for (double bucket : {0.0, 0.005}) {
       SCOPED_TRACE(std::string(c.strategy) + " K=" + std::to_string(c.k) + (c.no_sync ? " no-sync " : " ") +
-                   c.ck.text() + (c.mode == AttentionMode::flash ? " flash" : " math") + " bucket " +
+                   c.ck.text() + (c.mode == AttentionMode::flash ? " flash" : " math") + (c.llama ? " llama" : " gpt2") +
+                   " bucket " +
                    std::to_string(bucket));
-      const ModelConfig m = testing::gpt2_of(2, 16, 2, 29, 6, 2, c.mode);
+      const ModelConfig m = c.llama ? testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, c.mode, false)
+                                    : testing::gpt2_of(2, 16, 2, 29, 6, 2, c.mode);
       RunConfig cfg = ds_config(m, c.strategy, bucket);
       cfg.steps = 1;
       cfg.precision = PrecisionKind::bf16;
@@ -508,8 +515,8 @@ TEST(DeepSpeedMpi, Bf16Gpt2AccumulationAndCheckpointHoldTheirPredictions) {
     }
 }
 
-// ddp under --precision bf16 (DeepSpeed's stage 0: FP16_Optimizer in bf16), the MLP and GPT-2
-// (flash, math), one bucket and several, --accumulate 1, 2, 3 (--no-sync at 2), --checkpoint:
+// ddp under --precision bf16 (DeepSpeed's stage 0: FP16_Optimizer in bf16), the MLP, GPT-2
+// (flash, math) and Llama (untied, tied), one bucket and several, --accumulate 1, 2, 3 (--no-sync at 2), --checkpoint:
 // every rank's bytes and traffic equal the closed forms and an emulated rank's; the averaged
 // gradient of one step is fp32 one-rank training's on the K-fold batch within bf16's rounding
 // (the bf16 sums over the ranks, then the division by W), the same on every rank.
@@ -529,6 +536,9 @@ TEST(DeepSpeedMpi, Bf16StageZeroHoldsItsPredictionsAndAveragesTheGradients) {
       {"gpt2 flash", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::flash), 1, false, {}},
       {"gpt2 math", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::math), 2, false, {CheckpointKind::every, 2}},
       {"gpt2 flash", testing::gpt2_of(2, 16, 2, 29, 6, 2, AttentionMode::flash), 3, false, {CheckpointKind::every, 1}},
+      {"llama math", testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, AttentionMode::math, false), 1, false, {}},
+      {"llama tied", testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, AttentionMode::flash, true), 2, true,
+       {CheckpointKind::every, 1}},
   };
   for (const auto& c : cases)
     for (double bucket : {0.0, 0.001}) {
