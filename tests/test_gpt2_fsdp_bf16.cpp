@@ -296,6 +296,78 @@ TEST(Gpt2FsdpBf16, CheckpointedBlocksAsTorchsAndAsPredicted) {
   EXPECT_GT(recompute, 0);
 }
 
+// --checkpoint attention under FSDP's bf16: the core runs under torch's checkpoint, its inputs
+// (q, k, v: c_attn's bf16 output) its checkpoint's save, its own saves not kept, its output
+// c_proj's save. torch 2.15 on the bf16 module (bench/torch_saved.py --precision module
+// --checkpoint attention): 146,946 B in 33 storages at L = 2, h = 64, 4 heads, V = 100, T = 16,
+// B = 2, flash and math alike (flash 147,970 B in 35 without: the log-sum-exp; math 187,906 in
+// 39: its fp32 q, k, v and probabilities in place of qkv), 731,570 B in 45 at L = 3, h = 96,
+// 6 heads, V = 257, T = 24, B = 3 (flash and math). The re-run gives the plain pass's loss and
+// gradients bit for bit.
+TEST(Gpt2FsdpBf16, AttentionRecomputeSavesWhatTorchSaves) {
+  const CheckpointPolicy attention{CheckpointKind::attention, 0};
+  for (auto [shape, mode, bytes, storages] :
+       {std::tuple{Shape{2, 64, 4, 100, 16, 2}, AttentionMode::flash, 146946, 33},
+        std::tuple{Shape{2, 64, 4, 100, 16, 2}, AttentionMode::math, 146946, 33},
+        std::tuple{Shape{3, 96, 6, 257, 24, 3}, AttentionMode::flash, 731570, 45},
+        std::tuple{Shape{3, 96, 6, 257, 24, 3}, AttentionMode::math, 731570, 45}}) {
+    SCOPED_TRACE(std::string(mode_name(mode)) + " L=" + std::to_string(shape.layers));
+    RunConfig cfg = fsdp_bf16(gpt2_model(shape, mode), "zero3", 1);
+    cfg.model.checkpoint = attention;
+    cfg.steps = 1;
+    const SavedForm form = gpt2_saved_after_forward_param_bf16(cfg.model.transformer, shape.batch, attention);
+    EXPECT_EQ(form.bytes, bytes);
+    EXPECT_EQ(form.tensors, storages);
+    RunConfig plain = cfg;
+    plain.model.checkpoint = CheckpointPolicy{};
+    CpuBackend b1, b2;
+    auto c1 = make_fake_communicator(1, 0, &b1);
+    auto c2 = make_fake_communicator(1, 0, &b2);
+    const auto r = testing::run_dp(cfg, b1, *c1, true);
+    const auto p = testing::run_dp(plain, b2, *c2, true);
+    EXPECT_EQ(r.saved.bytes, bytes);
+    EXPECT_EQ(r.saved.tensors, storages);
+    ASSERT_TRUE(testing::any_nonzero(p.state.grads));
+    EXPECT_EQ(r.state.grads, p.state.grads);
+    EXPECT_EQ(r.losses, p.losses);
+  }
+}
+
+// --checkpoint attention under both engines, flash and math, zero2/zero3, units of one and two
+// blocks, --accumulate 1, 2 (reducing every micro-step) and 3 --no-sync: every rank of W = 1 to
+// 4 measures what the forms predict; long sequences against a narrow MLP make math's re-run
+// (qkv and its fp32 q, k, v held at once) the peak of a one-block model, above the plain step's.
+TEST(Gpt2FsdpBf16, AttentionRecomputeMeasuredEqualsPredictedOnEveryRank) {
+  int checked = 0, higher = 0;
+  for (const EngineKind engine : {EngineKind::torch, EngineKind::fsdp2})
+    for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+      for (const char* strategy : {"zero2", "zero3"})
+        for (int units : {1, 2})
+          for (int K : {1, 2, 3})
+            for (int world : {1, 2, 3, 4})
+              for (int rank = 0; rank < world; ++rank) {
+                // One block at K = 1 (math's re-run then peaks 3b = 6Nh above the plain step), three else.
+                RunConfig cfg = fsdp_bf16(gpt2_model({K == 1 ? 1 : 3, 16, 2, 11, 32, 2}, mode, 8), strategy, units, engine);
+                cfg.model.checkpoint = CheckpointPolicy{CheckpointKind::attention, 0};
+                cfg.accumulate = K;
+                cfg.no_sync = K == 3;
+                cfg.overlap = units == 1;
+                SCOPED_TRACE(std::string(engine_name(engine)) + " " + mode_name(mode) + " " + strategy + " units=" +
+                             std::to_string(units) + " K=" + std::to_string(K) + " W=" + std::to_string(world) +
+                             " r=" + std::to_string(rank));
+                testing::expect_rank_measured_equals_predicted(cfg, world, rank);
+                const Prediction p = predict_data_parallel(cfg, world, rank);
+                RunConfig plain = cfg;
+                plain.model.checkpoint = CheckpointPolicy{};
+                const Prediction q = predict_data_parallel(plain, world, rank);
+                EXPECT_LT(p.saved_after_forward_bytes, q.saved_after_forward_bytes);
+                higher += p.peak_total > q.peak_total;  // math's re-run holds qkv and its fp32 q, k, v at once
+                ++checked;
+              }
+  EXPECT_EQ(checked, 2 * 2 * 2 * 2 * 3 * 10);
+  EXPECT_GT(higher, 0);
+}
+
 // The bf16 gather shows in the categories: the gathered units are half fp32's, the
 // all-gather carries 2 B an element (half fp32's bytes) and the reduce-scatter fp32's; the
 // resting bytes are fp32's.

@@ -40,9 +40,12 @@ class Bf16Block final : public SequenceBlock {
   std::vector<TensorRef> first_backward_module(int index) const override {
     return module_tensors(index, {kMlpProjW, kMlpProjB});
   }
-  void set_recompute_attention(bool on) override {
-    if (on) throw RunError(std::string(kFamily) + " under FSDP's bf16: --checkpoint attention is not built");
-  }
+  // --checkpoint attention: the core runs under torch's checkpoint (torch 2.15 on the bf16
+  // module, bench/torch_saved.py --precision module --checkpoint attention): its inputs, q, k
+  // and v (views of c_attn's bf16 output), are its checkpoint's save, its own saves are not
+  // kept (flash's fp32 log-sum-exp; math's fp32 head-major q, k, v and probabilities), its
+  // output stays c_proj's save; backward re-runs it on the saved qkv.
+  void set_recompute_attention(bool on) override { recompute_attention_ = on; }
   std::string name() const override { return name_; }
   const std::vector<ParamSpec>& params() const override { return params_; }
   std::int64_t input_elems(int rows) const override { return tokens(rows) * s_.hidden; }
@@ -87,7 +90,7 @@ class Bf16Block final : public SequenceBlock {
     // c_attn (addmm saves its input; the weight is a view of the unit)
     const bool flash = s_.attention == AttentionMode::flash;
     c.access.module_forward_begin(module({kAttnW, kAttnB}));
-    Buffer qkv = bf16_tensor(be, flash ? Category::activation : Category::temp, 3 * n * h);
+    Buffer qkv = bf16_tensor(be, flash || recompute_attention_ ? Category::activation : Category::temp, 3 * n * h);
     bf16_linear(be, qkv.bf16(), held[kLn1].bf16(), p(kAttnW), p(kAttnB), n, hs, 3 * hs);
     c.saved.save(held[kLn1].raw(), b);
     c.saved.save(attn_ref_(), 0);
@@ -103,20 +106,31 @@ class Bf16Block final : public SequenceBlock {
       std::vector<float> out32(floats(n * h));
       be.flash_attention_forward(attention(c.rows, qkv32.data()), out32.data(), hs, held[kLse].data());
       round_into(held[kOut].bf16(), out32.data(), n * h);
+      c.saved.save(held[kQkv].raw(), 3 * b);  // or the core's checkpoint's
+      if (recompute_attention_) {
+        held[kLse].reset();  // the core's own saves are not kept; y stays c_proj's
+      } else {
+        c.saved.save(held[kOut].raw(), b);
+        c.saved.save(held[kLse].data(), 4 * static_cast<i64>(c.rows) * s_.heads * s_.seq);
+      }
+    } else if (recompute_attention_) {
+      // The core under its checkpoint: the saved qkv, the fp32 head-major q, k, v (temp) and
+      // probabilities made and freed, the bf16 output c_proj's save.
+      held[kQkv] = std::move(qkv);
       c.saved.save(held[kQkv].raw(), 3 * b);
-      c.saved.save(held[kOut].raw(), b);
-      c.saved.save(held[kLse].data(), 4 * static_cast<i64>(c.rows) * s_.heads * s_.seq);
+      Buffer qh[3];
+      head_major_qkv(be, held[kQkv], c.rows, Category::temp, qh);
+      const MathAttention m = math_attention(s_, c.rows);
+      auto [probs, out32] = math_attention_forward(be, m, qh[0].data(), qh[1].data(), m.head_major(qh[2].data()), false);
+      held[kOut] = act16(n * h);
+      round_into(held[kOut].bf16(), out32.data(), n * h);
+      out32.reset();
     } else {
       // Math SDPA on the CPU upcasts q, k, v to fp32 (head-major copies its bmms save), keeps
       // fp32 probabilities and hands back a bf16 output, token-major for c_proj.
-      {
-        const std::vector<float> qkv32 = widened(qkv.bf16(), 3 * n * h);
-        for (int j : {kQ, kK, kV}) {
-          held[j] = be.alloc(Category::activation, floats(n * h));
-          be.permute_heads(held[j].data(), qkv32.data() + (j == kQ ? 0 : j == kK ? h : 2 * h), 3 * hs, c.rows,
-                           s_.seq, s_.heads, s_.head_dim, true);
-        }
-      }
+      Buffer qh[3];
+      head_major_qkv(be, qkv, c.rows, Category::activation, qh);
+      for (int j : {kQ, kK, kV}) held[j] = std::move(qh[j - kQ]);
       qkv.reset();
       const MathAttention m = math_attention(s_, c.rows);
       auto [probs, out32] =
@@ -242,6 +256,19 @@ class Bf16Block final : public SequenceBlock {
     // attention: dqkv (N, 3h) bf16
     Buffer dqkv;
     if (s_.attention == AttentionMode::flash) {
+      if (recompute_attention_) {
+        // y, which only c_proj saved, is freed; the core's checkpoint re-runs flash on the
+        // saved qkv: a new fp32 log-sum-exp and bf16 output (activation, saved).
+        held[kOut].reset();
+        held[kLse] = be.alloc(Category::activation, floats(static_cast<i64>(c.rows) * s_.heads * s_.seq));
+        held[kOut] = bf16_tensor(be, Category::activation, n * h);
+        const std::vector<float> qkv32 = widened(held[kQkv].bf16(), 3 * n * h);
+        std::vector<float> out32(floats(n * h));
+        be.flash_attention_forward(attention(c.rows, qkv32.data()), out32.data(), hs, held[kLse].data());
+        round_into(held[kOut].bf16(), out32.data(), n * h);
+        c.saved.save(held[kOut].raw(), b_bytes(c.rows));
+        c.saved.save(held[kLse].data(), static_cast<i64>(held[kLse].bytes()));
+      }
       dqkv = tmp16(3 * n * h);
       const std::vector<float> qkv32 = widened(held[kQkv].bf16(), 3 * n * h), o32 = widened(held[kOut].bf16(), n * h),
                                do32 = widened(dattn.bf16(), n * h);
@@ -261,8 +288,20 @@ class Bf16Block final : public SequenceBlock {
       be.cast_from_bf16(dout.data(), dattn.bf16(), floats(n * h), 0.0f);
       dattn.reset();
       const MathAttention m = math_attention(s_, c.rows);
+      if (recompute_attention_) {
+        // The core's checkpoint re-runs it on the saved qkv: the fp32 head-major q, k, v
+        // (activation, saved by its bmms); math_attention_backward makes the probabilities
+        // again (torch's early stop: the product with v is not re-run).
+        Buffer qh[3];
+        head_major_qkv(be, held[kQkv], c.rows, Category::activation, qh);
+        for (int j : {kQ, kK, kV}) {
+          held[j] = std::move(qh[j - kQ]);
+          c.saved.save(held[j].data(), static_cast<i64>(held[j].bytes()));
+        }
+      }
       HeadGrads hg = math_attention_backward(be, c.saved, m, dout, held[kQ], held[kK], held[kProbs],
                                              m.head_major(held[kV].data()), held[kV]);
+      if (recompute_attention_) drop(kQkv);  // the checkpoint's save of its inputs
       dqkv = tmp16(3 * n * h);
       std::vector<float> tok(floats(n * h));
       int at = 0;
@@ -306,6 +345,17 @@ class Bf16Block final : public SequenceBlock {
   }
 
  private:
+  bool recompute_attention_ = false;  // --checkpoint attention
+  i64 b_bytes(int rows) const { return 2 * tokens(rows) * s_.hidden; }
+  // The fp32 head-major copies of q, k and v (B, H, T, d) of the bf16 qkv (N, 3h), category c.
+  void head_major_qkv(Backend& be, const Buffer& qkv, int rows, Category c, Buffer (&out)[3]) const {
+    const i64 n = tokens(rows), h = s_.hidden;
+    const std::vector<float> qkv32 = widened(qkv.bf16(), 3 * n * h);
+    for (int j = 0; j < 3; ++j) {
+      out[j] = be.alloc(c, floats(n * h));
+      be.permute_heads(out[j].data(), qkv32.data() + j * h, 3 * s_.hidden, rows, s_.seq, s_.heads, s_.head_dim, true);
+    }
+  }
   AttentionArgs attention(int rows, const float* qkv) const {
     return attention_args(s_, rows, qkv, qkv + s_.hidden, qkv + 2 * s_.hidden, 3 * s_.hidden, 3 * s_.hidden);
   }

@@ -21,8 +21,12 @@ Bf16Sizes bf16_sizes(const TransformerShape& s, int batch) {
   return {z.N, z.T, z.a / 2, z.F / 2, z.lambda / 2, z.A, z.flash};
 }
 
-// A block's activations beside its input, its output included.
-i64 block_k(const Bf16Sizes& z) { return 8 * z.N + (z.flash ? 8 : 11) * z.b + z.A + 2 * z.p; }
+// A block's activations beside its input, its output included; under --checkpoint attention
+// (flash and math alike) the core's own saves are not kept: qkv and y stay, 8N + 8b + 2p.
+i64 block_k(const Bf16Sizes& z, bool recompute_attention = false) {
+  if (recompute_attention) return 8 * z.N + 8 * z.b + 2 * z.p;
+  return 8 * z.N + (z.flash ? 8 : 11) * z.b + z.A + 2 * z.p;
+}
 
 }  // namespace
 
@@ -32,8 +36,9 @@ SavedForm gpt2_saved_after_forward_param_bf16(const TransformerShape& shape, int
   const int w = checkpoint.wrapped_of(shape.layers);  // each saves its input alone
   const i64 L = shape.layers - w;
   // A block saves its input and K less its output.
-  const i64 block = block_k(z);
-  const int storages = z.flash ? 13 : 15;
+  const bool ra = checkpoint.attention();
+  const i64 block = block_k(z, ra);
+  const int storages = ra ? 12 : z.flash ? 13 : 15;
   SavedForm f;
   f.bytes = 8 * z.N + 8 * z.T + L * block + w * z.b + z.b + 4 * z.N + z.b + z.lambda + 8 * z.N + 2;
   f.tensors = 9 + static_cast<int>(L) * storages + w;
@@ -48,7 +53,8 @@ StepBlocks gpt2_param_bf16_blocks(const TransformerShape& shape, int batch, cons
   StepBlocks blocks(t);
   const i64 N = z.N, b = z.b, p = z.p, A = z.A, X = 16 * N;
   blocks.base = 8 * z.T + b;
-  blocks.K = block_k(z);
+  const bool ra = checkpoint.attention();
+  blocks.K = block_k(z, ra);
   blocks.final_held = 4 * N + b;
   blocks.loss_weight = 2;
   blocks.checkpoint = checkpoint;
@@ -57,6 +63,17 @@ StepBlocks gpt2_param_bf16_blocks(const TransformerShape& shape, int batch, cons
   blocks.recompute = [=](PeakWalk& walk, i64 S, i64 pu, i64 gu, const std::string& where) {
     walk.consider(X + 2 * b, S + K - b, pu, gu, Phase::backward, where, true);
   };
+  // --checkpoint attention, math: the core's forward under its checkpoint, from S (ln_1's
+  // statistics and output 4N + b and the saved qkv 3b beside it): the fp32 head-major q, k, v
+  // (temp 6b), the probabilities A beside the head-major output (temp 2b), the fp32 output
+  // (2b) once they are freed, then the bf16 y (b) with the head-major copies still held.
+  if (ra && !flash)
+    blocks.forward_attention = [=](PeakWalk& walk, i64 S, i64 pu, i64 gu, const std::string& where) {
+      const i64 Q = S + 4 * N + 4 * b;
+      walk.consider(X + 8 * b, Q + A, pu, gu, Phase::forward, where);
+      walk.consider(X + 8 * b, Q + 2 * b, pu, gu, Phase::forward, where);
+      walk.consider(X + 6 * b, Q + 3 * b, pu, gu, Phase::forward, where);
+    };
   blocks.backward = [=](PeakWalk& walk, i64 A4, i64 pu, i64 gu, const std::string& where) {
     auto at = [&](i64 temp, i64 act, bool dy_live = false) {
       walk.consider(temp, act, pu, gu, Phase::backward, where, dy_live);
@@ -66,6 +83,30 @@ StepBlocks gpt2_param_bf16_blocks(const TransformerShape& shape, int batch, cons
     at(X + 3 * b, A4 - 2 * p - b, true);
     const i64 R = A4 - 2 * p - 2 * b - 4 * N;  // S + 4N + b + H
     at(X + 2 * b, R);
+    if (ra) {
+      // --checkpoint attention: H = 4b (qkv and y); y freed once c_proj is done, then the
+      // core re-run on the saved qkv.
+      const i64 low = R - 4 * b;  // S + 4N + b
+      if (flash) {
+        at(X + 2 * b, R - b + A);      // the re-run's log-sum-exp
+        at(X + 2 * b, R + A);          // and its bf16 output
+        at(X + 5 * b, R + A);          // d qkv
+      } else {
+        const i64 Rq = R - b;          // qkv held
+        at(X + 4 * b, Rq);             // d y's fp32 upcast
+        at(X + 3 * b, Rq + 6 * b);     // q, k, v again, fp32 head-major (d y freed)
+        at(X + 5 * b, Rq + 6 * b);     // d out head-major
+        at(X + 3 * b, Rq + 6 * b + A); // the probabilities again (d out token-major freed)
+        at(X + 3 * b + A, Rq + 6 * b + A);  // dP
+        at(X + 5 * b + A, Rq + 6 * b + A);  // dv
+        at(X + 5 * b + A, Rq + 4 * b);      // dq (v and the probabilities released)
+        at(X + 7 * b + A, Rq + 4 * b);      // dk
+        at(X + 10 * b, low);                // d qkv (q, k and the checkpoint's qkv released)
+      }
+      at(X + 5 * b, low);
+      at(X + 3 * b, low - b);
+      return;
+    }
     const i64 low = R - (flash ? 4 * b : 7 * b) - A;  // S + 4N + b: ln_1's statistics and output
     if (flash) {
       at(X + 5 * b, R);

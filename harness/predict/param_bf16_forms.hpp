@@ -22,6 +22,8 @@ namespace shardscope {
 // arange(T); ln_f's input, mean, rstd and output; the bf16 log-probabilities, the target and
 // a bf16 total_weight).
 // --checkpoint full|every:K: a wrapped block saves its bf16 input alone (b, one storage).
+// --checkpoint attention: a block saves 8b + 8N + 2p in 12 storages, flash and math alike
+// (the core's inputs qkv and its output y; no lse, no fp32 q, k, v or probabilities).
 SavedForm gpt2_saved_after_forward_param_bf16(const TransformerShape& shape, int batch,
                                               const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 
@@ -48,6 +50,8 @@ SavedForm gpt2_saved_after_forward_param_bf16(const TransformerShape& shape, int
 // temp X + 2b, act S + K − b (math's instants inside lie lower: its upcast q, k, v beside
 // qkv hold 4N + 7b + 4b, its output's fp32 copy 4N + 9b + A + 3b, against 8N + 11b + A + 2p
 // + 2b).
+// --checkpoint attention: K = 8N + 8b + 2p; math's forward under the core's checkpoint and
+// the core's re-run in backward (flash and math) as formulas.md writes them.
 StepBlocks gpt2_param_bf16_blocks(const TransformerShape& shape, int batch,
                                   const CheckpointPolicy& checkpoint = CheckpointPolicy{});
 

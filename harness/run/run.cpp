@@ -93,13 +93,9 @@ void refuse_unbuilt_autocast(const RunConfig& cfg) {
   if (cfg.mesh.given && !cfg.hybrid())
     throw UsageError("--mesh and " + which + ": FSDP's mixed precision on a mesh is not built yet; allowed: "
                      "--strategy ddp|zero1 (autocast), or no --mesh");
-  // GPT-2's and Llama's bf16 modules (harness/model/gpt2_param_bf16.cpp, llama_param_bf16.cpp), and
-  // the MLP's layers, re-run a wrapped block as the fp32 ones do; Llama's also recomputes its
-  // attention core (--checkpoint attention); GPT-2's selective recompute (built under
-  // autocast's ddp and zero1) is not built.
-  if (cfg.model.checkpoint.attention() && cfg.model.name != "llama")
-    throw UsageError("--checkpoint attention and " + which + ": selective recompute under FSDP's bf16 is not built "
-                     "yet; give --checkpoint none, full or every:K, or --strategy ddp|zero1 (autocast)");
+  // GPT-2's and Llama's bf16 modules (harness/model/gpt2_param_bf16.cpp, llama_param_bf16.cpp) and
+  // the MLP's layers re-run a wrapped block as the fp32 ones do, and the transformers' recompute
+  // their attention core (--checkpoint attention): every checkpoint policy is built.
 }
 
 void refuse_checkpointed_pipeline(const RunConfig& cfg) {

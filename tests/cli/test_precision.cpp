@@ -348,7 +348,8 @@ TEST_F(Precision, Bf16FsdpGpt2RunsEveryRankAsPredicted) {
                                "hsdp --shard-group 3 --units 1 --engine fsdp2", "zero3 --units 1 --checkpoint full",
                                "zero2 --units 1 --engine fsdp2 --checkpoint every:2",
                                "zero3 --units 1 --accumulate 2 --no-sync", "zero2 --units 2 --accumulate 3 --no-sync "
-                               "--engine fsdp2"})
+                               "--engine fsdp2", "zero3 --units 1 --checkpoint attention --attention math",
+                               "zero2 --units 1 --checkpoint attention --engine fsdp2"})
     for (int r = 0; r < 3; ++r) {
       const std::string args = std::string("run --backend cpu ") + kGpt2 + "--strategy " + strategy + " --emulate 3:" +
                                std::to_string(r);
@@ -520,10 +521,6 @@ TEST_F(Precision, WhatIsNotBuiltIsRefusedByName) {
       {g + "--precision bf16 --schedule zbv",
        "shardscope: error: --precision bf16 and --schedule zbv: the zero-bubble split (B and W apart) under "
        "autocast is not built yet; allowed: gpipe, 1f1b, interleaved-1f1b"},
-      {g + "--precision bf16 --strategy zero3 --checkpoint attention",
-       "shardscope: error: --checkpoint attention and --precision bf16 and --strategy zero3: selective recompute "
-       "under FSDP's bf16 is not built yet; give --checkpoint none, full or every:K, or --strategy ddp|zero1 "
-       "(autocast)"},
       {g + "--precision bf16 --strategy zero3 --mesh dp=2,tp=2 --emulate 4:0",
        "shardscope: error: --mesh and --precision bf16 and --strategy zero3: FSDP's mixed precision on a mesh is not "
        "built yet; allowed: --strategy ddp|zero1 (autocast), or no --mesh"},

@@ -164,9 +164,11 @@ TEST(FsdpBf16Mpi, Gpt2TrainsNearOneFp32RankAndMatchesTheClosedForms) {
     EngineKind engine;
     CheckpointPolicy checkpoint{};
   };
-  const CheckpointPolicy full{CheckpointKind::every, 1};
+  const CheckpointPolicy full{CheckpointKind::every, 1}, attention{CheckpointKind::attention, 0};
   const EngineKind torch = EngineKind::torch, fsdp2 = EngineKind::fsdp2;
   for (const Setting& s : std::vector<Setting>{{"zero3", 1, 1, true, AttentionMode::flash, torch},
+                                               {"zero3", 1, 1, true, AttentionMode::math, torch, attention},
+                                               {"zero2", 2, 1, false, AttentionMode::flash, fsdp2, attention},
                                                {"zero3", 1, 1, false, AttentionMode::math, torch},
                                                {"zero2", 1, 1, true, AttentionMode::flash, torch},
                                                {"zero3", 0, 1, true, AttentionMode::flash, torch},
