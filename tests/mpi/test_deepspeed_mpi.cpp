@@ -623,6 +623,43 @@ TEST(DeepSpeedMpi, StageThreeTransformersTrainLikeOneRank) {
         }
 }
 
+// One bf16 stage-3 configuration checkpointed under `ck` beside the same step unchecked,
+// both under mpirun: master weights, gradients and AdamW state equal bit for bit (the
+// re-run is the forward's arithmetic), the checkpointed rank's bytes the closed forms' and
+// an emulated rank's.
+void expect_bf16_stage3_checkpointed_as_unchecked(RunConfig cfg, const CheckpointPolicy& ck, std::int64_t threshold,
+                                                  int k) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  cfg.precision = PrecisionKind::bf16;
+  cfg.model.param_bf16 = true;
+  cfg.param_persistence = threshold;
+  cfg.accumulate = k;
+  RunConfig plain = cfg;
+  cfg.model.checkpoint = ck;
+  CpuBackend backend, backend2, backend3;
+  auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
+  const auto r = testing::run_dp(cfg, backend, *comm, true);
+  auto comm2 = make_communicator(CommOptions{"mpi", 0, 0}, &backend2);
+  const auto u = testing::run_dp(plain, backend2, *comm2, true);
+  ASSERT_TRUE(any_nonzero(r.state.grads));
+  EXPECT_EQ(r.state.params, u.state.params);
+  EXPECT_EQ(r.state.grads, u.state.grads);
+  EXPECT_EQ(r.state.exp_avg, u.state.exp_avg);
+  EXPECT_EQ(r.state.exp_avg_sq, u.state.exp_avg_sq);
+  const Prediction p = predict_data_parallel(cfg, world, rank);
+  EXPECT_EQ(r.resting, p.resting);
+  for (int c = 0; c < kCollKindCount; ++c) EXPECT_EQ(r.ledger.by_kind[c].bytes, p.comm_bytes[c]);
+  EXPECT_EQ(r.peak.total, p.peak_total);
+  EXPECT_EQ(r.peak.by_category, p.peak_by_category);
+  EXPECT_EQ(r.where, p.peak_where);
+  auto fake = make_fake_communicator(world, rank, &backend3);
+  const auto e = testing::run_dp(cfg, backend3, *fake, false);
+  EXPECT_EQ(e.resting, r.resting);
+  EXPECT_EQ(e.peak.by_category, r.peak.by_category);
+}
+
 // --checkpoint full|every:K under stage 3 in bf16 (GPT-2's bf16 module): the re-run is the
 // forward's arithmetic, so a checkpointed step trains as the unchecked one does, bit for bit
 // (its master weights, gradients and AdamW state; that one trains as stage 2 and within
@@ -630,9 +667,6 @@ TEST(DeepSpeedMpi, StageThreeTransformersTrainLikeOneRank) {
 // forms' and an emulated rank's. Every tensor gathered (0) and the weights alone (100),
 // one micro-step and two.
 TEST(DeepSpeedMpi, Bf16Gpt2StageThreeCheckpointedTrainsAsUnchecked) {
-  int world = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const CheckpointPolicy policies[] = {{CheckpointKind::every, 1}, {CheckpointKind::every, 2}};
   for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
     for (const CheckpointPolicy& ck : policies)
@@ -641,32 +675,7 @@ TEST(DeepSpeedMpi, Bf16Gpt2StageThreeCheckpointedTrainsAsUnchecked) {
           SCOPED_TRACE(std::string(mode == AttentionMode::flash ? "flash " : "math ") + ck.text() + " threshold " +
                        std::to_string(threshold) + " K=" + std::to_string(k));
           RunConfig cfg = ds_config(testing::gpt2_of(2, 16, 2, 29, 6, 2, mode), "zero3", 0.005);
-          cfg.precision = PrecisionKind::bf16;
-          cfg.model.param_bf16 = true;
-          cfg.param_persistence = threshold;
-          cfg.accumulate = k;
-          RunConfig plain = cfg;
-          cfg.model.checkpoint = ck;
-          CpuBackend backend, backend2, backend3;
-          auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
-          const auto r = testing::run_dp(cfg, backend, *comm, true);
-          auto comm2 = make_communicator(CommOptions{"mpi", 0, 0}, &backend2);
-          const auto u = testing::run_dp(plain, backend2, *comm2, true);
-          ASSERT_TRUE(any_nonzero(r.state.grads));
-          EXPECT_EQ(r.state.params, u.state.params);
-          EXPECT_EQ(r.state.grads, u.state.grads);
-          EXPECT_EQ(r.state.exp_avg, u.state.exp_avg);
-          EXPECT_EQ(r.state.exp_avg_sq, u.state.exp_avg_sq);
-          const Prediction p = predict_data_parallel(cfg, world, rank);
-          EXPECT_EQ(r.resting, p.resting);
-          for (int c = 0; c < kCollKindCount; ++c) EXPECT_EQ(r.ledger.by_kind[c].bytes, p.comm_bytes[c]);
-          EXPECT_EQ(r.peak.total, p.peak_total);
-          EXPECT_EQ(r.peak.by_category, p.peak_by_category);
-          EXPECT_EQ(r.where, p.peak_where);
-          auto fake = make_fake_communicator(world, rank, &backend3);
-          const auto e = testing::run_dp(cfg, backend3, *fake, false);
-          EXPECT_EQ(e.resting, r.resting);
-          EXPECT_EQ(e.peak.by_category, r.peak.by_category);
+          expect_bf16_stage3_checkpointed_as_unchecked(cfg, ck, threshold, k);
         }
 }
 
@@ -674,9 +683,6 @@ TEST(DeepSpeedMpi, Bf16Gpt2StageThreeCheckpointedTrainsAsUnchecked) {
 // checkpointed step trains as the unchecked one does, bit for bit; bytes the forms' and an
 // emulated rank's.
 TEST(DeepSpeedMpi, Bf16LlamaStageThreeCheckpointedTrainsAsUnchecked) {
-  int world = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   ModelConfig tied = testing::llama_of(3, 16, 4, 4, 20, 11, 5, 3, AttentionMode::math, true);
   tied.transformer.qkv_bias = true;
   const std::pair<const char*, ModelConfig> models[] = {
@@ -691,32 +697,7 @@ TEST(DeepSpeedMpi, Bf16LlamaStageThreeCheckpointedTrainsAsUnchecked) {
           SCOPED_TRACE(std::string(name) + " " + ck.text() + " threshold " + std::to_string(threshold) + " K=" +
                        std::to_string(k));
           RunConfig cfg = ds_config(m, "zero3", 0.005);
-          cfg.precision = PrecisionKind::bf16;
-          cfg.model.param_bf16 = true;
-          cfg.param_persistence = threshold;
-          cfg.accumulate = k;
-          RunConfig plain = cfg;
-          cfg.model.checkpoint = ck;
-          CpuBackend backend, backend2, backend3;
-          auto comm = make_communicator(CommOptions{"mpi", 0, 0}, &backend);
-          const auto r = testing::run_dp(cfg, backend, *comm, true);
-          auto comm2 = make_communicator(CommOptions{"mpi", 0, 0}, &backend2);
-          const auto u = testing::run_dp(plain, backend2, *comm2, true);
-          ASSERT_TRUE(any_nonzero(r.state.grads));
-          EXPECT_EQ(r.state.params, u.state.params);
-          EXPECT_EQ(r.state.grads, u.state.grads);
-          EXPECT_EQ(r.state.exp_avg, u.state.exp_avg);
-          EXPECT_EQ(r.state.exp_avg_sq, u.state.exp_avg_sq);
-          const Prediction p = predict_data_parallel(cfg, world, rank);
-          EXPECT_EQ(r.resting, p.resting);
-          for (int c = 0; c < kCollKindCount; ++c) EXPECT_EQ(r.ledger.by_kind[c].bytes, p.comm_bytes[c]);
-          EXPECT_EQ(r.peak.total, p.peak_total);
-          EXPECT_EQ(r.peak.by_category, p.peak_by_category);
-          EXPECT_EQ(r.where, p.peak_where);
-          auto fake = make_fake_communicator(world, rank, &backend3);
-          const auto e = testing::run_dp(cfg, backend3, *fake, false);
-          EXPECT_EQ(e.resting, r.resting);
-          EXPECT_EQ(e.peak.by_category, r.peak.by_category);
+          expect_bf16_stage3_checkpointed_as_unchecked(cfg, ck, threshold, k);
         }
 }
 
