@@ -307,6 +307,12 @@ TEST(Table, CompactTablesFit120Columns) {
   const std::string zero3 = line_with(out, "zero3 ");
   EXPECT_EQ(zero3.rfind("  zero3     1      all ranks", 0), 0u) << zero3;  // units as --units takes them
   EXPECT_NE(out.find("prefetch 1 (zero2, zero3); DDP bucket view (ddp, zero1)"), std::string::npos) << out;
+  // DeepSpeed's ddp (stage 0) buckets as its engine does: DDP's bucket setting is not said of it.
+  json ds = document();
+  ds["runs"].push_back(dp_run("ddp", {dp_rank(0, 526336, 526336, 1052676, 5327904)}));
+  ds["runs"][0]["ddp_bucket"] = "view";
+  ds["runs"][0]["engine"] = "deepspeed";
+  EXPECT_EQ(render_compact(ds).find("DDP bucket"), std::string::npos) << render_compact(ds);
   EXPECT_EQ(line_with(out, "strategy").find("prefetch"), std::string::npos) << out;
   EXPECT_NE(out.find("Bytes: binary units (1 KiB = 1024 B)"), std::string::npos) << out;
   EXPECT_NE(out.find("4P = 2.01 MiB"), std::string::npos) << out;

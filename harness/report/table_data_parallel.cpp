@@ -146,19 +146,20 @@ void print_group(const std::vector<const DataParallelRun*>& runs, const ResultDo
      << setup_line(first.place) << steps_note(runs) << "\n";
 
   std::vector<Row> rows;
+  // DDP's bucket (--ddp-bucket) is torch's ddp's and zero1's: DeepSpeed's engine has its own.
+  const auto ddp_bucketed = [](const DataParallelRun& run) { return !uses_units(run) && run.engine != "deepspeed"; };
   bool any_bucket = false, any_units = false;
   for (const DataParallelRun* run : runs) {
     for (Row& row : rows_of(*run)) rows.push_back(std::move(row));
-    any_bucket = any_bucket || !uses_units(*run);
+    any_bucket = any_bucket || ddp_bucketed(*run);
     any_units = any_units || uses_units(*run);
   }
   // Compact tables state a setting every row shares once, above them, not in a column.
   const auto units = [](const DataParallelRun& run) { return uses_units(run); };
-  const auto no_units = [](const DataParallelRun& run) { return !uses_units(run); };
   const std::string prefetch =
       options.wide ? "" : shared_setting(runs, units, [](const DataParallelRun& r) { return std::to_string(r.prefetch); });
   const std::string bucket =
-      options.wide ? "" : shared_setting(runs, no_units, [](const DataParallelRun& r) { return r.ddp_bucket; });
+      options.wide ? "" : shared_setting(runs, ddp_bucketed, [](const DataParallelRun& r) { return r.ddp_bucket; });
   std::vector<std::string> settings;
   if (any_units && !prefetch.empty()) settings.push_back("prefetch " + prefetch + " (zero2, zero3)");
   if (any_bucket && !bucket.empty()) settings.push_back("DDP bucket " + bucket + " (ddp, zero1)");
