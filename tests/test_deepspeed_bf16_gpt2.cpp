@@ -4,7 +4,8 @@
 // stages 1 and 2 (grad_accum_dtype the parameters' bf16: the bf16 module adds each later
 // micro-step's gradient onto autograd's bf16 one, stage 2 the averaged partition onto the
 // first micro-step's) and --checkpoint full|every:K (the bf16 module's wrapped blocks re-run at
-// the start of their backward). Every emulated rank at W = 1 to 4 measures what the closed
+// the start of their backward) and attention (the module's attention core re-run on its saved
+// bf16 q, k, v). Every emulated rank at W = 1 to 4 measures what the closed
 // forms predict.
 #include <gtest/gtest.h>
 
@@ -30,7 +31,8 @@ RunConfig bf16_gpt2(const ModelConfig& m, const char* strategy, double bucket_mb
   return cfg;
 }
 
-// flash and math; none, full and every:2; K = 1, 2, 3 (stage 1 with and without --no-sync,
+// flash and math; none, full, every:2 and attention (the bf16 module's attention recompute,
+// as under FSDP's bf16); K = 1, 2, 3 (stage 1 with and without --no-sync,
 // which changes nothing there); one bucket and several. Two shapes: the DeepSpeed GPT-2 tests'
 // and one whose MLP is narrower than h (f = 8 < h = 16) with activations above the
 // parameters, so that a peak in a re-run shows.
@@ -39,7 +41,8 @@ TEST(DeepSpeedBf16Gpt2, AccumulationAndCheckpointMeasuredEqualPredictedEveryRank
   int checked = 0;
   for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
     for (const ModelConfig& m : {testing::gpt2_of(2, 16, 2, 29, 6, 2, mode), testing::gpt2_of(3, 16, 2, 11, 32, 4, mode, 8)})
-      for (const CheckpointPolicy& ck : {CheckpointPolicy{}, every(1), every(2)})
+      for (const CheckpointPolicy& ck :
+           {CheckpointPolicy{}, every(1), every(2), CheckpointPolicy{CheckpointKind::attention, 1}})
         for (const char* s : {"zero1", "zero2"})
           for (int k : {1, 2, 3})
             for (bool no_sync : {false, true})
@@ -58,7 +61,7 @@ TEST(DeepSpeedBf16Gpt2, AccumulationAndCheckpointMeasuredEqualPredictedEveryRank
                             std::to_string(k) + (no_sync ? " no-sync" : "") + " bucket " + std::to_string(bucket)));
                     ++checked;
                   }
-  EXPECT_EQ(checked, 2 * 2 * 3 * (3 + 2 + 3) * 2 * 10);
+  EXPECT_EQ(checked, 2 * 2 * 4 * (3 + 2 + 3) * 2 * 10);
   bool recompute = false, backward = false;
   for (const std::string& p : places) {
     recompute = recompute || p.find("recompute") != std::string::npos;
@@ -171,6 +174,44 @@ TEST(DeepSpeedBf16Gpt2, CheckpointSavesAreFsdpBf16Modules) {
       auto c3 = make_fake_communicator(2, 1, &b3);
       EXPECT_LT(r_ds.saved.bytes, testing::run_dp(plain, b3, *c3, false).saved.bytes);
     }
+}
+
+// --checkpoint attention under stages 0, 1 and 2: the bf16 module's recompute gives the
+// unchecked bf16 step's loss and gradients bit for bit, saves less than it, and moves the same
+// collectives (the core has no parameters: nothing reduced or gathered again), flash and math.
+TEST(DeepSpeedBf16Gpt2, AttentionRecomputeIsThePlainStepBitForBit) {
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+    for (const char* s : {"ddp", "zero1", "zero2"})
+      for (int k : {1, 2}) {
+        SCOPED_TRACE(std::string(s) + (mode == AttentionMode::flash ? " flash" : " math") + " K=" + std::to_string(k));
+        RunConfig cfg = bf16_gpt2(testing::gpt2_of(3, 16, 2, 11, 32, 4, mode, 8), s, 0);
+        cfg.model.checkpoint = CheckpointPolicy{CheckpointKind::attention, 1};
+        cfg.accumulate = k;
+        cfg.steps = 2;
+        RunConfig plain = cfg;
+        plain.model.checkpoint = CheckpointPolicy{};
+        // One rank (the whole state its own): parameters, gradients and AdamW's state after
+        // two steps; rank 1 of 2: its losses, saves and collectives.
+        for (int world : {1, 2}) {
+          CpuBackend b1, b2;
+          auto c1 = make_fake_communicator(world, world - 1, &b1);
+          auto c2 = make_fake_communicator(world, world - 1, &b2);
+          const auto r = testing::run_dp(cfg, b1, *c1, world == 1);
+          const auto p = testing::run_dp(plain, b2, *c2, world == 1);
+          if (world == 1) {
+            ASSERT_TRUE(testing::any_nonzero(p.state.grads));
+            EXPECT_EQ(r.state.grads, p.state.grads);
+            EXPECT_EQ(r.state.params, p.state.params);
+            EXPECT_EQ(r.state.exp_avg_sq, p.state.exp_avg_sq);
+          }
+          EXPECT_EQ(r.losses, p.losses);
+          EXPECT_LT(r.saved.bytes, p.saved.bytes);
+          for (int c = 0; c < static_cast<int>(r.ledger.by_kind.size()); ++c) {
+            EXPECT_EQ(r.ledger.by_kind[c].bytes, p.ledger.by_kind[c].bytes);
+            EXPECT_EQ(r.ledger.by_kind[c].calls, p.ledger.by_kind[c].calls);
+          }
+        }
+      }
 }
 
 }  // namespace

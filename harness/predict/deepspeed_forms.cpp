@@ -336,16 +336,6 @@ std::vector<Prediction> bf16_transformer_ranks(const RunConfig& cfg, int world, 
 
 }  // namespace
 
-void refuse_deepspeed_bf16_checkpoint(const RunConfig& cfg) {
-  const ModelConfig& m = cfg.model;
-  if (cfg.precision != PrecisionKind::bf16 || m.name != "gpt2" || m.checkpoint.kind != CheckpointKind::attention ||
-      cfg.strategy == StrategyKind::zero3)
-    return;
-  throw UsageError("--checkpoint attention and --engine deepspeed and --strategy " +
-                   std::string(strategy_name(cfg.strategy)) + " and --precision bf16 and --model gpt2: not built " +
-                   "yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint full|every:K, or fp32");
-}
-
 std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world) {
   const ModelConfig& m = cfg.model;
   const std::vector<i64> tensors = model_tensor_elems(m);
@@ -353,10 +343,8 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // optimizer's copy of the partition and AdamW's state are fp32 under both).
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
   refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
-  // --checkpoint under bf16: the MLP's, GPT-2's and Llama's full|every:K (stage 3's too); GPT-2's
-  // bf16 module has no attention recompute yet, Llama's runs under FSDP alone (a plan skips it
-  // with the reason, but stage 3's, planned by its model states).
-  if (lp != 4) refuse_deepspeed_bf16_checkpoint(cfg);
+  // --checkpoint under bf16: the MLP's, GPT-2's and Llama's full|every:K (stage 3's too) and
+  // GPT-2's and Llama's attention under stages 0, 1 and 2 (the bf16 module's recompute).
   // Stage 3 runs the MLP, GPT-2 and Llama in fp32 and bf16 (bf16 with --checkpoint
   // full|every:K); a transformer's bf16 under --checkpoint attention is planned by its model
   // states.

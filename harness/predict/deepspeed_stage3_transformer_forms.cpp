@@ -687,10 +687,8 @@ Family llama_bf16_family(const ModelConfig& model) {
 std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model) {
   const std::string flags = "--checkpoint " + model.checkpoint.text() +
                             " and --engine deepspeed and --strategy zero3 and --precision bf16 and --model " + model.name;
-  return flags + ": not built yet (" +
-         (model.name == "gpt2" ? "GPT-2's bf16 module has no attention recompute"
-                               : "Llama's bf16 module recomputes its attention under FSDP, not under stage 3's hooks") +
-         "); allowed: --checkpoint full|every:K, or fp32";
+  return flags + ": not built yet (the bf16 module recomputes its attention under stages 0-2 and FSDP, " +
+         "not under stage 3's hooks); allowed: --checkpoint full|every:K, or fp32";
 }
 
 std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cfg, int world) {

@@ -196,10 +196,11 @@ TEST_F(DeepSpeedCli, AccumulationOnEveryEmulatedRank) {
 }
 
 // --precision bf16 runs the MLP's and GPT-2's ddp (DeepSpeed's stage 0), zero1, zero2 and
-// zero3 (DeepSpeed's bf16 regime), with --accumulate (and --checkpoint but GPT-2's stage 3):
+// zero3 (DeepSpeed's bf16 regime), with --accumulate and --checkpoint (attention but stage 3's):
 // every emulated rank at W = 3 holds its predictions, the record says bf16 and deepspeed;
-// Llama's zero3 (--accumulate too) runs; Llama's ddp and accumulated or checkpointed zero1 and
-// zero2, a checkpointed stage 3 and the attention recompute in bf16 are refused by name (exit 2).
+// Llama's (and GPT-2's) ddp, accumulated and checkpointed zero1 and zero2 (--checkpoint
+// attention too: the bf16 module's recompute) and zero3 run; the attention recompute under
+// stage 3 in bf16 is refused by name (exit 2).
 TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
   const struct {
     const char* model;
@@ -232,7 +233,10 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
               {kLlama, "zero1 --accumulate 3 --no-sync --checkpoint every:2"},
               {kLlama, "ddp --checkpoint attention --attention math"},
               {kLlama, "zero1 --accumulate 2 --checkpoint attention"},
-              {kLlama, "zero2 --accumulate 2 --checkpoint full --attention math"}};
+              {kLlama, "zero2 --accumulate 2 --checkpoint full --attention math"},
+              {kGpt2, "ddp --checkpoint attention --attention math"},
+              {kGpt2, "zero1 --accumulate 2 --checkpoint attention"},
+              {kGpt2, "zero2 --checkpoint attention --attention math"}};
   for (const auto& [model, strategy] : runs)
     for (int r = 0; r < 3; ++r) {
       const std::string flags = std::string(model) + "--steps 2 --engine deepspeed --precision bf16 --strategy " +
@@ -252,16 +256,12 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
   } refused[] = {
       {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint attention",
        "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero3 and --precision bf16 "
-       "and --model llama: not built yet (Llama's bf16 module recomputes its attention under FSDP, not under stage "
-       "3's hooks); allowed: --checkpoint full|every:K, or fp32"},
+       "and --model llama: not built yet (the bf16 module recomputes its attention under stages 0-2 and FSDP, not "
+       "under stage 3's hooks); allowed: --checkpoint full|every:K, or fp32"},
       {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint attention",
        "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero3 and --precision bf16 "
-       "and --model gpt2: not built yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint "
-       "full|every:K, or fp32"},
-      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero1 --checkpoint attention",
-       "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero1 and --precision bf16 "
-       "and --model gpt2: not built yet (GPT-2's bf16 module has no attention recompute); allowed: --checkpoint "
-       "full|every:K, or fp32"},
+       "and --model gpt2: not built yet (the bf16 module recomputes its attention under stages 0-2 and FSDP, not "
+       "under stage 3's hooks); allowed: --checkpoint full|every:K, or fp32"},
       {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero2 --accumulate 2 --no-sync",
        "shardscope: error: --no-sync and --engine deepspeed and --strategy zero2: DeepSpeed's no_sync asserts it is "
        "incompatible with ZeRO stage 2/3 (they partition gradients as backward runs); allowed: --strategy zero1, or "
@@ -330,12 +330,15 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndPeak) {
   EXPECT_NE(bf16.find("(note) DeepSpeed's bf16 regime of a transformer"), std::string::npos) << bf16;
 }
 
-// plan prints the peak of GPT-2's bf16 ddp, zero1 and zero2 with --accumulate and --checkpoint as
+// plan prints the peak of GPT-2's bf16 ddp, zero1 and zero2 with --accumulate and --checkpoint
+// (attention too) as
 // an emulated rank measures it (W = 3, rank 1: its group's row), no "peak unknown".
 TEST_F(DeepSpeedCli, PlanPrintsBf16Gpt2sPeakAsARunMeasuresIt) {
   for (const char* flags : {"--strategy zero1 --accumulate 2 --checkpoint full",
                             "--strategy zero2 --accumulate 3 --checkpoint every:2",
-                            "--strategy ddp --accumulate 2 --checkpoint every:2"}) {
+                            "--strategy ddp --accumulate 2 --checkpoint every:2",
+                            "--strategy zero1 --checkpoint attention --attention math",
+                            "--strategy zero2 --accumulate 2 --checkpoint attention"}) {
     std::string planned_flags = std::string(flags).replace(0, 10, "--strategies");
     ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan " + kGpt2 +
                     "--engine deepspeed --precision bf16 " + planned_flags +
