@@ -349,8 +349,9 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
   if (command != "plan") refuse_deepspeed_no_sync(c);
   // --checkpoint under bf16 runs the MLP's, GPT-2's and Llama's full|every:K (the bf16 module
   // re-runs a wrapped block), under stage 3 too, and GPT-2's and Llama's attention under
-  // stages 0-2 (the module's recompute); stage 3's hooks have no re-run of the core.
-  if (c.model.checkpoint.attention() && command != "plan" && c.model.is_transformer() &&
+  // stages 0-2 (the module's recompute), GPT-2's under stage 3 too (the core has no module:
+  // no hook fires in its re-run); Llama's stage 3 walk has no re-run of the core.
+  if (c.model.checkpoint.attention() && command != "plan" && c.model.is_transformer() && c.model.name != "gpt2" &&
       c.strategy == StrategyKind::zero3 && c.precision == PrecisionKind::bf16)
     throw UsageError(deepspeed_stage3_checkpoint_refusal(c.model));
   if (app.count("--ddp-bucket") > 0)

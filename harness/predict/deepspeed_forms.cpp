@@ -350,7 +350,7 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // states.
   if (cfg.strategy == StrategyKind::zero3) {
     if (!m.is_transformer()) return predict_deepspeed_stage3_mlp(cfg, world);
-    const bool built = lp == 4 || !m.checkpoint.attention();
+    const bool built = lp == 4 || !m.checkpoint.attention() || m.name == "gpt2";
     return built ? predict_deepspeed_stage3_transformer(cfg, world)
                  : stage3_model_states(tensors, world, lp, cfg.param_persistence);
   }

@@ -485,10 +485,13 @@ Family llama_family(const ModelConfig& model) {
 Family gpt2_bf16_family(const ModelConfig& model) {
   const TransformerShape& s = model.transformer;
   const TokenSizes z = token_sizes(s, model.batch);
-  const StepBlocks blocks = gpt2_param_bf16_blocks(s, model.batch);
+  const bool ra = model.checkpoint.attention();
+  const StepBlocks blocks = gpt2_param_bf16_blocks(s, model.batch, model.checkpoint);
   const i64 N = z.N, b = z.a / 2, p = z.F / 2, A = z.A, X = 16 * N, K = blocks.K;
   const bool flash = z.flash;
-  const i64 H = flash ? 4 * b + A : 7 * b + A;  // the attention's saves (qkv, out, lse | q, k, v, probs, out)
+  // The attention's saves (qkv, out, lse | q, k, v, probs, out); --checkpoint attention: its
+  // checkpoint's save qkv and c_proj's y alone, flash and math.
+  const i64 H = ra ? 4 * b : flash ? 4 * b + A : 7 * b + A;
   Family f;
   gpt2_modules(f, s);
   f.base = blocks.base;
@@ -506,7 +509,14 @@ Family gpt2_bf16_family(const ModelConfig& model) {
       w.forward_end(mod(blk, i));
     };
     through(0, Xd, S, Xd, S + 4 * N + b);                                       // ln_1: mean, rstd, output
-    through(2, Xd, S + 4 * N + b, flash ? Xd : Xd + 3 * b, S + 4 * N + b + (flash ? 3 * b : 0));  // c_attn: qkv
+    const bool saved_qkv = flash || ra;  // qkv an activation (flash's save, or the checkpoint's)
+    through(2, Xd, S + 4 * N + b, saved_qkv ? Xd : Xd + 3 * b, S + 4 * N + b + (saved_qkv ? 3 * b : 0));  // c_attn
+    if (ra && !flash) {  // math's core under its checkpoint (no module): param_bf16_forms.cpp's instants
+      const i64 Q = S + 4 * N + 4 * b;
+      w.at(X + 8 * b, Q + A);
+      w.at(X + 8 * b, Q + 2 * b);
+      w.at(X + 6 * b, Q + 3 * b);
+    }
     const i64 S1 = S + 4 * N + b + H;                                           // after the attention
     through(4, Xd, S1, Xd, S1 + b);                                             // attn.c_proj: x_mid
     through(6, Xd, S1 + b, Xd, S1 + 2 * b + 4 * N);                             // ln_2
@@ -534,7 +544,22 @@ Family gpt2_bf16_family(const ModelConfig& model) {
     w.backward_end(mod(blk, 4), X + 2 * b, R, true);
     // the attention (no module): param_bf16_forms.cpp's instants
     const i64 low = R - H;  // S + 4N + b: ln_1's statistics and output
-    if (flash) {
+    if (ra && flash) {  // --checkpoint attention: y freed, the core re-run on the saved qkv
+      w.at(X + 2 * b, R - b + A);  // the re-run's log-sum-exp
+      w.at(X + 2 * b, R + A);      // and its bf16 output
+      w.at(X + 5 * b, R + A);      // d qkv
+    } else if (ra) {
+      const i64 Rq = R - b;                // qkv held
+      w.at(X + 4 * b, Rq);                 // d y's fp32 upcast
+      w.at(X + 3 * b, Rq + 6 * b);         // q, k, v again, fp32 head-major (d y freed)
+      w.at(X + 5 * b, Rq + 6 * b);         // d out head-major
+      w.at(X + 3 * b, Rq + 6 * b + A);     // the probabilities again (d out token-major freed)
+      w.at(X + 3 * b + A, Rq + 6 * b + A);  // dP
+      w.at(X + 5 * b + A, Rq + 6 * b + A);  // dv
+      w.at(X + 5 * b + A, Rq + 4 * b);      // dq (v and the probabilities released)
+      w.at(X + 7 * b + A, Rq + 4 * b);      // dk
+      w.at(X + 10 * b, low);                // d qkv (q, k and the checkpoint's qkv released)
+    } else if (flash) {
       w.at(X + 5 * b, R);  // d qkv
     } else {
       w.at(X + 4 * b, R - b);            // the output released; d y's fp32 upcast
@@ -687,8 +712,8 @@ Family llama_bf16_family(const ModelConfig& model) {
 std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model) {
   const std::string flags = "--checkpoint " + model.checkpoint.text() +
                             " and --engine deepspeed and --strategy zero3 and --precision bf16 and --model " + model.name;
-  return flags + ": not built yet (the bf16 module recomputes its attention under stages 0-2 and FSDP, " +
-         "not under stage 3's hooks); allowed: --checkpoint full|every:K, or fp32";
+  return flags + ": not built yet (Llama's bf16 module recomputes its attention under stages 0-2 and FSDP; " +
+         "stage 3's walk of it has no re-run of the core); allowed: --checkpoint full|every:K, or fp32";
 }
 
 std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cfg, int world) {

@@ -298,7 +298,7 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
        << '\n';
   if (stage3_unknown)
     os << tables::wrap_text(
-              "  (note) DeepSpeed's bf16 regime of a transformer where it does not run (its stage 3 under "
+              "  (note) DeepSpeed's bf16 regime of a transformer where it does not run (Llama's stage 3 under "
               "--checkpoint attention) is planned by its model states (docs/formulas.md, "
               "\"DeepSpeed\"): their step (gathered parameters, buckets, activations) and traffic are not predicted "
               "in this build, and not printed rather than guessed.",

@@ -149,10 +149,10 @@ TEST_F(DeepSpeedCli, CombinationsItDoesNotTakeAreExitTwo) {
     EXPECT_EQ(rc, 2) << c.flags;
     EXPECT_EQ(first_line(dir_ + "/err.txt"), c.line) << c.flags;
   }
-  // A transformer's stage 3 under --checkpoint runs in fp32 (and GPT-2's full|every:K in
-  // bf16); its attention recompute under bf16 is refused by name (one line naming
-  // --precision bf16 and zero3).
-  EXPECT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + kGpt2 +
+  // A transformer's stage 3 under --checkpoint runs in fp32 and bf16 (GPT-2's attention
+  // recompute too); Llama's attention recompute under bf16 is refused by name (one line
+  // naming --precision bf16 and zero3).
+  EXPECT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' run --backend cpu " + kLlama +
                   "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint attention " +
                   "> /dev/null 2> err.txt"),
             2);
@@ -196,11 +196,11 @@ TEST_F(DeepSpeedCli, AccumulationOnEveryEmulatedRank) {
 }
 
 // --precision bf16 runs the MLP's and GPT-2's ddp (DeepSpeed's stage 0), zero1, zero2 and
-// zero3 (DeepSpeed's bf16 regime), with --accumulate and --checkpoint (attention but stage 3's):
+// zero3 (DeepSpeed's bf16 regime), with --accumulate and --checkpoint (attention too):
 // every emulated rank at W = 3 holds its predictions, the record says bf16 and deepspeed;
 // Llama's (and GPT-2's) ddp, accumulated and checkpointed zero1 and zero2 (--checkpoint
-// attention too: the bf16 module's recompute) and zero3 run; the attention recompute under
-// stage 3 in bf16 is refused by name (exit 2).
+// attention too: the bf16 module's recompute) and zero3 run; Llama's attention recompute
+// under stage 3 in bf16 is refused by name (exit 2).
 TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
   const struct {
     const char* model;
@@ -236,7 +236,9 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
               {kLlama, "zero2 --accumulate 2 --checkpoint full --attention math"},
               {kGpt2, "ddp --checkpoint attention --attention math"},
               {kGpt2, "zero1 --accumulate 2 --checkpoint attention"},
-              {kGpt2, "zero2 --checkpoint attention --attention math"}};
+              {kGpt2, "zero2 --checkpoint attention --attention math"},
+              {kGpt2Wide, "zero3 --checkpoint attention --attention math"},
+              {kGpt2, "zero3 --accumulate 2 --checkpoint attention"}};
   for (const auto& [model, strategy] : runs)
     for (int r = 0; r < 3; ++r) {
       const std::string flags = std::string(model) + "--steps 2 --engine deepspeed --precision bf16 --strategy " +
@@ -256,12 +258,8 @@ TEST_F(DeepSpeedCli, Bf16OnEveryEmulatedRank) {
   } refused[] = {
       {std::string(kLlama) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint attention",
        "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero3 and --precision bf16 "
-       "and --model llama: not built yet (the bf16 module recomputes its attention under stages 0-2 and FSDP, not "
-       "under stage 3's hooks); allowed: --checkpoint full|every:K, or fp32"},
-      {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero3 --checkpoint attention",
-       "shardscope: error: --checkpoint attention and --engine deepspeed and --strategy zero3 and --precision bf16 "
-       "and --model gpt2: not built yet (the bf16 module recomputes its attention under stages 0-2 and FSDP, not "
-       "under stage 3's hooks); allowed: --checkpoint full|every:K, or fp32"},
+       "and --model llama: not built yet (Llama's bf16 module recomputes its attention under stages 0-2 and FSDP; "
+       "stage 3's walk of it has no re-run of the core); allowed: --checkpoint full|every:K, or fp32"},
       {std::string(kGpt2) + "--engine deepspeed --precision bf16 --strategy zero2 --accumulate 2 --no-sync",
        "shardscope: error: --no-sync and --engine deepspeed and --strategy zero2: DeepSpeed's no_sync asserts it is "
        "incompatible with ZeRO stage 2/3 (they partition gradients as backward runs); allowed: --strategy zero1, or "
@@ -299,7 +297,7 @@ TEST_F(DeepSpeedCli, PlanPrintsStageThreesModelStatesAndPeak) {
         std::string(kGpt2Wide) + "--checkpoint full ",
         std::string(kLlamaWide) + "--checkpoint full ", std::string(kGpt2Wide) + "--checkpoint every:2 ",
         std::string(kLlamaWide) + "--checkpoint every:2 ", bf16_gpt2 + "--checkpoint full ",
-        bf16_llama + "--checkpoint full "}) {
+        bf16_llama + "--checkpoint full ", bf16_gpt2 + "--checkpoint attention --attention math "}) {
     ASSERT_EQ(shell("cd '" + dir_ + "' && timeout 60 '" + bin_ + "' plan " + model +
                     "--engine deepspeed --strategies zero3 --worlds 3 --bytes exact --json p.json > out.txt 2> err.txt"),
               0)

@@ -451,8 +451,8 @@ TEST(DeepSpeedMpi, Bf16StageThreeTrainsLikeOneRank) {
 }
 
 // --precision bf16 on GPT-2 and Llama with --accumulate K (autograd's bf16 gradients added onto, stage
-// 2's averaged partition onto the first micro-step's) and --checkpoint full|every:2 (the bf16
-// module's re-run), stages 1 and 2, flash and math: every rank's bytes and traffic equal the
+// 2's averaged partition onto the first micro-step's) and --checkpoint full|every:2|attention
+// (the bf16 module's re-runs), stages 0, 1 and 2, flash and math: every rank's bytes and traffic equal the
 // closed forms and an emulated rank's; the last averaged gradient is fp32 one-rank training's
 // on the K-fold batch (one step) within bf16's rounding (by norm, as the one-micro-step test).
 TEST(DeepSpeedMpi, Bf16Gpt2AccumulationAndCheckpointHoldTheirPredictions) {
@@ -474,7 +474,9 @@ TEST(DeepSpeedMpi, Bf16Gpt2AccumulationAndCheckpointHoldTheirPredictions) {
                {"zero1", 2, false, {CheckpointKind::every, 1}, AttentionMode::flash, true},
                {"zero2", 3, false, {CheckpointKind::every, 2}, AttentionMode::math, true},
                {"zero1", 2, false, {CheckpointKind::attention, 1}, AttentionMode::math, true},
-               {"ddp", 2, false, {CheckpointKind::attention, 1}, AttentionMode::flash, true}};
+               {"ddp", 2, false, {CheckpointKind::attention, 1}, AttentionMode::flash, true},
+               {"zero2", 2, false, {CheckpointKind::attention, 1}, AttentionMode::flash, false},
+               {"ddp", 1, false, {CheckpointKind::attention, 1}, AttentionMode::math, false}};
   for (const auto& c : cases)
     for (double bucket : {0.0, 0.005}) {
       SCOPED_TRACE(std::string(c.strategy) + " K=" + std::to_string(c.k) + (c.no_sync ? " no-sync " : " ") +
@@ -660,14 +662,15 @@ void expect_bf16_stage3_checkpointed_as_unchecked(RunConfig cfg, const Checkpoin
   EXPECT_EQ(e.peak.by_category, r.peak.by_category);
 }
 
-// --checkpoint full|every:K under stage 3 in bf16 (GPT-2's bf16 module): the re-run is the
-// forward's arithmetic, so a checkpointed step trains as the unchecked one does, bit for bit
+// --checkpoint full|every:K|attention under stage 3 in bf16 (GPT-2's bf16 module): the
+// re-run (a block's, or the attention core's) is the forward's arithmetic, so a checkpointed step trains as the unchecked one does, bit for bit
 // (its master weights, gradients and AdamW state; that one trains as stage 2 and within
 // bf16's rounding of fp32, Bf16Gpt2StageThreeTrainsLikeOneRank); its bytes are the closed
 // forms' and an emulated rank's. Every tensor gathered (0) and the weights alone (100),
 // one micro-step and two.
 TEST(DeepSpeedMpi, Bf16Gpt2StageThreeCheckpointedTrainsAsUnchecked) {
-  const CheckpointPolicy policies[] = {{CheckpointKind::every, 1}, {CheckpointKind::every, 2}};
+  const CheckpointPolicy policies[] = {
+      {CheckpointKind::every, 1}, {CheckpointKind::every, 2}, {CheckpointKind::attention, 1}};
   for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
     for (const CheckpointPolicy& ck : policies)
       for (std::int64_t threshold : {std::int64_t{0}, std::int64_t{100}})
