@@ -264,6 +264,65 @@ TEST(DeepSpeedStage3Bf16, AttentionRecomputeGpt2MeasuredEqualsPredictedEveryRank
   EXPECT_EQ(checked, 6 * 2 * 2 * 2 * 10);
 }
 
+// The same on Llama's bf16 module (GQA untied, MHA tied, a long sequence against a narrow
+// MLP), flash and math: the core's own save (flash's lse, math's probabilities) not kept,
+// made again between o's and v's backward; nothing gathered again.
+TEST(DeepSpeedStage3Bf16, AttentionRecomputeLlamaMeasuredEqualsPredictedEveryRank) {
+  std::vector<std::pair<std::string, ModelConfig>> models;
+  for (AttentionMode mode : {AttentionMode::flash, AttentionMode::math}) {
+    const std::string how = mode == AttentionMode::flash ? " flash" : " math";
+    models.emplace_back("llama" + how, testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, mode, false));
+    models.emplace_back("llama tied" + how, testing::llama_of(3, 16, 4, 4, 20, 11, 5, 3, mode, true));
+    models.emplace_back("llama long" + how, testing::llama_of(1, 16, 4, 2, 8, 11, 32, 2, mode, false));
+  }
+  const CheckpointPolicy attention{CheckpointKind::attention, 1};
+  int checked = 0;
+  for (const auto& [name, m] : models) {
+    for (std::int64_t threshold : {0, 100'000})
+      for (int buckets : {0, 1})
+        for (int k : {1, 2})
+          for (int world = 1; world <= 4; ++world)
+            for (int rank = 0; rank < world; ++rank) {
+              std::int64_t largest = 0;
+              for (std::int64_t n : model_tensor_elems(m)) largest = std::max(largest, n);
+              const double bucket = buckets == 0 ? 0.0 : 1.05 * 4.0 * static_cast<double>(largest) / (1 << 20);
+              RunConfig cfg = bf16_stage3(m, bucket);
+              cfg.model.checkpoint = attention;
+              cfg.param_persistence = threshold;
+              cfg.accumulate = k;
+              check_deepspeed_rank(cfg, world, rank,
+                                   name + " attention threshold " + std::to_string(threshold) + " bucket " +
+                                       std::to_string(bucket) + " K=" + std::to_string(k));
+              ++checked;
+            }
+    SCOPED_TRACE(name);
+    for (int world : {1, 3}) {
+      RunConfig cfg = bf16_stage3(m, 0);
+      cfg.model.checkpoint = attention;
+      RunConfig plain = cfg;
+      plain.model.checkpoint = CheckpointPolicy{};
+      CpuBackend b1, b2;
+      auto c1 = make_fake_communicator(world, world == 1 ? 0 : 1, &b1);
+      auto c2 = make_fake_communicator(world, world == 1 ? 0 : 1, &b2);
+      const auto r = testing::run_dp(cfg, b1, *c1, world == 1);
+      const auto p = testing::run_dp(plain, b2, *c2, world == 1);
+      if (world == 1) {
+        ASSERT_TRUE(testing::any_nonzero(p.state.params));
+        EXPECT_EQ(r.state.params, p.state.params);
+        EXPECT_EQ(r.state.grads, p.state.grads);
+        EXPECT_EQ(r.state.exp_avg_sq, p.state.exp_avg_sq);
+      }
+      EXPECT_EQ(r.losses, p.losses);
+      EXPECT_LT(r.saved.bytes, p.saved.bytes);
+      for (int c = 0; c < kCollKindCount; ++c) {
+        EXPECT_EQ(r.ledger.by_kind[c].bytes, p.ledger.by_kind[c].bytes);
+        EXPECT_EQ(r.ledger.by_kind[c].calls, p.ledger.by_kind[c].calls);
+      }
+    }
+  }
+  EXPECT_EQ(checked, 6 * 2 * 2 * 2 * 10);
+}
+
 // --checkpoint full|every:K under stage 3 in bf16 on Llama (its bf16 module: no layer saves
 // the bf16 stream, so a wrapped layer's input is its checkpoint's save and the output of the
 // layer below it an activation): down_proj gathered first, the re-run gathering every other

@@ -316,8 +316,8 @@ CheckpointPolicy parse_checkpoint(const std::string& v) {
 void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, const CLI::App& app) {
   if (c.precision == PrecisionKind::fp32) return;
   // DeepSpeed's bf16 regime runs the MLP's, GPT-2's and Llama's stages 0 (ddp: FP16_Optimizer
-  // in bf16), 1, 2 and 3 (--accumulate and --checkpoint too); what it refuses (--checkpoint
-  // attention under stage 3) check_deepspeed says.
+  // in bf16), 1, 2 and 3 (--accumulate and --checkpoint too); what it refuses check_deepspeed
+  // says.
   if (effective_engine(c.engine, c.strategy, c.precision) == EngineKind::deepspeed) return;
   const std::string bf16 = "--precision bf16";
   // --checkpoint attention runs under autocast's ddp and zero1 (and along dp of a tp mesh);
@@ -336,7 +336,7 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
 
 // --engine deepspeed's combinations (docs/cli.md): stage 3 runs the MLP (fp32 and bf16), GPT-2
 // (fp32 and bf16) and Llama in fp32 (Llama's bf16 is refused by refuse_unbuilt_precision); --checkpoint
-// runs wherever the step runs (but the bf16 attention recompute under stage 3); DeepSpeed has no
+// runs wherever the step runs; DeepSpeed has no
 // units, no DDP bucket copy, no no_sync under stages 2 and 3
 // (its engine asserts so), and its bucket must hold the largest tensor (DeepSpeed's
 // extra-large-parameter path is not built).
@@ -347,13 +347,9 @@ void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const
     throw UsageError("--units and --engine deepspeed: DeepSpeed's ZeRO has no units (one flat group); drop --units");
   // A plan lists its strategies: the forms skip each refused one with the reason.
   if (command != "plan") refuse_deepspeed_no_sync(c);
-  // --checkpoint under bf16 runs the MLP's, GPT-2's and Llama's full|every:K (the bf16 module
-  // re-runs a wrapped block), under stage 3 too, and GPT-2's and Llama's attention under
-  // stages 0-2 (the module's recompute), GPT-2's under stage 3 too (the core has no module:
-  // no hook fires in its re-run); Llama's stage 3 walk has no re-run of the core.
-  if (c.model.checkpoint.attention() && command != "plan" && c.model.is_transformer() && c.model.name != "gpt2" &&
-      c.strategy == StrategyKind::zero3 && c.precision == PrecisionKind::bf16)
-    throw UsageError(deepspeed_stage3_checkpoint_refusal(c.model));
+  // --checkpoint under bf16 runs every policy: the MLP's, GPT-2's and Llama's full|every:K (the
+  // bf16 module re-runs a wrapped block) and the transformers' attention (the module's
+  // recompute; under stage 3 no hook fires in it), stages 0 to 3.
   if (app.count("--ddp-bucket") > 0)
     throw UsageError("--ddp-bucket and " + both + ": DeepSpeed's buckets are its own (--bucket-mb); drop --ddp-bucket");
   std::int64_t largest = 0;

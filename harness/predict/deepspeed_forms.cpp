@@ -20,33 +20,6 @@ using i64 = std::int64_t;
 // DeepSpeed's default: stage 3's optimizer groups hold this many elements (sub_group_size).
 constexpr i64 kSubGroupSize = 1'000'000'000;
 
-// Stage 3's model states (planned only): lp bytes an element of the model's parameters and
-// gradients (4 fp32, 2 bf16), the optimizer's copy and AdamW's state fp32.
-// A tensor of at most `threshold` elements stays gathered (stage3_param_persistence_threshold).
-std::vector<Prediction> stage3_model_states(const std::vector<i64>& tensors, int world, i64 lp, i64 threshold) {
-  Prediction p;
-  p.peak_known = false;
-  i64 C = 0, persistent = 0, groups = 0, in_group = 0;
-  for (std::size_t t = 0; t < tensors.size(); ++t) {
-    const i64 c = (tensors[t] + world - 1) / world;
-    C += c;
-    if (tensors[t] <= threshold) persistent += tensors[t];
-    // A sub-group closes once it holds sub_group_size elements, and at the last tensor.
-    in_group += c;
-    if (in_group >= kSubGroupSize || t + 1 == tensors.size()) {
-      ++groups;
-      in_group = 0;
-    }
-  }
-  // The optimizer's fp32 copy: the master weights under bf16, a second fp32 copy in fp32.
-  p.resting[Category::param] = lp * C + (lp == 4 ? 4 * C : 0) + lp * persistent;
-  p.resting[Category::master] = lp == 4 ? 0 : 4 * C;
-  p.resting[Category::grad] = lp * C;
-  p.resting[Category::optim] = 8 * C + 4 * groups;
-  p.model_states = p.resting.total();  // its gradient partitions are kept
-  return std::vector<Prediction>(static_cast<std::size_t>(world), p);
-}
-
 using Best = DeepSpeedPeak;
 
 CategoryBytes bytes_of(i64 temp, i64 act, i64 grad_unsharded, i64 comm, i64 grad) {
@@ -343,17 +316,10 @@ std::vector<Prediction> predict_deepspeed_ranks(const RunConfig& cfg, int world)
   // optimizer's copy of the partition and AdamW's state are fp32 under both).
   const i64 lp = cfg.precision == PrecisionKind::bf16 ? 2 : 4;
   refuse_deepspeed_no_sync(cfg);  // a plan's zero2/zero3 under --no-sync: skipped with the reason
-  // --checkpoint under bf16: the MLP's, GPT-2's and Llama's full|every:K (stage 3's too) and
-  // GPT-2's and Llama's attention under stages 0, 1 and 2 (the bf16 module's recompute).
-  // Stage 3 runs the MLP, GPT-2 and Llama in fp32 and bf16 (bf16 with --checkpoint
-  // full|every:K); a transformer's bf16 under --checkpoint attention is planned by its model
-  // states.
-  if (cfg.strategy == StrategyKind::zero3) {
-    if (!m.is_transformer()) return predict_deepspeed_stage3_mlp(cfg, world);
-    const bool built = lp == 4 || !m.checkpoint.attention() || m.name == "gpt2";
-    return built ? predict_deepspeed_stage3_transformer(cfg, world)
-                 : stage3_model_states(tensors, world, lp, cfg.param_persistence);
-  }
+  // Stage 3 runs the MLP, GPT-2 and Llama in fp32 and bf16, with every --checkpoint policy
+  // (the bf16 modules' attention recompute too: the core has no module, no hook fires in it).
+  if (cfg.strategy == StrategyKind::zero3)
+    return m.is_transformer() ? predict_deepspeed_stage3_transformer(cfg, world) : predict_deepspeed_stage3_mlp(cfg, world);
   const std::vector<DsPartition> parts = ds_partitions(tensors, world);
   const i64 P = parts[0].elems, Ppad = parts[0].padded, s = parts[0].size;
   // ddp is the engine's stage 0 (bf16 only; the ZeRO paper's baseline), run for every model.

@@ -68,11 +68,6 @@ std::vector<Prediction> predict_deepspeed_stage3_mlp(const RunConfig& cfg, int w
 // deepspeed_stage3_transformer_forms.cpp.
 std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cfg, int world);
 
-// --checkpoint attention of a transformer under stage 3 in bf16 is not built (the bf16
-// modules recompute their attention core under stages 0-2 and FSDP; stage 3's hooks have no
-// re-run of it): the refusal's line (the CLI's; a plan prints its model states).
-std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model);
-
 // Stage 3's gather of a set of tensors (deepspeed_layout.hpp's Ds3Layout), e bytes an
 // element (4 fp32, 2 bf16): the bytes it leaves gathered (one tensor: its buffer of W·c_t; several: n_t each), the flat comm
 // buffer beside them at its instant (several: W·Σc_t), and the bytes its all-gather moves

@@ -590,14 +590,17 @@ Family gpt2_bf16_family(const ModelConfig& model) {
 Family llama_bf16_family(const ModelConfig& model) {
   const TransformerShape& s = model.transformer;
   const TokenSizes z = token_sizes(s, model.batch);
-  const StepBlocks blocks = llama_param_bf16_blocks(s, model.batch);
+  const StepBlocks blocks = llama_param_bf16_blocks(s, model.batch, model.checkpoint);
   const int d = s.head_dim > 0 ? s.head_dim : s.hidden / s.heads;
   const int kv_heads = s.kv_heads > 0 ? s.kv_heads : s.heads;
   const i64 N = z.N, b = z.a / 2, p = z.F / 2, A = z.A, X = 16 * N, sv = blocks.K;
   const i64 q2 = 2 * N * s.heads * d, c2 = 2 * N * kv_heads * d, Q = 2 * q2;
   const i64 lam = z.lambda, lam2 = z.lambda / 2;  // the fp32 log-probabilities, the bf16 logits
   const bool flash = z.flash;
-  const i64 H = flash ? 2 * q2 + 2 * c2 + A : 3 * Q + A + q2;  // the attention's saves
+  // The attention's saves; --checkpoint attention: its own save A not kept (flash's lse, math's
+  // probabilities), made again in backward (R).
+  const i64 R = model.checkpoint.attention() ? A : 0;
+  const i64 H = (flash ? 2 * q2 + 2 * c2 + A : 3 * Q + A + q2) - R;
   const LlamaLayerTensors t = llama_layer_tensors(s, 0);
   Family f;
   llama_modules(f, s, t);
@@ -631,10 +634,13 @@ Family llama_bf16_family(const ModelConfig& model) {
     through(mod(blk, {t.kW, t.kB}), T0 + tq * q2, n1 + aq * q2, T0 + tq * (q2 + c2), n1 + aq * (q2 + c2));
     through(mod(blk, {t.vW, t.vB}), T0 + tq * (q2 + c2), n1 + aq * (q2 + c2), T0 + tq * (q2 + 2 * c2),
             n1 + aq * (q2 + 2 * c2));
-    if (!flash) {  // the attention (no module): param_bf16_forms.hpp's math instants
+    // the attention (no module): param_bf16_forms.hpp's instants (flash's lse freed under R)
+    if (flash && R > 0) w.at(T0, n1 + 2 * q2 + 2 * c2 + A);
+    if (!flash) {
       w.at(T0 + q2 + 2 * c2, n1 + 3 * Q);
-      w.at(T0 + Q, n1 + 3 * Q + A + Q);
-      w.at(T0, n1 + 3 * Q + A + Q + q2);
+      if (R > 0) w.at(T0 + Q, n1 + 3 * Q + A);  // the probabilities, then freed
+      w.at(T0 + Q, n1 + 3 * Q + A - R + Q);
+      w.at(T0, n1 + 3 * Q + A - R + Q + q2);
     }
     const i64 S1 = n1 + H;
     through(mod(blk, {t.oW, t.oB}), T0, S1, T0 + b, S1);  // x_mid (temp)
@@ -668,13 +674,19 @@ Family llama_bf16_family(const ModelConfig& model) {
     w.at(X + b + q2, A5);
     w.backward_end(mod(blk, {t.oW, t.oB}), X + b + q2, A5, true);
     // the attention (no module): param_bf16_forms.hpp's instants
+    // (--checkpoint attention: the core's forward again, its own save made anew)
     const i64 A6 = A5 - H;
     if (flash) {
-      w.at(X + b + 2 * q2 + 2 * c2, A5);
+      if (R > 0) {  // the re-run's output, then its lse
+        w.at(X + b + q2, A5 + q2);
+        w.at(X + b + q2, A5 + q2 + A);
+      }
+      w.at(X + b + 2 * q2 + 2 * c2, A5 + (R > 0 ? q2 + A : 0));
     } else {
-      const i64 Am = A5 - q2;
-      w.at(X + b + q2 + Q, Am);
-      w.at(X + b + 2 * Q, Am);
+      const i64 Am = A5 - q2 + R;  // the bf16 output freed (under R the probabilities made again)
+      w.at(X + b + q2 + Q, Am - R);
+      w.at(X + b + 2 * Q, Am - R);
+      if (R > 0) w.at(X + b + Q, Am);  // the probabilities again (d out's upcast freed)
       w.at(X + b + Q + A, Am);
       w.at(X + b + 2 * Q + A, Am);
       w.at(X + b + 2 * Q + A, Am - Q - A);
@@ -708,13 +720,6 @@ Family llama_bf16_family(const ModelConfig& model) {
 }
 
 }  // namespace
-
-std::string deepspeed_stage3_checkpoint_refusal(const ModelConfig& model) {
-  const std::string flags = "--checkpoint " + model.checkpoint.text() +
-                            " and --engine deepspeed and --strategy zero3 and --precision bf16 and --model " + model.name;
-  return flags + ": not built yet (Llama's bf16 module recomputes its attention under stages 0-2 and FSDP; " +
-         "stage 3's walk of it has no re-run of the core); allowed: --checkpoint full|every:K, or fp32";
-}
 
 std::vector<Prediction> predict_deepspeed_stage3_transformer(const RunConfig& cfg, int world) {
   const ModelConfig& m = cfg.model;

@@ -238,7 +238,7 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
   }
   TextTable table(headers, align);
   std::vector<PlanRow> rows;
-  bool peak_unknown = false, stage3_unknown = false;
+  bool peak_unknown = false;
   struct States {
     std::string strategy, world, ranks;
     std::int64_t bytes;
@@ -259,17 +259,14 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
       const std::string strategy = run.strategy + tables::setting_label(run);
       if (p.model_states) states.push_back({strategy, std::to_string(run.world), who, *p.model_states});
       std::vector<std::string> row = {strategy, std::to_string(run.world), units, who};
-      // DeepSpeed's stage 3 predicts neither its step nor its traffic.
-      const bool stage3 = !p.peak_known && run.engine == "deepspeed";
-      rows.push_back({row, stage3 ? nullptr : &p.peak_by_category,
-                      stage3 ? std::string(cells::kMissing) : cells::bytes(p.comm_bytes, options), ""});
+      rows.push_back({row, &p.peak_by_category, cells::bytes(p.comm_bytes, options), ""});
       if (p.peak_known) {
         for (std::string cell : {cells::bytes(p.resting_total, options), multiple(p.resting_total, four_p),
                                  cells::bytes(p.peak_total, options), multiple(p.peak_total, four_p),
                                  p.peak_phase + ", " + p.peak_where})
           row.push_back(std::move(cell));
       } else {
-        (run.engine == "deepspeed" ? stage3_unknown : peak_unknown) = true;
+        peak_unknown = true;
         for (std::string cell : {cells::bytes(p.resting_total, options), multiple(p.resting_total, four_p),
                                  std::string(cells::kMissing), std::string(cells::kMissing), std::string("(note)")})
           row.push_back(std::move(cell));
@@ -294,14 +291,6 @@ void print_data_parallel(const std::vector<const DataParallelPlan*>& plans, cons
               "  (note) A transformer's peak needs its activation forms (issue 14, docs/formulas.md, \"Transformers\"), "
               "not in this build: the figures above are its model states at rest (parameters, gradients, AdamW), "
               "exact; what a step adds on top (activations, logits, gathered units) is not printed rather than guessed.",
-              " ", 96, "  ")
-       << '\n';
-  if (stage3_unknown)
-    os << tables::wrap_text(
-              "  (note) DeepSpeed's bf16 regime of a transformer where it does not run (Llama's stage 3 under "
-              "--checkpoint attention) is planned by its model states (docs/formulas.md, "
-              "\"DeepSpeed\"): their step (gathered parameters, buckets, activations) and traffic are not predicted "
-              "in this build, and not printed rather than guessed.",
               " ", 96, "  ")
        << '\n';
   if (!states.empty()) {

@@ -682,8 +682,8 @@ TEST(DeepSpeedMpi, Bf16Gpt2StageThreeCheckpointedTrainsAsUnchecked) {
         }
 }
 
-// The same on Llama's bf16 module (GQA untied flash, MHA tied math with biases): the
-// checkpointed step trains as the unchecked one does, bit for bit; bytes the forms' and an
+// The same on Llama's bf16 module (GQA untied flash, MHA tied math with biases; full, every:2
+// and attention): the checkpointed step trains as the unchecked one does, bit for bit; bytes the forms' and an
 // emulated rank's.
 TEST(DeepSpeedMpi, Bf16LlamaStageThreeCheckpointedTrainsAsUnchecked) {
   ModelConfig tied = testing::llama_of(3, 16, 4, 4, 20, 11, 5, 3, AttentionMode::math, true);
@@ -692,7 +692,8 @@ TEST(DeepSpeedMpi, Bf16LlamaStageThreeCheckpointedTrainsAsUnchecked) {
       {"llama flash", testing::llama_of(2, 16, 4, 2, 24, 13, 6, 2, AttentionMode::flash, false)},
       {"llama tied biased math", tied},
   };
-  const CheckpointPolicy policies[] = {{CheckpointKind::every, 1}, {CheckpointKind::every, 2}};
+  const CheckpointPolicy policies[] = {
+      {CheckpointKind::every, 1}, {CheckpointKind::every, 2}, {CheckpointKind::attention, 1}};
   for (const auto& [name, m] : models)
     for (const CheckpointPolicy& ck : policies)
       for (std::int64_t threshold : {std::int64_t{0}, std::int64_t{100}})
