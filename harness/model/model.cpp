@@ -204,6 +204,12 @@ float Model::loss_forward(ModelContext& ctx, Tape& tape, const float* target, fl
   return host;
 }
 
+void Model::end_autocast_region(Tape& tape) {
+  loss_->end_autocast_region();
+  for (int b = tape.first; b < tape.last; ++b)
+    if (checkpointed(b)) tape.blocks[b - tape.first].held.clear();
+}
+
 Buffer Model::loss_gradient(ModelContext& ctx, Tape& tape) {
   ctx.backend.tracker().mark(Phase::backward, {PlaceKind::layer, tape.last - 1});
   const float* y = tape.outputs.back() ? tape.output() : nullptr;

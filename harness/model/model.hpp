@@ -141,8 +141,10 @@ class Model {
   // value scaled by `scale`.
   float loss_forward(ModelContext& ctx, Tape& tape, const float* target, float scale);
   // A forward that does not end the model ends its autocast region (a pipeline stage's
-  // micro-batch whose loss is on another stage): ModelLoss::end_autocast_region.
-  void end_autocast_region() { loss_->end_autocast_region(); }
+  // micro-batch whose loss is on another stage): ModelLoss::end_autocast_region, and the
+  // cast cache lets go of what the tape's wrapped blocks kept past their forward (their
+  // weights' casts, as loss_forward does; nothing in fp32).
+  void end_autocast_region(Tape& tape);
   // --autocast-region step: one region around the stage's schedule step; every block takes
   // its casts from one cache (StepCasts), emptied by end_autocast_step when the step's
   // actions end.

@@ -452,7 +452,7 @@ float PipelineStage::run_action(const Action& a, const Buffer& x, const Buffer& 
                                     scale);
       } else {
         // The stage's forward ends its autocast region (nothing in fp32).
-        model_->end_autocast_region();
+        model_->end_autocast_region(sl.tape);
       }
       if (k != V - 1 && stage_of_vstage(s, k + 1) != stage_) {
         Pending p;

@@ -2,6 +2,7 @@
 // blocks under autocast (autocast_step.cpp writes each instant out).
 #include "harness/predict/autocast_piece.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "harness/predict/autocast_step.hpp"
@@ -22,21 +23,63 @@ PieceForms autocast_piece(const AutocastFamily& f, const TokenSizes& z, const Sa
   const i64 X = 16 * N;  // the ids and the target in the walk's temp: the stage's base here
   const i64 in = place.first ? f.base : place.recv_act ? a : 0;
   const i64 head = f.stats + a / 2;  // the final block's beside its input: statistics, y's cast
+  // --checkpoint full|every:K: a wrapped block holds its output a (not K) past its forward,
+  // and its casts only until the micro-batch's region ends with the stage's forward (the
+  // cache's: its saves dropped); its re-run makes them again, saved to its backward.
+  // Blocks [0, i): held_below(i) activations, kept_below(i) casts past the forward.
+  auto held_below = [&](i64 i) {
+    const i64 w = place.wrapped_in(0, static_cast<int>(i));
+    return w * a + (i - w) * f.K;
+  };
+  auto kept_below = [&](i64 i) { return (i - place.wrapped_in(0, static_cast<int>(i))) * f.c; };
+  const i64 wrapped = place.wrapped_in(0, static_cast<int>(n)), top_wrapped = place.top_wrapped();
   PieceForms p;
   p.boundary = a;
   p.input = a;
-  p.held_act = n * f.K - a + in + (place.last ? a + head + lambda + 4 : 0);
-  p.held_cast = n * f.c + (place.last ? f.W_V / 2 : 0);
-  p.step_cast = p.held_cast;  // every weight's cast is saved (the biases' are the GEMMs' temps)
+  p.held_act = held_below(n) - a + in + (place.last ? a + head + lambda + 4 : 0);
+  p.held_cast = kept_below(n) + (place.last ? f.W_V / 2 : 0);
+  // Every weight's cast is saved (the biases' are the GEMMs' temps): under one region a step
+  // each is made once, wrapped or not.
+  p.step_cast = n * f.c + (place.last ? f.W_V / 2 : 0);
   p.saved_bytes = p.held_act + p.held_cast + (place.first ? 8 * N : 0) + (place.last ? 8 * N : 0) +
                   (!place.first && !place.recv_act ? a : 0);
-  p.saves = n * saves.block + (place.first ? saves.embeddings : 0) + (place.last ? saves.final_block + 3 : 0);
+  p.saves = (n - wrapped) * saves.block + wrapped + (place.first ? saves.embeddings : 0) +
+            (place.last ? saves.final_block + 3 : 0);
+  p.recompute_saves = wrapped * saves.block;
+  if (top_wrapped >= 0) {
+    // The topmost wrapped block's re-run ends with its saves recorded again (K − a and its
+    // casts c; its input the checkpoint's), the blocks above it (K + c each) and, on the
+    // last piece, the loss (Λ + 8N + 4) and the final block (its input, statistics, y's
+    // cast and the head's weight cast) released.
+    const i64 above = n - 1 - top_wrapped;
+    const i64 released = above * saves.block + (place.last ? saves.final_block + 3 : 0);
+    const i64 released_bytes =
+        above * (f.K + f.c) + (place.last ? lambda + 8 * N + 4 + a + head + f.W_V / 2 : 0);
+    p.recompute_live = std::max<i64>(0, saves.block - released);
+    p.recompute_live_bytes = std::max<i64>(0, f.K - a + f.c - released_bytes);
+  }
   p.held_temp = !place.last && !place.send_act ? a : 0;
   p.forward_temp = place.last ? lambda + 4 + f.loss_stats : a;
-  // F: the top block's instants (every lower block's lie below them: K > 0 more held).
+  // F: the top block's instants (every lower block's lie below them: more held, as many
+  // casts or more), every block's casts in the cache to the region's end.
+  // A wrapped block's output made (fp32, activation when the next block or the final one
+  // saves it, else temp) beside its last GEMM's fp32 product (a, temp), its saves and casts
+  // not yet dropped: the topmost one's (a lower one's lies below the blocks' above it), in
+  // time order with the top block's instants.
+  const i64 below_top = in + held_below(n - 1);
+  auto wrapped_output = [&] {
+    const bool saved = top_wrapped + 1 < n || place.last;
+    p.forward.push_back({in + held_below(top_wrapped) + f.K - a + (saved ? a : 0), saved ? a : 2 * a, false, false,
+                         (top_wrapped + 1) * f.c});
+  };
+  if (top_wrapped >= 0 && top_wrapped < n - 1) wrapped_output();
   for (const AutocastInstant& i : f.forward)
-    p.forward.push_back({in + (n - 1) * f.K + i.act, i.temp - X, false, false, (n - 1) * f.c + i.cast});
-  if (place.last) p.forward.push_back({in + n * f.K + head, a + f.W_V + lambda, false, false, n * f.c + f.W_V / 2});
+    p.forward.push_back({below_top + i.act, i.temp - X, false, false, (n - 1) * f.c + i.cast});
+  if (top_wrapped == n - 1) wrapped_output();
+  if (place.last)
+    p.forward.push_back({in + held_below(n) + head, a + f.W_V + lambda, false, false, n * f.c + f.W_V / 2});
+  // The end of F with the wrapped blocks' casts still cached (the region ends after it).
+  if (wrapped > 0) p.forward.push_back({p.held_act, p.forward_temp, false, false, p.step_cast});
   // B, relative to its start (this micro-batch's held bytes included).
   std::vector<PieceMoment>& m = p.backward;
   if (place.last) {
@@ -45,15 +88,29 @@ PieceForms autocast_piece(const AutocastFamily& f, const TokenSizes& z, const Sa
     m.push_back({-lambda - 4 - a / 2, 2 * a, false, false, -f.W_V / 2});         // the final norm's dx
   }
   // The top block starts with its output freed: below the held bytes by what the piece
-  // holds past the top block's input.
-  const i64 above = p.held_act - in - (n - 1) * f.K;
-  const i64 cast_above = p.held_cast - (n - 1) * f.c;
+  // holds past the top block's input (H, relative), its casts by what it holds past the
+  // blocks below's (C). A wrapped block first re-runs (its forward's instants beside dy,
+  // then its output, temp, beside K − a and its casts c); then its backward's instants.
+  // The topmost wrapped block below the top, when there is one, from its own H and C
+  // (every other block's instants lie below one of these two's).
   const bool outer = !place.last;
-  for (const AutocastInstant& i : f.backward) {
-    const bool live = outer && i.dy_live;
-    m.push_back({i.act - above, i.temp - X - (live ? a : 0) - (outer ? p.held_temp : 0), live, false,
-                 i.cast - cast_above});
-  }
+  auto block = [&](i64 j, i64 H, i64 C) {
+    const bool top = j == n - 1;
+    auto push = [&](i64 temp, i64 act, i64 cast, bool dy_live) {
+      const bool live = outer && top && dy_live;
+      m.push_back({H + act, temp - X - (live ? a : 0) - (outer ? p.held_temp : 0), live, false, C + cast});
+    };
+    if (place.wraps(static_cast<int>(j))) {
+      for (const AutocastInstant& i : f.forward) push(i.temp + a, i.act, i.cast, true);
+      push(X + 3 * a, f.K - a, f.c, true);
+    }
+    for (const AutocastInstant& i : f.backward) push(i.temp, i.act, i.cast, i.dy_live);
+  };
+  const i64 H_top = -(p.held_act - in - held_below(n - 1)), C_top = -(p.held_cast - kept_below(n - 1));
+  block(n - 1, H_top, C_top);
+  if (top_wrapped >= 0 && top_wrapped < n - 1)
+    block(top_wrapped, H_top - (held_below(n - 1) - held_below(top_wrapped)),
+          C_top - (kept_below(n - 1) - kept_below(top_wrapped)));
   return p;
 }
 

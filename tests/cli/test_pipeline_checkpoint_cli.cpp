@@ -1,7 +1,7 @@
 // --checkpoint with --schedule through the binary: every emulated stage of the MLP's, GPT-2's
 // and Llama's gpipe, 1f1b and interleaved-1f1b pipelines runs with every figure of its
-// record equal to its prediction (the record saying the checkpoint), and also along --mesh
-// dp=2,pp=2; plan prints each stage's peak as the emulated run measures it; what is not
+// record equal to its prediction (the record saying the checkpoint), GPT-2's and Llama's
+// under bf16 too, and also along --mesh dp=2,pp=2; plan prints each stage's peak as the emulated run measures it; what is not
 // built is refused by name (exit 2, one line naming the flags).
 #include <gtest/gtest.h>
 
@@ -69,6 +69,18 @@ TEST_F(PipelineCheckpointCli, EveryEmulatedStageRunsAsPredictedAndPlanSaysItsPea
           EXPECT_EQ(plan["stages"][rank]["predicted"]["peak_by_category"], stage["peak"]["by_category"]) << args;
         }
       }
+  // Under --precision bf16 (autocast, a region per micro-batch): GPT-2's and Llama's stages.
+  for (const char* model : {kGpt2, kLlama})
+    for (const char* schedule : {"gpipe --microbatches 3", "interleaved-1f1b --chunks 2 --microbatches 2"})
+      for (int rank = 0; rank < 2; ++rank) {
+        const std::string args = std::string("run --backend cpu ") + model +
+                                 "--precision bf16 --checkpoint every:2 --schedule " + schedule + " --emulate 2:" +
+                                 std::to_string(rank);
+        ASSERT_EQ(binary(args + " --json r.json"), 0) << args << ": " << first_line(dir_ + "/err.txt");
+        const json run = read("r.json")["runs"][0];
+        EXPECT_EQ(run["precision"], "bf16") << args;
+        expect_stage_as_predicted(run["stages"][0], args);
+      }
   // Along dp: each of the four ranks of dp=2,pp=2 holds its stage's prediction.
   for (int rank = 0; rank < 4; ++rank) {
     const std::string args = std::string("run --backend cpu ") + kGpt2 +
@@ -107,7 +119,9 @@ TEST_F(PipelineCheckpointCli, WhatIsNotBuiltIsRefusedByName) {
         Refusal{std::string("run ") + kGpt2 + "--checkpoint full --mesh tp=2,pp=2 --schedule 1f1b --emulate 4:0",
                 "--mesh tp=2"},
         Refusal{"run --precision bf16 --checkpoint full --schedule 1f1b --emulate 2:0",
-                "--checkpoint full and --schedule 1f1b and --precision bf16"}}) {
+                "--checkpoint full and --schedule 1f1b and --precision bf16 and --model mlp"},
+        Refusal{std::string("run ") + kGpt2 + "--precision bf16 --checkpoint attention --schedule 1f1b --emulate 2:0",
+                "--checkpoint attention and --schedule 1f1b and --precision bf16"}}) {
     EXPECT_EQ(binary(r.args), 2) << r.args;
     const std::string line = first_line(dir_ + "/err.txt");
     EXPECT_EQ(line.rfind("shardscope: error: ", 0), 0u) << line;

@@ -183,6 +183,78 @@ TEST(PipelineCheckpoint, LlamaMeasuredEqualsPredictedOnEveryStage) {
   for (const auto& [where, n] : places.count) std::printf("  peaks in %s: %d\n", where.c_str(), n);
 }
 
+// Under --precision bf16 (autocast, a region per micro-batch's forward): a wrapped block's
+// weight casts live in autocast's cache only until the stage's forward ends, its re-run
+// makes and saves them again until its backward.
+TEST(PipelineCheckpoint, Bf16TransformersMeasuredEqualsPredictedOnEveryStage) {
+  PeakPlaces places;
+  int checked = 0;
+  for (const std::string family : {"gpt2", "llama"})
+    for (const AttentionMode mode : {AttentionMode::flash, AttentionMode::math})
+      for (const std::string ck : {"full", "every:2"})
+        for (const int seq : {4, 32})  // 32: the activations outweigh the weights' widened copies
+        for (int S = 1; S <= 4; ++S)
+          for (const Grid& g : kSchedules)
+            for (int M : {2, 4, 8}) {
+              if (g.chunks > 1 && M % S != 0) continue;
+              if (seq > 4 && M == 8) continue;
+              const int V = S * g.chunks;
+              ModelConfig model = family == "gpt2" ? gpt2_of(V + 1, 8, 2, 11, seq, 9, mode, 4)
+                                                   : llama_of(V + 1, 8, 4, 2, 4, 11, seq, 9, mode, true);
+              model.checkpoint = policy(ck);
+              model.autocast = true;
+              RunConfig cfg = testing::pipeline_config(g.schedule, M, g.chunks, model, 2, 5);
+              cfg.precision = PrecisionKind::bf16;
+              cfg.split.assign(static_cast<std::size_t>(V), 1);
+              cfg.split[0] += 1;
+              for (int s = 0; s < S; ++s) {
+                SCOPED_TRACE(label(g, S, s, M, ck) + " bf16 " + family + (mode == AttentionMode::flash ? " flash" : " math"));
+                expect_stage_equals_forms(cfg, S, s, places);
+                ++checked;
+              }
+            }
+  EXPECT_GT(checked, 300);
+  EXPECT_GT(places.count["recompute"], 0);
+  EXPECT_GT(places.count["backward"], 0);
+  for (const auto& [where, n] : places.count) std::printf("  peaks in %s: %d\n", where.c_str(), n);
+}
+
+// A checkpointed bf16 pipeline computes what the unwrapped one does, to the bit: the
+// gradients after two steps on one stage, each schedule.
+TEST(PipelineCheckpoint, Bf16GradientsAreTheUnwrappedPipelinesBitForBit) {
+  auto grads_of = [](const RunConfig& cfg) {
+    CpuBackend backend;
+    auto comm = make_communicator(CommOptions{"self", 0, 0}, &backend);
+    PipelineStage stage(cfg, backend, *comm);
+    stage.setup();
+    for (int i = 0; i < cfg.steps; ++i) {
+      stage.prepare_batch(i);
+      stage.step();
+    }
+    std::vector<float> out;
+    for (int c = 0; c < cfg.chunks; ++c) {
+      const std::vector<float> g = stage.download_grads(c);
+      out.insert(out.end(), g.begin(), g.end());
+    }
+    return out;
+  };
+  for (const std::string family : {"gpt2", "llama"})
+    for (const Grid& g : kSchedules)
+      for (const std::string ck : {"full", "every:2"}) {
+        ModelConfig model = family == "gpt2" ? gpt2_of(5, 8, 2, 11, 4, 6, AttentionMode::math)
+                                             : llama_of(5, 8, 4, 2, 12, 11, 4, 6, AttentionMode::flash, false);
+        model.autocast = true;
+        RunConfig plain = testing::pipeline_config(g.schedule, 2, g.chunks, model, 2, 9);
+        plain.precision = PrecisionKind::bf16;
+        RunConfig wrapped = plain;
+        wrapped.model.checkpoint = policy(ck);
+        SCOPED_TRACE(family + " " + g.schedule + " --checkpoint " + ck);
+        const std::vector<float> a = grads_of(plain), b = grads_of(wrapped);
+        ASSERT_TRUE(any_nonzero(a));
+        EXPECT_EQ(a, b);
+      }
+}
+
 // --checkpoint attention under math with a long sequence: the probabilities the core makes
 // again in B (A = 4·B·H·T²) outweigh what its block released before them, so the saves'
 // peak lies in a backward (the re-made probabilities beside the pair's saves).
