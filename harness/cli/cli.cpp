@@ -411,10 +411,6 @@ void check_autocast_region(RunConfig& c, const RunFlags& f) {
                      ": where a bf16 pipeline's autocast region sits; allowed only with --precision bf16 and "
                      "--schedule gpipe|1f1b|interleaved-1f1b under the torch engine");
   c.model.autocast_step = f.autocast_region == "step";
-  if (c.model.autocast_step && c.model.checkpoint.any())
-    throw UsageError("--autocast-region step and --checkpoint " + f.checkpoint +
-                     ": a recompute inside the step's region is not built yet; give --autocast-region microbatch or "
-                     "--checkpoint none");
 }
 
 void check_sequence_parallel(const RunConfig& c, const RunFlags& f, const CLI::App& app) {

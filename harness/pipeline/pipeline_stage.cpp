@@ -67,9 +67,6 @@ namespace {
 // Llama's split along tp too; what is not built is refused by name.
 void check_autocast_pipeline(const RunConfig& cfg) {
   if (!cfg.model.autocast) return;
-  if (cfg.model.autocast_step && cfg.model.checkpoint.any())
-    throw UsageError("--autocast-region step and --checkpoint: a recompute inside the step's region is not built "
-                     "yet; give --autocast-region microbatch or --checkpoint none");
   const std::string both = "--precision bf16 and --schedule " + std::string(schedule_name(*cfg.schedule));
   if (cfg.mesh.tp > 1 && !cfg.model.is_transformer())
     throw UsageError(both + " and --mesh tp=" + str(cfg.mesh.tp) + ": a tensor-parallel MLP's stages under autocast "

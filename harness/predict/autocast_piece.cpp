@@ -57,6 +57,11 @@ PieceForms autocast_piece(const AutocastFamily& f, const TokenSizes& z, const Sa
         above * (f.K + f.c) + (place.last ? lambda + 8 * N + 4 + a + head + f.W_V / 2 : 0);
     p.recompute_live = std::max<i64>(0, saves.block - released);
     p.recompute_live_bytes = std::max<i64>(0, f.K - a + f.c - released_bytes);
+    // --autocast-region step: the re-run's casts are the cache's (saved by no other pair: the
+    // block's forward saves were dropped), but the casts the blocks above and the head
+    // release stay saved by another live pair of the chunk, when there is one.
+    p.recompute_live_bytes_shared =
+        std::max<i64>(0, f.K - a + f.c - released_bytes + above * f.c + (place.last ? f.W_V / 2 : 0));
   }
   p.held_temp = !place.last && !place.send_act ? a : 0;
   p.forward_temp = place.last ? lambda + 4 + f.loss_stats : a;

@@ -75,6 +75,9 @@ struct PieceForms {
   // at the end of the topmost wrapped block's re-run (0 when they never do).
   std::int64_t recompute_saves = 0;
   std::int64_t recompute_live = 0, recompute_live_bytes = 0;
+  // --autocast-region step: the bytes' rise when another pair of the chunk is live, whose
+  // saves of the same cached casts keep them (the blocks above, the head's) held.
+  std::int64_t recompute_live_bytes_shared = 0;
   // --precision bf16 (the torch engine's autocast): the weights' bf16 casts its F makes,
   // held (saved by their GEMMs) from its F to its B, param_cast; and the instants inside
   // its F where bytes can be highest (a GEMM's widened operands beside its output), in

@@ -137,6 +137,7 @@ PieceForms mlp_piece(const Piece& p, const PiecePlace& place, bool relu, i64 row
     const i64 live = forward_saves(top) + 1 + layer_saves(top);
     f.recompute_live = std::max<i64>(0, live - f.saves);
     f.recompute_live_bytes = std::max<i64>(0, (top + 1 + (relu ? 1 : 0)) * a - f.saved_bytes);
+    f.recompute_live_bytes_shared = f.recompute_live_bytes;
   }
   const i64 dx = p.n > 1 ? o(p.n - 2) : p.first ? 0 : a;
   const i64 dy_temp = p.last ? a : 0;  // the loss gradient; a received dy is comm
@@ -362,6 +363,13 @@ i64 step_shared_casts(const Ctx& c, const Piece& p, i64 live) {
   return c.step && live > 1 ? (live - 1) * p.big.held_cast : 0;
 }
 
+// The saves' rise at a re-run (--checkpoint) when `live` pairs of its chunk are in flight:
+// under --autocast-region step another pair's saves keep the cached casts its B releases.
+using Figure = i64 PieceForms::*;
+Figure rise(const Ctx& c, i64 live) {
+  return c.step && live > 1 ? &PieceForms::recompute_live_bytes_shared : &PieceForms::recompute_live_bytes;
+}
+
 SavedForms saved_one_chunk(const Ctx& c, ScheduleKind kind) {
   const Piece& p = c.pieces[0];
   const i64 M = c.M, s = c.s;
@@ -377,7 +385,7 @@ SavedForms saved_one_chunk(const Ctx& c, ScheduleKind kind) {
     // its re-run adds recompute_live; the first B, B(0), holds the largest.
     f.peak_live_tensors = h * p.saves + p.big.recompute_live;
     f.peak_live_bytes = sum(c.rows, p, &PieceForms::saved_bytes, 0, h) - step_shared_casts(c, p, h) +
-                        at(c.rows, p, &PieceForms::recompute_live_bytes, 0);
+                        at(c.rows, p, rise(c, h), 0);
     return f;
   }
   // zb-h1: at the end of F(w+b), b = 0..M-1-w, pairs b..w+b are whole and pairs
@@ -453,7 +461,7 @@ SavedForms saved_interleaved(const Ctx& c) {
     const Piece& p = c.pieces[static_cast<std::size_t>(bc)];
     f.peak_live_tensors = std::max(f.peak_live_tensors, win.count + p.big.recompute_live);
     f.peak_live_bytes =
-        std::max(f.peak_live_bytes, win.bytes + at(c.rows, p, &PieceForms::recompute_live_bytes, win.b[bc]));
+        std::max(f.peak_live_bytes, win.bytes + at(c.rows, p, rise(c, win.a[bc] - win.b[bc]), win.b[bc]));
     win.move(win.b, bc, win.b[bc] + 1, -1);
   };
   // One round of forwards past the warm-up, and (--checkpoint) the round of backwards

@@ -130,6 +130,7 @@ PieceForms transformer_piece(const StepBlocks& z, const PieceSaves& saves, const
   };
   block(n - 1, H_top);
   if (top_wrapped >= 0 && top_wrapped < n - 1) block(top_wrapped, H_top - (held_below(n - 1) - held_below(top_wrapped)));
+  p.recompute_live_bytes_shared = p.recompute_live_bytes;
   return p;
 }
 

@@ -69,9 +69,11 @@ TEST_F(PipelineCheckpointCli, EveryEmulatedStageRunsAsPredictedAndPlanSaysItsPea
           EXPECT_EQ(plan["stages"][rank]["predicted"]["peak_by_category"], stage["peak"]["by_category"]) << args;
         }
       }
-  // Under --precision bf16 (autocast, a region per micro-batch): GPT-2's and Llama's stages.
+  // Under --precision bf16 (autocast, a region per micro-batch or one a step): GPT-2's and
+  // Llama's stages.
   for (const char* model : {kGpt2, kLlama})
-    for (const char* schedule : {"gpipe --microbatches 3", "interleaved-1f1b --chunks 2 --microbatches 2"})
+    for (const char* schedule : {"gpipe --microbatches 3 --autocast-region step",
+                                 "interleaved-1f1b --chunks 2 --microbatches 2"})
       for (int rank = 0; rank < 2; ++rank) {
         const std::string args = std::string("run --backend cpu ") + model +
                                  "--precision bf16 --checkpoint every:2 --schedule " + schedule + " --emulate 2:" +

@@ -169,9 +169,7 @@ TEST_F(Precision, AutocastRegionStepRunsAsPredictedAndIsRefusedElsewhere) {
   for (const std::string& args :
        {std::string("run --model mlp --precision bf16 --autocast-region step --steps 1"),
         std::string("run --schedule 1f1b --microbatches 2 --autocast-region microbatch --steps 1"),
-        std::string("run --precision bf16 --schedule 1f1b --microbatches 2 --autocast-region once --steps 1"),
-        std::string("run --precision bf16 --schedule 1f1b --microbatches 2 --autocast-region step --checkpoint full "
-                    "--steps 1")}) {
+        std::string("run --precision bf16 --schedule 1f1b --microbatches 2 --autocast-region once --steps 1")}) {
     EXPECT_EQ(binary(args), 2) << args;
     EXPECT_NE(first_line(dir_ + "/err.txt").find("--autocast-region"), std::string::npos) << args;
   }

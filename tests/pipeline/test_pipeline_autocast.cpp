@@ -380,16 +380,5 @@ TEST(PipelineAutocastStep, MeshEveryEmulatedRankHoldsItsPredictions) {
   }
 }
 
-TEST(PipelineAutocastStep, RefusesACheckpointInsideTheStepsRegion) {
-  RunConfig cfg = step_config("1f1b", 2, 1, testing::gpt2_of(4, 8, 2, 11, 4, 4, AttentionMode::flash));
-  cfg.model.checkpoint.kind = CheckpointKind::every;
-  try {
-    pipeline_shape(cfg, 2);
-    ADD_FAILURE() << "not refused";
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("--autocast-region step"), std::string::npos) << e.what();
-  }
-}
-
 }  // namespace
 }  // namespace shardscope
