@@ -201,6 +201,59 @@ TEST(DeepSpeedStage3Bf16, CheckpointedGpt2MeasuredEqualsPredictedEveryRank) {
     EXPECT_TRUE(places.count(p)) << p << " in " << ::testing::PrintToString(places);
 }
 
+// Every emulated rank of `models` under --checkpoint attention (thresholds 0 and 100,000; one
+// bucket and buckets of 1.05 times the largest tensor; K = 1, 2; W = 1 to 4) measured ==
+// predicted, and each model's step the unchecked one's: loss, parameters, gradients and
+// AdamW state bit for bit (W = 1), collectives the same and fewer bytes saved (W = 3, rank 1).
+void check_attention_recompute(const std::vector<std::pair<std::string, ModelConfig>>& models) {
+  const CheckpointPolicy attention{CheckpointKind::attention, 1};
+  int checked = 0;
+  for (const auto& [name, m] : models) {
+    for (std::int64_t threshold : {0, 100'000})
+      for (int buckets : {0, 1})
+        for (int k : {1, 2})
+          for (int world = 1; world <= 4; ++world)
+            for (int rank = 0; rank < world; ++rank) {
+              std::int64_t largest = 0;
+              for (std::int64_t n : model_tensor_elems(m)) largest = std::max(largest, n);
+              const double bucket = buckets == 0 ? 0.0 : 1.05 * 4.0 * static_cast<double>(largest) / (1 << 20);
+              RunConfig cfg = bf16_stage3(m, bucket);
+              cfg.model.checkpoint = attention;
+              cfg.param_persistence = threshold;
+              cfg.accumulate = k;
+              check_deepspeed_rank(cfg, world, rank,
+                                   name + " attention threshold " + std::to_string(threshold) + " bucket " +
+                                       std::to_string(bucket) + " K=" + std::to_string(k));
+              ++checked;
+            }
+    SCOPED_TRACE(name);
+    for (int world : {1, 3}) {
+      RunConfig cfg = bf16_stage3(m, 0);
+      cfg.model.checkpoint = attention;
+      RunConfig plain = cfg;
+      plain.model.checkpoint = CheckpointPolicy{};
+      CpuBackend b1, b2;
+      auto c1 = make_fake_communicator(world, world == 1 ? 0 : 1, &b1);
+      auto c2 = make_fake_communicator(world, world == 1 ? 0 : 1, &b2);
+      const auto r = testing::run_dp(cfg, b1, *c1, world == 1);
+      const auto p = testing::run_dp(plain, b2, *c2, world == 1);
+      if (world == 1) {
+        ASSERT_TRUE(testing::any_nonzero(p.state.params));
+        EXPECT_EQ(r.state.params, p.state.params);
+        EXPECT_EQ(r.state.grads, p.state.grads);
+        EXPECT_EQ(r.state.exp_avg_sq, p.state.exp_avg_sq);
+      }
+      EXPECT_EQ(r.losses, p.losses);
+      EXPECT_LT(r.saved.bytes, p.saved.bytes);
+      for (int c = 0; c < kCollKindCount; ++c) {
+        EXPECT_EQ(r.ledger.by_kind[c].bytes, p.ledger.by_kind[c].bytes);
+        EXPECT_EQ(r.ledger.by_kind[c].calls, p.ledger.by_kind[c].calls);
+      }
+    }
+  }
+  EXPECT_EQ(checked, static_cast<int>(models.size()) * 2 * 2 * 2 * 10);
+}
+
 // --checkpoint attention under stage 3 in bf16, GPT-2: the bf16 module's attention core (no
 // module, no hook) not saved but re-run on its saved bf16 q, k, v between attn.c_proj's and
 // c_attn's backward; nothing gathered again. Flash and math, the shapes above and a long
@@ -216,52 +269,7 @@ TEST(DeepSpeedStage3Bf16, AttentionRecomputeGpt2MeasuredEqualsPredictedEveryRank
     models.emplace_back("gpt2 wide" + how, testing::gpt2_of(2, 64, 4, 37, 2, 1, mode));
     models.emplace_back("gpt2 long" + how, testing::gpt2_of(1, 16, 2, 11, 32, 2, mode, 8));
   }
-  const CheckpointPolicy attention{CheckpointKind::attention, 1};
-  int checked = 0;
-  for (const auto& [name, m] : models) {
-    for (std::int64_t threshold : {0, 100'000})
-      for (int buckets : {0, 1})
-        for (int k : {1, 2})
-          for (int world = 1; world <= 4; ++world)
-            for (int rank = 0; rank < world; ++rank) {
-              std::int64_t largest = 0;
-              for (std::int64_t n : model_tensor_elems(m)) largest = std::max(largest, n);
-              const double bucket = buckets == 0 ? 0.0 : 1.05 * 4.0 * static_cast<double>(largest) / (1 << 20);
-              RunConfig cfg = bf16_stage3(m, bucket);
-              cfg.model.checkpoint = attention;
-              cfg.param_persistence = threshold;
-              cfg.accumulate = k;
-              check_deepspeed_rank(cfg, world, rank,
-                                   name + " attention threshold " + std::to_string(threshold) + " bucket " +
-                                       std::to_string(bucket) + " K=" + std::to_string(k));
-              ++checked;
-            }
-    SCOPED_TRACE(name);
-    for (int world : {1, 3}) {
-      RunConfig cfg = bf16_stage3(m, 0);
-      cfg.model.checkpoint = attention;
-      RunConfig plain = cfg;
-      plain.model.checkpoint = CheckpointPolicy{};
-      CpuBackend b1, b2;
-      auto c1 = make_fake_communicator(world, world == 1 ? 0 : 1, &b1);
-      auto c2 = make_fake_communicator(world, world == 1 ? 0 : 1, &b2);
-      const auto r = testing::run_dp(cfg, b1, *c1, world == 1);
-      const auto p = testing::run_dp(plain, b2, *c2, world == 1);
-      if (world == 1) {
-        ASSERT_TRUE(testing::any_nonzero(p.state.params));
-        EXPECT_EQ(r.state.params, p.state.params);
-        EXPECT_EQ(r.state.grads, p.state.grads);
-        EXPECT_EQ(r.state.exp_avg_sq, p.state.exp_avg_sq);
-      }
-      EXPECT_EQ(r.losses, p.losses);
-      EXPECT_LT(r.saved.bytes, p.saved.bytes);
-      for (int c = 0; c < kCollKindCount; ++c) {
-        EXPECT_EQ(r.ledger.by_kind[c].bytes, p.ledger.by_kind[c].bytes);
-        EXPECT_EQ(r.ledger.by_kind[c].calls, p.ledger.by_kind[c].calls);
-      }
-    }
-  }
-  EXPECT_EQ(checked, 6 * 2 * 2 * 2 * 10);
+  check_attention_recompute(models);
 }
 
 // The same on Llama's bf16 module (GQA untied, MHA tied, a long sequence against a narrow
@@ -275,52 +283,7 @@ TEST(DeepSpeedStage3Bf16, AttentionRecomputeLlamaMeasuredEqualsPredictedEveryRan
     models.emplace_back("llama tied" + how, testing::llama_of(3, 16, 4, 4, 20, 11, 5, 3, mode, true));
     models.emplace_back("llama long" + how, testing::llama_of(1, 16, 4, 2, 8, 11, 32, 2, mode, false));
   }
-  const CheckpointPolicy attention{CheckpointKind::attention, 1};
-  int checked = 0;
-  for (const auto& [name, m] : models) {
-    for (std::int64_t threshold : {0, 100'000})
-      for (int buckets : {0, 1})
-        for (int k : {1, 2})
-          for (int world = 1; world <= 4; ++world)
-            for (int rank = 0; rank < world; ++rank) {
-              std::int64_t largest = 0;
-              for (std::int64_t n : model_tensor_elems(m)) largest = std::max(largest, n);
-              const double bucket = buckets == 0 ? 0.0 : 1.05 * 4.0 * static_cast<double>(largest) / (1 << 20);
-              RunConfig cfg = bf16_stage3(m, bucket);
-              cfg.model.checkpoint = attention;
-              cfg.param_persistence = threshold;
-              cfg.accumulate = k;
-              check_deepspeed_rank(cfg, world, rank,
-                                   name + " attention threshold " + std::to_string(threshold) + " bucket " +
-                                       std::to_string(bucket) + " K=" + std::to_string(k));
-              ++checked;
-            }
-    SCOPED_TRACE(name);
-    for (int world : {1, 3}) {
-      RunConfig cfg = bf16_stage3(m, 0);
-      cfg.model.checkpoint = attention;
-      RunConfig plain = cfg;
-      plain.model.checkpoint = CheckpointPolicy{};
-      CpuBackend b1, b2;
-      auto c1 = make_fake_communicator(world, world == 1 ? 0 : 1, &b1);
-      auto c2 = make_fake_communicator(world, world == 1 ? 0 : 1, &b2);
-      const auto r = testing::run_dp(cfg, b1, *c1, world == 1);
-      const auto p = testing::run_dp(plain, b2, *c2, world == 1);
-      if (world == 1) {
-        ASSERT_TRUE(testing::any_nonzero(p.state.params));
-        EXPECT_EQ(r.state.params, p.state.params);
-        EXPECT_EQ(r.state.grads, p.state.grads);
-        EXPECT_EQ(r.state.exp_avg_sq, p.state.exp_avg_sq);
-      }
-      EXPECT_EQ(r.losses, p.losses);
-      EXPECT_LT(r.saved.bytes, p.saved.bytes);
-      for (int c = 0; c < kCollKindCount; ++c) {
-        EXPECT_EQ(r.ledger.by_kind[c].bytes, p.ledger.by_kind[c].bytes);
-        EXPECT_EQ(r.ledger.by_kind[c].calls, p.ledger.by_kind[c].calls);
-      }
-    }
-  }
-  EXPECT_EQ(checked, 6 * 2 * 2 * 2 * 10);
+  check_attention_recompute(models);
 }
 
 // --checkpoint full|every:K under stage 3 in bf16 on Llama (its bf16 module: no layer saves
