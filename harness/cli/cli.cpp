@@ -334,12 +334,11 @@ void refuse_unbuilt_precision(const RunConfig& c, const std::string& command, co
   if (command != "plan") refuse_unbuilt_autocast(c);
 }
 
-// --engine deepspeed's combinations (docs/cli.md): stage 3 runs the MLP (fp32 and bf16), GPT-2
-// (fp32 and bf16) and Llama in fp32 (Llama's bf16 is refused by refuse_unbuilt_precision); --checkpoint
-// runs wherever the step runs; DeepSpeed has no
-// units, no DDP bucket copy, no no_sync under stages 2 and 3
-// (its engine asserts so), and its bucket must hold the largest tensor (DeepSpeed's
-// extra-large-parameter path is not built).
+// --engine deepspeed's combinations (docs/cli.md, "Engines"): stages 1 to 3 run the MLP, GPT-2
+// and Llama in fp32 and bf16 (stage 0 under bf16 too), --checkpoint wherever the step runs;
+// DeepSpeed has no units, no DDP bucket copy, no no_sync under stages 2 and 3 (its engine
+// asserts so), and its bucket must hold the largest tensor (DeepSpeed's extra-large-parameter
+// path is not built).
 void check_deepspeed(const RunConfig& c, const RunFlags& f, CLI::App& app, const std::string& command) {
   if (effective_engine(c.engine, c.strategy, c.precision) != EngineKind::deepspeed) return;
   const std::string both = "--engine deepspeed and --strategy " + f.strategy;
